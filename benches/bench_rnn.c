@@ -1,0 +1,244 @@
+/* kf_bench_rnn: times kfuse's recurrent layers (GRU, A-GRU) through the public ABI only.
+ *
+ *   kf_bench_rnn --cell gru|agru --T 28 --I 28 --H 128 --B 128 --layers 1 --threads 0
+ *                --device cpu|cuda --reps 20 --warmup 3 [--no-dx] [--fwd-only]
+ *
+ * forward:          kf_rnn_forward(KF_MODE_INFERENCE), writing y and hn.
+ * forward+backward: kf_rnn_forward(KF_MODE_TRAINING) then kf_rnn_backward(KF_GRAD_OVERWRITE) with
+ *                   a random dy (dhn absent), writing dx (unless --no-dx) and every weight
+ *                   gradient (A-GRU: epsilon's too). h0 is absent (zeros), as torch's default.
+ * Each repetition is timed with clock_gettime(CLOCK_MONOTONIC); on CUDA kf_context_synchronize
+ * runs before the clock is read. Workspace and reserve are caller buffers sized by
+ * kf_rnn_workspace_size, so no call allocates. Inputs and weights are random (weights
+ * U(-1/sqrt(H), 1/sqrt(H)) like torch's init, epsilon U(0.05, 0.15), small enough that
+ * states and gradients stay finite over T=784 steps), never zeros.
+ * Prints one JSON line with median and min over --reps; on any failed status, a JSON line with
+ * "error" (status string and kf_last_error_message()) and exit status 1. */
+#include "bench_common.h"
+
+#include <unistd.h>
+
+#include "kfuse.h"
+
+#ifdef KF_BENCH_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+static int on_cuda = 0;
+
+#define KF_CHECK_CALL(call)                                                                  \
+    do {                                                                                     \
+        kf_status s_ = (call);                                                               \
+        if (s_ != KF_OK)                                                                     \
+            bench_fail("%s -> %s: %s", #call, kf_status_string(s_), kf_last_error_message()); \
+    } while (0)
+
+/* Memory on the context's device. */
+static void *dev_alloc(size_t bytes) {
+    if (!on_cuda) return bench_alloc(bytes);
+#ifdef KF_BENCH_WITH_CUDA
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 64);
+    if (e != cudaSuccess) bench_fail("cudaMalloc(%zu): %s", bytes, cudaGetErrorString(e));
+    return p;
+#else
+    bench_fail("--device cuda: this kf_bench_rnn was built without the CUDA runtime");
+    return NULL;
+#endif
+}
+
+static void dev_free(void *p) {
+    if (!p) return;
+    if (!on_cuda) { free(p); return; }
+#ifdef KF_BENCH_WITH_CUDA
+    cudaFree(p);
+#endif
+}
+
+/* Device buffer of n floats, uniform in [lo, hi) (filled on the host, then copied). */
+static float *dev_random(size_t n, float lo, float hi) {
+    float *h = bench_alloc(n * sizeof(float));
+    bench_fill_uniform(h, n, lo, hi);
+    if (!on_cuda) return h;
+    float *d = dev_alloc(n * sizeof(float));
+#ifdef KF_BENCH_WITH_CUDA
+    cudaError_t e = cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) bench_fail("cudaMemcpy: %s", cudaGetErrorString(e));
+#endif
+    free(h);
+    return d;
+}
+
+/* Sum of squares of n device floats (a sanity value: NaN or 0 shows a broken run). */
+static double dev_sumsq(const float *d, size_t n) {
+    const float *h = d;
+    float *tmp = NULL;
+    if (on_cuda) {
+        tmp = bench_alloc(n * sizeof(float));
+#ifdef KF_BENCH_WITH_CUDA
+        cudaError_t e = cudaMemcpy(tmp, d, n * sizeof(float), cudaMemcpyDeviceToHost);
+        if (e != cudaSuccess) bench_fail("cudaMemcpy: %s", cudaGetErrorString(e));
+#endif
+        h = tmp;
+    }
+    double s = 0.0;
+    for (size_t i = 0; i < n; ++i) s += (double)h[i] * h[i];
+    free(tmp);
+    return s;
+}
+
+static size_t numel(const kf_tensor *t) {
+    size_t n = 1;
+    for (int d = 0; d < t->ndim; ++d) n *= (size_t)t->shape[d];
+    return n;
+}
+
+int main(int argc, char **argv) {
+    bench_name = "kfuse_rnn";
+    bench_args a;
+    bench_parse(argc, argv, &a);
+    on_cuda = !strcmp(a.device, "cuda");
+    const int agru = !strcmp(a.cell, "agru");
+    const int training = !a.fwd_only;
+
+    kf_context_desc cd;
+    kf_context_desc_init(&cd);
+    cd.device_type = on_cuda ? KF_DEVICE_CUDA : KF_DEVICE_CPU;
+    cd.num_threads = (int32_t)a.threads;
+    kf_context *ctx = NULL;
+    KF_CHECK_CALL(kf_context_create(&cd, &ctx));
+
+    kf_rnn_desc rd;
+    kf_rnn_desc_init(&rd);
+    rd.cell = agru ? KF_RNN_AGRU : KF_RNN_GRU;
+    rd.num_layers = (int32_t)a.layers;
+    rd.input_size = a.I;
+    rd.hidden_size = a.H;
+    kf_rnn_plan *plan = NULL;
+    KF_CHECK_CALL(kf_rnn_plan_create(ctx, &rd, &plan));
+
+    /* Weights in the canonical order, shapes from the plan. */
+    int32_t nw = 0;
+    KF_CHECK_CALL(kf_rnn_weight_count(plan, &nw));
+    kf_tensor *w = bench_alloc(sizeof(kf_tensor) * (size_t)nw);
+    kf_tensor *dw = bench_alloc(sizeof(kf_tensor) * (size_t)nw);
+    const float k = 1.0f / sqrtf((float)a.H);
+    for (int32_t i = 0; i < nw; ++i) {
+        const char *name = NULL;
+        int32_t nd = 0;
+        int64_t shape[KF_MAX_DIMS];
+        KF_CHECK_CALL(kf_rnn_weight_info(plan, i, &name, &nd, shape));
+        KF_CHECK_CALL(kf_tensor_init(&w[i], NULL, KF_DTYPE_F32, nd, shape));
+        size_t n = numel(&w[i]);
+        const size_t len = strlen(name);
+        const int is_eps = len >= 7 && !strcmp(name + len - 7, "epsilon");
+        w[i].data = is_eps ? dev_random(n, 0.05f, 0.15f) : dev_random(n, -k, k);
+        float *g = dev_alloc(n * sizeof(float));
+        KF_CHECK_CALL(kf_tensor_init(&dw[i], g, KF_DTYPE_F32, nd, shape));
+    }
+
+    const int64_t sx[3] = {a.T, a.B, a.I}, sy[3] = {a.T, a.B, a.H}, sh[3] = {a.layers, a.B, a.H};
+    kf_tensor x, y, hn, dy, dx;
+    KF_CHECK_CALL(kf_tensor_init(&x, dev_random((size_t)(a.T * a.B * a.I), -1.f, 1.f),
+                                 KF_DTYPE_F32, 3, sx));
+    KF_CHECK_CALL(kf_tensor_init(&y, dev_alloc(sizeof(float) * (size_t)(a.T * a.B * a.H)),
+                                 KF_DTYPE_F32, 3, sy));
+    KF_CHECK_CALL(kf_tensor_init(&hn, dev_alloc(sizeof(float) * (size_t)(a.layers * a.B * a.H)),
+                                 KF_DTYPE_F32, 3, sh));
+    KF_CHECK_CALL(kf_tensor_init(&dy, dev_random((size_t)(a.T * a.B * a.H), -1.f, 1.f),
+                                 KF_DTYPE_F32, 3, sy));
+    float *dx_data = a.no_dx ? NULL : dev_alloc(sizeof(float) * (size_t)(a.T * a.B * a.I));
+    KF_CHECK_CALL(kf_tensor_init(&dx, dx_data, KF_DTYPE_F32, 3, sx));
+
+    /* Caller-owned workspace (covering both modes) and reserve. */
+    size_t ws_inf = 0, ws_tr = 0, rs = 0;
+    KF_CHECK_CALL(kf_rnn_workspace_size(plan, a.T, a.B, KF_MODE_INFERENCE, &ws_inf, NULL));
+    if (training)
+        KF_CHECK_CALL(kf_rnn_workspace_size(plan, a.T, a.B, KF_MODE_TRAINING, &ws_tr, &rs));
+    const size_t ws_bytes = ws_inf > ws_tr ? ws_inf : ws_tr;
+    void *ws = ws_bytes ? dev_alloc(ws_bytes) : NULL;
+    void *reserve = rs ? dev_alloc(rs) : NULL;
+
+    kf_rnn_forward_args fa;
+    kf_rnn_forward_args_init(&fa);
+    fa.x = x;
+    fa.weights = w;
+    fa.num_weights = nw;
+    fa.y = y;
+    fa.hn = hn;
+
+    kf_rnn_backward_args ba;
+    kf_rnn_backward_args_init(&ba);
+    ba.x = x;
+    ba.weights = w;
+    ba.num_weights = nw;
+    ba.dy = dy;
+    ba.dx = dx;
+    ba.dweights = dw;
+    ba.num_dweights = nw;
+
+    double *tf = bench_alloc(sizeof(double) * (size_t)a.reps);
+    double *tb = bench_alloc(sizeof(double) * (size_t)a.reps);
+    for (long r = -a.warmup; r < a.reps; ++r) {
+        double t0 = bench_now_ms();
+        KF_CHECK_CALL(kf_rnn_forward(plan, KF_MODE_INFERENCE, &fa, ws, ws_bytes, NULL, 0));
+        KF_CHECK_CALL(kf_context_synchronize(ctx));
+        double t1 = bench_now_ms();
+        if (r >= 0) tf[r] = t1 - t0;
+    }
+    const double y_sumsq = dev_sumsq(y.data, numel(&y));
+    const double fwd_med = bench_median(tf, a.reps), fwd_min = bench_min(tf, a.reps);
+
+    double fb_med = -1.0, fb_min = -1.0, dw_sumsq = -1.0;
+    if (training) {
+        for (long r = -a.warmup; r < a.reps; ++r) {
+            double t0 = bench_now_ms();
+            KF_CHECK_CALL(kf_rnn_forward(plan, KF_MODE_TRAINING, &fa, ws, ws_bytes, reserve, rs));
+            KF_CHECK_CALL(kf_rnn_backward(plan, KF_GRAD_OVERWRITE, &ba, ws, ws_bytes, reserve, rs));
+            KF_CHECK_CALL(kf_context_synchronize(ctx));
+            double t1 = bench_now_ms();
+            if (r >= 0) tb[r] = t1 - t0;
+        }
+        fb_med = bench_median(tb, a.reps);
+        fb_min = bench_min(tb, a.reps);
+        dw_sumsq = 0.0;
+        for (int32_t i = 0; i < nw; ++i) dw_sumsq += dev_sumsq(dw[i].data, numel(&dw[i]));
+    }
+
+    size_t arena_bytes = 0;
+    uint64_t grow_count = 0;
+    KF_CHECK_CALL(kf_context_arena_info(ctx, &arena_bytes, &grow_count));
+
+    printf("{\"bench\": \"%s\", \"impl\": \"kfuse\", \"cell\": \"%s\", \"device\": \"%s\", "
+           "\"T\": %ld, \"I\": %ld, \"H\": %ld, \"B\": %ld, \"layers\": %ld, "
+           "\"threads\": %ld, \"online_cpus\": %ld, \"omp_wait_policy\": \"%s\", "
+           "\"reps\": %ld, \"warmup\": %ld, \"dx\": %s, "
+           "\"fwd_ms_median\": %.4f, \"fwd_ms_min\": %.4f, "
+           "\"fwdbwd_ms_median\": %.4f, \"fwdbwd_ms_min\": %.4f, "
+           "\"workspace_bytes\": %zu, \"reserve_bytes\": %zu, \"arena_bytes\": %zu, "
+           "\"arena_grow_count\": %llu, \"y_sumsq\": %.6g, \"dw_sumsq\": %.6g, "
+           "\"version\": \"%s\"}\n",
+           bench_name, a.cell, a.device, a.T, a.I, a.H, a.B, a.layers, a.threads,
+           sysconf(_SC_NPROCESSORS_ONLN), bench_env("OMP_WAIT_POLICY"), a.reps, a.warmup,
+           a.no_dx ? "false" : "true", fwd_med, fwd_min, fb_med, fb_min, ws_bytes, rs,
+           arena_bytes, (unsigned long long)grow_count, y_sumsq, dw_sumsq, kf_version_string());
+
+    for (int32_t i = 0; i < nw; ++i) {
+        dev_free(w[i].data);
+        dev_free(dw[i].data);
+    }
+    dev_free(x.data);
+    dev_free(y.data);
+    dev_free(hn.data);
+    dev_free(dy.data);
+    dev_free(dx.data);
+    dev_free(ws);
+    dev_free(reserve);
+    free(w);
+    free(dw);
+    free(tf);
+    free(tb);
+    kf_rnn_plan_destroy(plan);
+    kf_context_destroy(ctx);
+    return 0;
+}

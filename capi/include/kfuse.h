@@ -1,0 +1,324 @@
+/*
+ * kfuse.h: the one public header of kfuse, the stable C ABI.
+ *
+ * kfuse is a library of fused CPU and CUDA kernels for structured neural layers (GRU, A-GRU,
+ * and later SKLinear and KAN layers). This header is valid C99 and C++ and includes no CUDA
+ * header: a CUDA stream is passed as `void *` (a cudaStream_t).
+ *
+ * Conventions, stated once (they hold for every function unless its comment says otherwise):
+ *  - Every function returns a kf_status; KF_OK (0) is success. On failure nothing visible to the
+ *    caller was written (outputs, out-parameters), and kf_last_error_message() names the call,
+ *    the argument, what was expected and what was received.
+ *  - No pointer may be NULL unless its comment says so. Sizes in bytes end in `_bytes`; every
+ *    other count is in elements. Dimension letters: T steps, B batch, I input size, H hidden size,
+ *    L layers, D directions (1 or 2). Tensors are row-major, last dimension fastest.
+ *  - Tensor data lives on the device of the context the call runs on (host memory for a CPU
+ *    context, device memory for a CUDA context).
+ *  - Work on a CUDA context is enqueued on the context's stream and is asynchronous: a call
+ *    returning KF_OK means the work was enqueued. Errors of validation are reported at once.
+ *  - A context, and every plan made from it, is used by one thread at a time. Separate contexts
+ *    are independent and may be used concurrently from different threads.
+ *  - The library never aborts, exits or prints, and holds no global mutable state except the
+ *    thread-local error message.
+ *  - Descriptor and argument structs begin with `size_t struct_size`; always fill them with the
+ *    matching *_init() function first, which writes the defaults and struct_size. Fields are only
+ *    ever appended, so a program built against an older header keeps working.
+ *
+ * ABI policy (docs/abi.md): within one KF_ABI_VERSION, exported functions and struct layouts never
+ * change or disappear; additions bump KF_VERSION_MINOR. The shared library's SONAME is
+ * libkfuse.so.<KF_ABI_VERSION>.
+ */
+#ifndef KFUSE_H
+#define KFUSE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- export macro ---------------------------------------------------------------------- */
+#if defined(_WIN32)
+#  if defined(KF_BUILDING_LIBRARY)
+#    define KF_API __declspec(dllexport)
+#  else
+#    define KF_API
+#  endif
+#elif defined(__GNUC__) || defined(__clang__)
+#  define KF_API __attribute__((visibility("default")))
+#else
+#  define KF_API
+#endif
+
+/* ---- version (the build reads these three lines to form the SONAME and package version) - */
+#define KF_VERSION_MAJOR 1
+#define KF_VERSION_MINOR 0
+#define KF_VERSION_PATCH 0
+/* The ABI generation; equals KF_VERSION_MAJOR. */
+#define KF_ABI_VERSION KF_VERSION_MAJOR
+/* MAJOR*10000 + MINOR*100 + PATCH, as kf_version() returns it. */
+#define KF_VERSION_NUMBER (KF_VERSION_MAJOR * 10000 + KF_VERSION_MINOR * 100 + KF_VERSION_PATCH)
+
+/* The version of the library loaded at run time, as KF_VERSION_NUMBER. Since 1.0. */
+KF_API uint32_t kf_version(void);
+/* "1.0.0"-style static string of the loaded library's version. Never NULL. Since 1.0. */
+KF_API const char *kf_version_string(void);
+
+/* ---- status ---------------------------------------------------------------------------- */
+/* Values are fixed forever; new codes are appended. */
+typedef enum kf_status {
+    KF_OK = 0,
+    KF_ERR_INVALID_ARGUMENT = 1,    /* NULL, bad size, shape/dtype mismatch, unknown flag, ... */
+    KF_ERR_UNSUPPORTED = 2,         /* valid request this build or backend does not implement */
+    KF_ERR_OUT_OF_MEMORY = 3,       /* host or device allocation failed */
+    KF_ERR_WORKSPACE_TOO_SMALL = 4, /* caller workspace/reserve, or a fixed arena, too small */
+    KF_ERR_BACKEND_UNAVAILABLE = 5, /* e.g. CUDA asked for in a CPU-only build or without driver */
+    KF_ERR_DEVICE = 6,              /* a CUDA / cuBLAS call failed (message has its error text) */
+    KF_ERR_INTERNAL = 7             /* a bug in kfuse; please report it with the message */
+} kf_status;
+
+/* Static name and meaning of a status, e.g. "KF_ERR_INVALID_ARGUMENT: invalid argument". Never
+ * NULL, also for unknown values. Does not change the thread's last error message. Since 1.0. */
+KF_API const char *kf_status_string(kf_status status);
+
+/* Detail of the latest failure on the calling thread, e.g.
+ * "kf_rnn_forward: args->x.shape[2] = 64, expected 128 (input_size)". A successful call clears it
+ * to "". The string is owned by the library and valid until the next kfuse call on this thread.
+ * Never NULL. Does not itself change the message. Since 1.0. */
+KF_API const char *kf_last_error_message(void);
+
+/* ---- tensors --------------------------------------------------------------------------- */
+#define KF_MAX_DIMS 6
+
+typedef enum kf_dtype {
+    KF_DTYPE_F32 = 1, /* IEEE binary32: the only dtype of 1.0's ops */
+    KF_DTYPE_F64 = 2,
+    KF_DTYPE_F16 = 3,
+    KF_DTYPE_BF16 = 4,
+    KF_DTYPE_I32 = 5, /* sequence lengths */
+    KF_DTYPE_I64 = 6
+} kf_dtype;
+
+/* A plain view of memory, shaped like DLPack's DLTensor. The library never frees `data`. A tensor
+ * whose `data` is NULL is "absent"; only arguments documented as optional may be absent. */
+typedef struct kf_tensor {
+    void *data;                   /* first element; on the context's device; aligned to its dtype */
+    int32_t dtype;                /* a kf_dtype */
+    int32_t ndim;                 /* 0..KF_MAX_DIMS */
+    int64_t shape[KF_MAX_DIMS];   /* elements per dimension; entries past ndim are ignored */
+    int64_t strides[KF_MAX_DIMS]; /* in elements, not bytes; 1.0's ops need row-major contiguous */
+} kf_tensor;
+
+/* Fills `t` as a contiguous row-major view of `data` with `ndim` dims of `shape`. `data` may be
+ * NULL (an absent tensor). Returns KF_ERR_INVALID_ARGUMENT for ndim outside 0..KF_MAX_DIMS or a
+ * negative extent. Since 1.0. */
+KF_API kf_status kf_tensor_init(kf_tensor *t, void *data, kf_dtype dtype, int32_t ndim,
+                                const int64_t *shape);
+
+/* ---- context --------------------------------------------------------------------------- */
+typedef struct kf_context kf_context;
+
+typedef enum kf_device_type {
+    KF_DEVICE_CPU = 1,
+    KF_DEVICE_CUDA = 2
+} kf_device_type;
+
+/* Context flags. */
+#define KF_CONTEXT_FIXED_ARENA 1u /* never grow the arena: a call needing more fails with
+                                     KF_ERR_WORKSPACE_TOO_SMALL instead of allocating */
+
+typedef struct kf_context_desc {
+    size_t struct_size;  /* sizeof(kf_context_desc) as the caller compiled it */
+    int32_t device_type; /* a kf_device_type; default KF_DEVICE_CPU */
+    int32_t device_index;/* CUDA device ordinal; default 0; must be 0 for the CPU */
+    int32_t num_threads; /* CPU threads a call may use; 0 (default) = number of online cores */
+    uint32_t flags;      /* KF_CONTEXT_*; unknown bits are rejected */
+    size_t arena_bytes;  /* arena allocated at creation; default 0 (grown on first need) */
+    /* appended in later versions below this line; never reorder or remove */
+} kf_context_desc;
+
+/* Writes the defaults and struct_size into `desc`. Since 1.0. */
+KF_API void kf_context_desc_init(kf_context_desc *desc);
+
+/* Creates a context: device, stream (the CUDA default stream until set), BLAS handle, arena.
+ * @return KF_OK and *out set; KF_ERR_BACKEND_UNAVAILABLE for CUDA in a CPU-only build or with no
+ * usable driver/device; KF_ERR_OUT_OF_MEMORY; KF_ERR_INVALID_ARGUMENT. *out is NULL on failure.
+ * Since 1.0. */
+KF_API kf_status kf_context_create(const kf_context_desc *desc, kf_context **out);
+
+/* Destroys a context. Accepts NULL. Every plan made from it must be destroyed first. On CUDA it
+ * waits for the context's stream before freeing the arena. Since 1.0. */
+KF_API void kf_context_destroy(kf_context *ctx);
+
+/* The kf_device_type of the context. Since 1.0. */
+KF_API kf_status kf_context_device_type(const kf_context *ctx, int32_t *device_type);
+
+/* Sets the CUDA stream (a cudaStream_t; NULL = the legacy default stream) that later calls
+ * enqueue on. KF_ERR_INVALID_ARGUMENT on a CPU context unless `stream` is NULL. Since 1.0. */
+KF_API kf_status kf_context_set_stream(kf_context *ctx, void *stream);
+
+/* The stream calls enqueue on (NULL on a CPU context). Since 1.0. */
+KF_API kf_status kf_context_get_stream(const kf_context *ctx, void **stream);
+
+/* Grows the arena to at least `bytes` now, so later calls needing up to that much never
+ * allocate (also under KF_CONTEXT_FIXED_ARENA). Never shrinks it. On CUDA, waits for the
+ * context's stream before replacing a smaller arena. Since 1.0. */
+KF_API kf_status kf_context_reserve(kf_context *ctx, size_t bytes);
+
+/* Bytes the arena holds now, and how many times it has been (re)allocated since creation: a
+ * steady-state loop of calls leaves `grow_count` unchanged. Either pointer may be NULL. Since 1.0. */
+KF_API kf_status kf_context_arena_info(const kf_context *ctx, size_t *arena_bytes,
+                                       uint64_t *grow_count);
+
+/* Waits until all work enqueued on the context's stream has finished (no-op on the CPU), and
+ * reports a CUDA error raised by that work as KF_ERR_DEVICE. Since 1.0. */
+KF_API kf_status kf_context_synchronize(kf_context *ctx);
+
+/* ---- calls: modes and gradients -------------------------------------------------------- */
+typedef enum kf_mode {
+    KF_MODE_INFERENCE = 1, /* no reserve written, no dropout */
+    KF_MODE_TRAINING = 2   /* forward writes the reserve that backward reads; dropout applied */
+} kf_mode;
+
+typedef enum kf_grad_mode {
+    KF_GRAD_OVERWRITE = 1,  /* weight gradients are written */
+    KF_GRAD_ACCUMULATE = 2  /* weight gradients are added to what the buffers hold */
+} kf_grad_mode;
+
+/* ---- recurrent layers: GRU and A-GRU --------------------------------------------------- */
+/*
+ * One plan describes a stack of L recurrent layers whose cell is a GRU (torch.nn.GRU semantics)
+ * or an A-GRU (antisymmetric GRU; math in docs/ops/rnn.md and DESIGN.md). A whole sequence runs in
+ * one call. Dropout (probability p) is applied to the output of every layer except the last, in
+ * KF_MODE_TRAINING only, with a counter-based generator keyed by (seed, offset) that every backend
+ * reproduces bit for bit; kept elements are scaled by 1/(1-p).
+ *
+ * Weights are passed in the reference layouts, as an array of tensors in a canonical order that
+ * kf_rnn_weight_info() describes (index, name, shape):
+ *  GRU, per layer l then direction d (suffix "" or "_reverse"), like torch's _flat_weights:
+ *    weight_ih_l{l}{sfx} [3H, I_l], weight_hh_l{l}{sfx} [3H, H], bias_ih_l{l}{sfx} [3H],
+ *    bias_hh_l{l}{sfx} [3H]      (I_0 = I, I_l = D*H; gate rows in the order r, z, n)
+ *  A-GRU, per layer l (no bidirectional form):
+ *    cells.{l}.W_z.weight [H, I_l], cells.{l}.W_z.bias [H], cells.{l}.U_z.weight [H, H],
+ *    cells.{l}.W_r.weight [H, I_l], cells.{l}.W_r.bias [H], cells.{l}.U_r.weight [H, H],
+ *    cells.{l}.V_h.weight [H, I_l], cells.{l}.V_h.bias [H], cells.{l}.W_h [H, H],
+ *    cells.{l}.epsilon [1]       (I_0 = I, I_l = H)
+ */
+typedef struct kf_rnn_plan kf_rnn_plan;
+
+typedef enum kf_rnn_cell {
+    KF_RNN_GRU = 1,
+    KF_RNN_AGRU = 2
+} kf_rnn_cell;
+
+#define KF_RNN_BATCH_FIRST 1u   /* x, y are [B, T, .] instead of [T, B, .] */
+#define KF_RNN_BIDIRECTIONAL 2u /* GRU only: D = 2, y is [T, B, 2H] (forward half first) */
+
+typedef struct kf_rnn_desc {
+    size_t struct_size;  /* sizeof(kf_rnn_desc) as the caller compiled it */
+    int32_t cell;        /* a kf_rnn_cell; default KF_RNN_GRU */
+    int32_t num_layers;  /* L >= 1; default 1 */
+    int64_t input_size;  /* I >= 1; no default (0) */
+    int64_t hidden_size; /* H >= 1; no default (0) */
+    uint32_t flags;      /* KF_RNN_*; default 0; unknown bits are rejected */
+    float dropout;       /* in [0, 1); default 0 */
+    float gamma;         /* A-GRU diffusion constant in A = W_h - W_h^T - gamma I; default 0.01 */
+    int32_t dtype;       /* kf_dtype of x, y, h and weights; default (and only) KF_DTYPE_F32 */
+    /* appended in later versions below this line; never reorder or remove */
+} kf_rnn_desc;
+
+/* Writes the defaults and struct_size into `desc`. Since 1.0. */
+KF_API void kf_rnn_desc_init(kf_rnn_desc *desc);
+
+/* Creates a plan bound to `ctx` (which must outlive it). Checks the descriptor; makes no
+ * per-shape decision that a call could not revise. @return KF_OK and *out, KF_ERR_INVALID_ARGUMENT
+ * (message names the field), KF_ERR_UNSUPPORTED (e.g. A-GRU with KF_RNN_BIDIRECTIONAL),
+ * KF_ERR_OUT_OF_MEMORY. Since 1.0. */
+KF_API kf_status kf_rnn_plan_create(kf_context *ctx, const kf_rnn_desc *desc, kf_rnn_plan **out);
+
+/* Destroys a plan. Accepts NULL. Since 1.0. */
+KF_API void kf_rnn_plan_destroy(kf_rnn_plan *plan);
+
+/* Number of weight tensors a call takes (L*D*4 for a GRU, L*10 for an A-GRU). Since 1.0. */
+KF_API kf_status kf_rnn_weight_count(const kf_rnn_plan *plan, int32_t *count);
+
+/* Name (reference state_dict key, static storage owned by the plan, valid while it lives), rank
+ * and shape of weight `index` in the canonical order. `name`, `ndim`, `shape` may each be NULL;
+ * `shape` has room for KF_MAX_DIMS entries. Since 1.0. */
+KF_API kf_status kf_rnn_weight_info(const kf_rnn_plan *plan, int32_t index, const char **name,
+                                    int32_t *ndim, int64_t *shape);
+
+/* Bytes of scratch workspace that kf_rnn_forward() (in `mode`) and kf_rnn_backward() need for T
+ * steps of B samples, and bytes of reserve that a KF_MODE_TRAINING forward writes and backward
+ * reads (0 in KF_MODE_INFERENCE). `workspace_bytes` covers both calls. Either pointer may be NULL.
+ * Pure: no allocation, no device work. Sizes are not monotonic in T and B: query per shape.
+ * Since 1.0. */
+KF_API kf_status kf_rnn_workspace_size(const kf_rnn_plan *plan, int64_t T, int64_t B, kf_mode mode,
+                                       size_t *workspace_bytes, size_t *reserve_bytes);
+
+typedef struct kf_rnn_forward_args {
+    size_t struct_size;     /* sizeof(kf_rnn_forward_args) as the caller compiled it */
+    kf_tensor x;            /* [T, B, I] ([B, T, I] with KF_RNN_BATCH_FIRST) */
+    kf_tensor h0;           /* optional [L*D, B, H]; absent = zeros */
+    const kf_tensor *weights; /* array of num_weights tensors, canonical order */
+    int32_t num_weights;    /* kf_rnn_weight_count() */
+    int32_t reserved0;      /* must be 0 */
+    kf_tensor lengths;      /* optional [B] KF_DTYPE_I32 in 0..T, on the context's device: steps
+                               past lengths[b] leave h unchanged and write y = 0 there; the
+                               reverse direction starts at lengths[b]-1. Absent = all T. */
+    uint64_t dropout_seed;  /* key of the dropout masks (training with dropout > 0 only) */
+    uint64_t dropout_offset;/* counter offset, so successive calls can draw fresh masks */
+    kf_tensor y;            /* out [T, B, D*H] ([B, T, D*H] batch-first): last layer, every step */
+    kf_tensor hn;           /* optional out [L*D, B, H]: each layer's and direction's last state */
+} kf_rnn_forward_args;
+
+/* Writes the defaults (all tensors absent, zeros) and struct_size into `args`. Since 1.0. */
+KF_API void kf_rnn_forward_args_init(kf_rnn_forward_args *args);
+
+/* Runs the stacked layer over the whole sequence. T and B are read from args->x.
+ * `workspace` (`workspace_bytes` of it, on the context's device, 64-byte aligned) may be NULL with
+ * 0 bytes, in which case the context's arena serves. In KF_MODE_TRAINING `reserve` must hold the
+ * reserve_bytes that kf_rnn_workspace_size() gave and must be passed unchanged to the backward call
+ * for the same inputs; in KF_MODE_INFERENCE it may be NULL.
+ * @return KF_OK; KF_ERR_INVALID_ARGUMENT (message names the argument); KF_ERR_WORKSPACE_TOO_SMALL;
+ * KF_ERR_OUT_OF_MEMORY (arena growth); KF_ERR_DEVICE. Since 1.0. */
+KF_API kf_status kf_rnn_forward(kf_rnn_plan *plan, kf_mode mode, const kf_rnn_forward_args *args,
+                                void *workspace, size_t workspace_bytes, void *reserve,
+                                size_t reserve_bytes);
+
+typedef struct kf_rnn_backward_args {
+    size_t struct_size;     /* sizeof(kf_rnn_backward_args) as the caller compiled it */
+    kf_tensor x;            /* the forward's x */
+    kf_tensor h0;           /* the forward's h0 (optional: absent = zeros, as in forward) */
+    const kf_tensor *weights; /* the forward's weights */
+    int32_t num_weights;
+    int32_t reserved0;      /* must be 0 */
+    kf_tensor lengths;      /* the forward's lengths (optional) */
+    uint64_t dropout_seed;  /* the forward's */
+    uint64_t dropout_offset;/* the forward's */
+    kf_tensor dy;           /* optional [T, B, D*H]: gradient of the loss w.r.t. y; absent = 0 */
+    kf_tensor dhn;          /* optional [L*D, B, H]: gradient w.r.t. hn; absent = 0 */
+    kf_tensor dx;           /* optional out, x's shape: always overwritten */
+    kf_tensor dh0;          /* optional out [L*D, B, H]: always overwritten */
+    const kf_tensor *dweights; /* optional (NULL) out array shaped like `weights`; each entry may
+                                  be absent; written or accumulated per kf_grad_mode */
+    int32_t num_dweights;   /* num_weights when dweights is given, else 0 */
+    int32_t reserved1;      /* must be 0 */
+} kf_rnn_backward_args;
+
+/* Writes the defaults and struct_size into `args`. Since 1.0. */
+KF_API void kf_rnn_backward_args_init(kf_rnn_backward_args *args);
+
+/* Gradients of x, h0 and every weight (A-GRU: including epsilon) from the reserve that a
+ * KF_MODE_TRAINING forward on the same inputs wrote. `grad_mode` applies to dweights only.
+ * Workspace as for kf_rnn_forward(). Same statuses. Since 1.0. */
+KF_API kf_status kf_rnn_backward(kf_rnn_plan *plan, kf_grad_mode grad_mode,
+                                 const kf_rnn_backward_args *args, void *workspace,
+                                 size_t workspace_bytes, const void *reserve, size_t reserve_bytes);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* KFUSE_H */

@@ -1,0 +1,110 @@
+/* The recurrent layer's plan and the validated call records the front end (capi/src/rnn.c) hands
+ * to a backend (cpu/rnn_*.c, cuda/rnn_*.cu). Backends trust these records: every pointer and
+ * extent has been checked, sizes do not overflow, and workspace/reserve are large enough.
+ *
+ * Layout conventions every backend follows:
+ *  - x is [T, B, I] or, with batch_first, [B, T, I]; element (t, b, i) sits at
+ *    x[(t * x_t_stride + b * x_b_stride) * I + i] where (x_t_stride, x_b_stride) = (B, 1) or
+ *    (1, T). y and dy use the same row strides with D*H columns; dx with I.
+ *  - h0, hn, dhn, dh0 are [L*D, B, H], index l*D + d.
+ *  - Weight pointers come in the canonical order of kfuse.h: cell (l, d) starts at index
+ *    (l*D + d) * nw. For GRU nw = 4 (w_ih, w_hh, b_ih, b_hh); for A-GRU nw = 10 (W_z, b_z, U_z,
+ *    W_r, b_r, U_r, V_h, b_h, W_h, epsilon).
+ *  - Dropout after layer l < L-1 (training, p > 0): element (t, b, j) of that layer's [T, B, D*H]
+ *    output is kept iff kf__dropout_keep(seed, offset + ((l*T + t)*B + b)*D*H + j, p), and kept
+ *    elements are scaled by 1/(1-p) (common/counter_rng.h). Logical (t, b) order, whatever the
+ *    memory layout.
+ *  - Variable lengths (packed-sequence semantics of torch): for t >= len[b] the state of sample b
+ *    does not change and y(t, b, .) = 0; the reverse direction starts at t = len[b]-1. */
+#ifndef KF_RNN_INTERNAL_H
+#define KF_RNN_INTERNAL_H
+
+#include "internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KF__GRU_NW 4
+#define KF__AGRU_NW 10
+
+/* Indices inside one cell's weight group. */
+enum { KF__GRU_W_IH = 0, KF__GRU_W_HH = 1, KF__GRU_B_IH = 2, KF__GRU_B_HH = 3 };
+enum {
+    KF__AGRU_W_Z = 0, KF__AGRU_B_Z = 1, KF__AGRU_U_Z = 2,
+    KF__AGRU_W_R = 3, KF__AGRU_B_R = 4, KF__AGRU_U_R = 5,
+    KF__AGRU_V_H = 6, KF__AGRU_B_H = 7, KF__AGRU_W_H = 8, KF__AGRU_EPS = 9
+};
+
+struct kf_rnn_plan {
+    kf_context *ctx;
+    int32_t cell;          /* kf_rnn_cell */
+    int32_t L, D;          /* layers, directions */
+    int64_t I, H;
+    bool batch_first;
+    float dropout, gamma;
+    int32_t nw;            /* weights per (layer, direction) */
+    int32_t num_weights;   /* L * D * nw */
+    /* Per-call scratch of num_weights pointers each, so a call never allocates. */
+    const float **w;
+    float **dw;
+    /* Weight names, num_weights NUL-terminated strings packed in one block. */
+    const char **names;
+};
+
+/* Input width of layer l. */
+static inline int64_t kf__rnn_layer_input(const struct kf_rnn_plan *p, int32_t l) {
+    return l == 0 ? p->I : (int64_t)p->D * p->H;
+}
+
+typedef struct kf__rnn_fwd {
+    const struct kf_rnn_plan *plan;
+    int64_t T, B;
+    bool training;
+    const float *x;
+    const float *h0;          /* NULL = zeros */
+    const float *const *w;    /* plan->num_weights pointers */
+    const int32_t *lengths;   /* NULL = all T */
+    uint64_t seed, offset;
+    float *y;
+    float *hn;                /* NULL = not wanted */
+    void *ws; size_t ws_bytes;
+    void *reserve; size_t reserve_bytes; /* training only */
+} kf__rnn_fwd;
+
+typedef struct kf__rnn_bwd {
+    const struct kf_rnn_plan *plan;
+    int64_t T, B;
+    const float *x;
+    const float *h0;          /* NULL = zeros */
+    const float *const *w;
+    const int32_t *lengths;   /* NULL = all T */
+    uint64_t seed, offset;
+    const float *dy;          /* NULL = zeros */
+    const float *dhn;         /* NULL = zeros */
+    float *dx;                /* NULL = not wanted */
+    float *dh0;               /* NULL = not wanted */
+    float *const *dw;         /* plan->num_weights pointers, each may be NULL; or the array NULL */
+    bool accumulate;          /* add into dw instead of overwriting */
+    void *ws; size_t ws_bytes;
+    const void *reserve; size_t reserve_bytes;
+} kf__rnn_bwd;
+
+/* Backend entry points. *_sizes is pure; forward/backward return KF_OK or set the message. */
+void kf__cpu_rnn_sizes(const struct kf_rnn_plan *p, int64_t T, int64_t B, bool training,
+                       size_t *ws_bytes, size_t *reserve_bytes);
+kf_status kf__cpu_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c);
+kf_status kf__cpu_rnn_backward(kf_context *ctx, const kf__rnn_bwd *c);
+
+#ifdef KF_HAVE_CUDA
+void kf__cuda_rnn_sizes(const struct kf_rnn_plan *p, int64_t T, int64_t B, bool training,
+                        size_t *ws_bytes, size_t *reserve_bytes);
+kf_status kf__cuda_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c);
+kf_status kf__cuda_rnn_backward(kf_context *ctx, const kf__rnn_bwd *c);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KF_RNN_INTERNAL_H */

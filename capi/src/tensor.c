@@ -1,0 +1,95 @@
+/* Tensor views: construction and the one validation routine every front end uses. */
+#include "internal.h"
+
+#include <inttypes.h>
+
+size_t kf__dtype_bytes(int32_t dtype) {
+    switch (dtype) {
+    case KF_DTYPE_F32: return 4;
+    case KF_DTYPE_F64: return 8;
+    case KF_DTYPE_F16: return 2;
+    case KF_DTYPE_BF16: return 2;
+    case KF_DTYPE_I32: return 4;
+    case KF_DTYPE_I64: return 8;
+    }
+    return 0;
+}
+
+static const char *kf__dtype_name(int32_t dtype) {
+    switch (dtype) {
+    case KF_DTYPE_F32: return "KF_DTYPE_F32";
+    case KF_DTYPE_F64: return "KF_DTYPE_F64";
+    case KF_DTYPE_F16: return "KF_DTYPE_F16";
+    case KF_DTYPE_BF16: return "KF_DTYPE_BF16";
+    case KF_DTYPE_I32: return "KF_DTYPE_I32";
+    case KF_DTYPE_I64: return "KF_DTYPE_I64";
+    }
+    return "unknown dtype";
+}
+
+KF_API kf_status kf_tensor_init(kf_tensor *t, void *data, kf_dtype dtype, int32_t ndim,
+                                const int64_t *shape) {
+    kf__clear_error();
+    KF_CHECK(t != NULL, KF_ERR_INVALID_ARGUMENT, "t is NULL");
+    KF_CHECK(ndim >= 0 && ndim <= KF_MAX_DIMS, KF_ERR_INVALID_ARGUMENT,
+             "ndim = %d, expected 0..%d", (int)ndim, KF_MAX_DIMS);
+    KF_CHECK(ndim == 0 || shape != NULL, KF_ERR_INVALID_ARGUMENT, "shape is NULL with ndim = %d",
+             (int)ndim);
+    KF_CHECK(kf__dtype_bytes(dtype) != 0, KF_ERR_INVALID_ARGUMENT, "dtype = %d, not a kf_dtype",
+             (int)dtype);
+    for (int32_t i = 0; i < ndim; ++i)
+        KF_CHECK(shape[i] >= 0, KF_ERR_INVALID_ARGUMENT, "shape[%d] = %" PRId64 ", expected >= 0",
+                 (int)i, shape[i]);
+    kf_tensor v = {0};
+    v.data = data;
+    v.dtype = dtype;
+    v.ndim = ndim;
+    int64_t stride = 1;
+    for (int32_t i = ndim - 1; i >= 0; --i) {
+        v.shape[i] = shape[i];
+        v.strides[i] = stride;
+        if (shape[i] > 0 && __builtin_mul_overflow(stride, shape[i], &stride)) stride = INT64_MAX;
+    }
+    *t = v;
+    return KF_OK;
+}
+
+kf_status kf__check_tensor(const char *fn, const char *arg, const kf_tensor *t, kf_dtype dtype,
+                           int32_t ndim, int64_t *shape, bool optional, bool *present) {
+    *present = false;
+    if (t->data == NULL) {
+        KF_CHECK_FN(fn, optional, KF_ERR_INVALID_ARGUMENT, "%s.data is NULL (required tensor)",
+                    arg);
+        return KF_OK;
+    }
+    KF_CHECK_FN(fn, t->dtype == (int32_t)dtype, KF_ERR_INVALID_ARGUMENT,
+                "%s.dtype = %s, expected %s", arg, kf__dtype_name(t->dtype), kf__dtype_name(dtype));
+    KF_CHECK_FN(fn, t->ndim == ndim, KF_ERR_INVALID_ARGUMENT, "%s.ndim = %d, expected %d", arg,
+                (int)t->ndim, (int)ndim);
+    for (int32_t i = 0; i < ndim; ++i) {
+        if (shape[i] < 0) {
+            KF_CHECK_FN(fn, t->shape[i] >= 1, KF_ERR_INVALID_ARGUMENT,
+                        "%s.shape[%d] = %" PRId64 ", expected >= 1", arg, (int)i, t->shape[i]);
+            shape[i] = t->shape[i];
+        } else {
+            KF_CHECK_FN(fn, t->shape[i] == shape[i], KF_ERR_INVALID_ARGUMENT,
+                        "%s.shape[%d] = %" PRId64 ", expected %" PRId64, arg, (int)i, t->shape[i],
+                        shape[i]);
+        }
+    }
+    /* Row-major contiguity; extents of 1 may carry any stride (as in torch and DLPack). */
+    int64_t expect = 1;
+    for (int32_t i = ndim - 1; i >= 0; --i) {
+        KF_CHECK_FN(fn, t->shape[i] == 1 || t->strides[i] == expect, KF_ERR_INVALID_ARGUMENT,
+                    "%s.strides[%d] = %" PRId64 ", expected %" PRId64
+                    " (row-major contiguous tensors only)", arg, (int)i, t->strides[i], expect);
+        if (__builtin_mul_overflow(expect, t->shape[i], &expect))
+            return kf__error(KF_ERR_INVALID_ARGUMENT, fn, "%s has more elements than fit in int64",
+                             arg);
+    }
+    size_t align = kf__dtype_bytes(dtype);
+    KF_CHECK_FN(fn, ((uintptr_t)t->data % align) == 0, KF_ERR_INVALID_ARGUMENT,
+                "%s.data = %p is not aligned to its %zu-byte elements", arg, t->data, align);
+    *present = true;
+    return KF_OK;
+}

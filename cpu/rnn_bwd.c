@@ -1,0 +1,344 @@
+/* CPU backward of the stacked GRU / A-GRU (derivations: docs/ops/rnn.md).
+ *
+ * Layers run from the last to the first, each direction in turn:
+ *  (1) the reverse recurrence, each thread owning batch slices for the whole sequence: per step a
+ *      fused pointwise pass turns dh into the pre-activation gradients of every row (dG_x on the
+ *      input side, stored for all T*B rows; GRU: dG_h on the recurrent side), then the recurrent
+ *      GEMMs carry dh to the previous step;
+ *  (2) after a barrier, weight gradients as whole-sequence GEMMs over all T*B rows, split across
+ *      threads by output rows (deterministic, no atomics), bias sums in double, and
+ *      dX = dG_x W3, which is the next-lower layer's d(output).
+ * Dropout masks are recomputed from the counter (rnn_internal.h). Nothing is allocated. */
+#include "blas.h"
+#include "rnn_cpu.h"
+
+
+/* ---- one step of a slice ---------------------------------------------------------------------
+ * Notation of one step (gradient g = dL/dh' of the new state, hp = the state before the step):
+ * GRU:   h' = (1-z) n + z hp, n = tanh(a_n), a_n = gx_n + r hn, hn = W_hn hp + b_hn
+ *        dn = g (1-z)        dz = g (hp - n)       da_n = dn (1 - n^2)
+ *        dr = da_n hn        da_r = dr r(1-r)      da_z = dz z(1-z)
+ *        dG_x = [da_r, da_z, da_n]   dG_h = [da_r, da_z, da_n r]
+ *        dhp = g z + dG_h W_hh
+ * A-GRU: h' = hp + eps z d, d = tanh(a_d), a_d = gx_d + q A^T, q = r hp
+ *        da_d = g eps z (1 - d^2)    da_z = g eps d z(1-z)    d eps = sum g z d
+ *        dq = da_d A                 da_r = dq hp r(1-r)
+ *        dG_x = [da_z, da_r, da_d]
+ *        dhp = g + dq r + [da_z, da_r] [U_z; U_r]
+ * Rows with t >= len[b] get zero pre-activation gradients and pass dh through unchanged. */
+typedef struct bwd_step {
+    int64_t nb, H, t;
+    const int32_t *len; /* lengths + b0, or NULL */
+    const float *sv, *hp;
+    int64_t sv_ld, hp_ld;
+    float *dgx;         /* dG_x row of sample b0, rows dgx_ld apart */
+    float *aux;         /* GRU: dG_h rows; A-GRU: q rows */
+    int64_t dgx_ld, aux_ld;
+    float *dh;          /* [nb, H] gradient of the state, in place */
+    const float *gy;    /* [nb, H] d(output) of this step (masked) */
+    const float *dq;    /* A-GRU: [nb, H] da_d A */
+} bwd_step;
+
+static bool bstep_valid(const bwd_step *s, int64_t i) { return !s->len || s->t < s->len[i]; }
+
+/* Zeroes the pre-activation gradients of an invalid row (its dh passes through). */
+static void zero_row(const bwd_step *s, int64_t i, int64_t aux_w) {
+    memset(s->dgx + i * s->dgx_ld, 0, (size_t)(3 * s->H) * sizeof(float));
+    memset(s->aux + i * s->aux_ld, 0, (size_t)aux_w * sizeof(float));
+}
+
+KF__VEC_CLONES static void gru_bwd_pointwise(const bwd_step *s) {
+    const int64_t H = s->H;
+    for (int64_t i = 0; i < s->nb; i++) {
+        if (!bstep_valid(s, i)) {
+            zero_row(s, i, 3 * H);
+            continue;
+        }
+        const float *restrict sv = s->sv + i * s->sv_ld;
+        const float *restrict hp = s->hp + i * s->hp_ld;
+        const float *restrict gy = s->gy + i * H;
+        float *restrict dgx = s->dgx + i * s->dgx_ld;
+        float *restrict dgh = s->aux + i * s->aux_ld;
+        float *restrict dh = s->dh + i * H;
+#pragma omp simd
+        for (int64_t k = 0; k < H; k++) {
+            float r = sv[k], z = sv[H + k], n = sv[2 * H + k], hn = sv[3 * H + k];
+            float g = dh[k] + gy[k];
+            float dan = g * (1.0f - z) * (1.0f - n * n);
+            float dar = dan * hn * r * (1.0f - r);
+            float daz = g * (hp[k] - n) * z * (1.0f - z);
+            dgx[k] = dar;
+            dgx[H + k] = daz;
+            dgx[2 * H + k] = dan;
+            dgh[k] = dar;
+            dgh[H + k] = daz;
+            dgh[2 * H + k] = dan * r;
+            dh[k] = g * z;
+        }
+    }
+}
+
+/* A-GRU pass 1 (before dq = da_d A): da_z, da_d, q, dh = g; returns this step's d eps. */
+KF__VEC_CLONES static double agru_bwd_pointwise1(const bwd_step *s, float eps) {
+    const int64_t H = s->H;
+    double deps = 0.0;
+    for (int64_t i = 0; i < s->nb; i++) {
+        if (!bstep_valid(s, i)) {
+            zero_row(s, i, H);
+            continue;
+        }
+        const float *restrict sv = s->sv + i * s->sv_ld;
+        const float *restrict hp = s->hp + i * s->hp_ld;
+        const float *restrict gy = s->gy + i * H;
+        float *restrict dgx = s->dgx + i * s->dgx_ld;
+        float *restrict q = s->aux + i * s->aux_ld;
+        float *restrict dh = s->dh + i * H;
+        double acc = 0.0; /* d eps sums N*H terms that largely cancel */
+#pragma omp simd reduction(+ : acc)
+        for (int64_t k = 0; k < H; k++) {
+            float z = sv[k], r = sv[H + k], d = sv[2 * H + k];
+            float g = dh[k] + gy[k];
+            dgx[k] = g * eps * d * z * (1.0f - z);
+            dgx[2 * H + k] = g * eps * z * (1.0f - d * d);
+            q[k] = r * hp[k];
+            dh[k] = g;
+            acc += (double)(g * z * d);
+        }
+        deps += acc;
+    }
+    return deps;
+}
+
+/* A-GRU pass 2: da_r = dq hp r(1-r); dh += dq r. */
+KF__VEC_CLONES static void agru_bwd_pointwise2(const bwd_step *s) {
+    const int64_t H = s->H;
+    for (int64_t i = 0; i < s->nb; i++) {
+        if (!bstep_valid(s, i)) continue;
+        const float *restrict r = s->sv + i * s->sv_ld + H;
+        const float *restrict hp = s->hp + i * s->hp_ld;
+        const float *restrict dq = s->dq + i * H;
+        float *restrict dar = s->dgx + i * s->dgx_ld + H;
+        float *restrict dh = s->dh + i * H;
+#pragma omp simd
+        for (int64_t k = 0; k < H; k++) {
+            dar[k] = dq[k] * hp[k] * r[k] * (1.0f - r[k]);
+            dh[k] += dq[k] * r[k];
+        }
+    }
+}
+
+/* ---- a layer -------------------------------------------------------------------------------- */
+
+typedef struct bwd_layer {
+    const kf__rnn_bwd *c;
+    const kf__rnn_cpu_layout *lo;
+    int32_t l;
+    const float *x;   /* layer input [N, in] */
+    const float *dy;  /* d(layer output) [N, D*H], NULL = zeros */
+    float *dx;        /* d(layer input) [N, in], NULL = not wanted */
+    kf__rnn_drop dr;  /* the forward's dropout on this layer's output */
+    kf__rnn_cell cell[2];
+    void *ws;
+} bwd_layer;
+
+static int64_t cell_index(const bwd_layer *f, int32_t d) { return (int64_t)f->l * f->lo->D + d; }
+
+/* Reverse recurrence of direction d for the batch rows of slice `sl` (slice index s). */
+static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, int32_t s) {
+    const kf__rnn_bwd *c = f->c;
+    const kf__rnn_cpu_layout *lo = f->lo;
+    const kf__rnn_cell *cw = &f->cell[d];
+    const int64_t H = lo->H, T = lo->T, DH = lo->D * H, b0 = sl->b0, nb = sl->nb;
+    const int64_t cidx = cell_index(f, d), aux_w = lo->agru ? H : 3 * H;
+    const float *hp = (const float *)kf__cat(c->reserve, (size_t)cidx * lo->cell_bytes);
+    const float *gates = (const float *)kf__cat(hp, lo->hp_bytes);
+    float *dgx = (float *)kf__at(f->ws, lo->big[0]);
+    float *aux = (float *)kf__at(f->ws, lo->big[1]);
+
+    if (c->dhn)
+        memcpy(sl->st, c->dhn + (cidx * lo->B + b0) * H, (size_t)(nb * H) * sizeof(float));
+    else
+        memset(sl->st, 0, (size_t)(nb * H) * sizeof(float));
+    bwd_step st = {.nb = nb, .H = H, .len = c->lengths ? c->lengths + b0 : NULL,
+                   .sv_ld = lo->bs * lo->ng * H, .hp_ld = lo->bs * H,
+                   .dgx_ld = lo->bs * 3 * H, .aux_ld = lo->bs * aux_w, .dh = sl->st,
+                   .gy = sl->t2, .dq = sl->t2};
+    double deps = 0.0;
+    for (int64_t k = 0; k < T; k++) {
+        const int64_t t = d ? k : T - 1 - k, r0 = kf__rnn_row(lo, t, b0);
+        st.t = t;
+        st.sv = gates + r0 * lo->ng * H;
+        st.hp = hp + r0 * H;
+        st.dgx = dgx + r0 * 3 * H;
+        st.aux = aux + r0 * aux_w;
+        for (int64_t i = 0; i < nb; i++) {
+            const int64_t r = r0 + i * lo->bs;
+            kf__rnn_cpu_drop_row(sl->t2 + i * H, f->dy ? f->dy + r * DH + d * H : NULL, H, &f->dr,
+                                 kf__rnn_drop_counter(lo, &f->dr, f->l, t, b0 + i, d));
+        }
+        if (!lo->agru) {
+            gru_bwd_pointwise(&st);
+            kf__sgemm(false, false, nb, H, 3 * H, 1.0f, st.aux, st.aux_ld, cw->wrec, H, 1.0f,
+                      sl->st, H);
+        } else {
+            deps += agru_bwd_pointwise1(&st, cw->eps);
+            kf__sgemm(false, false, nb, H, H, 1.0f, st.dgx + 2 * H, st.dgx_ld, cw->a, H, 0.0f,
+                      sl->t2, H);
+            agru_bwd_pointwise2(&st);
+            kf__sgemm(false, false, nb, H, 2 * H, 1.0f, st.dgx, st.dgx_ld, cw->wrec, H, 1.0f,
+                      sl->st, H);
+        }
+    }
+    if (c->dh0) memcpy(c->dh0 + (cidx * lo->B + b0) * H, sl->st, (size_t)(nb * H) * sizeof(float));
+    if (lo->agru) ((double *)kf__at(f->ws, lo->epsacc))[s] = deps;
+}
+
+/* One weight-gradient product dst[M, n] (+)= G[:, 0:M]^T X over all N rows (G rows ldg apart),
+ * or, with x NULL, a bias: dst[M] (+)= column sums of G[:, 0:M]. */
+typedef struct wgrad {
+    float *dst;
+    const float *g;
+    int64_t ldg, m;
+    const float *x;
+    int64_t n; /* columns of x (its leading dimension) */
+    bool beta1;
+} wgrad;
+
+/* Rows [m0, m1) of a product, or columns [m0, m1) of a bias (summed in double, 16 at a time so
+ * each pass over the rows reads whole cache lines). */
+static void wgrad_part(const wgrad *w, int64_t N, int64_t m0, int64_t m1) {
+    if (w->x) {
+        kf__sgemm(true, false, m1 - m0, w->n, N, 1.0f, w->g + m0, w->ldg, w->x, w->n,
+                  w->beta1 ? 1.0f : 0.0f, w->dst + m0 * w->n, w->n);
+        return;
+    }
+    for (int64_t j0 = m0; j0 < m1; j0 += 16) {
+        const int64_t nj = m1 - j0 < 16 ? m1 - j0 : 16;
+        double acc[16] = {0};
+        for (int64_t r = 0; r < N; r++)
+            for (int64_t j = 0; j < nj; j++) acc[j] += w->g[r * w->ldg + j0 + j];
+        for (int64_t j = 0; j < nj; j++)
+            w->dst[j0 + j] = (float)acc[j] + (w->beta1 ? w->dst[j0 + j] : 0.0f);
+    }
+}
+
+/* The gradient products of cell (l, d); returns how many it wrote into `out` (at most 9). */
+static int wgrad_list(const bwd_layer *f, int32_t d, wgrad *out) {
+    const kf__rnn_bwd *c = f->c;
+    const kf__rnn_cpu_layout *lo = f->lo;
+    if (!c->dw) return 0;
+    const int64_t H = lo->H, in = f->cell[d].in, cidx = cell_index(f, d);
+    float *const *dw = c->dw + cidx * c->plan->nw;
+    const float *dgx = (const float *)kf__at(f->ws, lo->big[0]);
+    const float *aux = (const float *)kf__at(f->ws, lo->big[1]);
+    const float *hp = (const float *)kf__cat(c->reserve, (size_t)cidx * lo->cell_bytes);
+    const bool acc = c->accumulate;
+    int n = 0;
+#define KF__WG(DST, G, M, X, NX, B1)                                                            \
+    do {                                                                                        \
+        if (DST) out[n++] = (wgrad){(DST), (G), 3 * H, (M), (X), (NX), (B1)};                   \
+    } while (0)
+    if (!lo->agru) {
+        KF__WG(dw[KF__GRU_W_IH], dgx, 3 * H, f->x, in, acc);
+        KF__WG(dw[KF__GRU_B_IH], dgx, 3 * H, NULL, 0, acc);
+        KF__WG(dw[KF__GRU_W_HH], aux, 3 * H, hp, H, acc);
+        KF__WG(dw[KF__GRU_B_HH], aux, 3 * H, NULL, 0, acc);
+    } else {
+        static const int wx[3] = {KF__AGRU_W_Z, KF__AGRU_W_R, KF__AGRU_V_H};
+        static const int bx[3] = {KF__AGRU_B_Z, KF__AGRU_B_R, KF__AGRU_B_H};
+        static const int wu[2] = {KF__AGRU_U_Z, KF__AGRU_U_R};
+        for (int g = 0; g < 3; g++) {
+            KF__WG(dw[wx[g]], dgx + g * H, H, f->x, in, acc);
+            KF__WG(dw[bx[g]], dgx + g * H, H, NULL, 0, acc);
+        }
+        for (int g = 0; g < 2; g++) KF__WG(dw[wu[g]], dgx + g * H, H, hp, H, acc);
+        /* G = da_d^T q, combined into dW_h = G - G^T after a barrier (q rows are H apart) */
+        if (dw[KF__AGRU_W_H])
+            out[n++] = (wgrad){(float *)kf__at(f->ws, lo->gmat), dgx + 2 * H, 3 * H, H, aux, H,
+                               false};
+    }
+#undef KF__WG
+    return n;
+}
+
+/* Everything of cell (l, d) that needs all rows of the recurrence: weight gradients, d eps and
+ * dX (accumulated over directions). Thread `tid` of `nth` does its share; ends in a barrier. */
+static void bwd_cell_grads(const bwd_layer *f, int32_t d, int tid, int nth) {
+    const kf__rnn_bwd *c = f->c;
+    const kf__rnn_cpu_layout *lo = f->lo;
+    const int64_t H = lo->H, in = f->cell[d].in;
+    wgrad w[9];
+    const int nw = wgrad_list(f, d, w);
+    for (int i = 0; i < nw; i++) {
+        int64_t m0, m1;
+        kf__part(w[i].m, nth, tid, &m0, &m1);
+        wgrad_part(&w[i], lo->N, m0, m1);
+    }
+    if (f->dx) {
+        int64_t r0, r1;
+        kf__part(lo->N, nth, tid, &r0, &r1);
+        const float *dgx = (const float *)kf__at(f->ws, lo->big[0]);
+        kf__sgemm(false, false, r1 - r0, in, 3 * H, 1.0f, dgx + r0 * 3 * H, 3 * H, f->cell[d].w3,
+                  in, d ? 1.0f : 0.0f, f->dx + r0 * in, in);
+    }
+    float *const *dw = c->dw ? c->dw + cell_index(f, d) * c->plan->nw : NULL;
+    if (lo->agru && dw && dw[KF__AGRU_EPS] && tid == 0) {
+        const double *part = (const double *)kf__at(f->ws, lo->epsacc);
+        double sum = 0.0;
+        for (int32_t s = 0; s < lo->ns; s++) sum += part[s];
+        *dw[KF__AGRU_EPS] = (float)sum + (c->accumulate ? *dw[KF__AGRU_EPS] : 0.0f);
+    }
+#pragma omp barrier
+    if (lo->agru && dw && dw[KF__AGRU_W_H]) {
+        /* dA = G and A = W_h - W_h^T - gamma I, so dW_h = G - G^T */
+        const float *g = (const float *)kf__at(f->ws, lo->gmat);
+        float *dwh = dw[KF__AGRU_W_H];
+        int64_t i0, i1;
+        kf__part(H, nth, tid, &i0, &i1);
+        for (int64_t i = i0; i < i1; i++)
+            for (int64_t j = 0; j < H; j++)
+                dwh[i * H + j] = g[i * H + j] - g[j * H + i] + (c->accumulate ? dwh[i * H + j] : 0.0f);
+    }
+}
+
+typedef struct bwd_call {
+    const kf__rnn_bwd *c;
+    const kf__rnn_cpu_layout *lo;
+} bwd_call;
+
+static void bwd_team(void *arg, int tid, int nth) {
+    const kf__rnn_bwd *c = ((const bwd_call *)arg)->c;
+    const kf__rnn_cpu_layout *lo = ((const bwd_call *)arg)->lo;
+    const struct kf_rnn_plan *p = c->plan;
+    kf__rnn_cpu_pack(lo, p, c->w, c->ws, tid, nth);
+#pragma omp barrier
+    for (int32_t l = p->L - 1; l >= 0; l--) {
+        bwd_layer f = {.c = c, .lo = lo, .l = l, .ws = c->ws};
+        f.x = l ? (const float *)kf__cat(c->reserve, lo->out0 + (size_t)(l - 1) * lo->out_bytes)
+                : c->x;
+        f.dy = l == p->L - 1 ? c->dy : (const float *)kf__at(c->ws, lo->seq[l % 2]);
+        f.dx = l ? (float *)kf__at(c->ws, lo->seq[(l - 1) % 2]) : c->dx;
+        f.dr = (kf__rnn_drop){.on = p->dropout > 0.0f && l < p->L - 1, .p = p->dropout,
+                              .scale = 1.0f / (1.0f - p->dropout), .seed = c->seed,
+                              .base = c->offset};
+        for (int32_t d = 0; d < lo->D; d++) {
+            f.cell[d] = kf__rnn_cpu_cell(lo, p, c->w, c->ws, l, d);
+            for (int32_t s = tid; s < lo->ns; s += nth) {
+                kf__rnn_slice sl = kf__rnn_cpu_slice(lo, c->ws, s);
+                bwd_slice(&f, d, &sl, s);
+            }
+#pragma omp barrier
+            bwd_cell_grads(&f, d, tid, nth);
+#pragma omp barrier
+        }
+    }
+}
+
+kf_status kf__cpu_rnn_backward(kf_context *ctx, const kf__rnn_bwd *c) {
+    kf__rnn_cpu_layout lo;
+    kf__rnn_cpu_layout_init(&lo, c->plan, c->T, c->B, true);
+    (void)ctx; /* the thread count comes from the plan's context, as the sizes did */
+    bwd_call call = {.c = c, .lo = &lo};
+    kf__rnn_cpu_team(lo.ns, bwd_team, &call);
+    return KF_OK;
+}

@@ -1,0 +1,78 @@
+// Shared helpers of the CUDA backend: status checks that turn CUDA and cuBLAS errors into
+// kf_status values (KF_ERR_DEVICE with the library's own error text), a launch check, and a
+// row-major GEMM on the context's cuBLAS handle and stream.
+//
+// Conventions of cuda/*.cu: every kernel launch goes on ctx->stream and is followed by
+// KF__CUDA_LAUNCH_CHECK; no call allocates or synchronises; kernels have internal linkage
+// (anonymous namespace) so that two files may reuse a name.
+#ifndef KF_CUDA_COMMON_CUH
+#define KF_CUDA_COMMON_CUH
+
+#include "internal.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <stdint.h>
+
+static inline cudaStream_t kf__stream(const kf_context *ctx) { return (cudaStream_t)ctx->stream; }
+static inline cublasHandle_t kf__blas(const kf_context *ctx) { return (cublasHandle_t)ctx->blas; }
+
+static inline const char *kf__cublas_status_name(cublasStatus_t s) {
+    switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_LICENSE_ERROR: return "CUBLAS_STATUS_LICENSE_ERROR";
+    default: return "unknown cuBLAS status";
+    }
+}
+
+// KF_ERR_DEVICE naming the failed call and CUDA's own text, or KF_OK.
+static inline kf_status kf__cuda_check(cudaError_t e, const char *fn, const char *what) {
+    if (e == cudaSuccess) return KF_OK;
+    return kf__error(KF_ERR_DEVICE, fn, "%s failed: %s (%s)", what, cudaGetErrorName(e),
+                     cudaGetErrorString(e));
+}
+static inline kf_status kf__cublas_check(cublasStatus_t s, const char *fn, const char *what) {
+    if (s == CUBLAS_STATUS_SUCCESS) return KF_OK;
+    return kf__error(KF_ERR_DEVICE, fn, "%s failed: %s", what, kf__cublas_status_name(s));
+}
+
+// After a <<<>>> launch: a bad configuration or an earlier asynchronous fault shows here.
+#define KF__CUDA_LAUNCH_CHECK(fn, kernel_name) \
+    KF_TRY(kf__cuda_check(cudaGetLastError(), (fn), "launch of " kernel_name))
+#define KF__CUDA_TRY(fn, expr) KF_TRY(kf__cuda_check((expr), (fn), #expr))
+
+// Row-major GEMM in fp32 (no TF32: CUBLAS_COMPUTE_32F under the handle's default math mode):
+//   C[M, N] = alpha * op(A)[M, K] * op(B)[K, N] + beta * C
+// op(A) = A ([M, K], leading dimension lda) or, with ta, A^T where A is stored [K, M]; same for B.
+// cuBLAS is column-major, so this computes C^T = op(B)^T op(A)^T with the operands swapped.
+static inline kf_status kf__gemm(kf_context *ctx, const char *fn, bool ta, bool tb, int64_t M,
+                                 int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                                 const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    if (M == 0 || N == 0) return KF_OK;
+    if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX ||
+        ldc > INT32_MAX)
+        return kf__error(KF_ERR_UNSUPPORTED, fn,
+                         "GEMM extent beyond cuBLAS's 32-bit limit (M=%lld N=%lld K=%lld)",
+                         (long long)M, (long long)N, (long long)K);
+    cublasStatus_t s = cublasGemmEx(kf__blas(ctx), tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                    ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)N, (int)M, (int)K, &alpha,
+                                    B, CUDA_R_32F, (int)ldb, A, CUDA_R_32F, (int)lda, &beta, C,
+                                    CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    return kf__cublas_check(s, fn, "cublasGemmEx");
+}
+
+// Grid size for a 1-D elementwise launch of n items at `threads` per block.
+static inline unsigned kf__blocks(int64_t n, int threads) {
+    return (unsigned)((n + threads - 1) / threads);
+}
+
+#endif // KF_CUDA_COMMON_CUH

@@ -1,0 +1,83 @@
+// CUDA device services behind kf_context (internal.h): device selection, the cuBLAS handle, the
+// stream, device memory for the arena, and synchronisation. The context's stream starts as the
+// legacy default stream (NULL) until kf_context_set_stream() replaces it.
+#include "common.cuh"
+
+extern "C" kf_status kf__cuda_context_init(kf_context *ctx, const char *fn) {
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess)
+        return kf__error(KF_ERR_BACKEND_UNAVAILABLE, fn, "no usable CUDA driver: %s (%s)",
+                         cudaGetErrorName(e), cudaGetErrorString(e));
+    if (count == 0)
+        return kf__error(KF_ERR_BACKEND_UNAVAILABLE, fn, "no CUDA device found");
+    if (ctx->device_index < 0 || ctx->device_index >= count)
+        return kf__error(KF_ERR_INVALID_ARGUMENT, fn,
+                         "desc->device_index = %d, expected 0..%d (CUDA devices present)",
+                         (int)ctx->device_index, count - 1);
+    e = cudaSetDevice(ctx->device_index);
+    if (e != cudaSuccess)
+        return kf__error(KF_ERR_BACKEND_UNAVAILABLE, fn, "cudaSetDevice(%d) failed: %s (%s)",
+                         (int)ctx->device_index, cudaGetErrorName(e), cudaGetErrorString(e));
+    cublasHandle_t h = NULL;
+    cublasStatus_t s = cublasCreate(&h);
+    if (s == CUBLAS_STATUS_ALLOC_FAILED)
+        return kf__error(KF_ERR_OUT_OF_MEMORY, fn, "cublasCreate failed: %s",
+                         kf__cublas_status_name(s));
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return kf__error(KF_ERR_BACKEND_UNAVAILABLE, fn, "cublasCreate failed: %s",
+                         kf__cublas_status_name(s));
+    // fp32 GEMMs stay fp32: no TF32 or other reduced-precision tensor-core path.
+    s = cublasSetMathMode(h, CUBLAS_DEFAULT_MATH);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(h, (cudaStream_t)ctx->stream);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        cublasDestroy(h);
+        return kf__cublas_check(s, fn, "cuBLAS handle setup");
+    }
+    ctx->blas = h;
+    return KF_OK;
+}
+
+extern "C" void kf__cuda_context_release(kf_context *ctx) {
+    if (ctx->blas != NULL) {
+        cublasDestroy((cublasHandle_t)ctx->blas);
+        ctx->blas = NULL;
+    }
+}
+
+extern "C" kf_status kf__cuda_set_stream(kf_context *ctx, const char *fn, void *stream) {
+    KF__CUDA_TRY(fn, cudaSetDevice(ctx->device_index));
+    KF_TRY(kf__cublas_check(cublasSetStream(kf__blas(ctx), (cudaStream_t)stream), fn,
+                            "cublasSetStream"));
+    ctx->stream = stream;
+    return KF_OK;
+}
+
+extern "C" kf_status kf__cuda_malloc(kf_context *ctx, const char *fn, size_t bytes, void **out) {
+    *out = NULL;
+    if (bytes == 0) return KF_OK;
+    KF__CUDA_TRY(fn, cudaSetDevice(ctx->device_index));
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError(); // clear the sticky-free allocation error
+        return kf__error(KF_ERR_OUT_OF_MEMORY, fn, "cudaMalloc(%zu bytes) failed: %s", bytes,
+                         cudaGetErrorString(e));
+    }
+    KF_TRY(kf__cuda_check(e, fn, "cudaMalloc"));
+    *out = p;
+    return KF_OK;
+}
+
+extern "C" void kf__cuda_free(kf_context *ctx, void *p) {
+    if (p == NULL) return;
+    (void)cudaSetDevice(ctx->device_index);
+    (void)cudaFree(p);
+}
+
+extern "C" kf_status kf__cuda_synchronize(kf_context *ctx, const char *fn) {
+    KF__CUDA_TRY(fn, cudaStreamSynchronize(kf__stream(ctx)));
+    // An asynchronous error from earlier work that the stream wait itself did not surface.
+    KF__CUDA_TRY(fn, cudaGetLastError());
+    return KF_OK;
+}

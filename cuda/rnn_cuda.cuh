@@ -1,0 +1,130 @@
+// Workspace and reserve layout of the CUDA recurrent backend (cuda/rnn_fwd.cu, cuda/rnn_bwd.cu),
+// shared so that forward writes the reserve exactly where backward reads it.
+//
+// Letters: T steps, B batch, I input, H hidden, L layers, D directions, NG gate columns per row
+// (3: GRU r,z,n / A-GRU z,r,d). "Rows" of a layer-direction are its (t, b) pairs in the memory
+// order of that layer's input: x's order for layer 0 (time- or batch-major), time-major for
+// the inner layers. Every per-row buffer of a layer-direction (input projection, gates, previous
+// states, their gradients) uses that order, so the weight-gradient GEMMs pair rows directly.
+//
+// Reserve (training forward -> backward), per layer-direction (l, d):
+//   gates [T*B, KG]   GRU: r, z, n, W_hn h + b_hn (KG = 4H); A-GRU: z, r, d (KG = 3H)
+//   hprev [T*B, H]    state before the step at that (t, b)
+//   both zero at padded (t >= len[b]) rows, so zero gradients there meet finite values
+// and per layer l < L-1: out_l [T*B, D*H] time-major, the layer's output after dropout (the next
+// layer's input).
+//
+// Workspace (the larger of forward's and backward's needs):
+//   forward:  wt [H, 3H] recurrent weights transposed (GRU: W_hh^T; A-GRU: [U_z; U_r; A]^T)
+//             gx [T*B, 3H] input projection (no bias)
+//             h[2] [B, H] state ping-pong, gh [B, 3H], rh [B, H] (per-step path)
+//             act[2] [T*B, D*H] inner layer outputs (inference only; training uses out_l)
+//   backward: wt as forward; dgx [T*B, 3H] gradients of the gate pre-activations (x side);
+//             aux [T*B, 3H] (GRU: dgh, gradient of W_hh h + b_hh; A-GRU: r*h in the first
+//             T*B*H, the epsilon terms g*z*d in the next); dh[2] [B, H] state-gradient
+//             ping-pong; dstep [B, 3H] this step's gradients compacted by batch row for the
+//             recurrent GEMM; drh [B, H]; da [H, H] (A-GRU); din[2] [T*B, D*H] gradient of an
+//             inner layer's input (ping-pong between layers).
+#ifndef KF_RNN_CUDA_CUH
+#define KF_RNN_CUDA_CUH
+
+#include "common.cuh"
+#include "rnn_internal.h"
+
+struct kf__rnn_cuda_layout {
+    // reserve, byte offsets from its base: cell i = l*D + d has gates at i*cell_bytes and hprev
+    // at i*cell_bytes + gates_bytes; out_l at out_base + l*out_bytes (kf__rs_* below)
+    size_t gates_bytes, cell_bytes, out_base, out_bytes;
+    size_t reserve_bytes;
+    // workspace, byte offsets from its base
+    size_t wt, gx, h[2], gh, rh, act[2];                 // forward
+    size_t dgx, aux, dh[2], dstep, drh, da, din[2];      // backward (wt shared)
+    size_t ws_bytes;
+};
+
+static inline int64_t kf__rnn_kg(const struct kf_rnn_plan *p) {
+    return p->cell == KF_RNN_GRU ? 4 * p->H : 3 * p->H;
+}
+
+// Fills `lay` for (T, B). Sizes were overflow-checked by the front end for the CPU layout of the
+// same tensors; the arithmetic here stays within the same magnitudes.
+static inline void kf__rnn_cuda_layout_make(const struct kf_rnn_plan *p, int64_t T, int64_t B,
+                                            bool training, struct kf__rnn_cuda_layout *lay) {
+    const size_t f = sizeof(float);
+    const size_t TB = (size_t)T * (size_t)B, H = (size_t)p->H, DH = (size_t)p->D * H;
+    lay->gates_bytes = kf__align_up(TB * (size_t)kf__rnn_kg(p) * f);
+    lay->cell_bytes = lay->gates_bytes + kf__align_up(TB * H * f);
+    lay->out_base = (size_t)p->L * (size_t)p->D * lay->cell_bytes;
+    lay->out_bytes = kf__align_up(TB * DH * f);
+    size_t o = training ? lay->out_base + (size_t)(p->L - 1) * lay->out_bytes : 0;
+    lay->reserve_bytes = o;
+
+    // Forward and backward share wt; the rest of each overlaps the other's.
+    size_t base = 0;
+    lay->wt = base; base += kf__align_up(H * 3 * H * f);
+    o = base;
+    lay->gx = o; o += kf__align_up(TB * 3 * H * f);
+    for (int i = 0; i < 2; ++i) { lay->h[i] = o; o += kf__align_up(B * H * f); }
+    lay->gh = o; o += kf__align_up((size_t)B * 3 * H * f);
+    lay->rh = o; o += kf__align_up((size_t)B * H * f);
+    for (int i = 0; i < 2; ++i) {
+        lay->act[i] = o;
+        if (!training && p->L > 1) o += kf__align_up(TB * DH * f);
+    }
+    size_t fwd_end = o;
+    o = base;
+    lay->dgx = o; o += kf__align_up(TB * 3 * H * f);
+    lay->aux = o; o += kf__align_up(TB * 3 * H * f);
+    for (int i = 0; i < 2; ++i) { lay->dh[i] = o; o += kf__align_up((size_t)B * H * f); }
+    lay->dstep = o; o += kf__align_up((size_t)B * 3 * H * f);
+    lay->drh = o; o += kf__align_up((size_t)B * H * f);
+    lay->da = o; o += kf__align_up(H * H * f);
+    for (int i = 0; i < 2; ++i) {
+        lay->din[i] = o;
+        if (p->L > 1) o += kf__align_up(TB * DH * f);
+    }
+    size_t bwd_end = training ? o : 0;
+    lay->ws_bytes = fwd_end > bwd_end ? fwd_end : bwd_end;
+}
+
+static inline size_t kf__rs_gates(const kf__rnn_cuda_layout *y, int64_t i) {
+    return (size_t)i * y->cell_bytes;
+}
+static inline size_t kf__rs_hprev(const kf__rnn_cuda_layout *y, int64_t i) {
+    return (size_t)i * y->cell_bytes + y->gates_bytes;
+}
+static inline size_t kf__rs_out(const kf__rnn_cuda_layout *y, int64_t l) {
+    return y->out_base + (size_t)l * y->out_bytes;
+}
+
+template <typename Tp> static inline Tp *kf__at(void *base, size_t off) {
+    return (Tp *)((char *)base + off);
+}
+template <typename Tp> static inline const Tp *kf__at(const void *base, size_t off) {
+    return (const Tp *)((const char *)base + off);
+}
+
+// Row order of layer l's per-row buffers: (t stride, b stride) in rows.
+static inline void kf__rnn_row_strides(const struct kf_rnn_plan *p, int32_t l, int64_t T,
+                                       int64_t B, int64_t *ts, int64_t *bs) {
+    if (l == 0 && p->batch_first) { *ts = 1; *bs = T; }
+    else { *ts = B; *bs = 1; }
+}
+
+// Time index of step st (0..T-1, in processing order) for a row of length len: the reverse
+// direction starts at len-1. Steps past the length are inactive: the state is kept, and the
+// padded position t = st gets y = 0 (and zero reserve/gradient rows).
+static __device__ __forceinline__ bool kf__step_time(int st, int len, bool reverse, int *t) {
+    if (st < len) {
+        *t = reverse ? len - 1 - st : st;
+        return true;
+    }
+    *t = st;
+    return false;
+}
+
+// Forms wt [H, 3H] = Wrec^T of cell (l, d) on the stream (rnn_fwd.cu); backward reuses it.
+kf_status kf__cuda_rnn_prep_wt(kf_context *ctx, const char *fn, const struct kf_rnn_plan *p,
+                               const float *const *w, float *wt);
+
+#endif // KF_RNN_CUDA_CUH

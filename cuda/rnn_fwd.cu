@@ -1,0 +1,558 @@
+// GRU and A-GRU forward (math: DESIGN.md; layouts: capi/src/rnn_internal.h, cuda/rnn_cuda.cuh).
+// B batch, T steps, I input, H hidden; row-major, last dimension fastest.
+//
+// Per layer-direction: one cuBLAS GEMM projects the input of all T*B rows (gx = X W^T, bias added
+// in the cell), then the recurrence runs either
+//  - persistent: one launch for all T steps; each block owns BB batch rows for every step (no
+//    grid-wide barrier) and keeps the recurrent weights on chip, half of each thread's slice in
+//    registers and half in shared memory (H % 32 == 0, H <= 128); or
+//  - per step (any H): a recurrent GEMM on cuBLAS and one fused pointwise kernel (two of each for
+//    the A-GRU, whose candidate needs r before its product A (r*h)).
+// Both paths evaluate the cell through the same device functions and write the same reserve.
+#include "counter_rng.h"
+#include "rnn_cuda.cuh"
+
+#include <math.h>
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// Everything one step of a layer-direction reads and writes; the persistent kernel reads the
+// same record and ignores the per-step buffers (st, h, h_out, gh, rh).
+struct FwdArgs {
+    int T, B, H;
+    int st;                   // step index 0..T-1 (per-step kernels)
+    bool reverse;
+    const int32_t *len;       // [B] or NULL = all T
+    const float *gx;          // [rows, 3H] input projection, rows t*ts + b*bs
+    int64_t ts, bs;
+    const float *bx[3];       // GRU: b_ih gate blocks r, z, n; A-GRU: b_z, b_r, b_h
+    const float *b_hh;        // GRU: [3H]
+    const float *eps;         // A-GRU: [1]
+    const float *h;           // [B, H] state in (per step)
+    float *h_out;             // [B, H] state out (per step)
+    float *gh;                // [B, 3H] recurrent products (per step)
+    float *rh;                // [B, H] r*h (A-GRU per step)
+    float *out;               // layer output; element (t, b, j) at
+    int64_t out_ts, out_bs, out_ld, out_col; //   out[(t*out_ts + b*out_bs)*out_ld + out_col + j]
+    bool drop;                // dropout on out (training, inner layer)
+    float p, scale;
+    uint64_t seed, ctr_base;  // counter of (t, b, col) = ctr_base + (t*B + b)*DH + col
+    int64_t DH;
+    float *gates;             // reserve [rows, KG] (training)
+    float *hprev;             // reserve [rows, H] (training)
+};
+
+__device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__device__ __forceinline__ void write_out(const FwdArgs &a, int t, int b, int j, float v) {
+    if (a.drop) {
+        uint64_t c = a.ctr_base + ((uint64_t)t * (uint64_t)a.B + (uint64_t)b) * (uint64_t)a.DH +
+                     (uint64_t)(a.out_col + j);
+        v = kf__dropout_keep(a.seed, c, a.p) ? v * a.scale : 0.0f;
+    }
+    a.out[(t * a.out_ts + b * a.out_bs) * a.out_ld + a.out_col + j] = v;
+}
+
+// Padded (t, b): output 0, and in training zero gates and hprev so that backward's zero
+// gradients there meet finite values in the weight-gradient GEMMs.
+template <bool kTrain>
+__device__ __forceinline__ void write_inactive(const FwdArgs &a, int t, int b, int j, int kg) {
+    a.out[(t * a.out_ts + b * a.out_bs) * a.out_ld + a.out_col + j] = 0.0f;
+    if (kTrain) {
+        int64_t row = t * a.ts + b * a.bs;
+        for (int g = 0; g < kg; ++g) a.gates[row * kg * a.H + g * a.H + j] = 0.0f;
+        a.hprev[row * a.H + j] = 0.0f;
+    }
+}
+
+// torch.nn.GRU cell for one (b, j): gxi = x-side pre-activations (no bias), ghi = h-side
+// products (no bias). Returns h' and records r, z, n, W_hn h + b_hn when training.
+template <bool kTrain>
+__device__ __forceinline__ float gru_cell(const FwdArgs &a, int64_t row, int j, float gxr,
+                                          float gxz, float gxn, float ghr, float ghz, float ghn,
+                                          float h) {
+    const int H = a.H;
+    float r = sigm(gxr + a.bx[0][j] + (ghr + a.b_hh[j]));
+    float z = sigm(gxz + a.bx[1][j] + (ghz + a.b_hh[H + j]));
+    float hn = ghn + a.b_hh[2 * H + j];
+    float n = tanhf(gxn + a.bx[2][j] + r * hn);
+    float hnew = (1.0f - z) * n + z * h;
+    if (kTrain) {
+        float *g = a.gates + row * 4 * H;
+        g[j] = r;
+        g[H + j] = z;
+        g[2 * H + j] = n;
+        g[3 * H + j] = hn;
+        a.hprev[row * H + j] = h;
+    }
+    return hnew;
+}
+
+// A-GRU, first half: z and r from their pre-activations (no bias).
+__device__ __forceinline__ void agru_zr(const FwdArgs &a, int j, float gxz, float gxr, float ghz,
+                                        float ghr, float *z, float *r) {
+    *z = sigm(gxz + a.bx[0][j] + ghz);
+    *r = sigm(gxr + a.bx[1][j] + ghr);
+}
+
+// A-GRU, second half: d = tanh(V_h x + b_h + A (r*h)), h' = h + eps * z * d.
+template <bool kTrain>
+__device__ __forceinline__ float agru_out(const FwdArgs &a, int64_t row, int j, float gxd,
+                                          float ghd, float z, float r, float h, float eps) {
+    const int H = a.H;
+    float d = tanhf(gxd + a.bx[2][j] + ghd);
+    float hnew = h + eps * (z * d);
+    if (kTrain) {
+        float *g = a.gates + row * 3 * H;
+        g[j] = z;
+        g[H + j] = r;
+        g[2 * H + j] = d;
+        a.hprev[row * H + j] = h;
+    }
+    return hnew;
+}
+
+// ---- per-step path ------------------------------------------------------------------------
+
+template <bool kTrain>
+__global__ void gru_fwd_step(FwdArgs a) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)a.B * a.H) return;
+    const int H = a.H, b = (int)(i / H), j = (int)(i % H);
+    int t;
+    float h = a.h[i];
+    if (!kf__step_time(a.st, a.len ? a.len[b] : a.T, a.reverse, &t)) {
+        a.h_out[i] = h;
+        write_inactive<kTrain>(a, t, b, j, 4);
+        return;
+    }
+    int64_t row = t * a.ts + b * a.bs;
+    const float *g = a.gx + row * 3 * H, *q = a.gh + (int64_t)b * 3 * H;
+    float hnew = gru_cell<kTrain>(a, row, j, g[j], g[H + j], g[2 * H + j], q[j], q[H + j],
+                                  q[2 * H + j], h);
+    a.h_out[i] = hnew;
+    write_out(a, t, b, j, hnew);
+}
+
+// A-GRU step, part 1: z, r overwrite their pre-activations in gh; rh = r * h feeds A (r*h).
+__global__ void agru_fwd_step1(FwdArgs a) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)a.B * a.H) return;
+    const int H = a.H, b = (int)(i / H), j = (int)(i % H);
+    int t;
+    if (!kf__step_time(a.st, a.len ? a.len[b] : a.T, a.reverse, &t)) {
+        a.rh[i] = 0.0f;
+        return;
+    }
+    int64_t row = t * a.ts + b * a.bs;
+    const float *g = a.gx + row * 3 * H;
+    float *q = a.gh + (int64_t)b * 3 * H;
+    float z, r;
+    agru_zr(a, j, g[j], g[H + j], q[j], q[H + j], &z, &r);
+    q[j] = z;
+    q[H + j] = r;
+    a.rh[i] = r * a.h[i];
+}
+
+template <bool kTrain>
+__global__ void agru_fwd_step2(FwdArgs a) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)a.B * a.H) return;
+    const int H = a.H, b = (int)(i / H), j = (int)(i % H);
+    int t;
+    float h = a.h[i];
+    if (!kf__step_time(a.st, a.len ? a.len[b] : a.T, a.reverse, &t)) {
+        a.h_out[i] = h;
+        write_inactive<kTrain>(a, t, b, j, 3);
+        return;
+    }
+    int64_t row = t * a.ts + b * a.bs;
+    const float *q = a.gh + (int64_t)b * 3 * H;
+    float hnew = agru_out<kTrain>(a, row, j, a.gx[row * 3 * H + 2 * H + j], q[2 * H + j], q[j],
+                                  q[H + j], h, *a.eps);
+    a.h_out[i] = hnew;
+    write_out(a, t, b, j, hnew);
+}
+
+// wt [H, 3H] = Wrec^T; Wrec [3H, H] = W_hh (GRU) or [U_z; U_r; A], A = W_h - W_h^T - gamma I.
+__global__ void prep_wt(int H, bool agru, const float *w0, const float *uz, const float *ur,
+                        const float *wh, float gamma, float *wt) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)H * 3 * H) return;
+    const int k = (int)(i / (3 * H)), c = (int)(i % (3 * H));
+    float v;
+    if (!agru) v = w0[(int64_t)c * H + k];
+    else if (c < H) v = uz[(int64_t)c * H + k];
+    else if (c < 2 * H) v = ur[(int64_t)(c - H) * H + k];
+    else {
+        const int r = c - 2 * H;
+        v = wh[(int64_t)r * H + k] - wh[(int64_t)k * H + r];
+        if (r == k) v -= gamma;
+    }
+    wt[i] = v;
+}
+
+// ---- persistent path ----------------------------------------------------------------------
+// Thread tid owns output columns 4cg..4cg+3 (cg = tid % ncg, ncg = 3H/4) over the k-slice
+// [32s, 32s+32) (s = tid / ncg, KS = H/32 slices): 128 weights, the first kRK k-rows of them in
+// registers (kRK = rk_for(BB)), the rest in shared memory at ws[(kk - kRK)*nthr + tid]
+// (conflict-free float4s).
+// Per step it forms partial products over its slice into red[s][bb][3H]; the pointwise phase
+// sums the KS slices in a fixed order (deterministic) and applies the cell.
+// Each thread evaluates the cell for up to kPMax = BB of the block's BB*H (row, unit) items,
+// which holds when nthr = 3H^2/128 >= H, i.e. H >= 43 (the dispatcher asks for H >= 64).
+// The register share shrinks as BB grows so that nothing spills under the 384-thread bound.
+constexpr int kKPT = 32, kMaxThreads = 384;
+__host__ __device__ constexpr int rk_for(int BB) { return BB == 1 ? 16 : BB == 2 ? 12 : 4; }
+
+template <int BB, int kRK>
+__device__ __forceinline__ void matvec(const float *src, const float4 (&wr)[kRK],
+                                       const float4 *ws, float *red, int tid, int nthr, int s,
+                                       int cg, int k0, int H) {
+    float4 acc[BB];
+#pragma unroll
+    for (int bb = 0; bb < BB; ++bb) acc[bb] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int kk = 0; kk < kKPT; kk += 4) {
+        float4 hv[BB];
+#pragma unroll
+        for (int bb = 0; bb < BB; ++bb) hv[bb] = *(const float4 *)&src[bb * H + k0 + kk];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const float4 w = (kk + q < kRK) ? wr[(kk + q) % kRK] : ws[(kk + q - kRK) * nthr + tid];
+#pragma unroll
+            for (int bb = 0; bb < BB; ++bb) {
+                const float x = q == 0 ? hv[bb].x : q == 1 ? hv[bb].y : q == 2 ? hv[bb].z : hv[bb].w;
+                acc[bb].x = fmaf(w.x, x, acc[bb].x);
+                acc[bb].y = fmaf(w.y, x, acc[bb].y);
+                acc[bb].z = fmaf(w.z, x, acc[bb].z);
+                acc[bb].w = fmaf(w.w, x, acc[bb].w);
+            }
+        }
+    }
+#pragma unroll
+    for (int bb = 0; bb < BB; ++bb) *(float4 *)&red[(s * BB + bb) * 3 * H + 4 * cg] = acc[bb];
+}
+
+__device__ __forceinline__ float red_sum(const float *red, int KS, int BB, int H, int bb, int c) {
+    float v = 0.0f;
+    for (int s = 0; s < KS; ++s) v += red[(s * BB + bb) * 3 * H + c];
+    return v;
+}
+
+template <int BB, bool kAgru, bool kTrain>
+__global__ void __launch_bounds__(kMaxThreads, 1)
+rnn_fwd_persistent(FwdArgs a, const float *wt, const float *h0, float *hn) {
+    extern __shared__ float4 smem4[];
+    constexpr int kPMax = BB, kRK = rk_for(BB);
+    const int H = a.H, ncg = 3 * H / 4, KS = H / kKPT, nthr = ncg * KS;
+    const int tid = threadIdx.x, cg = tid % ncg, s = tid / ncg, k0 = s * kKPT;
+    const int b0 = blockIdx.x * BB;
+    float4 *ws = smem4;
+    float *sh = (float *)(ws + (kKPT - kRK) * nthr); // [BB, H] state
+    float *srh = sh + BB * H;                         // [BB, H] r*h (A-GRU)
+    float *red = srh + BB * H;                        // [KS, BB, 3H] partial products
+    int *slen = (int *)(red + KS * BB * 3 * H);       // [BB]
+
+    const float4 *wt4 = (const float4 *)wt;
+    float4 wr[kRK];
+#pragma unroll
+    for (int kk = 0; kk < kRK; ++kk) wr[kk] = wt4[(int64_t)(k0 + kk) * ncg + cg];
+    for (int kk = kRK; kk < kKPT; ++kk) ws[(kk - kRK) * nthr + tid] = wt4[(int64_t)(k0 + kk) * ncg + cg];
+    for (int i = tid; i < BB * H; i += nthr) {
+        const int b = b0 + i / H;
+        sh[i] = (b < a.B && h0 != nullptr) ? h0[(int64_t)b * H + i % H] : 0.0f;
+    }
+    for (int bb = tid; bb < BB; bb += nthr) {
+        const int b = b0 + bb;
+        slen[bb] = b < a.B ? (a.len ? a.len[b] : a.T) : 0;
+    }
+    const float eps = kAgru ? *a.eps : 0.0f;
+    // The slices whose columns a phase needs: GRU all; A-GRU z, r from h, then d from r*h.
+    const bool ph1 = !kAgru || 4 * cg < 2 * H, ph2 = kAgru && 4 * cg >= 2 * H;
+    __syncthreads();
+
+    for (int st = 0; st < a.T; ++st) {
+        // Issue this step's input-projection loads first: the matvec hides their latency.
+        float gxv[kPMax][3];
+        int tt[kPMax];
+        bool act[kPMax];
+#pragma unroll
+        for (int p = 0; p < kPMax; ++p) {
+            const int i = tid + p * nthr, bb = i / H, j = i % H, b = b0 + bb;
+            act[p] = false;
+            tt[p] = st;
+            if (i < BB * H && b < a.B && kf__step_time(st, slen[bb], a.reverse, &tt[p])) {
+                act[p] = true;
+                const float *g = a.gx + (tt[p] * a.ts + b * a.bs) * 3 * H;
+                gxv[p][0] = g[j];
+                gxv[p][1] = g[H + j];
+                gxv[p][2] = g[2 * H + j];
+            }
+        }
+        if (ph1) matvec<BB, kRK>(sh, wr, ws, red, tid, nthr, s, cg, k0, H);
+        __syncthreads();
+        if (!kAgru) {
+#pragma unroll
+            for (int p = 0; p < kPMax; ++p) {
+                const int i = tid + p * nthr, bb = i / H, j = i % H, b = b0 + bb;
+                if (i >= BB * H || b >= a.B) continue;
+                if (!act[p]) {
+                    write_inactive<kTrain>(a, tt[p], b, j, 4);
+                    continue;
+                }
+                const int64_t row = tt[p] * a.ts + b * a.bs;
+                const float hnew = gru_cell<kTrain>(
+                    a, row, j, gxv[p][0], gxv[p][1], gxv[p][2], red_sum(red, KS, BB, H, bb, j),
+                    red_sum(red, KS, BB, H, bb, H + j), red_sum(red, KS, BB, H, bb, 2 * H + j),
+                    sh[i]);
+                sh[i] = hnew;
+                write_out(a, tt[p], b, j, hnew);
+            }
+            __syncthreads();
+        } else {
+            float zv[kPMax], rv[kPMax];
+#pragma unroll
+            for (int p = 0; p < kPMax; ++p) {
+                const int i = tid + p * nthr, bb = i / H, j = i % H;
+                if (i >= BB * H) continue;
+                zv[p] = rv[p] = 0.0f;
+                if (act[p])
+                    agru_zr(a, j, gxv[p][0], gxv[p][1], red_sum(red, KS, BB, H, bb, j),
+                            red_sum(red, KS, BB, H, bb, H + j), &zv[p], &rv[p]);
+                srh[i] = rv[p] * sh[i];
+            }
+            __syncthreads();
+            if (ph2) matvec<BB, kRK>(srh, wr, ws, red, tid, nthr, s, cg, k0, H);
+            __syncthreads();
+#pragma unroll
+            for (int p = 0; p < kPMax; ++p) {
+                const int i = tid + p * nthr, bb = i / H, j = i % H, b = b0 + bb;
+                if (i >= BB * H || b >= a.B) continue;
+                if (!act[p]) {
+                    write_inactive<kTrain>(a, tt[p], b, j, 3);
+                    continue;
+                }
+                const int64_t row = tt[p] * a.ts + b * a.bs;
+                const float hnew = agru_out<kTrain>(a, row, j, gxv[p][2],
+                                                    red_sum(red, KS, BB, H, bb, 2 * H + j), zv[p],
+                                                    rv[p], sh[i], eps);
+                sh[i] = hnew;
+                write_out(a, tt[p], b, j, hnew);
+            }
+            __syncthreads();
+        }
+    }
+    if (hn != nullptr)
+        for (int i = tid; i < BB * H; i += nthr) {
+            const int b = b0 + i / H;
+            if (b < a.B) hn[(int64_t)b * H + i % H] = sh[i];
+        }
+}
+
+size_t persistent_smem_bytes(int H, int BB) {
+    const int nthr = (3 * H / 4) * (H / kKPT);
+    return (size_t)(kKPT - rk_for(BB)) * nthr * sizeof(float4) + (size_t)2 * BB * H * sizeof(float) +
+           (size_t)(H / kKPT) * BB * 3 * H * sizeof(float) + (size_t)BB * sizeof(int);
+}
+
+template <int BB, bool kAgru, bool kTrain>
+kf_status launch_persistent(kf_context *ctx, const char *fn, const FwdArgs &a, const float *wt,
+                            const float *h0, float *hn) {
+    const int H = a.H, nthr = (3 * H / 4) * (H / kKPT);
+    const size_t smem = persistent_smem_bytes(H, BB);
+    auto kernel = rnn_fwd_persistent<BB, kAgru, kTrain>;
+    KF__CUDA_TRY(fn, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          (int)smem));
+    kernel<<<(unsigned)((a.B + BB - 1) / BB), nthr, smem, kf__stream(ctx)>>>(a, wt, h0, hn);
+    KF__CUDA_LAUNCH_CHECK(fn, "rnn_fwd_persistent");
+    return KF_OK;
+}
+
+// Rows per block: the fewest that keep the grid within one wave of the SMs, so that every
+// block runs at once; 0 when the persistent kernel does not apply to this shape.
+int persistent_rows(int H, int64_t B, int sms, size_t smem_optin) {
+    if (H % kKPT != 0 || H < 64 || H > 128) return 0;
+    static const int kChoices[3] = {1, 2, 4};
+    int pick = 0;
+    for (int c : kChoices) {
+        if (persistent_smem_bytes(H, c) > smem_optin) break;
+        pick = c;
+        if ((B + c - 1) / c <= sms) break;
+    }
+    return pick;
+}
+
+template <bool kAgru, bool kTrain>
+kf_status run_persistent(kf_context *ctx, const char *fn, int BB, const FwdArgs &a,
+                         const float *wt, const float *h0, float *hn) {
+    switch (BB) {
+    case 1: return launch_persistent<1, kAgru, kTrain>(ctx, fn, a, wt, h0, hn);
+    case 2: return launch_persistent<2, kAgru, kTrain>(ctx, fn, a, wt, h0, hn);
+    default: return launch_persistent<4, kAgru, kTrain>(ctx, fn, a, wt, h0, hn);
+    }
+}
+
+// Per-step recurrence of one layer-direction; h ping-pongs between ws buffers h[0], h[1].
+kf_status run_steps(kf_context *ctx, const char *fn, bool agru, bool train, FwdArgs a,
+                    const float *wt, const float *h0, float *hn, float *hbuf[2]) {
+    const int64_t B = a.B, H = a.H, n = B * H;
+    cudaStream_t s = kf__stream(ctx);
+    if (h0 != nullptr)
+        KF__CUDA_TRY(fn, cudaMemcpyAsync(hbuf[0], h0, n * sizeof(float), cudaMemcpyDeviceToDevice, s));
+    else
+        KF__CUDA_TRY(fn, cudaMemsetAsync(hbuf[0], 0, n * sizeof(float), s));
+    const unsigned grid = kf__blocks(n, kThreads);
+    for (int st = 0; st < a.T; ++st) {
+        a.st = st;
+        a.h = hbuf[st & 1];
+        a.h_out = hbuf[(st + 1) & 1];
+        if (!agru) {
+            KF_TRY(kf__gemm(ctx, fn, false, false, B, 3 * H, H, 1.0f, a.h, H, wt, 3 * H, 0.0f,
+                            a.gh, 3 * H));
+            if (train) gru_fwd_step<true><<<grid, kThreads, 0, s>>>(a);
+            else gru_fwd_step<false><<<grid, kThreads, 0, s>>>(a);
+            KF__CUDA_LAUNCH_CHECK(fn, "gru_fwd_step");
+        } else {
+            KF_TRY(kf__gemm(ctx, fn, false, false, B, 2 * H, H, 1.0f, a.h, H, wt, 3 * H, 0.0f,
+                            a.gh, 3 * H));
+            agru_fwd_step1<<<grid, kThreads, 0, s>>>(a);
+            KF__CUDA_LAUNCH_CHECK(fn, "agru_fwd_step1");
+            KF_TRY(kf__gemm(ctx, fn, false, false, B, H, H, 1.0f, a.rh, H, wt + 2 * H, 3 * H, 0.0f,
+                            a.gh + 2 * H, 3 * H));
+            if (train) agru_fwd_step2<true><<<grid, kThreads, 0, s>>>(a);
+            else agru_fwd_step2<false><<<grid, kThreads, 0, s>>>(a);
+            KF__CUDA_LAUNCH_CHECK(fn, "agru_fwd_step2");
+        }
+    }
+    if (hn != nullptr)
+        KF__CUDA_TRY(fn, cudaMemcpyAsync(hn, hbuf[a.T & 1], n * sizeof(float),
+                                         cudaMemcpyDeviceToDevice, s));
+    return KF_OK;
+}
+
+} // namespace
+
+kf_status kf__cuda_rnn_prep_wt(kf_context *ctx, const char *fn, const struct kf_rnn_plan *p,
+                               const float *const *w, float *wt) {
+    const int64_t H = p->H;
+    const bool agru = p->cell == KF_RNN_AGRU;
+    prep_wt<<<kf__blocks(H * 3 * H, kThreads), kThreads, 0, kf__stream(ctx)>>>(
+        (int)H, agru, agru ? nullptr : w[KF__GRU_W_HH], agru ? w[KF__AGRU_U_Z] : nullptr,
+        agru ? w[KF__AGRU_U_R] : nullptr, agru ? w[KF__AGRU_W_H] : nullptr, p->gamma, wt);
+    KF__CUDA_LAUNCH_CHECK(fn, "prep_wt");
+    return KF_OK;
+}
+
+extern "C" void kf__cuda_rnn_sizes(const struct kf_rnn_plan *p, int64_t T, int64_t B,
+                                   bool training, size_t *ws_bytes, size_t *reserve_bytes) {
+    kf__rnn_cuda_layout lay;
+    kf__rnn_cuda_layout_make(p, T, B, training, &lay);
+    if (ws_bytes) *ws_bytes = lay.ws_bytes;
+    if (reserve_bytes) *reserve_bytes = lay.reserve_bytes;
+}
+
+extern "C" kf_status kf__cuda_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c) {
+    static const char fn[] = "kf_rnn_forward";
+    const struct kf_rnn_plan *p = c->plan;
+    const int64_t T = c->T, B = c->B, H = p->H, D = p->D, L = p->L;
+    const bool agru = p->cell == KF_RNN_AGRU, train = c->training;
+    cudaStream_t s = kf__stream(ctx);
+    KF_CHECK_FN(fn, T <= INT32_MAX && B <= INT32_MAX && H <= INT32_MAX, KF_ERR_UNSUPPORTED,
+                "T = %lld, B = %lld, H = %lld: the CUDA backend takes extents below 2^31",
+                (long long)T, (long long)B, (long long)H);
+    KF__CUDA_TRY(fn, cudaSetDevice(ctx->device_index));
+    if (T == 0 || B == 0) { // no step runs: h_n = h0
+        if (c->hn != nullptr && B > 0) {
+            const size_t bytes = (size_t)(L * D * B * H) * sizeof(float);
+            if (c->h0 != nullptr)
+                KF__CUDA_TRY(fn, cudaMemcpyAsync(c->hn, c->h0, bytes, cudaMemcpyDeviceToDevice, s));
+            else
+                KF__CUDA_TRY(fn, cudaMemsetAsync(c->hn, 0, bytes, s));
+        }
+        return KF_OK;
+    }
+    kf__rnn_cuda_layout lay;
+    kf__rnn_cuda_layout_make(p, T, B, train, &lay);
+    void *ws = c->ws;
+    float *wt = kf__at<float>(ws, lay.wt), *gx = kf__at<float>(ws, lay.gx);
+    float *hbuf[2] = {kf__at<float>(ws, lay.h[0]), kf__at<float>(ws, lay.h[1])};
+
+    int dev_sms = 0, smem_optin = 0;
+    KF__CUDA_TRY(fn, cudaDeviceGetAttribute(&dev_sms, cudaDevAttrMultiProcessorCount,
+                                            ctx->device_index));
+    KF__CUDA_TRY(fn, cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                            ctx->device_index));
+    const int BB = persistent_rows((int)H, B, dev_sms, (size_t)smem_optin);
+
+    int64_t xts, xbs; // row strides of x and y (the user's layout)
+    kf__rnn_row_strides(p, 0, T, B, &xts, &xbs);
+    const float *in = c->x;
+    for (int64_t l = 0; l < L; ++l) {
+        const int64_t Il = kf__rnn_layer_input(p, (int32_t)l);
+        int64_t ts, bs;
+        kf__rnn_row_strides(p, (int32_t)l, T, B, &ts, &bs);
+        const bool last = l == L - 1;
+        float *out = last ? c->y
+                     : train ? kf__at<float>(c->reserve, kf__rs_out(&lay, l))
+                             : kf__at<float>(ws, lay.act[l & 1]);
+        for (int64_t d = 0; d < D; ++d) {
+            const int64_t cell = l * D + d;
+            const float *const *w = c->w + cell * p->nw;
+            // Input projection of all T*B rows, in the input's own row order.
+            if (!agru) {
+                KF_TRY(kf__gemm(ctx, fn, false, true, T * B, 3 * H, Il, 1.0f, in, Il,
+                                w[KF__GRU_W_IH], Il, 0.0f, gx, 3 * H));
+            } else {
+                const int wi[3] = {KF__AGRU_W_Z, KF__AGRU_W_R, KF__AGRU_V_H};
+                for (int g = 0; g < 3; ++g)
+                    KF_TRY(kf__gemm(ctx, fn, false, true, T * B, H, Il, 1.0f, in, Il, w[wi[g]],
+                                    Il, 0.0f, gx + g * H, 3 * H));
+            }
+            KF_TRY(kf__cuda_rnn_prep_wt(ctx, fn, p, w, wt));
+
+            FwdArgs a = {};
+            a.T = (int)T; a.B = (int)B; a.H = (int)H;
+            a.reverse = d == 1;
+            a.len = c->lengths;
+            a.gx = gx; a.ts = ts; a.bs = bs;
+            if (!agru) {
+                for (int g = 0; g < 3; ++g) a.bx[g] = w[KF__GRU_B_IH] + g * H;
+                a.b_hh = w[KF__GRU_B_HH];
+            } else {
+                a.bx[0] = w[KF__AGRU_B_Z]; a.bx[1] = w[KF__AGRU_B_R]; a.bx[2] = w[KF__AGRU_B_H];
+                a.eps = w[KF__AGRU_EPS];
+            }
+            a.gh = kf__at<float>(ws, lay.gh);
+            a.rh = kf__at<float>(ws, lay.rh);
+            a.out = out;
+            a.out_ts = last ? xts : B; a.out_bs = last ? xbs : 1;
+            a.out_ld = D * H; a.out_col = d * H; a.DH = D * H;
+            a.drop = train && !last && p->dropout > 0.0f;
+            a.p = p->dropout;
+            a.scale = 1.0f / (1.0f - p->dropout);
+            a.seed = c->seed;
+            a.ctr_base = c->offset + (uint64_t)l * (uint64_t)T * (uint64_t)B * (uint64_t)(D * H);
+            if (train) {
+                a.gates = kf__at<float>(c->reserve, kf__rs_gates(&lay, cell));
+                a.hprev = kf__at<float>(c->reserve, kf__rs_hprev(&lay, cell));
+            }
+            const float *h0 = c->h0 ? c->h0 + cell * B * H : nullptr;
+            float *hn = c->hn ? c->hn + cell * B * H : nullptr;
+            if (BB > 0) {
+                kf_status st;
+                if (!agru) st = train ? run_persistent<false, true>(ctx, fn, BB, a, wt, h0, hn)
+                                      : run_persistent<false, false>(ctx, fn, BB, a, wt, h0, hn);
+                else st = train ? run_persistent<true, true>(ctx, fn, BB, a, wt, h0, hn)
+                                : run_persistent<true, false>(ctx, fn, BB, a, wt, h0, hn);
+                KF_TRY(st);
+            } else {
+                KF_TRY(run_steps(ctx, fn, agru, train, a, wt, h0, hn, hbuf));
+            }
+        }
+        in = out;
+    }
+    return KF_OK;
+}

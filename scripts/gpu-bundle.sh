@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Builds kfuse with CUDA here (a machine with nvcc but no GPU) in build-gpu/ and gathers what a
+# lent GPU machine needs to run the tests and benchmarks into .gpu/ (git-ignored; the device tool
+# carries it): libkfuse, the test/bench/example binaries, and the shared libraries they link that
+# a bare GPU machine lacks (Criterion and its dependencies, zlib, ...). cuBLAS and the CUDA runtime
+# come from the GPU machine's own CUDA 13 toolkit. Then, there: bash benches/gpu.sh .gpu
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKF_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
+cmake --build build-gpu -j"$(nproc)"
+rm -rf .gpu && mkdir -p .gpu/bin .gpu/deps
+cp -P build-gpu/libkfuse.so* .gpu/deps/
+for b in build-gpu/tests/test_* build-gpu/benches/kf_bench_rnn \
+         build-gpu/examples/train_fmnist build-gpu/examples/hello_rnn; do
+  [ -x "$b" ] && [ -f "$b" ] && cp "$b" .gpu/bin/
+done
+skip='^(linux-vdso|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|ld-linux|libresolv|libcuda\.so|libcublas|libcudart|libstdc\+\+|libgcc_s|libkfuse)'
+for b in .gpu/bin/* .gpu/deps/libkfuse.so; do ldd "$b" 2>/dev/null || true; done |
+  awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u |
+  while read -r name path; do
+    [[ $name =~ $skip ]] || cp -L "$path" ".gpu/deps/$name"
+  done
+du -sh .gpu | cat

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Installs what is needed, builds kfuse, and runs every test that this machine can run:
+#   1. the main build (CUDA backend too when nvcc exists) and its C tests (ctest; CUDA tests skip
+#      without a GPU),
+#   2. the C tests again under AddressSanitizer + UndefinedBehaviorSanitizer,
+#   3. the fast C tests once under valgrind (memcheck, leaks are errors),
+#   4. the ABI check: abidiff of the built library against abi/kfuse.abi,
+#   5. install + a consumer project using find_package(kfuse) and pkg-config,
+#   6. a smoke run of the main job (a few batches) and of the benchmark driver.
+# Build trees live under build/ (build/main, build/asan, ...). Takes ~15-25 min on 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+JOBS=${JOBS:-$(nproc)}
+export OMP_WAIT_POLICY=PASSIVE
+
+stage() { printf '\n==== %s [%s]\n' "$*" "$(date +%T)"; }
+
+stage "install dependencies"
+bash scripts/install-deps.sh
+
+stage "build (RelWithDebInfo, KF_CUDA=AUTO)"
+cmake -S . -B build/main -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKF_CUDA=AUTO >/dev/null
+cmake --build build/main -j"$JOBS"
+
+stage "C tests"
+ctest --test-dir build/main --output-on-failure -j1
+
+stage "C tests under ASan + UBSan (CPU backend)"
+cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=Debug -DKF_CUDA=OFF -DKF_SANITIZE=ON \
+  -DKF_BUILD_EXAMPLES=OFF -DKF_BUILD_BENCHES=OFF >/dev/null
+cmake --build build/asan -j"$JOBS"
+# The allocation-counting test interposes malloc, which ASan owns: it runs in the other builds.
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build/asan --output-on-failure -j1 -E 'test_arena'
+
+stage "C tests under valgrind (CPU backend)"
+cmake -S . -B build/valgrind -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKF_CUDA=OFF \
+  -DKF_BUILD_EXAMPLES=OFF -DKF_BUILD_BENCHES=OFF >/dev/null
+cmake --build build/valgrind -j"$JOBS"
+for t in test_api test_rnn_errors test_arena; do
+  [ -x build/valgrind/tests/$t ] || continue
+  echo "valgrind $t"
+  valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite \
+    build/valgrind/tests/$t --jobs 1 --no-early-exit
+done
+
+stage "ABI check against abi/kfuse.abi"
+bash scripts/abi-check.sh build/valgrind/libkfuse.so
+
+stage "install + find_package / pkg-config consumer"
+rm -rf build/prefix build/consumer
+cmake --install build/valgrind --prefix "$ROOT/build/prefix" >/dev/null
+cmake -S tests/consumer -B build/consumer -DCMAKE_PREFIX_PATH="$ROOT/build/prefix" >/dev/null
+cmake --build build/consumer >/dev/null
+LD_LIBRARY_PATH="$ROOT/build/prefix/lib" build/consumer/consumer
+PKG_CONFIG_PATH="$ROOT/build/prefix/lib/pkgconfig" \
+  cc tests/consumer/consumer.c $(PKG_CONFIG_PATH="$ROOT/build/prefix/lib/pkgconfig" pkg-config --cflags --libs kfuse) -o build/consumer/consumer_pc
+LD_LIBRARY_PATH="$ROOT/build/prefix/lib" build/consumer/consumer_pc
+
+if [ -x build/main/examples/train_fmnist ]; then
+  stage "main job smoke run (20 batches per epoch)"
+  build/main/examples/train_fmnist --epochs 1 --limit-batches 20
+fi
+if [ -x build/main/benches/kf_bench_rnn ]; then
+  stage "benchmark driver smoke run"
+  build/main/benches/kf_bench_rnn --cell agru --T 28 --I 28 --H 128 --B 128 --reps 3 --warmup 1
+fi
+
+stage "all tests passed"
