@@ -11,6 +11,7 @@ PACKAGES=(
   dataset-fashion-mnist    # the main job's data (IDX files under /usr/share/datasets)
   abigail-tools            # abidw/abidiff: the ABI baseline check
   valgrind
+  clang libclang-rt-14-dev libomp-dev  # libFuzzer, ThreadSanitizer (scripts/fuzz.sh, tsan.sh)
   python3 python3-numpy python3-torch  # benchmark baselines (Debian's CPU PyTorch 1.13)
   libdnnl-dev              # oneDNN 2.6: the fastest-CPU-GRU baseline in benches/
 )

@@ -6,7 +6,10 @@
 #   3. the fast C tests once under valgrind (memcheck, leaks are errors),
 #   4. the ABI check: abidiff of the built library against abi/kfuse.abi,
 #   5. install + a consumer project using find_package(kfuse) and pkg-config,
-#   6. a smoke run of the main job (a few batches) and of the benchmark driver.
+#   6. the Python package (cffi; pytest against torch and float64 references),
+#   7. the Rust crates (bindings-current check, cargo test offline),
+#   8. the reliability suite, bounded (libFuzzer 60 s, ThreadSanitizer, soak + valgrind leaks),
+#   9. a smoke run of the main job (a few batches) and of the benchmark driver.
 # Build trees live under build/ (build/main, build/asan, ...). Takes ~15-25 min on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,6 +60,15 @@ LD_LIBRARY_PATH="$ROOT/build/prefix/lib" build/consumer/consumer
 PKG_CONFIG_PATH="$ROOT/build/prefix/lib/pkgconfig" \
   cc tests/consumer/consumer.c $(PKG_CONFIG_PATH="$ROOT/build/prefix/lib/pkgconfig" pkg-config --cflags --libs kfuse) -o build/consumer/consumer_pc
 LD_LIBRARY_PATH="$ROOT/build/prefix/lib" build/consumer/consumer_pc
+
+stage "Python package (scripts/test-python.sh)"
+KFUSE_LIBRARY_DIR="$ROOT/build/main" bash scripts/test-python.sh
+
+stage "Rust crates (scripts/test-rust.sh)"
+bash scripts/test-rust.sh
+
+stage "reliability: fuzz, TSan, soak (scripts/test-reliability.sh, bounded)"
+bash scripts/test-reliability.sh 60 10000
 
 if [ -x build/main/examples/train_fmnist ]; then
   stage "main job smoke run (20 batches per epoch)"

@@ -1,0 +1,24 @@
+"""kfuse: Python bindings of the kfuse C library (fused CPU/CUDA kernels behind a stable C ABI).
+
+    kfuse.Context, kfuse.RnnPlan     thin objects over the C handles (kfuse._lowlevel)
+    kfuse.KfuseError and subclasses  one per kf_status, carrying .status and the library's message
+    kfuse.numpy                      rnn_forward / rnn_backward on numpy arrays
+    kfuse.torch                      GRU and AGRU nn.Modules (imported on demand; needs PyTorch)
+
+Every op runs in the one C implementation; nothing here re-validates arguments or computes.
+"""
+from kfuse._lowlevel import (  # noqa: F401
+    ffi, lib, KfuseError, InvalidArgument, Unsupported, OutOfMemory, WorkspaceTooSmall,
+    BackendUnavailable, DeviceError, InternalError, Context, RnnPlan, TensorRef, check,
+    version, version_string, thread_context,
+)
+
+__version__ = "1.0.0"
+
+
+def __getattr__(name):
+    # `kfuse.numpy` and `kfuse.torch` load lazily, so `import kfuse` never imports torch.
+    if name in ("numpy", "torch"):
+        import importlib
+        return importlib.import_module("kfuse." + name)
+    raise AttributeError("module 'kfuse' has no attribute %r" % name)

@@ -1,0 +1,402 @@
+"""Thin Python objects over the kfuse C ABI (capi/include/kfuse.h).
+
+Nothing here validates shapes or computes anything: arguments are put into the ABI's structs as
+given, and a failing status becomes a KfuseError subclass carrying the status and the library's
+own detail message (kf_last_error_message(), read on the calling thread right after the call).
+
+The GIL: the extension is built in cffi's out-of-line API mode, whose generated wrappers release
+the GIL around every C call (Py_BEGIN_ALLOW_THREADS ... Py_END_ALLOW_THREADS), so a long forward
+or backward lets other Python threads run. Each thread must use its own Context (the ABI's rule:
+one thread at a time per context); kfuse.torch keeps one per (device, thread).
+"""
+import threading
+
+from kfuse._kfuse_cffi import ffi, lib
+
+__all__ = [
+    "ffi", "lib", "KfuseError", "InvalidArgument", "Unsupported", "OutOfMemory",
+    "WorkspaceTooSmall", "BackendUnavailable", "DeviceError", "InternalError", "check",
+    "version", "version_string", "Context", "RnnPlan", "TensorRef", "ALIGN_BYTES",
+    "DTYPE_F32", "DTYPE_F64", "DTYPE_F16", "DTYPE_BF16", "DTYPE_I32", "DTYPE_I64",
+    "MODE_INFERENCE", "MODE_TRAINING", "GRAD_OVERWRITE", "GRAD_ACCUMULATE",
+]
+
+# Alignment the ABI asks of workspace and reserve buffers (kf_rnn_forward's contract).
+ALIGN_BYTES = 64
+
+DTYPE_F32 = lib.KF_DTYPE_F32
+DTYPE_F64 = lib.KF_DTYPE_F64
+DTYPE_F16 = lib.KF_DTYPE_F16
+DTYPE_BF16 = lib.KF_DTYPE_BF16
+DTYPE_I32 = lib.KF_DTYPE_I32
+DTYPE_I64 = lib.KF_DTYPE_I64
+MODE_INFERENCE = lib.KF_MODE_INFERENCE
+MODE_TRAINING = lib.KF_MODE_TRAINING
+GRAD_OVERWRITE = lib.KF_GRAD_OVERWRITE
+GRAD_ACCUMULATE = lib.KF_GRAD_ACCUMULATE
+
+
+# ---- errors ------------------------------------------------------------------------------------
+
+class KfuseError(Exception):
+    """A kfuse call returned a status other than KF_OK.
+
+    .status is the kf_status value, .status_string its static name and meaning
+    (kf_status_string) and .message the library's detail (kf_last_error_message)."""
+
+    def __init__(self, status, message, status_string=None):
+        self.status = int(status)
+        self.message = message
+        self.status_string = status_string
+        super().__init__(message or status_string or "kfuse status %d" % self.status)
+
+    def __str__(self):
+        if self.message and self.status_string:
+            return "%s (%s)" % (self.message, self.status_string)
+        return self.message or self.status_string or "kfuse status %d" % self.status
+
+
+class InvalidArgument(KfuseError, ValueError):
+    """KF_ERR_INVALID_ARGUMENT: NULL, bad size, shape/dtype mismatch, unknown flag, ..."""
+
+
+class Unsupported(KfuseError, NotImplementedError):
+    """KF_ERR_UNSUPPORTED: a valid request this build or backend does not implement."""
+
+
+class OutOfMemory(KfuseError, MemoryError):
+    """KF_ERR_OUT_OF_MEMORY: host or device allocation failed."""
+
+
+class WorkspaceTooSmall(KfuseError):
+    """KF_ERR_WORKSPACE_TOO_SMALL: caller workspace/reserve, or a fixed arena, too small."""
+
+
+class BackendUnavailable(KfuseError, RuntimeError):
+    """KF_ERR_BACKEND_UNAVAILABLE: e.g. CUDA asked for in a CPU-only build or without a driver."""
+
+
+class DeviceError(KfuseError, RuntimeError):
+    """KF_ERR_DEVICE: a CUDA / cuBLAS call failed (the message has its error text)."""
+
+
+class InternalError(KfuseError, RuntimeError):
+    """KF_ERR_INTERNAL: a bug in kfuse; please report it with the message."""
+
+
+_ERRORS = {
+    lib.KF_ERR_INVALID_ARGUMENT: InvalidArgument,
+    lib.KF_ERR_UNSUPPORTED: Unsupported,
+    lib.KF_ERR_OUT_OF_MEMORY: OutOfMemory,
+    lib.KF_ERR_WORKSPACE_TOO_SMALL: WorkspaceTooSmall,
+    lib.KF_ERR_BACKEND_UNAVAILABLE: BackendUnavailable,
+    lib.KF_ERR_DEVICE: DeviceError,
+    lib.KF_ERR_INTERNAL: InternalError,
+}
+
+
+def check(status):
+    """Raises the KfuseError subclass for `status` (with the thread's last error message) unless
+    it is KF_OK. Call it right after the kfuse call, on the same thread."""
+    if status != lib.KF_OK:
+        message = ffi.string(lib.kf_last_error_message()).decode("utf-8", "replace")
+        status_string = ffi.string(lib.kf_status_string(status)).decode("utf-8", "replace")
+        raise _ERRORS.get(status, KfuseError)(status, message, status_string)
+
+
+def version():
+    """The loaded library's version as MAJOR*10000 + MINOR*100 + PATCH (kf_version)."""
+    return int(lib.kf_version())
+
+
+def version_string():
+    """The loaded library's version, e.g. "1.0.0" (kf_version_string)."""
+    return ffi.string(lib.kf_version_string()).decode()
+
+
+# ---- tensors -----------------------------------------------------------------------------------
+
+class TensorRef:
+    """What a kf_tensor needs: a data address (int; 0 = absent), a kf_dtype, a shape and strides in
+    elements (None = row-major contiguous). The front ends build these from numpy arrays and torch
+    tensors; the memory must stay alive for the duration of the call (and, for a reserve, until
+    the backward call)."""
+
+    __slots__ = ("ptr", "dtype", "shape", "strides")
+
+    def __init__(self, ptr, dtype, shape, strides=None):
+        self.ptr = int(ptr)
+        self.dtype = int(dtype)
+        self.shape = tuple(int(s) for s in shape)
+        self.strides = None if strides is None else tuple(int(s) for s in strides)
+
+    def __repr__(self):
+        return "TensorRef(0x%x, dtype=%d, shape=%r, strides=%r)" % (
+            self.ptr, self.dtype, self.shape, self.strides)
+
+
+def _fill_tensor(t, ref):
+    """Writes `ref` (a TensorRef or None = absent) into the kf_tensor cdata `t`. Ranks beyond
+    KF_MAX_DIMS are passed on truncated with ndim kept, so the library reports them."""
+    if ref is None:
+        t.data = ffi.NULL
+        t.dtype = lib.KF_DTYPE_F32
+        t.ndim = 0
+        return
+    t.data = ffi.cast("void *", ref.ptr)
+    t.dtype = ref.dtype
+    t.ndim = len(ref.shape)
+    n = min(len(ref.shape), lib.KF_MAX_DIMS)
+    strides = ref.strides
+    if strides is None:
+        strides, acc = [0] * len(ref.shape), 1
+        for i in range(len(ref.shape) - 1, -1, -1):
+            strides[i] = acc
+            acc *= ref.shape[i]
+    for i in range(n):
+        t.shape[i] = ref.shape[i]
+        t.strides[i] = strides[i]
+
+
+def _tensor_array(refs):
+    """A kf_tensor[len(refs)] array (or NULL for None)."""
+    if refs is None:
+        return ffi.NULL, 0
+    arr = ffi.new("kf_tensor[]", max(len(refs), 1))
+    for i, r in enumerate(refs):
+        _fill_tensor(arr[i], r)
+    return arr, len(refs)
+
+
+def _buffer(buf):
+    """(pointer, bytes) from None or a (ptr:int, nbytes:int) pair."""
+    if buf is None:
+        return ffi.NULL, 0
+    ptr, nbytes = buf
+    return ffi.cast("void *", int(ptr)), int(nbytes)
+
+
+# ---- context -----------------------------------------------------------------------------------
+
+_DEVICE_TYPES = {"cpu": lib.KF_DEVICE_CPU, "cuda": lib.KF_DEVICE_CUDA}
+
+
+class Context:
+    """A kf_context: device, stream, BLAS handle and arena. Used by one thread at a time.
+
+    Context("cpu", num_threads=0) or Context("cuda", device_index=0, stream=ptr). `stream` is a
+    cudaStream_t as an int (e.g. torch.cuda.current_stream().cuda_stream); None/0 = the legacy
+    default stream. Destroyed by close() or when garbage (after every plan made from it)."""
+
+    def __init__(self, device="cpu", device_index=0, num_threads=0, arena_bytes=0,
+                 fixed_arena=False, stream=None):
+        desc = ffi.new("kf_context_desc *")
+        lib.kf_context_desc_init(desc)
+        desc.device_type = _DEVICE_TYPES.get(device, 0) if isinstance(device, str) else int(device)
+        desc.device_index = int(device_index)
+        desc.num_threads = int(num_threads)
+        desc.flags = lib.KF_CONTEXT_FIXED_ARENA if fixed_arena else 0
+        desc.arena_bytes = int(arena_bytes)
+        out = ffi.new("kf_context **")
+        check(lib.kf_context_create(desc, out))
+        self._ptr = ffi.gc(out[0], lib.kf_context_destroy)
+        self.device = device
+        self.device_index = int(device_index)
+        self.num_threads = int(num_threads)
+        self._stream = 0
+        if stream:
+            self.set_stream(stream)
+
+    @property
+    def ptr(self):
+        if self._ptr is None:
+            raise ValueError("kfuse Context is closed")
+        return self._ptr
+
+    def close(self):
+        """Drops this object's handle: the kf_context is destroyed once no plan made from it is
+        alive either (plans keep their context alive)."""
+        self._ptr = None
+
+    @property
+    def device_type(self):
+        v = ffi.new("int32_t *")
+        check(lib.kf_context_device_type(self.ptr, v))
+        return int(v[0])
+
+    def set_stream(self, stream):
+        """Sets the cudaStream_t (int address, 0/None = legacy default) later calls enqueue on."""
+        stream = int(stream or 0)
+        check(lib.kf_context_set_stream(self.ptr, ffi.cast("void *", stream)))
+        self._stream = stream
+
+    @property
+    def stream(self):
+        v = ffi.new("void **")
+        check(lib.kf_context_get_stream(self.ptr, v))
+        return int(ffi.cast("uintptr_t", v[0]))
+
+    def reserve(self, nbytes):
+        """Grows the arena to at least `nbytes` now (kf_context_reserve)."""
+        check(lib.kf_context_reserve(self.ptr, int(nbytes)))
+
+    def arena_info(self):
+        """(arena_bytes, grow_count) (kf_context_arena_info)."""
+        b = ffi.new("size_t *")
+        g = ffi.new("uint64_t *")
+        check(lib.kf_context_arena_info(self.ptr, b, g))
+        return int(b[0]), int(g[0])
+
+    def synchronize(self):
+        """Waits for the context's stream; reports an asynchronous CUDA error as DeviceError."""
+        check(lib.kf_context_synchronize(self.ptr))
+
+    def __repr__(self):
+        return "kfuse.Context(%r, device_index=%d)" % (self.device, self.device_index)
+
+
+# ---- recurrent plans ---------------------------------------------------------------------------
+
+_CELLS = {"gru": lib.KF_RNN_GRU, "agru": lib.KF_RNN_AGRU}
+
+
+class RnnPlan:
+    """A kf_rnn_plan (GRU or A-GRU stack) bound to a Context, which it keeps alive.
+
+    RnnPlan(ctx, "gru" | "agru", input_size, hidden_size, num_layers=1, batch_first=False,
+            bidirectional=False, dropout=0.0, gamma=0.01, dtype=DTYPE_F32)
+    Every descriptor check is the library's (InvalidArgument / Unsupported with its message).
+    .weight_info is the canonical weight list [(name, shape), ...] from kf_rnn_weight_info."""
+
+    def __init__(self, ctx, cell, input_size, hidden_size, num_layers=1, batch_first=False,
+                 bidirectional=False, dropout=0.0, gamma=0.01, dtype=DTYPE_F32):
+        desc = ffi.new("kf_rnn_desc *")
+        lib.kf_rnn_desc_init(desc)
+        desc.cell = _CELLS.get(cell, 0) if isinstance(cell, str) else int(cell)
+        desc.num_layers = int(num_layers)
+        desc.input_size = int(input_size)
+        desc.hidden_size = int(hidden_size)
+        desc.flags = ((lib.KF_RNN_BATCH_FIRST if batch_first else 0)
+                      | (lib.KF_RNN_BIDIRECTIONAL if bidirectional else 0))
+        desc.dropout = float(dropout)
+        desc.gamma = float(gamma)
+        desc.dtype = int(dtype)
+        out = ffi.new("kf_rnn_plan **")
+        check(lib.kf_rnn_plan_create(ctx.ptr, desc, out))
+        ctx_ptr = ctx.ptr  # the closure keeps the context alive until the plan is destroyed
+
+        def _destroy(p, _ctx=ctx_ptr):
+            lib.kf_rnn_plan_destroy(p)
+
+        self._ptr = ffi.gc(out[0], _destroy)
+        self.ctx = ctx
+        self.cell = cell
+        self.input_size = int(input_size)
+        self.hidden_size = int(hidden_size)
+        self.num_layers = int(num_layers)
+        self.batch_first = bool(batch_first)
+        self.bidirectional = bool(bidirectional)
+        self.num_directions = 2 if bidirectional else 1
+        self.dropout = float(dropout)
+        self.gamma = float(gamma)
+        self.dtype = int(dtype)
+        self.weight_info = self._weight_info()
+
+    def _weight_info(self):
+        count = ffi.new("int32_t *")
+        check(lib.kf_rnn_weight_count(self._ptr, count))
+        name = ffi.new("const char **")
+        ndim = ffi.new("int32_t *")
+        shape = ffi.new("int64_t[]", lib.KF_MAX_DIMS)
+        info = []
+        for i in range(count[0]):
+            check(lib.kf_rnn_weight_info(self._ptr, i, name, ndim, shape))
+            info.append((ffi.string(name[0]).decode(), tuple(int(shape[k]) for k in range(ndim[0]))))
+        return info
+
+    @property
+    def num_weights(self):
+        return len(self.weight_info)
+
+    @property
+    def weight_names(self):
+        return [n for n, _ in self.weight_info]
+
+    def workspace_size(self, T, B, training=False):
+        """(workspace_bytes, reserve_bytes) for T steps of B samples (kf_rnn_workspace_size)."""
+        ws = ffi.new("size_t *")
+        rs = ffi.new("size_t *")
+        mode = lib.KF_MODE_TRAINING if training else lib.KF_MODE_INFERENCE
+        check(lib.kf_rnn_workspace_size(self._ptr, int(T), int(B), mode, ws, rs))
+        return int(ws[0]), int(rs[0])
+
+    def forward(self, x, weights, y, h0=None, hn=None, lengths=None, training=False,
+                dropout_seed=0, dropout_offset=0, workspace=None, reserve=None):
+        """kf_rnn_forward. Tensors are TensorRefs (None = absent), `weights` a sequence of them in
+        canonical order; workspace/reserve are (ptr, nbytes) pairs or None. Releases the GIL."""
+        args = ffi.new("kf_rnn_forward_args *")
+        lib.kf_rnn_forward_args_init(args)
+        _fill_tensor(args.x, x)
+        _fill_tensor(args.h0, h0)
+        warr, nw = _tensor_array(weights)
+        args.weights = warr
+        args.num_weights = nw
+        _fill_tensor(args.lengths, lengths)
+        args.dropout_seed = int(dropout_seed)
+        args.dropout_offset = int(dropout_offset)
+        _fill_tensor(args.y, y)
+        _fill_tensor(args.hn, hn)
+        ws, ws_bytes = _buffer(workspace)
+        rs, rs_bytes = _buffer(reserve)
+        mode = lib.KF_MODE_TRAINING if training else lib.KF_MODE_INFERENCE
+        check(lib.kf_rnn_forward(self._ptr, mode, args, ws, ws_bytes, rs, rs_bytes))
+
+    def backward(self, x, weights, reserve, h0=None, lengths=None, dy=None, dhn=None, dx=None,
+                 dh0=None, dweights=None, accumulate=False, dropout_seed=0, dropout_offset=0,
+                 workspace=None):
+        """kf_rnn_backward. As forward(); `dweights` is None (no weight gradients) or a sequence
+        of TensorRef/None in canonical order. Releases the GIL."""
+        args = ffi.new("kf_rnn_backward_args *")
+        lib.kf_rnn_backward_args_init(args)
+        _fill_tensor(args.x, x)
+        _fill_tensor(args.h0, h0)
+        warr, nw = _tensor_array(weights)
+        args.weights = warr
+        args.num_weights = nw
+        _fill_tensor(args.lengths, lengths)
+        args.dropout_seed = int(dropout_seed)
+        args.dropout_offset = int(dropout_offset)
+        _fill_tensor(args.dy, dy)
+        _fill_tensor(args.dhn, dhn)
+        _fill_tensor(args.dx, dx)
+        _fill_tensor(args.dh0, dh0)
+        dwarr, ndw = _tensor_array(dweights)
+        args.dweights = dwarr
+        args.num_dweights = ndw
+        ws, ws_bytes = _buffer(workspace)
+        rs, rs_bytes = _buffer(reserve)
+        grad_mode = lib.KF_GRAD_ACCUMULATE if accumulate else lib.KF_GRAD_OVERWRITE
+        check(lib.kf_rnn_backward(self._ptr, grad_mode, args, ws, ws_bytes, rs, rs_bytes))
+
+    def __repr__(self):
+        return ("kfuse.RnnPlan(%r, input_size=%d, hidden_size=%d, num_layers=%d, batch_first=%r, "
+                "bidirectional=%r, dropout=%g, gamma=%g)" % (
+                    self.cell, self.input_size, self.hidden_size, self.num_layers,
+                    self.batch_first, self.bidirectional, self.dropout, self.gamma))
+
+
+# ---- per-thread contexts -----------------------------------------------------------------------
+
+_tls = threading.local()
+
+
+def thread_context(device="cpu", device_index=0):
+    """The calling thread's cached Context for (device, device_index), made on first use."""
+    cache = getattr(_tls, "contexts", None)
+    if cache is None:
+        cache = _tls.contexts = {}
+    key = (device, int(device_index))
+    ctx = cache.get(key)
+    if ctx is None:
+        ctx = cache[key] = Context(device, device_index=device_index)
+    return ctx

@@ -1,0 +1,147 @@
+"""numpy front end of kfuse's recurrent ops.
+
+    y, hn, reserve = rnn_forward(plan, x, weights, h0=None, lengths=None, training=False)
+    dx, dh0, dweights = rnn_backward(plan, x, weights, reserve, dy=..., dhn=..., ...)
+
+Arrays are passed to the library as they are (their dtype and strides go into the kf_tensor), so
+every check (dtype float32, C-contiguous, shapes) is the library's own and fails with its message
+as kfuse.InvalidArgument. Anything numpy can view without copying works as input: ndarrays,
+objects exposing __array_interface__ or the buffer protocol, and DLPack producers (__dlpack__,
+through np.from_dlpack). Outputs are new float32 arrays. The GIL is released during each call.
+`plan` is a kfuse.RnnPlan on a CPU context (numpy memory is host memory).
+"""
+from collections.abc import Mapping
+
+import numpy as np
+
+from kfuse._lowlevel import (
+    ALIGN_BYTES, DTYPE_BF16, DTYPE_F16, DTYPE_F32, DTYPE_F64, DTYPE_I32, DTYPE_I64, TensorRef,
+)
+
+__all__ = ["rnn_forward", "rnn_backward", "as_array", "tensor_ref", "aligned_empty"]
+
+_DTYPES = {
+    np.dtype(np.float32): DTYPE_F32, np.dtype(np.float64): DTYPE_F64,
+    np.dtype(np.float16): DTYPE_F16, np.dtype(np.int32): DTYPE_I32, np.dtype(np.int64): DTYPE_I64,
+}
+
+
+def as_array(obj):
+    """A numpy view of `obj` without copying: an ndarray as is, a DLPack producer through
+    np.from_dlpack, else np.asarray (buffer protocol / __array_interface__)."""
+    if obj is None or isinstance(obj, np.ndarray):
+        return obj
+    if hasattr(obj, "__dlpack__") and not hasattr(obj, "__array_interface__"):
+        return np.from_dlpack(obj)
+    return np.asarray(obj)
+
+
+def tensor_ref(a):
+    """A TensorRef describing numpy array `a` as it is (strides in elements; an unknown dtype is
+    passed as 0 so that the library rejects it by name)."""
+    if a is None:
+        return None
+    dt = _DTYPES.get(a.dtype, 0)
+    if a.dtype.name == "bfloat16":
+        dt = DTYPE_BF16
+    item = a.itemsize
+    strides = tuple(s // item if s % item == 0 else s for s in a.strides) if a.ndim else ()
+    ptr = a.__array_interface__["data"][0]
+    return TensorRef(ptr, dt, a.shape, strides)
+
+
+def aligned_empty(nbytes, align=ALIGN_BYTES):
+    """An uninitialised uint8 array of `nbytes` whose address is a multiple of `align`."""
+    raw = np.empty(int(nbytes) + align, dtype=np.uint8)
+    off = (-raw.__array_interface__["data"][0]) % align
+    return raw[off:off + int(nbytes)]
+
+
+def _weights(plan, weights):
+    if isinstance(weights, Mapping):
+        weights = [weights[name] for name in plan.weight_names]
+    return [as_array(w) for w in weights]
+
+
+def _y_hn_shapes(plan, x):
+    # Output allocation only (the library checks x itself): y is [T, B, D*H] ([B, T, D*H]
+    # batch-first), hn [L*D, B, H]. For an x that is not 3-D the library reports the error.
+    D, H = plan.num_directions, plan.hidden_size
+    if x.ndim != 3:
+        return None, None
+    B = x.shape[0] if plan.batch_first else x.shape[1]
+    return (x.shape[0], x.shape[1], D * H), (plan.num_layers * D, B, H)
+
+
+def _seq_dims(plan, x):
+    if x.ndim != 3:
+        return 1, 1
+    return (x.shape[1], x.shape[0]) if plan.batch_first else (x.shape[0], x.shape[1])
+
+
+def rnn_forward(plan, x, weights, h0=None, lengths=None, training=False, dropout_seed=0,
+                dropout_offset=0, workspace=None, return_hn=True):
+    """Runs the recurrent stack of `plan` over `x` ([T, B, I], or [B, T, I] batch-first).
+
+    weights: sequence of arrays in the canonical order (plan.weight_info), or a mapping from the
+    reference state_dict names. h0: optional [L*D, B, H]. lengths: optional int32 [B].
+    training: KF_MODE_TRAINING (dropout applied, reserve written for rnn_backward).
+    workspace: optional caller scratch (a uint8 array, 64-byte aligned); None = context arena.
+    Returns (y, hn, reserve): reserve is None in inference; in training pass it to rnn_backward
+    with the same inputs."""
+    x = as_array(x)
+    h0 = as_array(h0)
+    lengths = as_array(lengths)
+    ws = _weights(plan, weights)
+    y_shape, hn_shape = _y_hn_shapes(plan, x)
+    y = np.empty(y_shape if y_shape else (0,), dtype=np.float32)
+    hn = np.empty(hn_shape, dtype=np.float32) if (hn_shape and return_hn) else None
+    reserve = None
+    if training:
+        T, B = _seq_dims(plan, x)
+        reserve = aligned_empty(plan.workspace_size(T, B, training=True)[1])
+    plan.forward(
+        tensor_ref(x), [tensor_ref(w) for w in ws], tensor_ref(y) if y_shape else None,
+        h0=tensor_ref(h0), hn=tensor_ref(hn), lengths=tensor_ref(lengths), training=training,
+        dropout_seed=dropout_seed, dropout_offset=dropout_offset,
+        workspace=None if workspace is None else (workspace.__array_interface__["data"][0],
+                                                  workspace.nbytes),
+        reserve=None if reserve is None else (reserve.__array_interface__["data"][0],
+                                              reserve.nbytes))
+    return y, hn, reserve
+
+
+def rnn_backward(plan, x, weights, reserve, dy=None, dhn=None, h0=None, lengths=None,
+                 dropout_seed=0, dropout_offset=0, need_dx=True, need_dh0=True,
+                 need_dweights=True, dweights=None, accumulate=False, workspace=None):
+    """Gradients from the reserve of a training rnn_forward with the same inputs.
+
+    dy: optional gradient w.r.t. y; dhn: optional gradient w.r.t. hn (absent = zero).
+    dweights: optional list of float32 arrays (canonical order) to write, or with
+    accumulate=True to add into; by default new arrays are made when need_dweights.
+    Returns (dx, dh0, dweights) with None for what was not asked for."""
+    x = as_array(x)
+    h0 = as_array(h0)
+    lengths = as_array(lengths)
+    dy = as_array(dy)
+    dhn = as_array(dhn)
+    ws = _weights(plan, weights)
+    dx = np.empty(x.shape, dtype=np.float32) if need_dx else None
+    dh0 = None
+    if need_dh0:
+        _, hn_shape = _y_hn_shapes(plan, x)
+        dh0 = np.empty(hn_shape, dtype=np.float32) if hn_shape else None
+    if dweights is None and need_dweights:
+        dweights = [np.empty(shape, dtype=np.float32) for _, shape in plan.weight_info]
+    elif dweights is not None:
+        dweights = [as_array(d) for d in dweights]
+    plan.backward(
+        tensor_ref(x), [tensor_ref(w) for w in ws],
+        None if reserve is None else (reserve.__array_interface__["data"][0], reserve.nbytes),
+        h0=tensor_ref(h0), lengths=tensor_ref(lengths), dy=tensor_ref(dy), dhn=tensor_ref(dhn),
+        dx=tensor_ref(dx), dh0=tensor_ref(dh0),
+        dweights=None if dweights is None else [tensor_ref(d) for d in dweights],
+        accumulate=accumulate, dropout_seed=dropout_seed, dropout_offset=dropout_offset,
+        workspace=None if workspace is None else (workspace.__array_interface__["data"][0],
+                                                  workspace.nbytes))
+    return dx, dh0, dweights

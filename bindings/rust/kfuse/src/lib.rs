@@ -1,0 +1,110 @@
+//! Safe Rust API over kfuse, a C library of fused CPU and CUDA kernels for structured neural
+//! layers behind a stable C ABI (`capi/include/kfuse.h`; raw bindings in `kfuse-sys`).
+//!
+//! Today: stacked **GRU** (exactly `torch.nn.GRU`) and **A-GRU** layers, forward and backward
+//! over a whole sequence in one call.
+//!
+//! - [`Context`]: device, stream, BLAS handle, arena. `Send`, not `Sync`.
+//! - [`RnnPlan`]: made once from an [`RnnDesc`], called many times; borrows its context.
+//! - [`ForwardArgs`] / [`BackwardArgs`]: borrowed views ([`Tensor`], [`TensorMut`]) of host
+//!   slices, whose lengths are checked against their shapes before the call; shapes and
+//!   everything else are checked by the library. Device memory goes in through the `unsafe`
+//!   `from_raw` constructors.
+//! - [`Reserve`]: what a training forward writes and backward reads, owned by the caller.
+//! - Every failure is an [`Error`]: the [`Status`] and the library's detail message naming the
+//!   argument, e.g. `kf_rnn_forward: args->x.shape[2] = 64, expected 128 (input_size)`.
+//!
+//! A training step on the CPU:
+//!
+//! ```
+//! use kfuse::*;
+//! let ctx = Context::cpu()?;
+//! let mut plan = RnnPlan::new(&ctx, &RnnDesc::agru(2, 8))?;
+//! let w: Vec<Vec<f32>> = plan.weight_info().iter()
+//!     .map(|i| (0..i.numel()).map(|k| ((k % 7) as f32 - 3.0) * 0.05).collect()).collect();
+//! let mut dw: Vec<Vec<f32>> = w.iter().map(|v| vec![0.0; v.len()]).collect();
+//! let (t, b) = (6, 3);
+//! let x = vec![0.5f32; t * b * 2];
+//! let mut y = vec![0.0f32; t * b * 8];
+//! let fwd = ForwardArgs::new(Tensor::new(&x, &plan.x_shape(t, b)), &w,
+//!                            TensorMut::new(&mut y, &plan.y_shape(t, b)));
+//! let reserve = plan.forward(Mode::Training, &fwd)?.expect("training forward gives a reserve");
+//! let bwd = BackwardArgs::from_forward(&fwd); // keeps x and w, not y
+//! drop(fwd);
+//! let dy = y.clone(); // d(0.5 * sum(y^2)) / dy
+//! let bwd = bwd.dy(Tensor::new(&dy, &plan.y_shape(t, b))).dweights(WeightGrads::from_vecs(&mut dw));
+//! plan.backward(GradMode::Overwrite, &bwd, &reserve)?;
+//! drop(bwd);
+//! assert!(dw.iter().flatten().any(|g| *g != 0.0));
+//! # Ok::<(), kfuse::Error>(())
+//! ```
+//!
+//! # Threads and lifetimes, checked at compile time
+//!
+//! A context is `Send` but not `Sync`:
+//!
+//! ```compile_fail
+//! fn need_sync<T: Sync>() {}
+//! need_sync::<kfuse::Context>();
+//! ```
+//!
+//! so a plan, which borrows it, is not `Send`:
+//!
+//! ```compile_fail
+//! fn need_send<T: Send>() {}
+//! need_send::<kfuse::RnnPlan<'static>>();
+//! ```
+//!
+//! and a plan cannot outlive its context:
+//!
+//! ```compile_fail
+//! let plan = {
+//!     let ctx = kfuse::Context::cpu().unwrap();
+//!     kfuse::RnnPlan::new(&ctx, &kfuse::RnnDesc::gru(1, 1)).unwrap()
+//! };
+//! ```
+//!
+//! nor can an output be read while a call's arguments still borrow it:
+//!
+//! ```compile_fail
+//! use kfuse::*;
+//! let ctx = Context::cpu().unwrap();
+//! let mut plan = RnnPlan::new(&ctx, &RnnDesc::gru(1, 1)).unwrap();
+//! let w: Vec<Vec<f32>> = plan.weight_info().iter().map(|i| vec![0.0; i.numel()]).collect();
+//! let (x, mut y) = (vec![0.0f32; 1], vec![0.0f32; 1]);
+//! let args = ForwardArgs::new(Tensor::new(&x, &[1, 1, 1]), &w, TensorMut::new(&mut y, &[1, 1, 1]));
+//! let first = y[0];
+//! plan.forward(Mode::Inference, &args).unwrap();
+//! ```
+//!
+//! # tch-rs interop
+//! There is no `tch` feature yet: no `tch` crate can be had offline here (see the crate README).
+
+mod context;
+mod error;
+mod rnn;
+mod tensor;
+
+pub use context::{ArenaInfo, Context, ContextBuilder, Device};
+pub use error::{Error, Result, Status};
+pub use rnn::{
+    BackwardArgs, Cell, ForwardArgs, GradMode, Mode, Reserve, RnnDesc, RnnPlan, WeightGrads, WeightInfo,
+    Weights, WorkspaceSize,
+};
+pub use tensor::{Element, Tensor, TensorMut};
+
+/// Raw bindings, re-exported for calls the safe API does not cover yet.
+pub use kfuse_sys as sys;
+
+/// Version of the library loaded at run time as (major, minor, patch).
+pub fn version() -> (u32, u32, u32) {
+    // SAFETY: no arguments, no state.
+    let v = unsafe { sys::kf_version() };
+    (v / 10000, v / 100 % 100, v % 100)
+}
+
+/// The loaded library's version string, e.g. `"1.0.0"`.
+pub fn version_string() -> &'static str {
+    // SAFETY: static storage, never NULL.
+    unsafe { std::ffi::CStr::from_ptr(sys::kf_version_string()) }.to_str().unwrap_or("?")
+}

@@ -1,0 +1,355 @@
+//! The safe API against float64 references (forward directly, backward by central finite
+//! differences of the float64 forward), and the error mapping.
+mod common;
+use common::*;
+use kfuse::*;
+
+struct Problem {
+    x: Vec<f32>,
+    h0: Vec<f32>,
+    w: Vec<Vec<f32>>,
+}
+
+fn desc_of(c: &Cfg) -> RnnDesc {
+    let d = if c.agru { RnnDesc::agru(c.i, c.h).gamma(c.gamma as f32) } else { RnnDesc::gru(c.i, c.h) };
+    d.layers(c.l as u32).batch_first(c.batch_first).bidirectional(c.d == 2)
+}
+
+fn problem(plan: &RnnPlan<'_>, c: Cfg, seed: u64) -> Problem {
+    let mut rng = Rng::new(seed);
+    let k = 1.0 / (c.h as f64).sqrt();
+    let w = plan
+        .weight_info()
+        .iter()
+        .map(
+            |wi| if wi.name.ends_with("epsilon") { rng.vec(1, 0.5, 1.5) } else { rng.vec(wi.numel(), -k, k) },
+        )
+        .collect();
+    Problem { x: rng.vec(c.t * c.b * c.i, -1.0, 1.0), h0: rng.vec(c.l * c.d * c.b * c.h, -0.5, 0.5), w }
+}
+
+fn configs() -> Vec<Cfg> {
+    let base = Cfg { agru: false, t: 5, b: 3, i: 4, h: 6, l: 1, d: 1, batch_first: false, gamma: 0.01 };
+    vec![
+        base,
+        Cfg { l: 2, d: 2, batch_first: true, ..base },
+        Cfg { agru: true, ..base },
+        Cfg { agru: true, l: 2, batch_first: true, gamma: 0.1, ..base },
+    ]
+}
+
+#[test]
+fn forward_matches_f64_reference() {
+    let ctx = Context::cpu().unwrap();
+    for (n, c) in configs().into_iter().enumerate() {
+        let mut plan = RnnPlan::new(&ctx, &desc_of(&c)).unwrap();
+        let p = problem(&plan, c, 100 + n as u64);
+        let w64: Vec<Vec<f64>> = p.w.iter().map(|v| to_f64(v)).collect();
+        let (yr, hr) = forward(&c, &to_f64(&p.x), Some(&to_f64(&p.h0)), &w64);
+        for mode in [Mode::Inference, Mode::Training] {
+            let mut y = vec![f32::NAN; yr.len()]; // poisoned: every element must be written
+            let mut hn = vec![f32::NAN; hr.len()];
+            let args = ForwardArgs::new(
+                Tensor::new(&p.x, &plan.x_shape(c.t, c.b)),
+                &p.w,
+                TensorMut::new(&mut y, &plan.y_shape(c.t, c.b)),
+            )
+            .h0(Tensor::new(&p.h0, &plan.state_shape(c.b)))
+            .hn(TensorMut::new(&mut hn, &plan.state_shape(c.b)));
+            let r = plan.forward(mode, &args).unwrap();
+            assert_eq!(r.is_some(), mode == Mode::Training);
+            let (ey, eh) = (rel_err(&y, &yr), rel_err(&hn, &hr));
+            assert!(ey < 1e-5 && eh < 1e-5, "{c:?} {mode:?}: y rel err {ey:.3e}, hn rel err {eh:.3e}");
+        }
+    }
+}
+
+/// Central differences of L = sum(cy * y) + sum(ch * hn) through the float64 reference.
+#[derive(Clone, Copy)]
+enum Which {
+    X(usize),
+    H0(usize),
+    W(usize, usize),
+}
+
+fn fd_grad(c: &Cfg, x: &[f64], h0: &[f64], w: &[Vec<f64>], cy: &[f64], ch: &[f64], which: Which) -> f64 {
+    let loss = |x: &[f64], h0: &[f64], w: &[Vec<f64>]| {
+        let (y, hn) = forward(c, x, Some(h0), w);
+        y.iter().zip(cy).map(|(a, b)| a * b).sum::<f64>() + hn.iter().zip(ch).map(|(a, b)| a * b).sum::<f64>()
+    };
+    let eps = 1e-6;
+    let at = |delta: f64| {
+        let (mut xa, mut ha, mut wa) = (x.to_vec(), h0.to_vec(), w.to_vec());
+        match which {
+            Which::X(k) => xa[k] += delta,
+            Which::H0(k) => ha[k] += delta,
+            Which::W(j, k) => wa[j][k] += delta,
+        }
+        loss(&xa, &ha, &wa)
+    };
+    let (lp, lm) = (at(eps), at(-eps));
+    (lp - lm) / (2.0 * eps)
+}
+
+/// One CPU thread: checks the bindings' plumbing of every gradient.
+#[test]
+fn backward_matches_f64_finite_differences_one_thread() {
+    backward_vs_fd(1);
+}
+
+/// The default context (all cores), as users get it; run a few times, since a race would show
+/// only now and then.
+#[test]
+fn backward_matches_f64_finite_differences_default_threads() {
+    for _ in 0..3 {
+        backward_vs_fd(0);
+    }
+}
+
+fn backward_vs_fd(threads: u32) {
+    let ctx = Context::builder(Device::Cpu).with_threads(threads).build().unwrap();
+    for (n, mut c) in configs().into_iter().enumerate() {
+        c.t = 4;
+        c.b = 2;
+        let mut plan = RnnPlan::new(&ctx, &desc_of(&c)).unwrap();
+        let p = problem(&plan, c, 200 + n as u64);
+        let mut rng = Rng::new(300 + n as u64);
+        let ny = c.t * c.b * c.d * c.h;
+        let nh = c.l * c.d * c.b * c.h;
+        let cy = rng.vec(ny, -1.0, 1.0);
+        let ch = rng.vec(nh, -1.0, 1.0);
+
+        let mut y = vec![0.0f32; ny];
+        let mut hn = vec![0.0f32; nh];
+        let mut dx = vec![f32::NAN; p.x.len()];
+        let mut dh0 = vec![f32::NAN; nh];
+        let mut dw: Vec<Vec<f32>> = p.w.iter().map(|v| vec![f32::NAN; v.len()]).collect();
+        let fwd = ForwardArgs::new(
+            Tensor::new(&p.x, &plan.x_shape(c.t, c.b)),
+            &p.w,
+            TensorMut::new(&mut y, &plan.y_shape(c.t, c.b)),
+        )
+        .h0(Tensor::new(&p.h0, &plan.state_shape(c.b)))
+        .hn(TensorMut::new(&mut hn, &plan.state_shape(c.b)));
+        let reserve = plan.forward(Mode::Training, &fwd).unwrap().unwrap();
+        let bwd = BackwardArgs::from_forward(&fwd)
+            .dy(Tensor::new(&cy, &plan.y_shape(c.t, c.b)))
+            .dhn(Tensor::new(&ch, &plan.state_shape(c.b)))
+            .dx(TensorMut::new(&mut dx, &plan.x_shape(c.t, c.b)))
+            .dh0(TensorMut::new(&mut dh0, &plan.state_shape(c.b)))
+            .dweights(WeightGrads::from_vecs(&mut dw));
+        plan.backward(GradMode::Overwrite, &bwd, &reserve).unwrap();
+        drop(bwd);
+
+        let (x64, h064, cy64, ch64) = (to_f64(&p.x), to_f64(&p.h0), to_f64(&cy), to_f64(&ch));
+        let w64: Vec<Vec<f64>> = p.w.iter().map(|v| to_f64(v)).collect();
+        let gx: Vec<f64> =
+            (0..x64.len()).map(|k| fd_grad(&c, &x64, &h064, &w64, &cy64, &ch64, Which::X(k))).collect();
+        let gh: Vec<f64> =
+            (0..h064.len()).map(|k| fd_grad(&c, &x64, &h064, &w64, &cy64, &ch64, Which::H0(k))).collect();
+        let e = rel_err(&dx, &gx);
+        assert!(e < 1e-5, "threads={threads} {c:?}: dx rel err {e:.3e}");
+        let e = rel_err(&dh0, &gh);
+        assert!(e < 1e-5, "threads={threads} {c:?}: dh0 rel err {e:.3e}");
+        for (j, info) in plan.weight_info().iter().enumerate() {
+            let gw: Vec<f64> = (0..w64[j].len())
+                .map(|k| fd_grad(&c, &x64, &h064, &w64, &cy64, &ch64, Which::W(j, k)))
+                .collect();
+            let e = rel_err(&dw[j], &gw);
+            assert!(e < 1e-5, "threads={threads} {c:?}: d{} rel err {e:.3e}", info.name);
+        }
+    }
+}
+
+#[test]
+fn accumulate_adds_and_reserve_is_reused_without_growth() {
+    let ctx = Context::builder(Device::Cpu).with_threads(1).build().unwrap();
+    let c = Cfg { agru: true, t: 6, b: 4, i: 3, h: 5, l: 1, d: 1, batch_first: false, gamma: 0.01 };
+    let mut plan = RnnPlan::new(&ctx, &desc_of(&c)).unwrap();
+    let p = problem(&plan, c, 7);
+    let dy = Rng::new(8).vec(c.t * c.b * c.h, -1.0, 1.0);
+    let mut y = vec![0.0f32; dy.len()];
+    let mut reserve = Reserve::new();
+    let mut once: Vec<Vec<f32>> = p.w.iter().map(|v| vec![0.0; v.len()]).collect();
+    let mut twice = once.clone();
+    let mut grows = Vec::new();
+    for step in 0..4 {
+        let fwd = ForwardArgs::new(
+            Tensor::new(&p.x, &plan.x_shape(c.t, c.b)),
+            &p.w,
+            TensorMut::new(&mut y, &plan.y_shape(c.t, c.b)),
+        );
+        plan.forward_into(Mode::Training, &fwd, &mut reserve).unwrap();
+        let target = if step == 0 { &mut once } else { &mut twice };
+        let mode = if step <= 1 { GradMode::Overwrite } else { GradMode::Accumulate };
+        let bwd = BackwardArgs::from_forward(&fwd)
+            .dy(Tensor::new(&dy, &plan.y_shape(c.t, c.b)))
+            .dweights(WeightGrads::from_vecs(target));
+        plan.backward(mode, &bwd, &reserve).unwrap();
+        grows.push((ctx.arena_info().unwrap().grow_count, reserve.capacity_bytes()));
+    }
+    // step 1 overwrote, steps 2 and 3 added: three times step 0's gradient
+    for (a, b) in once.iter().flatten().zip(twice.iter().flatten()) {
+        assert!((3.0 * a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{a} * 3 != {b}");
+    }
+    assert!(grows.windows(2).all(|w| w[0] == w[1]), "arena or reserve grew in steady state: {grows:?}");
+    assert!(reserve.len_bytes() > 0);
+}
+
+#[test]
+fn weight_info_uses_reference_names() {
+    let ctx = Context::cpu().unwrap();
+    let plan = RnnPlan::new(&ctx, &RnnDesc::gru(3, 4).layers(2).bidirectional(true)).unwrap();
+    let info = plan.weight_info();
+    assert_eq!(info.len(), 16);
+    assert_eq!(info[0], WeightInfo { name: "weight_ih_l0".into(), shape: vec![12, 3] });
+    assert_eq!(info[4].name, "weight_ih_l0_reverse");
+    assert_eq!(info[8], WeightInfo { name: "weight_ih_l1".into(), shape: vec![12, 8] });
+    let plan = RnnPlan::new(&ctx, &RnnDesc::agru(3, 4)).unwrap();
+    let names: Vec<String> = plan.weight_info().into_iter().map(|w| w.name).collect();
+    assert_eq!(names[8], "cells.0.W_h");
+    assert_eq!(names[9], "cells.0.epsilon");
+}
+
+// ---- errors ------------------------------------------------------------------------------
+
+#[test]
+fn bad_descriptor_names_the_field() {
+    let ctx = Context::cpu().unwrap();
+    let e = RnnPlan::new(&ctx, &RnnDesc::gru(0, 4)).unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument);
+    assert!(e.message().contains("input_size"), "{e}");
+    let e = RnnPlan::new(&ctx, &RnnDesc::gru(3, 4).dropout(1.5)).unwrap_err();
+    assert!(e.message().contains("dropout"), "{e}");
+    let e = RnnPlan::new(&ctx, &RnnDesc::agru(3, 4).bidirectional(true)).unwrap_err();
+    assert_eq!(e.status(), Status::Unsupported, "{e}");
+    assert!(e.to_string().contains("KF_ERR_UNSUPPORTED"), "{e}");
+}
+
+#[test]
+fn bad_shape_is_an_error_naming_the_argument() {
+    let ctx = Context::cpu().unwrap();
+    let mut plan = RnnPlan::new(&ctx, &RnnDesc::gru(3, 4)).unwrap();
+    let w: Vec<Vec<f32>> = plan.weight_info().iter().map(|i| vec![0.1; i.numel()]).collect();
+    let (t, b) = (5, 2);
+    let mut y = vec![7.0f32; t * b * 4];
+
+    // shape consistent with the slice but wrong for the plan: the library's message
+    let x = vec![0.5f32; t * b * 6];
+    let args = ForwardArgs::new(Tensor::new(&x, &[t, b, 6]), &w, TensorMut::new(&mut y, &[t, b, 4]));
+    let e = plan.forward(Mode::Inference, &args).unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument);
+    assert!(e.message().starts_with("kf_rnn_forward") && e.message().contains("args->x"), "{e}");
+    assert!(y.iter().all(|&v| v == 7.0), "a failed call wrote y");
+
+    // slice shorter than its shape: checked before the call
+    let x = vec![0.5f32; t * b * 3 - 1];
+    let args = ForwardArgs::new(Tensor::new(&x, &[t, b, 3]), &w, TensorMut::new(&mut y, &[t, b, 4]));
+    let e = plan.forward(Mode::Inference, &args).unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument);
+    assert!(e.message().contains("args.x has 29 elements"), "{e}");
+
+    // y of the wrong width
+    let x = vec![0.5f32; t * b * 3];
+    let mut y5 = vec![0.0f32; t * b * 5];
+    let args = ForwardArgs::new(Tensor::new(&x, &[t, b, 3]), &w, TensorMut::new(&mut y5, &[t, b, 5]));
+    let e = plan.forward(Mode::Inference, &args).unwrap_err();
+    assert!(e.message().contains("args->y"), "{e}");
+
+    // a weight of the wrong length, and the wrong number of weights
+    let mut w2 = w.clone();
+    w2[3].pop();
+    let args = ForwardArgs::new(Tensor::new(&x, &[t, b, 3]), &w2, TensorMut::new(&mut y, &[t, b, 4]));
+    let e = plan.forward(Mode::Inference, &args).unwrap_err();
+    assert!(e.message().contains("args.weights[3] (bias_hh_l0)"), "{e}");
+    let args = ForwardArgs::new(Tensor::new(&x, &[t, b, 3]), &w[..3], TensorMut::new(&mut y, &[t, b, 4]));
+    let e = plan.forward(Mode::Inference, &args).unwrap_err();
+    assert!(e.message().contains("args.weights has 3 entries, expected 4"), "{e}");
+
+    // too many dimensions
+    let args =
+        ForwardArgs::new(Tensor::new(&x, &[1, 1, 1, 1, 1, t, b * 3]), &w, TensorMut::new(&mut y, &[t, b, 4]));
+    let e = plan.forward(Mode::Inference, &args).unwrap_err();
+    assert!(e.message().contains("at most 6"), "{e}");
+
+    // lengths out of range
+    let lens = [5i32, 9];
+    let args = ForwardArgs::new(Tensor::new(&x, &[t, b, 3]), &w, TensorMut::new(&mut y, &[t, b, 4]))
+        .lengths(Tensor::new(&lens, &[b]));
+    let e = plan.forward(Mode::Inference, &args).unwrap_err();
+    assert!(e.message().contains("args->lengths[1]"), "{e}");
+}
+
+#[test]
+fn backward_needs_a_training_reserve_of_the_same_plan() {
+    let ctx = Context::cpu().unwrap();
+    let mut plan = RnnPlan::new(&ctx, &RnnDesc::gru(3, 4)).unwrap();
+    let mut other = RnnPlan::new(&ctx, &RnnDesc::gru(3, 4)).unwrap();
+    let w: Vec<Vec<f32>> = plan.weight_info().iter().map(|i| vec![0.1; i.numel()]).collect();
+    let x = vec![0.5f32; 2 * 2 * 3];
+    let mut y = vec![0.0f32; 2 * 2 * 4];
+    let mut reserve = Reserve::new();
+    let fwd = ForwardArgs::new(Tensor::new(&x, &[2, 2, 3]), &w, TensorMut::new(&mut y, &[2, 2, 4]));
+    plan.forward_into(Mode::Inference, &fwd, &mut reserve).unwrap();
+    let bwd = BackwardArgs::from_forward(&fwd);
+    let e = plan.backward(GradMode::Overwrite, &bwd, &reserve).unwrap_err();
+    assert!(e.message().contains("reserve was not written"), "{e}");
+    plan.forward_into(Mode::Training, &fwd, &mut reserve).unwrap();
+    plan.backward(GradMode::Overwrite, &bwd, &reserve).unwrap();
+    let e = other.backward(GradMode::Overwrite, &bwd, &reserve).unwrap_err();
+    assert!(e.message().contains("of this plan"), "{e}");
+}
+
+#[test]
+fn cuda_context_without_cuda_is_backend_unavailable() {
+    match Context::cuda(0) {
+        Ok(ctx) => {
+            // a CUDA build on a GPU machine: host slices must be refused before the call
+            assert_eq!(ctx.device(), Device::Cuda(0));
+            let mut plan = RnnPlan::new(&ctx, &RnnDesc::gru(3, 4)).unwrap();
+            let w: Vec<Vec<f32>> = plan.weight_info().iter().map(|i| vec![0.1; i.numel()]).collect();
+            let (x, mut y) = (vec![0.5f32; 2 * 2 * 3], vec![0.0f32; 2 * 2 * 4]);
+            let args = ForwardArgs::new(Tensor::new(&x, &[2, 2, 3]), &w, TensorMut::new(&mut y, &[2, 2, 4]));
+            let e = plan.forward(Mode::Inference, &args).unwrap_err();
+            assert!(e.message().contains("host memory"), "{e}");
+        }
+        Err(e) => assert_eq!(e.status(), Status::BackendUnavailable, "{e}"),
+    }
+    let e = Context::builder(Device::Cuda(-1)).build().unwrap_err();
+    assert!(matches!(e.status(), Status::InvalidArgument | Status::BackendUnavailable), "{e}");
+}
+
+#[test]
+fn stream_on_cpu_context() {
+    let ctx = Context::cpu().unwrap();
+    assert!(ctx.stream().unwrap().is_null());
+    // SAFETY: null is always a valid argument.
+    unsafe { ctx.set_stream(std::ptr::null_mut()).unwrap() };
+    let mut fake = 0u8;
+    // SAFETY: a CPU context rejects any non-null stream before using it.
+    let e = unsafe { ctx.set_stream(&mut fake as *mut u8 as *mut _) }.unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument);
+    ctx.synchronize().unwrap();
+}
+
+#[test]
+fn context_moves_to_another_thread() {
+    fn assert_send<T: Send>() {}
+    assert_send::<Context>();
+    assert_send::<Reserve>();
+    let ctx = Context::cpu().unwrap();
+    let h = std::thread::spawn(move || {
+        let plan = RnnPlan::new(&ctx, &RnnDesc::agru(2, 3)).unwrap();
+        plan.weight_count()
+    });
+    assert_eq!(h.join().unwrap(), 10);
+}
+
+#[test]
+fn version_is_the_headers() {
+    assert_eq!(kfuse::version(), (sys::KF_VERSION_MAJOR, sys::KF_VERSION_MINOR, sys::KF_VERSION_PATCH));
+    assert_eq!(
+        kfuse::version_string(),
+        format!("{}.{}.{}", sys::KF_VERSION_MAJOR, sys::KF_VERSION_MINOR, sys::KF_VERSION_PATCH)
+    );
+}

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer harnesses of tests/fuzz (clang, ASan + UBSan, CPU-only) and runs each one
+# for a bounded time. Fails on any crash, sanitizer report or harness oracle failure.
+#   scripts/fuzz.sh [seconds-per-harness]     (default 60)
+# Env: KF_FUZZ_BUILD (build dir, default /tmp/kf-build-fuzz), KF_FUZZ_JOBS (parallel fuzzing
+# workers per harness, default 1), KF_FUZZ_WORK (scratch corpus / artifacts, default
+# $KF_FUZZ_BUILD/work). The seed corpus in tests/fuzz/corpus/<harness> is read, never written.
+set -euo pipefail
+secs=${1:-60}
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${KF_FUZZ_BUILD:-/tmp/kf-build-fuzz}
+work=${KF_FUZZ_WORK:-$build/work}
+jobs=${KF_FUZZ_JOBS:-1}
+cc=${CC:-}
+if [[ -z "$cc" || "$cc" != *clang* ]]; then
+  cc=$(command -v clang || command -v clang-14 || true)
+fi
+[[ -n "$cc" ]] || { echo "fuzz.sh: clang not found (apt-get install clang-14 libclang-rt-14-dev)" >&2; exit 2; }
+
+CC=$cc cmake -S "$root/tests/fuzz" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build "$build" -j"$(nproc)" 2>&1 | grep -E 'error|Error' && exit 2 || true
+[[ -x "$build/fuzz_rnn" ]] || { echo "fuzz.sh: build failed" >&2; exit 2; }
+
+# OpenMP threads spin-wait by default; the harness keeps contexts at 1-2 threads anyway.
+export OMP_WAIT_POLICY=PASSIVE
+export ASAN_OPTIONS=${ASAN_OPTIONS:-allocator_may_return_null=1:detect_leaks=0:abort_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+
+status=0
+for h in fuzz_rnn; do
+  mkdir -p "$work/$h/corpus" "$work/$h/artifacts"
+  log="$work/$h/fuzz.log"
+  echo "== $h: ${secs}s"
+  set +e
+  par=()
+  [[ "$jobs" -gt 1 ]] && par=(-jobs="$jobs" -workers="$jobs")
+  # run from the work dir: libFuzzer's -jobs mode writes fuzz-<n>.log into the cwd
+  (cd "$work/$h" && exec "$build/$h" -max_total_time="$secs" -print_final_stats=1 -timeout=20 \
+    -rss_limit_mb=2048 -max_len=512 "${par[@]}" \
+    -artifact_prefix="$work/$h/artifacts/" "$work/$h/corpus" "$root/tests/fuzz/corpus/$h") \
+    >"$log" 2>&1
+  rc=$?
+  set -e
+  # with -jobs > 1 the workers log to fuzz-<n>.log in the cwd
+  if [[ "$jobs" -gt 1 ]]; then cat "$work/$h"/fuzz-*.log >>"$log" 2>/dev/null; rm -f "$work/$h"/fuzz-*.log; fi
+  grep -E '^#[0-9]+ +(DONE|INITED)' "$log" | tail -2 || true
+  grep -E '^stat::' "$log" || true
+  nfiles=$(ls "$work/$h/corpus" | wc -l)
+  echo "   corpus: $nfiles files in $work/$h/corpus"
+  if [[ $rc -ne 0 ]] || grep -qE 'ERROR: (AddressSanitizer|libFuzzer|LeakSanitizer)|runtime error:|fuzz_rnn oracle' "$log"; then
+    echo "FAIL: $h (rc=$rc); log: $log" >&2
+    grep -E -A25 'ERROR:|runtime error:|oracle' "$log" | head -60 >&2
+    ls "$work/$h/artifacts" >&2
+    status=1
+  else
+    echo "   ok: no crash"
+  fi
+done
+exit $status

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The reliability suite of issue 8, bounded for CI (< 6 minutes on 2 cores):
+#   1. fuzz:  scripts/fuzz.sh 60          (libFuzzer + ASan + UBSan, 60 s per harness)
+#   2. tsan:  scripts/tsan.sh 3           (ThreadSanitizer, 4 threads x own contexts)
+#   3. soak:  scripts/soak.sh 10000       (RSS curve in a fixed arena + valgrind leak check)
+# Exits non-zero if any part fails; runs all parts either way and prints a summary.
+#   scripts/test-reliability.sh [fuzz-seconds-per-harness] [soak-calls]
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+fuzz_secs=${1:-60}
+soak_calls=${2:-10000}
+declare -A result
+fail=0
+run() {
+  local name=$1; shift
+  local t0=$SECONDS
+  echo "=============== $name: $*"
+  if "$@"; then result[$name]="ok ($((SECONDS - t0)) s)"; else result[$name]="FAILED ($((SECONDS - t0)) s)"; fail=1; fi
+}
+run fuzz "$here/fuzz.sh" "$fuzz_secs"
+run tsan "$here/tsan.sh" 3
+run soak "$here/soak.sh" "$soak_calls"
+echo "=============== reliability summary"
+for k in fuzz tsan soak; do printf '  %-5s %s\n' "$k" "${result[$k]}"; done
+exit $fail
