@@ -4,7 +4,8 @@
  *  (1) the reverse recurrence, each thread owning batch slices for the whole sequence: per step a
  *      fused pointwise pass turns dh into the pre-activation gradients of every row (dG_x on the
  *      input side, stored for all T*B rows; GRU: dG_h on the recurrent side), then the recurrent
- *      GEMMs carry dh to the previous step;
+ *      products carry dh to the previous step (micro-kernel kf__mk on the weights packed once per
+ *      call, adding into dh in its epilogue; A-GRU: pass 2 fused into the epilogue of da_d A);
  *  (2) after a barrier, weight gradients as whole-sequence GEMMs over all T*B rows, split across
  *      threads by output rows (deterministic, no atomics), bias sums in double, and
  *      dX = dG_x W3, which is the next-lower layer's d(output).
@@ -36,7 +37,6 @@ typedef struct bwd_step {
     int64_t dgx_ld, aux_ld;
     float *dh;          /* [nb, H] gradient of the state, in place */
     const float *gy;    /* [nb, H] d(output) of this step (masked) */
-    const float *dq;    /* A-GRU: [nb, H] da_d A */
 } bwd_step;
 
 static bool bstep_valid(const bwd_step *s, int64_t i) { return !s->len || s->t < s->len[i]; }
@@ -109,20 +109,51 @@ KF__VEC_CLONES static double agru_bwd_pointwise1(const bwd_step *s, float eps) {
     return deps;
 }
 
-/* A-GRU pass 2: da_r = dq hp r(1-r); dh += dq r. */
-KF__VEC_CLONES static void agru_bwd_pointwise2(const bwd_step *s) {
+/* dh[nb, H] += A[nb, K] B, B [K, H] in plain panels of 16 columns (GRU: dG_h W_hh, K = 3H;
+ * A-GRU: [da_z, da_r] [U_z; U_r], K = 2H), A's rows lda apart. */
+KF__MK_CLONES static void add_product(const bwd_step *s, const float *a, int64_t lda, int64_t K,
+                                       const float *pk) {
     const int64_t H = s->H;
-    for (int64_t i = 0; i < s->nb; i++) {
-        if (!bstep_valid(s, i)) continue;
-        const float *restrict r = s->sv + i * s->sv_ld + H;
-        const float *restrict hp = s->hp + i * s->hp_ld;
-        const float *restrict dq = s->dq + i * H;
-        float *restrict dar = s->dgx + i * s->dgx_ld + H;
-        float *restrict dh = s->dh + i * H;
-#pragma omp simd
-        for (int64_t k = 0; k < H; k++) {
-            dar[k] = dq[k] * hp[k] * r[k] * (1.0f - r[k]);
-            dh[k] += dq[k] * r[k];
+    for (int64_t p = 0; p < kf__num_panels(1, 2, H); p++) {
+        for (int64_t i0 = 0; i0 < s->nb; i0 += 6) {
+            const int64_t mr = s->nb - i0 < 6 ? s->nb - i0 : 6;
+            kf__v8 acc[KF__MR_MAX * KF__NV_MAX];
+            kf__mk(6, 2, K, a + i0 * lda, lda, mr, pk + p * K * 16, acc);
+            for (int v = 0; v < 2; v++) {
+                const int64_t j = kf__panel_col(1, 2, p, v);
+                const int nc = kf__cols_left(j, H);
+                if (!nc) break;
+                for (int64_t i = i0; i < i0 + mr; i++) {
+                    float *dh = s->dh + i * H + j;
+                    kf__v8_store_n(dh, kf__v8_load_n(dh, nc) + acc[(i - i0) * 2 + v], nc);
+                }
+            }
+        }
+    }
+}
+
+/* A-GRU pass 2 in the epilogue of dq = da_d A: da_r = dq hp r(1-r); dh += dq r. */
+KF__MK_CLONES static void agru_bwd_dq(const bwd_step *s, const float *pk) {
+    const int64_t H = s->H;
+    for (int64_t p = 0; p < kf__num_panels(1, 2, H); p++) {
+        for (int64_t i0 = 0; i0 < s->nb; i0 += 6) {
+            const int64_t mr = s->nb - i0 < 6 ? s->nb - i0 : 6;
+            kf__v8 acc[KF__MR_MAX * KF__NV_MAX];
+            kf__mk(6, 2, H, s->dgx + i0 * s->dgx_ld + 2 * H, s->dgx_ld, mr, pk + p * H * 16, acc);
+            for (int v = 0; v < 2; v++) {
+                const int64_t j = kf__panel_col(1, 2, p, v);
+                const int nc = kf__cols_left(j, H);
+                if (!nc) break;
+                for (int64_t i = i0; i < i0 + mr; i++) {
+                    if (!bstep_valid(s, i)) continue;
+                    const kf__v8 dq = acc[(i - i0) * 2 + v];
+                    const kf__v8 r = kf__v8_load_n(s->sv + i * s->sv_ld + H + j, nc);
+                    const kf__v8 hp = kf__v8_load_n(s->hp + i * s->hp_ld + j, nc);
+                    float *dh = s->dh + i * H + j;
+                    kf__v8_store_n(s->dgx + i * s->dgx_ld + H + j, dq * hp * r * (1.0f - r), nc);
+                    kf__v8_store_n(dh, kf__v8_fma(dq, r, kf__v8_load_n(dh, nc)), nc);
+                }
+            }
         }
     }
 }
@@ -162,7 +193,7 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
     bwd_step st = {.nb = nb, .H = H, .len = c->lengths ? c->lengths + b0 : NULL,
                    .sv_ld = lo->bs * lo->ng * H, .hp_ld = lo->bs * H,
                    .dgx_ld = lo->bs * 3 * H, .aux_ld = lo->bs * aux_w, .dh = sl->st,
-                   .gy = sl->t2, .dq = sl->t2};
+                   .gy = sl->t2};
     double deps = 0.0;
     for (int64_t k = 0; k < T; k++) {
         const int64_t t = d ? k : T - 1 - k, r0 = kf__rnn_row(lo, t, b0);
@@ -178,15 +209,11 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
         }
         if (!lo->agru) {
             gru_bwd_pointwise(&st);
-            kf__sgemm(false, false, nb, H, 3 * H, 1.0f, st.aux, st.aux_ld, cw->wrec, H, 1.0f,
-                      sl->st, H);
+            add_product(&st, st.aux, st.aux_ld, 3 * H, cw->pk[0]);
         } else {
             deps += agru_bwd_pointwise1(&st, cw->eps);
-            kf__sgemm(false, false, nb, H, H, 1.0f, st.dgx + 2 * H, st.dgx_ld, cw->a, H, 0.0f,
-                      sl->t2, H);
-            agru_bwd_pointwise2(&st);
-            kf__sgemm(false, false, nb, H, 2 * H, 1.0f, st.dgx, st.dgx_ld, cw->wrec, H, 1.0f,
-                      sl->st, H);
+            agru_bwd_dq(&st, cw->pk[1]);
+            add_product(&st, st.dgx, st.dgx_ld, 2 * H, cw->pk[0]);
         }
     }
     if (c->dh0) memcpy(c->dh0 + (cidx * lo->B + b0) * H, sl->st, (size_t)(nb * H) * sizeof(float));
@@ -310,7 +337,7 @@ static void bwd_team(void *arg, int tid, int nth) {
     const kf__rnn_bwd *c = ((const bwd_call *)arg)->c;
     const kf__rnn_cpu_layout *lo = ((const bwd_call *)arg)->lo;
     const struct kf_rnn_plan *p = c->plan;
-    kf__rnn_cpu_pack(lo, p, c->w, c->ws, tid, nth);
+    kf__rnn_cpu_pack(lo, p, c->w, c->ws, true, tid, nth);
 #pragma omp barrier
     for (int32_t l = p->L - 1; l >= 0; l--) {
         bwd_layer f = {.c = c, .lo = lo, .l = l, .ws = c->ws};

@@ -17,14 +17,16 @@
  *            (rows with t >= len[b] are not written and never read)
  *   out[l]   [N, D*H]   layer l < L-1 output after dropout = layer l+1's input
  * Workspace (shared by forward and backward; scratch, nothing survives a call):
- *   pack[l]  A-GRU only: W3 = [W_z; W_r; V_h] [3H, I_l], b3 = [b_z; b_r; b_h], U2 = [U_z; U_r]
- *            [2H, H], A = W_h - W_h^T - gamma I [H, H]
+ *   pack[l]  A-GRU only: W3 = [W_z; W_r; V_h] [3H, I_l], b3 = [b_z; b_r; b_h]
+ *   rec[c]   per cell: the recurrent weights as micro-kernel panels (kf__mk), packed once per
+ *            call: forward pk[0] = W_hh^T gated r,z,n (GRU) or [U_z; U_r]^T gated z,r (A-GRU),
+ *            pk[1] = A^T (A-GRU); backward pk[0] = W_hh (GRU) or [U_z; U_r] (A-GRU), pk[1] = A
  *   big[0]   [N, 3H]  forward: input projection of direction 0; backward: dG_x (input-side
  *                     pre-activation gradients)
  *   big[1]   [N, 3H]  forward: projection of direction 1; backward GRU: dG_h (recurrent-side);
  *                     backward A-GRU: q = r*h [N, H]
  *   seq[2]   [N, D*H] (L > 1) forward inference: layer outputs; backward: d(layer output)
- *   slice[s] per slice: st [nb, H], t3 [nb, 3H], t1 [nb, H], t2 [nb, H], row [H]
+ *   slice[s] per slice: st, t1, t2, each [nb, H]
  *   gmat     A-GRU backward: G = sum dpre_d^T q [H, H]
  *   epsacc   A-GRU backward: per-slice partial sums of d loss / d eps (double) */
 #ifndef KF_CPU_RNN_CPU_H
@@ -35,14 +37,23 @@
 
 #include <math.h>
 #include <string.h>
+#ifdef __FMA__
+#include <immintrin.h>
+#endif
 
-/* When the build's baseline lacks AVX2 (KF_CPU_ARCH empty), the pointwise kernels get an AVX2
- * clone chosen at load time where the CPU has it. `flatten` inlines the activations into each
- * clone (a plain inline helper compiled for the baseline could not be inlined into it). */
+/* When the build's baseline lacks AVX2 (KF_CPU_ARCH empty), the kernels get an x86-64-v3 (AVX2 +
+ * FMA) clone chosen at load time where the CPU has it. `flatten` inlines the vector helpers into
+ * each clone. KF__MK_CLONES, for the functions around the micro-kernel, adds `fp-contract=fast`
+ * so the clone fuses kf__v8_fma's a*b+c (the preprocessor cannot see the clone's FMA, and ISO C
+ * mode never contracts on its own); the pointwise passes keep their exact rounding. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__AVX2__)
-#define KF__VEC_CLONES __attribute__((target_clones("avx2", "default"), flatten))
+#define KF__VEC_CLONES __attribute__((target_clones("arch=x86-64-v3", "default"), flatten))
+#define KF__MK_CLONES                                                                           \
+    __attribute__((target_clones("arch=x86-64-v3", "default"), flatten,                         \
+                   optimize("fp-contract=fast")))
 #else
 #define KF__VEC_CLONES
+#define KF__MK_CLONES
 #endif
 
 typedef struct kf__rnn_cpu_layout {
@@ -54,6 +65,7 @@ typedef struct kf__rnn_cpu_layout {
     bool agru;
     /* workspace offsets (bytes) */
     size_t pack_first, pack_stride; /* pack[l] at l ? pack_first + (l-1)*pack_stride : 0 */
+    size_t rec, rec_bytes, rec_pk1; /* rec[c] at rec + c*rec_bytes; its pk[1] rec_pk1 after it */
     size_t big[2], seq[2], slice0, slice_bytes, gmat, epsacc, ws_bytes;
     /* reserve offsets (bytes) */
     size_t cell_bytes, hp_bytes, out0, out_bytes, reserve_bytes;
@@ -69,10 +81,11 @@ void kf__rnn_cpu_layout_init(kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p
                              int64_t B, bool training);
 
 /* The weights of cell (l, d) as the kernels use them. GRU: w3 = weight_ih, b3 = bias_ih,
- * wrec = weight_hh [3H, H], brec = bias_hh; gate blocks r, z, n. A-GRU: the packed copies of the
- * workspace, gate blocks z, r, d; wrec = [U_z; U_r] [2H, H], brec = NULL, a = A. */
+ * brec = bias_hh; gate blocks r, z, n. A-GRU: the packed copies of the workspace, gate blocks
+ * z, r, d; brec = NULL. pk: the recurrent panels of the workspace (rec[c] above), for the
+ * direction of the call that packed them. */
 typedef struct kf__rnn_cell {
-    const float *w3, *b3, *wrec, *brec, *a;
+    const float *w3, *b3, *brec, *pk[2];
     float eps;
     int64_t in; /* I_l */
 } kf__rnn_cell;
@@ -80,10 +93,11 @@ typedef struct kf__rnn_cell {
 kf__rnn_cell kf__rnn_cpu_cell(const kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p,
                               const float *const *w, void *ws, int32_t l, int32_t d);
 
-/* A-GRU: thread `tid` of `nth` does its share of packing every layer's W3, b3, U2 and A into the
- * workspace (the caller puts a barrier after it). No-op for a GRU. */
+/* Thread `tid` of `nth` does its share of packing, for a forward (bwd false) or a backward call,
+ * every cell's recurrent panels and, for an A-GRU, every layer's W3 and b3 into the workspace
+ * (the caller puts a barrier after it). */
 void kf__rnn_cpu_pack(const kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p,
-                      const float *const *w, void *ws, int tid, int nth);
+                      const float *const *w, void *ws, bool bwd, int tid, int nth);
 
 /* Dropout between layers: element j of row (t, b) of layer l's output has counter
  * base + ((l*T + t)*B + b)*D*H + j (rnn_internal.h). */
@@ -123,10 +137,10 @@ static inline int64_t kf__rnn_len(const int32_t *lengths, int64_t T, int64_t b) 
     return lengths ? (int64_t)lengths[b] : T;
 }
 
-/* Per-slice scratch of slice s. */
+/* Per-slice scratch of slice s: three [nbmax, H] buffers. */
 typedef struct kf__rnn_slice {
     int64_t b0, nb;
-    float *st, *t3, *t1, *t2, *row;
+    float *st, *t1, *t2;
 } kf__rnn_slice;
 
 static inline kf__rnn_slice kf__rnn_cpu_slice(const kf__rnn_cpu_layout *lo, void *ws, int32_t s) {
@@ -136,79 +150,153 @@ static inline kf__rnn_slice kf__rnn_cpu_slice(const kf__rnn_cpu_layout *lo, void
     sl.nb = b1 - sl.b0;
     char *p = (char *)ws + lo->slice0 + (size_t)s * lo->slice_bytes;
     size_t h = kf__align_up((size_t)(lo->nbmax * lo->H) * sizeof(float));
-    size_t h3 = kf__align_up((size_t)(lo->nbmax * 3 * lo->H) * sizeof(float));
     sl.st = (float *)p;
-    sl.t3 = (float *)(p + h);
-    sl.t1 = (float *)(p + h + h3);
-    sl.t2 = (float *)(p + 2 * h + h3);
-    sl.row = (float *)(p + 3 * h + h3);
+    sl.t1 = (float *)(p + h);
+    sl.t2 = (float *)(p + 2 * h);
     return sl;
 }
 
-/* ---- activations ----------------------------------------------------------------------------
- * Branch-free so that loops over them vectorise (selects are bit masks: a ternary on computed
- * floats would be kept as a branch under -ftrapping-math). Evaluated in double and rounded once,
- * so sigmoid and tanh are within about 0.5 ulp of float: the gradients' cancelling sums (d eps)
- * amplify any activation error, and float-only formulas (~2 ulp) measurably loosened them. */
-/* a*b + c, fused where the build targets FMA hardware (ISO C mode never contracts on its own). */
+/* ---- 8-wide float vectors ---------------------------------------------------------------------
+ * GCC vector extensions, so the kernels compile for any target (on x86-64-v3 one kf__v8 is one ymm
+ * register); only the fused multiply-add needs the intrinsic (ISO C mode never contracts a*b+c).
+ * Full speed needs the build's -march to have FMA; otherwise the KF__VEC_CLONES functions run
+ * an AVX2 clone with separate multiply and add. */
+#pragma GCC diagnostic ignored "-Wpsabi" /* helpers taking kf__v8 are always inlined: */
+#define KF__VINLINE static inline __attribute__((always_inline))
+typedef float kf__v8 __attribute__((vector_size(32)));
+typedef int32_t kf__v8i __attribute__((vector_size(32)));
+
+/* A broadcast written as vector + scalar: the element-list form is SLP-vectorised in the v3
+ * clone into lane inserts across the kernel's rows instead of one vbroadcastss. */
+KF__VINLINE kf__v8 kf__v8_set1(float x) { return (kf__v8){0} + x; }
+
+KF__VINLINE kf__v8 kf__v8_load(const float *p) {
+    kf__v8 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* The first n <= 8 floats at p, zeros after them (never reads past p + n). */
+KF__VINLINE kf__v8 kf__v8_load_n(const float *p, int n) {
+    if (n == 8) return kf__v8_load(p);
+    kf__v8 v = kf__v8_set1(0.0f);
+    memcpy(&v, p, (size_t)n * sizeof(float));
+    return v;
+}
+
+KF__VINLINE void kf__v8_store_n(float *p, kf__v8 v, int n) {
+    memcpy(p, &v, (size_t)n * sizeof(float));
+}
+
+KF__VINLINE kf__v8 kf__v8_fma(kf__v8 a, kf__v8 b, kf__v8 c) {
 #ifdef __FMA__
-#define KF__FMA(a, b, c) fmaf((a), (b), (c))
+    return (kf__v8)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
 #else
-#define KF__FMA(a, b, c) ((a) * (b) + (c))
+    return a * b + c;
 #endif
-
-static inline double kf__bits_select_d(bool c, double a, double b) {
-    int64_t m = -(int64_t)c, ia, ib, r;
-    memcpy(&ia, &a, 8);
-    memcpy(&ib, &b, 8);
-    r = (ia & m) | (ib & ~m);
-    double f;
-    memcpy(&f, &r, 8);
-    return f;
 }
 
-/* exp(-min(|x|, 87)): n = round(t / ln 2) by the 1.5 * 2^52 shifter (its low mantissa bits then
- * hold n), r = t - n ln 2 in [-0.35, 0.35], degree-8 Taylor (error < 1e-10), scaled by 2^n
- * through the exponent bits. */
-static inline double kf__exp_neg_abs(float x) {
-    int32_t u;
-    memcpy(&u, &x, 4);
-    u &= 0x7fffffff;
-    u = u < 0x42ae0000 ? u : 0x42ae0000; /* min(|x|, 87) on the bit patterns */
-    float a;
-    memcpy(&a, &u, 4);
-    const double shifter = 6755399441055744.0;
-    double t = -(double)a;
-    double nb = t * 1.4426950408889634 + shifter;
-    double n = nb - shifter;
-    double r = (t - n * 0.6931471805598903) - n * 5.497923018708371e-14;
-    double q = 1.0 / 40320;
-    q = q * r + 1.0 / 5040;
-    q = q * r + 1.0 / 720;
-    q = q * r + 1.0 / 120;
-    q = q * r + 1.0 / 24;
-    q = q * r + 1.0 / 6;
-    q = q * r + 0.5;
-    q = q * r + 1.0;
-    q = q * r + 1.0;
-    int64_t ib, iq;
-    memcpy(&ib, &nb, 8);
-    memcpy(&iq, &q, 8);
-    iq += (ib - (int64_t)0x4338000000000000) * ((int64_t)1 << 52); /* q * 2^n, n in [-126, 0] */
-    memcpy(&q, &iq, 8);
-    return q;
+/* m ? a : b per lane, m from a vector comparison (all ones or zero). */
+KF__VINLINE kf__v8 kf__v8_select(kf__v8i m, kf__v8 a, kf__v8 b) {
+    return (kf__v8)((m & (kf__v8i)a) | (~m & (kf__v8i)b));
 }
 
-static inline float kf__sigmoid(float x) {
-    double e = kf__exp_neg_abs(x);
-    double s = 1.0 / (1.0 + e);
-    return (float)(s * kf__bits_select_d(x >= 0.0f, 1.0, e)); /* x < 0: e / (1 + e) */
+KF__VINLINE kf__v8 kf__v8_abs(kf__v8 x) { return (kf__v8)((kf__v8i)x & 0x7fffffff); }
+
+/* ---- activations ----------------------------------------------------------------------------
+ * float32 throughout, within 2 ulp of the exact function (checked against double on a dense
+ * sweep, docs/ops/rnn.md). NaN in gives NaN out; large |x| saturates without overflow. */
+
+/* exp(-a) for a >= 0 or NaN: a is clamped to 87 (NaN kept: a NaN fails a >= 87), so 2^n stays
+ * normal. Cody-Waite: n = round(-a / ln 2) by the 1.5 * 2^23 shifter (whose low mantissa bits then
+ * hold n), r = -a - n ln 2 in [-ln2/2, ln2/2] with ln 2 split in two so n ln2_hi is exact,
+ * exp(r) = 1 + r + r^2 P(r) with Cephes' degree-5 minimax P (expf, < 1 ulp), scaled by 2^n
+ * through a multiply (a NaN polynomial stays NaN whatever the bits of n). */
+KF__VINLINE kf__v8 kf__v8_exp_neg(kf__v8 a) {
+    const kf__v8 big = kf__v8_set1(87.0f), shifter = kf__v8_set1(12582912.0f);
+    a = kf__v8_select(a >= big, big, a);
+    const kf__v8 t = -a;
+    const kf__v8 nb = kf__v8_fma(t, kf__v8_set1(1.44269504088896341f), shifter);
+    const kf__v8 n = nb - shifter;
+    kf__v8 r = kf__v8_fma(n, kf__v8_set1(-0.693359375f), t);
+    r = kf__v8_fma(n, kf__v8_set1(2.12194440e-4f), r);
+    kf__v8 q = kf__v8_set1(1.9875691500e-4f);
+    q = kf__v8_fma(q, r, kf__v8_set1(1.3981999507e-3f));
+    q = kf__v8_fma(q, r, kf__v8_set1(8.3334519073e-3f));
+    q = kf__v8_fma(q, r, kf__v8_set1(4.1665795894e-2f));
+    q = kf__v8_fma(q, r, kf__v8_set1(1.6666665459e-1f));
+    q = kf__v8_fma(q, r, kf__v8_set1(5.0000001201e-1f));
+    q = kf__v8_fma(q, r * r, r + 1.0f);
+    const kf__v8i scale = ((kf__v8i)nb - (kf__v8i)shifter + 127) << 23; /* 2^n, n in [-126, 0] */
+    return q * (kf__v8)scale;
 }
 
-static inline float kf__tanh(float x) {
-    double e = kf__exp_neg_abs(2.0f * x);
-    double t = copysign((1.0 - e) / (1.0 + e), (double)x);
-    return (float)kf__bits_select_d(fabsf(x) < 0x1p-12f, (double)x, t); /* 1 - e cancels */
+/* 1 / (1 + e^-x) for x >= 0, e^x / (1 + e^x) otherwise, e = exp(-|x|): no cancellation. */
+KF__VINLINE kf__v8 kf__v8_sigmoid(kf__v8 x) {
+    const kf__v8 e = kf__v8_exp_neg(kf__v8_abs(x));
+    return kf__v8_select(x >= 0.0f, kf__v8_set1(1.0f), e) / (1.0f + e);
+}
+
+/* |x| < 0.625: Cephes' odd minimax polynomial (tanhf); else (1 - e) / (1 + e), e = exp(-2|x|)
+ * <= 0.287, where 1 - e no longer cancels. Sign restored from x. */
+KF__VINLINE kf__v8 kf__v8_tanh(kf__v8 x) {
+    const kf__v8 ax = kf__v8_abs(x);
+    const kf__v8 e = kf__v8_exp_neg(ax + ax);
+    const kf__v8 big = (1.0f - e) / (1.0f + e);
+    const kf__v8 z = x * x;
+    kf__v8 p = kf__v8_set1(-5.70498872745e-3f);
+    p = kf__v8_fma(p, z, kf__v8_set1(2.06390887954e-2f));
+    p = kf__v8_fma(p, z, kf__v8_set1(-5.37397155531e-2f));
+    p = kf__v8_fma(p, z, kf__v8_set1(1.33314422036e-1f));
+    p = kf__v8_fma(p, z, kf__v8_set1(-3.33332819422e-1f));
+    const kf__v8 small = kf__v8_fma(p * z, ax, ax);
+    const kf__v8 t = kf__v8_select(ax < 0.625f, small, big);
+    return (kf__v8)((kf__v8i)t | ((kf__v8i)x & INT32_MIN));
+}
+
+/* ---- the register-blocked micro-kernel ------------------------------------------------------
+ * Every per-step recurrent product of forward and backward, C[nb, N] = A[nb, K] B[K, N], goes
+ * through kf__mk with B packed once per call into panels (kf__rnn_cpu_pack): panel p holds, for
+ * each k, its nv * 8 columns contiguously (vector v of the panel = 8 columns; which ones is the
+ * packing's business: with gates, vector v is gate v of the same 8 columns, so an epilogue sees
+ * r, z and n of one column together). kf__mk computes an mr x (nv * 8) tile of C in mr * nv
+ * vector accumulators (at most 12 of the 16 ymm registers, leaving nv for B and one for the
+ * broadcast A element): per k, nv loads of B (one cache line at nv = 2), mr broadcasts of A and
+ * mr * nv FMAs. The tile is handed to the caller's epilogue in registers; C is never stored.
+ * Rows past `mr` (the slice's last, partial block) repeat row mr-1, and the epilogue drops them.
+ * MR and NV must be compile-time constants at the call site (the loops unroll, and acc stays in
+ * registers). */
+#define KF__MR_MAX 6
+#define KF__NV_MAX 3
+
+KF__VINLINE void
+kf__mk(const int MR, const int NV, int64_t K, const float *a, int64_t lda, int64_t mr,
+       const float *restrict bp, kf__v8 acc[KF__MR_MAX * KF__NV_MAX]) {
+    const float *ap[KF__MR_MAX];
+    for (int i = 0; i < MR; i++) ap[i] = a + (i < mr ? i : mr - 1) * lda;
+    for (int i = 0; i < MR * NV; i++) acc[i] = kf__v8_set1(0.0f);
+    for (int64_t k = 0; k < K; k++, bp += NV * 8) {
+        kf__v8 b[KF__NV_MAX];
+        for (int v = 0; v < NV; v++) b[v] = kf__v8_load(bp + v * 8);
+        for (int i = 0; i < MR; i++) {
+            const kf__v8 x = kf__v8_set1(ap[i][k]);
+            for (int v = 0; v < NV; v++) acc[i * NV + v] = kf__v8_fma(x, b[v], acc[i * NV + v]);
+        }
+    }
+}
+
+/* Columns of vector v of panel p: its first column, and how many of its 8 lie before hc (the
+ * columns per gate). Gated panels (ng > 1) hold gate v of columns 8p..; plain ones columns
+ * 8(p*nv + v).. */
+KF__VINLINE int64_t kf__panel_col(int ng, int nv, int64_t p, int v) {
+    return ng > 1 ? 8 * p : 8 * (p * nv + v);
+}
+KF__VINLINE int kf__cols_left(int64_t j0, int64_t hc) {
+    return hc - j0 >= 8 ? 8 : hc - j0 > 0 ? (int)(hc - j0) : 0;
+}
+/* Panels of a product whose B has ng gates of hc columns each, nv vectors per panel. */
+KF__VINLINE int64_t kf__num_panels(int ng, int nv, int64_t hc) {
+    return ng > 1 ? (hc + 7) / 8 : (hc + 8 * nv - 1) / (8 * nv);
 }
 
 #endif /* KF_CPU_RNN_CPU_H */

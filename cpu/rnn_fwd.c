@@ -2,9 +2,11 @@
  * (cpu/rnn_cpu.h). Math: docs/ops/rnn.md.
  *
  * Per layer: (1) the input projection of all T*B rows, G_x = X W3^T, one GEMM per direction
- * split across threads by rows; (2) the recurrence, each thread owning slices of batch rows for
- * the whole sequence: per step one GEMM h Wrec^T over the slice, then a fused pointwise pass
- * (A-GRU: a second GEMM (r*h) A^T between two pointwise passes). Nothing is allocated. */
+ * split across threads by rows (OpenBLAS); (2) the recurrence, each thread owning slices of batch
+ * rows for the whole sequence (no barrier between steps): per step the recurrent product h W_hh^T
+ * by the register-blocked micro-kernel (kf__mk) on the weights packed once per call, with the
+ * gate math in its epilogue (A-GRU: z, r and q = r*h in the epilogue of h [U_z; U_r]^T, then the
+ * state update in that of q A^T). Nothing is allocated. */
 #include "blas.h"
 #include "rnn_cpu.h"
 
@@ -12,8 +14,11 @@
 
 static size_t fbytes(int64_t n) { return kf__align_up((size_t)n * sizeof(float)); }
 
-static size_t agru_pack_bytes(int64_t in, int64_t H) {
-    return fbytes(3 * H * in) + fbytes(3 * H) + fbytes(2 * H * H) + fbytes(H * H);
+static size_t agru_pack_bytes(int64_t in, int64_t H) { return fbytes(3 * H * in) + fbytes(3 * H); }
+
+/* Floats of the panels of a product with K rows (kf__mk). */
+static int64_t panel_floats(int ng, int nv, int64_t K, int64_t hc) {
+    return kf__num_panels(ng, nv, hc) * K * nv * 8;
 }
 
 void kf__rnn_cpu_layout_init(kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p, int64_t T,
@@ -35,6 +40,15 @@ void kf__rnn_cpu_layout_init(kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p
         lo->pack_stride = agru_pack_bytes(D * H, H);
         off = lo->pack_first + (size_t)(p->L - 1) * lo->pack_stride;
     }
+    /* pk[0]: forward gated (3 gates, GRU; 2, A-GRU) or backward plain with K = 3H / 2H;
+     * pk[1] (A-GRU): A or A^T, [H, H] either way */
+    const int ngr = lo->agru ? 2 : 3;
+    lo->rec = off;
+    lo->rec_pk1 = fbytes(panel_floats(ngr, ngr, H, H) > panel_floats(1, 2, ngr * H, H)
+                             ? panel_floats(ngr, ngr, H, H)
+                             : panel_floats(1, 2, ngr * H, H));
+    lo->rec_bytes = lo->rec_pk1 + (lo->agru ? fbytes(panel_floats(1, 2, H, H)) : 0);
+    off += (size_t)(p->L * D) * lo->rec_bytes;
     for (int i = 0; i < 2; i++) {
         lo->big[i] = off;
         off += fbytes(N * 3 * H);
@@ -44,7 +58,7 @@ void kf__rnn_cpu_layout_init(kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p
         off += p->L > 1 ? fbytes(N * D * H) : 0;
     }
     lo->slice0 = off;
-    lo->slice_bytes = 4 * fbytes(lo->nbmax * H) + fbytes(lo->nbmax * 3 * H) + fbytes(4 * H);
+    lo->slice_bytes = 3 * fbytes(lo->nbmax * H);
     off += (size_t)lo->ns * lo->slice_bytes;
     lo->gmat = off;
     off += lo->agru ? fbytes(H * H) : 0;
@@ -76,50 +90,98 @@ kf__rnn_cell kf__rnn_cpu_cell(const kf__rnn_cpu_layout *lo, const struct kf_rnn_
     const float *const *cw = w + (size_t)(l * p->D + d) * (size_t)p->nw;
     int64_t H = p->H, in = kf__rnn_layer_input(p, l);
     kf__rnn_cell c = {.in = in, .eps = 1.0f};
+    const char *rec = (const char *)ws + lo->rec + (size_t)(l * p->D + d) * lo->rec_bytes;
+    c.pk[0] = (const float *)rec;
+    c.pk[1] = (const float *)(rec + lo->rec_pk1);
     if (!lo->agru) {
         c.w3 = cw[KF__GRU_W_IH];
         c.b3 = cw[KF__GRU_B_IH];
-        c.wrec = cw[KF__GRU_W_HH];
         c.brec = cw[KF__GRU_B_HH];
         return c;
     }
     const char *base = (const char *)ws + pack_offset(lo, l);
     c.w3 = (const float *)base;
     c.b3 = (const float *)(base + fbytes(3 * H * in));
-    c.wrec = (const float *)(base + fbytes(3 * H * in) + fbytes(3 * H));
-    c.a = (const float *)(base + fbytes(3 * H * in) + fbytes(3 * H) + fbytes(2 * H * H));
     c.eps = *cw[KF__AGRU_EPS];
     return c;
 }
 
-/* Row i of the layer-l A-GRU pack (rows 0..3H of W3, then 0..2H of U2, then 0..H of A) is one
- * work item, so threads split the packing evenly. */
+/* A recurrent product's B [K, N = ng*hc] as a view of the caller's weights: M is the matrix of
+ * up to 3 row blocks of [H, H] (blk[g] = rows gH..gH+H), B = M^T (trans) or M; with skew,
+ * M = S - S^T - gamma I for S = blk[0] (A-GRU's A, built while packing). */
+typedef struct pack_spec {
+    const float *blk[3];
+    bool trans, skew;
+    int ng, nv;
+    int64_t K;
+} pack_spec;
+
+static float spec_at(const pack_spec *ps, int64_t H, float gamma, int64_t k, int64_t n) {
+    const int64_t r = ps->trans ? n : k, c = ps->trans ? k : n;
+    const float *m = ps->blk[r / H];
+    float v = m[(r % H) * H + c];
+    if (ps->skew) v -= m[c * H + r] + (r == c ? gamma : 0.0f);
+    return v;
+}
+
+/* Panel p of `ps` into dst (layout: kf__mk in rnn_cpu.h; columns past H are zeros). */
+static void pack_panel(const pack_spec *ps, int64_t H, float gamma, int64_t p, float *dst) {
+    const int w = ps->nv * 8;
+    dst += p * ps->K * w;
+    for (int v = 0; v < ps->nv; v++) {
+        const int64_t j0 = kf__panel_col(ps->ng, ps->nv, p, v), n0 = (ps->ng > 1 ? v : 0) * H;
+        for (int cc = 0; cc < 8; cc++)
+            for (int64_t k = 0; k < ps->K; k++)
+                dst[k * w + v * 8 + cc] =
+                    j0 + cc < H ? spec_at(ps, H, gamma, k, n0 + j0 + cc) : 0.0f;
+    }
+}
+
+/* The recurrent products of cell (l, d), pk[0] and pk[1] (notation of rnn_bwd.c / rnn_fwd.c):
+ * forward GRU  h W_hh^T (gates r, z, n side by side); A-GRU h [U_z; U_r]^T (z, r), q A^T;
+ * backward GRU dG_h W_hh (K = 3H); A-GRU [da_z, da_r] [U_z; U_r] (K = 2H), da_d A. */
+static int cell_specs(const kf__rnn_cpu_layout *lo, const float *const *cw, bool bwd,
+                      pack_spec *ps) {
+    const int64_t H = lo->H;
+    if (!lo->agru) {
+        const float *whh = cw[KF__GRU_W_HH];
+        ps[0] = (pack_spec){{whh, whh + H * H, whh + 2 * H * H}, !bwd, false, bwd ? 1 : 3,
+                            bwd ? 2 : 3, bwd ? 3 * H : H};
+        return 1;
+    }
+    ps[0] = (pack_spec){{cw[KF__AGRU_U_Z], cw[KF__AGRU_U_R]}, !bwd, false, bwd ? 1 : 2, 2,
+                        bwd ? 2 * H : H};
+    ps[1] = (pack_spec){{cw[KF__AGRU_W_H]}, !bwd, true, 1, 2, H};
+    return 2;
+}
+
+/* Work items are whole panels of every cell's products, and rows of the A-GRU W3 / b3 copy. */
 void kf__rnn_cpu_pack(const kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p,
-                      const float *const *w, void *ws, int tid, int nth) {
+                      const float *const *w, void *ws, bool bwd, int tid, int nth) {
+    const int64_t H = p->H;
+    for (int32_t c = 0; c < p->L * p->D; c++) {
+        kf__rnn_cell cell = kf__rnn_cpu_cell(lo, p, w, ws, c / p->D, c % p->D);
+        pack_spec ps[2];
+        const int n = cell_specs(lo, w + (size_t)c * (size_t)p->nw, bwd, ps);
+        for (int i = 0; i < n; i++) {
+            int64_t p0, p1;
+            kf__part(kf__num_panels(ps[i].ng, ps[i].nv, H), nth, tid, &p0, &p1);
+            for (int64_t pi = p0; pi < p1; pi++)
+                pack_panel(&ps[i], H, p->gamma, pi, (float *)cell.pk[i]);
+        }
+    }
     if (!lo->agru) return;
-    int64_t H = p->H;
     for (int32_t l = 0; l < p->L; l++) {
         const float *const *cw = w + (size_t)l * (size_t)p->nw;
         kf__rnn_cell c = kf__rnn_cpu_cell(lo, p, w, ws, l, 0);
-        float *w3 = (float *)c.w3, *b3 = (float *)c.b3, *u2 = (float *)c.wrec, *a = (float *)c.a;
+        float *w3 = (float *)c.w3, *b3 = (float *)c.b3;
         const float *wx[3] = {cw[KF__AGRU_W_Z], cw[KF__AGRU_W_R], cw[KF__AGRU_V_H]};
         const float *bx[3] = {cw[KF__AGRU_B_Z], cw[KF__AGRU_B_R], cw[KF__AGRU_B_H]};
-        const float *wu[2] = {cw[KF__AGRU_U_Z], cw[KF__AGRU_U_R]};
-        const float *wh = cw[KF__AGRU_W_H];
         int64_t lo_i, hi_i;
-        kf__part(6 * H, nth, tid, &lo_i, &hi_i);
+        kf__part(3 * H, nth, tid, &lo_i, &hi_i);
         for (int64_t i = lo_i; i < hi_i; i++) {
-            if (i < 3 * H) {
-                memcpy(w3 + i * c.in, wx[i / H] + (i % H) * c.in, (size_t)c.in * sizeof(float));
-                b3[i] = bx[i / H][i % H];
-            } else if (i < 5 * H) {
-                int64_t j = i - 3 * H;
-                memcpy(u2 + j * H, wu[j / H] + (j % H) * H, (size_t)H * sizeof(float));
-            } else {
-                int64_t r = i - 5 * H;
-                for (int64_t k = 0; k < H; k++)
-                    a[r * H + k] = wh[r * H + k] - wh[k * H + r] - (k == r ? p->gamma : 0.0f);
-            }
+            memcpy(w3 + i * c.in, wx[i / H] + (i % H) * c.in, (size_t)c.in * sizeof(float));
+            b3[i] = bx[i / H][i % H];
         }
     }
 }
@@ -136,91 +198,120 @@ void kf__rnn_cpu_drop_row(float *restrict dst, const float *restrict src, int64_
     }
 }
 
-/* ---- one step of a slice -------------------------------------------------------------------- */
-
-/* What the pointwise passes of one step see. Row i of the slice is sample b0 + i; its rows of
- * G_x and of the saved gates sit i*gx_ld and i*sv_ld floats after row 0 (sv_ld = 0 in inference:
- * gates go to one scratch row). */
+/* ---- one step of a slice --------------------------------------------------------------------
+ * Row i of the slice is sample b0 + i; its rows of G_x and of the saved gates sit i*gx_ld and
+ * i*sv_ld floats after row 0 (sv NULL in inference). The micro-kernel's tile is mr rows by 8
+ * columns of each of its nv vectors; the epilogues below finish those columns of those rows. */
 typedef struct fwd_step {
     int64_t nb, H, t;
     const int32_t *len; /* lengths + b0, or NULL */
     const float *gx;    /* X W3^T, without b3 */
     int64_t gx_ld;
     const float *b3;
-    float *st;          /* [nb, H] state, updated in place on valid rows */
-    float *gh;          /* [nb, 3H or 2H] recurrent pre-activations (A-GRU: z, after pass 1) */
     float *sv;
     int64_t sv_ld;
-    float *q, *ad;      /* A-GRU: [nb, H] r*h and its product with A^T */
 } fwd_step;
 
 static bool step_valid(const fwd_step *s, int64_t i) { return !s->len || s->t < s->len[i]; }
 
-/* GRU: r, z = sigmoid(gx + b_i + gh + b_h); n = tanh(gx_n + b_in + r*(gh_n + b_hn));
- * h = (1-z) n + z h. */
-KF__VEC_CLONES static void gru_pointwise(const fwd_step *s, const float *restrict bhh) {
+/* GRU: [a_r, a_z, hn] = h W_hh^T + b_hh on 4 rows x 8 columns of each gate, then
+ * r, z = sigmoid(gx + b_i + a); n = tanh(gx_n + b_in + r hn); h' = n + z (h - n).
+ * h is read whole by the products, so h' goes to a second buffer (invalid rows copy h). */
+KF__MK_CLONES static void gru_step(const fwd_step *s, const float *pk,
+                                   const float *restrict bhh, const float *h, float *hout) {
     const int64_t H = s->H;
-    const float *restrict b3 = s->b3;
-    for (int64_t i = 0; i < s->nb; i++) {
-        if (!step_valid(s, i)) continue;
-        const float *restrict gx = s->gx + i * s->gx_ld;
-        const float *restrict gh = s->gh + i * 3 * H;
-        float *restrict h = s->st + i * H;
-        float *restrict sv = s->sv + i * s->sv_ld;
-#pragma omp simd
-        for (int64_t k = 0; k < H; k++) {
-            float r = kf__sigmoid(gx[k] + b3[k] + gh[k] + bhh[k]);
-            float z = kf__sigmoid(gx[H + k] + b3[H + k] + gh[H + k] + bhh[H + k]);
-            float hn = gh[2 * H + k] + bhh[2 * H + k];
-            float n = kf__tanh(KF__FMA(r, hn, gx[2 * H + k] + b3[2 * H + k]));
-            h[k] = (1.0f - z) * n + z * h[k];
-            sv[k] = r;
-            sv[H + k] = z;
-            sv[2 * H + k] = n;
-            sv[3 * H + k] = hn;
+    for (int64_t p = 0; p < kf__num_panels(3, 3, H); p++) {
+        const int64_t j = 8 * p;
+        const int nc = kf__cols_left(j, H);
+        const kf__v8 br = kf__v8_load_n(s->b3 + j, nc) + kf__v8_load_n(bhh + j, nc);
+        const kf__v8 bz = kf__v8_load_n(s->b3 + H + j, nc) + kf__v8_load_n(bhh + H + j, nc);
+        const kf__v8 bin = kf__v8_load_n(s->b3 + 2 * H + j, nc);
+        const kf__v8 bhn = kf__v8_load_n(bhh + 2 * H + j, nc);
+        for (int64_t i0 = 0; i0 < s->nb; i0 += 4) {
+            const int64_t mr = s->nb - i0 < 4 ? s->nb - i0 : 4;
+            kf__v8 acc[KF__MR_MAX * KF__NV_MAX];
+            kf__mk(4, 3, H, h + i0 * H, H, mr, pk + p * H * 24, acc);
+            for (int64_t i = i0; i < i0 + mr; i++) {
+                const kf__v8 hp = kf__v8_load_n(h + i * H + j, nc);
+                if (!step_valid(s, i)) {
+                    kf__v8_store_n(hout + i * H + j, hp, nc);
+                    continue;
+                }
+                const float *gx = s->gx + i * s->gx_ld + j;
+                const kf__v8 *a = acc + (i - i0) * 3;
+                const kf__v8 r = kf__v8_sigmoid(kf__v8_load_n(gx, nc) + a[0] + br);
+                const kf__v8 z = kf__v8_sigmoid(kf__v8_load_n(gx + H, nc) + a[1] + bz);
+                const kf__v8 hn = a[2] + bhn;
+                const kf__v8 xn = kf__v8_load_n(gx + 2 * H, nc) + bin;
+                const kf__v8 n = kf__v8_tanh(kf__v8_fma(r, hn, xn));
+                kf__v8_store_n(hout + i * H + j, kf__v8_fma(z, hp - n, n), nc);
+                if (s->sv) {
+                    float *sv = s->sv + i * s->sv_ld + j;
+                    kf__v8_store_n(sv, r, nc);
+                    kf__v8_store_n(sv + H, z, nc);
+                    kf__v8_store_n(sv + 2 * H, n, nc);
+                    kf__v8_store_n(sv + 3 * H, hn, nc);
+                }
+            }
         }
     }
 }
 
-/* A-GRU pass 1: z, r = sigmoid(gx + b + gh) (z kept in gh[0:H]); q = r*h. Runs on every row (the
- * GEMM after it does anyway); pass 2 skips the invalid ones. */
-KF__VEC_CLONES static void agru_pointwise1(const fwd_step *s) {
+/* A-GRU, first product: [a_z, a_r] = h [U_z; U_r]^T on 6 rows x 8 columns of each gate, then
+ * z, r = sigmoid(gx + b + a) into zb; q = r h. Every row (the second product reads all). */
+KF__MK_CLONES static void agru_step1(const fwd_step *s, const float *pk, const float *h,
+                                     float *zb, float *q) {
     const int64_t H = s->H;
-    const float *restrict b3 = s->b3;
-    for (int64_t i = 0; i < s->nb; i++) {
-        const float *restrict gx = s->gx + i * s->gx_ld;
-        float *restrict gh = s->gh + i * 2 * H;
-        const float *restrict h = s->st + i * H;
-        float *restrict q = s->q + i * H;
-        float *restrict sv = s->sv + i * s->sv_ld;
-#pragma omp simd
-        for (int64_t k = 0; k < H; k++) {
-            float z = kf__sigmoid(gx[k] + b3[k] + gh[k]);
-            float r = kf__sigmoid(gx[H + k] + b3[H + k] + gh[H + k]);
-            gh[k] = z;
-            q[k] = r * h[k];
-            sv[k] = z;
-            sv[H + k] = r;
+    for (int64_t p = 0; p < kf__num_panels(2, 2, H); p++) {
+        const int64_t j = 8 * p;
+        const int nc = kf__cols_left(j, H);
+        const kf__v8 bz = kf__v8_load_n(s->b3 + j, nc), br = kf__v8_load_n(s->b3 + H + j, nc);
+        for (int64_t i0 = 0; i0 < s->nb; i0 += 6) {
+            const int64_t mr = s->nb - i0 < 6 ? s->nb - i0 : 6;
+            kf__v8 acc[KF__MR_MAX * KF__NV_MAX];
+            kf__mk(6, 2, H, h + i0 * H, H, mr, pk + p * H * 16, acc);
+            for (int64_t i = i0; i < i0 + mr; i++) {
+                const float *gx = s->gx + i * s->gx_ld + j;
+                const kf__v8 *a = acc + (i - i0) * 2;
+                const kf__v8 z = kf__v8_sigmoid(kf__v8_load_n(gx, nc) + a[0] + bz);
+                const kf__v8 r = kf__v8_sigmoid(kf__v8_load_n(gx + H, nc) + a[1] + br);
+                kf__v8_store_n(zb + i * H + j, z, nc);
+                kf__v8_store_n(q + i * H + j, r * kf__v8_load_n(h + i * H + j, nc), nc);
+                if (s->sv) {
+                    kf__v8_store_n(s->sv + i * s->sv_ld + j, z, nc);
+                    kf__v8_store_n(s->sv + i * s->sv_ld + H + j, r, nc);
+                }
+            }
         }
     }
 }
 
-/* A-GRU pass 2: d = tanh(gx_d + b_h + (q A^T)); h += eps * z * d. */
-KF__VEC_CLONES static void agru_pointwise2(const fwd_step *s, float eps) {
+/* A-GRU, second product: a_d = q A^T on 6 rows x 16 columns, then d = tanh(gx_d + b_h + a_d);
+ * h += eps z d in place (this product reads q, not h). */
+KF__MK_CLONES static void agru_step2(const fwd_step *s, const float *pk, float eps, const float *q,
+                       const float *zb, float *h) {
     const int64_t H = s->H;
-    const float *restrict b3 = s->b3;
-    for (int64_t i = 0; i < s->nb; i++) {
-        if (!step_valid(s, i)) continue;
-        const float *restrict gx = s->gx + i * s->gx_ld;
-        const float *restrict z = s->gh + i * 2 * H;
-        const float *restrict ad = s->ad + i * H;
-        float *restrict h = s->st + i * H;
-        float *restrict sv = s->sv + i * s->sv_ld;
-#pragma omp simd
-        for (int64_t k = 0; k < H; k++) {
-            float d = kf__tanh(gx[2 * H + k] + b3[2 * H + k] + ad[k]);
-            h[k] = KF__FMA(eps * z[k], d, h[k]);
-            sv[2 * H + k] = d;
+    for (int64_t p = 0; p < kf__num_panels(1, 2, H); p++) {
+        for (int64_t i0 = 0; i0 < s->nb; i0 += 6) {
+            const int64_t mr = s->nb - i0 < 6 ? s->nb - i0 : 6;
+            kf__v8 acc[KF__MR_MAX * KF__NV_MAX];
+            kf__mk(6, 2, H, q + i0 * H, H, mr, pk + p * H * 16, acc);
+            for (int v = 0; v < 2; v++) {
+                const int64_t j = kf__panel_col(1, 2, p, v);
+                const int nc = kf__cols_left(j, H);
+                if (!nc) break;
+                const kf__v8 bh = kf__v8_load_n(s->b3 + 2 * H + j, nc);
+                for (int64_t i = i0; i < i0 + mr; i++) {
+                    if (!step_valid(s, i)) continue;
+                    const float *gx = s->gx + i * s->gx_ld + 2 * H + j;
+                    const kf__v8 a = acc[(i - i0) * 2 + v];
+                    const kf__v8 d = kf__v8_tanh(kf__v8_load_n(gx, nc) + bh + a);
+                    const kf__v8 ez = kf__v8_set1(eps) * kf__v8_load_n(zb + i * H + j, nc);
+                    float *hr = h + i * H + j;
+                    kf__v8_store_n(hr, kf__v8_fma(ez, d, kf__v8_load_n(hr, nc)), nc);
+                    if (s->sv) kf__v8_store_n(s->sv + i * s->sv_ld + 2 * H + j, d, nc);
+                }
+            }
         }
     }
 }
@@ -247,52 +338,49 @@ static void project_rows(const fwd_layer *f, int32_t d, int64_t r0, int64_t r1) 
               0.0f, gx + r0 * G, G);
 }
 
-/* Runs direction d of layer l over the whole sequence for the batch rows of slice `sl`. */
+/* Runs direction d of layer l over the whole sequence for the batch rows of slice `sl`. The
+ * state lives in sl->st (GRU: ping-pong with sl->t1, since the product reads all of h). */
 static void fwd_slice(const fwd_layer *f, int32_t d, const kf__rnn_slice *sl) {
     const kf__rnn_fwd *c = f->c;
     const kf__rnn_cpu_layout *lo = f->lo;
     const kf__rnn_cell *cw = &f->cell[d];
     const int64_t H = lo->H, T = lo->T, DH = lo->D * H, b0 = sl->b0, nb = sl->nb;
     const int64_t cidx = (int64_t)f->l * lo->D + d;
-    const int64_t rec = lo->agru ? 2 * H : 3 * H;
     float *hp = c->reserve ? (float *)kf__at(c->reserve, (size_t)cidx * lo->cell_bytes) : NULL;
     float *gates = hp ? (float *)kf__at(hp, lo->hp_bytes) : NULL;
     const float *gx = (const float *)kf__at(f->ws, lo->big[d]);
+    float *h = sl->st, *h2 = sl->t1;
 
     if (c->h0)
-        memcpy(sl->st, c->h0 + (cidx * lo->B + b0) * H, (size_t)(nb * H) * sizeof(float));
+        memcpy(h, c->h0 + (cidx * lo->B + b0) * H, (size_t)(nb * H) * sizeof(float));
     else
-        memset(sl->st, 0, (size_t)(nb * H) * sizeof(float));
+        memset(h, 0, (size_t)(nb * H) * sizeof(float));
     fwd_step s = {.nb = nb, .H = H, .len = c->lengths ? c->lengths + b0 : NULL,
-                  .gx_ld = lo->bs * 3 * H, .b3 = cw->b3, .st = sl->st, .gh = sl->t3, .q = sl->t1,
-                  .ad = sl->t2, .sv = sl->row, .sv_ld = 0};
+                  .gx_ld = lo->bs * 3 * H, .b3 = cw->b3, .sv_ld = lo->bs * lo->ng * H};
     for (int64_t k = 0; k < T; k++) {
         const int64_t t = d ? T - 1 - k : k, r0 = kf__rnn_row(lo, t, b0);
         s.t = t;
         s.gx = gx + r0 * 3 * H;
         if (hp) {
             for (int64_t i = 0; i < nb; i++)
-                memcpy(hp + (r0 + i * lo->bs) * H, sl->st + i * H, (size_t)H * sizeof(float));
+                memcpy(hp + (r0 + i * lo->bs) * H, h + i * H, (size_t)H * sizeof(float));
             s.sv = gates + r0 * lo->ng * H;
-            s.sv_ld = lo->bs * lo->ng * H;
         }
-        kf__sgemm(false, true, nb, rec, H, 1.0f, sl->st, H, cw->wrec, H, 0.0f, sl->t3, rec);
         if (!lo->agru) {
-            gru_pointwise(&s, cw->brec);
+            gru_step(&s, cw->pk[0], cw->brec, h, h2);
+            float *tmp = h;
+            h = h2, h2 = tmp;
         } else {
-            agru_pointwise1(&s);
-            kf__sgemm(false, true, nb, H, H, 1.0f, sl->t1, H, cw->a, H, 0.0f, sl->t2, H);
-            agru_pointwise2(&s, cw->eps);
+            agru_step1(&s, cw->pk[0], h, sl->t1, sl->t2);
+            agru_step2(&s, cw->pk[1], cw->eps, sl->t2, sl->t1, h);
         }
         for (int64_t i = 0; i < nb; i++) {
             float *o = f->out + (r0 + i * lo->bs) * DH + d * H;
-            bool valid = !s.len || t < s.len[i];
-            kf__rnn_cpu_drop_row(o, valid ? sl->st + i * H : NULL, H, &f->dr,
+            kf__rnn_cpu_drop_row(o, step_valid(&s, i) ? h + i * H : NULL, H, &f->dr,
                                  kf__rnn_drop_counter(lo, &f->dr, f->l, t, b0 + i, d));
         }
     }
-    if (c->hn)
-        memcpy(c->hn + (cidx * lo->B + b0) * H, sl->st, (size_t)(nb * H) * sizeof(float));
+    if (c->hn) memcpy(c->hn + (cidx * lo->B + b0) * H, h, (size_t)(nb * H) * sizeof(float));
 }
 
 static void fwd_layer_run(const fwd_layer *f, int tid, int nth) {
@@ -327,7 +415,7 @@ static void fwd_team(void *arg, int tid, int nth) {
     const kf__rnn_cpu_layout *lo = ((const fwd_call *)arg)->lo;
     const struct kf_rnn_plan *p = c->plan;
     const bool drop = c->training && p->dropout > 0.0f;
-    kf__rnn_cpu_pack(lo, p, c->w, c->ws, tid, nth);
+    kf__rnn_cpu_pack(lo, p, c->w, c->ws, false, tid, nth);
 #pragma omp barrier
     const float *x = c->x;
     for (int32_t l = 0; l < p->L; l++) {

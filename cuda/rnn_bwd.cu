@@ -135,35 +135,393 @@ __global__ void agru_bwd_step2(BwdArgs a) {
     a.dh_out[i] += r * drh;
 }
 
-// out[c] (+)= sum over rows of m[row*ld + c], c < cols. Block: 32 columns x 8 row groups, the
-// groups combined in a fixed order, so the result does not depend on scheduling.
-__global__ void col_sum(const float *m, int64_t rows, int cols, int64_t ld, float *out, bool acc) {
-    __shared__ float part[8][33];
-    const int tx = threadIdx.x % 32, ty = threadIdx.x / 32, c = blockIdx.x * 32 + tx;
+// ---- persistent path ----------------------------------------------------------------------
+// One launch runs all T steps of a layer-direction backwards (mirror of rnn_fwd.cu's persistent
+// forward; H % 32 == 0, 64 <= H <= 128). Each block owns BB batch rows for every step, so no
+// grid-wide barrier is needed. The step's gate-gradient row v [3H] (GRU: [da_r, da_z, da_n r];
+// A-GRU: [da_z, da_r, da_d]) times M [3H, H] (GRU: W_hh; A-GRU: [U_z; U_r; A]) carries the state
+// gradient back; M stays on chip: thread tid owns output columns 4cg..4cg+3 (cg = tid % ncg,
+// ncg = H/4) over the c-slice [32s, 32s+32) (s = tid / ncg, KS = 3H/32 slices), 128 weights, the
+// first kRK c-rows in registers and the rest in shared memory at ws[(cc - kRK)*nthr + tid]. Its
+// partial products go to red[s][bb][H]; the KS slices are summed in a fixed order.
+// Per step:
+//  GRU:   (a) pointwise: g = dh + dy, gate gradients -> dgx, dgh (global) and v (shared);
+//         (b) v M over all slices; (c) dh = g z + sum of the slices.
+//  A-GRU: (a) pointwise: da_z, da_d -> dgx, v; r h, g z d -> aux; (b) v M over the A slices
+//         (drh = da_d A) and the U_z slices; (c) da_r = drh h r (1-r) -> dgx, v;
+//         (d) v M over the U_r slices; (e) dh = g + r drh + sum of the U slices.
+// Each thread keeps the state gradient of up to kPMax = BB of the block's BB*H (row, unit) items
+// in registers (nthr = 3H^2/128 >= H for H >= 43), and loads the next step's reserve rows while
+// the current step's products run. Weights are read with scalar loads (user weights carry no
+// alignment promise beyond float).
+constexpr int kKPT = 32, kMaxThreads = 384;
+__host__ __device__ constexpr int rk_for(int BB) { return BB == 1 ? 16 : BB == 2 ? 12 : 4; }
+
+// A-GRU's M = [U_z; U_r; A] [3H, H] row-major, A = W_h - W_h^T - gamma I.
+__global__ void prep_wrec(int H, const float *uz, const float *ur, const float *wh, float gamma,
+                          float *m) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)3 * H * H) return;
+    const int c = (int)(i / H), k = (int)(i % H);
+    float v;
+    if (c < H) v = uz[i];
+    else if (c < 2 * H) v = ur[i - (int64_t)H * H];
+    else {
+        const int r = c - 2 * H;
+        v = wh[(int64_t)r * H + k] - wh[(int64_t)k * H + r];
+        if (r == k) v -= gamma;
+    }
+    m[i] = v;
+}
+
+// dL/dy at (t, b, j) after the layer's dropout mask (0 when there is no dy).
+__device__ __forceinline__ float dy_at(const BwdArgs &a, int t, int b, int j) {
+    if (a.dy == nullptr) return 0.0f;
+    float v = a.dy[(t * a.dy_ts + b * a.dy_bs) * a.dy_ld + a.dy_col + j];
+    if (a.drop) {
+        uint64_t c = a.ctr_base + ((uint64_t)t * (uint64_t)a.B + (uint64_t)b) * (uint64_t)a.DH +
+                     (uint64_t)(a.dy_col + j);
+        v = kf__dropout_keep(a.seed, c, a.p) ? v * a.scale : 0.0f;
+    }
+    return v;
+}
+
+// red[s][bb][4cg..4cg+3] = sum over c in the slice of v[bb][c] M[c][4cg..4cg+3].
+template <int BB, int kRK>
+__device__ __forceinline__ void matvec_t(const float *v, int ldv, const float4 (&wr)[kRK],
+                                         const float4 *ws, float *red, int H, int tid, int nthr,
+                                         int s, int cg, int c0) {
+    float4 acc[BB];
+#pragma unroll
+    for (int bb = 0; bb < BB; ++bb) acc[bb] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int kk = 0; kk < kKPT; kk += 4) {
+        float4 hv[BB];
+#pragma unroll
+        for (int bb = 0; bb < BB; ++bb) hv[bb] = *(const float4 *)&v[bb * ldv + c0 + kk];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const float4 w = (kk + q < kRK) ? wr[(kk + q) % kRK] : ws[(kk + q - kRK) * nthr + tid];
+#pragma unroll
+            for (int bb = 0; bb < BB; ++bb) {
+                const float x = q == 0 ? hv[bb].x : q == 1 ? hv[bb].y : q == 2 ? hv[bb].z : hv[bb].w;
+                acc[bb].x = fmaf(w.x, x, acc[bb].x);
+                acc[bb].y = fmaf(w.y, x, acc[bb].y);
+                acc[bb].z = fmaf(w.z, x, acc[bb].z);
+                acc[bb].w = fmaf(w.w, x, acc[bb].w);
+            }
+        }
+    }
+#pragma unroll
+    for (int bb = 0; bb < BB; ++bb) *(float4 *)&red[(s * BB + bb) * H + 4 * cg] = acc[bb];
+}
+
+// Sum of slices s0..s1-1 of red at (bb, j), in slice order.
+__device__ __forceinline__ float red_sum_t(const float *red, int s0, int s1, int BB, int H, int bb,
+                                           int j) {
     float v = 0.0f;
-    if (c < cols)
-        for (int64_t r = ty; r < rows; r += 8) v += m[r * ld + c];
-    part[ty][tx] = v;
-    __syncthreads();
-    if (ty == 0 && c < cols) {
-        float s = 0.0f;
-        for (int k = 0; k < 8; ++k) s += part[k][tx];
-        out[c] = acc ? out[c] + s : s;
+    for (int s = s0; s < s1; ++s) v += red[(s * BB + bb) * H + j];
+    return v;
+}
+
+// The reserve values of one (row, unit) item at one step, loaded ahead of their use.
+struct BwdItem {
+    float q0, q1, q2, q3; // GRU: r, z, n, hn; A-GRU: z, r, d (q3 unused)
+    float h, dy;          // state before the step; masked output gradient
+    int t;
+    bool act;
+};
+
+template <int kPMax, bool kAgru>
+__device__ __forceinline__ void bwd_load(const BwdArgs &a, const int *slen, int st, int tid,
+                                         int nthr, int b0, int BB, BwdItem (&it)[kPMax]) {
+    const int H = a.H;
+#pragma unroll
+    for (int p = 0; p < kPMax; ++p) {
+        const int i = tid + p * nthr, bb = i / H, j = i % H, b = b0 + bb;
+        it[p].act = false;
+        it[p].t = st;
+        if (i < BB * H && b < a.B && kf__step_time(st, slen[bb], a.reverse, &it[p].t)) {
+            it[p].act = true;
+            const int64_t row = it[p].t * a.ts + b * a.bs;
+            const float *q = a.gates + row * (kAgru ? 3 : 4) * H;
+            it[p].q0 = q[j];
+            it[p].q1 = q[H + j];
+            it[p].q2 = q[2 * H + j];
+            it[p].q3 = kAgru ? 0.0f : q[3 * H + j];
+            it[p].h = a.hprev[row * H + j];
+            it[p].dy = dy_at(a, it[p].t, b, j);
+        }
     }
 }
 
-// *out (+)= sum of v[0..n): one block of 1024 threads, tree in a fixed order.
-__global__ void sum_all(const float *v, int64_t n, float *out, bool acc) {
-    __shared__ float part[1024];
-    float s = 0.0f;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += v[i];
-    part[threadIdx.x] = s;
+template <int BB, bool kAgru>
+__global__ void __launch_bounds__(kMaxThreads, 1)
+rnn_bwd_persistent(BwdArgs a, const float *m, const float *dhn, float *dh0) {
+    extern __shared__ float4 smem4[];
+    constexpr int kPMax = BB, kRK = rk_for(BB);
+    const int H = a.H, H3 = 3 * H, ncg = H / 4, KS = H3 / kKPT, nthr = ncg * KS;
+    const int tid = threadIdx.x, cg = tid % ncg, s = tid / ncg, c0 = s * kKPT;
+    const int b0 = blockIdx.x * BB;
+    float4 *ws = smem4;
+    float *sv = (float *)(ws + (kKPT - kRK) * nthr); // [BB, 3H] gate-gradient rows
+    float *red = sv + BB * H3;                        // [KS, BB, H] partial products
+    int *slen = (int *)(red + KS * BB * H);           // [BB]
+
+    float4 wr[kRK];
+#pragma unroll
+    for (int cc = 0; cc < kRK; ++cc) {
+        const float *mr = m + (int64_t)(c0 + cc) * H + 4 * cg;
+        wr[cc] = make_float4(mr[0], mr[1], mr[2], mr[3]);
+    }
+    for (int cc = kRK; cc < kKPT; ++cc) {
+        const float *mr = m + (int64_t)(c0 + cc) * H + 4 * cg;
+        ws[(cc - kRK) * nthr + tid] = make_float4(mr[0], mr[1], mr[2], mr[3]);
+    }
+    for (int bb = tid; bb < BB; bb += nthr) {
+        const int b = b0 + bb;
+        slen[bb] = b < a.B ? (a.len ? a.len[b] : a.T) : 0;
+    }
+    float dh[kPMax], carry[kPMax];
+#pragma unroll
+    for (int p = 0; p < kPMax; ++p) {
+        const int i = tid + p * nthr, b = b0 + i / H;
+        dh[p] = (i < BB * H && b < a.B && dhn != nullptr) ? dhn[(int64_t)b * H + i % H] : 0.0f;
+        carry[p] = 0.0f;
+    }
+    const float eps = kAgru ? *a.eps : 0.0f;
+    // Slices by phase: GRU all at once; A-GRU the A and U_z slices (their inputs da_d, da_z are
+    // known first), then the U_r slices (da_r needs drh = da_d A).
+    const bool ph1 = !kAgru || c0 < H || c0 >= 2 * H, ph2 = kAgru && c0 >= H && c0 < 2 * H;
+    const int KH = H / kKPT; // slices per H columns of v
     __syncthreads();
-    for (int w = blockDim.x / 2; w > 0; w /= 2) {
-        if ((int)threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
+
+    BwdItem nx[kPMax];
+    bwd_load<kPMax, kAgru>(a, slen, a.T - 1, tid, nthr, b0, BB, nx);
+    for (int st = a.T - 1; st >= 0; --st) {
+        int tc[kPMax];
+        bool ac[kPMax];
+        float rr[kPMax], hh[kPMax];
+#pragma unroll
+        for (int p = 0; p < kPMax; ++p) {
+            const int i = tid + p * nthr, bb = i / H, j = i % H, b = b0 + bb;
+            const BwdItem it = nx[p];
+            tc[p] = it.t;
+            ac[p] = it.act;
+            rr[p] = it.q1;
+            hh[p] = it.h;
+            if (i >= BB * H) continue;
+            float *v = sv + bb * H3;
+            const int64_t row = it.t * a.ts + b * a.bs;
+            float *dx = a.dgx + row * 3 * H;
+            if (!it.act) {
+                v[j] = v[H + j] = v[2 * H + j] = 0.0f;
+                carry[p] = dh[p];
+                if (b < a.B) {
+                    dx[j] = dx[H + j] = dx[2 * H + j] = 0.0f;
+                    if (!kAgru) {
+                        float *dg = a.dgh + row * 3 * H;
+                        dg[j] = dg[H + j] = dg[2 * H + j] = 0.0f;
+                    } else {
+                        a.rh[row * H + j] = 0.0f;
+                        a.epsg[row * H + j] = 0.0f;
+                    }
+                }
+                continue;
+            }
+            const float g = dh[p] + it.dy;
+            if (!kAgru) {
+                const float r = it.q0, z = it.q1, n = it.q2, hn = it.q3, h = it.h;
+                const float dan = g * (1.0f - z) * (1.0f - n * n);
+                const float daz = g * (h - n) * z * (1.0f - z);
+                const float dar = dan * hn * r * (1.0f - r);
+                float *dg = a.dgh + row * 3 * H;
+                dx[j] = dar;
+                dx[H + j] = daz;
+                dx[2 * H + j] = dan;
+                dg[j] = v[j] = dar;
+                dg[H + j] = v[H + j] = daz;
+                dg[2 * H + j] = v[2 * H + j] = dan * r;
+                carry[p] = g * z;
+            } else {
+                const float z = it.q0, r = it.q1, d = it.q2, h = it.h;
+                const float dad = g * eps * z * (1.0f - d * d);
+                const float daz = g * eps * d * z * (1.0f - z);
+                dx[j] = v[j] = daz;
+                dx[2 * H + j] = v[2 * H + j] = dad;
+                a.epsg[row * H + j] = g * z * d;
+                a.rh[row * H + j] = r * h;
+                carry[p] = g;
+            }
+        }
+        __syncthreads();
+        // The next step's reserve rows load while this step's products run.
+        if (st > 0) bwd_load<kPMax, kAgru>(a, slen, st - 1, tid, nthr, b0, BB, nx);
+        if (ph1) matvec_t<BB, kRK>(sv, H3, wr, ws, red, H, tid, nthr, s, cg, c0);
+        __syncthreads();
+        if (kAgru) {
+#pragma unroll
+            for (int p = 0; p < kPMax; ++p) {
+                const int i = tid + p * nthr, bb = i / H, j = i % H, b = b0 + bb;
+                if (i >= BB * H) continue;
+                float *v = sv + bb * H3;
+                if (!ac[p]) {
+                    v[H + j] = 0.0f;
+                    continue;
+                }
+                const float drh = red_sum_t(red, 2 * KH, 3 * KH, BB, H, bb, j);
+                const float r = rr[p], h = hh[p];
+                const float dar = drh * h * r * (1.0f - r);
+                a.dgx[(tc[p] * a.ts + b * a.bs) * 3 * H + H + j] = dar;
+                v[H + j] = dar;
+                carry[p] += r * drh;
+            }
+            __syncthreads();
+            if (ph2) matvec_t<BB, kRK>(sv, H3, wr, ws, red, H, tid, nthr, s, cg, c0);
+            __syncthreads();
+        }
+        // dh before this step; the next step's (a) runs after a barrier, before anyone
+        // overwrites red.
+#pragma unroll
+        for (int p = 0; p < kPMax; ++p) {
+            const int i = tid + p * nthr, bb = i / H, j = i % H;
+            if (i >= BB * H) continue;
+            dh[p] = ac[p] ? carry[p] + red_sum_t(red, 0, kAgru ? 2 * KH : 3 * KH, BB, H, bb, j)
+                          : carry[p];
+        }
+    }
+    if (dh0 != nullptr)
+#pragma unroll
+        for (int p = 0; p < kPMax; ++p) {
+            const int i = tid + p * nthr, b = b0 + i / H;
+            if (i < BB * H && b < a.B) dh0[(int64_t)b * H + i % H] = dh[p];
+        }
+}
+
+size_t bwd_persistent_smem_bytes(int H, int BB) {
+    const int nthr = (H / 4) * (3 * H / kKPT);
+    return (size_t)(kKPT - rk_for(BB)) * nthr * sizeof(float4) +
+           (size_t)BB * 3 * H * sizeof(float) + (size_t)(3 * H / kKPT) * BB * H * sizeof(float) +
+           (size_t)BB * sizeof(int);
+}
+
+template <int BB, bool kAgru>
+kf_status launch_bwd_persistent(kf_context *ctx, const char *fn, const BwdArgs &a,
+                                const float *m, const float *dhn, float *dh0) {
+    const int H = a.H, nthr = (H / 4) * (3 * H / kKPT);
+    const size_t smem = bwd_persistent_smem_bytes(H, BB);
+    auto kernel = rnn_bwd_persistent<BB, kAgru>;
+    KF__CUDA_TRY(fn, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          (int)smem));
+    kernel<<<(unsigned)((a.B + BB - 1) / BB), nthr, smem, kf__stream(ctx)>>>(a, m, dhn, dh0);
+    KF__CUDA_LAUNCH_CHECK(fn, "rnn_bwd_persistent");
+    return KF_OK;
+}
+
+// Rows per block: the fewest that keep the grid within one wave of the SMs; 0 when the
+// persistent kernel does not apply (same rule as the forward's).
+int bwd_persistent_rows(int H, int64_t B, int sms, size_t smem_optin) {
+    if (H % kKPT != 0 || H < 64 || H > 128) return 0;
+    static const int kChoices[3] = {1, 2, 4};
+    int pick = 0;
+    for (int c : kChoices) {
+        if (bwd_persistent_smem_bytes(H, c) > smem_optin) break;
+        pick = c;
+        if ((B + c - 1) / c <= sms) break;
+    }
+    return pick;
+}
+
+template <bool kAgru>
+kf_status run_bwd_persistent(kf_context *ctx, const char *fn, int BB, const BwdArgs &a,
+                             const float *m, const float *dhn, float *dh0) {
+    switch (BB) {
+    case 1: return launch_bwd_persistent<1, kAgru>(ctx, fn, a, m, dhn, dh0);
+    case 2: return launch_bwd_persistent<2, kAgru>(ctx, fn, a, m, dhn, dh0);
+    default: return launch_bwd_persistent<4, kAgru>(ctx, fn, a, m, dhn, dh0);
+    }
+}
+
+// Column sums in two passes, the chunks of rows and the rows within a chunk combined in a fixed
+// order, so the result does not depend on scheduling (no atomics).
+// Pass 1: part[y][c] = sum over the rows of chunk y of m[row*ld + c], c < cols. Block: 32 columns
+// x 8 row groups, four independent accumulators per thread.
+__global__ void col_sum_part(const float *m, int64_t rows, int cols, int64_t ld, float *part) {
+    __shared__ float sp[8][33];
+    const int tx = threadIdx.x % 32, ty = threadIdx.x / 32, c = blockIdx.x * 32 + tx;
+    const int64_t per = (rows + gridDim.y - 1) / gridDim.y, r0 = (int64_t)blockIdx.y * per;
+    const int64_t r1 = r0 + per < rows ? r0 + per : rows;
+    float v0 = 0.0f, v1 = 0.0f, v2 = 0.0f, v3 = 0.0f;
+    if (c < cols) {
+        int64_t r = r0 + ty;
+        for (; r + 24 < r1; r += 32) {
+            v0 += m[r * ld + c];
+            v1 += m[(r + 8) * ld + c];
+            v2 += m[(r + 16) * ld + c];
+            v3 += m[(r + 24) * ld + c];
+        }
+        for (; r < r1; r += 8) v0 += m[r * ld + c];
+    }
+    sp[ty][tx] = (v0 + v1) + (v2 + v3);
+    __syncthreads();
+    if (ty == 0 && c < cols) {
+        float s = 0.0f;
+        for (int k = 0; k < 8; ++k) s += sp[k][tx];
+        part[(int64_t)blockIdx.y * cols + c] = s;
+    }
+}
+
+// Pass 2: out[c] (+)= sum over the chunks of part[y][c].
+__global__ void col_sum_fin(const float *part, int chunks, int cols, float *out, bool acc) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
+    float s = 0.0f;
+#pragma unroll 8
+    for (int y = 0; y < chunks; ++y) s += part[(int64_t)y * cols + c];
+    out[c] = acc ? out[c] + s : s;
+}
+
+// Sum of v[0..n) in double, in two passes with a fixed order (d epsilon sums T*B*H terms that
+// largely cancel; the CPU backend accumulates it in double as well).
+// Pass 1: part[blockIdx.x] = sum over the block's contiguous chunk; 256 threads, a tree.
+__global__ void sum_all_part(const float *v, int64_t n, double *part) {
+    __shared__ double sp[256];
+    const int64_t per = (n + gridDim.x - 1) / gridDim.x, i0 = (int64_t)blockIdx.x * per;
+    const int64_t i1 = i0 + per < n ? i0 + per : n;
+    double s0 = 0.0, s1 = 0.0;
+    int64_t i = i0 + threadIdx.x;
+    for (; i + 256 < i1; i += 512) {
+        s0 += (double)v[i];
+        s1 += (double)v[i + 256];
+    }
+    if (i < i1) s0 += (double)v[i];
+    sp[threadIdx.x] = s0 + s1;
+    __syncthreads();
+    for (int w = 128; w > 0; w /= 2) {
+        if ((int)threadIdx.x < w) sp[threadIdx.x] += sp[threadIdx.x + w];
         __syncthreads();
     }
-    if (threadIdx.x == 0) *out = acc ? *out + part[0] : part[0];
+    if (threadIdx.x == 0) part[blockIdx.x] = sp[0];
+}
+
+// Pass 2 (one block of 256): *out (+)= the sum of part[0..chunks).
+__global__ void sum_all_fin(const double *part, int chunks, float *out, bool acc) {
+    __shared__ double sp[256];
+    double s = 0.0;
+    for (int i = threadIdx.x; i < chunks; i += 256) s += part[i];
+    sp[threadIdx.x] = s;
+    __syncthreads();
+    for (int w = 128; w > 0; w /= 2) {
+        if ((int)threadIdx.x < w) sp[threadIdx.x] += sp[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *out = (float)sp[0] + (acc ? *out : 0.0f);
+}
+
+// Chunks of a two-pass reduction over n items: at least 64 rows each, at most KF__RNN_RED_CHUNKS.
+static inline int red_chunks(int64_t n) {
+    const int64_t k = (n + 63) / 64;
+    return k < 1 ? 1 : k > KF__RNN_RED_CHUNKS ? KF__RNN_RED_CHUNKS : (int)k;
 }
 
 // dW_h (+)= dA - dA^T.
@@ -176,10 +534,14 @@ __global__ void antisym_grad(const float *da, int H, float *dwh, bool acc) {
 }
 
 kf_status launch_col_sum(kf_context *ctx, const char *fn, const float *m, int64_t rows, int cols,
-                         int64_t ld, float *out, bool acc) {
+                         int64_t ld, float *part, float *out, bool acc) {
     if (out == nullptr) return KF_OK;
-    col_sum<<<(unsigned)((cols + 31) / 32), 256, 0, kf__stream(ctx)>>>(m, rows, cols, ld, out, acc);
-    KF__CUDA_LAUNCH_CHECK(fn, "col_sum");
+    const int chunks = red_chunks(rows);
+    col_sum_part<<<dim3((unsigned)((cols + 31) / 32), (unsigned)chunks), 256, 0,
+                   kf__stream(ctx)>>>(m, rows, cols, ld, part);
+    KF__CUDA_LAUNCH_CHECK(fn, "col_sum_part");
+    col_sum_fin<<<kf__blocks(cols, 128), 128, 0, kf__stream(ctx)>>>(part, chunks, cols, out, acc);
+    KF__CUDA_LAUNCH_CHECK(fn, "col_sum_fin");
     return KF_OK;
 }
 
@@ -211,11 +573,18 @@ extern "C" kf_status kf__cuda_rnn_backward(kf_context *ctx, const kf__rnn_bwd *c
     void *ws = c->ws;
     float *wt = kf__at<float>(ws, lay.wt), *dgx = kf__at<float>(ws, lay.dgx);
     float *aux = kf__at<float>(ws, lay.aux);
+    float *rpart = kf__at<float>(ws, lay.rpart);
     float *dh[2] = {kf__at<float>(ws, lay.dh[0]), kf__at<float>(ws, lay.dh[1])};
     const size_t bh_bytes = (size_t)(B * H) * sizeof(float);
     int64_t xts, xbs; // the user's row strides of x, y, dy, dx
     kf__rnn_row_strides(p, 0, T, B, &xts, &xbs);
     const unsigned grid = kf__blocks(B * H, kThreads);
+    int dev_sms = 0, smem_optin = 0;
+    KF__CUDA_TRY(fn, cudaDeviceGetAttribute(&dev_sms, cudaDevAttrMultiProcessorCount,
+                                            ctx->device_index));
+    KF__CUDA_TRY(fn, cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                            ctx->device_index));
+    const int BB = bwd_persistent_rows((int)H, B, dev_sms, (size_t)smem_optin);
 
     for (int64_t l = L - 1; l >= 0; --l) {
         const int64_t Il = kf__rnn_layer_input(p, (int32_t)l);
@@ -256,38 +625,53 @@ extern "C" kf_status kf__cuda_rnn_backward(kf_context *ctx, const kf__rnn_bwd *c
             a.dstep = kf__at<float>(ws, lay.dstep);
             float *drh = kf__at<float>(ws, lay.drh);
             a.drh = drh;
-            if (agru) KF_TRY(kf__cuda_rnn_prep_wt(ctx, fn, p, w, wt));
-
-            if (c->dhn != nullptr)
-                KF__CUDA_TRY(fn, cudaMemcpyAsync(dh[0], c->dhn + cell * B * H, bh_bytes,
-                                                 cudaMemcpyDeviceToDevice, s));
-            else
-                KF__CUDA_TRY(fn, cudaMemsetAsync(dh[0], 0, bh_bytes, s));
-            for (int64_t k = 0; k < T; ++k) {
-                a.st = (int)(T - 1 - k);
-                a.dh = dh[k & 1];
-                a.dh_out = dh[(k + 1) & 1];
-                if (!agru) {
-                    gru_bwd_step<<<grid, kThreads, 0, s>>>(a);
-                    KF__CUDA_LAUNCH_CHECK(fn, "gru_bwd_step");
-                    KF_TRY(kf__gemm(ctx, fn, false, false, B, H, 3 * H, 1.0f, a.dstep, 3 * H,
-                                    w[KF__GRU_W_HH], H, 1.0f, a.dh_out, H));
-                } else {
-                    agru_bwd_step1<<<grid, kThreads, 0, s>>>(a);
-                    KF__CUDA_LAUNCH_CHECK(fn, "agru_bwd_step1");
-                    // drh[b, k] = sum_i da_d[b, i] A[i, k], A[i, k] = wt[k, 2H + i]
-                    KF_TRY(kf__gemm(ctx, fn, false, true, B, H, H, 1.0f, a.dstep + 2 * H, 3 * H,
-                                    wt + 2 * H, 3 * H, 0.0f, drh, H));
-                    agru_bwd_step2<<<grid, kThreads, 0, s>>>(a);
-                    KF__CUDA_LAUNCH_CHECK(fn, "agru_bwd_step2");
-                    // dh += [da_z, da_r] [U_z; U_r], [U_z; U_r][c, k] = wt[k, c]
-                    KF_TRY(kf__gemm(ctx, fn, false, true, B, H, 2 * H, 1.0f, a.dstep, 3 * H, wt,
-                                    3 * H, 1.0f, a.dh_out, H));
+            if (BB > 0) {
+                // Persistent: M = W_hh (GRU) or [U_z; U_r; A] (A-GRU, formed into wt's space).
+                const float *m = w[KF__GRU_W_HH];
+                if (agru) {
+                    prep_wrec<<<kf__blocks(3 * H * H, kThreads), kThreads, 0, s>>>(
+                        (int)H, w[KF__AGRU_U_Z], w[KF__AGRU_U_R], w[KF__AGRU_W_H], p->gamma, wt);
+                    KF__CUDA_LAUNCH_CHECK(fn, "prep_wrec");
+                    m = wt;
                 }
+                const float *dhn = c->dhn ? c->dhn + cell * B * H : nullptr;
+                float *dh0 = c->dh0 ? c->dh0 + cell * B * H : nullptr;
+                KF_TRY(agru ? run_bwd_persistent<true>(ctx, fn, BB, a, m, dhn, dh0)
+                            : run_bwd_persistent<false>(ctx, fn, BB, a, m, dhn, dh0));
+            } else {
+                if (agru) KF_TRY(kf__cuda_rnn_prep_wt(ctx, fn, p, w, wt));
+
+                if (c->dhn != nullptr)
+                    KF__CUDA_TRY(fn, cudaMemcpyAsync(dh[0], c->dhn + cell * B * H, bh_bytes,
+                                                     cudaMemcpyDeviceToDevice, s));
+                else
+                    KF__CUDA_TRY(fn, cudaMemsetAsync(dh[0], 0, bh_bytes, s));
+                for (int64_t k = 0; k < T; ++k) {
+                    a.st = (int)(T - 1 - k);
+                    a.dh = dh[k & 1];
+                    a.dh_out = dh[(k + 1) & 1];
+                    if (!agru) {
+                        gru_bwd_step<<<grid, kThreads, 0, s>>>(a);
+                        KF__CUDA_LAUNCH_CHECK(fn, "gru_bwd_step");
+                        KF_TRY(kf__gemm(ctx, fn, false, false, B, H, 3 * H, 1.0f, a.dstep, 3 * H,
+                                        w[KF__GRU_W_HH], H, 1.0f, a.dh_out, H));
+                    } else {
+                        agru_bwd_step1<<<grid, kThreads, 0, s>>>(a);
+                        KF__CUDA_LAUNCH_CHECK(fn, "agru_bwd_step1");
+                        // drh[b, k] = sum_i da_d[b, i] A[i, k], A[i, k] = wt[k, 2H + i]
+                        KF_TRY(kf__gemm(ctx, fn, false, true, B, H, H, 1.0f, a.dstep + 2 * H, 3 * H,
+                                        wt + 2 * H, 3 * H, 0.0f, drh, H));
+                        agru_bwd_step2<<<grid, kThreads, 0, s>>>(a);
+                        KF__CUDA_LAUNCH_CHECK(fn, "agru_bwd_step2");
+                        // dh += [da_z, da_r] [U_z; U_r], [U_z; U_r][c, k] = wt[k, c]
+                        KF_TRY(kf__gemm(ctx, fn, false, true, B, H, 2 * H, 1.0f, a.dstep, 3 * H, wt,
+                                        3 * H, 1.0f, a.dh_out, H));
+                    }
+                }
+                if (c->dh0 != nullptr)
+                    KF__CUDA_TRY(fn, cudaMemcpyAsync(c->dh0 + cell * B * H, dh[T & 1], bh_bytes,
+                                                     cudaMemcpyDeviceToDevice, s));
             }
-            if (c->dh0 != nullptr)
-                KF__CUDA_TRY(fn, cudaMemcpyAsync(c->dh0 + cell * B * H, dh[T & 1], bh_bytes,
-                                                 cudaMemcpyDeviceToDevice, s));
 
             // Input gradient: both directions add into one buffer.
             if (dX != nullptr) {
@@ -306,14 +690,17 @@ extern "C" kf_status kf__cuda_rnn_backward(kf_context *ctx, const kf__rnn_bwd *c
             if (!agru) {
                 KF_TRY(wgrad(ctx, fn, 3 * H, Il, TB, dgx, 3 * H, X, dw[KF__GRU_W_IH], acc));
                 KF_TRY(wgrad(ctx, fn, 3 * H, H, TB, aux, 3 * H, a.hprev, dw[KF__GRU_W_HH], acc));
-                KF_TRY(launch_col_sum(ctx, fn, dgx, TB, (int)(3 * H), 3 * H, dw[KF__GRU_B_IH], acc));
-                KF_TRY(launch_col_sum(ctx, fn, aux, TB, (int)(3 * H), 3 * H, dw[KF__GRU_B_HH], acc));
+                KF_TRY(launch_col_sum(ctx, fn, dgx, TB, (int)(3 * H), 3 * H, rpart, dw[KF__GRU_B_IH],
+                                      acc));
+                KF_TRY(launch_col_sum(ctx, fn, aux, TB, (int)(3 * H), 3 * H, rpart, dw[KF__GRU_B_HH],
+                                      acc));
             } else {
                 const int wi[3] = {KF__AGRU_W_Z, KF__AGRU_W_R, KF__AGRU_V_H};
                 const int bi[3] = {KF__AGRU_B_Z, KF__AGRU_B_R, KF__AGRU_B_H};
                 for (int g = 0; g < 3; ++g) {
                     KF_TRY(wgrad(ctx, fn, H, Il, TB, dgx + g * H, 3 * H, X, dw[wi[g]], acc));
-                    KF_TRY(launch_col_sum(ctx, fn, dgx + g * H, TB, (int)H, 3 * H, dw[bi[g]], acc));
+                    KF_TRY(launch_col_sum(ctx, fn, dgx + g * H, TB, (int)H, 3 * H, rpart, dw[bi[g]],
+                                          acc));
                 }
                 KF_TRY(wgrad(ctx, fn, H, H, TB, dgx, 3 * H, a.hprev, dw[KF__AGRU_U_Z], acc));
                 KF_TRY(wgrad(ctx, fn, H, H, TB, dgx + H, 3 * H, a.hprev, dw[KF__AGRU_U_R], acc));
@@ -325,8 +712,12 @@ extern "C" kf_status kf__cuda_rnn_backward(kf_context *ctx, const kf__rnn_bwd *c
                     KF__CUDA_LAUNCH_CHECK(fn, "antisym_grad");
                 }
                 if (dw[KF__AGRU_EPS] != nullptr) {
-                    sum_all<<<1, 1024, 0, s>>>(a.epsg, TB * H, dw[KF__AGRU_EPS], acc);
-                    KF__CUDA_LAUNCH_CHECK(fn, "sum_all");
+                    const int chunks = red_chunks(TB * H / 4);
+                    double *dpart = (double *)rpart; // 64-byte aligned, chunks doubles fit
+                    sum_all_part<<<chunks, 256, 0, s>>>(a.epsg, TB * H, dpart);
+                    KF__CUDA_LAUNCH_CHECK(fn, "sum_all_part");
+                    sum_all_fin<<<1, 256, 0, s>>>(dpart, chunks, dw[KF__AGRU_EPS], acc);
+                    KF__CUDA_LAUNCH_CHECK(fn, "sum_all_fin");
                 }
             }
         }

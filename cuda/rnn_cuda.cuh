@@ -24,12 +24,16 @@
 //             T*B*H, the epsilon terms g*z*d in the next); dh[2] [B, H] state-gradient
 //             ping-pong; dstep [B, 3H] this step's gradients compacted by batch row for the
 //             recurrent GEMM; drh [B, H]; da [H, H] (A-GRU); din[2] [T*B, D*H] gradient of an
-//             inner layer's input (ping-pong between layers).
+//             inner layer's input (ping-pong between layers); rpart [KF__RNN_RED_CHUNKS, 3H + 1]
+//             per-chunk partial sums of the bias (and epsilon) gradient reductions.
 #ifndef KF_RNN_CUDA_CUH
 #define KF_RNN_CUDA_CUH
 
 #include "common.cuh"
 #include "rnn_internal.h"
+
+// Row chunks of the two-pass column sums of backward (bias and epsilon gradients).
+#define KF__RNN_RED_CHUNKS 512
 
 struct kf__rnn_cuda_layout {
     // reserve, byte offsets from its base: cell i = l*D + d has gates at i*cell_bytes and hprev
@@ -38,7 +42,7 @@ struct kf__rnn_cuda_layout {
     size_t reserve_bytes;
     // workspace, byte offsets from its base
     size_t wt, gx, h[2], gh, rh, act[2];                 // forward
-    size_t dgx, aux, dh[2], dstep, drh, da, din[2];      // backward (wt shared)
+    size_t dgx, aux, dh[2], dstep, drh, da, din[2], rpart; // backward (wt shared)
     size_t ws_bytes;
 };
 
@@ -83,6 +87,7 @@ static inline void kf__rnn_cuda_layout_make(const struct kf_rnn_plan *p, int64_t
         lay->din[i] = o;
         if (p->L > 1) o += kf__align_up(TB * DH * f);
     }
+    lay->rpart = o; o += kf__align_up((size_t)KF__RNN_RED_CHUNKS * (3 * H + 1) * f);
     size_t bwd_end = training ? o : 0;
     lay->ws_bytes = fwd_end > bwd_end ? fwd_end : bwd_end;
 }

@@ -2,13 +2,13 @@
 # Builds the libFuzzer harnesses of tests/fuzz (clang, ASan + UBSan, CPU-only) and runs each one
 # for a bounded time. Fails on any crash, sanitizer report or harness oracle failure.
 #   scripts/fuzz.sh [seconds-per-harness]     (default 60)
-# Env: KF_FUZZ_BUILD (build dir, default /tmp/kf-build-fuzz), KF_FUZZ_JOBS (parallel fuzzing
+# Env: KF_FUZZ_BUILD (build dir, default build/fuzz), KF_FUZZ_JOBS (parallel fuzzing
 # workers per harness, default 1), KF_FUZZ_WORK (scratch corpus / artifacts, default
 # $KF_FUZZ_BUILD/work). The seed corpus in tests/fuzz/corpus/<harness> is read, never written.
 set -euo pipefail
 secs=${1:-60}
 root=$(cd "$(dirname "$0")/.." && pwd)
-build=${KF_FUZZ_BUILD:-/tmp/kf-build-fuzz}
+build=${KF_FUZZ_BUILD:-$root/build/fuzz}
 work=${KF_FUZZ_WORK:-$build/work}
 jobs=${KF_FUZZ_JOBS:-1}
 cc=${CC:-}

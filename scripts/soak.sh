@@ -4,12 +4,12 @@
 # grows after warm-up; then a shorter run under valgrind --leak-check=full (or, without valgrind,
 # under LeakSanitizer) that fails on any definite/indirect leak or memory error.
 #   scripts/soak.sh [calls]        (default 100000; CI: 10000)
-# Env: KF_SOAK_BUILD (default /tmp/kf-build-soak), KF_SOAK_LEAK_CALLS (default 300).
+# Env: KF_SOAK_BUILD (default build/soak), KF_SOAK_LEAK_CALLS (default 300).
 set -euo pipefail
 calls=${1:-100000}
 leak_calls=${KF_SOAK_LEAK_CALLS:-300}
 root=$(cd "$(dirname "$0")/.." && pwd)
-build=${KF_SOAK_BUILD:-/tmp/kf-build-soak}
+build=${KF_SOAK_BUILD:-$root/build/soak}
 cmake -S "$root" -B "$build/lib" -DKF_CUDA=OFF -DKF_BUILD_TESTS=OFF -DKF_BUILD_EXAMPLES=OFF \
   -DKF_BUILD_BENCHES=OFF >/dev/null
 cmake --build "$build/lib" -j"$(nproc)" --target kfuse >/dev/null

@@ -14,7 +14,7 @@
 set -euo pipefail
 rounds=${1:-3}
 root=$(cd "$(dirname "$0")/.." && pwd)
-build=${KF_TSAN_BUILD:-/tmp/kf-build-tsan}
+build=${KF_TSAN_BUILD:-$root/build/tsan}
 mkdir -p "$build"
 cc=$(command -v clang || command -v clang-14)
 blas_inc=/usr/include/$(gcc -dumpmachine)/openblas-pthread

@@ -448,7 +448,8 @@ void SFX(ref_rnn_backward)(const ref_rnn_cfg *c, const REAL *x, const REAL *h0,
     SFX(run_forward)(c, x, h0, w, lengths, &tp, NULL, NULL);
 
     REAL **gw = calloc((size_t)NW, sizeof *gw);
-    for (int k = 0; k < NW; ++k) gw[k] = SFX(zalloc)(ref_rnn_weight_desc(c, k, NULL, 0, NULL, NULL));
+    for (int k = 0; k < NW; ++k)
+        gw[k] = SFX(zalloc)(ref_rnn_weight_desc(c, k, NULL, 0, NULL, NULL));
     REAL *gh = SFX(zalloc)(H), *scratch = SFX(zalloc)(7 * H);
 
     /* dout: gradient w.r.t. the current layer's output, logical [T][B][DH]. */

@@ -313,7 +313,8 @@ Test(api, cpu_context_lifecycle) {
     cr_expect_eq(kf_context_reserve(ctx, 1 << 20), KF_OK);
     cr_expect_eq(kf_context_reserve(ctx, 0), KF_OK);
     cr_expect_eq(kf_context_arena_info(ctx, &bytes, &grows), KF_OK);
-    cr_expect(bytes == b1 && grows == g1, "arena changed by a smaller reserve: %zu/%llu -> %zu/%llu",
+    cr_expect(bytes == b1 && grows == g1,
+              "arena changed by a smaller reserve: %zu/%llu -> %zu/%llu",
               b1, (unsigned long long)g1, bytes, (unsigned long long)grows);
     cr_expect_eq(kf_context_reserve(ctx, (1 << 20) + 1), KF_OK);
     cr_expect_eq(kf_context_arena_info(ctx, &bytes, &grows), KF_OK);

@@ -478,7 +478,9 @@ static void steady_state(const char *label, ref_rnn_cfg c) {
 
 Test(arena, steady_state_gru) { steady_state("GRU L=2 D=2 dropout lengths", gru_cfg()); }
 
-Test(arena, steady_state_agru) { steady_state("A-GRU L=2 dropout lengths batch_first", agru_cfg()); }
+Test(arena, steady_state_agru) {
+    steady_state("A-GRU L=2 dropout lengths batch_first", agru_cfg());
+}
 
 /* One sample (B = 1): the common single-sequence inference case. */
 Test(arena, steady_state_batch_one) {
@@ -665,7 +667,8 @@ Test(arena, queries_do_not_allocate) {
     (void)kf_status_string(KF_ERR_DEVICE);
     (void)kf_version_string();
     window_close(&allocs, &frees);
-    for (int i = 0; i < 8; ++i) cr_expect(st[i] == KF_OK, "query %d: %s", i, kf_status_string(st[i]));
+    for (int i = 0; i < 8; ++i)
+        cr_expect(st[i] == KF_OK, "query %d: %s", i, kf_status_string(st[i]));
     cr_expect(!counting_applies() || (allocs == 0 && frees == 0),
               "queries: %ld allocations, %ld frees, from:%s", allocs, frees,
               callers_text(allocs));

@@ -194,7 +194,9 @@ static void fx_free(fx *f) {
     kf_context_destroy(f->ctx);
 }
 
-static int64_t wnumel(const fx *f, int i) { return ref_rnn_weight_desc(&f->c, i, NULL, 0, NULL, NULL); }
+static int64_t wnumel(const fx *f, int i) {
+    return ref_rnn_weight_desc(&f->c, i, NULL, 0, NULL, NULL);
+}
 
 static void sentinels(fx *f) {
     fill(f->y, f->ny, SENTINEL);
