@@ -81,3 +81,29 @@ extern "C" kf_status kf__cuda_synchronize(kf_context *ctx, const char *fn) {
     KF__CUDA_TRY(fn, cudaGetLastError());
     return KF_OK;
 }
+
+// Memory a kernel on this context's device may read: device memory of that device, or managed
+// memory. Host memory (pageable or pinned) and another device's memory are rejected before any
+// launch, so a mixed-up pointer is a status rather than an illegal-address fault later. A pure
+// attribute query: no synchronisation, no allocation.
+extern "C" kf_status kf__cuda_check_pointer(const kf_context *ctx, const char *fn, const char *arg,
+                                           const void *p) {
+    cudaPointerAttributes a;
+    cudaError_t e = cudaPointerGetAttributes(&a, p);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError(); // the query's error is not sticky; clear it for later calls
+        return kf__error(KF_ERR_INVALID_ARGUMENT, fn,
+                         "%s = %p is not memory the CUDA runtime knows (%s): a CUDA context needs "
+                         "device memory", arg, p, cudaGetErrorName(e));
+    }
+    if (a.type == cudaMemoryTypeManaged) return KF_OK;
+    if (a.type != cudaMemoryTypeDevice)
+        return kf__error(KF_ERR_INVALID_ARGUMENT, fn,
+                         "%s = %p is host memory, expected device memory of CUDA device %d", arg, p,
+                         (int)ctx->device_index);
+    if (a.device != ctx->device_index)
+        return kf__error(KF_ERR_INVALID_ARGUMENT, fn,
+                         "%s = %p is memory of CUDA device %d, expected the context's device %d",
+                         arg, p, a.device, (int)ctx->device_index);
+    return KF_OK;
+}

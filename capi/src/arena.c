@@ -76,6 +76,7 @@ kf_status kf__workspace_select(kf_context *ctx, const char *fn, void *workspace,
                 need);
     KF_CHECK_FN(fn, ((uintptr_t)workspace % KF__ALIGN) == 0, KF_ERR_INVALID_ARGUMENT,
                 "workspace = %p is not %u-byte aligned", workspace, KF__ALIGN);
+    KF_TRY(kf__check_device_memory(ctx, fn, "workspace", workspace));
     *out = workspace;
     return KF_OK;
 }

@@ -60,11 +60,16 @@ static inline size_t kf__align_up(size_t n) { return (n + (KF__ALIGN - 1)) & ~(s
 kf_status kf__check_struct_size(const char *fn, const char *arg, const void *s, size_t known_size);
 
 /* ---- tensors (tensor.c) ---------------------------------------------------------------- */
-/* Validates `t` as argument `arg` of `fn`: dtype, rank, exact shape (a -1 entry accepts any
- * extent >= 1 and reports it through `shape`), row-major contiguity, non-NULL data unless
- * `optional`, alignment to the dtype. Returns KF_OK with *present set. */
-kf_status kf__check_tensor(const char *fn, const char *arg, const kf_tensor *t, kf_dtype dtype,
-                           int32_t ndim, int64_t *shape, bool optional, bool *present);
+/* Validates `t` as argument `arg` of `fn` for a call on `ctx`: dtype, rank, exact shape (a -1
+ * entry accepts any extent >= 1 and reports it through `shape`), row-major contiguity, non-NULL
+ * data unless `optional`, alignment to the dtype, and (CUDA contexts) that the data is memory of
+ * the context's device. Returns KF_OK with *present set. */
+kf_status kf__check_tensor(const kf_context *ctx, const char *fn, const char *arg,
+                           const kf_tensor *t, kf_dtype dtype, int32_t ndim, int64_t *shape,
+                           bool optional, bool *present);
+/* For a CUDA context, that `p` (a caller workspace or reserve) is memory of its device. */
+kf_status kf__check_device_memory(const kf_context *ctx, const char *fn, const char *arg,
+                                  const void *p);
 size_t kf__dtype_bytes(int32_t dtype);
 
 /* ---- context (context.c, arena.c) ------------------------------------------------------ */
@@ -98,6 +103,8 @@ kf_status kf__cuda_set_stream(kf_context *ctx, const char *fn, void *stream);
 kf_status kf__cuda_malloc(kf_context *ctx, const char *fn, size_t bytes, void **out);
 void kf__cuda_free(kf_context *ctx, void *p);
 kf_status kf__cuda_synchronize(kf_context *ctx, const char *fn);
+kf_status kf__cuda_check_pointer(const kf_context *ctx, const char *fn, const char *arg,
+                                 const void *p);
 #endif
 
 #ifdef __cplusplus

@@ -255,7 +255,7 @@ static kf_status kf__rnn_check_inputs(const char *fn, kf_rnn_plan *p, const kf_t
                                       const kf_tensor *lengths, kf__rnn_inputs *in) {
     bool present;
     int64_t xs[3] = {-1, -1, p->I};
-    KF_TRY(kf__check_tensor(fn, "args->x", x, KF_DTYPE_F32, 3, xs, false, &present));
+    KF_TRY(kf__check_tensor(p->ctx, fn, "args->x", x, KF_DTYPE_F32, 3, xs, false, &present));
     in->T = p->batch_first ? xs[1] : xs[0];
     in->B = p->batch_first ? xs[0] : xs[1];
     KF_TRY(kf__rnn_check_extent(fn, p, in->T, in->B));
@@ -264,7 +264,7 @@ static kf_status kf__rnn_check_inputs(const char *fn, kf_rnn_plan *p, const kf_t
                 (int)reserved);
 
     int64_t hs[3] = {(int64_t)p->L * p->D, in->B, p->H};
-    KF_TRY(kf__check_tensor(fn, "args->h0", h0, KF_DTYPE_F32, 3, hs, true, &present));
+    KF_TRY(kf__check_tensor(p->ctx, fn, "args->h0", h0, KF_DTYPE_F32, 3, hs, true, &present));
     in->h0 = present ? h0->data : NULL;
 
     KF_CHECK_FN(fn, weights != NULL, KF_ERR_INVALID_ARGUMENT, "args->weights is NULL");
@@ -276,12 +276,14 @@ static kf_status kf__rnn_check_inputs(const char *fn, kf_rnn_plan *p, const kf_t
         int32_t nd = kf__rnn_weight_shape(p, k / p->nw / p->D, k % p->nw, ws);
         char arg[160];
         snprintf(arg, sizeof arg, "args->weights[%d] (%s)", (int)k, p->names[k]);
-        KF_TRY(kf__check_tensor(fn, arg, &weights[k], KF_DTYPE_F32, nd, ws, false, &present));
+        KF_TRY(kf__check_tensor(p->ctx, fn, arg, &weights[k],
+                                KF_DTYPE_F32, nd, ws, false, &present));
         p->w[k] = weights[k].data;
     }
 
     int64_t ls[1] = {in->B};
-    KF_TRY(kf__check_tensor(fn, "args->lengths", lengths, KF_DTYPE_I32, 1, ls, true, &present));
+    KF_TRY(kf__check_tensor(p->ctx, fn, "args->lengths", lengths,
+                            KF_DTYPE_I32, 1, ls, true, &present));
     in->lengths = present ? lengths->data : NULL;
     /* Host memory can be checked here; device-resident lengths are clamped by the kernels. */
     if (present && p->ctx->device_type == KF_DEVICE_CPU)
@@ -306,9 +308,10 @@ KF_API kf_status kf_rnn_forward(kf_rnn_plan *plan, kf_mode mode, const kf_rnn_fo
     bool present;
     int64_t ys[3];
     kf__seq_shape(plan, in.T, in.B, (int64_t)plan->D * plan->H, ys);
-    KF_TRY(kf__check_tensor(__func__, "args->y", &args->y, KF_DTYPE_F32, 3, ys, false, &present));
+    KF_TRY(kf__check_tensor(plan->ctx, __func__, "args->y", &args->y,
+                            KF_DTYPE_F32, 3, ys, false, &present));
     int64_t hs[3] = {(int64_t)plan->L * plan->D, in.B, plan->H};
-    KF_TRY(kf__check_tensor(__func__, "args->hn", &args->hn, KF_DTYPE_F32, 3, hs, true,
+    KF_TRY(kf__check_tensor(plan->ctx, __func__, "args->hn", &args->hn, KF_DTYPE_F32, 3, hs, true,
                             &present));
     float *hn = present ? args->hn.data : NULL;
 
@@ -323,6 +326,7 @@ KF_API kf_status kf_rnn_forward(kf_rnn_plan *plan, kf_mode mode, const kf_rnn_fo
                  rs_need);
         KF_CHECK(((uintptr_t)reserve % KF__ALIGN) == 0, KF_ERR_INVALID_ARGUMENT,
                  "reserve = %p is not %u-byte aligned", reserve, KF__ALIGN);
+        KF_TRY(kf__check_device_memory(plan->ctx, __func__, "reserve", reserve));
     }
     void *ws = NULL;
     KF_TRY(kf__workspace_select(plan->ctx, __func__, workspace, workspace_bytes, ws_need, &ws));
@@ -360,15 +364,18 @@ KF_API kf_status kf_rnn_backward(kf_rnn_plan *plan, kf_grad_mode grad_mode,
     kf__seq_shape(plan, in.T, in.B, (int64_t)plan->D * plan->H, ys);
     kf__seq_shape(plan, in.T, in.B, plan->I, xs);
     int64_t hs[3] = {(int64_t)plan->L * plan->D, in.B, plan->H};
-    KF_TRY(kf__check_tensor(__func__, "args->dy", &args->dy, KF_DTYPE_F32, 3, ys, true, &present));
+    KF_TRY(kf__check_tensor(plan->ctx, __func__, "args->dy", &args->dy,
+                            KF_DTYPE_F32, 3, ys, true, &present));
     const float *dy = present ? args->dy.data : NULL;
-    KF_TRY(kf__check_tensor(__func__, "args->dhn", &args->dhn, KF_DTYPE_F32, 3, hs, true,
+    KF_TRY(kf__check_tensor(plan->ctx, __func__, "args->dhn", &args->dhn, KF_DTYPE_F32, 3, hs, true,
                             &present));
     const float *dhn = present ? args->dhn.data : NULL;
-    KF_TRY(kf__check_tensor(__func__, "args->dx", &args->dx, KF_DTYPE_F32, 3, xs, true, &present));
+    KF_TRY(kf__check_tensor(plan->ctx, __func__, "args->dx", &args->dx,
+                            KF_DTYPE_F32, 3, xs, true, &present));
     float *dx = present ? args->dx.data : NULL;
     int64_t hs2[3] = {hs[0], hs[1], hs[2]};
-    KF_TRY(kf__check_tensor(__func__, "args->dh0", &args->dh0, KF_DTYPE_F32, 3, hs2, true,
+    KF_TRY(kf__check_tensor(plan->ctx, __func__, "args->dh0", &args->dh0,
+                            KF_DTYPE_F32, 3, hs2, true,
                             &present));
     float *dh0 = present ? args->dh0.data : NULL;
 
@@ -386,7 +393,8 @@ KF_API kf_status kf_rnn_backward(kf_rnn_plan *plan, kf_grad_mode grad_mode,
             int32_t nd = kf__rnn_weight_shape(plan, k / plan->nw / plan->D, k % plan->nw, ws);
             char arg[160];
             snprintf(arg, sizeof arg, "args->dweights[%d] (%s)", (int)k, plan->names[k]);
-            KF_TRY(kf__check_tensor(__func__, arg, &args->dweights[k], KF_DTYPE_F32, nd, ws, true,
+            KF_TRY(kf__check_tensor(plan->ctx, __func__, arg, &args->dweights[k],
+                                    KF_DTYPE_F32, nd, ws, true,
                                     &present));
             plan->dw[k] = present ? args->dweights[k].data : NULL;
             any_dw = any_dw || present;
@@ -401,6 +409,7 @@ KF_API kf_status kf_rnn_backward(kf_rnn_plan *plan, kf_grad_mode grad_mode,
     KF_CHECK(reserve_bytes >= rs_need, KF_ERR_WORKSPACE_TOO_SMALL,
              "reserve_bytes = %zu, expected >= %zu (kf_rnn_workspace_size)", reserve_bytes,
              rs_need);
+    KF_TRY(kf__check_device_memory(plan->ctx, __func__, "reserve", reserve));
     void *ws = NULL;
     KF_TRY(kf__workspace_select(plan->ctx, __func__, workspace, workspace_bytes, ws_need, &ws));
 

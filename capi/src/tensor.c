@@ -2,6 +2,7 @@
 #include "internal.h"
 
 #include <inttypes.h>
+#include <stdio.h>
 
 size_t kf__dtype_bytes(int32_t dtype) {
     switch (dtype) {
@@ -54,8 +55,20 @@ KF_API kf_status kf_tensor_init(kf_tensor *t, void *data, kf_dtype dtype, int32_
     return KF_OK;
 }
 
-kf_status kf__check_tensor(const char *fn, const char *arg, const kf_tensor *t, kf_dtype dtype,
-                           int32_t ndim, int64_t *shape, bool optional, bool *present) {
+kf_status kf__check_device_memory(const kf_context *ctx, const char *fn, const char *arg,
+                                  const void *p) {
+#ifdef KF_HAVE_CUDA
+    if (ctx->device_type == KF_DEVICE_CUDA && p != NULL)
+        return kf__cuda_check_pointer(ctx, fn, arg, p);
+#else
+    (void)ctx, (void)fn, (void)arg, (void)p;
+#endif
+    return KF_OK;
+}
+
+kf_status kf__check_tensor(const kf_context *ctx, const char *fn, const char *arg,
+                           const kf_tensor *t, kf_dtype dtype, int32_t ndim, int64_t *shape,
+                           bool optional, bool *present) {
     *present = false;
     if (t->data == NULL) {
         KF_CHECK_FN(fn, optional, KF_ERR_INVALID_ARGUMENT, "%s.data is NULL (required tensor)",
@@ -90,6 +103,9 @@ kf_status kf__check_tensor(const char *fn, const char *arg, const kf_tensor *t, 
     size_t align = kf__dtype_bytes(dtype);
     KF_CHECK_FN(fn, ((uintptr_t)t->data % align) == 0, KF_ERR_INVALID_ARGUMENT,
                 "%s.data = %p is not aligned to its %zu-byte elements", arg, t->data, align);
+    char what[192];
+    snprintf(what, sizeof what, "%s.data", arg);
+    KF_TRY(kf__check_device_memory(ctx, fn, what, t->data));
     *present = true;
     return KF_OK;
 }

@@ -703,6 +703,55 @@ Test(rnn_cuda, graph_capture_replays_forward) {
     }
 }
 
+/* A CUDA context rejects host memory (and a caller workspace in host memory) with a status that
+ * names the argument, before launching anything, and writes nothing. */
+Test(rnn_cuda, host_pointers_rejected) {
+    kf_context *ctx = make_ctx(KF_DEVICE_CUDA);
+    cfg c = base(KF_RNN_GRU, 64);
+    prob p;
+    prob_make(&p, &c, 77);
+    kf_rnn_plan *plan = make_plan(ctx, &c);
+    io b = io_make(&p, 1);
+    b.y = out_buf(p.ny, 1);
+    int64_t xs[3], ys[3];
+    seq_shape(&c, c.I, xs);
+    seq_shape(&c, c.H, ys);
+    kf_tensor *w = weight_tensors(plan, p.nw, b.w);
+    float *y_host = malloc((size_t)p.ny * sizeof(float));
+    for (int64_t i = 0; i < p.ny; i++) y_host[i] = 7.0f;
+    kf_rnn_forward_args a;
+    kf_rnn_forward_args_init(&a);
+    a.x = tens(p.x, KF_DTYPE_F32, 3, xs); /* host copy of x */
+    a.y = tens(b.y, KF_DTYPE_F32, 3, ys);
+    a.weights = w;
+    a.num_weights = p.nw;
+    kf_status s = kf_rnn_forward(plan, KF_MODE_INFERENCE, &a, NULL, 0, NULL, 0);
+    cr_expect(s == KF_ERR_INVALID_ARGUMENT && strstr(kf_last_error_message(), "args->x.data") &&
+                  strstr(kf_last_error_message(), "host memory"),
+              "host x: %s (%s)", kf_status_string(s), kf_last_error_message());
+    a.x = tens(b.x, KF_DTYPE_F32, 3, xs);
+    a.y = tens(y_host, KF_DTYPE_F32, 3, ys); /* host output */
+    s = kf_rnn_forward(plan, KF_MODE_INFERENCE, &a, NULL, 0, NULL, 0);
+    cr_expect(s == KF_ERR_INVALID_ARGUMENT && strstr(kf_last_error_message(), "args->y.data"),
+              "host y: %s (%s)", kf_status_string(s), kf_last_error_message());
+    for (int64_t i = 0; i < p.ny; i++) cr_assert(y_host[i] == 7.0f, "host y was written");
+    a.y = tens(b.y, KF_DTYPE_F32, 3, ys);
+    size_t ws = 0;
+    KF_OK_(kf_rnn_workspace_size(plan, c.T, c.B, KF_MODE_INFERENCE, &ws, NULL));
+    void *ws_host = aligned_alloc(64, (ws + 63) / 64 * 64 + 64);
+    s = kf_rnn_forward(plan, KF_MODE_INFERENCE, &a, ws_host, ws + 64, NULL, 0);
+    cr_expect(s == KF_ERR_INVALID_ARGUMENT && strstr(kf_last_error_message(), "workspace"),
+              "host workspace: %s (%s)", kf_status_string(s), kf_last_error_message());
+    KF_OK_(kf_rnn_forward(plan, KF_MODE_INFERENCE, &a, NULL, 0, NULL, 0));
+    free(ws_host);
+    free(y_host);
+    free(w);
+    io_free(&b, p.nw, 1);
+    kf_rnn_plan_destroy(plan);
+    prob_free(&p);
+    kf_context_destroy(ctx);
+}
+
 #else /* !KF_HAVE_CUDA */
 
 Test(rnn_cuda, cuda_backend_not_built) {
