@@ -9,8 +9,11 @@ on one device, all fp32:
 
 The torch rows are timed the same way as the driver (host clock around the call and a
 torch.cuda.synchronize()), after warm-up, and the median over the repetitions is reported, so the
-three columns are comparable. Shapes: the main job (T=28, I=28, H=128, B=128) and the pixel
-sequence (T=784, I=1, H=128, B=128), one layer.
+three columns are comparable. Shapes, one layer: the main job (T=28, I=28, H=128, B=128), the
+pixel sequence (T=784, I=1, H=128, B=128), the wider hidden sizes H=256 and H=512 at B=64 (T=28,
+I=28; kfuse's per-step path) and a B=1 decode step (T=1, I=28, H=128). Each is reported per call
+and per recurrent step, forward and forward+backward. The decode step (T*B <= 64) runs 5x the
+repetitions so that their medians rest on enough samples; the whole script takes about a minute.
 
     python3 benches/gpu_rnn.py --bench build-gpu/benches/kf_bench_rnn \
         [--json out.json] [--md out.md] [--reps 20] [--warmup 5]
@@ -27,7 +30,14 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from agru_ref import AGRU  # noqa: E402
 
-SHAPES = [dict(T=28, I=28, H=128, B=128), dict(T=784, I=1, H=128, B=128)]
+SHAPES = [dict(T=28, I=28, H=128, B=128), dict(T=784, I=1, H=128, B=128),
+          dict(T=28, I=28, H=256, B=64), dict(T=28, I=28, H=512, B=64),
+          dict(T=1, I=28, H=128, B=1)]
+
+
+def reps_for(s, reps):
+    """Repetitions for shape s: more for the short calls, fewer for the eager loop at T=784."""
+    return reps * 5 if s["T"] * s["B"] <= 64 else reps
 
 
 def median(v):
@@ -101,17 +111,18 @@ def main():
     for s in SHAPES:
         T, I, H, B = s["T"], s["I"], s["H"], s["B"]
         x = torch.rand(T, B, I, device=dev) * 2 - 1
-        reps_loop = max(3, a.reps // 4) if T > 100 else a.reps
+        reps = reps_for(s, a.reps)
+        reps_loop = max(3, a.reps // 4) if T > 100 else reps
         res = {}
         gru = torch.nn.GRU(I, H, 1).to(dev)
         for tf32 in (False, True):
             torch.backends.cudnn.allow_tf32 = tf32
-            res["cudnn_tf32" if tf32 else "cudnn"] = bench_torch(gru, x, a.reps, a.warmup)
+            res["cudnn_tf32" if tf32 else "cudnn"] = bench_torch(gru, x, reps, a.warmup)
         torch.backends.cudnn.allow_tf32 = False
         loop = AGRU(I, H, 1).to(dev)
         res["agru_loop"] = bench_torch(loop, x, reps_loop, 2)
-        kg = bench_kfuse(a.bench, "gru", s, a.reps, a.warmup)
-        ka = bench_kfuse(a.bench, "agru", s, a.reps, a.warmup)
+        kg = bench_kfuse(a.bench, "gru", s, reps, a.warmup)
+        ka = bench_kfuse(a.bench, "agru", s, reps, a.warmup)
         for key, r in (("kfuse_gru", kg), ("kfuse_agru", ka)):
             if "error" in r:
                 res[key] = None
@@ -119,7 +130,7 @@ def main():
             else:
                 res[key] = (r["fwd_ms_median"], r["fwd_ms_min"], r["fwdbwd_ms_median"],
                             r["fwdbwd_ms_min"])
-        row = dict(shape=s, **{k: (None if v is None else dict(
+        row = dict(shape=s, reps=reps, reps_loop=reps_loop, **{k: (None if v is None else dict(
             fwd_ms_median=v[0], fwd_ms_min=v[1], fwdbwd_ms_median=v[2], fwdbwd_ms_min=v[3]))
             for k, v in res.items()}, kfuse_raw=dict(gru=kg, agru=ka))
         print(json.dumps(row), flush=True)
@@ -133,10 +144,15 @@ def main():
             return "n/a"
         return f"{num[k] / den[k]:.2f}x"
 
+    def per_step(v, k, T):
+        return "n/a" if v is None else f"{v[k] * 1e3 / T:.2f}"
+
     md = [f"GPU recurrent layers, {name}, torch {torch.__version__}, cuDNN {env['cudnn']}; "
-          f"fp32; median ms over {a.reps} reps (host clock + synchronize, warm-up first).", "",
-          "| shape | impl | fwd ms | fwd+bwd ms | fwd us/step |",
-          "|---|---|---|---|---|"]
+          f"fp32; median over {a.reps} reps ({a.reps * 5} for T*B <= 64; eager loop at T=784: "
+          f"{max(3, a.reps // 4)}), host clock + synchronize, warm-up first. Per call in ms, "
+          f"per step = per call / T in us.", "",
+          "| shape | impl | fwd ms | fwd+bwd ms | fwd us/step | fwd+bwd us/step |",
+          "|---|---|---|---|---|---|"]
     for r in rows:
         s = r["shape"]
         tag = f"T={s['T']} I={s['I']} H={s['H']} B={s['B']}"
@@ -145,15 +161,18 @@ def main():
                          ("agru_loop", "A-GRU eager loop"),
                          ("kfuse_gru", "kfuse GRU"), ("kfuse_agru", "kfuse A-GRU")):
             v = r[k]
-            us = "n/a" if v is None else f"{v['fwd_ms_median'] * 1e3 / s['T']:.2f}"
             md.append(f"| {tag} | {label} | {f(v, 'fwd_ms_median')} | "
-                      f"{f(v, 'fwdbwd_ms_median')} | {us} |")
-    md += ["", "| shape | kfuse GRU / cuDNN fwd | kfuse A-GRU / cuDNN fwd | fwd+bwd A-GRU / cuDNN "
-           "| A-GRU loop / kfuse A-GRU fwd | loop / kfuse fwd+bwd |", "|---|---|---|---|---|---|"]
+                      f"{f(v, 'fwdbwd_ms_median')} | {per_step(v, 'fwd_ms_median', s['T'])} | "
+                      f"{per_step(v, 'fwdbwd_ms_median', s['T'])} |")
+    md += ["", "| shape | kfuse GRU / cuDNN fwd | kfuse GRU / cuDNN fwd+bwd "
+           "| kfuse A-GRU / cuDNN fwd | kfuse A-GRU / cuDNN fwd+bwd "
+           "| A-GRU loop / kfuse A-GRU fwd | loop / kfuse fwd+bwd |",
+           "|---|---|---|---|---|---|---|"]
     for r in rows:
         s = r["shape"]
         c, kg, ka, lp = r["cudnn"], r["kfuse_gru"], r["kfuse_agru"], r["agru_loop"]
-        md.append(f"| T={s['T']} | {ratio(kg, c, 'fwd_ms_median')} | "
+        md.append(f"| T={s['T']} I={s['I']} H={s['H']} B={s['B']} | "
+                  f"{ratio(kg, c, 'fwd_ms_median')} | {ratio(kg, c, 'fwdbwd_ms_median')} | "
                   f"{ratio(ka, c, 'fwd_ms_median')} | {ratio(ka, c, 'fwdbwd_ms_median')} | "
                   f"{ratio(lp, ka, 'fwd_ms_median')} | {ratio(lp, ka, 'fwdbwd_ms_median')} |")
     text = "\n".join(md) + "\n"

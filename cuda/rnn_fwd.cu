@@ -5,10 +5,13 @@
 // in the cell), then the recurrence runs either
 //  - persistent: one launch for all T steps; each block owns BB batch rows for every step (no
 //    grid-wide barrier) and keeps the recurrent weights on chip, half of each thread's slice in
-//    registers and half in shared memory (H % 32 == 0, H <= 128); or
+//    registers and half in shared memory (H % 32 == 0, H <= 128; rnn_fwd_persistent for the
+//    GRU, agru_fwd_persistent for the A-GRU: warp-role split, shuffle reductions, two barriers
+//    per step, see its latency model); or
 //  - per step (any H): a recurrent GEMM on cuBLAS and one fused pointwise kernel (two of each for
 //    the A-GRU, whose candidate needs r before its product A (r*h)).
-// Both paths evaluate the cell through the same device functions and write the same reserve.
+// Both paths evaluate the cell with the same expressions (same operation order outside the dot
+// products) and write the same reserve.
 #include "counter_rng.h"
 #include "rnn_cuda.cuh"
 
@@ -352,6 +355,226 @@ rnn_fwd_persistent(FwdArgs a, const float *wt, const float *h0, float *hn) {
         }
 }
 
+// ---- persistent A-GRU path ----------------------------------------------------------------
+// The A-GRU step has two dependent products, [U_z; U_r] h and then A (r*h). Latency model per
+// step at H = 128, BB = 1 (384 threads = 12 warps, 3 per SM sub-partition; smem 128 B/clk; FFMA
+// latency 4 clk, one warp FFMA per clk per sub-partition):
+//
+//  before (rnn_fwd_persistent<1, true, *>): 4 __syncthreads per step, 2 partial-sum passes
+//   through shared memory (red_sum: 8 + 4 dependent loads after a barrier), every thread's
+//   dependent FMA chain 32 deep in both products; weights 16 of 32 k-rows in registers, so a
+//   step streams 96 KB of weights from shared memory: ~770 clk of smem bandwidth (phase 1: 8
+//   warps x 16 LDS.128 x 4 wavefronts = 512 clk; phase 2: 256 clk) against ~384 clk of FFMA
+//   issue; bias loads (global, after the barrier) and the 3 input-projection loads per item
+//   issued at the start of the step and consumed after the first barrier (at T = 784 gx is
+//   154 MB, an HBM miss that the ~600 clk product only partly hides).
+//
+//  after (agru_fwd_persistent): 2 __syncthreads per step (B_mid: r*h and z ready; B_end: h'
+//   ready). The four k-slices of a column group sit in adjacent lanes, so the partial sums meet
+//   through 3 warp shuffles (a transpose-reduce: each lane ends with one column's full sum) and
+//   the lane that owns a unit evaluates its gate at once, no partial-sum buffer and no barrier
+//   between a product and its pointwise step. Warps are uniform in role: z warps and r warps
+//   run [U_z; U_r] h concurrently in phase 1 (z then parks in shared memory until the end of the
+//   step), A warps run A (r*h) and the cell update in phase 2. Dependent FMA chain per thread
+//   still 32 deep per product (4 independent accumulators per batch row), then 3 shuffles.
+//   Registers hold 24 of the 32 k-rows (BB = 1), so smem weight traffic per step halves to 48 KB
+//   (~384 clk, matching the FFMA issue floor instead of doubling it). Each lane needs one
+//   input-projection value per row and step; it is loaded one full step ahead (prefetch
+//   distance 1, ~1 us of cover) and the biases live in registers.
+//   Expected: ~ -0.35..-0.45 us per step at T = 784 (smem -384 clk, 2 barriers and 2 shared
+//   reduction passes -150 clk, gx latency off the critical path).
+// Shapes: H % 32 == 0, 64 <= H <= 128; KS = 4 slices of KPT = H/4 k-rows, thread tid = cg*4 + s
+// owns columns 4cg..4cg+3 of [U_z; U_r; A] (warp w: columns 32w..32w+31, one role per warp)
+// over the k chunks {s + 4m} (float4 chunk index, so the 4 lanes of a group read 4 adjacent
+// chunks of the state: one shared-memory wavefront). nthr = 3H.
+__host__ __device__ constexpr int agru_rk(int KPT, int BB) {
+    return (BB == 1 ? 24 : BB == 2 ? 16 : 8) < KPT ? (BB == 1 ? 24 : BB == 2 ? 16 : 8) : KPT;
+}
+
+template <int BB, int KPT, int kRK>
+__device__ __forceinline__ void agru_matvec(const float *src, const float4 (&wr)[kRK],
+                                            const float4 *ws, int tid, int nthr, int s, int H,
+                                            float4 (&acc)[BB]) {
+#pragma unroll
+    for (int bb = 0; bb < BB; ++bb) acc[bb] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int m = 0; m < KPT / 4; ++m) {
+        float4 hv[BB];
+#pragma unroll
+        for (int bb = 0; bb < BB; ++bb) hv[bb] = *(const float4 *)&src[bb * H + 4 * (s + 4 * m)];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int kk = 4 * m + q;
+            const float4 w = kk < kRK ? wr[kk < kRK ? kk : 0] : ws[(kk - kRK) * nthr + tid];
+#pragma unroll
+            for (int bb = 0; bb < BB; ++bb) {
+                const float x = q == 0 ? hv[bb].x : q == 1 ? hv[bb].y : q == 2 ? hv[bb].z : hv[bb].w;
+                acc[bb].x = fmaf(w.x, x, acc[bb].x);
+                acc[bb].y = fmaf(w.y, x, acc[bb].y);
+                acc[bb].z = fmaf(w.z, x, acc[bb].z);
+                acc[bb].w = fmaf(w.w, x, acc[bb].w);
+            }
+        }
+    }
+}
+
+// Sum of the 4 lanes' float4 partials (lanes 4g..4g+3): lane s returns column 2*(s&1) + (s>>1)
+// of the group, summed as (p_s + p_{s^1}) + (p_{s^2} + p_{s^3}).
+__device__ __forceinline__ float quad_reduce(float4 v, int s) {
+    const bool hi0 = s & 1, hi1 = s & 2;
+    float k0 = hi0 ? v.z : v.x, k1 = hi0 ? v.w : v.y;
+    const float o0 = hi0 ? v.x : v.z, o1 = hi0 ? v.y : v.w;
+    k0 += __shfl_xor_sync(0xffffffffu, o0, 1);
+    k1 += __shfl_xor_sync(0xffffffffu, o1, 1);
+    const float keep = hi1 ? k1 : k0, send = hi1 ? k0 : k1;
+    return keep + __shfl_xor_sync(0xffffffffu, send, 2);
+}
+
+template <int BB, int KPT, bool kTrain>
+__global__ void __launch_bounds__(kMaxThreads, 1)
+agru_fwd_persistent(FwdArgs a, const float *wt, const float *h0, float *hn) {
+    extern __shared__ float4 smem4[];
+    constexpr int kRK = agru_rk(KPT, BB);
+    const int H = a.H, ncg = 3 * H / 4, nthr = 3 * H;
+    const int tid = threadIdx.x, cg = tid >> 2, s = tid & 3;
+    const int role = (tid >> 5) / (H / 32); // 0: z, 1: r, 2: A (warp-uniform)
+    const int j = 4 * cg + 2 * (s & 1) + (s >> 1) - role * H; // unit this lane finishes
+    const int b0 = blockIdx.x * BB;
+    float4 *ws = smem4;
+    float *sh = (float *)(ws + (KPT - kRK) * nthr); // [BB, H] state
+    float *srh = sh + BB * H;                        // [BB, H] r*h
+    float *sz = srh + BB * H;                        // [BB, H] z
+
+    const float4 *wt4 = (const float4 *)wt;
+    float4 wr[kRK];
+#pragma unroll
+    for (int kk = 0; kk < kRK; ++kk)
+        wr[kk] = wt4[(int64_t)(4 * (s + 4 * (kk >> 2)) + (kk & 3)) * ncg + cg];
+    for (int kk = kRK; kk < KPT; ++kk)
+        ws[(kk - kRK) * nthr + tid] = wt4[(int64_t)(4 * (s + 4 * (kk >> 2)) + (kk & 3)) * ncg + cg];
+    for (int i = tid; i < BB * H; i += nthr) {
+        const int b = b0 + i / H;
+        sh[i] = (b < a.B && h0 != nullptr) ? h0[(int64_t)b * H + i % H] : 0.0f;
+    }
+    int len[BB];
+#pragma unroll
+    for (int bb = 0; bb < BB; ++bb) {
+        const int b = b0 + bb;
+        len[bb] = b < a.B ? (a.len ? a.len[b] : a.T) : 0; // rows past B are never active
+    }
+    const float eps = *a.eps;
+    const float bias = (role == 0 ? a.bx[0] : role == 1 ? a.bx[1] : a.bx[2])[j];
+    const float *gxc = a.gx + role * H + j;
+    // Input projection of step st for this lane's unit, one step ahead of its use.
+    float gnext[BB];
+#pragma unroll
+    for (int bb = 0; bb < BB; ++bb) {
+        int t;
+        gnext[bb] = 0.0f;
+        if (kf__step_time(0, len[bb], a.reverse, &t))
+            gnext[bb] = __ldg(gxc + (t * a.ts + (b0 + bb) * a.bs) * 3 * H);
+    }
+    __syncthreads();
+
+    for (int st = 0; st < a.T; ++st) {
+        float gcur[BB];
+#pragma unroll
+        for (int bb = 0; bb < BB; ++bb) {
+            gcur[bb] = gnext[bb];
+            int t;
+            if (st + 1 < a.T && kf__step_time(st + 1, len[bb], a.reverse, &t))
+                gnext[bb] = __ldg(gxc + (t * a.ts + (b0 + bb) * a.bs) * 3 * H);
+        }
+        float4 acc[BB];
+        if (role != 2) { // phase 1: z = sigm(W_z x + b_z + U_z h), r likewise, r*h
+            agru_matvec<BB, KPT, kRK>(sh, wr, ws, tid, nthr, s, H, acc);
+#pragma unroll
+            for (int bb = 0; bb < BB; ++bb) {
+                const float sum = quad_reduce(acc[bb], s);
+                const int b = b0 + bb;
+                int t;
+                const bool act = kf__step_time(st, len[bb], a.reverse, &t);
+                const float g = act ? sigm(gcur[bb] + bias + sum) : 0.0f;
+                if (role == 0) sz[bb * H + j] = g;
+                else srh[bb * H + j] = act ? g * sh[bb * H + j] : 0.0f;
+                if (kTrain && b < a.B)
+                    a.gates[(t * a.ts + b * a.bs) * 3 * H + role * H + j] = g;
+            }
+        }
+        __syncthreads(); // B_mid: r*h and z of every row are in shared memory
+        if (role == 2) { // phase 2: d = tanh(V_h x + b_h + A (r*h)), h' = h + eps z d
+            agru_matvec<BB, KPT, kRK>(srh, wr, ws, tid, nthr, s, H, acc);
+#pragma unroll
+            for (int bb = 0; bb < BB; ++bb) {
+                const float sum = quad_reduce(acc[bb], s);
+                const int b = b0 + bb;
+                if (b >= a.B) continue;
+                int t;
+                if (!kf__step_time(st, len[bb], a.reverse, &t)) {
+                    // write_inactive's zeros; the z and r gates were zeroed in phase 1
+                    a.out[(t * a.out_ts + b * a.out_bs) * a.out_ld + a.out_col + j] = 0.0f;
+                    if (kTrain) {
+                        const int64_t row = t * a.ts + b * a.bs;
+                        a.gates[row * 3 * H + 2 * H + j] = 0.0f;
+                        a.hprev[row * H + j] = 0.0f;
+                    }
+                    continue;
+                }
+                const int64_t row = t * a.ts + b * a.bs;
+                const float h = sh[bb * H + j];
+                const float d = tanhf(gcur[bb] + bias + sum);
+                const float hnew = h + eps * (sz[bb * H + j] * d);
+                if (kTrain) {
+                    a.gates[row * 3 * H + 2 * H + j] = d;
+                    a.hprev[row * H + j] = h;
+                }
+                sh[bb * H + j] = hnew;
+                write_out(a, t, b, j, hnew);
+            }
+        }
+        __syncthreads(); // B_end: h' of every row is in shared memory
+    }
+    if (hn != nullptr)
+        for (int i = tid; i < BB * H; i += nthr) {
+            const int b = b0 + i / H;
+            if (b < a.B) hn[(int64_t)b * H + i % H] = sh[i];
+        }
+}
+
+size_t agru_persistent_smem_bytes(int H, int BB) {
+    const int KPT = H / 4, rk = agru_rk(KPT, BB);
+    return (size_t)(KPT - rk) * 3 * H * sizeof(float4) + (size_t)3 * BB * H * sizeof(float);
+}
+
+template <int BB, int KPT, bool kTrain>
+kf_status launch_agru_persistent(kf_context *ctx, const char *fn, const FwdArgs &a,
+                                 const float *wt, const float *h0, float *hn) {
+    const size_t smem = agru_persistent_smem_bytes(a.H, BB);
+    auto kernel = agru_fwd_persistent<BB, KPT, kTrain>;
+    KF__CUDA_TRY(fn, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          (int)smem));
+    kernel<<<(unsigned)((a.B + BB - 1) / BB), 3 * a.H, smem, kf__stream(ctx)>>>(a, wt, h0, hn);
+    KF__CUDA_LAUNCH_CHECK(fn, "agru_fwd_persistent");
+    return KF_OK;
+}
+
+template <bool kTrain>
+kf_status run_agru_persistent(kf_context *ctx, const char *fn, int BB, const FwdArgs &a,
+                              const float *wt, const float *h0, float *hn) {
+#define KF__AGRU_P(bb)                                                                          \
+    switch (a.H) {                                                                              \
+    case 64: return launch_agru_persistent<bb, 16, kTrain>(ctx, fn, a, wt, h0, hn);             \
+    case 96: return launch_agru_persistent<bb, 24, kTrain>(ctx, fn, a, wt, h0, hn);             \
+    default: return launch_agru_persistent<bb, 32, kTrain>(ctx, fn, a, wt, h0, hn);             \
+    }
+    switch (BB) {
+    case 1: KF__AGRU_P(1)
+    case 2: KF__AGRU_P(2)
+    default: KF__AGRU_P(4)
+    }
+#undef KF__AGRU_P
+}
+
 size_t persistent_smem_bytes(int H, int BB) {
     const int nthr = (3 * H / 4) * (H / kKPT);
     return (size_t)(kKPT - rk_for(BB)) * nthr * sizeof(float4) + (size_t)2 * BB * H * sizeof(float) +
@@ -545,8 +768,8 @@ extern "C" kf_status kf__cuda_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c)
                 kf_status st;
                 if (!agru) st = train ? run_persistent<false, true>(ctx, fn, BB, a, wt, h0, hn)
                                       : run_persistent<false, false>(ctx, fn, BB, a, wt, h0, hn);
-                else st = train ? run_persistent<true, true>(ctx, fn, BB, a, wt, h0, hn)
-                                : run_persistent<true, false>(ctx, fn, BB, a, wt, h0, hn);
+                else st = train ? run_agru_persistent<true>(ctx, fn, BB, a, wt, h0, hn)
+                                : run_agru_persistent<false>(ctx, fn, BB, a, wt, h0, hn);
                 KF_TRY(st);
             } else {
                 KF_TRY(run_steps(ctx, fn, agru, train, a, wt, h0, hn, hbuf));
