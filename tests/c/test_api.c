@@ -370,6 +370,19 @@ Test(api, reserve_out_of_memory) {
 #endif
 }
 
+/* Regression (fuzzer, benches/results/reliability.md bug 1): a reserve within 63 bytes of SIZE_MAX
+ * once rounded up to a 0-byte block that the arena then claimed held SIZE_MAX - 8 bytes. It must
+ * fail cleanly before any allocation (no allocator involved, so this runs under ASan too). */
+Test(api, reserve_near_size_max_is_rejected) {
+    kf_context *ctx = make_cpu();
+    check_error("reserve SIZE_MAX - 8", kf_context_reserve(ctx, SIZE_MAX - 8),
+                KF_ERR_OUT_OF_MEMORY, "kf_context_reserve", "arena|bytes");
+    size_t bytes = 1;
+    cr_expect_eq(kf_context_arena_info(ctx, &bytes, NULL), KF_OK);
+    cr_expect_eq(bytes, 0u, "arena changed by a failed reserve");
+    kf_context_destroy(ctx);
+}
+
 /* Context creation errors: status, message naming the field, *out NULL (documented). */
 Test(api, context_create_errors) {
     const kf_status INV = KF_ERR_INVALID_ARGUMENT;
