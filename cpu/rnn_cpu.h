@@ -21,9 +21,9 @@
  *   rec[c]   per cell: the recurrent weights as micro-kernel panels (kf__mk), packed once per
  *            call: forward pk[0] = W_hh^T gated r,z,n (GRU) or [U_z; U_r]^T gated z,r (A-GRU),
  *            pk[1] = A^T (A-GRU); backward pk[0] = W_hh (GRU) or [U_z; U_r] (A-GRU), pk[1] = A
- *   big[0]   [N, 3H]  forward: input projection of direction 0; backward: dG_x (input-side
- *                     pre-activation gradients)
- *   big[1]   [N, 3H]  forward: projection of direction 1; backward GRU: dG_h (recurrent-side);
+ *   big[0]   [N, 3H]  forward: direction 0's input projection of one step, slice s in rows
+ *                     b0.. of its own; backward: dG_x (input-side pre-activation gradients)
+ *   big[1]   [N, 3H]  forward: the same for direction 1; backward GRU: dG_h (recurrent-side);
  *                     backward A-GRU: q = r*h [N, H]
  *   seq[2]   [N, D*H] (L > 1) forward inference: layer outputs; backward: d(layer output)
  *   slice[s] per slice: st, t1, t2, each [nb, H]
@@ -170,6 +170,21 @@ typedef int32_t kf__v8i __attribute__((vector_size(32)));
  * clone into lane inserts across the kernel's rows instead of one vbroadcastss. */
 KF__VINLINE kf__v8 kf__v8_set1(float x) { return (kf__v8){0} + x; }
 
+/* *p in every lane, for the micro-kernel's inner loop: with AVX one vbroadcastss from memory, a
+ * pure load. kf__v8_set1 of a variable costs an FP add (0 + x, which IEEE signed zeros keep) and
+ * a register broadcast, two FP-port uops per row beside the FMAs (30% of the A-GRU forward's
+ * time, 20% of the GRU's); GCC forms neither the memory broadcast from a plain load nor keeps the accumulators in
+ * registers around _mm256_broadcast_ss, hence the asm. */
+KF__VINLINE kf__v8 kf__v8_bcast(const float *p) {
+#if defined(__AVX__) && defined(__GNUC__)
+    kf__v8 v;
+    __asm__("vbroadcastss %1, %0" : "=x"(v) : "m"(*p));
+    return v;
+#else
+    return kf__v8_set1(*p);
+#endif
+}
+
 KF__VINLINE kf__v8 kf__v8_load(const float *p) {
     kf__v8 v;
     memcpy(&v, p, sizeof v);
@@ -184,8 +199,13 @@ KF__VINLINE kf__v8 kf__v8_load_n(const float *p, int n) {
     return v;
 }
 
+/* The first n <= 8 lanes of v to p (n == 8, every column tile but a ragged last one, is one
+ * store; a variable-length memcpy would be a library call). */
 KF__VINLINE void kf__v8_store_n(float *p, kf__v8 v, int n) {
-    memcpy(p, &v, (size_t)n * sizeof(float));
+    if (n == 8)
+        memcpy(p, &v, sizeof v);
+    else
+        memcpy(p, &v, (size_t)n * sizeof(float));
 }
 
 KF__VINLINE kf__v8 kf__v8_fma(kf__v8 a, kf__v8 b, kf__v8 c) {
@@ -274,15 +294,18 @@ kf__mk(const int MR, const int NV, int64_t K, const float *a, int64_t lda, int64
        const float *restrict bp, kf__v8 acc[KF__MR_MAX * KF__NV_MAX]) {
     const float *ap[KF__MR_MAX];
     for (int i = 0; i < MR; i++) ap[i] = a + (i < mr ? i : mr - 1) * lda;
-    for (int i = 0; i < MR * NV; i++) acc[i] = kf__v8_set1(0.0f);
+    /* c: constant indices only, so it lives in registers across the asm of kf__v8_bcast */
+    kf__v8 c[KF__MR_MAX * KF__NV_MAX];
+    for (int i = 0; i < MR * NV; i++) c[i] = kf__v8_set1(0.0f);
     for (int64_t k = 0; k < K; k++, bp += NV * 8) {
         kf__v8 b[KF__NV_MAX];
         for (int v = 0; v < NV; v++) b[v] = kf__v8_load(bp + v * 8);
         for (int i = 0; i < MR; i++) {
-            const kf__v8 x = kf__v8_set1(ap[i][k]);
-            for (int v = 0; v < NV; v++) acc[i * NV + v] = kf__v8_fma(x, b[v], acc[i * NV + v]);
+            const kf__v8 x = kf__v8_bcast(ap[i] + k);
+            for (int v = 0; v < NV; v++) c[i * NV + v] = kf__v8_fma(x, b[v], c[i * NV + v]);
         }
     }
+    for (int i = 0; i < MR * NV; i++) acc[i] = c[i];
 }
 
 /* Columns of vector v of panel p: its first column, and how many of its 8 lie before hc (the

@@ -1,12 +1,13 @@
 /* CPU forward of the stacked GRU / A-GRU, plus the layout and helpers backward shares
  * (cpu/rnn_cpu.h). Math: docs/ops/rnn.md.
  *
- * Per layer: (1) the input projection of all T*B rows, G_x = X W3^T, one GEMM per direction
- * split across threads by rows (OpenBLAS); (2) the recurrence, each thread owning slices of batch
- * rows for the whole sequence (no barrier between steps): per step the recurrent product h W_hh^T
- * by the register-blocked micro-kernel (kf__mk) on the weights packed once per call, with the
- * gate math in its epilogue (A-GRU: z, r and q = r*h in the epilogue of h [U_z; U_r]^T, then the
- * state update in that of q A^T). Nothing is allocated. */
+ * Per layer and direction, each thread owns slices of batch rows for the whole sequence (no
+ * barrier between steps, none before the recurrence). Per step of a slice: the input projection
+ * of its rows, G_x = X W3^T + b3 (OpenBLAS, into an L2-sized buffer), then the recurrent product
+ * h W_hh^T by the register-blocked micro-kernel (kf__mk) on the weights packed once per call,
+ * with the gate math in its epilogue (A-GRU: z, r and q = r*h in the epilogue of h [U_z; U_r]^T,
+ * then the state update in that of q A^T), which also stores the new state into y and the
+ * reserve. Nothing is allocated. */
 #include "blas.h"
 #include "rnn_cpu.h"
 
@@ -201,21 +202,33 @@ void kf__rnn_cpu_drop_row(float *restrict dst, const float *restrict src, int64_
 /* ---- one step of a slice --------------------------------------------------------------------
  * Row i of the slice is sample b0 + i; its rows of G_x and of the saved gates sit i*gx_ld and
  * i*sv_ld floats after row 0 (sv NULL in inference). The micro-kernel's tile is mr rows by 8
- * columns of each of its nv vectors; the epilogues below finish those columns of those rows. */
+ * columns of each of its nv vectors; the epilogues below finish those columns of those rows.
+ * The new state leaves the epilogue's registers for every place that wants it, so no step copies
+ * rows afterwards: the slice's state, the layer output y (0 for invalid rows; NULL when dropout
+ * masks it, then the caller writes it) and the reserve's hp row of the next step (NULL in
+ * inference and at the last step). */
 typedef struct fwd_step {
     int64_t nb, H, t;
     const int32_t *len; /* lengths + b0, or NULL */
-    const float *gx;    /* X W3^T, without b3 */
+    const float *gx;    /* X W3^T + b3 */
     int64_t gx_ld;
-    const float *b3;
     float *sv;
     int64_t sv_ld;
+    float *y, *hpn;
+    int64_t y_ld, hpn_ld;
 } fwd_step;
 
 static bool step_valid(const fwd_step *s, int64_t i) { return !s->len || s->t < s->len[i]; }
 
+/* Columns j.. of row i of the new state, h' (valid rows; y gets h') or the unchanged h (rows past
+ * their length; y gets 0), into y and the next hp. */
+KF__VINLINE void put_state(const fwd_step *s, int64_t i, int64_t j, kf__v8 h, bool valid, int nc) {
+    if (s->y) kf__v8_store_n(s->y + i * s->y_ld + j, valid ? h : kf__v8_set1(0.0f), nc);
+    if (s->hpn) kf__v8_store_n(s->hpn + i * s->hpn_ld + j, h, nc);
+}
+
 /* GRU: [a_r, a_z, hn] = h W_hh^T + b_hh on 4 rows x 8 columns of each gate, then
- * r, z = sigmoid(gx + b_i + a); n = tanh(gx_n + b_in + r hn); h' = n + z (h - n).
+ * r, z = sigmoid(gx + a); n = tanh(gx_n + r hn); h' = n + z (h - n) (gx = x W_ih^T + b_ih).
  * h is read whole by the products, so h' goes to a second buffer (invalid rows copy h). */
 KF__MK_CLONES static void gru_step(const fwd_step *s, const float *pk,
                                    const float *restrict bhh, const float *h, float *hout) {
@@ -223,9 +236,7 @@ KF__MK_CLONES static void gru_step(const fwd_step *s, const float *pk,
     for (int64_t p = 0; p < kf__num_panels(3, 3, H); p++) {
         const int64_t j = 8 * p;
         const int nc = kf__cols_left(j, H);
-        const kf__v8 br = kf__v8_load_n(s->b3 + j, nc) + kf__v8_load_n(bhh + j, nc);
-        const kf__v8 bz = kf__v8_load_n(s->b3 + H + j, nc) + kf__v8_load_n(bhh + H + j, nc);
-        const kf__v8 bin = kf__v8_load_n(s->b3 + 2 * H + j, nc);
+        const kf__v8 br = kf__v8_load_n(bhh + j, nc), bz = kf__v8_load_n(bhh + H + j, nc);
         const kf__v8 bhn = kf__v8_load_n(bhh + 2 * H + j, nc);
         for (int64_t i0 = 0; i0 < s->nb; i0 += 4) {
             const int64_t mr = s->nb - i0 < 4 ? s->nb - i0 : 4;
@@ -235,6 +246,7 @@ KF__MK_CLONES static void gru_step(const fwd_step *s, const float *pk,
                 const kf__v8 hp = kf__v8_load_n(h + i * H + j, nc);
                 if (!step_valid(s, i)) {
                     kf__v8_store_n(hout + i * H + j, hp, nc);
+                    put_state(s, i, j, hp, false, nc);
                     continue;
                 }
                 const float *gx = s->gx + i * s->gx_ld + j;
@@ -242,9 +254,10 @@ KF__MK_CLONES static void gru_step(const fwd_step *s, const float *pk,
                 const kf__v8 r = kf__v8_sigmoid(kf__v8_load_n(gx, nc) + a[0] + br);
                 const kf__v8 z = kf__v8_sigmoid(kf__v8_load_n(gx + H, nc) + a[1] + bz);
                 const kf__v8 hn = a[2] + bhn;
-                const kf__v8 xn = kf__v8_load_n(gx + 2 * H, nc) + bin;
-                const kf__v8 n = kf__v8_tanh(kf__v8_fma(r, hn, xn));
-                kf__v8_store_n(hout + i * H + j, kf__v8_fma(z, hp - n, n), nc);
+                const kf__v8 n = kf__v8_tanh(kf__v8_fma(r, hn, kf__v8_load_n(gx + 2 * H, nc)));
+                const kf__v8 hnew = kf__v8_fma(z, hp - n, n);
+                kf__v8_store_n(hout + i * H + j, hnew, nc);
+                put_state(s, i, j, hnew, true, nc);
                 if (s->sv) {
                     float *sv = s->sv + i * s->sv_ld + j;
                     kf__v8_store_n(sv, r, nc);
@@ -258,14 +271,13 @@ KF__MK_CLONES static void gru_step(const fwd_step *s, const float *pk,
 }
 
 /* A-GRU, first product: [a_z, a_r] = h [U_z; U_r]^T on 6 rows x 8 columns of each gate, then
- * z, r = sigmoid(gx + b + a) into zb; q = r h. Every row (the second product reads all). */
+ * z, r = sigmoid(gx + a) into zb; q = r h. Every row (the second product reads all). */
 KF__MK_CLONES static void agru_step1(const fwd_step *s, const float *pk, const float *h,
                                      float *zb, float *q) {
     const int64_t H = s->H;
     for (int64_t p = 0; p < kf__num_panels(2, 2, H); p++) {
         const int64_t j = 8 * p;
         const int nc = kf__cols_left(j, H);
-        const kf__v8 bz = kf__v8_load_n(s->b3 + j, nc), br = kf__v8_load_n(s->b3 + H + j, nc);
         for (int64_t i0 = 0; i0 < s->nb; i0 += 6) {
             const int64_t mr = s->nb - i0 < 6 ? s->nb - i0 : 6;
             kf__v8 acc[KF__MR_MAX * KF__NV_MAX];
@@ -273,8 +285,8 @@ KF__MK_CLONES static void agru_step1(const fwd_step *s, const float *pk, const f
             for (int64_t i = i0; i < i0 + mr; i++) {
                 const float *gx = s->gx + i * s->gx_ld + j;
                 const kf__v8 *a = acc + (i - i0) * 2;
-                const kf__v8 z = kf__v8_sigmoid(kf__v8_load_n(gx, nc) + a[0] + bz);
-                const kf__v8 r = kf__v8_sigmoid(kf__v8_load_n(gx + H, nc) + a[1] + br);
+                const kf__v8 z = kf__v8_sigmoid(kf__v8_load_n(gx, nc) + a[0]);
+                const kf__v8 r = kf__v8_sigmoid(kf__v8_load_n(gx + H, nc) + a[1]);
                 kf__v8_store_n(zb + i * H + j, z, nc);
                 kf__v8_store_n(q + i * H + j, r * kf__v8_load_n(h + i * H + j, nc), nc);
                 if (s->sv) {
@@ -286,7 +298,7 @@ KF__MK_CLONES static void agru_step1(const fwd_step *s, const float *pk, const f
     }
 }
 
-/* A-GRU, second product: a_d = q A^T on 6 rows x 16 columns, then d = tanh(gx_d + b_h + a_d);
+/* A-GRU, second product: a_d = q A^T on 6 rows x 16 columns, then d = tanh(gx_d + a_d);
  * h += eps z d in place (this product reads q, not h). */
 KF__MK_CLONES static void agru_step2(const fwd_step *s, const float *pk, float eps, const float *q,
                        const float *zb, float *h) {
@@ -300,15 +312,19 @@ KF__MK_CLONES static void agru_step2(const fwd_step *s, const float *pk, float e
                 const int64_t j = kf__panel_col(1, 2, p, v);
                 const int nc = kf__cols_left(j, H);
                 if (!nc) break;
-                const kf__v8 bh = kf__v8_load_n(s->b3 + 2 * H + j, nc);
                 for (int64_t i = i0; i < i0 + mr; i++) {
-                    if (!step_valid(s, i)) continue;
+                    float *hr = h + i * H + j;
+                    if (!step_valid(s, i)) {
+                        put_state(s, i, j, kf__v8_load_n(hr, nc), false, nc);
+                        continue;
+                    }
                     const float *gx = s->gx + i * s->gx_ld + 2 * H + j;
                     const kf__v8 a = acc[(i - i0) * 2 + v];
-                    const kf__v8 d = kf__v8_tanh(kf__v8_load_n(gx, nc) + bh + a);
+                    const kf__v8 d = kf__v8_tanh(kf__v8_load_n(gx, nc) + a);
                     const kf__v8 ez = kf__v8_set1(eps) * kf__v8_load_n(zb + i * H + j, nc);
-                    float *hr = h + i * H + j;
-                    kf__v8_store_n(hr, kf__v8_fma(ez, d, kf__v8_load_n(hr, nc)), nc);
+                    const kf__v8 hnew = kf__v8_fma(ez, d, kf__v8_load_n(hr, nc));
+                    kf__v8_store_n(hr, hnew, nc);
+                    put_state(s, i, j, hnew, true, nc);
                     if (s->sv) kf__v8_store_n(s->sv + i * s->sv_ld + 2 * H + j, d, nc);
                 }
             }
@@ -329,13 +345,17 @@ typedef struct fwd_layer {
     void *ws;
 } fwd_layer;
 
-/* G_x rows [r0, r1) = X W3^T for direction d (the pointwise passes add b3). */
-static void project_rows(const fwd_layer *f, int32_t d, int64_t r0, int64_t r1) {
+/* gxs[nb, 3H] = X W3^T + b3 for the slice's rows of one step, their x rows r0, r0 + bs, ...:
+ * filled with b3 and accumulated into (beta = 1), so OpenBLAS runs no zeroing pass. Per step
+ * rather than one GEMM over all T*B rows, so G_x is written and read while in L2 (96 KB per
+ * 64-row slice at H = 128) instead of streaming [T*B, 3H] out to memory and back, and the
+ * slices need no barrier after it. */
+static void project_step(const fwd_layer *f, int32_t d, int64_t r0, int64_t nb, float *gxs) {
     const kf__rnn_cell *cw = &f->cell[d];
-    int64_t G = 3 * f->lo->H;
-    float *gx = (float *)kf__at(f->ws, f->lo->big[d]);
-    kf__sgemm(false, true, r1 - r0, G, cw->in, 1.0f, f->x + r0 * cw->in, cw->in, cw->w3, cw->in,
-              0.0f, gx + r0 * G, G);
+    const int64_t G = 3 * f->lo->H;
+    for (int64_t i = 0; i < nb; i++) memcpy(gxs + i * G, cw->b3, (size_t)G * sizeof(float));
+    kf__sgemm(false, true, nb, G, cw->in, 1.0f, f->x + r0 * cw->in, f->lo->bs * cw->in, cw->w3,
+              cw->in, 1.0f, gxs, G);
 }
 
 /* Runs direction d of layer l over the whole sequence for the batch rows of slice `sl`. The
@@ -348,7 +368,7 @@ static void fwd_slice(const fwd_layer *f, int32_t d, const kf__rnn_slice *sl) {
     const int64_t cidx = (int64_t)f->l * lo->D + d;
     float *hp = c->reserve ? (float *)kf__at(c->reserve, (size_t)cidx * lo->cell_bytes) : NULL;
     float *gates = hp ? (float *)kf__at(hp, lo->hp_bytes) : NULL;
-    const float *gx = (const float *)kf__at(f->ws, lo->big[d]);
+    float *gxs = (float *)kf__at(f->ws, lo->big[d]) + b0 * 3 * H; /* rows of no other slice */
     float *h = sl->st, *h2 = sl->t1;
 
     if (c->h0)
@@ -356,15 +376,20 @@ static void fwd_slice(const fwd_layer *f, int32_t d, const kf__rnn_slice *sl) {
     else
         memset(h, 0, (size_t)(nb * H) * sizeof(float));
     fwd_step s = {.nb = nb, .H = H, .len = c->lengths ? c->lengths + b0 : NULL,
-                  .gx_ld = lo->bs * 3 * H, .b3 = cw->b3, .sv_ld = lo->bs * lo->ng * H};
+                  .gx = gxs, .gx_ld = 3 * H, .sv_ld = lo->bs * lo->ng * H,
+                  .y_ld = lo->bs * DH, .hpn_ld = lo->bs * H};
+    if (hp) /* hp of the first step; the steps' epilogues write the others */
+        for (int64_t i = 0; i < nb; i++)
+            memcpy(hp + (kf__rnn_row(lo, d ? T - 1 : 0, b0) + i * lo->bs) * H, h + i * H,
+                   (size_t)H * sizeof(float));
     for (int64_t k = 0; k < T; k++) {
         const int64_t t = d ? T - 1 - k : k, r0 = kf__rnn_row(lo, t, b0);
         s.t = t;
-        s.gx = gx + r0 * 3 * H;
+        project_step(f, d, r0, nb, gxs);
+        s.y = f->dr.on ? NULL : f->out + r0 * DH + d * H;
         if (hp) {
-            for (int64_t i = 0; i < nb; i++)
-                memcpy(hp + (r0 + i * lo->bs) * H, h + i * H, (size_t)H * sizeof(float));
             s.sv = gates + r0 * lo->ng * H;
+            s.hpn = k + 1 < T ? hp + kf__rnn_row(lo, d ? t - 1 : t + 1, b0) * H : NULL;
         }
         if (!lo->agru) {
             gru_step(&s, cw->pk[0], cw->brec, h, h2);
@@ -374,7 +399,7 @@ static void fwd_slice(const fwd_layer *f, int32_t d, const kf__rnn_slice *sl) {
             agru_step1(&s, cw->pk[0], h, sl->t1, sl->t2);
             agru_step2(&s, cw->pk[1], cw->eps, sl->t2, sl->t1, h);
         }
-        for (int64_t i = 0; i < nb; i++) {
+        for (int64_t i = 0; i < nb && !s.y; i++) {
             float *o = f->out + (r0 + i * lo->bs) * DH + d * H;
             kf__rnn_cpu_drop_row(o, step_valid(&s, i) ? h + i * H : NULL, H, &f->dr,
                                  kf__rnn_drop_counter(lo, &f->dr, f->l, t, b0 + i, d));
@@ -385,10 +410,6 @@ static void fwd_slice(const fwd_layer *f, int32_t d, const kf__rnn_slice *sl) {
 
 static void fwd_layer_run(const fwd_layer *f, int tid, int nth) {
     const kf__rnn_cpu_layout *lo = f->lo;
-    int64_t r0, r1;
-    kf__part(lo->N, nth, tid, &r0, &r1);
-    for (int32_t d = 0; d < lo->D; d++) project_rows(f, d, r0, r1);
-#pragma omp barrier
     for (int32_t s = tid; s < lo->ns; s += nth) {
         kf__rnn_slice sl = kf__rnn_cpu_slice(lo, f->ws, s);
         for (int32_t d = 0; d < lo->D; d++) fwd_slice(f, d, &sl);

@@ -6,10 +6,13 @@
 #   4. runs `cargo test --offline` for the workspace (kfuse-sys: bindgen layout tests, unit and
 #      doc tests; kfuse: unit, integration against a float64 reference, doc and compile_fail tests),
 #   5. runs the example that trains an A-GRU through the safe crate (exits non-zero unless its
-#      loss falls).
-# Exits non-zero on any failure. About 1-2 minutes on 2 cores once build/main exists.
+#      loss falls),
+#   6. compiles the criterion benchmarks (benches/rust, a workspace member) without running them.
+# Exits non-zero on any failure. About 1-2 minutes on 2 cores once build/main exists (plus about
+# 1 minute the first time, to compile criterion and its dependencies).
 # Cargo reads ../.cargo/config.toml: crates.io is replaced by Debian's /usr/share/cargo/registry
-# and the network is off; the workspace needs no third-party crate.
+# and the network is off; the only third-party crate is criterion (librust-criterion-dev), a
+# dev-dependency of the benchmarks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -20,6 +23,7 @@ stage "install dependencies"
 PACKAGES=(
   build-essential cmake pkg-config libopenblas-pthread-dev  # the C library
   bindgen libclang1-14 libclang-common-14-dev               # the bindings-current check
+  librust-criterion-dev                                     # the benchmarks (benches/rust)
 )
 export PATH="$HOME/.cargo/bin:$PATH"
 command -v cargo >/dev/null || PACKAGES+=(cargo rustc)       # Debian's toolchain as a fallback
@@ -56,3 +60,6 @@ cargo test --offline --workspace
 
 stage "example: train_agru_step"
 cargo run --offline --release --example train_agru_step
+
+stage "benchmarks compile (benches/rust; not run)"
+cargo bench --offline --no-run
