@@ -154,8 +154,6 @@ __global__ void agru_bwd_step2(BwdArgs a) {
 // in registers (nthr = 3H^2/128 >= H for H >= 43), and loads the next step's reserve rows while
 // the current step's products run. Weights are read with scalar loads (user weights carry no
 // alignment promise beyond float).
-constexpr int kKPT = 32, kMaxThreads = 384;
-__host__ __device__ constexpr int rk_for(int BB) { return BB == 1 ? 16 : BB == 2 ? 12 : 4; }
 
 // A-GRU's M = [U_z; U_r; A] [3H, H] row-major, A = W_h - W_h^T - gamma I.
 __global__ void prep_wrec(int H, const float *uz, const float *ur, const float *wh, float gamma,
@@ -163,15 +161,7 @@ __global__ void prep_wrec(int H, const float *uz, const float *ur, const float *
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (int64_t)3 * H * H) return;
     const int c = (int)(i / H), k = (int)(i % H);
-    float v;
-    if (c < H) v = uz[i];
-    else if (c < 2 * H) v = ur[i - (int64_t)H * H];
-    else {
-        const int r = c - 2 * H;
-        v = wh[(int64_t)r * H + k] - wh[(int64_t)k * H + r];
-        if (r == k) v -= gamma;
-    }
-    m[i] = v;
+    m[i] = kf__rnn_wrec(H, true, nullptr, uz, ur, wh, gamma, c, k);
 }
 
 // dL/dy at (t, b, j) after the layer's dropout mask (0 when there is no dy).
@@ -184,36 +174,6 @@ __device__ __forceinline__ float dy_at(const BwdArgs &a, int t, int b, int j) {
         v = kf__dropout_keep(a.seed, c, a.p) ? v * a.scale : 0.0f;
     }
     return v;
-}
-
-// red[s][bb][4cg..4cg+3] = sum over c in the slice of v[bb][c] M[c][4cg..4cg+3].
-template <int BB, int kRK>
-__device__ __forceinline__ void matvec_t(const float *v, int ldv, const float4 (&wr)[kRK],
-                                         const float4 *ws, float *red, int H, int tid, int nthr,
-                                         int s, int cg, int c0) {
-    float4 acc[BB];
-#pragma unroll
-    for (int bb = 0; bb < BB; ++bb) acc[bb] = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int kk = 0; kk < kKPT; kk += 4) {
-        float4 hv[BB];
-#pragma unroll
-        for (int bb = 0; bb < BB; ++bb) hv[bb] = *(const float4 *)&v[bb * ldv + c0 + kk];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            const float4 w = (kk + q < kRK) ? wr[(kk + q) % kRK] : ws[(kk + q - kRK) * nthr + tid];
-#pragma unroll
-            for (int bb = 0; bb < BB; ++bb) {
-                const float x = q == 0 ? hv[bb].x : q == 1 ? hv[bb].y : q == 2 ? hv[bb].z : hv[bb].w;
-                acc[bb].x = fmaf(w.x, x, acc[bb].x);
-                acc[bb].y = fmaf(w.y, x, acc[bb].y);
-                acc[bb].z = fmaf(w.z, x, acc[bb].z);
-                acc[bb].w = fmaf(w.w, x, acc[bb].w);
-            }
-        }
-    }
-#pragma unroll
-    for (int bb = 0; bb < BB; ++bb) *(float4 *)&red[(s * BB + bb) * H + 4 * cg] = acc[bb];
 }
 
 // Sum of slices s0..s1-1 of red at (bb, j), in slice order.
@@ -357,7 +317,7 @@ rnn_bwd_persistent(BwdArgs a, const float *m, const float *dhn, float *dh0) {
         __syncthreads();
         // The next step's reserve rows load while this step's products run.
         if (st > 0) bwd_load<kPMax, kAgru>(a, slen, st - 1, tid, nthr, b0, BB, nx);
-        if (ph1) matvec_t<BB, kRK>(sv, H3, wr, ws, red, H, tid, nthr, s, cg, c0);
+        if (ph1) kf__slice_matvec<BB, kRK>(sv, H3, c0, wr, ws, red, H, tid, nthr, s, cg);
         __syncthreads();
         if (kAgru) {
 #pragma unroll
@@ -377,7 +337,7 @@ rnn_bwd_persistent(BwdArgs a, const float *m, const float *dhn, float *dh0) {
                 carry[p] += r * drh;
             }
             __syncthreads();
-            if (ph2) matvec_t<BB, kRK>(sv, H3, wr, ws, red, H, tid, nthr, s, cg, c0);
+            if (ph2) kf__slice_matvec<BB, kRK>(sv, H3, c0, wr, ws, red, H, tid, nthr, s, cg);
             __syncthreads();
         }
         // dh before this step; the next step's (a) runs after a barrier, before anyone

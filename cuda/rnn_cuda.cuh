@@ -128,6 +128,60 @@ static __device__ __forceinline__ bool kf__step_time(int st, int len, bool rever
     return false;
 }
 
+// Element (c, k) of the recurrent matrix Wrec [3H, H] of one cell: W_hh for a GRU, or
+// [U_z; U_r; A] for an A-GRU with A = W_h - W_h^T - gamma I (formed here, once per call, by the
+// kernels that lay Wrec out for the forward and backward recurrences).
+static __device__ __forceinline__ float kf__rnn_wrec(int H, bool agru, const float *w_hh,
+                                                     const float *uz, const float *ur,
+                                                     const float *wh, float gamma, int c, int k) {
+    if (!agru) return w_hh[(int64_t)c * H + k];
+    if (c < H) return uz[(int64_t)c * H + k];
+    if (c < 2 * H) return ur[(int64_t)(c - H) * H + k];
+    const int r = c - 2 * H;
+    float v = wh[(int64_t)r * H + k] - wh[(int64_t)k * H + r];
+    return r == k ? v - gamma : v;
+}
+
+// ---- the persistent recurrences' shared slice product ----------------------------------------
+// A block of nthr threads multiplies BB rows v[bb][0:3H or H] by a matrix whose 128-float slice
+// per thread (output columns 4cg..4cg+3 over the k-slice [k0, k0 + kKPT)) sits first in
+// registers (kRK k-rows) and then in shared memory at ws[(kk - kRK) * nthr + tid] (conflict-free
+// float4s). The register share rk_for(BB) shrinks as BB grows so nothing spills under the
+// 384-thread bound.
+constexpr int kKPT = 32, kMaxThreads = 384;
+__host__ __device__ constexpr int rk_for(int BB) { return BB == 1 ? 16 : BB == 2 ? 12 : 4; }
+
+// red[(s*BB + bb) * ld_red + 4cg .. +3] = sum over the slice of src[bb*ld_src + k] M[k][4cg..+3]
+template <int BB, int kRK>
+static __device__ __forceinline__ void kf__slice_matvec(const float *src, int ld_src, int k0,
+                                                        const float4 (&wr)[kRK], const float4 *ws,
+                                                        float *red, int ld_red, int tid,
+                                                        int nthr, int s, int cg) {
+    float4 acc[BB];
+#pragma unroll
+    for (int bb = 0; bb < BB; ++bb) acc[bb] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int kk = 0; kk < kKPT; kk += 4) {
+        float4 hv[BB];
+#pragma unroll
+        for (int bb = 0; bb < BB; ++bb) hv[bb] = *(const float4 *)&src[bb * ld_src + k0 + kk];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const float4 w = (kk + q < kRK) ? wr[(kk + q) % kRK] : ws[(kk + q - kRK) * nthr + tid];
+#pragma unroll
+            for (int bb = 0; bb < BB; ++bb) {
+                const float x = q == 0 ? hv[bb].x : q == 1 ? hv[bb].y : q == 2 ? hv[bb].z : hv[bb].w;
+                acc[bb].x = fmaf(w.x, x, acc[bb].x);
+                acc[bb].y = fmaf(w.y, x, acc[bb].y);
+                acc[bb].z = fmaf(w.z, x, acc[bb].z);
+                acc[bb].w = fmaf(w.w, x, acc[bb].w);
+            }
+        }
+    }
+#pragma unroll
+    for (int bb = 0; bb < BB; ++bb) *(float4 *)&red[(s * BB + bb) * ld_red + 4 * cg] = acc[bb];
+}
+
 // Forms wt [H, 3H] = Wrec^T of cell (l, d) on the stream (rnn_fwd.cu); backward reuses it.
 kf_status kf__cuda_rnn_prep_wt(kf_context *ctx, const char *fn, const struct kf_rnn_plan *p,
                                const float *const *w, float *wt);

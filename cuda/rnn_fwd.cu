@@ -185,16 +185,7 @@ __global__ void prep_wt(int H, bool agru, const float *w0, const float *uz, cons
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (int64_t)H * 3 * H) return;
     const int k = (int)(i / (3 * H)), c = (int)(i % (3 * H));
-    float v;
-    if (!agru) v = w0[(int64_t)c * H + k];
-    else if (c < H) v = uz[(int64_t)c * H + k];
-    else if (c < 2 * H) v = ur[(int64_t)(c - H) * H + k];
-    else {
-        const int r = c - 2 * H;
-        v = wh[(int64_t)r * H + k] - wh[(int64_t)k * H + r];
-        if (r == k) v -= gamma;
-    }
-    wt[i] = v;
+    wt[i] = kf__rnn_wrec(H, agru, w0, uz, ur, wh, gamma, c, k);
 }
 
 // ---- persistent path ----------------------------------------------------------------------
@@ -207,37 +198,6 @@ __global__ void prep_wt(int H, bool agru, const float *w0, const float *uz, cons
 // Each thread evaluates the cell for up to kPMax = BB of the block's BB*H (row, unit) items,
 // which holds when nthr = 3H^2/128 >= H, i.e. H >= 43 (the dispatcher asks for H >= 64).
 // The register share shrinks as BB grows so that nothing spills under the 384-thread bound.
-constexpr int kKPT = 32, kMaxThreads = 384;
-__host__ __device__ constexpr int rk_for(int BB) { return BB == 1 ? 16 : BB == 2 ? 12 : 4; }
-
-template <int BB, int kRK>
-__device__ __forceinline__ void matvec(const float *src, const float4 (&wr)[kRK],
-                                       const float4 *ws, float *red, int tid, int nthr, int s,
-                                       int cg, int k0, int H) {
-    float4 acc[BB];
-#pragma unroll
-    for (int bb = 0; bb < BB; ++bb) acc[bb] = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int kk = 0; kk < kKPT; kk += 4) {
-        float4 hv[BB];
-#pragma unroll
-        for (int bb = 0; bb < BB; ++bb) hv[bb] = *(const float4 *)&src[bb * H + k0 + kk];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            const float4 w = (kk + q < kRK) ? wr[(kk + q) % kRK] : ws[(kk + q - kRK) * nthr + tid];
-#pragma unroll
-            for (int bb = 0; bb < BB; ++bb) {
-                const float x = q == 0 ? hv[bb].x : q == 1 ? hv[bb].y : q == 2 ? hv[bb].z : hv[bb].w;
-                acc[bb].x = fmaf(w.x, x, acc[bb].x);
-                acc[bb].y = fmaf(w.y, x, acc[bb].y);
-                acc[bb].z = fmaf(w.z, x, acc[bb].z);
-                acc[bb].w = fmaf(w.w, x, acc[bb].w);
-            }
-        }
-    }
-#pragma unroll
-    for (int bb = 0; bb < BB; ++bb) *(float4 *)&red[(s * BB + bb) * 3 * H + 4 * cg] = acc[bb];
-}
 
 __device__ __forceinline__ float red_sum(const float *red, int KS, int BB, int H, int bb, int c) {
     float v = 0.0f;
@@ -295,7 +255,7 @@ rnn_fwd_persistent(FwdArgs a, const float *wt, const float *h0, float *hn) {
                 gxv[p][2] = g[2 * H + j];
             }
         }
-        if (ph1) matvec<BB, kRK>(sh, wr, ws, red, tid, nthr, s, cg, k0, H);
+        if (ph1) kf__slice_matvec<BB, kRK>(sh, H, k0, wr, ws, red, 3 * H, tid, nthr, s, cg);
         __syncthreads();
         if (!kAgru) {
 #pragma unroll
@@ -328,7 +288,7 @@ rnn_fwd_persistent(FwdArgs a, const float *wt, const float *h0, float *hn) {
                 srh[i] = rv[p] * sh[i];
             }
             __syncthreads();
-            if (ph2) matvec<BB, kRK>(srh, wr, ws, red, tid, nthr, s, cg, k0, H);
+            if (ph2) kf__slice_matvec<BB, kRK>(srh, H, k0, wr, ws, red, 3 * H, tid, nthr, s, cg);
             __syncthreads();
 #pragma unroll
             for (int p = 0; p < kPMax; ++p) {
