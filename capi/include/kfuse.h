@@ -234,7 +234,8 @@ KF_API void kf_rnn_desc_init(kf_rnn_desc *desc);
 /* Creates a plan bound to `ctx` (which must outlive it). Checks the descriptor; makes no
  * per-shape decision that a call could not revise. @return KF_OK and *out, KF_ERR_INVALID_ARGUMENT
  * (message names the field), KF_ERR_UNSUPPORTED (e.g. A-GRU with KF_RNN_BIDIRECTIONAL),
- * KF_ERR_OUT_OF_MEMORY. Since 1.0. */
+ * KF_ERR_OUT_OF_MEMORY. On failure *out is set to NULL (when `out` itself is not NULL).
+ * Since 1.0. */
 KF_API kf_status kf_rnn_plan_create(kf_context *ctx, const kf_rnn_desc *desc, kf_rnn_plan **out);
 
 /* Destroys a plan. Accepts NULL. Since 1.0. */
@@ -278,9 +279,10 @@ KF_API void kf_rnn_forward_args_init(kf_rnn_forward_args *args);
 
 /* Runs the stacked layer over the whole sequence. T and B are read from args->x.
  * `workspace` (`workspace_bytes` of it, on the context's device, 64-byte aligned) may be NULL with
- * 0 bytes, in which case the context's arena serves. In KF_MODE_TRAINING `reserve` must hold the
- * reserve_bytes that kf_rnn_workspace_size() gave and must be passed unchanged to the backward call
- * for the same inputs; in KF_MODE_INFERENCE it may be NULL.
+ * 0 bytes, in which case the context's arena serves. In KF_MODE_TRAINING `reserve` (64-byte
+ * aligned, on the context's device) must hold the reserve_bytes that kf_rnn_workspace_size() gave
+ * and must be passed unchanged to the backward call for the same inputs; in KF_MODE_INFERENCE it
+ * may be NULL.
  * @return KF_OK; KF_ERR_INVALID_ARGUMENT (message names the argument); KF_ERR_WORKSPACE_TOO_SMALL;
  * KF_ERR_OUT_OF_MEMORY (arena growth); KF_ERR_DEVICE. Since 1.0. */
 KF_API kf_status kf_rnn_forward(kf_rnn_plan *plan, kf_mode mode, const kf_rnn_forward_args *args,
