@@ -294,14 +294,25 @@ static void mutate_tensor(rd *r, targ *a, const bool *pinned, bool required, mut
 }
 
 /* ---- the reference oracle ---------------------------------------------------------------------- */
+static double norm_f64(const double *v, int64_t n) {
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++) s += v[i] * v[i];
+    return sqrt(s);
+}
+
+/* ||got - want|| < tol * ||want||, or below `abs_floor` (a small tensor whose exact value is a
+ * cancelling sum, e.g. an epsilon gradient, is judged against the scale of its call's gradients;
+ * 0 disables). */
 static void check_close(const char *what, const float *got, const double *want, int64_t n,
-                        double tol) {
+                        double tol, double abs_floor) {
     double e = ref_rel_err_f32(got, want, n);
-    if (!(e < tol)) {
+    bool ok = e < tol || e * norm_f64(want, n) < abs_floor;
+    if (!ok) {
         for (int64_t i = 0; i < n; i++)
             fprintf(stderr, "  %s[%lld] = %.9g, reference %.9g\n", what, (long long)i, got[i], want[i]);
+        FAIL("%s: relative error %g against the float64 reference (tol %g, floor %g)", what, e, tol,
+             abs_floor);
     }
-    if (!(e < tol)) FAIL("%s: relative error %g against the float64 reference (tol %g)", what, e, tol);
 }
 
 static void all_finite(const char *what, const float *p, int64_t n) {
@@ -414,6 +425,8 @@ static void call_forward(sess *s, rd *r, kf_mode mode) {
     for (int k = 0; k < s->nw; k++) wt[k] = s->w[k].t;
     if (a->lengths.data && !lengths_valid_t(s, s->T)) (m.must_fail = true, m.why = __LINE__);
     if (m.lied && !m.lie_t->t.data) m.lied = false; /* absent: not read, not a lie */
+    /* A later mutation of the same extent may have undone the lie (set it back to <= honest). */
+    if (m.lied && m.lie_t->t.shape[m.lie_dim] <= m.lie_t->shape[m.lie_dim]) m.lied = false;
     if (a->struct_size < sizeof *a) (m.must_fail = true, m.why = __LINE__);
     for (size_t i = sizeof *a; i < a->struct_size && i < sizeof argbuf; i++)
         if (argbuf[i]) (m.must_fail = true, m.why = __LINE__);
@@ -497,8 +510,8 @@ static void call_forward(sess *s, rd *r, kf_mode mode) {
                 fprintf(stderr, "forward mode %d h0 %d len %d seed %llu offset %llu\n", (int)mode,
                         a->h0.data != NULL, a->lengths.data != NULL,
                         (unsigned long long)c.seed, (unsigned long long)c.offset);
-            check_close("y", tf(&s->y), y, s->y.numel, 1e-3);
-            if (a->hn.data) check_close("hn", tf(&s->hn), hn, s->hn.numel, 1e-3);
+            check_close("y", tf(&s->y), y, s->y.numel, 1e-3, 0);
+            if (a->hn.data) check_close("hn", tf(&s->hn), hn, s->hn.numel, 1e-3, 0);
             free(x), free(h0), free(y), free(hn);
             for (int k = 0; k < s->nw; k++) free(w[k]);
         }
@@ -570,6 +583,8 @@ static void call_backward(sess *s, rd *r) {
         }
     }
     if (m.lied && !m.lie_t->t.data) m.lied = false; /* absent: not read, not a lie */
+    /* A later mutation of the same extent may have undone the lie (set it back to <= honest). */
+    if (m.lied && m.lie_t->t.shape[m.lie_dim] <= m.lie_t->shape[m.lie_dim]) m.lied = false;
     if (a->struct_size < sizeof *a) (m.must_fail = true, m.why = __LINE__);
     for (size_t i = sizeof *a; i < a->struct_size && i < sizeof argbuf; i++)
         if (argbuf[i]) (m.must_fail = true, m.why = __LINE__);
@@ -627,8 +642,12 @@ static void call_backward(sess *s, rd *r) {
         if (a->dweights && tensor_bad(&s->dw[k], &dwt[k], false)) (m.must_fail = true, m.why = __LINE__);
     }
 
+    /* Sizes of the problem the call describes: a smaller x makes a smaller problem, whose
+     * workspace and reserve needs are smaller too. */
+    const int64_t t_eff = xfree.shape[s->batch_first ? 1 : 0];
+    const int64_t b_eff = xfree.shape[s->batch_first ? 0 : 1];
     size_t ws_need = 0, rs_need = 0;
-    if (kf_rnn_workspace_size(s->plan, s->T, s->B, KF_MODE_TRAINING, &ws_need, &rs_need) != KF_OK)
+    if (kf_rnn_workspace_size(s->plan, t_eff, b_eff, KF_MODE_TRAINING, &ws_need, &rs_need) != KF_OK)
         FAIL("workspace_size failed for a valid shape");
     wsarg ws;
     pick_workspace(r, ws_need, &ws, &m);
@@ -692,17 +711,44 @@ static void call_backward(sess *s, rd *r) {
             }
             double *dx = calloc((size_t)s->x.numel, 8), *dh0 = calloc((size_t)s->h0.numel, 8);
             {
-                ref_rnn_backward_f64(&c, x, h0, (const double *const *)w,
-                                     a->lengths.data ? (const int32_t *)s->len.b.p : NULL, dy, dhn,
-                                     dx, dh0, dw);
-                if (a->dx.data) check_close("dx", tf(&s->dx), dx, s->dx.numel, 1e-3);
-                if (a->dh0.data) check_close("dh0", tf(&s->dh0), dh0, s->dh0.numel, 1e-3);
+                const int32_t *len = a->lengths.data ? (const int32_t *)s->len.b.p : NULL;
+                ref_rnn_backward_f64(&c, x, h0, (const double *const *)w, len, dy, dhn, dx, dh0,
+                                     dw);
+                /* The bound is max(1e-3, 4x the float32 reference's own error) per tensor
+                 * (DESIGN.md): deep, dropout-amplified stacks with H=1 can cancel in float32 in
+                 * any implementation, and such cases are still correct. */
+                float *dx32 = calloc((size_t)s->x.numel, 4), *dh032 = calloc((size_t)s->h0.numel, 4);
+                float *dw32[MAXW];
+                const float *wt32[MAXW];
+                for (int q = 0; q < s->nw; q++) {
+                    dw32[q] = calloc((size_t)s->w[q].numel, 4);
+                    wt32[q] = tf(&s->w[q]);
+                }
+                ref_rnn_backward_f32(&c, tf(&s->x), a->h0.data ? tf(&s->h0) : NULL,
+                                     (const float *const *)wt32, len,
+                                     a->dy.data ? tf(&s->dy) : NULL,
+                                     a->dhn.data ? tf(&s->dhn) : NULL, dx32, dh032, dw32);
+#define KF__FUZZ_TOL(F32, F64, N) fmax(1e-3, 4.0 * ref_rel_err_f32((F32), (F64), (N)))
+                if (a->dx.data)
+                    check_close("dx", tf(&s->dx), dx, s->dx.numel,
+                                KF__FUZZ_TOL(dx32, dx, s->dx.numel), 0);
+                if (a->dh0.data)
+                    check_close("dh0", tf(&s->dh0), dh0, s->dh0.numel,
+                                KF__FUZZ_TOL(dh032, dh0, s->h0.numel), 0);
+                double dw_scale = 0.0; /* norm of all the call's weight gradients */
+                for (int q = 0; q < s->nw; q++)
+                    dw_scale = hypot(dw_scale, norm_f64(dw[q], s->dw[q].numel));
                 for (int q = 0; q < s->nw && a->dweights; q++) {
                     if (!dwt[q].data) continue;
+                    const double tol = KF__FUZZ_TOL(dw32[q], dw[q], s->dw[q].numel);
                     if (accumulate)
                         for (int64_t i = 0; i < s->dw[q].numel; i++) dw[q][i] += 0.25;
-                    check_close("dweights", tf(&s->dw[q]), dw[q], s->dw[q].numel, 1e-3);
+                    check_close("dweights", tf(&s->dw[q]), dw[q], s->dw[q].numel, tol,
+                                1e-4 * dw_scale);
                 }
+#undef KF__FUZZ_TOL
+                free(dx32), free(dh032);
+                for (int q = 0; q < s->nw; q++) free(dw32[q]);
             }
             free(x), free(h0), free(dy), free(dhn), free(dx), free(dh0);
             for (int q = 0; q < s->nw; q++) free(w[q]), free(dw[q]);
