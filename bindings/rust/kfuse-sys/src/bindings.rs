@@ -482,7 +482,8 @@ extern "C" {
     #[doc = " Creates a plan bound to `ctx` (which must outlive it). Checks the descriptor; makes no"]
     #[doc = " per-shape decision that a call could not revise. @return KF_OK and *out, KF_ERR_INVALID_ARGUMENT"]
     #[doc = " (message names the field), KF_ERR_UNSUPPORTED (e.g. A-GRU with KF_RNN_BIDIRECTIONAL),"]
-    #[doc = " KF_ERR_OUT_OF_MEMORY. Since 1.0."]
+    #[doc = " KF_ERR_OUT_OF_MEMORY. On failure *out is set to NULL (when `out` itself is not NULL)."]
+    #[doc = " Since 1.0."]
     pub fn kf_rnn_plan_create(
         ctx: *mut kf_context,
         desc: *const kf_rnn_desc,
@@ -704,9 +705,10 @@ extern "C" {
 extern "C" {
     #[doc = " Runs the stacked layer over the whole sequence. T and B are read from args->x."]
     #[doc = " `workspace` (`workspace_bytes` of it, on the context's device, 64-byte aligned) may be NULL with"]
-    #[doc = " 0 bytes, in which case the context's arena serves. In KF_MODE_TRAINING `reserve` must hold the"]
-    #[doc = " reserve_bytes that kf_rnn_workspace_size() gave and must be passed unchanged to the backward call"]
-    #[doc = " for the same inputs; in KF_MODE_INFERENCE it may be NULL."]
+    #[doc = " 0 bytes, in which case the context's arena serves. In KF_MODE_TRAINING `reserve` (64-byte"]
+    #[doc = " aligned, on the context's device) must hold the reserve_bytes that kf_rnn_workspace_size() gave"]
+    #[doc = " and must be passed unchanged to the backward call for the same inputs; in KF_MODE_INFERENCE it"]
+    #[doc = " may be NULL."]
     #[doc = " @return KF_OK; KF_ERR_INVALID_ARGUMENT (message names the argument); KF_ERR_WORKSPACE_TOO_SMALL;"]
     #[doc = " KF_ERR_OUT_OF_MEMORY (arena growth); KF_ERR_DEVICE. Since 1.0."]
     pub fn kf_rnn_forward(
