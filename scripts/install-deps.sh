@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what kfuse needs on a fresh Debian 12 machine (run as root, or with sudo available).
 # Idempotent: packages already present are not downloaded again.
+#   scripts/install-deps.sh            the project's packages (below)
+#   scripts/install-deps.sh PKG...     just these (the Python and Rust test scripts' extras)
 set -euo pipefail
 
 PACKAGES=(
@@ -15,6 +17,8 @@ PACKAGES=(
   python3 python3-numpy python3-torch  # benchmark baselines (Debian's CPU PyTorch 1.13)
   libdnnl-dev              # oneDNN 2.6: the fastest-CPU-GRU baseline in benches/
 )
+
+(($#)) && PACKAGES=("$@")
 
 missing=()
 for p in "${PACKAGES[@]}"; do

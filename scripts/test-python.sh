@@ -20,16 +20,8 @@ LIBDIR=${KFUSE_LIBRARY_DIR:-$ROOT/build/main}
 stage() { printf '\n==== %s [%s]\n' "$*" "$(date +%T)"; }
 
 stage "system packages (python3-venv, python3-torch, python3-numpy)"
-need=()
-for p in python3 python3-venv python3-numpy python3-torch python3-dev build-essential cmake; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
-done
-if ((${#need[@]})); then
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  echo "installing ${need[*]}"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
+bash scripts/install-deps.sh python3 python3-venv python3-numpy python3-torch python3-dev \
+  build-essential cmake
 
 if [ ! -e "$LIBDIR/libkfuse.so.1" ]; then
   stage "C library (absent at $LIBDIR: building it, CPU backend)"

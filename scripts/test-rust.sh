@@ -28,16 +28,7 @@ PACKAGES=(
 export PATH="$HOME/.cargo/bin:$PATH"
 command -v cargo >/dev/null || PACKAGES+=(cargo rustc)       # Debian's toolchain as a fallback
 command -v rustfmt >/dev/null || PACKAGES+=(rustfmt)         # bindgen formats with it
-missing=()
-for p in "${PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  echo "test-rust: installing ${missing[*]}"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+bash scripts/install-deps.sh "${PACKAGES[@]}"
 cargo --version
 
 if [ -z "${KFUSE_LIB_DIR:-}" ]; then
