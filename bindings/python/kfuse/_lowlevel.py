@@ -176,6 +176,20 @@ def _buffer(buf):
     return ffi.cast("void *", int(ptr)), int(nbytes)
 
 
+def _fill_inputs(args, x, h0, weights, lengths, dropout_seed, dropout_offset):
+    """The fields kf_rnn_forward_args and kf_rnn_backward_args share (same names in both). Returns
+    the weight array, which the caller keeps alive until the C call returns."""
+    _fill_tensor(args.x, x)
+    _fill_tensor(args.h0, h0)
+    warr, nw = _tensor_array(weights)
+    args.weights = warr
+    args.num_weights = nw
+    _fill_tensor(args.lengths, lengths)
+    args.dropout_seed = int(dropout_seed)
+    args.dropout_offset = int(dropout_offset)
+    return warr
+
+
 # ---- context -----------------------------------------------------------------------------------
 
 _DEVICE_TYPES = {"cpu": lib.KF_DEVICE_CPU, "cuda": lib.KF_DEVICE_CUDA}
@@ -336,14 +350,8 @@ class RnnPlan:
         canonical order; workspace/reserve are (ptr, nbytes) pairs or None. Releases the GIL."""
         args = ffi.new("kf_rnn_forward_args *")
         lib.kf_rnn_forward_args_init(args)
-        _fill_tensor(args.x, x)
-        _fill_tensor(args.h0, h0)
-        warr, nw = _tensor_array(weights)
-        args.weights = warr
-        args.num_weights = nw
-        _fill_tensor(args.lengths, lengths)
-        args.dropout_seed = int(dropout_seed)
-        args.dropout_offset = int(dropout_offset)
+        # `keep` holds the weight array alive until the call returns
+        keep = _fill_inputs(args, x, h0, weights, lengths, dropout_seed, dropout_offset)
         _fill_tensor(args.y, y)
         _fill_tensor(args.hn, hn)
         ws, ws_bytes = _buffer(workspace)
@@ -358,14 +366,8 @@ class RnnPlan:
         of TensorRef/None in canonical order. Releases the GIL."""
         args = ffi.new("kf_rnn_backward_args *")
         lib.kf_rnn_backward_args_init(args)
-        _fill_tensor(args.x, x)
-        _fill_tensor(args.h0, h0)
-        warr, nw = _tensor_array(weights)
-        args.weights = warr
-        args.num_weights = nw
-        _fill_tensor(args.lengths, lengths)
-        args.dropout_seed = int(dropout_seed)
-        args.dropout_offset = int(dropout_offset)
+        # `keep` holds the weight array alive until the call returns
+        keep = _fill_inputs(args, x, h0, weights, lengths, dropout_seed, dropout_offset)
         _fill_tensor(args.dy, dy)
         _fill_tensor(args.dhn, dhn)
         _fill_tensor(args.dx, dx)
