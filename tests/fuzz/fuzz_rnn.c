@@ -412,7 +412,7 @@ static void call_forward(sess *s, rd *r, kf_mode mode) {
         case 5: case 6: mutate_tensor(r, &s->y, pin_all, true, &m); break;
         case 7: mutate_tensor(r, &s->hn, pin_all, false, &m); break;
         case 8: case 9: { int k = (int)(u8(r) % (uint32_t)s->nw); mutate_tensor(r, &s->w[k], pin_all, true, &m); wt[k] = s->w[k].t; break; }
-        case 10: { int32_t v = (int32_t)interesting_i64(r, s->nw); if (v != s->nw) (m.must_fail = true, m.why = __LINE__); a->num_weights = v; break; }
+        case 10: a->num_weights = (int32_t)interesting_i64(r, s->nw); break; /* judged below */
         case 11: a->reserved0 = (int32_t)u32(r) | 1; (m.must_fail = true, m.why = __LINE__); break;
         case 12: { size_t v = (size_t)interesting_i64(r, (int64_t)sizeof *a); if (v > sizeof argbuf) v = sizeof argbuf; a->struct_size = v; /* judged below */
                    if (u8(r) & 1 && v > sizeof *a) { argbuf[sizeof *a + (v - sizeof *a - 1)] = 1; } break; }
@@ -428,6 +428,8 @@ static void call_forward(sess *s, rd *r, kf_mode mode) {
     /* A later mutation of the same extent may have undone the lie (set it back to <= honest). */
     if (m.lied && m.lie_t->t.shape[m.lie_dim] <= m.lie_t->shape[m.lie_dim]) m.lied = false;
     if (a->struct_size < sizeof *a) (m.must_fail = true, m.why = __LINE__);
+    /* judged after every mutation: a later one may set it back */
+    if (a->num_weights != s->nw) (m.must_fail = true, m.why = __LINE__);
     for (size_t i = sizeof *a; i < a->struct_size && i < sizeof argbuf; i++)
         if (argbuf[i]) (m.must_fail = true, m.why = __LINE__);
     if (m.lied) (m.must_fail = true, m.why = __LINE__); /* every forward lie is pinned by y or the plan */
@@ -571,7 +573,7 @@ static void call_backward(sess *s, rd *r) {
         case 7: mutate_tensor(r, &s->dh0, pin_all, false, &m); break;
         case 8: { int k = (int)(u8(r) % (uint32_t)s->nw); mutate_tensor(r, &s->w[k], pin_all, true, &m); break; }
         case 9: { int k = (int)(u8(r) % (uint32_t)s->nw); mutate_tensor(r, &s->dw[k], pin_all, false, &m); break; }
-        case 10: { int32_t v = (int32_t)interesting_i64(r, s->nw); if (v != s->nw) (m.must_fail = true, m.why = __LINE__); a->num_weights = v; break; }
+        case 10: a->num_weights = (int32_t)interesting_i64(r, s->nw); break; /* judged below */
         case 11: a->num_dweights = (int32_t)interesting_i64(r, a->num_dweights); break; /* judged below */
         case 12: if (u8(r) & 1) a->reserved0 = (int32_t)u32(r) | 1; else a->reserved1 = (int32_t)u32(r) | 1; (m.must_fail = true, m.why = __LINE__); break;
         case 13: { size_t v = (size_t)interesting_i64(r, (int64_t)sizeof *a); if (v > sizeof argbuf) v = sizeof argbuf; a->struct_size = v; /* judged below */
@@ -586,6 +588,8 @@ static void call_backward(sess *s, rd *r) {
     /* A later mutation of the same extent may have undone the lie (set it back to <= honest). */
     if (m.lied && m.lie_t->t.shape[m.lie_dim] <= m.lie_t->shape[m.lie_dim]) m.lied = false;
     if (a->struct_size < sizeof *a) (m.must_fail = true, m.why = __LINE__);
+    /* judged after every mutation: a later one may set it back */
+    if (a->num_weights != s->nw) (m.must_fail = true, m.why = __LINE__);
     for (size_t i = sizeof *a; i < a->struct_size && i < sizeof argbuf; i++)
         if (argbuf[i]) (m.must_fail = true, m.why = __LINE__);
     if (m.lied && m.lie_t >= s->dw && m.lie_t < s->dw + MAXW && !a->dweights) m.lied = false;
