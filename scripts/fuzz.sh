@@ -4,7 +4,11 @@
 #   scripts/fuzz.sh [seconds-per-harness]     (default 60)
 # Env: KF_FUZZ_BUILD (build dir, default build/fuzz), KF_FUZZ_JOBS (parallel fuzzing
 # workers per harness, default 1), KF_FUZZ_WORK (scratch corpus / artifacts, default
-# $KF_FUZZ_BUILD/work). The seed corpus in tests/fuzz/corpus/<harness> is read, never written.
+# $KF_FUZZ_BUILD/work), KF_FUZZ_SEED (libFuzzer -seed; default a fresh random seed per run),
+# KF_FUZZ_RUNS (stop after this many inputs; default unbounded). A fixed seed and run count make
+# a run repeatable: CI uses them (scripts/test-reliability.sh) so that its verdict does not depend
+# on the draw; exploratory runs leave them unset. The seed corpus in tests/fuzz/corpus/<harness>
+# is read, never written.
 set -euo pipefail
 secs=${1:-60}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -34,6 +38,8 @@ for h in fuzz_rnn; do
   set +e
   par=()
   [[ "$jobs" -gt 1 ]] && par=(-jobs="$jobs" -workers="$jobs")
+  [[ -n "${KF_FUZZ_SEED:-}" ]] && par+=(-seed="$KF_FUZZ_SEED")
+  [[ -n "${KF_FUZZ_RUNS:-}" ]] && par+=(-runs="$KF_FUZZ_RUNS")
   # run from the work dir: libFuzzer's -jobs mode writes fuzz-<n>.log into the cwd
   (cd "$work/$h" && exec "$build/$h" -max_total_time="$secs" -print_final_stats=1 -timeout=20 \
     -rss_limit_mb=2048 -max_len=512 "${par[@]}" \

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The reliability suite of issue 8, bounded for CI (< 6 minutes on 2 cores):
-#   1. fuzz:  scripts/fuzz.sh 60          (libFuzzer + ASan + UBSan, 60 s per harness)
+#   1. fuzz:  scripts/fuzz.sh 60          (libFuzzer + ASan + UBSan, at most 60 s and 100000
+#             inputs per harness, from a fixed seed so that CI's verdict is repeatable; run
+#             scripts/fuzz.sh without KF_FUZZ_SEED for fresh draws)
 #   2. tsan:  scripts/tsan.sh 3           (ThreadSanitizer, 4 threads x own contexts)
 #   3. soak:  scripts/soak.sh 10000       (RSS curve in a fixed arena + valgrind leak check)
 # Exits non-zero if any part fails; runs all parts either way and prints a summary.
@@ -17,7 +19,8 @@ run() {
   echo "=============== $name: $*"
   if "$@"; then result[$name]="ok ($((SECONDS - t0)) s)"; else result[$name]="FAILED ($((SECONDS - t0)) s)"; fail=1; fi
 }
-run fuzz "$here/fuzz.sh" "$fuzz_secs"
+KF_FUZZ_SEED=${KF_FUZZ_SEED:-20261122} KF_FUZZ_RUNS=${KF_FUZZ_RUNS:-100000} \
+  run fuzz "$here/fuzz.sh" "$fuzz_secs"
 run tsan "$here/tsan.sh" 3
 run soak "$here/soak.sh" "$soak_calls"
 echo "=============== reliability summary"

@@ -216,12 +216,26 @@ static bool lengths_valid_t(const sess *s, int64_t T) {
 /* ---- mutations ------------------------------------------------------------------------------- */
 typedef struct mut {
     bool must_fail; /* the contract requires a non-OK status (besides the lie) */
-    int why;        /* harness line that decided it (for oracle reports) */
+    int why[8];     /* harness lines that decided it, first ones kept (for oracle reports) */
+    int nwhy;
     bool lied;      /* one tensor declares more than its buffer */
     targ *lie_t;    /* which, in which dim, and the extent it had before */
     int lie_dim;
     int64_t lie_old;
 } mut;
+
+static void must_fail(mut *m, int line) {
+    m->must_fail = true;
+    if (m->nwhy < (int)(sizeof m->why / sizeof m->why[0])) m->why[m->nwhy++] = line;
+}
+
+/* "fuzz_rnn.c:L1,L2,..": every harness line that made the call invalid. */
+static const char *why_lines(const mut *m, char *buf, size_t n) {
+    size_t used = (size_t)snprintf(buf, n, "fuzz_rnn.c:");
+    for (int i = 0; i < m->nwhy && used < n; i++)
+        used += (size_t)snprintf(buf + used, n - used, "%s%d", i ? "," : "", m->why[i]);
+    return buf;
+}
 
 /* Whether the contract requires rejecting tensor `t` passed for the honest argument `a`. */
 static bool tensor_bad(const targ *a, const kf_tensor *t, bool required) {
@@ -366,14 +380,14 @@ static void pick_workspace(rd *r, size_t need, wsarg *w, mut *m) {
     if (k == 5) { /* too small */
         if (need == 0) return;
         w->bytes = need - 1 - (size_t)(u16(r) % need);
-        (m->must_fail = true, m->why = __LINE__);
+        must_fail(m, __LINE__);
     } else if (k == 6) { /* misaligned */
         w->p = w->b.p + 1 + u8(r) % 63;
-        (m->must_fail = true, m->why = __LINE__);
+        must_fail(m, __LINE__);
     } else if (k == 7) { /* NULL with bytes */
         w->p = NULL;
         w->bytes = 1 + u16(r);
-        (m->must_fail = true, m->why = __LINE__);
+        must_fail(m, __LINE__);
     }
 }
 
@@ -413,33 +427,33 @@ static void call_forward(sess *s, rd *r, kf_mode mode) {
         case 7: mutate_tensor(r, &s->hn, pin_all, false, &m); break;
         case 8: case 9: { int k = (int)(u8(r) % (uint32_t)s->nw); mutate_tensor(r, &s->w[k], pin_all, true, &m); wt[k] = s->w[k].t; break; }
         case 10: a->num_weights = (int32_t)interesting_i64(r, s->nw); break; /* judged below */
-        case 11: a->reserved0 = (int32_t)u32(r) | 1; (m.must_fail = true, m.why = __LINE__); break;
+        case 11: a->reserved0 = (int32_t)u32(r) | 1; must_fail(&m, __LINE__); break;
         case 12: { size_t v = (size_t)interesting_i64(r, (int64_t)sizeof *a); if (v > sizeof argbuf) v = sizeof argbuf; a->struct_size = v; /* judged below */
                    if (u8(r) & 1 && v > sizeof *a) { argbuf[sizeof *a + (v - sizeof *a - 1)] = 1; } break; }
         case 13: passed_mode = (kf_mode)(int32_t)interesting_i64(r, mode); break; /* judged below */
-        case 14: a->weights = NULL; (m.must_fail = true, m.why = __LINE__); break;
+        case 14: a->weights = NULL; must_fail(&m, __LINE__); break;
         default: a->dropout_seed = u64(r), a->dropout_offset = u64(r); break;
         }
     }
     a->x = s->x.t, a->h0 = s->h0.t, a->lengths = s->len.t, a->y = s->y.t, a->hn = s->hn.t;
     for (int k = 0; k < s->nw; k++) wt[k] = s->w[k].t;
-    if (a->lengths.data && !lengths_valid_t(s, s->T)) (m.must_fail = true, m.why = __LINE__);
+    if (a->lengths.data && !lengths_valid_t(s, s->T)) must_fail(&m, __LINE__);
     if (m.lied && !m.lie_t->t.data) m.lied = false; /* absent: not read, not a lie */
     /* A later mutation of the same extent may have undone the lie (set it back to <= honest). */
     if (m.lied && m.lie_t->t.shape[m.lie_dim] <= m.lie_t->shape[m.lie_dim]) m.lied = false;
-    if (a->struct_size < sizeof *a) (m.must_fail = true, m.why = __LINE__);
+    if (a->struct_size < sizeof *a) must_fail(&m, __LINE__);
     /* judged after every mutation: a later one may set it back */
-    if (a->num_weights != s->nw) (m.must_fail = true, m.why = __LINE__);
+    if (a->num_weights != s->nw) must_fail(&m, __LINE__);
     for (size_t i = sizeof *a; i < a->struct_size && i < sizeof argbuf; i++)
-        if (argbuf[i]) (m.must_fail = true, m.why = __LINE__);
-    if (m.lied) (m.must_fail = true, m.why = __LINE__); /* every forward lie is pinned by y or the plan */
+        if (argbuf[i]) must_fail(&m, __LINE__);
+    if (m.lied) must_fail(&m, __LINE__); /* every forward lie is pinned by y or the plan */
     if (tensor_bad(&s->x, &a->x, true) || tensor_bad(&s->h0, &a->h0, false) ||
         tensor_bad(&s->len, &a->lengths, false) || tensor_bad(&s->y, &a->y, true) ||
         tensor_bad(&s->hn, &a->hn, false))
-        (m.must_fail = true, m.why = __LINE__);
+        must_fail(&m, __LINE__);
     for (int k = 0; k < s->nw; k++)
-        if (tensor_bad(&s->w[k], &wt[k], true)) (m.must_fail = true, m.why = __LINE__);
-    if (passed_mode != KF_MODE_INFERENCE && passed_mode != KF_MODE_TRAINING) (m.must_fail = true, m.why = __LINE__);
+        if (tensor_bad(&s->w[k], &wt[k], true)) must_fail(&m, __LINE__);
+    if (passed_mode != KF_MODE_INFERENCE && passed_mode != KF_MODE_TRAINING) must_fail(&m, __LINE__);
     if (passed_mode != mode && (passed_mode == KF_MODE_INFERENCE || passed_mode == KF_MODE_TRAINING)) {
         mode = passed_mode; /* a valid mode after all */
         training = mode == KF_MODE_TRAINING;
@@ -455,9 +469,9 @@ static void call_forward(sess *s, rd *r, kf_mode mode) {
     size_t rb = s->rs_need;
     if (training) {
         uint32_t k = u8(r) % 8;
-        if (k == 5 && rs_need > 0) { rb = rs_need - 1 - (size_t)(u16(r) % rs_need); (m.must_fail = true, m.why = __LINE__); }
-        else if (k == 6 && rs_need > 0) { rp = NULL; (m.must_fail = true, m.why = __LINE__); }
-        else if (k == 7 && rs_need > 0) { rp = s->reserve.p + 4 * (1 + u8(r) % 15); rb = rs_need; (m.must_fail = true, m.why = __LINE__); }
+        if (k == 5 && rs_need > 0) { rb = rs_need - 1 - (size_t)(u16(r) % rs_need); must_fail(&m, __LINE__); }
+        else if (k == 6 && rs_need > 0) { rp = NULL; must_fail(&m, __LINE__); }
+        else if (k == 7 && rs_need > 0) { rp = s->reserve.p + 4 * (1 + u8(r) % 15); rb = rs_need; must_fail(&m, __LINE__); }
     } else if (u8(r) & 1) {
         rp = NULL, rb = 0;
     }
@@ -489,8 +503,9 @@ static void call_forward(sess *s, rd *r, kf_mode mode) {
             FAIL("kf_rnn_forward rejected a valid call with %d", (int)st);
     } else {
         snap_verify_free(&sn, false, "");
-        if (m.must_fail) FAIL("kf_rnn_forward accepted an invalid call (mode %d, fuzz_rnn.c:%d, lie %s[%d]: %lld -> %lld)",
-                              (int)passed_mode, m.why, m.lied ? m.lie_t->name : "-", m.lie_dim,
+        char wb[128];
+        if (m.must_fail) FAIL("kf_rnn_forward accepted an invalid call (mode %d, %s, lie %s[%d]: %lld -> %lld)",
+                              (int)passed_mode, why_lines(&m, wb, sizeof wb), m.lied ? m.lie_t->name : "-", m.lie_dim,
                               m.lied ? (long long)m.lie_old : 0, m.lied ? (long long)m.lie_t->t.shape[m.lie_dim] : 0);
         buf_check_canary(&s->y.b, (size_t)s->y.numel * 4, "y");
         buf_check_canary(&s->hn.b, (size_t)s->hn.numel * 4, "hn");
@@ -575,11 +590,11 @@ static void call_backward(sess *s, rd *r) {
         case 9: { int k = (int)(u8(r) % (uint32_t)s->nw); mutate_tensor(r, &s->dw[k], pin_all, false, &m); break; }
         case 10: a->num_weights = (int32_t)interesting_i64(r, s->nw); break; /* judged below */
         case 11: a->num_dweights = (int32_t)interesting_i64(r, a->num_dweights); break; /* judged below */
-        case 12: if (u8(r) & 1) a->reserved0 = (int32_t)u32(r) | 1; else a->reserved1 = (int32_t)u32(r) | 1; (m.must_fail = true, m.why = __LINE__); break;
+        case 12: if (u8(r) & 1) a->reserved0 = (int32_t)u32(r) | 1; else a->reserved1 = (int32_t)u32(r) | 1; must_fail(&m, __LINE__); break;
         case 13: { size_t v = (size_t)interesting_i64(r, (int64_t)sizeof *a); if (v > sizeof argbuf) v = sizeof argbuf; a->struct_size = v; /* judged below */
                    if (u8(r) & 1 && v > sizeof *a) { argbuf[sizeof *a + (v - sizeof *a - 1)] = 1; } break; }
         case 14: { int32_t v = (int32_t)interesting_i64(r, gm); if (v == 1 || v == 2) accumulate = v == 2; gm = (kf_grad_mode)v; break; }
-        case 15: a->weights = NULL; (m.must_fail = true, m.why = __LINE__); break;
+        case 15: a->weights = NULL; must_fail(&m, __LINE__); break;
         case 16: a->dropout_seed = u64(r); seed_changed = true; break;
         default: break;
         }
@@ -587,11 +602,11 @@ static void call_backward(sess *s, rd *r) {
     if (m.lied && !m.lie_t->t.data) m.lied = false; /* absent: not read, not a lie */
     /* A later mutation of the same extent may have undone the lie (set it back to <= honest). */
     if (m.lied && m.lie_t->t.shape[m.lie_dim] <= m.lie_t->shape[m.lie_dim]) m.lied = false;
-    if (a->struct_size < sizeof *a) (m.must_fail = true, m.why = __LINE__);
+    if (a->struct_size < sizeof *a) must_fail(&m, __LINE__);
     /* judged after every mutation: a later one may set it back */
-    if (a->num_weights != s->nw) (m.must_fail = true, m.why = __LINE__);
+    if (a->num_weights != s->nw) must_fail(&m, __LINE__);
     for (size_t i = sizeof *a; i < a->struct_size && i < sizeof argbuf; i++)
-        if (argbuf[i]) (m.must_fail = true, m.why = __LINE__);
+        if (argbuf[i]) must_fail(&m, __LINE__);
     if (m.lied && m.lie_t >= s->dw && m.lie_t < s->dw + MAXW && !a->dweights) m.lied = false;
     /* A lie on x's T or B must stay pinned by what is present after all mutations. */
     if (m.lied && m.lie_t == &s->x && m.lie_dim < 2) {
@@ -600,15 +615,15 @@ static void call_backward(sess *s, rd *r) {
         bool is_t = (m.lie_dim == 0) != s->batch_first;
         if (!(is_t ? t_pin : b_pin)) s->x.t.shape[m.lie_dim] = m.lie_old, m.lied = false;
     }
-    if (m.lied) (m.must_fail = true, m.why = __LINE__);
+    if (m.lied) must_fail(&m, __LINE__);
     a->x = s->x.t, a->h0 = s->h0.t, a->lengths = s->len.t, a->dy = s->dy.t, a->dhn = s->dhn.t;
     a->dx = s->dx.t, a->dh0 = s->dh0.t;
     for (int k = 0; k < s->nw; k++) wt[k] = s->w[k].t, dwt[k] = s->dw[k].t;
     for (int k = s->nw; k < MAXW + 4; k++) memset(&wt[k], 0, sizeof wt[k]), memset(&dwt[k], 0, sizeof dwt[k]);
-    if (gm != KF_GRAD_OVERWRITE && gm != KF_GRAD_ACCUMULATE) (m.must_fail = true, m.why = __LINE__);
-    if (a->dweights == NULL && a->num_dweights != 0) (m.must_fail = true, m.why = __LINE__);
-    if (a->dweights != NULL && a->num_dweights != s->nw) (m.must_fail = true, m.why = __LINE__);
-    if (a->lengths.data && !lengths_valid_t(s, s->T)) (m.must_fail = true, m.why = __LINE__);
+    if (gm != KF_GRAD_OVERWRITE && gm != KF_GRAD_ACCUMULATE) must_fail(&m, __LINE__);
+    if (a->dweights == NULL && a->num_dweights != 0) must_fail(&m, __LINE__);
+    if (a->dweights != NULL && a->num_dweights != s->nw) must_fail(&m, __LINE__);
+    if (a->lengths.data && !lengths_valid_t(s, s->T)) must_fail(&m, __LINE__);
     /* x defines T and B: in backward a smaller x is a valid, smaller problem unless a present
      * tensor pins that extent (dy, dx pin T; those and h0, lengths, dhn, dh0 pin B). */
     targ xfree = s->x;
@@ -624,13 +639,13 @@ static void call_backward(sess *s, rd *r) {
         }
     }
     if (x_resized && a->lengths.data && !lengths_valid_t(s, xfree.shape[s->batch_first ? 1 : 0]))
-        (m.must_fail = true, m.why = __LINE__);
+        must_fail(&m, __LINE__);
     {
         const targ *tg[] = {&xfree, &s->h0, &s->len, &s->dy, &s->dhn, &s->dx, &s->dh0};
         const kf_tensor *ts[] = {&a->x, &a->h0, &a->lengths, &a->dy, &a->dhn, &a->dx, &a->dh0};
         for (int i = 0; i < 7; i++)
             if (tensor_bad(tg[i], ts[i], i == 0)) {
-                (m.must_fail = true, m.why = __LINE__);
+                must_fail(&m, __LINE__);
                 if (getenv("FUZZ_RNN_VERBOSE"))
                     fprintf(stderr, "  bad %s: data %+td dtype %d ndim %d shape %lld %lld %lld "
                             "strides %lld %lld %lld\n", tg[i]->name,
@@ -642,8 +657,8 @@ static void call_backward(sess *s, rd *r) {
             }
     }
     for (int k = 0; k < s->nw; k++) {
-        if (tensor_bad(&s->w[k], &wt[k], true)) (m.must_fail = true, m.why = __LINE__);
-        if (a->dweights && tensor_bad(&s->dw[k], &dwt[k], false)) (m.must_fail = true, m.why = __LINE__);
+        if (tensor_bad(&s->w[k], &wt[k], true)) must_fail(&m, __LINE__);
+        if (a->dweights && tensor_bad(&s->dw[k], &dwt[k], false)) must_fail(&m, __LINE__);
     }
 
     /* Sizes of the problem the call describes: a smaller x makes a smaller problem, whose
@@ -658,8 +673,8 @@ static void call_backward(sess *s, rd *r) {
     const void *rp = s->reserve.p;
     size_t rb = rs_need;
     uint32_t k = u8(r) % 8;
-    if (k == 5 && rs_need > 0) { rb = rs_need - 1 - (size_t)(u16(r) % rs_need); (m.must_fail = true, m.why = __LINE__); }
-    else if (k == 6 && rs_need > 0) { rp = NULL; (m.must_fail = true, m.why = __LINE__); }
+    if (k == 5 && rs_need > 0) { rb = rs_need - 1 - (size_t)(u16(r) % rs_need); must_fail(&m, __LINE__); }
+    else if (k == 6 && rs_need > 0) { rp = NULL; must_fail(&m, __LINE__); }
     else if (k == 7) { /* garbage reserve: never written by a forward */
         uint32_t f = u8(r) % 4;
         float v = f == 0 ? NAN : f == 1 ? INFINITY : f == 2 ? 1e30f : 0.5f;
@@ -689,7 +704,8 @@ static void call_backward(sess *s, rd *r) {
         if (memcmp(sn.copy[2], s->reserve.p, s->reserve.cap + CANARY + 64) != 0)
             FAIL("kf_rnn_backward wrote the reserve");
         snap_verify_free(&sn, false, "");
-        if (m.must_fail) FAIL("kf_rnn_backward accepted an invalid call (fuzz_rnn.c:%d, lie %s[%d]: %lld -> %lld)", m.why,
+        char wb[128];
+        if (m.must_fail) FAIL("kf_rnn_backward accepted an invalid call (%s, lie %s[%d]: %lld -> %lld)", why_lines(&m, wb, sizeof wb),
                               m.lied ? m.lie_t->name : "-", m.lie_dim,
                               m.lied ? (long long)m.lie_old : 0, m.lied ? (long long)m.lie_t->t.shape[m.lie_dim] : 0);
         buf_check_canary(&s->dx.b, (size_t)s->dx.numel * 4, "dx");
