@@ -391,6 +391,26 @@ static void pick_workspace(rd *r, size_t need, wsarg *w, mut *m) {
     }
 }
 
+/* x defines T and B. A present tensor carrying one of those extents that was shrunk to x's new,
+ * shrunk value would, with the others, make a valid smaller call that the oracle does not model:
+ * restore that tensor's extent so that it disagrees with x (and pins the extent). `ts` holds the
+ * tensors with their dim carrying T (t_dim) and B (b_dim), -1 where absent. */
+typedef struct carried { targ *t; int t_dim, b_dim; } carried;
+
+static void unalign_with_x(sess *s, const carried *ts, int n) {
+    const int xt = s->batch_first ? 1 : 0, xb = 1 - xt;
+    for (int i = 0; i < n; i++) {
+        targ *t = ts[i].t;
+        const int dims[2][2] = {{xt, ts[i].t_dim}, {xb, ts[i].b_dim}};
+        for (int j = 0; j < 2; j++) {
+            int xd = dims[j][0], td = dims[j][1];
+            if (td < 0 || !t->t.data || td >= t->t.ndim) continue;
+            if (s->x.t.shape[xd] != s->x.shape[xd] && t->t.shape[td] == s->x.t.shape[xd])
+                t->t.shape[td] = t->shape[td];
+        }
+    }
+}
+
 /* ---- the calls ---------------------------------------------------------------------------------- */
 static void call_forward(sess *s, rd *r, kf_mode mode) {
     mut m = {0};
@@ -435,12 +455,11 @@ static void call_forward(sess *s, rd *r, kf_mode mode) {
         default: a->dropout_seed = u64(r), a->dropout_offset = u64(r); break;
         }
     }
-    /* x defines T and B and y must agree: had both been shrunk alike in one of those dims, the
-     * call would be a valid, smaller problem that the output checks below do not model. Undo
-     * y's change there, so that the pair disagrees and the call must be rejected. */
-    for (int dim = 0; dim < 2; dim++)
-        if (s->x.t.shape[dim] != s->x.shape[dim] && s->y.t.shape[dim] == s->x.t.shape[dim])
-            s->y.t.shape[dim] = s->y.shape[dim];
+    {
+        const int t = s->batch_first ? 1 : 0;
+        const carried ts[] = {{&s->y, t, 1 - t}, {&s->h0, -1, 1}, {&s->hn, -1, 1}, {&s->len, -1, 0}};
+        unalign_with_x(s, ts, 4);
+    }
     a->x = s->x.t, a->h0 = s->h0.t, a->lengths = s->len.t, a->y = s->y.t, a->hn = s->hn.t;
     for (int k = 0; k < s->nw; k++) wt[k] = s->w[k].t;
     if (a->lengths.data && !lengths_valid_t(s, s->T)) must_fail(&m, __LINE__);
@@ -604,6 +623,12 @@ static void call_backward(sess *s, rd *r) {
         case 16: a->dropout_seed = u64(r); seed_changed = true; break;
         default: break;
         }
+    }
+    {
+        const int t = s->batch_first ? 1 : 0;
+        const carried ts[] = {{&s->dy, t, 1 - t}, {&s->dx, t, 1 - t}, {&s->h0, -1, 1},
+                              {&s->dhn, -1, 1}, {&s->dh0, -1, 1}, {&s->len, -1, 0}};
+        unalign_with_x(s, ts, 6);
     }
     if (m.lied && !m.lie_t->t.data) m.lied = false; /* absent: not read, not a lie */
     /* A later mutation of the same extent may have undone the lie (set it back to <= honest). */
