@@ -8,9 +8,12 @@
 # (RPATH, CTestTestfile) point at the machine it was built on, so the tests run as executables
 # found under BUILD_DIR with LD_LIBRARY_PATH set, the way ctest would run them (--jobs 1).
 #
-# Steps: nvidia-smi; every C test; compute-sanitizer memcheck and racecheck on test_rnn_cuda;
-# benches/gpu_rnn.py (kfuse vs cuDNN's GRU and the eager A-GRU loop). Everything goes to $OUT
-# (default /tmp/kf-gpu-out), at most 8 files; a summary table prints last. Aim: under 8 minutes.
+# Steps (KF_GPU_PARTS, default all: "tests sanitizer bench_rnn bench_sklinear"): nvidia-smi and
+# every C test (KF_GPU_TESTS: a name glob, default test_*); compute-sanitizer memcheck on the
+# CUDA tests and racecheck on test_rnn_cuda; benches/gpu_rnn.py (kfuse vs cuDNN's GRU and the
+# eager A-GRU loop); benches/gpu_sklinear.py (kfuse vs dense nn.Linear, two eager GEMMs and
+# Panther's formulation). Everything goes to $OUT (default /tmp/kf-gpu-out), at most 8 files; a
+# summary table prints last. Aim: under 9 minutes for all parts.
 set -u
 cd "$(dirname "$0")/.."
 BUILD=$(cd "${1:-build-gpu}" && pwd -P) || { echo "no build directory ${1:-build-gpu}"; exit 2; }
@@ -36,18 +39,21 @@ EOF
 export LD_LIBRARY_PATH="$BUILD/deps:$BUILD:/usr/local/cuda/lib64:$(echo "$pyl" | paste -sd:):${LD_LIBRARY_PATH:-}"
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || echo "")
 
+PARTS=" ${KF_GPU_PARTS:-tests sanitizer bench_rnn bench_sklinear} "
+part() { [[ "$PARTS" == *" $1 "* ]]; }
 declare -a ROWS
 row() { ROWS+=("$(printf '%-34s %-8s %s' "$1" "$2" "$3")"); }
 
-# 1. the device
-nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 && row "nvidia-smi" ok "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)" \
-    || row "nvidia-smi" FAIL "see nvidia-smi.txt"
+# 1. the device (its report heads tests.log)
+nvidia-smi > "$OUT/tests.log" 2>&1 && row "nvidia-smi" ok "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)" \
+    || row "nvidia-smi" FAIL "see tests.log"
 
 # 2. every C test, as ctest would run it
-: > "$OUT/tests.log"
-tests=$(find "$BUILD" -maxdepth 3 -type f -name 'test_*' -perm -u+x ! -name '*.so*' | sort)
+tests=$(find "$BUILD" -maxdepth 3 -type f -name "${KF_GPU_TESTS:-test_*}" -perm -u+x ! -name '*.so*' | sort)
 pass=0; fail=0; failed=""
-for t in $tests; do
+run_tests=$tests
+part tests || run_tests=""
+for t in $run_tests; do
     name=$(basename "$t")
     case "$name" in test_header_*) args="" ;; *) args="--jobs 1" ;; esac
     echo "=== $name" >> "$OUT/tests.log"
@@ -57,12 +63,27 @@ for t in $tests; do
     if [ $rc -eq 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); failed="$failed $name"; fi
 done
 row "C tests" "$([ $fail -eq 0 ] && [ $pass -gt 0 ] && echo ok || echo FAIL)" "$pass passed, $fail failed${failed:+:$failed}"
-cuda_line=$(grep -A100 '^=== test_rnn_cuda$' "$OUT/tests.log" | grep -m1 'Synthesis' || true)
-row "  test_rnn_cuda" "" "${cuda_line:-no synthesis line (see tests.log)}"
+for name in test_rnn_cuda test_sklinear_cuda; do
+    cuda_line=$(grep -A400 "^=== $name\$" "$OUT/tests.log" | grep -m1 'Synthesis' || true)
+    row "  $name" "" "${cuda_line:-no synthesis line (see tests.log)}"
+done
 
 # 3. compute-sanitizer on the CUDA test (Criterion forks a child per test: follow it)
 RNN_CUDA=$(echo "$tests" | grep '/test_rnn_cuda$' | head -1)
-if [ -n "$SAN" ] && [ -n "$RNN_CUDA" ]; then
+SKL_CUDA=$(echo "$tests" | grep '/test_sklinear_cuda$' | head -1)
+if ! part sanitizer; then
+    row "compute-sanitizer" SKIP "not in KF_GPU_PARTS"
+elif [ -n "$SAN" ] && [ -n "$SKL_CUDA" ]; then
+    log="$OUT/sanitizer-memcheck.log"
+    timeout 200 "$SAN" --tool memcheck --leak-check no --target-processes all --error-exitcode 86 \
+        "$SKL_CUDA" --jobs 1 > "$log.skl" 2>&1
+    rc=$?
+    row "memcheck test_sklinear_cuda" "$([ $rc -eq 0 ] && echo ok || echo "FAIL($rc)")" \
+        "$(grep -m1 'ERROR SUMMARY' "$log.skl" || echo "no summary")"
+fi
+if ! part sanitizer; then
+    :
+elif [ -n "$SAN" ] && [ -n "$RNN_CUDA" ]; then
     for tool in memcheck racecheck; do
         log="$OUT/sanitizer-$tool.log"
         extra=""
@@ -74,29 +95,37 @@ if [ -n "$SAN" ] && [ -n "$RNN_CUDA" ]; then
             "$RNN_CUDA" --jobs 1 $filt > "$log" 2>&1
         rc=$?
         errs=$(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" || echo "no summary")
-        row "compute-sanitizer $tool" "$([ $rc -eq 0 ] && echo ok || echo "FAIL($rc)")" "$errs"
+        row "$tool test_rnn_cuda" "$([ $rc -eq 0 ] && echo ok || echo "FAIL($rc)")" "$errs"
     done
 else
     row "compute-sanitizer" SKIP "compute-sanitizer or test_rnn_cuda not found"
 fi
 
-# 4. benchmark against cuDNN and the eager A-GRU loop
-BENCH=$(find "$BUILD" -maxdepth 3 -type f -name kf_bench_rnn -perm -u+x | head -1)
-if [ -n "$BENCH" ]; then
-    PYTHONUNBUFFERED=1 timeout 240 python3 benches/gpu_rnn.py --bench "$BENCH" \
-        --json "$OUT/gpu_rnn.json" --md "$OUT/gpu_rnn.md" > "$OUT/gpu_rnn.log" 2>&1
-    rc=$?
-    row "benches/gpu_rnn.py" "$([ $rc -eq 0 ] && echo ok || echo "FAIL($rc)")" "gpu_rnn.md / gpu_rnn.json"
-else
-    row "benches/gpu_rnn.py" SKIP "kf_bench_rnn not found under $BUILD"
-fi
+# the memcheck logs of both tests in one file (the file budget of $OUT)
+[ -f "$OUT/sanitizer-memcheck.log.skl" ] && { cat "$OUT/sanitizer-memcheck.log.skl" >> "$OUT/sanitizer-memcheck.log"; rm -f "$OUT/sanitizer-memcheck.log.skl"; }
+
+# 4. benchmarks: recurrent layers against cuDNN and the eager A-GRU loop; SKLinear against dense,
+#    two eager GEMMs and Panther's formulation. Each log holds the JSON rows, the .md the table.
+for b in rnn sklinear; do
+    BENCH=$(find "$BUILD" -maxdepth 3 -type f -name "kf_bench_$b" -perm -u+x | head -1)
+    if ! part "bench_$b"; then
+        continue
+    elif [ -n "$BENCH" ]; then
+        PYTHONUNBUFFERED=1 timeout 240 python3 "benches/gpu_$b.py" --bench "$BENCH" \
+            --md "$OUT/gpu_$b.md" > "$OUT/gpu_$b.log" 2>&1
+        rc=$?
+        row "benches/gpu_$b.py" "$([ $rc -eq 0 ] && echo ok || echo "FAIL($rc)")" "gpu_$b.md / gpu_$b.log"
+    else
+        row "benches/gpu_$b.py" SKIP "kf_bench_$b not found under $BUILD"
+    fi
+done
 
 # 5. summary (last)
 {
     echo
     echo "==== kfuse GPU run summary ($SECONDS s) ===="
     for r in "${ROWS[@]}"; do echo "$r"; done
-    if [ -f "$OUT/gpu_rnn.md" ]; then echo; cat "$OUT/gpu_rnn.md"; fi
+    for md in "$OUT/gpu_rnn.md" "$OUT/gpu_sklinear.md"; do [ -f "$md" ] && { echo; cat "$md"; }; done
     echo
     echo "files in $OUT: $(ls "$OUT" | paste -sd' ')"
 } | tee "$OUT/summary.txt"

@@ -377,6 +377,6 @@ kf_status kf__cpu_rnn_backward(kf_context *ctx, const kf__rnn_bwd *c) {
     kf__rnn_cpu_layout_init(&lo, c->plan, c->T, c->B, true);
     (void)ctx; /* the thread count comes from the plan's context, as the sizes did */
     bwd_call call = {.c = c, .lo = &lo};
-    kf__rnn_cpu_team(lo.ns, bwd_team, &call);
+    kf__cpu_team(lo.ns, bwd_team, &call);
     return KF_OK;
 }

@@ -34,6 +34,7 @@
 
 #include "counter_rng.h"
 #include "rnn_internal.h"
+#include "team.h"
 
 #include <math.h>
 #include <string.h>
@@ -70,11 +71,6 @@ typedef struct kf__rnn_cpu_layout {
     /* reserve offsets (bytes) */
     size_t cell_bytes, hp_bytes, out0, out_bytes, reserve_bytes;
 } kf__rnn_cpu_layout;
-
-/* Runs fn(arg, tid, nth) on a team of `ns` threads, or directly in the caller when ns == 1:
- * libgomp allocates a fresh team for every one-thread parallel region, and a steady-state call
- * must not allocate (the barriers in `fn` are no-ops outside a parallel region). */
-void kf__rnn_cpu_team(int32_t ns, void (*fn)(void *arg, int tid, int nth), void *arg);
 
 /* Fills `lo` for a call of T steps over B samples. `training` adds the reserve. */
 void kf__rnn_cpu_layout_init(kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p, int64_t T,

@@ -417,15 +417,6 @@ static void fwd_layer_run(const fwd_layer *f, int tid, int nth) {
 #pragma omp barrier
 }
 
-void kf__rnn_cpu_team(int32_t ns, void (*fn)(void *arg, int tid, int nth), void *arg) {
-    if (ns <= 1) {
-        fn(arg, 0, 1);
-        return;
-    }
-#pragma omp parallel num_threads(ns)
-    fn(arg, omp_get_thread_num(), omp_get_num_threads());
-}
-
 typedef struct fwd_call {
     const kf__rnn_fwd *c;
     const kf__rnn_cpu_layout *lo;
@@ -461,6 +452,6 @@ kf_status kf__cpu_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c) {
     kf__rnn_cpu_layout_init(&lo, c->plan, c->T, c->B, c->training);
     (void)ctx; /* the thread count comes from the plan's context, as the sizes did */
     fwd_call call = {.c = c, .lo = &lo};
-    kf__rnn_cpu_team(lo.ns, fwd_team, &call);
+    kf__cpu_team(lo.ns, fwd_team, &call);
     return KF_OK;
 }

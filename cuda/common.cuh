@@ -15,6 +15,14 @@
 
 #include <stdint.h>
 
+// The sub-buffer at byte offset `off` of a workspace or reserve.
+template <typename Tp> static inline Tp *kf__at(void *base, size_t off) {
+    return (Tp *)((char *)base + off);
+}
+template <typename Tp> static inline const Tp *kf__at(const void *base, size_t off) {
+    return (const Tp *)((const char *)base + off);
+}
+
 static inline cudaStream_t kf__stream(const kf_context *ctx) { return (cudaStream_t)ctx->stream; }
 static inline cublasHandle_t kf__blas(const kf_context *ctx) { return (cublasHandle_t)ctx->blas; }
 

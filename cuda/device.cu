@@ -82,6 +82,19 @@ extern "C" kf_status kf__cuda_synchronize(kf_context *ctx, const char *fn) {
     return KF_OK;
 }
 
+// Synchronous copy between host memory and memory of the context's device, ordered after the
+// work already queued on its stream. For setup calls only (kf_sklinear_init_params): it waits.
+extern "C" kf_status kf__cuda_copy(kf_context *ctx, const char *fn, void *dst, const void *src,
+                                   size_t bytes, bool to_device) {
+    if (bytes == 0) return KF_OK;
+    KF__CUDA_TRY(fn, cudaSetDevice(ctx->device_index));
+    KF__CUDA_TRY(fn, cudaMemcpyAsync(dst, src, bytes,
+                                     to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
+                                     kf__stream(ctx)));
+    KF__CUDA_TRY(fn, cudaStreamSynchronize(kf__stream(ctx)));
+    return KF_OK;
+}
+
 // Memory a kernel on this context's device may read: device memory of that device, or managed
 // memory. Host memory (pageable or pinned) and another device's memory are rejected before any
 // launch, so a mixed-up pointer is a status rather than an illegal-address fault later. A pure

@@ -102,13 +102,6 @@ static inline size_t kf__rs_out(const kf__rnn_cuda_layout *y, int64_t l) {
     return y->out_base + (size_t)l * y->out_bytes;
 }
 
-template <typename Tp> static inline Tp *kf__at(void *base, size_t off) {
-    return (Tp *)((char *)base + off);
-}
-template <typename Tp> static inline const Tp *kf__at(const void *base, size_t off) {
-    return (const Tp *)((const char *)base + off);
-}
-
 // Row order of layer l's per-row buffers: (t stride, b stride) in rows.
 static inline void kf__rnn_row_strides(const struct kf_rnn_plan *p, int32_t l, int64_t T,
                                        int64_t B, int64_t *ts, int64_t *bs) {

@@ -10,13 +10,13 @@ cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKF_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
 cmake --build build-gpu -j"$(nproc)"
 rm -rf .gpu && mkdir -p .gpu/bin .gpu/deps
-cp -P build-gpu/libkfuse.so* .gpu/deps/
-for b in build-gpu/tests/test_* build-gpu/benches/kf_bench_rnn \
+cp -L build-gpu/libkfuse.so.1 .gpu/deps/libkfuse.so.1  # the SONAME the binaries load
+for b in build-gpu/tests/test_* build-gpu/benches/kf_bench_* \
          build-gpu/examples/train_fmnist build-gpu/examples/hello_rnn; do
   [ -x "$b" ] && [ -f "$b" ] && cp "$b" .gpu/bin/
 done
 skip='^(linux-vdso|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|ld-linux|libresolv|libcuda\.so|libcublas|libcudart|libstdc\+\+|libgcc_s|libkfuse)'
-for b in .gpu/bin/* .gpu/deps/libkfuse.so; do ldd "$b" 2>/dev/null || true; done |
+for b in .gpu/bin/* .gpu/deps/libkfuse.so.1; do ldd "$b" 2>/dev/null || true; done |
   awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u |
   while read -r name path; do
     [[ $name =~ $skip ]] || cp -L "$path" ".gpu/deps/$name"

@@ -53,7 +53,7 @@ extern "C" {
 
 /* ---- version (the build reads these three lines to form the SONAME and package version) - */
 #define KF_VERSION_MAJOR 1
-#define KF_VERSION_MINOR 0
+#define KF_VERSION_MINOR 1
 #define KF_VERSION_PATCH 0
 /* The ABI generation; equals KF_VERSION_MAJOR. */
 #define KF_ABI_VERSION KF_VERSION_MAJOR
@@ -318,6 +318,116 @@ KF_API void kf_rnn_backward_args_init(kf_rnn_backward_args *args);
 KF_API kf_status kf_rnn_backward(kf_rnn_plan *plan, kf_grad_mode grad_mode,
                                  const kf_rnn_backward_args *args, void *workspace,
                                  size_t workspace_bytes, const void *reserve, size_t reserve_bytes);
+
+/* ---- sketched linear layer: SKLinear (Panther) ------------------------------------------ */
+/*
+ * Panther's randomized low-rank replacement of a dense Linear, with L = num_terms terms of rank
+ * k = low_rank. Parameters in Panther's layout and names: learnable S1s [L, in, k] and
+ * S2s [L, k, out], fixed sketch buffers U1s [L, k, out] and U2s [L, in, k], bias [out]:
+ *     y = 1/(2L) * sum_i [ (x S1_i) U1_i + (x U2_i) S2_i ] + bias
+ * computed as two GEMMs through the rank-2Lk bottleneck Z = x [S1_1..S1_L | U2_1..U2_L],
+ * y = Z [U1_1; ..; U1_L; S2_1; ..; S2_L] / (2L) + bias, never term by term. x is [..., in] with
+ * any leading dims (flattened into N >= 1 rows; bindings handle empty batches themselves), y is
+ * [..., out] with the same leading dims.
+ * Backward gives dx, dS1s, dS2s and dbias (U1s and U2s are fixed). No reserve: backward
+ * recomputes the bottleneck from x.
+ */
+typedef struct kf_sklinear_plan kf_sklinear_plan;
+
+typedef struct kf_sklinear_desc {
+    size_t struct_size;   /* sizeof(kf_sklinear_desc) as the caller compiled it */
+    int64_t in_features;  /* >= 1; no default (0) */
+    int64_t out_features; /* >= 1; no default (0) */
+    int32_t num_terms;    /* L >= 1; no default (0) */
+    int32_t low_rank;     /* k >= 1; no default (0) */
+    int32_t bias;         /* 1 (default): a bias [out] is added; 0: none */
+    int32_t dtype;        /* kf_dtype of every tensor; default (and only) KF_DTYPE_F32 */
+    /* appended in later versions below this line; never reorder or remove */
+} kf_sklinear_desc;
+
+/* Writes the defaults and struct_size into `desc`. Since 1.1. */
+KF_API void kf_sklinear_desc_init(kf_sklinear_desc *desc);
+
+/* Creates a plan bound to `ctx` (which must outlive it). @return KF_OK and *out,
+ * KF_ERR_INVALID_ARGUMENT (message names the field), KF_ERR_UNSUPPORTED, KF_ERR_OUT_OF_MEMORY.
+ * A layer whose 2Lk(in+out) parameters exceed in*out is allowed (see
+ * kf_sklinear_param_ratio()). On failure *out is set to NULL (when `out` is not NULL).
+ * Since 1.1. */
+KF_API kf_status kf_sklinear_plan_create(kf_context *ctx, const kf_sklinear_desc *desc,
+                                         kf_sklinear_plan **out);
+
+/* Destroys a plan. Accepts NULL. Since 1.1. */
+KF_API void kf_sklinear_plan_destroy(kf_sklinear_plan *plan);
+
+/* 2Lk(in+out) / (in*out): the sketched layer's parameter count over the dense layer's. Above 1
+ * the sketch holds more parameters than the Linear it replaces (Panther warns then). Since 1.1. */
+KF_API kf_status kf_sklinear_param_ratio(const kf_sklinear_plan *plan, double *ratio);
+
+/* Bytes of scratch workspace kf_sklinear_forward() and kf_sklinear_backward() need for N rows
+ * (the product of x's leading dims). Pure. Since 1.1. */
+KF_API kf_status kf_sklinear_workspace_size(const kf_sklinear_plan *plan, int64_t N,
+                                            size_t *workspace_bytes);
+
+typedef struct kf_sklinear_forward_args {
+    size_t struct_size; /* sizeof(kf_sklinear_forward_args) as the caller compiled it */
+    kf_tensor x;        /* [..., in], rank 1..KF_MAX_DIMS */
+    kf_tensor S1s;      /* [L, in, k] */
+    kf_tensor S2s;      /* [L, k, out] */
+    kf_tensor U1s;      /* [L, k, out] */
+    kf_tensor U2s;      /* [L, in, k] */
+    kf_tensor bias;     /* [out]: required when the plan has a bias, absent otherwise */
+    kf_tensor y;        /* out [..., out]: x's leading dims */
+} kf_sklinear_forward_args;
+
+/* Writes the defaults (all tensors absent) and struct_size into `args`. Since 1.1. */
+KF_API void kf_sklinear_forward_args_init(kf_sklinear_forward_args *args);
+
+/* y for every row of x. Workspace as for kf_rnn_forward() (NULL with 0 bytes: the arena).
+ * @return KF_OK; KF_ERR_INVALID_ARGUMENT (message names the argument);
+ * KF_ERR_WORKSPACE_TOO_SMALL; KF_ERR_OUT_OF_MEMORY; KF_ERR_DEVICE. Since 1.1. */
+KF_API kf_status kf_sklinear_forward(kf_sklinear_plan *plan, const kf_sklinear_forward_args *args,
+                                     void *workspace, size_t workspace_bytes);
+
+typedef struct kf_sklinear_backward_args {
+    size_t struct_size; /* sizeof(kf_sklinear_backward_args) as the caller compiled it */
+    kf_tensor x;        /* the forward's x */
+    kf_tensor S1s, S2s, U1s, U2s; /* the forward's parameters */
+    kf_tensor dy;       /* [..., out]: gradient of the loss w.r.t. y */
+    kf_tensor dx;       /* optional out, x's shape: always overwritten */
+    kf_tensor dS1s;     /* optional out [L, in, k]: written or accumulated per kf_grad_mode */
+    kf_tensor dS2s;     /* optional out [L, k, out]: likewise */
+    kf_tensor dbias;    /* optional out [out] (plans with a bias only): likewise */
+} kf_sklinear_backward_args;
+
+/* Writes the defaults and struct_size into `args`. Since 1.1. */
+KF_API void kf_sklinear_backward_args_init(kf_sklinear_backward_args *args);
+
+/* Gradients of x, S1s, S2s and bias. `grad_mode` applies to dS1s, dS2s, dbias. Workspace and
+ * statuses as for kf_sklinear_forward(). Since 1.1. */
+KF_API kf_status kf_sklinear_backward(kf_sklinear_plan *plan, kf_grad_mode grad_mode,
+                                      const kf_sklinear_backward_args *args, void *workspace,
+                                      size_t workspace_bytes);
+
+typedef struct kf_sklinear_init_args {
+    size_t struct_size; /* sizeof(kf_sklinear_init_args) as the caller compiled it */
+    uint64_t seed;      /* every draw is a pure function of (seed, element): the same on every
+                           backend and thread count */
+    kf_tensor W_init;   /* optional [out, in] (a Linear's weight); absent = Kaiming-uniform
+                           W [in, out] with bound 1/sqrt(out), as Panther draws it */
+    kf_tensor S1s, S2s, U1s, U2s; /* out: shapes as in kf_sklinear_forward_args */
+    kf_tensor bias;     /* out [out], required when the plan has a bias (absent otherwise):
+                           U(-1/sqrt(out), 1/sqrt(out)) */
+} kf_sklinear_init_args;
+
+/* Writes the defaults and struct_size into `args`. Since 1.1. */
+KF_API void kf_sklinear_init_args_init(kf_sklinear_init_args *args);
+
+/* Panther's initialisation: U1s[i] = scaled sign sketch [k, out] and U2s[i] = (sign sketch
+ * [k, in])^T, entries +-1/sqrt(k); S1s[i] = W U1s[i]^T, S2s[i] = U2s[i]^T W with W = W_init^T
+ * or drawn. Not a hot path: it synchronises with the context's stream and may allocate host
+ * memory. Since 1.1. */
+KF_API kf_status kf_sklinear_init_params(kf_sklinear_plan *plan,
+                                         const kf_sklinear_init_args *args);
 
 #ifdef __cplusplus
 } /* extern "C" */

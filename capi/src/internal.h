@@ -105,6 +105,9 @@ void kf__cuda_free(kf_context *ctx, void *p);
 kf_status kf__cuda_synchronize(kf_context *ctx, const char *fn);
 kf_status kf__cuda_check_pointer(const kf_context *ctx, const char *fn, const char *arg,
                                  const void *p);
+/* Copies `bytes` host -> device (to_device) or device -> host, then waits for the stream. */
+kf_status kf__cuda_copy(kf_context *ctx, const char *fn, void *dst, const void *src, size_t bytes,
+                        bool to_device);
 #endif
 
 #ifdef __cplusplus

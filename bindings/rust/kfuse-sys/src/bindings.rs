@@ -4,10 +4,10 @@
 // Do not edit: change the header, rerun generate.sh, commit the result.
 
 pub const KF_VERSION_MAJOR: u32 = 1;
-pub const KF_VERSION_MINOR: u32 = 0;
+pub const KF_VERSION_MINOR: u32 = 1;
 pub const KF_VERSION_PATCH: u32 = 0;
 pub const KF_ABI_VERSION: u32 = 1;
-pub const KF_VERSION_NUMBER: u32 = 10000;
+pub const KF_VERSION_NUMBER: u32 = 10100;
 pub const KF_MAX_DIMS: u32 = 6;
 pub const KF_CONTEXT_FIXED_ARENA: u32 = 1;
 pub const KF_RNN_BATCH_FIRST: u32 = 1;
@@ -978,5 +978,640 @@ extern "C" {
         workspace_bytes: usize,
         reserve: *const ::std::os::raw::c_void,
         reserve_bytes: usize,
+    ) -> kf_status;
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct kf_sklinear_plan {
+    _unused: [u8; 0],
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct kf_sklinear_desc {
+    #[doc = " sizeof(kf_sklinear_desc) as the caller compiled it"]
+    pub struct_size: usize,
+    #[doc = " >= 1; no default (0)"]
+    pub in_features: i64,
+    #[doc = " >= 1; no default (0)"]
+    pub out_features: i64,
+    #[doc = " L >= 1; no default (0)"]
+    pub num_terms: i32,
+    #[doc = " k >= 1; no default (0)"]
+    pub low_rank: i32,
+    #[doc = " 1 (default): a bias [out] is added; 0: none"]
+    pub bias: i32,
+    #[doc = " kf_dtype of every tensor; default (and only) KF_DTYPE_F32"]
+    pub dtype: i32,
+}
+#[test]
+fn bindgen_test_layout_kf_sklinear_desc() {
+    assert_eq!(
+        ::std::mem::size_of::<kf_sklinear_desc>(),
+        40usize,
+        concat!("Size of: ", stringify!(kf_sklinear_desc))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<kf_sklinear_desc>(),
+        8usize,
+        concat!("Alignment of ", stringify!(kf_sklinear_desc))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_desc), "::", stringify!(struct_size))
+        );
+    }
+    test_field_struct_size();
+    fn test_field_in_features() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).in_features) as usize - ptr as usize
+            },
+            8usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_desc), "::", stringify!(in_features))
+        );
+    }
+    test_field_in_features();
+    fn test_field_out_features() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).out_features) as usize - ptr as usize
+            },
+            16usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_desc), "::", stringify!(out_features))
+        );
+    }
+    test_field_out_features();
+    fn test_field_num_terms() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).num_terms) as usize - ptr as usize
+            },
+            24usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_desc), "::", stringify!(num_terms))
+        );
+    }
+    test_field_num_terms();
+    fn test_field_low_rank() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).low_rank) as usize - ptr as usize
+            },
+            28usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_desc), "::", stringify!(low_rank))
+        );
+    }
+    test_field_low_rank();
+    fn test_field_bias() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).bias) as usize - ptr as usize
+            },
+            32usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_desc), "::", stringify!(bias))
+        );
+    }
+    test_field_bias();
+    fn test_field_dtype() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dtype) as usize - ptr as usize
+            },
+            36usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_desc), "::", stringify!(dtype))
+        );
+    }
+    test_field_dtype();
+}
+extern "C" {
+    #[doc = " Writes the defaults and struct_size into `desc`. Since 1.1."]
+    pub fn kf_sklinear_desc_init(desc: *mut kf_sklinear_desc);
+}
+extern "C" {
+    #[doc = " Creates a plan bound to `ctx` (which must outlive it). @return KF_OK and *out,"]
+    #[doc = " KF_ERR_INVALID_ARGUMENT (message names the field), KF_ERR_UNSUPPORTED, KF_ERR_OUT_OF_MEMORY."]
+    #[doc = " A layer whose 2Lk(in+out) parameters exceed in*out is allowed (see"]
+    #[doc = " kf_sklinear_param_ratio()). On failure *out is set to NULL (when `out` is not NULL)."]
+    #[doc = " Since 1.1."]
+    pub fn kf_sklinear_plan_create(
+        ctx: *mut kf_context,
+        desc: *const kf_sklinear_desc,
+        out: *mut *mut kf_sklinear_plan,
+    ) -> kf_status;
+}
+extern "C" {
+    #[doc = " Destroys a plan. Accepts NULL. Since 1.1."]
+    pub fn kf_sklinear_plan_destroy(plan: *mut kf_sklinear_plan);
+}
+extern "C" {
+    #[doc = " 2Lk(in+out) / (in*out): the sketched layer's parameter count over the dense layer's. Above 1"]
+    #[doc = " the sketch holds more parameters than the Linear it replaces (Panther warns then). Since 1.1."]
+    pub fn kf_sklinear_param_ratio(plan: *const kf_sklinear_plan, ratio: *mut f64) -> kf_status;
+}
+extern "C" {
+    #[doc = " Bytes of scratch workspace kf_sklinear_forward() and kf_sklinear_backward() need for N rows"]
+    #[doc = " (the product of x's leading dims). Pure. Since 1.1."]
+    pub fn kf_sklinear_workspace_size(
+        plan: *const kf_sklinear_plan,
+        N: i64,
+        workspace_bytes: *mut usize,
+    ) -> kf_status;
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct kf_sklinear_forward_args {
+    #[doc = " sizeof(kf_sklinear_forward_args) as the caller compiled it"]
+    pub struct_size: usize,
+    #[doc = " [..., in], rank 1..KF_MAX_DIMS"]
+    pub x: kf_tensor,
+    #[doc = " [L, in, k]"]
+    pub S1s: kf_tensor,
+    #[doc = " [L, k, out]"]
+    pub S2s: kf_tensor,
+    #[doc = " [L, k, out]"]
+    pub U1s: kf_tensor,
+    #[doc = " [L, in, k]"]
+    pub U2s: kf_tensor,
+    #[doc = " [out]: required when the plan has a bias, absent otherwise"]
+    pub bias: kf_tensor,
+    #[doc = " out [..., out]: x's leading dims"]
+    pub y: kf_tensor,
+}
+#[test]
+fn bindgen_test_layout_kf_sklinear_forward_args() {
+    assert_eq!(
+        ::std::mem::size_of::<kf_sklinear_forward_args>(),
+        792usize,
+        concat!("Size of: ", stringify!(kf_sklinear_forward_args))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<kf_sklinear_forward_args>(),
+        8usize,
+        concat!("Alignment of ", stringify!(kf_sklinear_forward_args))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_forward_args), "::", stringify!(struct_size))
+        );
+    }
+    test_field_struct_size();
+    fn test_field_x() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).x) as usize - ptr as usize
+            },
+            8usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_forward_args), "::", stringify!(x))
+        );
+    }
+    test_field_x();
+    fn test_field_S1s() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).S1s) as usize - ptr as usize
+            },
+            120usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_forward_args), "::", stringify!(S1s))
+        );
+    }
+    test_field_S1s();
+    fn test_field_S2s() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).S2s) as usize - ptr as usize
+            },
+            232usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_forward_args), "::", stringify!(S2s))
+        );
+    }
+    test_field_S2s();
+    fn test_field_U1s() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).U1s) as usize - ptr as usize
+            },
+            344usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_forward_args), "::", stringify!(U1s))
+        );
+    }
+    test_field_U1s();
+    fn test_field_U2s() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).U2s) as usize - ptr as usize
+            },
+            456usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_forward_args), "::", stringify!(U2s))
+        );
+    }
+    test_field_U2s();
+    fn test_field_bias() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).bias) as usize - ptr as usize
+            },
+            568usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_forward_args), "::", stringify!(bias))
+        );
+    }
+    test_field_bias();
+    fn test_field_y() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).y) as usize - ptr as usize
+            },
+            680usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_forward_args), "::", stringify!(y))
+        );
+    }
+    test_field_y();
+}
+extern "C" {
+    #[doc = " Writes the defaults (all tensors absent) and struct_size into `args`. Since 1.1."]
+    pub fn kf_sklinear_forward_args_init(args: *mut kf_sklinear_forward_args);
+}
+extern "C" {
+    #[doc = " y for every row of x. Workspace as for kf_rnn_forward() (NULL with 0 bytes: the arena)."]
+    #[doc = " @return KF_OK; KF_ERR_INVALID_ARGUMENT (message names the argument);"]
+    #[doc = " KF_ERR_WORKSPACE_TOO_SMALL; KF_ERR_OUT_OF_MEMORY; KF_ERR_DEVICE. Since 1.1."]
+    pub fn kf_sklinear_forward(
+        plan: *mut kf_sklinear_plan,
+        args: *const kf_sklinear_forward_args,
+        workspace: *mut ::std::os::raw::c_void,
+        workspace_bytes: usize,
+    ) -> kf_status;
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct kf_sklinear_backward_args {
+    #[doc = " sizeof(kf_sklinear_backward_args) as the caller compiled it"]
+    pub struct_size: usize,
+    #[doc = " the forward's x"]
+    pub x: kf_tensor,
+    #[doc = " the forward's parameters"]
+    pub S1s: kf_tensor,
+    #[doc = " the forward's parameters"]
+    pub S2s: kf_tensor,
+    #[doc = " the forward's parameters"]
+    pub U1s: kf_tensor,
+    #[doc = " the forward's parameters"]
+    pub U2s: kf_tensor,
+    #[doc = " [..., out]: gradient of the loss w.r.t. y"]
+    pub dy: kf_tensor,
+    #[doc = " optional out, x's shape: always overwritten"]
+    pub dx: kf_tensor,
+    #[doc = " optional out [L, in, k]: written or accumulated per kf_grad_mode"]
+    pub dS1s: kf_tensor,
+    #[doc = " optional out [L, k, out]: likewise"]
+    pub dS2s: kf_tensor,
+    #[doc = " optional out [out] (plans with a bias only): likewise"]
+    pub dbias: kf_tensor,
+}
+#[test]
+fn bindgen_test_layout_kf_sklinear_backward_args() {
+    assert_eq!(
+        ::std::mem::size_of::<kf_sklinear_backward_args>(),
+        1128usize,
+        concat!("Size of: ", stringify!(kf_sklinear_backward_args))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<kf_sklinear_backward_args>(),
+        8usize,
+        concat!("Alignment of ", stringify!(kf_sklinear_backward_args))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_sklinear_backward_args),
+                "::",
+                stringify!(struct_size)
+            )
+        );
+    }
+    test_field_struct_size();
+    fn test_field_x() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).x) as usize - ptr as usize
+            },
+            8usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_backward_args), "::", stringify!(x))
+        );
+    }
+    test_field_x();
+    fn test_field_S1s() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).S1s) as usize - ptr as usize
+            },
+            120usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_backward_args), "::", stringify!(S1s))
+        );
+    }
+    test_field_S1s();
+    fn test_field_S2s() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).S2s) as usize - ptr as usize
+            },
+            232usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_backward_args), "::", stringify!(S2s))
+        );
+    }
+    test_field_S2s();
+    fn test_field_U1s() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).U1s) as usize - ptr as usize
+            },
+            344usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_backward_args), "::", stringify!(U1s))
+        );
+    }
+    test_field_U1s();
+    fn test_field_U2s() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).U2s) as usize - ptr as usize
+            },
+            456usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_backward_args), "::", stringify!(U2s))
+        );
+    }
+    test_field_U2s();
+    fn test_field_dy() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dy) as usize - ptr as usize
+            },
+            568usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_backward_args), "::", stringify!(dy))
+        );
+    }
+    test_field_dy();
+    fn test_field_dx() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dx) as usize - ptr as usize
+            },
+            680usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_backward_args), "::", stringify!(dx))
+        );
+    }
+    test_field_dx();
+    fn test_field_dS1s() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dS1s) as usize - ptr as usize
+            },
+            792usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_backward_args), "::", stringify!(dS1s))
+        );
+    }
+    test_field_dS1s();
+    fn test_field_dS2s() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dS2s) as usize - ptr as usize
+            },
+            904usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_backward_args), "::", stringify!(dS2s))
+        );
+    }
+    test_field_dS2s();
+    fn test_field_dbias() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dbias) as usize - ptr as usize
+            },
+            1016usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_backward_args), "::", stringify!(dbias))
+        );
+    }
+    test_field_dbias();
+}
+extern "C" {
+    #[doc = " Writes the defaults and struct_size into `args`. Since 1.1."]
+    pub fn kf_sklinear_backward_args_init(args: *mut kf_sklinear_backward_args);
+}
+extern "C" {
+    #[doc = " Gradients of x, S1s, S2s and bias. `grad_mode` applies to dS1s, dS2s, dbias. Workspace and"]
+    #[doc = " statuses as for kf_sklinear_forward(). Since 1.1."]
+    pub fn kf_sklinear_backward(
+        plan: *mut kf_sklinear_plan,
+        grad_mode: kf_grad_mode,
+        args: *const kf_sklinear_backward_args,
+        workspace: *mut ::std::os::raw::c_void,
+        workspace_bytes: usize,
+    ) -> kf_status;
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct kf_sklinear_init_args {
+    #[doc = " sizeof(kf_sklinear_init_args) as the caller compiled it"]
+    pub struct_size: usize,
+    #[doc = " every draw is a pure function of (seed, element): the same on every"]
+    #[doc = "backend and thread count"]
+    pub seed: u64,
+    #[doc = " optional [out, in] (a Linear's weight); absent = Kaiming-uniform"]
+    #[doc = "W [in, out] with bound 1/sqrt(out), as Panther draws it"]
+    pub W_init: kf_tensor,
+    #[doc = " out: shapes as in kf_sklinear_forward_args"]
+    pub S1s: kf_tensor,
+    #[doc = " out: shapes as in kf_sklinear_forward_args"]
+    pub S2s: kf_tensor,
+    #[doc = " out: shapes as in kf_sklinear_forward_args"]
+    pub U1s: kf_tensor,
+    #[doc = " out: shapes as in kf_sklinear_forward_args"]
+    pub U2s: kf_tensor,
+    #[doc = " out [out], required when the plan has a bias (absent otherwise):"]
+    #[doc = "U(-1/sqrt(out), 1/sqrt(out))"]
+    pub bias: kf_tensor,
+}
+#[test]
+fn bindgen_test_layout_kf_sklinear_init_args() {
+    assert_eq!(
+        ::std::mem::size_of::<kf_sklinear_init_args>(),
+        688usize,
+        concat!("Size of: ", stringify!(kf_sklinear_init_args))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<kf_sklinear_init_args>(),
+        8usize,
+        concat!("Alignment of ", stringify!(kf_sklinear_init_args))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_init_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_init_args), "::", stringify!(struct_size))
+        );
+    }
+    test_field_struct_size();
+    fn test_field_seed() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_init_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).seed) as usize - ptr as usize
+            },
+            8usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_init_args), "::", stringify!(seed))
+        );
+    }
+    test_field_seed();
+    fn test_field_W_init() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_init_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).W_init) as usize - ptr as usize
+            },
+            16usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_init_args), "::", stringify!(W_init))
+        );
+    }
+    test_field_W_init();
+    fn test_field_S1s() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_init_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).S1s) as usize - ptr as usize
+            },
+            128usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_init_args), "::", stringify!(S1s))
+        );
+    }
+    test_field_S1s();
+    fn test_field_S2s() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_init_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).S2s) as usize - ptr as usize
+            },
+            240usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_init_args), "::", stringify!(S2s))
+        );
+    }
+    test_field_S2s();
+    fn test_field_U1s() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_init_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).U1s) as usize - ptr as usize
+            },
+            352usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_init_args), "::", stringify!(U1s))
+        );
+    }
+    test_field_U1s();
+    fn test_field_U2s() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_init_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).U2s) as usize - ptr as usize
+            },
+            464usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_init_args), "::", stringify!(U2s))
+        );
+    }
+    test_field_U2s();
+    fn test_field_bias() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_init_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).bias) as usize - ptr as usize
+            },
+            576usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_init_args), "::", stringify!(bias))
+        );
+    }
+    test_field_bias();
+}
+extern "C" {
+    #[doc = " Writes the defaults and struct_size into `args`. Since 1.1."]
+    pub fn kf_sklinear_init_args_init(args: *mut kf_sklinear_init_args);
+}
+extern "C" {
+    #[doc = " Panther's initialisation: U1s[i] = scaled sign sketch [k, out] and U2s[i] = (sign sketch"]
+    #[doc = " [k, in])^T, entries +-1/sqrt(k); S1s[i] = W U1s[i]^T, S2s[i] = U2s[i]^T W with W = W_init^T"]
+    #[doc = " or drawn. Not a hot path: it synchronises with the context's stream and may allocate host"]
+    #[doc = " memory. Since 1.1."]
+    pub fn kf_sklinear_init_params(
+        plan: *mut kf_sklinear_plan,
+        args: *const kf_sklinear_init_args,
     ) -> kf_status;
 }

@@ -49,6 +49,19 @@ mod tests {
             let mut b = std::mem::MaybeUninit::<kf_rnn_backward_args>::zeroed().assume_init();
             kf_rnn_backward_args_init(&mut b);
             assert_eq!(b.struct_size, std::mem::size_of::<kf_rnn_backward_args>());
+            let mut sd = std::mem::MaybeUninit::<kf_sklinear_desc>::zeroed().assume_init();
+            kf_sklinear_desc_init(&mut sd);
+            assert_eq!(sd.struct_size, std::mem::size_of::<kf_sklinear_desc>());
+            assert_eq!((sd.bias, sd.dtype as u32), (1, kf_dtype_KF_DTYPE_F32));
+            let mut sf = std::mem::MaybeUninit::<kf_sklinear_forward_args>::zeroed().assume_init();
+            kf_sklinear_forward_args_init(&mut sf);
+            assert_eq!(sf.struct_size, std::mem::size_of::<kf_sklinear_forward_args>());
+            let mut sb = std::mem::MaybeUninit::<kf_sklinear_backward_args>::zeroed().assume_init();
+            kf_sklinear_backward_args_init(&mut sb);
+            assert_eq!(sb.struct_size, std::mem::size_of::<kf_sklinear_backward_args>());
+            let mut si = std::mem::MaybeUninit::<kf_sklinear_init_args>::zeroed().assume_init();
+            kf_sklinear_init_args_init(&mut si);
+            assert_eq!(si.struct_size, std::mem::size_of::<kf_sklinear_init_args>());
         }
     }
 

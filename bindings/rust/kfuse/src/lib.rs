@@ -2,7 +2,8 @@
 //! layers behind a stable C ABI (`capi/include/kfuse.h`; raw bindings in `kfuse-sys`).
 //!
 //! Today: stacked **GRU** (exactly `torch.nn.GRU`) and **A-GRU** layers, forward and backward
-//! over a whole sequence in one call.
+//! over a whole sequence in one call; and **SKLinear** (Panther's sketched linear layer,
+//! [`SkLinearPlan`]), forward, backward and Panther's initialisation.
 //!
 //! - [`Context`]: device, stream, BLAS handle, arena. `Send`, not `Sync`.
 //! - [`RnnPlan`]: made once from an [`RnnDesc`], called many times; borrows its context.
@@ -82,14 +83,20 @@
 
 mod context;
 mod error;
+mod grad;
 mod rnn;
+mod sklinear;
 mod tensor;
 
 pub use context::{ArenaInfo, Context, ContextBuilder, Device};
 pub use error::{Error, Result, Status};
+pub use grad::GradMode;
 pub use rnn::{
-    BackwardArgs, Cell, ForwardArgs, GradMode, Mode, Reserve, RnnDesc, RnnPlan, WeightGrads, WeightInfo,
-    Weights, WorkspaceSize,
+    BackwardArgs, Cell, ForwardArgs, Mode, Reserve, RnnDesc, RnnPlan, WeightGrads, WeightInfo, Weights,
+    WorkspaceSize,
+};
+pub use sklinear::{
+    SkBackwardArgs, SkForwardArgs, SkHostParams, SkLinearDesc, SkLinearPlan, SkParams, SkParamsMut,
 };
 pub use tensor::{Element, Tensor, TensorMut};
 

@@ -1,6 +1,7 @@
 //! Recurrent layers: GRU (torch.nn.GRU semantics) and A-GRU, as `kf_rnn_plan`.
 use crate::context::{Context, Device};
 use crate::error::{check, Error, Result, Status};
+use crate::grad::GradMode;
 use crate::tensor::{absent, Tensor, TensorMut};
 use kfuse_sys as sys;
 use std::alloc::{self, Layout};
@@ -37,24 +38,6 @@ impl Mode {
         match self {
             Mode::Inference => sys::kf_mode_KF_MODE_INFERENCE,
             Mode::Training => sys::kf_mode_KF_MODE_TRAINING,
-        }
-    }
-}
-
-/// How backward treats the weight-gradient buffers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum GradMode {
-    /// `KF_GRAD_OVERWRITE`: weight gradients are written.
-    Overwrite,
-    /// `KF_GRAD_ACCUMULATE`: weight gradients are added to what the buffers hold.
-    Accumulate,
-}
-
-impl GradMode {
-    fn raw(self) -> sys::kf_grad_mode {
-        match self {
-            GradMode::Overwrite => sys::kf_grad_mode_KF_GRAD_OVERWRITE,
-            GradMode::Accumulate => sys::kf_grad_mode_KF_GRAD_ACCUMULATE,
         }
     }
 }

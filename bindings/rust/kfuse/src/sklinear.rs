@@ -1,0 +1,593 @@
+//! Sketched linear layer: SKLinear (Panther), as `kf_sklinear_plan`.
+//!
+//! `L = num_terms` terms of rank `k = low_rank` replace a dense `Linear(in, out)`:
+//!
+//! ```text
+//! y = 1/(2L) * sum_i [ (x S1s[i]) U1s[i] + (x U2s[i]) S2s[i] ] + bias
+//! ```
+//!
+//! with learnable `S1s [L, in, k]`, `S2s [L, k, out]`, fixed sketches `U1s [L, k, out]`,
+//! `U2s [L, in, k]` and an optional `bias [out]`. x is `[..., in]` with any leading dims (at most
+//! 6 dims in all), y is `[..., out]` with the same leading dims.
+use crate::context::Context;
+use crate::error::{check, Error, Result, Status};
+use crate::grad::GradMode;
+use crate::tensor::{Tensor, TensorMut};
+use kfuse_sys as sys;
+use std::ffi::c_void;
+use std::mem::MaybeUninit;
+use std::ptr::{self, NonNull};
+
+/// A kfuse struct as its `*_init` function fills it (defaults and `struct_size`).
+fn init_with<T>(init: unsafe extern "C" fn(*mut T)) -> T {
+    let mut v = MaybeUninit::<T>::zeroed();
+    // SAFETY: the kf_*_init functions write every field of their (plain-data) struct, which is
+    // also valid all-zero.
+    unsafe {
+        init(v.as_mut_ptr());
+        v.assume_init()
+    }
+}
+
+/// Describes a sketched linear layer (`kf_sklinear_desc`). The bias defaults to the library's
+/// default (`kf_sklinear_desc_init`: present). Nothing is checked here: [`SkLinearPlan::new`]
+/// passes it to the library, whose error names the field.
+///
+/// ```
+/// let d = kfuse::SkLinearDesc::new(1024, 512, 1, 16).bias(false);
+/// assert_eq!(d.s1s_shape(), [1, 1024, 16]);
+/// assert_eq!(d.s2s_shape(), [1, 16, 512]);
+/// assert!(!d.has_bias());
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SkLinearDesc {
+    in_features: usize,
+    out_features: usize,
+    num_terms: u32,
+    low_rank: u32,
+    bias: bool,
+}
+
+impl SkLinearDesc {
+    /// A layer from `in_features` to `out_features` with `num_terms` (L) terms of rank
+    /// `low_rank` (k).
+    pub fn new(in_features: usize, out_features: usize, num_terms: u32, low_rank: u32) -> SkLinearDesc {
+        let d = init_with(sys::kf_sklinear_desc_init);
+        SkLinearDesc { in_features, out_features, num_terms, low_rank, bias: d.bias != 0 }
+    }
+    /// Whether a bias `[out]` is added.
+    pub fn bias(mut self, yes: bool) -> Self {
+        self.bias = yes;
+        self
+    }
+
+    /// in.
+    pub fn in_features(&self) -> usize {
+        self.in_features
+    }
+    /// out.
+    pub fn out_features(&self) -> usize {
+        self.out_features
+    }
+    /// L.
+    pub fn num_terms(&self) -> u32 {
+        self.num_terms
+    }
+    /// k.
+    pub fn low_rank(&self) -> u32 {
+        self.low_rank
+    }
+    /// Whether the layer has a bias.
+    pub fn has_bias(&self) -> bool {
+        self.bias
+    }
+
+    /// Shape of x (and dx) for N rows: `[N, in]`. Any leading dims are allowed; this is the 2-D
+    /// form.
+    pub fn x_shape(&self, n: usize) -> [usize; 2] {
+        [n, self.in_features]
+    }
+    /// Shape of y (and dy) for N rows: `[N, out]`.
+    pub fn y_shape(&self, n: usize) -> [usize; 2] {
+        [n, self.out_features]
+    }
+    /// Shape of S1s (and dS1s): `[L, in, k]`.
+    pub fn s1s_shape(&self) -> [usize; 3] {
+        [self.num_terms as usize, self.in_features, self.low_rank as usize]
+    }
+    /// Shape of S2s (and dS2s): `[L, k, out]`.
+    pub fn s2s_shape(&self) -> [usize; 3] {
+        [self.num_terms as usize, self.low_rank as usize, self.out_features]
+    }
+    /// Shape of U1s: `[L, k, out]`.
+    pub fn u1s_shape(&self) -> [usize; 3] {
+        self.s2s_shape()
+    }
+    /// Shape of U2s: `[L, in, k]`.
+    pub fn u2s_shape(&self) -> [usize; 3] {
+        self.s1s_shape()
+    }
+    /// Shape of the bias (and dbias): `[out]`.
+    pub fn bias_shape(&self) -> [usize; 1] {
+        [self.out_features]
+    }
+    /// Shape of a dense `Linear`'s weight, as `W_init` of [`SkLinearPlan::init_params`] takes it:
+    /// `[out, in]`.
+    pub fn w_init_shape(&self) -> [usize; 2] {
+        [self.out_features, self.in_features]
+    }
+
+    /// The `kf_sklinear_desc` this describes. Out-of-range values saturate so that the library
+    /// rejects them with its own message.
+    pub fn to_raw(&self) -> sys::kf_sklinear_desc {
+        let mut d = init_with(sys::kf_sklinear_desc_init);
+        d.in_features = i64::try_from(self.in_features).unwrap_or(i64::MAX);
+        d.out_features = i64::try_from(self.out_features).unwrap_or(i64::MAX);
+        d.num_terms = i32::try_from(self.num_terms).unwrap_or(i32::MAX);
+        d.low_rank = i32::try_from(self.low_rank).unwrap_or(i32::MAX);
+        d.bias = i32::from(self.bias);
+        d
+    }
+}
+
+/// Read-only views of a layer's parameters for a call (S1s, S2s, U1s, U2s and, for a plan with a
+/// bias, the bias). Shapes are given by the caller and checked by the library
+/// ([`SkLinearDesc::s1s_shape`] and friends compute them); host memory through [`Tensor::new`],
+/// device memory through [`Tensor::from_raw`].
+#[derive(Clone, Copy, Debug)]
+pub struct SkParams<'a> {
+    s1s: Tensor<'a>,
+    s2s: Tensor<'a>,
+    u1s: Tensor<'a>,
+    u2s: Tensor<'a>,
+    bias: Option<Tensor<'a>>,
+}
+
+impl<'a> SkParams<'a> {
+    /// S1s `[L, in, k]`, S2s `[L, k, out]`, U1s `[L, k, out]`, U2s `[L, in, k]`; no bias.
+    pub fn new(s1s: Tensor<'a>, s2s: Tensor<'a>, u1s: Tensor<'a>, u2s: Tensor<'a>) -> Self {
+        SkParams { s1s, s2s, u1s, u2s, bias: None }
+    }
+    /// The bias `[out]`: required when the plan has one, refused otherwise.
+    pub fn bias(mut self, bias: Tensor<'a>) -> Self {
+        self.bias = Some(bias);
+        self
+    }
+}
+
+/// Writable views of a layer's parameters, for [`SkLinearPlan::init_params_into`].
+#[derive(Debug)]
+pub struct SkParamsMut<'a> {
+    s1s: TensorMut<'a>,
+    s2s: TensorMut<'a>,
+    u1s: TensorMut<'a>,
+    u2s: TensorMut<'a>,
+    bias: Option<TensorMut<'a>>,
+}
+
+impl<'a> SkParamsMut<'a> {
+    /// S1s, S2s, U1s, U2s, shaped as in [`SkParams::new`]; no bias.
+    pub fn new(s1s: TensorMut<'a>, s2s: TensorMut<'a>, u1s: TensorMut<'a>, u2s: TensorMut<'a>) -> Self {
+        SkParamsMut { s1s, s2s, u1s, u2s, bias: None }
+    }
+    /// The bias `[out]` (plans with a bias).
+    pub fn bias(mut self, bias: TensorMut<'a>) -> Self {
+        self.bias = Some(bias);
+        self
+    }
+}
+
+/// A layer's parameters in owned host vectors, in Panther's layout (row-major, the shapes of
+/// [`SkLinearDesc`]). Made by [`SkLinearPlan::init_params`] or [`SkHostParams::zeros`] (also
+/// handy as gradient buffers: dS1s, dS2s and dbias have the shapes of S1s, S2s and bias).
+/// The vectors are public so that an optimiser can update them; a vector whose length no longer
+/// matches its shape is refused at the next call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SkHostParams {
+    /// S1s `[L, in, k]` (learnable).
+    pub s1s: Vec<f32>,
+    /// S2s `[L, k, out]` (learnable).
+    pub s2s: Vec<f32>,
+    /// U1s `[L, k, out]` (fixed sketch).
+    pub u1s: Vec<f32>,
+    /// U2s `[L, in, k]` (fixed sketch).
+    pub u2s: Vec<f32>,
+    /// bias `[out]` (learnable), `None` when the layer has none.
+    pub bias: Option<Vec<f32>>,
+    desc: SkLinearDesc,
+}
+
+impl SkHostParams {
+    /// All zeros, shaped for `desc` (a bias vector when `desc` has a bias).
+    pub fn zeros(desc: &SkLinearDesc) -> SkHostParams {
+        let n = |s: &[usize]| s.iter().product::<usize>();
+        SkHostParams {
+            s1s: vec![0.0; n(&desc.s1s_shape())],
+            s2s: vec![0.0; n(&desc.s2s_shape())],
+            u1s: vec![0.0; n(&desc.u1s_shape())],
+            u2s: vec![0.0; n(&desc.u2s_shape())],
+            bias: if desc.bias { Some(vec![0.0; desc.out_features]) } else { None },
+            desc: desc.clone(),
+        }
+    }
+    /// The descriptor the shapes come from.
+    pub fn desc(&self) -> &SkLinearDesc {
+        &self.desc
+    }
+    /// Views for a call (the bias included when present).
+    pub fn view(&self) -> SkParams<'_> {
+        let d = &self.desc;
+        let p = SkParams::new(
+            Tensor::new(&self.s1s, &d.s1s_shape()),
+            Tensor::new(&self.s2s, &d.s2s_shape()),
+            Tensor::new(&self.u1s, &d.u1s_shape()),
+            Tensor::new(&self.u2s, &d.u2s_shape()),
+        );
+        match &self.bias {
+            Some(b) => p.bias(Tensor::new(b, &d.bias_shape())),
+            None => p,
+        }
+    }
+    /// Writable views (for [`SkLinearPlan::init_params_into`]).
+    pub fn view_mut(&mut self) -> SkParamsMut<'_> {
+        let d = &self.desc;
+        let p = SkParamsMut::new(
+            TensorMut::new(&mut self.s1s, &d.s1s_shape()),
+            TensorMut::new(&mut self.s2s, &d.s2s_shape()),
+            TensorMut::new(&mut self.u1s, &d.u1s_shape()),
+            TensorMut::new(&mut self.u2s, &d.u2s_shape()),
+        );
+        match &mut self.bias {
+            Some(b) => p.bias(TensorMut::new(b, &d.bias_shape())),
+            None => p,
+        }
+    }
+}
+
+/// Arguments of a forward call (`kf_sklinear_forward_args`), borrowing the inputs for `'i` and
+/// the output for `'o`, so that [`SkBackwardArgs::from_forward`] can keep the inputs while y is
+/// read.
+#[derive(Debug)]
+pub struct SkForwardArgs<'i, 'o> {
+    x: Tensor<'i>,
+    params: SkParams<'i>,
+    y: TensorMut<'o>,
+}
+
+impl<'i, 'o> SkForwardArgs<'i, 'o> {
+    /// Input x `[..., in]`, the parameters, output y `[..., out]` (x's leading dims).
+    pub fn new(x: Tensor<'i>, params: SkParams<'i>, y: TensorMut<'o>) -> Self {
+        SkForwardArgs { x, params, y }
+    }
+}
+
+/// Arguments of a backward call (`kf_sklinear_backward_args`): the forward's x and parameters,
+/// dy, and the gradients wanted (each optional; dx is always overwritten, dS1s, dS2s and dbias
+/// are written or accumulated per [`GradMode`]).
+#[derive(Debug)]
+pub struct SkBackwardArgs<'a> {
+    x: Tensor<'a>,
+    params: SkParams<'a>,
+    dy: Tensor<'a>,
+    dx: Option<TensorMut<'a>>,
+    ds1s: Option<TensorMut<'a>>,
+    ds2s: Option<TensorMut<'a>>,
+    dbias: Option<TensorMut<'a>>,
+}
+
+impl<'a> SkBackwardArgs<'a> {
+    /// The forward's x and parameters, and dy `[..., out]`; no gradient output yet.
+    pub fn new(x: Tensor<'a>, params: SkParams<'a>, dy: Tensor<'a>) -> Self {
+        SkBackwardArgs { x, params, dy, dx: None, ds1s: None, ds2s: None, dbias: None }
+    }
+    /// The inputs of `fwd` (x and the parameters), and dy.
+    pub fn from_forward(fwd: &SkForwardArgs<'a, '_>, dy: Tensor<'a>) -> Self {
+        SkBackwardArgs::new(fwd.x, fwd.params, dy)
+    }
+    /// Output: gradient w.r.t. x, x's shape (always overwritten).
+    pub fn dx(mut self, dx: TensorMut<'a>) -> Self {
+        self.dx = Some(dx);
+        self
+    }
+    /// Output: gradient w.r.t. S1s, `[L, in, k]`.
+    pub fn ds1s(mut self, ds1s: TensorMut<'a>) -> Self {
+        self.ds1s = Some(ds1s);
+        self
+    }
+    /// Output: gradient w.r.t. S2s, `[L, k, out]`.
+    pub fn ds2s(mut self, ds2s: TensorMut<'a>) -> Self {
+        self.ds2s = Some(ds2s);
+        self
+    }
+    /// Output: gradient w.r.t. the bias, `[out]` (plans with a bias only).
+    pub fn dbias(mut self, dbias: TensorMut<'a>) -> Self {
+        self.dbias = Some(dbias);
+        self
+    }
+    /// Outputs dS1s, dS2s and (when `grads` has one) dbias, from host buffers shaped like the
+    /// parameters (e.g. [`SkHostParams::zeros`]); its U1s and U2s are not used.
+    pub fn dparams(self, grads: &'a mut SkHostParams) -> Self {
+        let d = &grads.desc;
+        let b = self
+            .ds1s(TensorMut::new(&mut grads.s1s, &d.s1s_shape()))
+            .ds2s(TensorMut::new(&mut grads.s2s, &d.s2s_shape()));
+        match &mut grads.bias {
+            Some(g) => b.dbias(TensorMut::new(g, &d.bias_shape())),
+            None => b,
+        }
+    }
+}
+
+/// A plan for a sketched linear layer (`kf_sklinear_plan`), bound to the context it borrows.
+/// Destroyed on drop. No reserve: backward recomputes what it needs from x. Like
+/// [`RnnPlan`](crate::RnnPlan), a plan is neither `Send` nor `Sync`.
+///
+/// ```
+/// use kfuse::*;
+/// let ctx = Context::cpu()?;
+/// let desc = SkLinearDesc::new(64, 32, 2, 4);
+/// let mut plan = SkLinearPlan::new(&ctx, &desc)?;
+/// assert!(plan.param_ratio()? < 1.0);
+/// let params = plan.init_params(7, None)?; // Panther's initialisation, host vectors
+/// let n = 3;
+/// let x = vec![0.5f32; n * 64];
+/// let mut y = vec![f32::NAN; n * 32];
+/// let fwd = SkForwardArgs::new(Tensor::new(&x, &desc.x_shape(n)), params.view(),
+///                              TensorMut::new(&mut y, &desc.y_shape(n)));
+/// plan.forward(&fwd)?;
+/// let dy = vec![1.0f32; n * 32];
+/// let mut grads = SkHostParams::zeros(&desc);
+/// let bwd = SkBackwardArgs::from_forward(&fwd, Tensor::new(&dy, &desc.y_shape(n)))
+///     .dparams(&mut grads);
+/// plan.backward(GradMode::Overwrite, &bwd)?;
+/// drop((fwd, bwd));
+/// assert!(y.iter().all(|v| v.is_finite()));
+/// assert_eq!(grads.bias.as_ref().unwrap()[0], n as f32); // dbias = sum of dy over rows
+/// # Ok::<(), kfuse::Error>(())
+/// ```
+///
+/// It borrows its context, so it is not `Send`, and cannot outlive the context:
+///
+/// ```compile_fail
+/// fn need_send<T: Send>() {}
+/// need_send::<kfuse::SkLinearPlan<'static>>();
+/// ```
+///
+/// ```compile_fail
+/// let plan = {
+///     let ctx = kfuse::Context::cpu().unwrap();
+///     kfuse::SkLinearPlan::new(&ctx, &kfuse::SkLinearDesc::new(4, 4, 1, 2)).unwrap()
+/// };
+/// ```
+#[derive(Debug)]
+pub struct SkLinearPlan<'ctx> {
+    raw: NonNull<sys::kf_sklinear_plan>,
+    ctx: &'ctx Context,
+    desc: SkLinearDesc,
+}
+
+impl<'ctx> SkLinearPlan<'ctx> {
+    /// Creates a plan on `ctx` (`kf_sklinear_plan_create`). A bad descriptor gives
+    /// [`Status::InvalidArgument`] naming the field. A layer with more parameters than the
+    /// dense one is allowed ([`param_ratio`](Self::param_ratio) > 1).
+    pub fn new(ctx: &'ctx Context, desc: &SkLinearDesc) -> Result<SkLinearPlan<'ctx>> {
+        let d = desc.to_raw();
+        let mut raw: *mut sys::kf_sklinear_plan = ptr::null_mut();
+        // SAFETY: valid context handle, descriptor and out-pointer.
+        check(unsafe { sys::kf_sklinear_plan_create(ctx.as_raw(), &d, &mut raw) })?;
+        let raw = NonNull::new(raw).ok_or_else(|| {
+            Error::new(Status::Internal, "kf_sklinear_plan_create returned KF_OK and NULL".into())
+        })?;
+        Ok(SkLinearPlan { raw, ctx, desc: desc.clone() })
+    }
+
+    /// The descriptor the plan was made from.
+    pub fn desc(&self) -> &SkLinearDesc {
+        &self.desc
+    }
+    /// The context the plan runs on.
+    pub fn context(&self) -> &'ctx Context {
+        self.ctx
+    }
+    /// Shape of x for N rows, `[N, in]` (as [`SkLinearDesc::x_shape`]).
+    pub fn x_shape(&self, n: usize) -> [usize; 2] {
+        self.desc.x_shape(n)
+    }
+    /// Shape of y for N rows, `[N, out]` (as [`SkLinearDesc::y_shape`]).
+    pub fn y_shape(&self, n: usize) -> [usize; 2] {
+        self.desc.y_shape(n)
+    }
+
+    /// `2Lk(in+out) / (in*out)`: the sketched layer's parameter count over the dense layer's.
+    /// Above 1 the sketch holds more parameters than the `Linear` it replaces.
+    pub fn param_ratio(&self) -> Result<f64> {
+        let mut r = 0.0f64;
+        // SAFETY: valid plan and out-pointer.
+        check(unsafe { sys::kf_sklinear_param_ratio(self.raw.as_ptr(), &mut r) })?;
+        Ok(r)
+    }
+
+    /// Bytes of scratch that forward and backward need for `n` rows (the product of x's leading
+    /// dims). The safe calls take it from the context's arena; [`forward_raw`](Self::forward_raw)
+    /// and [`backward_raw`](Self::backward_raw) accept a caller buffer of this size.
+    pub fn workspace_size(&self, n: usize) -> Result<usize> {
+        let mut ws = 0usize;
+        // SAFETY: valid plan and out-pointer.
+        check(unsafe {
+            sys::kf_sklinear_workspace_size(self.raw.as_ptr(), i64::try_from(n).unwrap_or(i64::MAX), &mut ws)
+        })?;
+        Ok(ws)
+    }
+
+    /// y for every row of x, with scratch from the context's arena.
+    pub fn forward(&mut self, args: &SkForwardArgs<'_, '_>) -> Result<()> {
+        // SAFETY: no caller buffers; every view in args is valid by construction.
+        unsafe { self.forward_impl("SkLinearPlan::forward", args, ptr::null_mut(), 0) }
+    }
+
+    /// Gradients of x, S1s, S2s and the bias (those asked for in `args`); `grad_mode` applies to
+    /// dS1s, dS2s and dbias. Scratch from the context's arena.
+    pub fn backward(&mut self, grad_mode: GradMode, args: &SkBackwardArgs<'_>) -> Result<()> {
+        // SAFETY: as in forward().
+        unsafe { self.backward_impl("SkLinearPlan::backward", grad_mode, args, ptr::null_mut(), 0) }
+    }
+
+    /// `kf_sklinear_forward` with a caller-provided workspace (e.g. device memory on a CUDA
+    /// context). A null workspace with 0 bytes uses the context's arena.
+    ///
+    /// # Safety
+    /// `workspace` must be null or point to at least `workspace_bytes` writable bytes on the
+    /// context's device, 64-byte aligned, not used by anyone else until the call's work has
+    /// finished (on CUDA: on the context's stream).
+    pub unsafe fn forward_raw(
+        &mut self,
+        args: &SkForwardArgs<'_, '_>,
+        workspace: *mut c_void,
+        workspace_bytes: usize,
+    ) -> Result<()> {
+        self.forward_impl("SkLinearPlan::forward_raw", args, workspace, workspace_bytes)
+    }
+
+    /// `kf_sklinear_backward` with a caller-provided workspace.
+    ///
+    /// # Safety
+    /// As [`forward_raw`](Self::forward_raw).
+    pub unsafe fn backward_raw(
+        &mut self,
+        grad_mode: GradMode,
+        args: &SkBackwardArgs<'_>,
+        workspace: *mut c_void,
+        workspace_bytes: usize,
+    ) -> Result<()> {
+        self.backward_impl("SkLinearPlan::backward_raw", grad_mode, args, workspace, workspace_bytes)
+    }
+
+    /// Panther's initialisation into new host vectors (CPU contexts; on CUDA use
+    /// [`init_params_into`](Self::init_params_into) with device memory): U1s and U2s are scaled
+    /// sign sketches with entries ±1/sqrt(k); `S1s[i] = W U1s[i]^T`, `S2s[i] = U2s[i]^T W` with
+    /// `W = w_init^T` when a dense weight `w_init [out, in]` is given, else drawn
+    /// Kaiming-uniform; the bias is drawn from U(-1/sqrt(out), 1/sqrt(out)). Every draw is a pure
+    /// function of `seed` and the element's position.
+    pub fn init_params(&mut self, seed: u64, w_init: Option<Tensor<'_>>) -> Result<SkHostParams> {
+        let mut p = SkHostParams::zeros(&self.desc);
+        self.init_impl("SkLinearPlan::init_params", seed, w_init, &p.view_mut())?;
+        Ok(p)
+    }
+
+    /// As [`init_params`](Self::init_params), writing into caller buffers (host or device
+    /// memory). Not a hot path: it synchronises with the context's stream.
+    pub fn init_params_into(
+        &mut self,
+        seed: u64,
+        w_init: Option<Tensor<'_>>,
+        out: SkParamsMut<'_>,
+    ) -> Result<()> {
+        self.init_impl("SkLinearPlan::init_params_into", seed, w_init, &out)
+    }
+
+    /// The raw handle, for calls into `kfuse-sys`. It stays owned by `self`.
+    pub fn as_raw(&self) -> *mut sys::kf_sklinear_plan {
+        self.raw.as_ptr()
+    }
+
+    fn init_impl(
+        &mut self,
+        call: &str,
+        seed: u64,
+        w_init: Option<Tensor<'_>>,
+        out: &SkParamsMut<'_>,
+    ) -> Result<()> {
+        let ctx = self.ctx;
+        let mut a = init_with(sys::kf_sklinear_init_args_init);
+        a.seed = seed;
+        if let Some(w) = &w_init {
+            a.W_init = w.raw(call, "args.W_init", ctx)?;
+        }
+        a.S1s = out.s1s.raw(call, "args.S1s", ctx)?;
+        a.S2s = out.s2s.raw(call, "args.S2s", ctx)?;
+        a.U1s = out.u1s.raw(call, "args.U1s", ctx)?;
+        a.U2s = out.u2s.raw(call, "args.U2s", ctx)?;
+        if let Some(b) = &out.bias {
+            a.bias = b.raw(call, "args.bias", ctx)?;
+        }
+        // SAFETY: every view is a live host borrow of the length its shape needs, or a raw
+        // pointer under its constructor's contract.
+        check(unsafe { sys::kf_sklinear_init_params(self.raw.as_ptr(), &a) })
+    }
+
+    fn fill_params(call: &str, ctx: &Context, p: &SkParams<'_>, t: [&mut sys::kf_tensor; 5]) -> Result<()> {
+        let [s1s, s2s, u1s, u2s, bias] = t;
+        *s1s = p.s1s.raw(call, "args.S1s", ctx)?;
+        *s2s = p.s2s.raw(call, "args.S2s", ctx)?;
+        *u1s = p.u1s.raw(call, "args.U1s", ctx)?;
+        *u2s = p.u2s.raw(call, "args.U2s", ctx)?;
+        if let Some(b) = &p.bias {
+            *bias = b.raw(call, "args.bias", ctx)?;
+        }
+        Ok(())
+    }
+
+    unsafe fn forward_impl(
+        &mut self,
+        call: &str,
+        args: &SkForwardArgs<'_, '_>,
+        ws: *mut c_void,
+        ws_bytes: usize,
+    ) -> Result<()> {
+        let ctx = self.ctx;
+        let mut a = init_with(sys::kf_sklinear_forward_args_init);
+        a.x = args.x.raw(call, "args.x", ctx)?;
+        Self::fill_params(
+            call,
+            ctx,
+            &args.params,
+            [&mut a.S1s, &mut a.S2s, &mut a.U1s, &mut a.U2s, &mut a.bias],
+        )?;
+        a.y = args.y.raw(call, "args.y", ctx)?;
+        check(sys::kf_sklinear_forward(self.raw.as_ptr(), &a, ws, ws_bytes))
+    }
+
+    unsafe fn backward_impl(
+        &mut self,
+        call: &str,
+        grad_mode: GradMode,
+        args: &SkBackwardArgs<'_>,
+        ws: *mut c_void,
+        ws_bytes: usize,
+    ) -> Result<()> {
+        let ctx = self.ctx;
+        let mut a = init_with(sys::kf_sklinear_backward_args_init);
+        a.x = args.x.raw(call, "args.x", ctx)?;
+        // kf_sklinear_backward_args has no bias input (backward does not read it); a bias in the
+        // forward's parameters is only checked for its length, and then dropped.
+        let mut unused_bias = crate::tensor::absent();
+        Self::fill_params(
+            call,
+            ctx,
+            &args.params,
+            [&mut a.S1s, &mut a.S2s, &mut a.U1s, &mut a.U2s, &mut unused_bias],
+        )?;
+        a.dy = args.dy.raw(call, "args.dy", ctx)?;
+        if let Some(t) = &args.dx {
+            a.dx = t.raw(call, "args.dx", ctx)?;
+        }
+        if let Some(t) = &args.ds1s {
+            a.dS1s = t.raw(call, "args.dS1s", ctx)?;
+        }
+        if let Some(t) = &args.ds2s {
+            a.dS2s = t.raw(call, "args.dS2s", ctx)?;
+        }
+        if let Some(t) = &args.dbias {
+            a.dbias = t.raw(call, "args.dbias", ctx)?;
+        }
+        check(sys::kf_sklinear_backward(self.raw.as_ptr(), grad_mode.raw(), &a, ws, ws_bytes))
+    }
+}
+
+impl Drop for SkLinearPlan<'_> {
+    fn drop(&mut self) {
+        // SAFETY: created by kf_sklinear_plan_create, destroyed once, before its context
+        // (borrowed).
+        unsafe { sys::kf_sklinear_plan_destroy(self.raw.as_ptr()) }
+    }
+}

@@ -1,0 +1,315 @@
+/* Front end of the sketched linear layer (SKLinear): validate -> size -> dispatch. No math here
+ * beyond the initialisation's staging; the backends receive records whose every pointer, extent
+ * and buffer size has been checked. */
+#include "sklinear_internal.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Largest extent accepted: BLAS and kernels index rows and columns with 32-bit ints. */
+#define KF__SKL_MAX_EXTENT INT32_MAX
+
+KF_API void kf_sklinear_desc_init(kf_sklinear_desc *desc) {
+    if (desc == NULL) return;
+    kf_sklinear_desc d = {0};
+    d.struct_size = sizeof d;
+    d.bias = 1;
+    d.dtype = KF_DTYPE_F32;
+    *desc = d;
+}
+
+KF_API void kf_sklinear_forward_args_init(kf_sklinear_forward_args *args) {
+    if (args == NULL) return;
+    kf_sklinear_forward_args a = {0};
+    a.struct_size = sizeof a;
+    *args = a;
+}
+
+KF_API void kf_sklinear_backward_args_init(kf_sklinear_backward_args *args) {
+    if (args == NULL) return;
+    kf_sklinear_backward_args a = {0};
+    a.struct_size = sizeof a;
+    *args = a;
+}
+
+KF_API void kf_sklinear_init_args_init(kf_sklinear_init_args *args) {
+    if (args == NULL) return;
+    kf_sklinear_init_args a = {0};
+    a.struct_size = sizeof a;
+    *args = a;
+}
+
+KF_API kf_status kf_sklinear_plan_create(kf_context *ctx, const kf_sklinear_desc *desc,
+                                         kf_sklinear_plan **out) {
+    kf__clear_error();
+    KF_CHECK(out != NULL, KF_ERR_INVALID_ARGUMENT, "out is NULL");
+    *out = NULL;
+    KF_CHECK(ctx != NULL, KF_ERR_INVALID_ARGUMENT, "ctx is NULL");
+    KF_TRY(kf__check_struct_size(__func__, "desc", desc, sizeof(kf_sklinear_desc)));
+    KF_CHECK(desc->in_features >= 1 && desc->in_features <= KF__SKL_MAX_EXTENT,
+             KF_ERR_INVALID_ARGUMENT, "desc->in_features = %" PRId64 ", expected 1..%d",
+             desc->in_features, KF__SKL_MAX_EXTENT);
+    KF_CHECK(desc->out_features >= 1 && desc->out_features <= KF__SKL_MAX_EXTENT,
+             KF_ERR_INVALID_ARGUMENT, "desc->out_features = %" PRId64 ", expected 1..%d",
+             desc->out_features, KF__SKL_MAX_EXTENT);
+    KF_CHECK(desc->num_terms >= 1, KF_ERR_INVALID_ARGUMENT,
+             "desc->num_terms = %d, expected >= 1", (int)desc->num_terms);
+    KF_CHECK(desc->low_rank >= 1, KF_ERR_INVALID_ARGUMENT, "desc->low_rank = %d, expected >= 1",
+             (int)desc->low_rank);
+    int64_t r = (int64_t)desc->num_terms * desc->low_rank;
+    KF_CHECK(r <= KF__SKL_MAX_EXTENT / 2, KF_ERR_INVALID_ARGUMENT,
+             "desc->num_terms * desc->low_rank = %" PRId64 ", expected <= %d (the bottleneck "
+             "is 2 * num_terms * low_rank wide)", r, KF__SKL_MAX_EXTENT / 2);
+    KF_CHECK(desc->bias == 0 || desc->bias == 1, KF_ERR_INVALID_ARGUMENT,
+             "desc->bias = %d, expected 0 or 1", (int)desc->bias);
+    KF_CHECK(desc->dtype == KF_DTYPE_F32, KF_ERR_UNSUPPORTED,
+             "desc->dtype = %d, only KF_DTYPE_F32 (1) is implemented", (int)desc->dtype);
+    /* Every parameter must be addressable: r * max(in, out) floats. */
+    size_t biggest;
+    int64_t wide = desc->in_features > desc->out_features ? desc->in_features
+                                                          : desc->out_features;
+    KF_CHECK(kf__mul_size((size_t)r, (size_t)wide * 8, &biggest) && biggest <= (size_t)INT64_MAX,
+             KF_ERR_INVALID_ARGUMENT, "desc->num_terms = %d, low_rank = %d and features %" PRId64
+             " make a parameter larger than memory can hold", (int)desc->num_terms,
+             (int)desc->low_rank, wide);
+    kf_sklinear_plan *p = calloc(1, sizeof *p);
+    KF_CHECK(p != NULL, KF_ERR_OUT_OF_MEMORY, "cannot allocate the plan");
+    p->ctx = ctx;
+    p->in = desc->in_features;
+    p->out = desc->out_features;
+    p->L = desc->num_terms;
+    p->k = desc->low_rank;
+    p->r = r;
+    p->has_bias = desc->bias == 1;
+    *out = p;
+    return KF_OK;
+}
+
+KF_API void kf_sklinear_plan_destroy(kf_sklinear_plan *plan) { free(plan); }
+
+KF_API kf_status kf_sklinear_param_ratio(const kf_sklinear_plan *plan, double *ratio) {
+    kf__clear_error();
+    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
+    KF_CHECK(ratio != NULL, KF_ERR_INVALID_ARGUMENT, "ratio is NULL");
+    *ratio = 2.0 * (double)plan->r * (double)(plan->in + plan->out) /
+             ((double)plan->in * (double)plan->out);
+    return KF_OK;
+}
+
+/* N within limits and every size the backends derive from it representable: their buffers are
+ * bounded by N * (in + out + 4r) + (in + out) * 4r floats. */
+static kf_status kf__skl_check_rows(const char *fn, const kf_sklinear_plan *p, int64_t N) {
+    KF_CHECK_FN(fn, N >= 1 && N <= KF__SKL_MAX_EXTENT, KF_ERR_INVALID_ARGUMENT,
+                "N = %" PRId64 " rows, expected 1..%d", N, KF__SKL_MAX_EXTENT);
+    size_t width = (size_t)(p->in + p->out) + 4 * (size_t)p->r, bytes;
+    bool ok = kf__mul_size((size_t)N, width, &bytes) && kf__mul_size(bytes, 8, &bytes) &&
+              bytes <= (size_t)INT64_MAX;
+    KF_CHECK_FN(fn, ok, KF_ERR_INVALID_ARGUMENT,
+                "N = %" PRId64 " rows need more memory than can be addressed", N);
+    return KF_OK;
+}
+
+static size_t kf__skl_workspace(const kf_sklinear_plan *p, int64_t N) {
+#ifdef KF_HAVE_CUDA
+    if (p->ctx->device_type == KF_DEVICE_CUDA) return kf__cuda_skl_workspace(p, N);
+#endif
+    return kf__cpu_skl_workspace(p, N);
+}
+
+KF_API kf_status kf_sklinear_workspace_size(const kf_sklinear_plan *plan, int64_t N,
+                                            size_t *workspace_bytes) {
+    kf__clear_error();
+    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
+    KF_TRY(kf__skl_check_rows(__func__, plan, N));
+    if (workspace_bytes) *workspace_bytes = kf__skl_workspace(plan, N);
+    return KF_OK;
+}
+
+/* A row tensor [..., width] whose leading dims match `lead` (ndim - 1 of them; lead == NULL:
+ * free, reported through `shape`). Returns the row count in *N. */
+static kf_status kf__skl_check_rows_tensor(const kf_sklinear_plan *p, const char *fn,
+                                           const char *arg, const kf_tensor *t, int32_t ndim,
+                                           const int64_t *lead, int64_t width, bool optional,
+                                           int64_t *shape, bool *present, int64_t *N) {
+    *present = false;
+    if (N) *N = 0;
+    if (t->data == NULL && optional) return KF_OK;
+    if (ndim < 0) {
+        KF_CHECK_FN(fn, t->ndim >= 1 && t->ndim <= KF_MAX_DIMS, KF_ERR_INVALID_ARGUMENT,
+                    "%s.ndim = %d, expected 1..%d", arg, (int)t->ndim, KF_MAX_DIMS);
+        ndim = t->ndim;
+    }
+    for (int32_t i = 0; i + 1 < ndim; ++i) shape[i] = lead ? lead[i] : -1;
+    shape[ndim - 1] = width;
+    KF_TRY(kf__check_tensor(p->ctx, fn, arg, t, KF_DTYPE_F32, ndim, shape, optional, present));
+    int64_t rows = 1;
+    for (int32_t i = 0; i + 1 < ndim; ++i)
+        KF_CHECK_FN(fn, !__builtin_mul_overflow(rows, shape[i], &rows) &&
+                            rows <= KF__SKL_MAX_EXTENT,
+                    KF_ERR_INVALID_ARGUMENT, "%s has more than %d rows (product of its leading "
+                    "dims)", arg, KF__SKL_MAX_EXTENT);
+    if (N) *N = rows;
+    return KF_OK;
+}
+
+/* The parameters forward and backward share, checked against the plan. */
+static kf_status kf__skl_check_params(const kf_sklinear_plan *p, const char *fn,
+                                      const kf_tensor *S1s, const kf_tensor *S2s,
+                                      const kf_tensor *U1s, const kf_tensor *U2s,
+                                      const float **S1, const float **S2, const float **U1,
+                                      const float **U2) {
+    bool present;
+    int64_t in_k[3] = {p->L, p->in, p->k}, k_out[3] = {p->L, p->k, p->out};
+    KF_TRY(kf__check_tensor(p->ctx, fn, "args->S1s", S1s, KF_DTYPE_F32, 3, in_k, false, &present));
+    KF_TRY(kf__check_tensor(p->ctx, fn, "args->S2s", S2s, KF_DTYPE_F32, 3, k_out, false, &present));
+    KF_TRY(kf__check_tensor(p->ctx, fn, "args->U1s", U1s, KF_DTYPE_F32, 3, k_out, false, &present));
+    KF_TRY(kf__check_tensor(p->ctx, fn, "args->U2s", U2s, KF_DTYPE_F32, 3, in_k, false, &present));
+    *S1 = S1s->data, *S2 = S2s->data, *U1 = U1s->data, *U2 = U2s->data;
+    return KF_OK;
+}
+
+/* The bias (or its gradient): present exactly when the plan has one (a gradient may be absent). */
+static kf_status kf__skl_check_bias(const kf_sklinear_plan *p, const char *fn, const char *arg,
+                                    const kf_tensor *t, bool optional, float **out) {
+    bool present;
+    KF_CHECK_FN(fn, p->has_bias || t->data == NULL, KF_ERR_INVALID_ARGUMENT,
+                "%s is given but the plan has no bias (desc->bias = 0)", arg);
+    int64_t s[1] = {p->out};
+    KF_TRY(kf__check_tensor(p->ctx, fn, arg, t, KF_DTYPE_F32, 1, s, optional || !p->has_bias,
+                            &present));
+    *out = present ? t->data : NULL;
+    return KF_OK;
+}
+
+KF_API kf_status kf_sklinear_forward(kf_sklinear_plan *plan, const kf_sklinear_forward_args *args,
+                                     void *workspace, size_t workspace_bytes) {
+    kf__clear_error();
+    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
+    KF_TRY(kf__check_struct_size(__func__, "args", args, sizeof(kf_sklinear_forward_args)));
+    int64_t xs[KF_MAX_DIMS], ys[KF_MAX_DIMS], N;
+    bool present;
+    KF_TRY(kf__skl_check_rows_tensor(plan, __func__, "args->x", &args->x, -1, NULL, plan->in,
+                                     false, xs, &present, &N));
+    KF_TRY(kf__skl_check_rows(__func__, plan, N));
+    kf__skl_fwd c = {.plan = plan, .N = N, .x = args->x.data, .y = args->y.data};
+    KF_TRY(kf__skl_check_params(plan, __func__, &args->S1s, &args->S2s, &args->U1s, &args->U2s,
+                                &c.S1, &c.S2, &c.U1, &c.U2));
+    float *bias = NULL;
+    KF_TRY(kf__skl_check_bias(plan, __func__, "args->bias", &args->bias, false, &bias));
+    c.bias = bias;
+    KF_TRY(kf__skl_check_rows_tensor(plan, __func__, "args->y", &args->y, args->x.ndim, xs,
+                                     plan->out, false, ys, &present, NULL));
+    size_t need = kf__skl_workspace(plan, N);
+    KF_TRY(kf__workspace_select(plan->ctx, __func__, workspace, workspace_bytes, need, &c.ws));
+    c.ws_bytes = need;
+#ifdef KF_HAVE_CUDA
+    if (plan->ctx->device_type == KF_DEVICE_CUDA) return kf__cuda_skl_forward(plan->ctx, &c);
+#endif
+    return kf__cpu_skl_forward(plan->ctx, &c);
+}
+
+KF_API kf_status kf_sklinear_backward(kf_sklinear_plan *plan, kf_grad_mode grad_mode,
+                                      const kf_sklinear_backward_args *args, void *workspace,
+                                      size_t workspace_bytes) {
+    kf__clear_error();
+    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
+    KF_CHECK(grad_mode == KF_GRAD_OVERWRITE || grad_mode == KF_GRAD_ACCUMULATE,
+             KF_ERR_INVALID_ARGUMENT, "grad_mode = %d, expected KF_GRAD_OVERWRITE (1) or "
+             "KF_GRAD_ACCUMULATE (2)", (int)grad_mode);
+    KF_TRY(kf__check_struct_size(__func__, "args", args, sizeof(kf_sklinear_backward_args)));
+    int64_t xs[KF_MAX_DIMS], s[KF_MAX_DIMS], N;
+    bool present;
+    KF_TRY(kf__skl_check_rows_tensor(plan, __func__, "args->x", &args->x, -1, NULL, plan->in,
+                                     false, xs, &present, &N));
+    KF_TRY(kf__skl_check_rows(__func__, plan, N));
+    kf__skl_bwd c = {.plan = plan, .N = N, .x = args->x.data,
+                     .accumulate = grad_mode == KF_GRAD_ACCUMULATE};
+    KF_TRY(kf__skl_check_params(plan, __func__, &args->S1s, &args->S2s, &args->U1s, &args->U2s,
+                                &c.S1, &c.S2, &c.U1, &c.U2));
+    int32_t nd = args->x.ndim;
+    KF_TRY(kf__skl_check_rows_tensor(plan, __func__, "args->dy", &args->dy, nd, xs, plan->out,
+                                     false, s, &present, NULL));
+    c.dy = args->dy.data;
+    KF_TRY(kf__skl_check_rows_tensor(plan, __func__, "args->dx", &args->dx, nd, xs, plan->in,
+                                     true, s, &present, NULL));
+    c.dx = present ? args->dx.data : NULL;
+    int64_t in_k[3] = {plan->L, plan->in, plan->k}, k_out[3] = {plan->L, plan->k, plan->out};
+    KF_TRY(kf__check_tensor(plan->ctx, __func__, "args->dS1s", &args->dS1s, KF_DTYPE_F32, 3, in_k,
+                            true, &present));
+    c.dS1 = present ? args->dS1s.data : NULL;
+    KF_TRY(kf__check_tensor(plan->ctx, __func__, "args->dS2s", &args->dS2s, KF_DTYPE_F32, 3,
+                            k_out, true, &present));
+    c.dS2 = present ? args->dS2s.data : NULL;
+    KF_TRY(kf__skl_check_bias(plan, __func__, "args->dbias", &args->dbias, true, &c.db));
+    size_t need = kf__skl_workspace(plan, N);
+    KF_TRY(kf__workspace_select(plan->ctx, __func__, workspace, workspace_bytes, need, &c.ws));
+    c.ws_bytes = need;
+#ifdef KF_HAVE_CUDA
+    if (plan->ctx->device_type == KF_DEVICE_CUDA) return kf__cuda_skl_backward(plan->ctx, &c);
+#endif
+    return kf__cpu_skl_backward(plan->ctx, &c);
+}
+
+/* ---- initialisation ------------------------------------------------------------------------ */
+
+/* Host staging for a CUDA context: one block holding W_init (if given) and the outputs. */
+typedef struct kf__skl_stage {
+    size_t n_w, n_ik, n_ko, n_b; /* element counts of W_init, S1s/U2s, S2s/U1s, bias */
+    float *block;
+} kf__skl_stage;
+
+KF_API kf_status kf_sklinear_init_params(kf_sklinear_plan *plan,
+                                         const kf_sklinear_init_args *args) {
+    kf__clear_error();
+    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
+    KF_TRY(kf__check_struct_size(__func__, "args", args, sizeof(kf_sklinear_init_args)));
+    bool present;
+    int64_t ws[2] = {plan->out, plan->in};
+    KF_TRY(kf__check_tensor(plan->ctx, __func__, "args->W_init", &args->W_init, KF_DTYPE_F32, 2,
+                            ws, true, &present));
+    const float *W = present ? args->W_init.data : NULL;
+    const float *S1, *S2, *U1, *U2;
+    KF_TRY(kf__skl_check_params(plan, __func__, &args->S1s, &args->S2s, &args->U1s, &args->U2s,
+                                &S1, &S2, &U1, &U2));
+    float *bias = NULL;
+    KF_TRY(kf__skl_check_bias(plan, __func__, "args->bias", &args->bias, false, &bias));
+    /* The outputs are written through the tensors the caller handed in (checked above). */
+    float *oS1 = args->S1s.data, *oS2 = args->S2s.data, *oU1 = args->U1s.data,
+          *oU2 = args->U2s.data;
+    if (plan->ctx->device_type == KF_DEVICE_CPU) {
+        return kf__skl_init_host(plan, __func__, args->seed, W, oS1, oS2, oU1, oU2, bias);
+    }
+#ifdef KF_HAVE_CUDA
+    kf__skl_stage st = {
+        .n_w = W ? (size_t)(plan->in * plan->out) : 0,
+        .n_ik = (size_t)(plan->r * plan->in),
+        .n_ko = (size_t)(plan->r * plan->out),
+        .n_b = bias ? (size_t)plan->out : 0,
+    };
+    size_t total = st.n_w + 2 * st.n_ik + 2 * st.n_ko + st.n_b;
+    st.block = malloc(total * sizeof(float));
+    KF_CHECK(st.block != NULL, KF_ERR_OUT_OF_MEMORY,
+             "cannot allocate %zu bytes of host staging", total * sizeof(float));
+    float *hW = st.block, *hS1 = hW + st.n_w, *hU2 = hS1 + st.n_ik, *hS2 = hU2 + st.n_ik,
+          *hU1 = hS2 + st.n_ko, *hb = hU1 + st.n_ko;
+    kf_status s = W ? kf__cuda_copy(plan->ctx, __func__, hW, W, st.n_w * sizeof(float), false)
+                    : KF_OK;
+    if (s == KF_OK)
+        s = kf__skl_init_host(plan, __func__, args->seed, W ? hW : NULL, hS1, hS2, hU1, hU2,
+                              bias ? hb : NULL);
+    if (s == KF_OK) {
+        const struct { float *dst; const float *src; size_t n; } out[5] = {
+            {oS1, hS1, st.n_ik}, {oU2, hU2, st.n_ik}, {oS2, hS2, st.n_ko}, {oU1, hU1, st.n_ko},
+            {bias, hb, st.n_b}};
+        for (int i = 0; i < 5 && s == KF_OK; ++i)
+            s = kf__cuda_copy(plan->ctx, __func__, out[i].dst, out[i].src,
+                              out[i].n * sizeof(float), true);
+    }
+    free(st.block);
+    return s;
+#else
+    return kf__error(KF_ERR_UNSUPPORTED, __func__, "this build has no CUDA backend");
+#endif
+}

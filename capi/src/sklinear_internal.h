@@ -1,0 +1,70 @@
+/* The sketched linear layer's plan and the validated call records the front end
+ * (capi/src/sklinear.c) hands to a backend (cpu/sklinear.c, cuda/sklinear.cu). Backends trust
+ * these records: every pointer and extent has been checked and the workspace is large enough.
+ *
+ * Notation (kfuse.h): N rows, in, out, L terms of rank k, r = L*k. Tensors are row-major:
+ * x [N, in], y and dy [N, out], S1s and U2s [L, in, k], S2s and U1s [L, k, out], bias [out].
+ * The bottleneck Z [N, 2r] has column j < r = term j/k, column c = j%k of x S1s, and column
+ * r + j the same of x U2s; y = (Z[:, :r] U1 + Z[:, r:] S2) / (2L) + bias where U1 and S2 are
+ * U1s and S2s read as [r, out] matrices (their natural layout). */
+#ifndef KF_SKLINEAR_INTERNAL_H
+#define KF_SKLINEAR_INTERNAL_H
+
+#include "internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct kf_sklinear_plan {
+    kf_context *ctx;
+    int64_t in, out;
+    int32_t L, k;
+    int64_t r;      /* L * k */
+    bool has_bias;
+};
+
+typedef struct kf__skl_fwd {
+    const struct kf_sklinear_plan *plan;
+    int64_t N;
+    const float *x, *S1, *S2, *U1, *U2;
+    const float *bias;        /* NULL: the plan has none */
+    float *y;
+    void *ws; size_t ws_bytes;
+} kf__skl_fwd;
+
+typedef struct kf__skl_bwd {
+    const struct kf_sklinear_plan *plan;
+    int64_t N;
+    const float *x, *S1, *S2, *U1, *U2;
+    const float *dy;
+    float *dx, *dS1, *dS2, *db; /* each NULL = not wanted */
+    bool accumulate;            /* add into dS1, dS2, db instead of overwriting (dx: always
+                                   overwritten) */
+    void *ws; size_t ws_bytes;
+} kf__skl_bwd;
+
+/* Backend entry points. *_size is pure (one size covers forward and backward); forward and
+ * backward return KF_OK or set the message. */
+size_t kf__cpu_skl_workspace(const struct kf_sklinear_plan *p, int64_t N);
+kf_status kf__cpu_skl_forward(kf_context *ctx, const kf__skl_fwd *c);
+kf_status kf__cpu_skl_backward(kf_context *ctx, const kf__skl_bwd *c);
+
+/* Panther's initialisation on host memory (cpu/sklinear_init.c), shared by every backend: the
+ * CUDA front end stages through host buffers. W_init [out, in] or NULL; bias NULL when the plan
+ * has none. KF_OK or KF_ERR_OUT_OF_MEMORY (host scratch), message under `fn`. */
+kf_status kf__skl_init_host(const struct kf_sklinear_plan *p, const char *fn, uint64_t seed,
+                            const float *W_init, float *S1, float *S2, float *U1, float *U2,
+                            float *bias);
+
+#ifdef KF_HAVE_CUDA
+size_t kf__cuda_skl_workspace(const struct kf_sklinear_plan *p, int64_t N);
+kf_status kf__cuda_skl_forward(kf_context *ctx, const kf__skl_fwd *c);
+kf_status kf__cuda_skl_backward(kf_context *ctx, const kf__skl_bwd *c);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KF_SKLINEAR_INTERNAL_H */

@@ -1,0 +1,285 @@
+/* The CUDA backend of kf_sklinear_* against the CPU backend (which test_sklinear.c holds to the
+ * float64 reference), through the public header only. Same random problem on both contexts;
+ * every CUDA output poisoned (all bits set: NaN) before each call; ||cuda - cpu|| / ||cpu|| < 1e-5
+ * for y, dx, dS1s, dS2s, dbias, and for accumulation. Shapes cover both forward paths (the fused
+ * one-kernel path for small in*2r and the split-K path for large `in`), 2Lk above 256, odd sizes,
+ * batch 1. Also: initialisation on a CUDA context gives the CPU context's bits; a forward
+ * captured in a CUDA graph on a user stream replays to the eager result.
+ *
+ * Without a CUDA build, or with no usable device (KF_ERR_BACKEND_UNAVAILABLE), every test skips. */
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kfuse.h"
+#include "ref_rnn.h"
+
+#ifdef KF_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#define TOL 1e-5
+
+#define CUDA_OK(expr)                                                                         \
+    do {                                                                                      \
+        cudaError_t e_ = (expr);                                                              \
+        cr_assert(e_ == cudaSuccess, "%s: %s", #expr, cudaGetErrorString(e_));                 \
+    } while (0)
+#define KF_OK_(expr)                                                                          \
+    do {                                                                                      \
+        kf_status s_ = (expr);                                                                \
+        cr_assert(s_ == KF_OK, "%s: %s (%s)", #expr, kf_status_string(s_),                    \
+                  kf_last_error_message());                                                   \
+    } while (0)
+
+static kf_context *make_ctx(kf_device_type dev) {
+    kf_context_desc d;
+    kf_context_desc_init(&d);
+    d.device_type = dev;
+    kf_context *ctx = NULL;
+    kf_status s = kf_context_create(&d, &ctx);
+    if (dev == KF_DEVICE_CUDA && s == KF_ERR_BACKEND_UNAVAILABLE)
+        cr_skip_test("no usable CUDA device: %s", kf_last_error_message());
+    cr_assert(s == KF_OK && ctx != NULL, "kf_context_create: %s (%s)", kf_status_string(s),
+              kf_last_error_message());
+    return ctx;
+}
+
+/* The five parameter tensors, the input and the output gradient of one problem. */
+enum { X, S1, S2, U1, U2, B, DY, NIN };
+/* Outputs: y, dx, dS1, dS2, db. */
+enum { Y, DX, DS1, DS2, DB, NOUT };
+
+typedef struct shape { int64_t N, in, out; int32_t L, k; int bias; } shape;
+
+typedef struct bufs { float *in[NIN], *out[NOUT]; int64_t n_in[NIN], n_out[NOUT]; } bufs;
+
+static void sizes(const shape *s, int64_t *n_in, int64_t *n_out) {
+    int64_t ik = s->L * s->in * s->k, ko = s->L * s->k * s->out;
+    int64_t ni[NIN] = {s->N * s->in, ik, ko, ko, ik, s->out, s->N * s->out};
+    int64_t no[NOUT] = {s->N * s->out, s->N * s->in, ik, ko, s->out};
+    memcpy(n_in, ni, sizeof ni);
+    memcpy(n_out, no, sizeof no);
+}
+
+static kf_tensor t3(void *p, int32_t nd, int64_t a, int64_t b, int64_t c) {
+    int64_t sh[3] = {a, b, c};
+    kf_tensor t;
+    kf_tensor_init(&t, p, KF_DTYPE_F32, nd, sh);
+    return t;
+}
+
+/* On `ctx`, over buffers `b` of that context's memory: with KF_GRAD_OVERWRITE a forward and a
+ * backward; with KF_GRAD_ACCUMULATE a backward that adds onto the gradients already there. */
+static void run(kf_context *ctx, const shape *s, bufs *b, kf_grad_mode mode) {
+    kf_sklinear_desc d;
+    kf_sklinear_desc_init(&d);
+    d.in_features = s->in, d.out_features = s->out, d.num_terms = s->L, d.low_rank = s->k;
+    d.bias = s->bias;
+    kf_sklinear_plan *plan;
+    KF_OK_(kf_sklinear_plan_create(ctx, &d, &plan));
+    kf_sklinear_forward_args f;
+    kf_sklinear_forward_args_init(&f);
+    f.x = t3(b->in[X], 2, s->N, s->in, 0);
+    f.S1s = t3(b->in[S1], 3, s->L, s->in, s->k);
+    f.S2s = t3(b->in[S2], 3, s->L, s->k, s->out);
+    f.U1s = t3(b->in[U1], 3, s->L, s->k, s->out);
+    f.U2s = t3(b->in[U2], 3, s->L, s->in, s->k);
+    if (s->bias) f.bias = t3(b->in[B], 1, s->out, 0, 0);
+    f.y = t3(b->out[Y], 2, s->N, s->out, 0);
+    if (mode == KF_GRAD_OVERWRITE) KF_OK_(kf_sklinear_forward(plan, &f, NULL, 0));
+    kf_sklinear_backward_args g;
+    kf_sklinear_backward_args_init(&g);
+    g.x = f.x, g.S1s = f.S1s, g.S2s = f.S2s, g.U1s = f.U1s, g.U2s = f.U2s;
+    g.dy = t3(b->in[DY], 2, s->N, s->out, 0);
+    g.dx = t3(b->out[DX], 2, s->N, s->in, 0);
+    g.dS1s = t3(b->out[DS1], 3, s->L, s->in, s->k);
+    g.dS2s = t3(b->out[DS2], 3, s->L, s->k, s->out);
+    if (s->bias) g.dbias = t3(b->out[DB], 1, s->out, 0, 0);
+    KF_OK_(kf_sklinear_backward(plan, mode, &g, NULL, 0));
+    KF_OK_(kf_context_synchronize(ctx));
+    kf_sklinear_plan_destroy(plan);
+}
+
+static void *dcopy(const void *h, int64_t n) {
+    void *d = NULL;
+    CUDA_OK(cudaMalloc(&d, (size_t)(n > 0 ? n : 1) * 4));
+    if (h) CUDA_OK(cudaMemcpy(d, h, (size_t)n * 4, cudaMemcpyHostToDevice));
+    return d;
+}
+
+static float *hcopy(const float *d, int64_t n) {
+    float *h = malloc((size_t)(n > 0 ? n : 1) * 4);
+    CUDA_OK(cudaMemcpy(h, d, (size_t)n * 4, cudaMemcpyDeviceToHost));
+    return h;
+}
+
+static void compare(const char *what, const float *cuda, const float *cpu, int64_t n,
+                    const shape *s) {
+    double *ref = ref_to_f64(cpu, n);
+    double e = ref_rel_err_f32(cuda, ref, n);
+    cr_expect(e < TOL, "%s: cuda vs cpu rel err %.3g (N %lld in %lld out %lld L %d k %d)", what,
+              e, (long long)s->N, (long long)s->in, (long long)s->out, s->L, s->k);
+    free(ref);
+}
+
+static void check_shape(const shape *s) {
+    kf_context *gpu = make_ctx(KF_DEVICE_CUDA), *cpu = make_ctx(KF_DEVICE_CPU);
+    bufs h, dv;
+    sizes(s, h.n_in, h.n_out);
+    ref_rng r;
+    ref_rng_seed(&r, (uint64_t)(s->N * 7 + s->in * 3 + s->k));
+    const double sc[NIN] = {1.0, 1.0 / sqrt(s->k), 1.0 / sqrt(s->k), 1.0 / sqrt(s->k),
+                            1.0 / sqrt(s->k), 1.0 / sqrt(s->out), 1.0};
+    for (int i = 0; i < NIN; i++) {
+        h.in[i] = malloc((size_t)h.n_in[i] * 4);
+        ref_fill_uniform_f32(&r, h.in[i], h.n_in[i], -sc[i], sc[i]);
+        dv.in[i] = dcopy(h.in[i], h.n_in[i]);
+    }
+    for (int i = 0; i < NOUT; i++) {
+        h.out[i] = malloc((size_t)(h.n_out[i] > 0 ? h.n_out[i] : 1) * 4);
+        dv.out[i] = dcopy(NULL, h.n_out[i]);
+        CUDA_OK(cudaMemset(dv.out[i], 0xFF, (size_t)h.n_out[i] * 4)); /* NaN */
+    }
+    run(cpu, s, &h, KF_GRAD_OVERWRITE);
+    run(gpu, s, &dv, KF_GRAD_OVERWRITE);
+    const char *names[NOUT] = {"y", "dx", "dS1s", "dS2s", "dbias"};
+    for (int i = 0; i < NOUT; i++) {
+        if (i == DB && !s->bias) continue;
+        float *got = hcopy(dv.out[i], h.n_out[i]);
+        compare(names[i], got, h.out[i], h.n_out[i], s);
+        free(got);
+    }
+    /* Accumulate: the gradients from above are added to again (dx overwritten). */
+    run(cpu, s, &h, KF_GRAD_ACCUMULATE);
+    run(gpu, s, &dv, KF_GRAD_ACCUMULATE);
+    for (int i = DX; i < NOUT; i++) {
+        if (i == DB && !s->bias) continue;
+        float *got = hcopy(dv.out[i], h.n_out[i]);
+        compare(names[i], got, h.out[i], h.n_out[i], s);
+        free(got);
+    }
+    for (int i = 0; i < NIN; i++) free(h.in[i]), cudaFree(dv.in[i]);
+    for (int i = 0; i < NOUT; i++) free(h.out[i]), cudaFree(dv.out[i]);
+    kf_context_destroy(gpu);
+    kf_context_destroy(cpu);
+}
+
+static const shape kShapes[] = {
+    {5, 7, 9, 1, 1, 1},        /* L = 1, k = 1 */
+    {6, 40, 24, 3, 17, 1},     /* odd k, 2Lk > min(in, out) */
+    {1, 64, 48, 2, 8, 1},      /* batch 1 */
+    {37, 130, 70, 4, 5, 0},    /* no bias */
+    {64, 256, 256, 1, 16, 1},  /* benchmark shapes */
+    {64, 1024, 1024, 4, 32, 1},
+    {64, 8192, 8192, 1, 16, 1},
+    {100, 3000, 517, 5, 30, 1},/* 2Lk = 300 > 256 */
+    {257, 333, 1000, 2, 7, 1},
+};
+
+ParameterizedTestParameters(sklinear_cuda, matches_cpu) {
+    return cr_make_param_array(shape, kShapes, sizeof kShapes / sizeof kShapes[0]);
+}
+
+ParameterizedTest(const shape *s, sklinear_cuda, matches_cpu) { check_shape(s); }
+
+Test(sklinear_cuda, init_matches_cpu) {
+    const int64_t in = 300, out = 170, L = 2, k = 9;
+    kf_context *ctx[2] = {make_ctx(KF_DEVICE_CPU), make_ctx(KF_DEVICE_CUDA)};
+    const int64_t n[5] = {L * in * k, L * k * out, L * k * out, L * in * k, out};
+    float *host[2][5];
+    for (int c = 0; c < 2; c++) {
+        kf_sklinear_desc d;
+        kf_sklinear_desc_init(&d);
+        d.in_features = in, d.out_features = out, d.num_terms = (int32_t)L, d.low_rank = (int32_t)k;
+        kf_sklinear_plan *plan;
+        KF_OK_(kf_sklinear_plan_create(ctx[c], &d, &plan));
+        float *buf[5];
+        for (int i = 0; i < 5; i++) buf[i] = c ? dcopy(NULL, n[i]) : malloc((size_t)n[i] * 4);
+        kf_sklinear_init_args a;
+        kf_sklinear_init_args_init(&a);
+        a.seed = 99;
+        a.S1s = t3(buf[0], 3, L, in, k);
+        a.S2s = t3(buf[1], 3, L, k, out);
+        a.U1s = t3(buf[2], 3, L, k, out);
+        a.U2s = t3(buf[3], 3, L, in, k);
+        a.bias = t3(buf[4], 1, out, 0, 0);
+        KF_OK_(kf_sklinear_init_params(plan, &a));
+        for (int i = 0; i < 5; i++) {
+            host[c][i] = c ? hcopy(buf[i], n[i]) : buf[i];
+            if (c) cudaFree(buf[i]);
+        }
+        kf_sklinear_plan_destroy(plan);
+    }
+    for (int i = 0; i < 5; i++) {
+        cr_expect(memcmp(host[0][i], host[1][i], (size_t)n[i] * 4) == 0,
+                  "parameter %d differs between the CPU and CUDA initialisations", i);
+        free(host[0][i]), free(host[1][i]);
+    }
+    kf_context_destroy(ctx[0]);
+    kf_context_destroy(ctx[1]);
+}
+
+Test(sklinear_cuda, graph_capture_replays_forward) {
+    kf_context *ctx = make_ctx(KF_DEVICE_CUDA); /* skips without a usable device */
+    cudaStream_t st;
+    CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    KF_OK_(kf_context_set_stream(ctx, st));
+    const shape s = {64, 1024, 512, 2, 16, 1};
+    bufs dv;
+    sizes(&s, dv.n_in, dv.n_out);
+    ref_rng r;
+    ref_rng_seed(&r, 3);
+    for (int i = 0; i < NIN; i++) {
+        float *h = malloc((size_t)dv.n_in[i] * 4);
+        ref_fill_uniform_f32(&r, h, dv.n_in[i], -0.5, 0.5);
+        dv.in[i] = dcopy(h, dv.n_in[i]);
+        free(h);
+    }
+    float *y_eager = dcopy(NULL, dv.n_out[Y]), *y_graph = dcopy(NULL, dv.n_out[Y]);
+    kf_sklinear_desc d;
+    kf_sklinear_desc_init(&d);
+    d.in_features = s.in, d.out_features = s.out, d.num_terms = s.L, d.low_rank = s.k;
+    kf_sklinear_plan *plan;
+    KF_OK_(kf_sklinear_plan_create(ctx, &d, &plan));
+    size_t ws_bytes;
+    KF_OK_(kf_sklinear_workspace_size(plan, s.N, &ws_bytes));
+    void *ws = dcopy(NULL, (int64_t)(ws_bytes / 4 + 16));
+    kf_sklinear_forward_args f;
+    kf_sklinear_forward_args_init(&f);
+    f.x = t3(dv.in[X], 2, s.N, s.in, 0);
+    f.S1s = t3(dv.in[S1], 3, s.L, s.in, s.k);
+    f.S2s = t3(dv.in[S2], 3, s.L, s.k, s.out);
+    f.U1s = t3(dv.in[U1], 3, s.L, s.k, s.out);
+    f.U2s = t3(dv.in[U2], 3, s.L, s.in, s.k);
+    f.bias = t3(dv.in[B], 1, s.out, 0, 0);
+    f.y = t3(y_eager, 2, s.N, s.out, 0);
+    KF_OK_(kf_sklinear_forward(plan, &f, ws, ws_bytes));
+    f.y = t3(y_graph, 2, s.N, s.out, 0);
+    CUDA_OK(cudaMemsetAsync(y_graph, 0xFF, (size_t)dv.n_out[Y] * 4, st));
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    kf_status s_cap = kf_sklinear_forward(plan, &f, ws, ws_bytes);
+    CUDA_OK(cudaStreamEndCapture(st, &g));
+    cr_assert(s_cap == KF_OK, "forward during capture: %s", kf_last_error_message());
+    CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
+    CUDA_OK(cudaGraphLaunch(ge, st));
+    CUDA_OK(cudaStreamSynchronize(st));
+    float *a = hcopy(y_eager, dv.n_out[Y]), *b = hcopy(y_graph, dv.n_out[Y]);
+    cr_expect(memcmp(a, b, (size_t)dv.n_out[Y] * 4) == 0, "graph replay differs from eager");
+    free(a), free(b);
+    CUDA_OK(cudaGraphExecDestroy(ge));
+    CUDA_OK(cudaGraphDestroy(g));
+    kf_sklinear_plan_destroy(plan);
+    kf_context_destroy(ctx);
+    for (int i = 0; i < NIN; i++) cudaFree(dv.in[i]);
+    cudaFree(y_eager), cudaFree(y_graph), cudaFree(ws);
+    CUDA_OK(cudaStreamDestroy(st));
+}
+
+#else
+Test(sklinear_cuda, skipped_without_cuda_build) { cr_skip_test("built without the CUDA backend"); }
+#endif
