@@ -21,10 +21,16 @@
  * costs ~25 us, more than it saves below this many multiply-adds (measured: in=out=256, B=64,
  * 2r=32 runs in 0.05 ms alone and 0.07 ms on two threads). */
 #define KF__SKL_TEAM_MIN_FLOPS (1 << 21)
-/* Block extents: rows of x per row-wise GEMM (OpenBLAS re-packs the weight operand per call, a
- * 1/ROWS overhead), and parameter columns per reduction GEMM. */
+/* Block extents, functions of the shape alone: rows of x per row-wise GEMM (OpenBLAS re-packs
+ * the weight operand per call, a 1/ROWS overhead), and parameter columns per reduction GEMM: at
+ * least 256, and at most 8 blocks (these GEMMs are skinny, K = N rows and 2r columns, so fewer,
+ * wider calls win: in=out=8192, B=64, forward+backward took 6.9 ms with blocks of 1024 and
+ * 8.3 ms with blocks of 256, side by side). */
 #define KF__SKL_ROWS 32
-#define KF__SKL_COLS 256
+static int64_t skl_cols(int64_t n) {
+    int64_t c = (n + 7) / 8;
+    return c < 256 ? 256 : c;
+}
 
 /* Block b of extent `step` over [0, n): [*lo, *hi), false past the end. */
 static bool skl_block(int64_t n, int64_t step, int64_t b, int64_t *lo, int64_t *hi) {
@@ -34,15 +40,15 @@ static bool skl_block(int64_t n, int64_t step, int64_t b, int64_t *lo, int64_t *
 }
 
 typedef struct skl_layout {
-    size_t w1, z, dz, dw1, bytes; /* byte offsets of W1 [in, 2r], Z [N, 2r], dZ [N, 2r], dW1 [in, r] */
+    /* byte offsets of W1 [in, 2r], Z [N, 2r], dZ [N, 2r], dW1 [in, r] */
+    size_t w1, z, dz, dw1, bytes;
 } skl_layout;
 
 static skl_layout skl_layout_of(const struct kf_sklinear_plan *p, int64_t N) {
     skl_layout lo;
-    size_t w1 = kf__align_up((size_t)(p->in * 2 * p->r) * sizeof(float));
     size_t z = kf__align_up((size_t)(N * 2 * p->r) * sizeof(float));
     lo.w1 = 0;
-    lo.z = w1;
+    lo.z = lo.w1 + kf__align_up((size_t)(p->in * 2 * p->r) * sizeof(float));
     lo.dz = lo.z + z;
     lo.dw1 = lo.dz + z;
     lo.bytes = lo.dw1 + kf__align_up((size_t)(p->in * p->r) * sizeof(float));
@@ -140,7 +146,7 @@ static void skl_bwd_team(void *arg, int tid, int nth) {
     }
 #pragma omp barrier
     /* Column-wise reductions over the N rows: dS2 and dbias by output column, dS1 by input row. */
-    for (int64_t b = tid; skl_block(out, KF__SKL_COLS, b, &o0, &o1); b += nth) {
+    for (int64_t b = tid; skl_block(out, skl_cols(out), b, &o0, &o1); b += nth) {
         if (c->dS2)
             kf__sgemm(true, false, r, o1 - o0, N, s, Z + r, 2 * r, c->dy + o0, out, beta,
                       c->dS2 + o0, out);
@@ -150,7 +156,7 @@ static void skl_bwd_team(void *arg, int tid, int nth) {
             c->db[o] = c->accumulate ? (float)(c->db[o] + acc) : (float)acc;
         }
     }
-    for (int64_t b = tid; c->dS1 && skl_block(in, KF__SKL_COLS, b, &a0, &a1); b += nth) {
+    for (int64_t b = tid; c->dS1 && skl_block(in, skl_cols(in), b, &a0, &a1); b += nth) {
         kf__sgemm(true, false, a1 - a0, r, N, 1.0f, c->x + a0, in, dZ, 2 * r, 0.0f,
                   dW1 + a0 * r, r);
         for (int64_t a = a0; a < a1; ++a)
