@@ -8,14 +8,18 @@
  * [k, in], entries +-1/sqrt(k); W [in, out] is W_init^T or Kaiming-uniform with a = sqrt(5)
  * (torch's fan_in of an [in, out] tensor is out, so the bound is 1/sqrt(out)); S1s[i] = W U1s[i]^T,
  * S2s[i] = U2s[i]^T W; bias ~ U(-1/sqrt(out), 1/sqrt(out)). W is never materialised: it is
- * generated (or read) one row at a time, and the products accumulate in double. */
+ * generated (or gathered from W_init) in blocks of rows, and the products are GEMMs over those
+ * blocks in a fixed order, in the caller's thread (so the bits are the same on every backend). */
 #include "sklinear_internal.h"
 
+#include "blas.h"
 #include "counter_rng.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#define KF__SKL_INIT_ROWS 256 /* rows of W per block */
 
 enum { KF__SKL_RNG_U1 = 1, KF__SKL_RNG_U2 = 2, KF__SKL_RNG_W = 3, KF__SKL_RNG_BIAS = 4 };
 
@@ -35,36 +39,39 @@ kf_status kf__skl_init_host(const struct kf_sklinear_plan *p, const char *fn, ui
                             float *bias) {
     const int64_t in = p->in, out = p->out, k = p->k, r = p->r;
     const float scale = 1.0f / sqrtf((float)k), bound = 1.0f / sqrtf((float)out);
-    double *acc = calloc((size_t)(r * out), sizeof *acc); /* S2's sums over the rows of W */
-    float *row = malloc((size_t)out * sizeof *row);       /* one row of W */
-    if (!acc || !row) {
-        free(acc);
-        free(row);
+    /* A block of W's rows, and that block's rows of S1 and of U2 as [rows, r] matrices. */
+    float *wb = malloc((size_t)(KF__SKL_INIT_ROWS * out) * sizeof *wb);
+    float *s1b = malloc((size_t)(KF__SKL_INIT_ROWS * r) * sizeof *s1b);
+    float *u2b = malloc((size_t)(KF__SKL_INIT_ROWS * r) * sizeof *u2b);
+    if (!wb || !s1b || !u2b) {
+        free(wb), free(s1b), free(u2b);
         return kf__error(KF_ERR_OUT_OF_MEMORY, fn, "cannot allocate %zu bytes of host scratch",
-                         (size_t)(r * out) * sizeof *acc + (size_t)out * sizeof *row);
+                         (size_t)(KF__SKL_INIT_ROWS * (out + 2 * r)) * sizeof(float));
     }
     for (int64_t e = 0; e < r * out; ++e) U1[e] = kf__skl_sign(seed, KF__SKL_RNG_U1, (uint64_t)e, scale);
     for (int64_t e = 0; e < r * in; ++e) U2[e] = kf__skl_sign(seed, KF__SKL_RNG_U2, (uint64_t)e, scale);
     if (bias)
         for (int64_t o = 0; o < out; ++o)
             bias[o] = kf__skl_uniform(seed, KF__SKL_RNG_BIAS, (uint64_t)o, bound);
-    for (int64_t a = 0; a < in; ++a) {
-        for (int64_t o = 0; o < out; ++o)
-            row[o] = W_init ? W_init[o * in + a]
-                            : kf__skl_uniform(seed, KF__SKL_RNG_W, (uint64_t)(a * out + o), bound);
-        for (int64_t j = 0; j < r; ++j) { /* j = i * k + c */
-            const float *u1 = U1 + j * out;
-            const double u2 = U2[(j / k * in + a) * k + j % k];
-            double *s2 = acc + j * out, s1 = 0.0;
-            for (int64_t o = 0; o < out; ++o) {
-                s1 += (double)row[o] * u1[o];
-                s2[o] += u2 * row[o];
+    /* Element (a, j) of S1 and U2 read as [in, r] (j = i*k + c) sits at (i*in + a)*k + c. */
+#define KF__SKL_IK(a, j) (((j) / k * in + (a)) * k + (j) % k)
+    for (int64_t a0 = 0; a0 < in; a0 += KF__SKL_INIT_ROWS) {
+        const int64_t rows = in - a0 < KF__SKL_INIT_ROWS ? in - a0 : KF__SKL_INIT_ROWS;
+        for (int64_t a = 0; a < rows; ++a)
+            for (int64_t o = 0; o < out; ++o)
+                wb[a * out + o] = W_init ? W_init[o * in + a0 + a]
+                                         : kf__skl_uniform(seed, KF__SKL_RNG_W,
+                                                           (uint64_t)((a0 + a) * out + o), bound);
+        /* S1 rows = W rows U1^T; S2 += (U2 rows)^T W rows, blocks in a fixed order. */
+        kf__sgemm(false, true, rows, r, out, 1.0f, wb, out, U1, out, 0.0f, s1b, r);
+        for (int64_t a = 0; a < rows; ++a)
+            for (int64_t j = 0; j < r; ++j) {
+                S1[KF__SKL_IK(a0 + a, j)] = s1b[a * r + j];
+                u2b[a * r + j] = U2[KF__SKL_IK(a0 + a, j)];
             }
-            S1[(j / k * in + a) * k + j % k] = (float)s1;
-        }
+        kf__sgemm(true, false, r, out, rows, 1.0f, u2b, r, wb, out, a0 ? 1.0f : 0.0f, S2, out);
     }
-    for (int64_t e = 0; e < r * out; ++e) S2[e] = (float)acc[e];
-    free(acc);
-    free(row);
+#undef KF__SKL_IK
+    free(wb), free(s1b), free(u2b);
     return KF_OK;
 }
