@@ -1,9 +1,12 @@
 """kfuse: Python bindings of the kfuse C library (fused CPU/CUDA kernels behind a stable C ABI).
 
     kfuse.Context, kfuse.RnnPlan     thin objects over the C handles (kfuse._lowlevel)
+    kfuse.SkLinearPlan               the same over the SKLinear (sketched linear layer) handle
+                                     (kfuse.sklinear)
     kfuse.KfuseError and subclasses  one per kf_status, carrying .status and the library's message
-    kfuse.numpy                      rnn_forward / rnn_backward on numpy arrays
-    kfuse.torch                      GRU and AGRU nn.Modules (imported on demand; needs PyTorch)
+    kfuse.numpy                      rnn_forward / rnn_backward and sklinear_* on numpy arrays
+    kfuse.torch                      GRU, AGRU and SKLinear nn.Modules (imported on demand; needs
+                                     PyTorch)
 
 Every op runs in the one C implementation; nothing here re-validates arguments or computes.
 """
@@ -12,8 +15,9 @@ from kfuse._lowlevel import (  # noqa: F401
     BackendUnavailable, DeviceError, InternalError, Context, RnnPlan, TensorRef, check,
     version, version_string, thread_context,
 )
+from kfuse.sklinear import SkLinearPlan  # noqa: F401
 
-__version__ = "1.0.0"
+__version__ = "1.1.0"
 
 
 def __getattr__(name):

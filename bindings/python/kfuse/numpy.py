@@ -1,14 +1,18 @@
-"""numpy front end of kfuse's recurrent ops.
+"""numpy front end of kfuse's recurrent ops and sketched linear layer.
 
     y, hn, reserve = rnn_forward(plan, x, weights, h0=None, lengths=None, training=False)
     dx, dh0, dweights = rnn_backward(plan, x, weights, reserve, dy=..., dhn=..., ...)
+    params = sklinear_init(plan, seed, W_init=None)          # {"S1s": ..., "U2s": ...}
+    y = sklinear_forward(plan, x, params)
+    dx, dparams = sklinear_backward(plan, x, params, dy)     # dparams: {"S1s", "S2s", "bias"}
 
 Arrays are passed to the library as they are (their dtype and strides go into the kf_tensor), so
 every check (dtype float32, C-contiguous, shapes) is the library's own and fails with its message
 as kfuse.InvalidArgument. Anything numpy can view without copying works as input: ndarrays,
 objects exposing __array_interface__ or the buffer protocol, and DLPack producers (__dlpack__,
 through np.from_dlpack). Outputs are new float32 arrays. The GIL is released during each call.
-`plan` is a kfuse.RnnPlan on a CPU context (numpy memory is host memory).
+`plan` is a kfuse.RnnPlan or kfuse.sklinear.SkLinearPlan on a CPU context (numpy memory is host
+memory).
 """
 from collections.abc import Mapping
 
@@ -18,7 +22,8 @@ from kfuse._lowlevel import (
     ALIGN_BYTES, DTYPE_BF16, DTYPE_F16, DTYPE_F32, DTYPE_F64, DTYPE_I32, DTYPE_I64, TensorRef,
 )
 
-__all__ = ["rnn_forward", "rnn_backward", "as_array", "tensor_ref", "aligned_empty"]
+__all__ = ["rnn_forward", "rnn_backward", "sklinear_init", "sklinear_forward",
+           "sklinear_backward", "as_array", "tensor_ref", "aligned_empty"]
 
 _DTYPES = {
     np.dtype(np.float32): DTYPE_F32, np.dtype(np.float64): DTYPE_F64,
@@ -145,3 +150,77 @@ def rnn_backward(plan, x, weights, reserve, dy=None, dhn=None, h0=None, lengths=
         workspace=None if workspace is None else (workspace.__array_interface__["data"][0],
                                                   workspace.nbytes))
     return dx, dh0, dweights
+
+
+# ---- sketched linear layer (SKLinear) ----------------------------------------------------------
+
+def _sk_params(plan, params):
+    """{name: array} from a mapping (Panther's state_dict names; extra keys ignored) or a sequence
+    in plan.param_names order. A missing name is passed as absent, for the library to report."""
+    if not isinstance(params, Mapping):
+        params = dict(zip(plan.param_names, params))
+    return {n: as_array(params.get(n)) for n in ("S1s", "S2s", "U1s", "U2s", "bias")}
+
+
+def _workspace(workspace):
+    return None if workspace is None else (workspace.__array_interface__["data"][0],
+                                           workspace.nbytes)
+
+
+def _lead_shape(x, n):
+    # Output allocation only: x [..., in] -> [..., n]; a 0-d x is passed on for the library to
+    # report (the output is then absent).
+    return None if x.ndim == 0 else x.shape[:-1] + (n,)
+
+
+def sklinear_init(plan, seed, W_init=None):
+    """Panther's initialisation through kf_sklinear_init_params, a pure function of `seed`
+    (0 .. 2**64-1): returns {name: new float32 array} in Panther's state_dict order (S1s, S2s,
+    bias when the plan has one, U1s, U2s). W_init: optional [out, in] array (a Linear's weight);
+    absent = Kaiming-uniform W as Panther draws it."""
+    out = {n: np.empty(shape, dtype=np.float32) for n, shape in plan.param_info}
+    W_init = as_array(W_init)
+    plan.init_params(seed, tensor_ref(out["S1s"]), tensor_ref(out["S2s"]),
+                     tensor_ref(out["U1s"]), tensor_ref(out["U2s"]),
+                     bias=tensor_ref(out.get("bias")), W_init=tensor_ref(W_init))
+    return out
+
+
+def sklinear_forward(plan, x, params, workspace=None):
+    """y [..., out] = 1/(2L) sum_i [(x S1s[i]) U1s[i] + (x U2s[i]) S2s[i]] + bias for
+    x [..., in] (any leading dims, up to KF_MAX_DIMS in all). params: mapping with Panther's
+    names (S1s, S2s, U1s, U2s, bias) or a sequence in plan.param_names order. Returns a new
+    float32 array."""
+    x = as_array(x)
+    p = _sk_params(plan, params)
+    y_shape = _lead_shape(x, plan.out_features)
+    y = None if y_shape is None else np.empty(y_shape, dtype=np.float32)
+    plan.forward(tensor_ref(x), tensor_ref(p["S1s"]), tensor_ref(p["S2s"]), tensor_ref(p["U1s"]),
+                 tensor_ref(p["U2s"]), tensor_ref(y), bias=tensor_ref(p["bias"]),
+                 workspace=_workspace(workspace))
+    return y
+
+
+def sklinear_backward(plan, x, params, dy, need_dx=True, need_dparams=True, dparams=None,
+                      accumulate=False, workspace=None):
+    """Gradients of the loss given dy = dL/dy ([..., out]): returns (dx, dparams) where dparams
+    is {"S1s", "S2s", and "bias" when the plan has one} (U1s and U2s are fixed). dparams may be
+    given (a mapping of float32 arrays to write, or with accumulate=True to add into; a missing
+    name is not computed); by default new arrays are made when need_dparams. dx is None unless
+    need_dx."""
+    x = as_array(x)
+    dy = as_array(dy)
+    p = _sk_params(plan, params)
+    dx = np.empty(x.shape, dtype=np.float32) if need_dx else None
+    if dparams is None and need_dparams:
+        dparams = {n: np.empty(shape, dtype=np.float32) for n, shape in plan.param_info
+                   if n in ("S1s", "S2s", "bias")}
+    elif dparams is not None:
+        dparams = {n: as_array(a) for n, a in dparams.items()}
+    d = dparams or {}
+    plan.backward(tensor_ref(x), tensor_ref(p["S1s"]), tensor_ref(p["S2s"]), tensor_ref(p["U1s"]),
+                  tensor_ref(p["U2s"]), tensor_ref(dy), dx=tensor_ref(dx),
+                  dS1s=tensor_ref(d.get("S1s")), dS2s=tensor_ref(d.get("S2s")),
+                  dbias=tensor_ref(d.get("bias")), accumulate=accumulate,
+                  workspace=_workspace(workspace))
+    return dx, dparams

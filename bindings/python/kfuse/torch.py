@@ -1,5 +1,6 @@
-"""PyTorch front end: drop-in `GRU` (torch.nn.GRU) and `AGRU` (the reference A-GRU model) modules
-whose forward and backward run in the kfuse C library, through autograd Functions.
+"""PyTorch front end: drop-in `GRU` (torch.nn.GRU), `AGRU` (the reference A-GRU model) and
+`SKLinear` (panther.nn.SKLinear) modules whose forward and backward run in the kfuse C library,
+through autograd Functions.
 
 - CPU tensors run on the calling thread's CPU kfuse context (scratch from its arena; the reserve
   that backward reads is a torch uint8 tensor).
@@ -13,6 +14,8 @@ whose forward and backward run in the kfuse C library, through autograd Function
   kfuse.KfuseError subclass (InvalidArgument is a ValueError) with the library's message.
 - Dropout between layers uses kfuse's counter-based generator, keyed by a seed drawn from torch's
   default generator at each training forward, so torch.manual_seed() makes it reproducible.
+  SKLinear's initialisation (kf_sklinear_init_params) is keyed the same way, by a seed drawn at
+  construction.
 """
 import contextlib
 import math
@@ -25,11 +28,12 @@ from torch.autograd.function import once_differentiable
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from kfuse._lowlevel import (
-    DTYPE_BF16, DTYPE_F16, DTYPE_F32, DTYPE_F64, DTYPE_I32, DTYPE_I64, RnnPlan, TensorRef,
+    DTYPE_BF16, DTYPE_F16, DTYPE_F32, DTYPE_F64, DTYPE_I32, DTYPE_I64, RnnPlan, TensorRef, lib,
     thread_context,
 )
+from kfuse.sklinear import SkLinearPlan, tensor_values
 
-__all__ = ["GRU", "AGRU", "AGRUCell", "rnn_function"]
+__all__ = ["GRU", "AGRU", "AGRUCell", "SKLinear", "rnn_function", "sklinear_function"]
 
 _DTYPES = {
     torch.float32: DTYPE_F32, torch.float64: DTYPE_F64, torch.float16: DTYPE_F16,
@@ -65,19 +69,28 @@ def _context(device):
     return thread_context(device.type, device.index or 0)
 
 
+def _make_plan(ctx, key):
+    if key[0] == "sklinear":
+        _, I, O, L, k, bias, dtype = key
+        return SkLinearPlan(ctx, I, O, L, k, bias=bias, dtype=dtype)
+    cell, I, H, L, batch_first, bidirectional, dropout, gamma, dtype = key
+    return RnnPlan(ctx, cell, I, H, num_layers=L, batch_first=batch_first,
+                   bidirectional=bidirectional, dropout=dropout, gamma=gamma, dtype=dtype)
+
+
 def _plan(key, device):
-    """The calling thread's plan for descriptor `key` on `device` (a torch.device)."""
+    """The calling thread's plan for descriptor `key` on `device` (a torch.device): an RnnPlan,
+    or a SkLinearPlan for a key ("sklinear", in, out, L, k, bias, kf_dtype)."""
     cache = getattr(_tls, "plans", None)
     if cache is None:
         cache = _tls.plans = {}
-    ctx = _context(device)
     full = (device.type, device.index, key)
     plan = cache.get(full)
+    if plan is not None and device.type == "cpu":
+        return plan  # the thread's CPU context never changes; CUDA: its stream is set below
+    ctx = _context(device)
     if plan is None or plan.ctx is not ctx:
-        cell, I, H, L, batch_first, bidirectional, dropout, gamma, dtype = key
-        plan = cache[full] = RnnPlan(ctx, cell, I, H, num_layers=L, batch_first=batch_first,
-                                     bidirectional=bidirectional, dropout=dropout, gamma=gamma,
-                                     dtype=dtype)
+        plan = cache[full] = _make_plan(ctx, key)
     return plan
 
 
@@ -376,3 +389,230 @@ class AGRU(_KfuseRNNBase):
         if self.dropout:
             s += ", dropout={}".format(self.dropout)
         return s + ", gamma={}".format(self.gamma)
+
+
+# ---- SKLinear (Panther) ------------------------------------------------------------------------
+
+def _workspace(plan, N, device):
+    """A workspace tensor from torch's caching allocator on CUDA (stream-ordered with the rest of
+    the program); None on the CPU, where the context's arena serves."""
+    if device.type != "cuda":
+        return None
+    nbytes = plan.workspace_size(N)
+    return torch.empty(nbytes, dtype=torch.uint8, device=device) if nbytes else None
+
+
+def _empty_batch(plan, x):
+    """x [..., in] with no rows: the library takes N >= 1, torch.nn.Linear and Panther take an
+    empty batch (y is then empty; the weight gradients are zero)."""
+    return x.dim() >= 2 and x.shape[-1] == plan.in_features and x.numel() == 0
+
+
+_MAXD = lib.KF_MAX_DIMS
+_PAD = (0,) * _MAXD
+
+
+def _vals(t):
+    """The kf_tensor field values of a torch tensor (SkLinearPlan.forward_values): SKLinear is
+    called often at small shapes, so no intermediate object is made."""
+    if t is None:
+        return _ABSENT
+    shape = t.shape
+    nd = len(shape)
+    if nd > _MAXD:
+        return tensor_values((t.data_ptr(), _DTYPES.get(t.dtype, 0), shape, t.stride()))
+    pad = _PAD[nd:]
+    return (t.data_ptr(), _DTYPES.get(t.dtype, 0), nd, *shape, *pad, *t.stride(), *pad)
+
+
+_ABSENT = tensor_values(None)
+
+
+def _check_devices(x, S1s, S2s, U1s, U2s, bias):
+    """The one check made here: a kfuse context reads memory of its own device only."""
+    ts = (("S1s", S1s), ("S2s", S2s), ("U1s", U1s), ("U2s", U2s), ("bias", bias))
+    if not x.is_cuda and not any(t is not None and t.is_cuda for _, t in ts):
+        return  # all host memory (or meta, whose absent data the library reports)
+    for name, t in ts:
+        if t is not None and t.device != x.device:
+            raise RuntimeError("kfuse SKLinear: expected all tensors to be on the same device, "
+                               "but input is on %s and %s on %s" % (x.device, name, t.device))
+
+
+def _sk_forward(key, x, S1s, S2s, U1s, U2s, bias):
+    """y from x through kf_sklinear_forward (no autograd)."""
+    _check_devices(x, S1s, S2s, U1s, U2s, bias)
+    device = x.device
+    cuda = device.type == "cuda"
+    with _device_guard(device) if cuda else contextlib.nullcontext():
+        plan = _plan(key, device)
+        if x.dim() == 0:  # the library reports it
+            plan.forward_values(_vals(x) + _vals(S1s) + _vals(S2s) + _vals(U1s) + _vals(U2s)
+                                + _vals(bias) + _ABSENT)
+        y = torch.empty(x.shape[:-1] + (plan.out_features,), dtype=x.dtype, device=device)
+        N = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if N > 0 or not _empty_batch(plan, x):
+            workspace = _workspace(plan, N, device) if cuda else None
+            plan.forward_values(_vals(x) + _vals(S1s) + _vals(S2s) + _vals(U1s) + _vals(U2s)
+                                + _vals(bias) + _vals(y), workspace=_buf(workspace))
+    return y
+
+
+class _SKLinearFunction(torch.autograd.Function):
+    # inputs: key, x [..., in], S1s, S2s, U1s, U2s, bias (or None)   output: y [..., out]
+
+    @staticmethod
+    def forward(ctx, key, x, S1s, S2s, U1s, U2s, bias):
+        y = _sk_forward(key, x, S1s, S2s, U1s, U2s, bias)
+        ctx.key = key
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(x, S1s, S2s, U1s, U2s)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        x, S1s, S2s, U1s, U2s = ctx.saved_tensors
+        need = ctx.needs_input_grad  # key, x, S1s, S2s, U1s, U2s, bias
+        dx = torch.empty_like(x) if need[1] else None
+        dS1s = torch.empty_like(S1s) if need[2] else None
+        dS2s = torch.empty_like(S2s) if need[3] else None
+        dbias = None
+        if ctx.has_bias and need[6]:
+            dbias = torch.empty(S2s.shape[-1], dtype=S2s.dtype, device=S2s.device)
+        if dx is None and dS1s is None and dS2s is None and dbias is None:
+            return None, None, None, None, None, None, None
+        device = x.device
+        cuda = device.type == "cuda"
+        with _device_guard(device) if cuda else contextlib.nullcontext():
+            plan = _plan(ctx.key, device)
+            N = x.numel() // x.shape[-1] if x.shape[-1] else 0
+            if N == 0:  # an empty batch (forward checked its shape): nothing flows back
+                for t in (dS1s, dS2s, dbias):
+                    if t is not None:
+                        t.zero_()
+                return None, dx, dS1s, dS2s, None, None, dbias
+            workspace = _workspace(plan, N, device) if cuda else None
+            plan.backward_values(_vals(x) + _vals(S1s) + _vals(S2s) + _vals(U1s) + _vals(U2s)
+                                 + _vals(dy.contiguous()) + _vals(dx) + _vals(dS1s)
+                                 + _vals(dS2s) + _vals(dbias), workspace=_buf(workspace))
+        return None, dx, dS1s, dS2s, None, None, dbias
+
+
+def sklinear_function(key, x, S1s, S2s, U1s, U2s, bias=None):
+    """Differentiable kfuse SKLinear call: y [..., out] from x [..., in] (contiguous tensors).
+    `key` = ("sklinear", in, out, num_terms, low_rank, has_bias, kf_dtype). Gradients flow to x,
+    S1s, S2s and bias; U1s and U2s get none (fixed sketches)."""
+    return _SKLinearFunction.apply(key, x, S1s, S2s, U1s, U2s, bias)
+
+
+class SKLinear(nn.Module):
+    """Drop-in for panther.nn.SKLinear: SKLinear(in_features, out_features, num_terms, low_rank,
+    W_init=None, bias=True, dtype=None, device=None).
+
+    Same parameters and buffers as Panther's (learnable S1s [L, in, k], S2s [L, k, out] and bias
+    [out] (or None); fixed sketch buffers U1s [L, k, out] and U2s [L, in, k]), so
+    load_state_dict(strict=True) works both ways; same warning when the sketch has more
+    parameters than the dense layer (2Lk(in+out) > in*out); same forward: x [..., in] with any
+    leading dims -> [..., out], a 1-D x gives a 1-D y:
+
+        y = 1/(2L) sum_i [ (x S1s[i]) U1s[i] + (x U2s[i]) S2s[i] ] + bias
+
+    computed by kfuse as two GEMMs through the rank-2Lk bottleneck. Initialisation is Panther's
+    (sign sketches with entries +-1/sqrt(k); S1s[i] = W U1s[i]^T, S2s[i] = U2s[i]^T W with
+    W = W_init^T or Kaiming-uniform; bias U(-1/sqrt(out), 1/sqrt(out))) drawn by the library from
+    a seed taken from torch's default generator, so torch.manual_seed() makes it repeatable (the
+    values differ from Panther's own draws). float32 only: another dtype raises
+    kfuse.Unsupported at construction. Panther's tensor-core warnings are not raised: they
+    describe a limit of Panther's CUDA kernels that kfuse does not have."""
+
+    __constants__ = ["in_features", "out_features", "num_terms", "low_rank"]
+    WARNING_MSG_FC = (
+        "The sketching layer uses more parameters than a fully connected layer. "
+        "Consider reducing 'num_terms' or 'low_rank' for efficiency."
+    )
+
+    def __init__(self, in_features, out_features, num_terms, low_rank, W_init=None, bias=True,
+                 dtype=None, device=None):
+        factory_kwargs = {"dtype": dtype, "device": device}
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.num_terms = num_terms
+        self.low_rank = low_rank
+        self._keys = {}  # (parameter dtype, has bias) -> plan key
+        dtype = dtype if dtype is not None else torch.get_default_dtype()
+        # Descriptor checks are the library's (made and cached on the CPU context).
+        plan = _plan(self._key(dtype, bias), torch.device("cpu"))
+        if plan.param_ratio > 1.0:
+            warnings.warn(self.WARNING_MSG_FC, category=UserWarning, stacklevel=2)
+        L, k = num_terms, low_rank
+        # Panther registers the buffers first, then S1s, S2s, bias.
+        self.register_buffer("U1s", torch.empty((L, k, out_features), **factory_kwargs))
+        self.register_buffer("U2s", torch.empty((L, in_features, k), **factory_kwargs))
+        self.S1s = nn.Parameter(torch.empty((L, in_features, k), **factory_kwargs))
+        self.S2s = nn.Parameter(torch.empty((L, k, out_features), **factory_kwargs))
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features, **factory_kwargs))
+        else:
+            self.register_parameter("bias", None)
+        self._init_parameters(W_init)
+
+    def _key(self, dtype, bias=None):
+        if bias is None:
+            bias = self.bias is not None
+        return ("sklinear", self.in_features, self.out_features, self.num_terms, self.low_rank,
+                bool(bias), _DTYPES.get(dtype, 0))
+
+    @torch.no_grad()
+    def _init_parameters(self, W_init=None):
+        seed = int(torch.randint(0, 2 ** 62, (1,), dtype=torch.int64).item())
+        device = self.S1s.device
+        if device.type == "meta":
+            return  # nothing to fill
+        if W_init is not None:
+            W_init = W_init.detach().to(device=device, dtype=self.S1s.dtype).contiguous()
+        with _device_guard(device):
+            plan = _plan(self._key(self.S1s.dtype), device)
+            plan.init_params(seed, _ref(self.S1s), _ref(self.S2s), _ref(self.U1s),
+                             _ref(self.U2s), bias=_ref(self.bias), W_init=_ref(W_init))
+
+    def _tensor(self, name):
+        # _parameters / _buffers first (nn.Module.__getattr__ costs a microsecond a call at this
+        # layer's small shapes); anything that took the name over (parametrizations, hooks that
+        # set an attribute) through getattr.
+        t = self._parameters.get(name)
+        if t is None:
+            t = self._buffers.get(name)
+        return t if t is not None else getattr(self, name)
+
+    def forward(self, h_in):
+        # x [..., in] -> y [..., out]; the library takes up to KF_MAX_DIMS dims as they are
+        # (a 1-D x is one row and gives a 1-D y, as in Panther), more are flattened here.
+        x = h_in
+        lead = None
+        if x.dim() > lib.KF_MAX_DIMS and x.shape[-1] > 0:
+            lead = x.shape[:-1]
+            x = x.reshape(-1, x.shape[-1])  # the library checks the last dim against in_features
+        x = x.contiguous()
+        S1s, S2s = self._tensor("S1s").contiguous(), self._tensor("S2s").contiguous()
+        U1s, U2s = self._tensor("U1s").contiguous(), self._tensor("U2s").contiguous()
+        bias = self._tensor("bias")
+        if bias is not None:
+            bias = bias.contiguous()
+        kk = (S1s.dtype, bias is not None)
+        key = self._keys.get(kk)
+        if key is None:
+            key = self._keys[kk] = self._key(*kk)
+        if torch.is_grad_enabled() and (x.requires_grad or S1s.requires_grad
+                                        or S2s.requires_grad
+                                        or (bias is not None and bias.requires_grad)):
+            y = _SKLinearFunction.apply(key, x, S1s, S2s, U1s, U2s, bias)
+        else:  # nothing to differentiate: no autograd node
+            y = _sk_forward(key, x, S1s, S2s, U1s, U2s, bias)
+        return y if lead is None else y.view(*lead, self.out_features)
+
+    def extra_repr(self):
+        return "in_features={}, out_features={}, num_terms={}, low_rank={}, bias={}".format(
+            self.in_features, self.out_features, self.num_terms, self.low_rank,
+            self.bias is not None)

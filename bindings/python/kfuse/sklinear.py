@@ -1,0 +1,244 @@
+"""Thin Python object over kfuse's sketched linear layer (SKLinear, Panther's randomized low-rank
+layer): the kf_sklinear_* part of capi/include/kfuse.h.
+
+    plan = SkLinearPlan(ctx, in_features, out_features, num_terms, low_rank, bias=True)
+    plan.param_info      [("S1s", (L, in, k)), ("S2s", (L, k, out)), ("bias", (out,)),
+                          ("U1s", (L, k, out)), ("U2s", (L, in, k))]   (Panther's state_dict order)
+    plan.param_ratio     2Lk(in+out) / (in*out)  (Panther warns above 1)
+    plan.forward(x, S1s, S2s, U1s, U2s, y, bias=None)
+    plan.backward(x, S1s, S2s, U1s, U2s, dy, dx=None, dS1s=None, dS2s=None, dbias=None)
+    plan.init_params(seed, S1s, S2s, U1s, U2s, bias=None, W_init=None)
+
+As in kfuse._lowlevel, tensors are TensorRefs (None = absent) and nothing is validated or
+computed here: every check is the library's, and a failing status becomes a KfuseError subclass
+with the library's message. The GIL is released during each C call. The numpy front end is
+kfuse.numpy.sklinear_*; the PyTorch drop-in is kfuse.torch.SKLinear.
+
+forward() and backward() also take a tensor as a plain tuple (ptr, kf_dtype, shape, strides)
+(strides in elements; None = row-major), which front ends build with no intermediate object. A
+layer this cheap is called often with small shapes, so the argument structs are written with one
+struct.pack_into over the whole struct (its layout is checked against the compiler's at import;
+where it differs, the fields are set one by one as elsewhere in the package).
+"""
+import struct
+
+from kfuse._lowlevel import DTYPE_F32, TensorRef, _buffer, _fill_tensor, check, ffi, lib
+
+__all__ = ["SkLinearPlan", "PARAM_NAMES"]
+
+# Panther's parameter and buffer names, in its state_dict order (parameters, then buffers).
+PARAM_NAMES = ("S1s", "S2s", "bias", "U1s", "U2s")
+
+_MAXD = lib.KF_MAX_DIMS
+_TENSOR_FMT = "Pii%dq%dq" % (_MAXD, _MAXD)  # data, dtype, ndim, shape[], strides[]
+_PAD = (0,) * _MAXD
+_ABSENT = (0, DTYPE_F32, 0) + _PAD + _PAD
+_FWD_FIELDS = ("x", "S1s", "S2s", "U1s", "U2s", "bias", "y")
+_BWD_FIELDS = ("x", "S1s", "S2s", "U1s", "U2s", "dy", "dx", "dS1s", "dS2s", "dbias")
+
+
+def _packed_layout(ctype, fields):
+    """The struct.Struct writing `ctype` (size_t struct_size, then the kf_tensor `fields` in
+    order), or None when the compiler laid it out otherwise."""
+    st = struct.Struct("@N" + _TENSOR_FMT * len(fields))
+    tsize = ffi.sizeof("kf_tensor")
+    ok = (st.size <= ffi.sizeof(ctype) and struct.calcsize("@" + _TENSOR_FMT) == tsize
+          and ffi.offsetof("kf_tensor", "shape") == struct.calcsize("@Pii")
+          and all(ffi.offsetof(ctype, f) == struct.calcsize("@N") + i * tsize
+                  for i, f in enumerate(fields)))
+    return st if ok else None
+
+
+_FWD_STRUCT = _packed_layout("kf_sklinear_forward_args", _FWD_FIELDS)
+_BWD_STRUCT = _packed_layout("kf_sklinear_backward_args", _BWD_FIELDS)
+
+
+def _as_tuple(ref):
+    if ref is None or isinstance(ref, tuple):
+        return ref
+    return (ref.ptr, ref.dtype, ref.shape, ref.strides)
+
+
+def _tensor_values(ref):
+    """The kf_tensor field values of a (ptr, dtype, shape, strides) tuple or None (absent). A
+    rank beyond KF_MAX_DIMS goes on truncated with ndim kept, so the library reports it."""
+    if ref is None:
+        return _ABSENT
+    ptr, dt, shape, strides = ref
+    nd = len(shape)
+    if strides is None:
+        strides, acc = [0] * nd, 1
+        for i in range(nd - 1, -1, -1):
+            strides[i] = acc
+            acc *= shape[i]
+    if nd <= _MAXD:
+        pad = _PAD[nd:]
+        return (ptr, dt, nd) + tuple(shape) + pad + tuple(strides) + pad
+    return (ptr, dt, nd) + tuple(shape[:_MAXD]) + tuple(strides[:_MAXD])
+
+
+def tensor_values(ref):
+    """The kf_tensor field values (data, dtype, ndim, shape[KF_MAX_DIMS], strides[KF_MAX_DIMS])
+    of a TensorRef, a (ptr, kf_dtype, shape, strides) tuple or None (absent): what
+    forward_values() and backward_values() take, so a front end may build them itself."""
+    return _tensor_values(_as_tuple(ref))
+
+
+def _split_values(values):  # pragma: no cover - the fallback layout only
+    n = 3 + 2 * _MAXD
+    out = []
+    for i in range(0, len(values), n):
+        v = values[i:i + n]
+        if v[0] == 0:
+            out.append(None)
+        else:
+            nd = v[2]
+            m = min(nd, _MAXD)
+            out.append(TensorRef(v[0], v[1], v[3:3 + m], v[3 + _MAXD:3 + _MAXD + m]))
+    return out
+
+
+def _fill_args(ctype, init, st, fields, refs):
+    """A new `ctype` struct, its defaults written by `init`, holding the tensors `refs` (tuples,
+    TensorRefs or None) in `fields` order."""
+    args = ffi.new(ctype + " *")
+    init(args)
+    if st is not None:
+        values = [ffi.sizeof(ctype)]  # struct_size, as init wrote it
+        for r in refs:
+            values.extend(_tensor_values(_as_tuple(r)))
+        st.pack_into(ffi.buffer(args), 0, *values)
+    else:  # pragma: no cover - a compiler laying the struct out with padding
+        for f, r in zip(fields, refs):
+            r = _as_tuple(r)
+            _fill_tensor(getattr(args, f), None if r is None else TensorRef(*r))
+    return args
+
+
+class SkLinearPlan:
+    """A kf_sklinear_plan bound to a Context, which it keeps alive.
+
+    SkLinearPlan(ctx, in_features, out_features, num_terms, low_rank, bias=True,
+                 dtype=DTYPE_F32). Descriptor checks are the library's (InvalidArgument naming
+    the field; Unsupported for a dtype other than f32)."""
+
+    def __init__(self, ctx, in_features, out_features, num_terms, low_rank, bias=True,
+                 dtype=DTYPE_F32):
+        desc = ffi.new("kf_sklinear_desc *")
+        lib.kf_sklinear_desc_init(desc)
+        desc.in_features = int(in_features)
+        desc.out_features = int(out_features)
+        desc.num_terms = int(num_terms)
+        desc.low_rank = int(low_rank)
+        desc.bias = 1 if bias else 0
+        desc.dtype = int(dtype)
+        out = ffi.new("kf_sklinear_plan **")
+        check(lib.kf_sklinear_plan_create(ctx.ptr, desc, out))
+        ctx_ptr = ctx.ptr  # the closure keeps the context alive until the plan is destroyed
+
+        def _destroy(p, _ctx=ctx_ptr):
+            lib.kf_sklinear_plan_destroy(p)
+
+        self._ptr = ffi.gc(out[0], _destroy)
+        self.ctx = ctx
+        self.in_features = int(in_features)
+        self.out_features = int(out_features)
+        self.num_terms = int(num_terms)
+        self.low_rank = int(low_rank)
+        self.bias = bool(bias)
+        self.dtype = int(dtype)
+
+    @property
+    def param_info(self):
+        """[(name, shape), ...] of the layer's tensors in Panther's state_dict order (S1s, S2s,
+        bias when the plan has one, U1s, U2s)."""
+        L, k, i, o = self.num_terms, self.low_rank, self.in_features, self.out_features
+        shapes = {"S1s": (L, i, k), "S2s": (L, k, o), "bias": (o,), "U1s": (L, k, o),
+                  "U2s": (L, i, k)}
+        return [(n, shapes[n]) for n in PARAM_NAMES if n != "bias" or self.bias]
+
+    @property
+    def param_names(self):
+        return [n for n, _ in self.param_info]
+
+    @property
+    def param_ratio(self):
+        """2Lk(in+out) / (in*out) (kf_sklinear_param_ratio): above 1 the sketch holds more
+        parameters than the dense layer it replaces."""
+        v = ffi.new("double *")
+        check(lib.kf_sklinear_param_ratio(self._ptr, v))
+        return float(v[0])
+
+    def workspace_size(self, N):
+        """Bytes of scratch workspace forward() and backward() need for N rows
+        (kf_sklinear_workspace_size)."""
+        ws = ffi.new("size_t *")
+        check(lib.kf_sklinear_workspace_size(self._ptr, int(N), ws))
+        return int(ws[0])
+
+    def forward(self, x, S1s, S2s, U1s, U2s, y, bias=None, workspace=None):
+        """kf_sklinear_forward: y [..., out] from x [..., in]. Tensors: TensorRefs or
+        (ptr, kf_dtype, shape, strides) tuples, None = absent. `workspace` is a (ptr, nbytes)
+        pair or None (the context's arena). Releases the GIL."""
+        args = _fill_args("kf_sklinear_forward_args", lib.kf_sklinear_forward_args_init,
+                          _FWD_STRUCT, _FWD_FIELDS,
+                          (x, S1s, S2s, U1s, U2s, bias, y))
+        ws, ws_bytes = _buffer(workspace)
+        check(lib.kf_sklinear_forward(self._ptr, args, ws, ws_bytes))
+
+    def forward_values(self, values, workspace=None):
+        """forward() on the concatenated tensor_values() of x, S1s, S2s, U1s, U2s, bias, y
+        (the fast path of kfuse.torch)."""
+        args = ffi.new("kf_sklinear_forward_args *")
+        lib.kf_sklinear_forward_args_init(args)
+        if _FWD_STRUCT is not None:
+            _FWD_STRUCT.pack_into(ffi.buffer(args), 0, ffi.sizeof(args[0]), *values)
+        else:  # pragma: no cover
+            args = _fill_args("kf_sklinear_forward_args", lib.kf_sklinear_forward_args_init,
+                              None, _FWD_FIELDS, _split_values(values))
+        ws, ws_bytes = _buffer(workspace)
+        check(lib.kf_sklinear_forward(self._ptr, args, ws, ws_bytes))
+
+    def backward_values(self, values, accumulate=False, workspace=None):
+        """backward() on the concatenated tensor_values() of x, S1s, S2s, U1s, U2s, dy, dx,
+        dS1s, dS2s, dbias."""
+        args = ffi.new("kf_sklinear_backward_args *")
+        lib.kf_sklinear_backward_args_init(args)
+        if _BWD_STRUCT is not None:
+            _BWD_STRUCT.pack_into(ffi.buffer(args), 0, ffi.sizeof(args[0]), *values)
+        else:  # pragma: no cover
+            args = _fill_args("kf_sklinear_backward_args", lib.kf_sklinear_backward_args_init,
+                              None, _BWD_FIELDS, _split_values(values))
+        ws, ws_bytes = _buffer(workspace)
+        grad_mode = lib.KF_GRAD_ACCUMULATE if accumulate else lib.KF_GRAD_OVERWRITE
+        check(lib.kf_sklinear_backward(self._ptr, grad_mode, args, ws, ws_bytes))
+
+    def backward(self, x, S1s, S2s, U1s, U2s, dy, dx=None, dS1s=None, dS2s=None, dbias=None,
+                 accumulate=False, workspace=None):
+        """kf_sklinear_backward: dx (always overwritten), dS1s, dS2s, dbias (written, or added
+        to with accumulate=True); each output may be None. Tensors as for forward(). Releases
+        the GIL."""
+        args = _fill_args("kf_sklinear_backward_args", lib.kf_sklinear_backward_args_init,
+                          _BWD_STRUCT, _BWD_FIELDS,
+                          (x, S1s, S2s, U1s, U2s, dy, dx, dS1s, dS2s, dbias))
+        ws, ws_bytes = _buffer(workspace)
+        grad_mode = lib.KF_GRAD_ACCUMULATE if accumulate else lib.KF_GRAD_OVERWRITE
+        check(lib.kf_sklinear_backward(self._ptr, grad_mode, args, ws, ws_bytes))
+
+    def init_params(self, seed, S1s, S2s, U1s, U2s, bias=None, W_init=None):
+        """kf_sklinear_init_params: Panther's initialisation, a pure function of `seed`: sign
+        sketches U1s, U2s (entries +-1/sqrt(k)); S1s[i] = W U1s[i]^T, S2s[i] = U2s[i]^T W with
+        W = W_init^T (W_init [out, in], a Linear's weight) or Kaiming-uniform; bias
+        U(-1/sqrt(out), 1/sqrt(out)). Every output is written."""
+        args = ffi.new("kf_sklinear_init_args *")
+        lib.kf_sklinear_init_args_init(args)
+        args.seed = int(seed)  # 0 .. 2**64-1 (cffi raises OverflowError outside)
+        for field, r in (("W_init", W_init), ("S1s", S1s), ("S2s", S2s), ("U1s", U1s),
+                         ("U2s", U2s), ("bias", bias)):
+            _fill_tensor(getattr(args, field), TensorRef(*r) if isinstance(r, tuple) else r)
+        check(lib.kf_sklinear_init_params(self._ptr, args))
+
+    def __repr__(self):
+        return ("kfuse.SkLinearPlan(in_features=%d, out_features=%d, num_terms=%d, "
+                "low_rank=%d, bias=%r)" % (self.in_features, self.out_features, self.num_terms,
+                                           self.low_rank, self.bias))
