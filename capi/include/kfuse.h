@@ -429,6 +429,98 @@ KF_API void kf_sklinear_init_args_init(kf_sklinear_init_args *args);
 KF_API kf_status kf_sklinear_init_params(kf_sklinear_plan *plan,
                                          const kf_sklinear_init_args *args);
 
+/* ---- KAN layers: KANLinear (efficient-kan) ----------------------------------------------- */
+/*
+ * efficient-kan's KANLinear with G = grid_size, k = spline_order, C = G + k coefficients per
+ * (output, input) pair. Parameters in its layout and names: base_weight [out, in],
+ * spline_weight [out, in, C], spline_scaler [out, in] (standalone_scale only), and the
+ * per-feature knot vectors grid [in, G + 2k + 1] (non-decreasing; uniform on grid_range and
+ * extended by k knots each side until a grid update makes them non-uniform):
+ *     y = SiLU(x) base_weight^T + B(x) (spline_weight * spline_scaler[..., None])^T
+ * where B(x) [N, in*C] holds the Cox-de Boor B-spline bases of order k of every feature on its
+ * own knots (zero outside the grid; a term whose knot interval has zero width counts as 0, where
+ * the reference divides 0 by 0). x is [..., in] with any leading dims (flattened into N >= 1
+ * rows), y is [..., out]. The bases are computed inside the product and never stored for the
+ * whole batch. Backward gives dx (through SiLU' and dB/dx), d base_weight, d spline_weight and
+ * d spline_scaler; the grid gets no gradient.
+ */
+typedef struct kf_kan_linear_plan kf_kan_linear_plan;
+
+typedef struct kf_kan_linear_desc {
+    size_t struct_size;       /* sizeof(kf_kan_linear_desc) as the caller compiled it */
+    int64_t in_features;      /* >= 1; no default (0) */
+    int64_t out_features;     /* >= 1; no default (0) */
+    int32_t grid_size;        /* G >= 1; default 5 */
+    int32_t spline_order;     /* k >= 0; default 3 */
+    int32_t standalone_scale; /* 1 (default): spline_scaler multiplies spline_weight; 0: none */
+    int32_t dtype;            /* kf_dtype of every tensor; default (and only) KF_DTYPE_F32 */
+    /* appended in later versions below this line; never reorder or remove */
+} kf_kan_linear_desc;
+
+/* Writes the defaults and struct_size into `desc`. Since 1.1. */
+KF_API void kf_kan_linear_desc_init(kf_kan_linear_desc *desc);
+
+/* Creates a plan bound to `ctx` (which must outlive it). @return KF_OK and *out,
+ * KF_ERR_INVALID_ARGUMENT (message names the field), KF_ERR_UNSUPPORTED, KF_ERR_OUT_OF_MEMORY.
+ * On failure *out is set to NULL (when `out` is not NULL). Since 1.1. */
+KF_API kf_status kf_kan_linear_plan_create(kf_context *ctx, const kf_kan_linear_desc *desc,
+                                           kf_kan_linear_plan **out);
+
+/* Destroys a plan. Accepts NULL. Since 1.1. */
+KF_API void kf_kan_linear_plan_destroy(kf_kan_linear_plan *plan);
+
+/* Bytes of scratch workspace kf_kan_linear_forward() and kf_kan_linear_backward() need for N
+ * rows. Bounded by tiles, not by N times the bases. Pure. Since 1.1. */
+KF_API kf_status kf_kan_linear_workspace_size(const kf_kan_linear_plan *plan, int64_t N,
+                                              size_t *workspace_bytes);
+
+/* Writes efficient-kan's initial knots into `grid` [in, G + 2k + 1] (memory of the context's
+ * device): grid[i][j] = lo + (j - k) * (hi - lo) / G for every feature. Since 1.1. */
+KF_API kf_status kf_kan_linear_uniform_grid(const kf_kan_linear_plan *plan, float lo, float hi,
+                                            kf_tensor *grid);
+
+typedef struct kf_kan_linear_forward_args {
+    size_t struct_size;     /* sizeof(kf_kan_linear_forward_args) as the caller compiled it */
+    kf_tensor x;            /* [..., in], rank 1..KF_MAX_DIMS */
+    kf_tensor grid;         /* [in, G + 2k + 1], non-decreasing along each row */
+    kf_tensor base_weight;  /* [out, in] */
+    kf_tensor spline_weight;/* [out, in, G + k] */
+    kf_tensor spline_scaler;/* [out, in]: required with standalone_scale, absent otherwise */
+    kf_tensor y;            /* out [..., out]: x's leading dims */
+} kf_kan_linear_forward_args;
+
+/* Writes the defaults (all tensors absent) and struct_size into `args`. Since 1.1. */
+KF_API void kf_kan_linear_forward_args_init(kf_kan_linear_forward_args *args);
+
+/* y for every row of x. Workspace as for kf_rnn_forward() (NULL with 0 bytes: the arena). A
+ * grid that decreases along a row is rejected on CPU contexts (KF_ERR_INVALID_ARGUMENT); on
+ * CUDA contexts, where reading it would need a synchronisation, it gives unspecified values.
+ * @return KF_OK; KF_ERR_INVALID_ARGUMENT (message names the argument);
+ * KF_ERR_WORKSPACE_TOO_SMALL; KF_ERR_OUT_OF_MEMORY; KF_ERR_UNSUPPORTED (a backend that does not
+ * implement the layer yet); KF_ERR_DEVICE. Since 1.1. */
+KF_API kf_status kf_kan_linear_forward(kf_kan_linear_plan *plan,
+                                       const kf_kan_linear_forward_args *args, void *workspace,
+                                       size_t workspace_bytes);
+
+typedef struct kf_kan_linear_backward_args {
+    size_t struct_size;      /* sizeof(kf_kan_linear_backward_args) as the caller compiled it */
+    kf_tensor x, grid, base_weight, spline_weight, spline_scaler; /* the forward's */
+    kf_tensor dy;            /* [..., out]: gradient of the loss w.r.t. y */
+    kf_tensor dx;            /* optional out, x's shape: always overwritten */
+    kf_tensor dbase_weight;  /* optional out [out, in]: written or accumulated per kf_grad_mode */
+    kf_tensor dspline_weight;/* optional out [out, in, G + k]: likewise */
+    kf_tensor dspline_scaler;/* optional out [out, in] (standalone_scale only): likewise */
+} kf_kan_linear_backward_args;
+
+/* Writes the defaults and struct_size into `args`. Since 1.1. */
+KF_API void kf_kan_linear_backward_args_init(kf_kan_linear_backward_args *args);
+
+/* Gradients of x and the parameters. `grad_mode` applies to the parameter gradients. Workspace
+ * and statuses as for kf_kan_linear_forward(). Since 1.1. */
+KF_API kf_status kf_kan_linear_backward(kf_kan_linear_plan *plan, kf_grad_mode grad_mode,
+                                        const kf_kan_linear_backward_args *args, void *workspace,
+                                        size_t workspace_bytes);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -1615,3 +1615,534 @@ extern "C" {
         args: *const kf_sklinear_init_args,
     ) -> kf_status;
 }
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct kf_kan_linear_plan {
+    _unused: [u8; 0],
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct kf_kan_linear_desc {
+    #[doc = " sizeof(kf_kan_linear_desc) as the caller compiled it"]
+    pub struct_size: usize,
+    #[doc = " >= 1; no default (0)"]
+    pub in_features: i64,
+    #[doc = " >= 1; no default (0)"]
+    pub out_features: i64,
+    #[doc = " G >= 1; default 5"]
+    pub grid_size: i32,
+    #[doc = " k >= 0; default 3"]
+    pub spline_order: i32,
+    #[doc = " 1 (default): spline_scaler multiplies spline_weight; 0: none"]
+    pub standalone_scale: i32,
+    #[doc = " kf_dtype of every tensor; default (and only) KF_DTYPE_F32"]
+    pub dtype: i32,
+}
+#[test]
+fn bindgen_test_layout_kf_kan_linear_desc() {
+    assert_eq!(
+        ::std::mem::size_of::<kf_kan_linear_desc>(),
+        40usize,
+        concat!("Size of: ", stringify!(kf_kan_linear_desc))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<kf_kan_linear_desc>(),
+        8usize,
+        concat!("Alignment of ", stringify!(kf_kan_linear_desc))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_linear_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!("Offset of field: ", stringify!(kf_kan_linear_desc), "::", stringify!(struct_size))
+        );
+    }
+    test_field_struct_size();
+    fn test_field_in_features() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_linear_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).in_features) as usize - ptr as usize
+            },
+            8usize,
+            concat!("Offset of field: ", stringify!(kf_kan_linear_desc), "::", stringify!(in_features))
+        );
+    }
+    test_field_in_features();
+    fn test_field_out_features() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_linear_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).out_features) as usize - ptr as usize
+            },
+            16usize,
+            concat!("Offset of field: ", stringify!(kf_kan_linear_desc), "::", stringify!(out_features))
+        );
+    }
+    test_field_out_features();
+    fn test_field_grid_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_linear_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).grid_size) as usize - ptr as usize
+            },
+            24usize,
+            concat!("Offset of field: ", stringify!(kf_kan_linear_desc), "::", stringify!(grid_size))
+        );
+    }
+    test_field_grid_size();
+    fn test_field_spline_order() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_linear_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).spline_order) as usize - ptr as usize
+            },
+            28usize,
+            concat!("Offset of field: ", stringify!(kf_kan_linear_desc), "::", stringify!(spline_order))
+        );
+    }
+    test_field_spline_order();
+    fn test_field_standalone_scale() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_linear_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).standalone_scale) as usize - ptr as usize
+            },
+            32usize,
+            concat!("Offset of field: ", stringify!(kf_kan_linear_desc), "::", stringify!(standalone_scale))
+        );
+    }
+    test_field_standalone_scale();
+    fn test_field_dtype() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_linear_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dtype) as usize - ptr as usize
+            },
+            36usize,
+            concat!("Offset of field: ", stringify!(kf_kan_linear_desc), "::", stringify!(dtype))
+        );
+    }
+    test_field_dtype();
+}
+extern "C" {
+    #[doc = " Writes the defaults and struct_size into `desc`. Since 1.1."]
+    pub fn kf_kan_linear_desc_init(desc: *mut kf_kan_linear_desc);
+}
+extern "C" {
+    #[doc = " Creates a plan bound to `ctx` (which must outlive it). @return KF_OK and *out,"]
+    #[doc = " KF_ERR_INVALID_ARGUMENT (message names the field), KF_ERR_UNSUPPORTED, KF_ERR_OUT_OF_MEMORY."]
+    #[doc = " On failure *out is set to NULL (when `out` is not NULL). Since 1.1."]
+    pub fn kf_kan_linear_plan_create(
+        ctx: *mut kf_context,
+        desc: *const kf_kan_linear_desc,
+        out: *mut *mut kf_kan_linear_plan,
+    ) -> kf_status;
+}
+extern "C" {
+    #[doc = " Destroys a plan. Accepts NULL. Since 1.1."]
+    pub fn kf_kan_linear_plan_destroy(plan: *mut kf_kan_linear_plan);
+}
+extern "C" {
+    #[doc = " Bytes of scratch workspace kf_kan_linear_forward() and kf_kan_linear_backward() need for N"]
+    #[doc = " rows. Bounded by tiles, not by N times the bases. Pure. Since 1.1."]
+    pub fn kf_kan_linear_workspace_size(
+        plan: *const kf_kan_linear_plan,
+        N: i64,
+        workspace_bytes: *mut usize,
+    ) -> kf_status;
+}
+extern "C" {
+    #[doc = " Writes efficient-kan's initial knots into `grid` [in, G + 2k + 1] (memory of the context's"]
+    #[doc = " device): grid[i][j] = lo + (j - k) * (hi - lo) / G for every feature. Since 1.1."]
+    pub fn kf_kan_linear_uniform_grid(
+        plan: *const kf_kan_linear_plan,
+        lo: f32,
+        hi: f32,
+        grid: *mut kf_tensor,
+    ) -> kf_status;
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct kf_kan_linear_forward_args {
+    #[doc = " sizeof(kf_kan_linear_forward_args) as the caller compiled it"]
+    pub struct_size: usize,
+    #[doc = " [..., in], rank 1..KF_MAX_DIMS"]
+    pub x: kf_tensor,
+    #[doc = " [in, G + 2k + 1], non-decreasing along each row"]
+    pub grid: kf_tensor,
+    #[doc = " [out, in]"]
+    pub base_weight: kf_tensor,
+    #[doc = " [out, in, G + k]"]
+    pub spline_weight: kf_tensor,
+    #[doc = " [out, in]: required with standalone_scale, absent otherwise"]
+    pub spline_scaler: kf_tensor,
+    #[doc = " out [..., out]: x's leading dims"]
+    pub y: kf_tensor,
+}
+#[test]
+fn bindgen_test_layout_kf_kan_linear_forward_args() {
+    assert_eq!(
+        ::std::mem::size_of::<kf_kan_linear_forward_args>(),
+        680usize,
+        concat!("Size of: ", stringify!(kf_kan_linear_forward_args))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<kf_kan_linear_forward_args>(),
+        8usize,
+        concat!("Alignment of ", stringify!(kf_kan_linear_forward_args))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_linear_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_kan_linear_forward_args),
+                "::",
+                stringify!(struct_size)
+            )
+        );
+    }
+    test_field_struct_size();
+    fn test_field_x() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_linear_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).x) as usize - ptr as usize
+            },
+            8usize,
+            concat!("Offset of field: ", stringify!(kf_kan_linear_forward_args), "::", stringify!(x))
+        );
+    }
+    test_field_x();
+    fn test_field_grid() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_linear_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).grid) as usize - ptr as usize
+            },
+            120usize,
+            concat!("Offset of field: ", stringify!(kf_kan_linear_forward_args), "::", stringify!(grid))
+        );
+    }
+    test_field_grid();
+    fn test_field_base_weight() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_linear_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).base_weight) as usize - ptr as usize
+            },
+            232usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_kan_linear_forward_args),
+                "::",
+                stringify!(base_weight)
+            )
+        );
+    }
+    test_field_base_weight();
+    fn test_field_spline_weight() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_linear_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).spline_weight) as usize - ptr as usize
+            },
+            344usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_kan_linear_forward_args),
+                "::",
+                stringify!(spline_weight)
+            )
+        );
+    }
+    test_field_spline_weight();
+    fn test_field_spline_scaler() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_linear_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).spline_scaler) as usize - ptr as usize
+            },
+            456usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_kan_linear_forward_args),
+                "::",
+                stringify!(spline_scaler)
+            )
+        );
+    }
+    test_field_spline_scaler();
+    fn test_field_y() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_linear_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).y) as usize - ptr as usize
+            },
+            568usize,
+            concat!("Offset of field: ", stringify!(kf_kan_linear_forward_args), "::", stringify!(y))
+        );
+    }
+    test_field_y();
+}
+extern "C" {
+    #[doc = " Writes the defaults (all tensors absent) and struct_size into `args`. Since 1.1."]
+    pub fn kf_kan_linear_forward_args_init(args: *mut kf_kan_linear_forward_args);
+}
+extern "C" {
+    #[doc = " y for every row of x. Workspace as for kf_rnn_forward() (NULL with 0 bytes: the arena). A"]
+    #[doc = " grid that decreases along a row is rejected on CPU contexts (KF_ERR_INVALID_ARGUMENT); on"]
+    #[doc = " CUDA contexts, where reading it would need a synchronisation, it gives unspecified values."]
+    #[doc = " @return KF_OK; KF_ERR_INVALID_ARGUMENT (message names the argument);"]
+    #[doc = " KF_ERR_WORKSPACE_TOO_SMALL; KF_ERR_OUT_OF_MEMORY; KF_ERR_UNSUPPORTED (a backend that does not"]
+    #[doc = " implement the layer yet); KF_ERR_DEVICE. Since 1.1."]
+    pub fn kf_kan_linear_forward(
+        plan: *mut kf_kan_linear_plan,
+        args: *const kf_kan_linear_forward_args,
+        workspace: *mut ::std::os::raw::c_void,
+        workspace_bytes: usize,
+    ) -> kf_status;
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct kf_kan_linear_backward_args {
+    #[doc = " sizeof(kf_kan_linear_backward_args) as the caller compiled it"]
+    pub struct_size: usize,
+    #[doc = " the forward's"]
+    pub x: kf_tensor,
+    #[doc = " the forward's"]
+    pub grid: kf_tensor,
+    #[doc = " the forward's"]
+    pub base_weight: kf_tensor,
+    #[doc = " the forward's"]
+    pub spline_weight: kf_tensor,
+    #[doc = " the forward's"]
+    pub spline_scaler: kf_tensor,
+    #[doc = " [..., out]: gradient of the loss w.r.t. y"]
+    pub dy: kf_tensor,
+    #[doc = " optional out, x's shape: always overwritten"]
+    pub dx: kf_tensor,
+    #[doc = " optional out [out, in]: written or accumulated per kf_grad_mode"]
+    pub dbase_weight: kf_tensor,
+    #[doc = " optional out [out, in, G + k]: likewise"]
+    pub dspline_weight: kf_tensor,
+    #[doc = " optional out [out, in] (standalone_scale only): likewise"]
+    pub dspline_scaler: kf_tensor,
+}
+#[test]
+fn bindgen_test_layout_kf_kan_linear_backward_args() {
+    assert_eq!(
+        ::std::mem::size_of::<kf_kan_linear_backward_args>(),
+        1128usize,
+        concat!("Size of: ", stringify!(kf_kan_linear_backward_args))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<kf_kan_linear_backward_args>(),
+        8usize,
+        concat!("Alignment of ", stringify!(kf_kan_linear_backward_args))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_linear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_kan_linear_backward_args),
+                "::",
+                stringify!(struct_size)
+            )
+        );
+    }
+    test_field_struct_size();
+    fn test_field_x() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_linear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).x) as usize - ptr as usize
+            },
+            8usize,
+            concat!("Offset of field: ", stringify!(kf_kan_linear_backward_args), "::", stringify!(x))
+        );
+    }
+    test_field_x();
+    fn test_field_grid() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_linear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).grid) as usize - ptr as usize
+            },
+            120usize,
+            concat!("Offset of field: ", stringify!(kf_kan_linear_backward_args), "::", stringify!(grid))
+        );
+    }
+    test_field_grid();
+    fn test_field_base_weight() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_linear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).base_weight) as usize - ptr as usize
+            },
+            232usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_kan_linear_backward_args),
+                "::",
+                stringify!(base_weight)
+            )
+        );
+    }
+    test_field_base_weight();
+    fn test_field_spline_weight() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_linear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).spline_weight) as usize - ptr as usize
+            },
+            344usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_kan_linear_backward_args),
+                "::",
+                stringify!(spline_weight)
+            )
+        );
+    }
+    test_field_spline_weight();
+    fn test_field_spline_scaler() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_linear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).spline_scaler) as usize - ptr as usize
+            },
+            456usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_kan_linear_backward_args),
+                "::",
+                stringify!(spline_scaler)
+            )
+        );
+    }
+    test_field_spline_scaler();
+    fn test_field_dy() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_linear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dy) as usize - ptr as usize
+            },
+            568usize,
+            concat!("Offset of field: ", stringify!(kf_kan_linear_backward_args), "::", stringify!(dy))
+        );
+    }
+    test_field_dy();
+    fn test_field_dx() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_linear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dx) as usize - ptr as usize
+            },
+            680usize,
+            concat!("Offset of field: ", stringify!(kf_kan_linear_backward_args), "::", stringify!(dx))
+        );
+    }
+    test_field_dx();
+    fn test_field_dbase_weight() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_linear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dbase_weight) as usize - ptr as usize
+            },
+            792usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_kan_linear_backward_args),
+                "::",
+                stringify!(dbase_weight)
+            )
+        );
+    }
+    test_field_dbase_weight();
+    fn test_field_dspline_weight() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_linear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dspline_weight) as usize - ptr as usize
+            },
+            904usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_kan_linear_backward_args),
+                "::",
+                stringify!(dspline_weight)
+            )
+        );
+    }
+    test_field_dspline_weight();
+    fn test_field_dspline_scaler() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_linear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dspline_scaler) as usize - ptr as usize
+            },
+            1016usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_kan_linear_backward_args),
+                "::",
+                stringify!(dspline_scaler)
+            )
+        );
+    }
+    test_field_dspline_scaler();
+}
+extern "C" {
+    #[doc = " Writes the defaults and struct_size into `args`. Since 1.1."]
+    pub fn kf_kan_linear_backward_args_init(args: *mut kf_kan_linear_backward_args);
+}
+extern "C" {
+    #[doc = " Gradients of x and the parameters. `grad_mode` applies to the parameter gradients. Workspace"]
+    #[doc = " and statuses as for kf_kan_linear_forward(). Since 1.1."]
+    pub fn kf_kan_linear_backward(
+        plan: *mut kf_kan_linear_plan,
+        grad_mode: kf_grad_mode,
+        args: *const kf_kan_linear_backward_args,
+        workspace: *mut ::std::os::raw::c_void,
+        workspace_bytes: usize,
+    ) -> kf_status;
+}

@@ -62,6 +62,15 @@ mod tests {
             let mut si = std::mem::MaybeUninit::<kf_sklinear_init_args>::zeroed().assume_init();
             kf_sklinear_init_args_init(&mut si);
             assert_eq!(si.struct_size, std::mem::size_of::<kf_sklinear_init_args>());
+            let mut kd = std::mem::MaybeUninit::<kf_kan_linear_desc>::zeroed().assume_init();
+            kf_kan_linear_desc_init(&mut kd);
+            assert_eq!(kd.struct_size, std::mem::size_of::<kf_kan_linear_desc>());
+            let mut kf = std::mem::MaybeUninit::<kf_kan_linear_forward_args>::zeroed().assume_init();
+            kf_kan_linear_forward_args_init(&mut kf);
+            assert_eq!(kf.struct_size, std::mem::size_of::<kf_kan_linear_forward_args>());
+            let mut kb = std::mem::MaybeUninit::<kf_kan_linear_backward_args>::zeroed().assume_init();
+            kf_kan_linear_backward_args_init(&mut kb);
+            assert_eq!(kb.struct_size, std::mem::size_of::<kf_kan_linear_backward_args>());
         }
     }
 

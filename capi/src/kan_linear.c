@@ -1,0 +1,305 @@
+/* Front end of the KAN linear layer (efficient-kan's KANLinear): validate -> size -> dispatch. No
+ * math here beyond the grid check and the uniform grid's staging; the backends receive records
+ * whose every pointer, extent and buffer size has been checked. */
+#include "kan_internal.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Largest extent accepted, also for in * (G + k + 1): BLAS and kernels index rows and columns
+ * with 32-bit ints. */
+#define KF__KAN_MAX_EXTENT INT32_MAX
+
+KF_API void kf_kan_linear_desc_init(kf_kan_linear_desc *desc) {
+    if (desc == NULL) return;
+    kf_kan_linear_desc d = {0};
+    d.struct_size = sizeof d;
+    d.grid_size = 5;
+    d.spline_order = 3;
+    d.standalone_scale = 1;
+    d.dtype = KF_DTYPE_F32;
+    *desc = d;
+}
+
+KF_API void kf_kan_linear_forward_args_init(kf_kan_linear_forward_args *args) {
+    if (args == NULL) return;
+    kf_kan_linear_forward_args a = {0};
+    a.struct_size = sizeof a;
+    *args = a;
+}
+
+KF_API void kf_kan_linear_backward_args_init(kf_kan_linear_backward_args *args) {
+    if (args == NULL) return;
+    kf_kan_linear_backward_args a = {0};
+    a.struct_size = sizeof a;
+    *args = a;
+}
+
+KF_API kf_status kf_kan_linear_plan_create(kf_context *ctx, const kf_kan_linear_desc *desc,
+                                           kf_kan_linear_plan **out) {
+    kf__clear_error();
+    KF_CHECK(out != NULL, KF_ERR_INVALID_ARGUMENT, "out is NULL");
+    *out = NULL;
+    KF_CHECK(ctx != NULL, KF_ERR_INVALID_ARGUMENT, "ctx is NULL");
+    KF_TRY(kf__check_struct_size(__func__, "desc", desc, sizeof(kf_kan_linear_desc)));
+    KF_CHECK(desc->in_features >= 1 && desc->in_features <= KF__KAN_MAX_EXTENT,
+             KF_ERR_INVALID_ARGUMENT, "desc->in_features = %" PRId64 ", expected 1..%d",
+             desc->in_features, KF__KAN_MAX_EXTENT);
+    KF_CHECK(desc->out_features >= 1 && desc->out_features <= KF__KAN_MAX_EXTENT,
+             KF_ERR_INVALID_ARGUMENT, "desc->out_features = %" PRId64 ", expected 1..%d",
+             desc->out_features, KF__KAN_MAX_EXTENT);
+    KF_CHECK(desc->grid_size >= 1, KF_ERR_INVALID_ARGUMENT, "desc->grid_size = %d, expected >= 1",
+             (int)desc->grid_size);
+    KF_CHECK(desc->spline_order >= 0, KF_ERR_INVALID_ARGUMENT,
+             "desc->spline_order = %d, expected >= 0", (int)desc->spline_order);
+    KF_CHECK(desc->standalone_scale == 0 || desc->standalone_scale == 1, KF_ERR_INVALID_ARGUMENT,
+             "desc->standalone_scale = %d, expected 0 or 1", (int)desc->standalone_scale);
+    KF_CHECK(desc->dtype == KF_DTYPE_F32, KF_ERR_UNSUPPORTED,
+             "desc->dtype = %d, only KF_DTYPE_F32 (1) is implemented", (int)desc->dtype);
+    /* Knots per feature and the combined operand's width K = in * (C + 1) within int32, and the
+     * buffers a call derives from the plan addressable (in doubles, for headroom): the combined
+     * weight [out, K] and the knot reciprocals [in, k, nk]. */
+    const int64_t G = desc->grid_size, k = desc->spline_order;
+    const int64_t nk = G + 2 * k + 1, cw = G + k + 1;
+    int64_t K = 0;
+    size_t bytes, inv_bytes;
+    bool ok = nk <= KF__KAN_MAX_EXTENT &&
+              !__builtin_mul_overflow(desc->in_features, cw, &K) && K <= KF__KAN_MAX_EXTENT &&
+              kf__mul_size((size_t)K, (size_t)desc->out_features, &bytes) &&
+              kf__mul_size(bytes, 8, &bytes) && bytes <= (size_t)INT64_MAX &&
+              kf__mul_size((size_t)(desc->in_features * k), (size_t)nk, &inv_bytes) &&
+              kf__mul_size(inv_bytes, 8, &inv_bytes) && inv_bytes <= (size_t)INT64_MAX;
+    KF_CHECK(ok, KF_ERR_INVALID_ARGUMENT,
+             "desc->grid_size = %d and spline_order = %d with %" PRId64 " input and %" PRId64
+             " output features make the layer too large (in * (grid_size + spline_order + 1) "
+             "must be <= %d and its weights addressable)", (int)desc->grid_size,
+             (int)desc->spline_order, desc->in_features, desc->out_features, KF__KAN_MAX_EXTENT);
+    kf_kan_linear_plan *p = calloc(1, sizeof *p);
+    KF_CHECK(p != NULL, KF_ERR_OUT_OF_MEMORY, "cannot allocate the plan");
+    p->ctx = ctx;
+    p->in = desc->in_features;
+    p->out = desc->out_features;
+    p->G = desc->grid_size;
+    p->k = desc->spline_order;
+    p->C = G + k;
+    p->nk = nk;
+    p->cw = cw;
+    p->K = K;
+    p->scaled = desc->standalone_scale == 1;
+    *out = p;
+    return KF_OK;
+}
+
+KF_API void kf_kan_linear_plan_destroy(kf_kan_linear_plan *plan) { free(plan); }
+
+/* N within limits and every size derived from it representable: the row tensors hold
+ * N * (in + out) floats (checked in doubles, for headroom). */
+static kf_status kf__kan_check_rows(const char *fn, const kf_kan_linear_plan *p, int64_t N) {
+    KF_CHECK_FN(fn, N >= 1 && N <= KF__KAN_MAX_EXTENT, KF_ERR_INVALID_ARGUMENT,
+                "N = %" PRId64 " rows, expected 1..%d", N, KF__KAN_MAX_EXTENT);
+    size_t bytes;
+    bool ok = kf__mul_size((size_t)N, (size_t)(p->in + p->out), &bytes) &&
+              kf__mul_size(bytes, 8, &bytes) && bytes <= (size_t)INT64_MAX;
+    KF_CHECK_FN(fn, ok, KF_ERR_INVALID_ARGUMENT,
+                "N = %" PRId64 " rows need more memory than can be addressed", N);
+    return KF_OK;
+}
+
+/* No CUDA backend yet: a CUDA context needs no workspace (its calls are refused). */
+static size_t kf__kan_workspace(const kf_kan_linear_plan *p, int64_t N) {
+    if (p->ctx->device_type == KF_DEVICE_CUDA) return 0;
+    return kf__cpu_kan_workspace(p, N);
+}
+
+KF_API kf_status kf_kan_linear_workspace_size(const kf_kan_linear_plan *plan, int64_t N,
+                                              size_t *workspace_bytes) {
+    kf__clear_error();
+    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
+    KF_TRY(kf__kan_check_rows(__func__, plan, N));
+    if (workspace_bytes) *workspace_bytes = kf__kan_workspace(plan, N);
+    return KF_OK;
+}
+
+/* A row tensor [..., width] whose leading dims match `lead` (ndim - 1 of them; lead == NULL:
+ * free, reported through `shape`). Returns the row count in *N. */
+static kf_status kf__kan_check_rows_tensor(const kf_kan_linear_plan *p, const char *fn,
+                                           const char *arg, const kf_tensor *t, int32_t ndim,
+                                           const int64_t *lead, int64_t width, bool optional,
+                                           int64_t *shape, bool *present, int64_t *N) {
+    *present = false;
+    if (N) *N = 0;
+    if (t->data == NULL && optional) return KF_OK;
+    if (ndim < 0) {
+        KF_CHECK_FN(fn, t->ndim >= 1 && t->ndim <= KF_MAX_DIMS, KF_ERR_INVALID_ARGUMENT,
+                    "%s.ndim = %d, expected 1..%d", arg, (int)t->ndim, KF_MAX_DIMS);
+        ndim = t->ndim;
+    }
+    for (int32_t i = 0; i + 1 < ndim; ++i) shape[i] = lead ? lead[i] : -1;
+    shape[ndim - 1] = width;
+    KF_TRY(kf__check_tensor(p->ctx, fn, arg, t, KF_DTYPE_F32, ndim, shape, optional, present));
+    int64_t rows = 1;
+    for (int32_t i = 0; i + 1 < ndim; ++i)
+        KF_CHECK_FN(fn, !__builtin_mul_overflow(rows, shape[i], &rows) &&
+                            rows <= KF__KAN_MAX_EXTENT,
+                    KF_ERR_INVALID_ARGUMENT, "%s has more than %d rows (product of its leading "
+                    "dims)", arg, KF__KAN_MAX_EXTENT);
+    if (N) *N = rows;
+    return KF_OK;
+}
+
+/* Every knot finite and each feature's row non-decreasing. Reads the grid, so CPU contexts only
+ * (on a CUDA context it would need a synchronisation; kfuse.h leaves such a grid unspecified). */
+static kf_status kf__kan_check_grid_values(const kf_kan_linear_plan *p, const char *fn,
+                                           const char *arg, const float *grid) {
+    if (p->ctx->device_type != KF_DEVICE_CPU) return KF_OK;
+    for (int64_t i = 0; i < p->in; ++i) {
+        const float *t = grid + i * p->nk;
+        for (int64_t j = 0; j < p->nk; ++j)
+            KF_CHECK_FN(fn, isfinite(t[j]), KF_ERR_INVALID_ARGUMENT,
+                        "%s[%" PRId64 "][%" PRId64 "] = %g (feature %" PRId64 "), expected a "
+                        "finite knot", arg, i, j, (double)t[j], i);
+        for (int64_t j = 0; j + 1 < p->nk; ++j)
+            KF_CHECK_FN(fn, t[j] <= t[j + 1], KF_ERR_INVALID_ARGUMENT,
+                        "%s row %" PRId64 " (feature %" PRId64 ") decreases: %s[%" PRId64
+                        "][%" PRId64 "] = %.9g > %s[%" PRId64 "][%" PRId64 "] = %.9g, expected "
+                        "non-decreasing knots", arg, i, i, arg, i, j, (double)t[j], arg, i, j + 1,
+                        (double)t[j + 1]);
+    }
+    return KF_OK;
+}
+
+/* The grid and the parameters forward and backward share, checked against the plan. */
+static kf_status kf__kan_check_params(const kf_kan_linear_plan *p, const char *fn,
+                                      const kf_tensor *grid, const kf_tensor *base,
+                                      const kf_tensor *spline, const kf_tensor *scaler,
+                                      const float **g, const float **bw, const float **sw,
+                                      const float **sc) {
+    bool present;
+    int64_t gs[2] = {p->in, p->nk}, oi[2] = {p->out, p->in}, oic[3] = {p->out, p->in, p->C};
+    KF_TRY(kf__check_tensor(p->ctx, fn, "args->grid", grid, KF_DTYPE_F32, 2, gs, false, &present));
+    KF_TRY(kf__check_tensor(p->ctx, fn, "args->base_weight", base, KF_DTYPE_F32, 2, oi, false,
+                            &present));
+    KF_TRY(kf__check_tensor(p->ctx, fn, "args->spline_weight", spline, KF_DTYPE_F32, 3, oic,
+                            false, &present));
+    KF_CHECK_FN(fn, p->scaled || scaler->data == NULL, KF_ERR_INVALID_ARGUMENT,
+                "args->spline_scaler is given but the plan has none (desc->standalone_scale = 0)");
+    int64_t ss[2] = {p->out, p->in};
+    KF_TRY(kf__check_tensor(p->ctx, fn, "args->spline_scaler", scaler, KF_DTYPE_F32, 2, ss,
+                            !p->scaled, &present));
+    KF_TRY(kf__kan_check_grid_values(p, fn, "args->grid", grid->data));
+    *g = grid->data, *bw = base->data, *sw = spline->data;
+    *sc = present ? scaler->data : NULL;
+    return KF_OK;
+}
+
+/* Validated calls stop here on a CUDA context: there is no CUDA backend of the layer yet. */
+static kf_status kf__kan_cuda_unsupported(const kf_kan_linear_plan *p, const char *fn) {
+    KF_CHECK_FN(fn, p->ctx->device_type != KF_DEVICE_CUDA, KF_ERR_UNSUPPORTED,
+                "the CUDA backend of KANLinear is not implemented yet (use a CPU context)");
+    return KF_OK;
+}
+
+KF_API kf_status kf_kan_linear_forward(kf_kan_linear_plan *plan,
+                                       const kf_kan_linear_forward_args *args, void *workspace,
+                                       size_t workspace_bytes) {
+    kf__clear_error();
+    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
+    KF_TRY(kf__check_struct_size(__func__, "args", args, sizeof(kf_kan_linear_forward_args)));
+    int64_t xs[KF_MAX_DIMS], ys[KF_MAX_DIMS], N;
+    bool present;
+    KF_TRY(kf__kan_check_rows_tensor(plan, __func__, "args->x", &args->x, -1, NULL, plan->in,
+                                     false, xs, &present, &N));
+    KF_TRY(kf__kan_check_rows(__func__, plan, N));
+    kf__kan_fwd c = {.plan = plan, .N = N, .x = args->x.data, .y = args->y.data};
+    KF_TRY(kf__kan_check_params(plan, __func__, &args->grid, &args->base_weight,
+                                &args->spline_weight, &args->spline_scaler, &c.grid, &c.base,
+                                &c.spline, &c.scaler));
+    KF_TRY(kf__kan_check_rows_tensor(plan, __func__, "args->y", &args->y, args->x.ndim, xs,
+                                     plan->out, false, ys, &present, NULL));
+    KF_TRY(kf__kan_cuda_unsupported(plan, __func__));
+    size_t need = kf__kan_workspace(plan, N);
+    KF_TRY(kf__workspace_select(plan->ctx, __func__, workspace, workspace_bytes, need, &c.ws));
+    c.ws_bytes = need;
+    return kf__cpu_kan_forward(plan->ctx, &c);
+}
+
+KF_API kf_status kf_kan_linear_backward(kf_kan_linear_plan *plan, kf_grad_mode grad_mode,
+                                        const kf_kan_linear_backward_args *args, void *workspace,
+                                        size_t workspace_bytes) {
+    kf__clear_error();
+    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
+    KF_CHECK(grad_mode == KF_GRAD_OVERWRITE || grad_mode == KF_GRAD_ACCUMULATE,
+             KF_ERR_INVALID_ARGUMENT, "grad_mode = %d, expected KF_GRAD_OVERWRITE (1) or "
+             "KF_GRAD_ACCUMULATE (2)", (int)grad_mode);
+    KF_TRY(kf__check_struct_size(__func__, "args", args, sizeof(kf_kan_linear_backward_args)));
+    int64_t xs[KF_MAX_DIMS], s[KF_MAX_DIMS], N;
+    bool present;
+    KF_TRY(kf__kan_check_rows_tensor(plan, __func__, "args->x", &args->x, -1, NULL, plan->in,
+                                     false, xs, &present, &N));
+    KF_TRY(kf__kan_check_rows(__func__, plan, N));
+    kf__kan_bwd c = {.plan = plan, .N = N, .x = args->x.data,
+                     .accumulate = grad_mode == KF_GRAD_ACCUMULATE};
+    KF_TRY(kf__kan_check_params(plan, __func__, &args->grid, &args->base_weight,
+                                &args->spline_weight, &args->spline_scaler, &c.grid, &c.base,
+                                &c.spline, &c.scaler));
+    int32_t nd = args->x.ndim;
+    KF_TRY(kf__kan_check_rows_tensor(plan, __func__, "args->dy", &args->dy, nd, xs, plan->out,
+                                     false, s, &present, NULL));
+    c.dy = args->dy.data;
+    KF_TRY(kf__kan_check_rows_tensor(plan, __func__, "args->dx", &args->dx, nd, xs, plan->in,
+                                     true, s, &present, NULL));
+    c.dx = present ? args->dx.data : NULL;
+    int64_t oi[2] = {plan->out, plan->in}, oic[3] = {plan->out, plan->in, plan->C};
+    KF_TRY(kf__check_tensor(plan->ctx, __func__, "args->dbase_weight", &args->dbase_weight,
+                            KF_DTYPE_F32, 2, oi, true, &present));
+    c.dbase = present ? args->dbase_weight.data : NULL;
+    KF_TRY(kf__check_tensor(plan->ctx, __func__, "args->dspline_weight", &args->dspline_weight,
+                            KF_DTYPE_F32, 3, oic, true, &present));
+    c.dspline = present ? args->dspline_weight.data : NULL;
+    KF_CHECK(plan->scaled || args->dspline_scaler.data == NULL, KF_ERR_INVALID_ARGUMENT,
+             "args->dspline_scaler is given but the plan has no spline_scaler "
+             "(desc->standalone_scale = 0)");
+    KF_TRY(kf__check_tensor(plan->ctx, __func__, "args->dspline_scaler", &args->dspline_scaler,
+                            KF_DTYPE_F32, 2, oi, true, &present));
+    c.dscaler = present ? args->dspline_scaler.data : NULL;
+    KF_TRY(kf__kan_cuda_unsupported(plan, __func__));
+    size_t need = kf__kan_workspace(plan, N);
+    KF_TRY(kf__workspace_select(plan->ctx, __func__, workspace, workspace_bytes, need, &c.ws));
+    c.ws_bytes = need;
+    return kf__cpu_kan_backward(plan->ctx, &c);
+}
+
+/* ---- initial grid -------------------------------------------------------------------------- */
+
+KF_API kf_status kf_kan_linear_uniform_grid(const kf_kan_linear_plan *plan, float lo, float hi,
+                                            kf_tensor *grid) {
+    kf__clear_error();
+    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
+    KF_CHECK(grid != NULL, KF_ERR_INVALID_ARGUMENT, "grid is NULL");
+    KF_CHECK(isfinite(lo) && isfinite(hi) && lo < hi, KF_ERR_INVALID_ARGUMENT,
+             "lo = %g, hi = %g, expected finite lo < hi (efficient-kan's grid_range)", (double)lo,
+             (double)hi);
+    bool present;
+    int64_t gs[2] = {plan->in, plan->nk};
+    KF_TRY(kf__check_tensor(plan->ctx, __func__, "grid", grid, KF_DTYPE_F32, 2, gs, false,
+                            &present));
+    if (plan->ctx->device_type == KF_DEVICE_CPU) {
+        kf__kan_uniform_grid_host(plan, lo, hi, grid->data);
+        return KF_OK;
+    }
+#ifdef KF_HAVE_CUDA
+    size_t bytes = (size_t)(plan->in * plan->nk) * sizeof(float);
+    float *host = malloc(bytes);
+    KF_CHECK(host != NULL, KF_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of host staging",
+             bytes);
+    kf__kan_uniform_grid_host(plan, lo, hi, host);
+    kf_status s = kf__cuda_copy(plan->ctx, __func__, grid->data, host, bytes, true);
+    free(host);
+    return s;
+#else
+    return kf__error(KF_ERR_UNSUPPORTED, __func__, "this build has no CUDA backend");
+#endif
+}

@@ -1,0 +1,429 @@
+/* CPU backend of the KAN linear layer (notation of capi/src/kan_internal.h; math in
+ * docs/ops/kan.md): OpenBLAS from the context's own threads, no allocation.
+ *
+ * The layer is one product y = A W^T over the combined operand A [N, K] (per feature: SiLU(x)
+ * and the C bases) and the combined weight W [out, K], which every call forms once in the
+ * workspace. A is never stored for the batch: it is built in per-thread tiles of one block of
+ * rows (KF__KAN_ROWS) by one chunk of features (about KF__KAN_COLS columns), stored transposed,
+ * A^T [cols, rows], so that the bases are computed by branch-free loops over contiguous rows with
+ * the knots as scalars (the compiler vectorises them). Each tile goes through the GEMM at once:
+ *   forward   y[rows]     += A_chunk W_chunk^T          (beta = 1 after the first chunk)
+ *   dx        dA_chunk     = dy[rows] W_chunk, then dx = SiLU' dA_silu + sum_c B'_c dA_c
+ *   weights   dW_chunk    += dy[rows]^T A_chunk          over every row block in order, then
+ *             folded into d base_weight, d spline_weight and d spline_scaler
+ * The row-wise products are therefore a sum of GEMMs over K chunks rather than one GEMM over
+ * all of K: the same work, no slower (the tile stays in L2 between being built and being packed
+ * by OpenBLAS; against one GEMM over K = 2304 at (1024, 256, 256) on one thread, the best
+ * forward of 30 calls was 17.3-17.4 ms against 17.5-17.9 ms), and the tile stays bounded
+ * whatever `in` is (128 x 512 floats instead of 128 x K).
+ *
+ * Blocks (row blocks, feature chunks) and therefore every BLAS call depend on the shape alone;
+ * they go round-robin to the threads and every output element has one writer (the weight
+ * gradient is split by chunk, each thread summing its chunks over all rows in a fixed order), so
+ * the bits do not depend on the thread count. */
+#include "kan_internal.h"
+
+#include "blas.h"
+#include "team.h"
+
+#include <float.h>
+#include <string.h>
+
+/* Small calls run in the caller's thread: waking a sleeping team (OMP_WAIT_POLICY=PASSIVE) costs
+ * ~25 us, more than it saves below this many multiply-adds (as for SKLinear). */
+#define KF__KAN_TEAM_MIN_FLOPS (1 << 21)
+/* Rows per block. OpenBLAS packs the weight operand on every call, a 1/rows overhead: measured
+ * here (2-core EPYC, one thread, [rows, 2304] x [2304, 256]) at 63 GFLOPS for 32 rows, 79 for
+ * 128, 81 for 256 and more; 256 rows gave no measurable gain on the whole layer and halve the
+ * blocks there are to share out. */
+#define KF__KAN_ROWS 128
+/* Columns per feature chunk, at most (at least one feature): a tile of 128 rows by 512 columns
+ * is 256 KiB. */
+#define KF__KAN_COLS 512
+/* Chunks wanted at least for the weight gradient, when there are enough features: it is split
+ * by chunk, so fewer chunks than threads would leave threads idle. */
+#define KF__KAN_MIN_CHUNKS 8
+
+/* Block b of extent `step` over [0, n): [*lo, *hi), false past the end. */
+static bool kan_block(int64_t n, int64_t step, int64_t b, int64_t *lo, int64_t *hi) {
+    *lo = b * step;
+    *hi = *lo + step < n ? *lo + step : n;
+    return *lo < n;
+}
+
+static int64_t kan_min(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t kan_max(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* Everything a call derives from (plan, N): blocking, team size and the workspace layout.
+ * Workspace bytes (each term rounded up to 64):
+ *     4 out K  +  4 in k nk  +  team * 4 (rows Fr cw + out F cw + 2 rows Fr + rows nk)
+ * with rows = min(128, N): bounded by tiles, never by N times the bases. */
+typedef struct kan_geom {
+    int64_t rows;        /* rows per block: min(KF__KAN_ROWS, N) */
+    int64_t Fr, rchunks; /* features per chunk of the row-wise products (forward, dx); chunks */
+    int64_t F, chunks;   /* the same for the weight gradient (F <= Fr) */
+    int32_t team;        /* threads */
+    size_t wc, inv;      /* byte offsets: W [out, K]; knot reciprocals [in, k, nk] */
+    size_t thr;          /* byte offset of thread 0's region; thread t's is thr + t * thr_bytes */
+    size_t thr_bytes;    /* tile [Fr*cw, rows], dW [out, F*cw], x^T and dx^T [Fr, rows],
+                            bases S [nk - 1, rows], clamped x [rows] */
+    size_t tile, dw, xt, dxt, s, xb; /* offsets inside a thread's region */
+    size_t bytes;
+} kan_geom;
+
+static kan_geom kan_geom_of(const struct kf_kan_linear_plan *p, int64_t N) {
+    kan_geom g;
+    g.rows = kan_min(KF__KAN_ROWS, N);
+    g.Fr = kan_min(p->in, kan_max(1, KF__KAN_COLS / p->cw));
+    g.rchunks = (p->in + g.Fr - 1) / g.Fr;
+    g.F = kan_min(g.Fr, (p->in + KF__KAN_MIN_CHUNKS - 1) / KF__KAN_MIN_CHUNKS);
+    g.chunks = (p->in + g.F - 1) / g.F;
+    const int64_t rblocks = (N + g.rows - 1) / g.rows;
+    const double flops = 2.0 * (double)N * (double)p->out * (double)p->K;
+    g.team = flops < KF__KAN_TEAM_MIN_FLOPS
+                 ? 1
+                 : (int32_t)kan_min(p->ctx->num_threads, kan_max(rblocks, g.chunks));
+    const size_t f4 = sizeof(float);
+    g.wc = 0;
+    g.inv = kf__align_up((size_t)(p->out * p->K) * f4);
+    g.thr = g.inv + kf__align_up((size_t)(p->in * p->k * p->nk) * f4);
+    g.tile = 0;
+    g.dw = kf__align_up((size_t)(g.rows * g.Fr * p->cw) * f4);
+    g.xt = g.dw + kf__align_up((size_t)(p->out * g.F * p->cw) * f4);
+    g.dxt = g.xt + kf__align_up((size_t)(g.rows * g.Fr) * f4);
+    g.s = g.dxt + kf__align_up((size_t)(g.rows * g.Fr) * f4);
+    g.xb = g.s + kf__align_up((size_t)(g.rows * (p->nk - 1)) * f4);
+    g.thr_bytes = g.xb + kf__align_up((size_t)g.rows * f4);
+    g.bytes = g.thr + (size_t)g.team * g.thr_bytes;
+    return g;
+}
+
+size_t kf__cpu_kan_workspace(const struct kf_kan_linear_plan *p, int64_t N) {
+    return kan_geom_of(p, N).bytes;
+}
+
+static float *kan_at(void *ws, size_t off) { return (float *)(void *)((char *)ws + off); }
+
+/* ---- the combined weight and the knot reciprocals ------------------------------------------ */
+
+/* Rows [o0, o1) of W [out, K]: per feature [ base_weight | spline_weight * spline_scaler ]. */
+static void kan_pack_w(const struct kf_kan_linear_plan *p, const float *base, const float *spline,
+                       const float *scaler, float *W, int64_t o0, int64_t o1) {
+    const int64_t in = p->in, C = p->C, cw = p->cw;
+    for (int64_t o = o0; o < o1; ++o)
+        for (int64_t i = 0; i < in; ++i) {
+            const int64_t oi = o * in + i;
+            float *d = W + o * p->K + i * cw;
+            const float *s = spline + oi * C;
+            d[0] = base[oi];
+            if (scaler) {
+                const float sc = scaler[oi];
+                for (int64_t c = 0; c < C; ++c) d[1 + c] = s[c] * sc;
+            } else {
+                memcpy(d + 1, s, (size_t)C * sizeof(float));
+            }
+        }
+}
+
+/* Features [i0, i1) of inv [in, k, nk]: inv[i][p-1][m] = 1 / (t[m+p] - t[m]) for the order-p
+ * recurrence (p = 1..k, m = 0..nk-1-p), and 0 for a zero-width span: the reference's 0/0 terms
+ * count as 0 (kfuse.h). Spans narrower than FLT_MIN, whose reciprocal would overflow, count as
+ * zero width too. */
+static void kan_inv_table(const struct kf_kan_linear_plan *p, const float *grid, float *inv,
+                          int64_t i0, int64_t i1) {
+    const int64_t nk = p->nk;
+    for (int64_t i = i0; i < i1; ++i) {
+        const float *t = grid + i * nk;
+        for (int64_t q = 1; q <= p->k; ++q) {
+            float *r = inv + (i * p->k + q - 1) * nk;
+            for (int64_t m = 0; m < nk; ++m) {
+                const float d = m + q < nk ? t[m + q] - t[m] : 0.0f;
+                r[m] = d >= FLT_MIN ? 1.0f / d : 0.0f;
+            }
+        }
+    }
+}
+
+/* ---- bases, vectorised over rows ------------------------------------------------------------
+ * A tile is stored transposed, A^T [cols, rows] (row stride `rows`), so that every loop below
+ * runs over contiguous rows of one feature with the knots as scalars: plain loops the compiler
+ * vectorises, no branches, no per-element search. The GEMMs read it with the transpose flag. */
+
+/* x^T [f1 - f0, rows] from rows x[0..rows) (row stride in): the chunk's features, row-contiguous.
+ * Eight rows at a time, so that the eight source lines stay in L1 across the features and the
+ * stores are contiguous. */
+static void kan_gather_x(const float *x, int64_t in, int64_t rows, int64_t f0, int64_t f1,
+                         float *xT) {
+    int64_t n = 0;
+    for (; n + 8 <= rows; n += 8)
+        for (int64_t i = f0; i < f1; ++i)
+            for (int64_t r = 0; r < 8; ++r) xT[(i - f0) * rows + n + r] = x[(n + r) * in + i];
+    for (; n < rows; ++n)
+        for (int64_t i = f0; i < f1; ++i) xT[(i - f0) * rows + n] = x[n * in + i];
+}
+
+/* The inverse: dx[0..rows) (row stride in), features [f0, f1), from dx^T. */
+static void kan_scatter_dx(const float *dxT, int64_t in, int64_t rows, int64_t f0, int64_t f1,
+                           float *dx) {
+    int64_t n = 0;
+    for (; n + 8 <= rows; n += 8)
+        for (int64_t i = f0; i < f1; ++i)
+            for (int64_t r = 0; r < 8; ++r) dx[(n + r) * in + i] = dxT[(i - f0) * rows + n + r];
+    for (; n < rows; ++n)
+        for (int64_t i = f0; i < f1; ++i) dx[n * in + i] = dxT[(i - f0) * rows + n];
+}
+
+/* e[n] = exp(-x[n]) for n < rows, for SiLU and its derivative, written so that the loops
+ * vectorise (libm's expf is a call per element): Cody-Waite reduction -x = k ln2 + r,
+ * |r| <= ln2/2, Cephes' degree-6 polynomial (about 1 ulp), scaled by 2^k through the exponent
+ * bits. The argument -x is clamped to [-87.3, 89] first, in a loop of its own (fused into the
+ * second, the compiler duplicates the tail per clamp branch and gives up vectorising):
+ *  - x > 87.3: 2^k stays a normal float and e comes out near 1e-38 instead of smaller; SiLU and
+ *    SiLU' are x and 1 to float precision all the same;
+ *  - x < -88.37: k = 128 fills the exponent field and e = +inf (exact below -88.72); SiLU and
+ *    SiLU' are -0 to float precision either way;
+ *  - NaN: e is finite, and the callers' formulas carry x itself, so SiLU and SiLU' are NaN. */
+static void kan_exp_neg_rows(const float *restrict x, int64_t rows, float *restrict e) {
+    for (int64_t n = 0; n < rows; ++n) {
+        float v = -x[n];
+        v = v > -87.3f ? v : -87.3f; /* NaN goes to -87.3: no NaN reaches the int conversion */
+        v = v < 89.0f ? v : 89.0f;
+        e[n] = v;
+    }
+    for (int64_t n = 0; n < rows; ++n) {
+        const float v = e[n];
+        const float k = (v * 1.44269504088896341f + 0x1.8p23f) - 0x1.8p23f; /* round to nearest */
+        const float r = (v - k * 0.693359375f) - k * -2.12194440e-4f;
+        float q = 1.9875691500e-4f;
+        q = q * r + 1.3981999507e-3f;
+        q = q * r + 8.3334519073e-3f;
+        q = q * r + 4.1665795894e-2f;
+        q = q * r + 1.6666665459e-1f;
+        q = q * r + 5.0000001201e-1f;
+        q = q * (r * r) + r + 1.0f;
+        const int32_t bits = ((int32_t)k + 127) << 23;
+        float scale;
+        memcpy(&scale, &bits, sizeof scale);
+        e[n] = q * scale;
+    }
+}
+
+/* The order-q bases of one feature at every x[n], by the Cox-de Boor recurrence over all indices
+ * (as the reference, not a local window: every term is computed, none is branched around):
+ *     B_{j,0}(x) = [t_j <= x < t_{j+1}]                                   j = 0..nk-2
+ *     B_{j,p}(x) = (x - t_j) inv_p[j] B_{j,p-1}(x) + (t_{j+p+1} - x) inv_p[j+1] B_{j+1,p-1}(x)
+ * with inv_p[m] = 1 / (t_{m+p} - t_m), 0 for a zero-width span (whose basis is 0 anyway, so the
+ * term is 0 instead of the reference's 0/0). Orders below q go to S [nk-1, rows], in place
+ * (ascending j reads B_{j+1,p-1} before it is overwritten); order q, nk-1-q rows, goes to dst
+ * (row stride rows; dst may be S). x [rows] is scratch for the arguments. */
+static void kan_bases_rows(const float *t, const float *inv, int64_t nk, int64_t q,
+                           const float *restrict x0, int64_t rows, float *restrict x, float *S,
+                           float *dst) {
+    /* Every basis is 0 outside [t_0, t_{nk-1}) (and at its right end): x is moved to the right
+     * end there, which keeps the bases 0 while keeping (x - t) inv finite; far out it would
+     * overflow and make 0 * inf = NaN (as efficient-kan does in float32 for |x| near 1e38). */
+    const float first = t[0], last = t[nk - 1];
+    for (int64_t n = 0; n < rows; ++n) x[n] = (x0[n] >= first && x0[n] < last) ? x0[n] : last;
+    float *o0 = q == 0 ? dst : S;
+    for (int64_t j = 0; j + 1 < nk; ++j) {
+        const float lo = t[j], hi = t[j + 1];
+        float *restrict b = o0 + j * rows;
+        for (int64_t n = 0; n < rows; ++n) b[n] = (x[n] >= lo && x[n] < hi) ? 1.0f : 0.0f;
+    }
+    for (int64_t p = 1; p <= q; ++p) {
+        const float *ip = inv + (p - 1) * nk;
+        float *out = p == q ? dst : S;
+        for (int64_t j = 0; j + p + 1 < nk; ++j) {
+            const float tl = t[j], tr = t[j + p + 1], il = ip[j], ir = ip[j + 1];
+            const float *restrict b1 = S + (j + 1) * rows;
+            float *restrict d = out + j * rows;
+            if (out == S) { /* in place: B_{j,p-1} is d itself */
+                for (int64_t n = 0; n < rows; ++n)
+                    d[n] = (x[n] - tl) * il * d[n] + (tr - x[n]) * ir * b1[n];
+            } else {
+                const float *restrict b0 = S + j * rows;
+                for (int64_t n = 0; n < rows; ++n)
+                    d[n] = (x[n] - tl) * il * b0[n] + (tr - x[n]) * ir * b1[n];
+            }
+        }
+    }
+}
+
+/* The tile A^T [(f1-f0)*cw, rows] of features [f0, f1) at x^T: per feature the rows
+ * SiLU(x), B_0(x) .. B_{C-1}(x) (bases 0 outside the grid). */
+static void kan_tile(const struct kf_kan_linear_plan *p, const float *grid, const float *inv,
+                     const float *xT, int64_t rows, int64_t f0, int64_t f1, float *tile,
+                     float *S, float *xb) {
+    const int64_t nk = p->nk, cw = p->cw;
+    for (int64_t i = f0; i < f1; ++i) {
+        const float *x = xT + (i - f0) * rows;
+        float *restrict a = tile + (i - f0) * cw * rows;
+        kan_exp_neg_rows(x, rows, a);
+        for (int64_t n = 0; n < rows; ++n) a[n] = x[n] / (1.0f + a[n]); /* SiLU */
+        kan_bases_rows(grid + i * nk, inv + i * p->k * nk, nk, p->k, x, rows, xb, S, a + rows);
+    }
+}
+
+/* ---- forward -------------------------------------------------------------------------------- */
+
+typedef struct kan_fwd_call {
+    const kf__kan_fwd *c;
+    kan_geom g;
+} kan_fwd_call;
+
+static void kan_fwd_team(void *arg, int tid, int nth) {
+    const kf__kan_fwd *c = ((const kan_fwd_call *)arg)->c;
+    const kan_geom *g = &((const kan_fwd_call *)arg)->g;
+    const struct kf_kan_linear_plan *p = c->plan;
+    const int64_t in = p->in, out = p->out, cw = p->cw, K = p->K;
+    float *W = kan_at(c->ws, g->wc), *inv = kan_at(c->ws, g->inv);
+    char *mine = (char *)c->ws + g->thr + (size_t)tid * g->thr_bytes;
+    float *tile = kan_at(mine, g->tile), *xT = kan_at(mine, g->xt), *S = kan_at(mine, g->s),
+          *xb = kan_at(mine, g->xb);
+    int64_t a0, a1, n0, n1;
+    kf__cpu_share(out, tid, nth, &a0, &a1);
+    kan_pack_w(p, c->base, c->spline, c->scaler, W, a0, a1);
+    kf__cpu_share(in, tid, nth, &a0, &a1);
+    kan_inv_table(p, c->grid, inv, a0, a1);
+#pragma omp barrier
+    for (int64_t b = tid; kan_block(c->N, g->rows, b, &n0, &n1); b += nth)
+        for (int64_t ch = 0; ch < g->rchunks; ++ch) {
+            const int64_t f0 = ch * g->Fr, f1 = kan_min(in, f0 + g->Fr), cols = (f1 - f0) * cw;
+            const int64_t rows = n1 - n0;
+            kan_gather_x(c->x + n0 * in, in, rows, f0, f1, xT);
+            kan_tile(p, c->grid, inv, xT, rows, f0, f1, tile, S, xb);
+            kf__sgemm(true, true, rows, out, cols, 1.0f, tile, rows, W + f0 * cw, K,
+                      ch ? 1.0f : 0.0f, c->y + n0 * out, out);
+        }
+}
+
+kf_status kf__cpu_kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
+    kan_fwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N)};
+    kf__cpu_team(call.g.team, kan_fwd_team, &call);
+    return KF_OK;
+}
+
+/* ---- backward ------------------------------------------------------------------------------- */
+
+/* dx^T [f1-f0, rows] for features [f0, f1) from dA^T = (dy W)^T over the same columns:
+ *     dx = dA_silu SiLU'(x) + sum_c dA_c B'_c(x),   SiLU'(x) = s (1 + x (1 - s)), s = sigmoid(x),
+ *     B'_{c,k}(x) = k (B_{c,k-1}(x) inv_k[c] - B_{c+1,k-1}(x) inv_k[c+1])     (k = 0: B' = 0)
+ * from the order-(k-1) bases (C + 1 of them) in S; zero-width spans contribute 0. */
+static void kan_dx(const struct kf_kan_linear_plan *p, const float *grid, const float *inv,
+                   const float *xT, const float *dA, int64_t rows, int64_t f0, int64_t f1,
+                   float *dxT, float *S, float *xb) {
+    const int64_t nk = p->nk, C = p->C, k = p->k, cw = p->cw;
+    for (int64_t i = f0; i < f1; ++i) {
+        const float *restrict x = xT + (i - f0) * rows, *restrict d0 = dA + (i - f0) * cw * rows;
+        float *restrict acc = dxT + (i - f0) * rows;
+        kan_exp_neg_rows(x, rows, acc);
+        for (int64_t n = 0; n < rows; ++n) {
+            const float s = 1.0f / (1.0f + acc[n]);
+            acc[n] = d0[n] * (s * (1.0f + x[n] * (1.0f - s)));
+        }
+        if (k == 0) continue;
+        const float *fi = inv + i * k * nk, *ik = fi + (k - 1) * nk;
+        kan_bases_rows(grid + i * nk, fi, nk, k - 1, x, rows, xb, S, S);
+        for (int64_t c = 0; c < C; ++c) {
+            const float a = (float)k * ik[c], b = (float)k * ik[c + 1];
+            const float *restrict dc = d0 + (1 + c) * rows, *restrict s0 = S + c * rows,
+                                  *restrict s1 = s0 + rows;
+            for (int64_t n = 0; n < rows; ++n) acc[n] += dc[n] * (a * s0[n] - b * s1[n]);
+        }
+    }
+}
+
+/* Folds the chunk [f0, f1) of dW = dy^T A ([out, (f1-f0)*cw]) into the parameter gradients:
+ *     d base_weight = dW_silu,   d spline_weight = dW_spline * spline_scaler,
+ *     d spline_scaler = sum_c dW_spline[c] * spline_weight[c]. */
+static void kan_fold_dw(const kf__kan_bwd *c, const float *dW, int64_t f0, int64_t f1) {
+    const struct kf_kan_linear_plan *p = c->plan;
+    const int64_t in = p->in, C = p->C, cw = p->cw, ld = (f1 - f0) * cw;
+    const bool acc = c->accumulate;
+    for (int64_t o = 0; o < p->out; ++o)
+        for (int64_t i = f0; i < f1; ++i) {
+            const int64_t oi = o * in + i;
+            const float *g = dW + o * ld + (i - f0) * cw;
+            if (c->dbase) c->dbase[oi] = acc ? c->dbase[oi] + g[0] : g[0];
+            if (c->dspline) {
+                const float s = c->scaler ? c->scaler[oi] : 1.0f;
+                float *d = c->dspline + oi * C;
+                for (int64_t q = 0; q < C; ++q) d[q] = acc ? d[q] + g[1 + q] * s : g[1 + q] * s;
+            }
+            if (c->dscaler) {
+                const float *sw = c->spline + oi * C;
+                float sum = 0.0f;
+                for (int64_t q = 0; q < C; ++q) sum += g[1 + q] * sw[q];
+                c->dscaler[oi] = acc ? c->dscaler[oi] + sum : sum;
+            }
+        }
+}
+
+typedef struct kan_bwd_call {
+    const kf__kan_bwd *c;
+    kan_geom g;
+} kan_bwd_call;
+
+static void kan_bwd_team(void *arg, int tid, int nth) {
+    const kf__kan_bwd *c = ((const kan_bwd_call *)arg)->c;
+    const kan_geom *g = &((const kan_bwd_call *)arg)->g;
+    const struct kf_kan_linear_plan *p = c->plan;
+    const int64_t in = p->in, out = p->out, cw = p->cw, K = p->K, N = c->N;
+    float *W = kan_at(c->ws, g->wc), *inv = kan_at(c->ws, g->inv);
+    char *mine = (char *)c->ws + g->thr + (size_t)tid * g->thr_bytes;
+    float *tile = kan_at(mine, g->tile), *dW = kan_at(mine, g->dw), *xT = kan_at(mine, g->xt),
+          *dxT = kan_at(mine, g->dxt), *S = kan_at(mine, g->s), *xb = kan_at(mine, g->xb);
+    int64_t a0, a1, n0, n1;
+    if (c->dx) {
+        kf__cpu_share(out, tid, nth, &a0, &a1);
+        kan_pack_w(p, c->base, c->spline, c->scaler, W, a0, a1);
+    }
+    kf__cpu_share(in, tid, nth, &a0, &a1);
+    kan_inv_table(p, c->grid, inv, a0, a1);
+#pragma omp barrier
+    /* dx, row block by row block: dA^T = (dy W)^T chunk by chunk (each chunk owns its features). */
+    for (int64_t b = tid; c->dx && kan_block(N, g->rows, b, &n0, &n1); b += nth)
+        for (int64_t ch = 0; ch < g->rchunks; ++ch) {
+            const int64_t f0 = ch * g->Fr, f1 = kan_min(in, f0 + g->Fr), cols = (f1 - f0) * cw;
+            const int64_t rows = n1 - n0;
+            kf__sgemm(true, true, cols, rows, out, 1.0f, W + f0 * cw, K, c->dy + n0 * out, out,
+                      0.0f, tile, rows);
+            kan_gather_x(c->x + n0 * in, in, rows, f0, f1, xT);
+            kan_dx(p, c->grid, inv, xT, tile, rows, f0, f1, dxT, S, xb);
+            kan_scatter_dx(dxT, in, rows, f0, f1, c->dx + n0 * in);
+        }
+    /* dW = dy^T A, chunk by chunk over all rows in a fixed order (no barrier needed: the two
+     * loops write disjoint outputs and read only inputs, W and inv). */
+    const bool want_w = c->dbase || c->dspline || c->dscaler;
+    for (int64_t ch = tid; want_w && ch < g->chunks; ch += nth) {
+        const int64_t f0 = ch * g->F, f1 = kan_min(in, f0 + g->F), cols = (f1 - f0) * cw;
+        for (int64_t b = 0; kan_block(N, g->rows, b, &n0, &n1); ++b) {
+            const int64_t rows = n1 - n0;
+            kan_gather_x(c->x + n0 * in, in, rows, f0, f1, xT);
+            kan_tile(p, c->grid, inv, xT, rows, f0, f1, tile, S, xb);
+            kf__sgemm(true, true, out, cols, rows, 1.0f, c->dy + n0 * out, out, tile, rows,
+                      b ? 1.0f : 0.0f, dW, cols);
+        }
+        kan_fold_dw(c, dW, f0, f1);
+    }
+}
+
+kf_status kf__cpu_kan_backward(kf_context *ctx, const kf__kan_bwd *c) {
+    kan_bwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N)};
+    kf__cpu_team(call.g.team, kan_bwd_team, &call);
+    return KF_OK;
+}
+
+/* ---- initial grid --------------------------------------------------------------------------- */
+
+void kf__kan_uniform_grid_host(const struct kf_kan_linear_plan *p, float lo, float hi,
+                               float *grid) {
+    /* torch: arange(-k, G + k + 1) * h + lo in float32, h = (hi - lo) / G a Python float. */
+    const float h = (float)(((double)hi - (double)lo) / (double)p->G);
+    for (int64_t j = 0; j < p->nk; ++j) {
+        const float prod = (float)(j - p->k) * h;
+        grid[j] = prod + lo;
+    }
+    for (int64_t i = 1; i < p->in; ++i)
+        memcpy(grid + i * p->nk, grid, (size_t)p->nk * sizeof(float));
+}

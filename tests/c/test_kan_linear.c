@@ -1,0 +1,623 @@
+/* kf_kan_linear_* on the CPU backend, through the public header only, against the float64
+ * reference of tests/c/ref_kan.c (efficient-kan's math: the full Cox-de Boor recurrence, its
+ * derivative by forward mode). Inputs straddle the grid: values outside it on both sides and
+ * values exactly on knots (including the first and last, and repeated knots); grids uniform,
+ * sorted random per feature, and with repeated knots. Weights at a fan-in scale, never zeros;
+ * every output poisoned (NaN) before each call; ||out - ref|| / ||ref|| < 1e-5. Gradients are
+ * also checked by finite differences through the library's own forward: the loss sum(y * g) is
+ * linear in each parameter (central differences are exact up to rounding) and piecewise
+ * polynomial of degree <= 3 plus SiLU in x (a five-point stencil, points kept off the knots). */
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kfuse.h"
+#include "ref_kan.h"
+#include "ref_rnn.h"
+
+#define TOL 1e-5
+
+#define KF_OK_(expr)                                                                          \
+    do {                                                                                      \
+        kf_status s_ = (expr);                                                                \
+        cr_assert(s_ == KF_OK, "%s: %s (%s)", #expr, kf_status_string(s_),                    \
+                  kf_last_error_message());                                                   \
+    } while (0)
+
+static kf_context *cpu_ctx(int32_t threads) {
+    kf_context_desc d;
+    kf_context_desc_init(&d);
+    d.num_threads = threads;
+    kf_context *ctx = NULL;
+    KF_OK_(kf_context_create(&d, &ctx));
+    return ctx;
+}
+
+enum grid_kind {
+    GRID_UNIFORM = 0,  /* kf_kan_linear_uniform_grid on [-1, 1] */
+    GRID_RANDOM = 1,   /* per feature: sorted U(-1.5, 1.5) */
+    GRID_REPEATED = 2, /* GRID_RANDOM with a double knot per feature (a triple in every third) */
+};
+
+/* One problem: shapes, float32 inputs and their float64 copies. */
+typedef struct prob {
+    ref_kan_cfg c;
+    int64_t C, nk;
+    int scaled;
+    int32_t xnd;       /* rank of x: leading dims are {N} or {2, N/2} */
+    int64_t xs[3], ys[3];
+    float *x, *grid, *bw, *sw, *sc, *dy;
+    double *x64, *grid64, *bw64, *sw64, *sc64, *dy64;
+} prob;
+
+static int64_t n_oi(const prob *p) { return p->c.out * p->c.in; }
+static int64_t n_oic(const prob *p) { return p->c.out * p->c.in * p->C; }
+
+static float *fill(ref_rng *r, int64_t n, double bound) {
+    float *v = malloc((size_t)n * sizeof *v);
+    ref_fill_uniform_f32(r, v, n, -bound, bound);
+    return v;
+}
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+static kf_kan_linear_plan *make_plan(kf_context *ctx, const prob *p) {
+    kf_kan_linear_desc d;
+    kf_kan_linear_desc_init(&d);
+    d.in_features = p->c.in, d.out_features = p->c.out;
+    d.grid_size = (int32_t)p->c.G, d.spline_order = (int32_t)p->c.k;
+    d.standalone_scale = p->scaled;
+    kf_kan_linear_plan *plan = NULL;
+    KF_OK_(kf_kan_linear_plan_create(ctx, &d, &plan));
+    return plan;
+}
+
+static kf_tensor t_of(const void *data, int32_t nd, int64_t a, int64_t b, int64_t c) {
+    int64_t s[3] = {a, b, c};
+    kf_tensor t;
+    kf_tensor_init(&t, (void *)data, KF_DTYPE_F32, nd, s);
+    return t;
+}
+
+static void make_grid(prob *p, ref_rng *r, int kind) {
+    const int64_t in = p->c.in, nk = p->nk;
+    p->grid = malloc((size_t)(in * nk) * sizeof(float));
+    if (kind == GRID_UNIFORM) {
+        kf_context *ctx = cpu_ctx(1);
+        kf_kan_linear_plan *plan = make_plan(ctx, p);
+        kf_tensor g = t_of(p->grid, 2, in, nk, 0);
+        KF_OK_(kf_kan_linear_uniform_grid(plan, -1.0f, 1.0f, &g));
+        kf_kan_linear_plan_destroy(plan);
+        kf_context_destroy(ctx);
+        return;
+    }
+    for (int64_t i = 0; i < in; i++) {
+        float *t = p->grid + i * nk;
+        ref_fill_uniform_f32(r, t, nk, -1.5, 1.5);
+        qsort(t, (size_t)nk, sizeof *t, cmp_float);
+        if (kind == GRID_REPEATED) {
+            int64_t m = i % (nk - 1);
+            t[m + 1] = t[m];
+            if (i % 3 == 0 && m + 2 < nk) t[m + 2] = t[m];
+        }
+    }
+}
+
+/* x: uniform over the feature's grid widened by 30% each side, and about one value in six set
+ * exactly on one of the feature's knots (any of them, first and last included). */
+static void make_x(prob *p, ref_rng *r) {
+    const int64_t N = p->c.N, in = p->c.in, nk = p->nk;
+    p->x = malloc((size_t)(N * in) * sizeof(float));
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t i = 0; i < in; i++) {
+            const float *t = p->grid + i * nk;
+            double lo = t[0], hi = t[nk - 1], w = hi - lo > 0 ? hi - lo : 1.0;
+            float v;
+            do v = (float)ref_rng_uniform(r, lo - 0.3 * w, hi + 0.3 * w); while (v == 0.0f);
+            if (ref_rng_next(r) % 6 == 0) v = t[ref_rng_next(r) % (uint64_t)nk];
+            p->x[n * in + i] = v;
+        }
+}
+
+static prob make_prob(int64_t N, int64_t in, int64_t out, int64_t G, int64_t k, int scaled,
+                      int three_d, int grid_kind, uint64_t seed) {
+    prob p = {.c = {N, in, out, G, k}, .C = G + k, .nk = G + 2 * k + 1, .scaled = scaled};
+    ref_rng r;
+    ref_rng_seed(&r, seed);
+    make_grid(&p, &r, grid_kind);
+    make_x(&p, &r);
+    const double b = 1.0 / sqrt((double)in);
+    p.bw = fill(&r, n_oi(&p), b);
+    p.sw = fill(&r, n_oic(&p), b);
+    p.sc = scaled ? fill(&r, n_oi(&p), 1.0) : NULL;
+    p.dy = fill(&r, N * out, 1.0);
+    p.x64 = ref_to_f64(p.x, N * in);
+    p.grid64 = ref_to_f64(p.grid, in * p.nk);
+    p.bw64 = ref_to_f64(p.bw, n_oi(&p));
+    p.sw64 = ref_to_f64(p.sw, n_oic(&p));
+    p.sc64 = ref_to_f64(p.sc, n_oi(&p));
+    p.dy64 = ref_to_f64(p.dy, N * out);
+    if (three_d && N % 2 == 0) {
+        p.xnd = 3;
+        p.xs[0] = p.ys[0] = 2, p.xs[1] = p.ys[1] = N / 2;
+        p.xs[2] = in, p.ys[2] = out;
+    } else {
+        p.xnd = 2;
+        p.xs[0] = p.ys[0] = N;
+        p.xs[1] = in, p.ys[1] = out;
+    }
+    return p;
+}
+
+static void refresh_f64(prob *p) {
+    free(p->x64);
+    p->x64 = ref_to_f64(p->x, p->c.N * p->c.in);
+}
+
+static void free_prob(prob *p) {
+    void *v[] = {p->x, p->grid, p->bw, p->sw, p->sc, p->dy,
+                 p->x64, p->grid64, p->bw64, p->sw64, p->sc64, p->dy64};
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) free(v[i]);
+}
+
+static void set_params(const prob *p, kf_tensor *grid, kf_tensor *bw, kf_tensor *sw,
+                       kf_tensor *sc) {
+    *grid = t_of(p->grid, 2, p->c.in, p->nk, 0);
+    *bw = t_of(p->bw, 2, p->c.out, p->c.in, 0);
+    *sw = t_of(p->sw, 3, p->c.out, p->c.in, p->C);
+    if (p->scaled) *sc = t_of(p->sc, 2, p->c.out, p->c.in, 0);
+}
+
+static kf_status run_forward(kf_kan_linear_plan *plan, const prob *p, float *y) {
+    kf_kan_linear_forward_args a;
+    kf_kan_linear_forward_args_init(&a);
+    a.x = t_of(p->x, p->xnd, p->xs[0], p->xs[1], p->xs[2]);
+    set_params(p, &a.grid, &a.base_weight, &a.spline_weight, &a.spline_scaler);
+    a.y = t_of(y, p->xnd, p->ys[0], p->ys[1], p->ys[2]);
+    return kf_kan_linear_forward(plan, &a, NULL, 0);
+}
+
+static float *poisoned(int64_t n) {
+    float *v = malloc((size_t)n * sizeof *v);
+    for (int64_t i = 0; i < n; i++) v[i] = NAN;
+    return v;
+}
+
+typedef struct grads { float *dx, *dbw, *dsw, *dsc; } grads;
+
+static grads poisoned_grads(const prob *p) {
+    grads g = {poisoned(p->c.N * p->c.in), poisoned(n_oi(p)), poisoned(n_oic(p)),
+               p->scaled ? poisoned(n_oi(p)) : NULL};
+    return g;
+}
+
+static void free_grads(grads *g) { free(g->dx), free(g->dbw), free(g->dsw), free(g->dsc); }
+
+static kf_status run_backward(kf_kan_linear_plan *plan, const prob *p, kf_grad_mode mode,
+                              const grads *g) {
+    kf_kan_linear_backward_args a;
+    kf_kan_linear_backward_args_init(&a);
+    a.x = t_of(p->x, p->xnd, p->xs[0], p->xs[1], p->xs[2]);
+    set_params(p, &a.grid, &a.base_weight, &a.spline_weight, &a.spline_scaler);
+    a.dy = t_of(p->dy, p->xnd, p->ys[0], p->ys[1], p->ys[2]);
+    if (g->dx) a.dx = t_of(g->dx, p->xnd, p->xs[0], p->xs[1], p->xs[2]);
+    if (g->dbw) a.dbase_weight = t_of(g->dbw, 2, p->c.out, p->c.in, 0);
+    if (g->dsw) a.dspline_weight = t_of(g->dsw, 3, p->c.out, p->c.in, p->C);
+    if (g->dsc) a.dspline_scaler = t_of(g->dsc, 2, p->c.out, p->c.in, 0);
+    return kf_kan_linear_backward(plan, mode, &a, NULL, 0);
+}
+
+/* Reference gradients, all four (dsc NULL without a scaler). */
+typedef struct ref_grads { double *dx, *dbw, *dsw, *dsc; } ref_grads;
+
+static ref_grads reference_grads(const prob *p) {
+    ref_grads r = {malloc((size_t)(p->c.N * p->c.in) * 8), malloc((size_t)n_oi(p) * 8),
+                   malloc((size_t)n_oic(p) * 8), p->scaled ? malloc((size_t)n_oi(p) * 8) : NULL};
+    ref_kan_backward(&p->c, p->x64, p->grid64, p->bw64, p->sw64, p->sc64, p->dy64, r.dx, r.dbw,
+                     r.dsw, r.dsc);
+    return r;
+}
+
+static void free_ref_grads(ref_grads *r) { free(r->dx), free(r->dbw), free(r->dsw), free(r->dsc); }
+
+/* ---- forward and backward against the float64 reference ---------------------------------- */
+typedef struct shape { int64_t N, in, out, G, k; int scaled, three_d, grid; } shape;
+
+static void describe(const shape *s, char *buf, size_t n) {
+    snprintf(buf, n, "N %lld in %lld out %lld G %lld k %lld scaled %d 3d %d grid %d",
+             (long long)s->N, (long long)s->in, (long long)s->out, (long long)s->G,
+             (long long)s->k, s->scaled, s->three_d, s->grid);
+}
+
+static void check_against_reference(const shape *s, int32_t threads) {
+    char what[160];
+    describe(s, what, sizeof what);
+    prob p = make_prob(s->N, s->in, s->out, s->G, s->k, s->scaled, s->three_d, s->grid,
+                       (uint64_t)(s->N * 131 + s->in * 17 + s->G * 5 + s->k + s->grid));
+    kf_context *ctx = cpu_ctx(threads);
+    kf_kan_linear_plan *plan = make_plan(ctx, &p);
+    int64_t ny = s->N * s->out;
+    float *y = poisoned(ny);
+    KF_OK_(run_forward(plan, &p, y));
+    double *yr = malloc((size_t)ny * sizeof *yr);
+    ref_kan_forward(&p.c, p.x64, p.grid64, p.bw64, p.sw64, p.sc64, yr);
+    double e = ref_rel_err_f32(y, yr, ny);
+    cr_expect(e < TOL, "y: rel err %.3g (%s, %d threads)", e, what, (int)threads);
+
+    grads g = poisoned_grads(&p);
+    KF_OK_(run_backward(plan, &p, KF_GRAD_OVERWRITE, &g));
+    ref_grads r = reference_grads(&p);
+    const struct { const char *name; const float *got; const double *want; int64_t n; } out[] = {
+        {"dx", g.dx, r.dx, s->N * s->in}, {"dbase_weight", g.dbw, r.dbw, n_oi(&p)},
+        {"dspline_weight", g.dsw, r.dsw, n_oic(&p)},
+        {"dspline_scaler", g.dsc, r.dsc, s->scaled ? n_oi(&p) : 0}};
+    for (size_t i = 0; i < 4; i++) {
+        if (out[i].n == 0) continue;
+        e = ref_rel_err_f32(out[i].got, out[i].want, out[i].n);
+        cr_expect(e < TOL, "%s: rel err %.3g (%s, %d threads)", out[i].name, e, what,
+                  (int)threads);
+    }
+    /* KF_GRAD_ACCUMULATE adds to what the buffers hold (dx is overwritten all the same). */
+    grads acc = poisoned_grads(&p);
+    for (int64_t i = 0; i < n_oi(&p); i++) acc.dbw[i] = 0.5f;
+    for (int64_t i = 0; i < n_oic(&p); i++) acc.dsw[i] = -0.25f;
+    for (int64_t i = 0; acc.dsc && i < n_oi(&p); i++) acc.dsc[i] = 2.0f;
+    KF_OK_(run_backward(plan, &p, KF_GRAD_ACCUMULATE, &acc));
+    for (int64_t i = 0; i < n_oi(&p); i++) r.dbw[i] += 0.5;
+    for (int64_t i = 0; i < n_oic(&p); i++) r.dsw[i] += -0.25;
+    for (int64_t i = 0; r.dsc && i < n_oi(&p); i++) r.dsc[i] += 2.0;
+    cr_expect(ref_rel_err_f32(acc.dx, r.dx, s->N * s->in) < TOL, "accumulate: dx (%s)", what);
+    cr_expect(ref_rel_err_f32(acc.dbw, r.dbw, n_oi(&p)) < TOL, "accumulate: dbase (%s)", what);
+    cr_expect(ref_rel_err_f32(acc.dsw, r.dsw, n_oic(&p)) < TOL, "accumulate: dspline (%s)", what);
+    if (acc.dsc)
+        cr_expect(ref_rel_err_f32(acc.dsc, r.dsc, n_oi(&p)) < TOL, "accumulate: dscaler (%s)",
+                  what);
+    free_grads(&acc);
+    free_grads(&g);
+    free_ref_grads(&r);
+    free(y), free(yr);
+    kf_kan_linear_plan_destroy(plan);
+    kf_context_destroy(ctx);
+    free_prob(&p);
+}
+
+static const shape kShapes[] = {
+    /*  N   in  out  G  k  scaled 3d grid */
+    {5, 3, 4, 1, 0, 1, 0, GRID_UNIFORM},     /* G = 1, k = 0: two knots, one interval */
+    {8, 5, 6, 1, 1, 0, 1, GRID_RANDOM},      /* 3-D x, no scaler */
+    {1, 9, 7, 1, 3, 1, 0, GRID_REPEATED},    /* batch 1 */
+    {12, 6, 5, 1, 3, 0, 0, GRID_RANDOM},
+    {6, 11, 13, 5, 0, 0, 1, GRID_RANDOM},
+    {33, 13, 10, 5, 1, 1, 0, GRID_REPEATED},
+    {20, 17, 9, 5, 3, 1, 1, GRID_UNIFORM},   /* efficient-kan's defaults */
+    {20, 17, 9, 5, 3, 0, 0, GRID_RANDOM},
+    {1, 23, 3, 5, 3, 1, 0, GRID_REPEATED},
+    {31, 7, 12, 8, 0, 1, 0, GRID_REPEATED},
+    {10, 10, 5, 8, 1, 0, 1, GRID_UNIFORM},
+    {14, 19, 11, 8, 3, 1, 1, GRID_RANDOM},
+    {260, 40, 23, 8, 3, 1, 0, GRID_REPEATED},/* a team: 3 row blocks, 8 feature chunks */
+    {130, 61, 37, 5, 3, 0, 1, GRID_UNIFORM}, /* 2 row blocks, chunks of 8 features */
+    {300, 29, 70, 5, 1, 1, 0, GRID_RANDOM},
+};
+
+ParameterizedTestParameters(kan_linear, matches_reference) {
+    return cr_make_param_array(shape, kShapes, sizeof kShapes / sizeof kShapes[0]);
+}
+
+ParameterizedTest(const shape *s, kan_linear, matches_reference) {
+    check_against_reference(s, 1);
+    check_against_reference(s, 2);
+}
+
+/* Results do not depend on the team size: 1 and 2 threads give the same bits. */
+Test(kan_linear, thread_count_invariant) {
+    const int64_t N = 300, in = 37, out = 45;
+    prob p = make_prob(N, in, out, 5, 3, 1, 0, GRID_RANDOM, 7);
+    float *y[2];
+    grads g[2];
+    for (int t = 0; t < 2; t++) {
+        kf_context *ctx = cpu_ctx(t + 1);
+        kf_kan_linear_plan *plan = make_plan(ctx, &p);
+        y[t] = poisoned(N * out);
+        KF_OK_(run_forward(plan, &p, y[t]));
+        g[t] = poisoned_grads(&p);
+        KF_OK_(run_backward(plan, &p, KF_GRAD_OVERWRITE, &g[t]));
+        kf_kan_linear_plan_destroy(plan);
+        kf_context_destroy(ctx);
+    }
+    cr_expect(memcmp(y[0], y[1], (size_t)(N * out) * sizeof(float)) == 0, "y differs");
+    cr_expect(memcmp(g[0].dx, g[1].dx, (size_t)(N * in) * sizeof(float)) == 0, "dx differs");
+    cr_expect(memcmp(g[0].dbw, g[1].dbw, (size_t)n_oi(&p) * sizeof(float)) == 0,
+              "dbase_weight differs");
+    cr_expect(memcmp(g[0].dsw, g[1].dsw, (size_t)n_oic(&p) * sizeof(float)) == 0,
+              "dspline_weight differs");
+    cr_expect(memcmp(g[0].dsc, g[1].dsc, (size_t)n_oi(&p) * sizeof(float)) == 0,
+              "dspline_scaler differs");
+    for (int t = 0; t < 2; t++) free(y[t]), free_grads(&g[t]);
+    free_prob(&p);
+}
+
+/* ---- finite differences --------------------------------------------------------------------- */
+
+/* <dy, y> through the library's forward, in double. */
+static double loss(kf_kan_linear_plan *plan, const prob *p, float *y) {
+    cr_assert(run_forward(plan, p, y) == KF_OK, "%s", kf_last_error_message());
+    double l = 0.0;
+    for (int64_t i = 0; i < p->c.N * p->c.out; i++) l += (double)y[i] * p->dy[i];
+    return l;
+}
+
+/* Differences of <dy, y> w.r.t. every element of one buffer: central with step h, or (five)
+ * the five-point stencil, exact for polynomials of degree <= 4. */
+static void check_fd(kf_kan_linear_plan *plan, prob *p, float *param, int64_t n,
+                     const float *grad, const char *name, float h, int five) {
+    float *y = poisoned(p->c.N * p->c.out);
+    double num = 0.0, den = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        const float keep = param[i];
+        double l[4];
+        const float steps[4] = {h, -h, 2 * h, -2 * h};
+        for (int s = 0; s < (five ? 4 : 2); s++) {
+            param[i] = keep + steps[s];
+            l[s] = loss(plan, p, y);
+        }
+        param[i] = keep;
+        double fd = five ? (8.0 * (l[0] - l[1]) - (l[2] - l[3])) / (12.0 * h)
+                         : (l[0] - l[1]) / (2.0 * h);
+        num += (fd - grad[i]) * (fd - grad[i]);
+        den += fd * fd;
+    }
+    cr_expect(sqrt(num / den) < 1e-3, "%s: finite differences differ by %.3g", name,
+              sqrt(num / den));
+    free(y);
+}
+
+/* Moves every x at least `gap` away from its feature's knots (the function is piecewise). */
+static void x_off_knots(prob *p, float gap, ref_rng *r) {
+    for (int64_t n = 0; n < p->c.N; n++)
+        for (int64_t i = 0; i < p->c.in; i++) {
+            const float *t = p->grid + i * p->nk;
+            float v;
+            int ok;
+            do {
+                v = (float)ref_rng_uniform(r, t[0] - 0.3, t[p->nk - 1] + 0.3);
+                ok = 1;
+                for (int64_t j = 0; j < p->nk; j++) ok &= fabsf(v - t[j]) > gap;
+            } while (!ok);
+            p->x[n * p->c.in + i] = v;
+        }
+    refresh_f64(p);
+}
+
+typedef struct fd_case { int64_t G, k; int scaled, grid; } fd_case;
+
+static const fd_case kFd[] = {
+    {5, 3, 1, GRID_RANDOM}, {5, 3, 0, GRID_UNIFORM}, {4, 1, 1, GRID_REPEATED},
+    {3, 2, 0, GRID_REPEATED}, {2, 0, 1, GRID_RANDOM},
+};
+
+ParameterizedTestParameters(kan_linear, gradients_match_finite_differences) {
+    return cr_make_param_array(fd_case, kFd, sizeof kFd / sizeof kFd[0]);
+}
+
+ParameterizedTest(const fd_case *f, kan_linear, gradients_match_finite_differences) {
+    prob p = make_prob(3, 4, 3, f->G, f->k, f->scaled, 0, f->grid, 11 + (uint64_t)f->k);
+    const float h = 1e-2f;
+    ref_rng r;
+    ref_rng_seed(&r, 99);
+    x_off_knots(&p, 3.0f * h, &r);
+    kf_context *ctx = cpu_ctx(1);
+    kf_kan_linear_plan *plan = make_plan(ctx, &p);
+    grads g = poisoned_grads(&p);
+    KF_OK_(run_backward(plan, &p, KF_GRAD_OVERWRITE, &g));
+    check_fd(plan, &p, p.x, p.c.N * p.c.in, g.dx, "dx", h, 1);
+    check_fd(plan, &p, p.bw, n_oi(&p), g.dbw, "dbase_weight", 0.25f, 0);
+    check_fd(plan, &p, p.sw, n_oic(&p), g.dsw, "dspline_weight", 0.25f, 0);
+    if (p.scaled) check_fd(plan, &p, p.sc, n_oi(&p), g.dsc, "dspline_scaler", 0.25f, 0);
+    free_grads(&g);
+    kf_kan_linear_plan_destroy(plan);
+    kf_context_destroy(ctx);
+    free_prob(&p);
+}
+
+/* ---- optional outputs, workspace, grid ---------------------------------------------------- */
+
+/* Optional outputs: any subset may be absent; those present are still right. */
+Test(kan_linear, backward_subsets) {
+    prob p = make_prob(9, 20, 11, 5, 3, 1, 0, GRID_RANDOM, 3);
+    kf_context *ctx = cpu_ctx(2);
+    kf_kan_linear_plan *plan = make_plan(ctx, &p);
+    ref_grads r = reference_grads(&p);
+    for (int mask = 0; mask < 16; mask++) {
+        grads g = poisoned_grads(&p), use = g;
+        if (!(mask & 1)) use.dx = NULL;
+        if (!(mask & 2)) use.dbw = NULL;
+        if (!(mask & 4)) use.dsw = NULL;
+        if (!(mask & 8)) use.dsc = NULL;
+        KF_OK_(run_backward(plan, &p, KF_GRAD_OVERWRITE, &use));
+        if (use.dx) cr_expect(ref_rel_err_f32(use.dx, r.dx, 9 * 20) < TOL, "mask %d: dx", mask);
+        if (use.dbw)
+            cr_expect(ref_rel_err_f32(use.dbw, r.dbw, n_oi(&p)) < TOL, "mask %d: dbase", mask);
+        if (use.dsw)
+            cr_expect(ref_rel_err_f32(use.dsw, r.dsw, n_oic(&p)) < TOL, "mask %d: dspline", mask);
+        if (use.dsc)
+            cr_expect(ref_rel_err_f32(use.dsc, r.dsc, n_oi(&p)) < TOL, "mask %d: dscaler", mask);
+        /* Absent outputs stay as they were: nothing written through a NULL tensor elsewhere. */
+        if (!use.dx) cr_expect(isnan(g.dx[0]), "mask %d: dx buffer written", mask);
+        free_grads(&g);
+    }
+    free_ref_grads(&r);
+    kf_kan_linear_plan_destroy(plan);
+    kf_context_destroy(ctx);
+    free_prob(&p);
+}
+
+/* The workspace is bounded by tiles, not by N times the bases; a caller workspace of exactly
+ * that size serves; repeated calls do not grow the arena. */
+Test(kan_linear, workspace_bounded_and_steady) {
+    prob p = make_prob(200, 24, 16, 5, 3, 1, 0, GRID_UNIFORM, 5);
+    kf_context *ctx = cpu_ctx(2);
+    kf_kan_linear_plan *plan = make_plan(ctx, &p);
+    size_t w4 = 0, w7 = 0, w200 = 0;
+    KF_OK_(kf_kan_linear_workspace_size(plan, 10000, &w4));
+    KF_OK_(kf_kan_linear_workspace_size(plan, 10000000, &w7));
+    KF_OK_(kf_kan_linear_workspace_size(plan, 200, &w200));
+    cr_expect(w4 == w7, "workspace grows with N: %zu at 1e4 rows, %zu at 1e7", w4, w7);
+    cr_expect(w4 < (size_t)10000 * 24 * 8 * sizeof(float),
+              "workspace %zu bytes at 1e4 rows: as large as the batch's bases", w4);
+
+    float *y = poisoned(200 * 16);
+    void *ws = aligned_alloc(64, (w200 + 63) / 64 * 64);
+    kf_kan_linear_forward_args a;
+    kf_kan_linear_forward_args_init(&a);
+    a.x = t_of(p.x, 2, 200, 24, 0);
+    set_params(&p, &a.grid, &a.base_weight, &a.spline_weight, &a.spline_scaler);
+    a.y = t_of(y, 2, 200, 16, 0);
+    KF_OK_(kf_kan_linear_forward(plan, &a, ws, w200));
+    double *yr = malloc(200 * 16 * sizeof *yr);
+    ref_kan_forward(&p.c, p.x64, p.grid64, p.bw64, p.sw64, p.sc64, yr);
+    cr_expect(ref_rel_err_f32(y, yr, 200 * 16) < TOL, "y with a caller workspace");
+
+    grads g = poisoned_grads(&p);
+    KF_OK_(run_forward(plan, &p, y));
+    KF_OK_(run_backward(plan, &p, KF_GRAD_OVERWRITE, &g));
+    uint64_t grow0 = 0, grow1 = 0;
+    KF_OK_(kf_context_arena_info(ctx, NULL, &grow0));
+    for (int i = 0; i < 3; i++) {
+        KF_OK_(run_forward(plan, &p, y));
+        KF_OK_(run_backward(plan, &p, KF_GRAD_ACCUMULATE, &g));
+    }
+    KF_OK_(kf_context_arena_info(ctx, NULL, &grow1));
+    cr_expect(grow0 == grow1, "arena grew in steady state (%llu -> %llu)",
+              (unsigned long long)grow0, (unsigned long long)grow1);
+    free_grads(&g);
+    free(ws), free(y), free(yr);
+    kf_kan_linear_plan_destroy(plan);
+    kf_context_destroy(ctx);
+    free_prob(&p);
+}
+
+/* efficient-kan's initial knots: lo + (j - k) (hi - lo) / G on every row, rounded as torch
+ * forms them in float32 (arange * h + lo). */
+Test(kan_linear, uniform_grid) {
+    kf_context *ctx = cpu_ctx(1);
+    const struct { int64_t in, G, k; float lo, hi; } cases[] = {
+        {3, 5, 3, -1.0f, 1.0f}, {4, 1, 0, 0.0f, 2.0f}, {2, 8, 1, -0.5f, 3.0f},
+        {5, 7, 2, -3.0f, -1.0f}};
+    for (size_t q = 0; q < sizeof cases / sizeof cases[0]; q++) {
+        const int64_t in = cases[q].in, G = cases[q].G, k = cases[q].k, nk = G + 2 * k + 1;
+        prob p = {.c = {1, in, 2, G, k}, .C = G + k, .nk = nk, .scaled = 1};
+        kf_kan_linear_plan *plan = make_plan(ctx, &p);
+        float *grid = poisoned(in * nk);
+        kf_tensor g = t_of(grid, 2, in, nk, 0);
+        KF_OK_(kf_kan_linear_uniform_grid(plan, cases[q].lo, cases[q].hi, &g));
+        const double lo = cases[q].lo, hi = cases[q].hi, h = (hi - lo) / (double)G;
+        const float hf = (float)h;
+        for (int64_t i = 0; i < in; i++)
+            for (int64_t j = 0; j < nk; j++) {
+                const float v = grid[i * nk + j];
+                const float torch_v = (float)(j - k) * hf + cases[q].lo;
+                cr_expect(v == torch_v, "case %zu grid[%lld][%lld] = %.9g, torch forms %.9g", q,
+                          (long long)i, (long long)j, (double)v, (double)torch_v);
+                cr_expect(fabs(v - (lo + (double)(j - k) * h)) <= 1e-6 * (1 + fabs(hi - lo) * 4),
+                          "case %zu grid[%lld][%lld] = %.9g", q, (long long)i, (long long)j,
+                          (double)v);
+            }
+        /* Bits printed by torch 1.13 for efficient-kan's buffer at these settings. */
+        static const float torch_5_3[12] = {
+            -0x1.19999ap+1f, -0x1.ccccccp+0f, -0x1.666666p+0f, -0x1p+0f, -0x1.333334p-1f,
+            -0x1.999998p-3f, 0x1.9999ap-3f, 0x1.333334p-1f, 0x1p+0f, 0x1.666668p+0f,
+            0x1.ccccccp+0f, 0x1.19999ap+1f};
+        static const float torch_7_2[12] = {
+            -0x1.c92492p+1f, -0x1.a4924ap+1f, -0x1.8p+1f, -0x1.5b6db6p+1f, -0x1.36db6ep+1f,
+            -0x1.124924p+1f, -0x1.db6db6p+0f, -0x1.924924p+0f, -0x1.49249p+0f, -0x1p+0f,
+            -0x1.6db6d8p-1f, -0x1.b6db6p-2f};
+        const float *torch = q == 0 ? torch_5_3 : q == 3 ? torch_7_2 : NULL;
+        for (int64_t j = 0; torch && j < nk; j++)
+            cr_expect(grid[(in - 1) * nk + j] == torch[j], "case %zu knot %lld = %a, torch %a", q,
+                      (long long)j, (double)grid[(in - 1) * nk + j], (double)torch[j]);
+        free(grid);
+        kf_kan_linear_plan_destroy(plan);
+    }
+    kf_context_destroy(ctx);
+}
+
+/* The descriptor's defaults are efficient-kan's. */
+Test(kan_linear, desc_defaults) {
+    kf_kan_linear_desc d;
+    kf_kan_linear_desc_init(&d);
+    cr_expect(d.struct_size == sizeof d);
+    cr_expect(d.grid_size == 5 && d.spline_order == 3 && d.standalone_scale == 1);
+    cr_expect(d.dtype == KF_DTYPE_F32 && d.in_features == 0 && d.out_features == 0);
+}
+
+/* Large inputs (SiLU's exponential saturates both ways) against the reference, and a NaN input
+ * poisons its own row of y (and its own dx) only, as in efficient-kan. */
+Test(kan_linear, extreme_and_nan_inputs) {
+    prob p = make_prob(6, 5, 4, 5, 3, 1, 0, GRID_UNIFORM, 21);
+    const float big[] = {30.0f, -30.0f, 100.0f, -100.0f, 1e4f, -1e4f, 3e38f, -3e38f, 88.5f,
+                         -87.5f};
+    for (int64_t e = 0; e < 10; e++) p.x[5 + e] = big[e];
+    refresh_f64(&p);
+    kf_context *ctx = cpu_ctx(1);
+    kf_kan_linear_plan *plan = make_plan(ctx, &p);
+    float *y = poisoned(6 * 4);
+    KF_OK_(run_forward(plan, &p, y));
+    double yr[6 * 4];
+    ref_kan_forward(&p.c, p.x64, p.grid64, p.bw64, p.sw64, p.sc64, yr);
+    /* Rows 1..2 hold the large values; |x| = 3e38 makes y itself huge but finite. */
+    double e = ref_rel_err_f32(y, yr, 6 * 4);
+    cr_expect(e < TOL, "y with large inputs: rel err %.3g", e);
+    grads g = poisoned_grads(&p);
+    KF_OK_(run_backward(plan, &p, KF_GRAD_OVERWRITE, &g));
+    ref_grads r = reference_grads(&p);
+    e = ref_rel_err_f32(g.dx, r.dx, 6 * 5);
+    cr_expect(e < TOL, "dx with large inputs: rel err %.3g", e);
+    free_ref_grads(&r);
+
+    p.x[3 * 5 + 2] = NAN;
+    KF_OK_(run_forward(plan, &p, y));
+    for (int64_t o = 0; o < 4; o++) {
+        cr_expect(isnan(y[3 * 4 + o]), "y[3][%lld] = %g, expected NaN", (long long)o, y[3 * 4 + o]);
+        for (int64_t n = 0; n < 6; n++)
+            if (n != 3)
+                cr_expect(isfinite(y[n * 4 + o]), "y[%lld][%lld] not finite", (long long)n,
+                          (long long)o);
+    }
+    KF_OK_(run_backward(plan, &p, KF_GRAD_OVERWRITE, &g));
+    cr_expect(isnan(g.dx[3 * 5 + 2]), "dx of the NaN input is %g", g.dx[3 * 5 + 2]);
+    for (int64_t i = 0; i < 6 * 5; i++)
+        if (i != 3 * 5 + 2) cr_expect(isfinite(g.dx[i]), "dx[%lld] = %g", (long long)i, g.dx[i]);
+    free_grads(&g);
+    free(y);
+    kf_kan_linear_plan_destroy(plan);
+    kf_context_destroy(ctx);
+    free_prob(&p);
+}
+
+/* x of rank 1 ([in], one row) gives y [out], the same bits as the [1, in] call. */
+Test(kan_linear, rank1_x) {
+    prob p = make_prob(1, 7, 5, 5, 3, 1, 0, GRID_RANDOM, 31);
+    kf_context *ctx = cpu_ctx(1);
+    kf_kan_linear_plan *plan = make_plan(ctx, &p);
+    float *y2 = poisoned(5), *y1 = poisoned(5);
+    KF_OK_(run_forward(plan, &p, y2));
+    kf_kan_linear_forward_args a;
+    kf_kan_linear_forward_args_init(&a);
+    a.x = t_of(p.x, 1, 7, 0, 0);
+    set_params(&p, &a.grid, &a.base_weight, &a.spline_weight, &a.spline_scaler);
+    a.y = t_of(y1, 1, 5, 0, 0);
+    KF_OK_(kf_kan_linear_forward(plan, &a, NULL, 0));
+    cr_expect(memcmp(y1, y2, 5 * sizeof(float)) == 0, "rank-1 x differs from [1, in]");
+    free(y1), free(y2);
+    kf_kan_linear_plan_destroy(plan);
+    kf_context_destroy(ctx);
+    free_prob(&p);
+}
