@@ -3,10 +3,12 @@
     kfuse.Context, kfuse.RnnPlan     thin objects over the C handles (kfuse._lowlevel)
     kfuse.SkLinearPlan               the same over the SKLinear (sketched linear layer) handle
                                      (kfuse.sklinear)
+    kfuse.KanLinearPlan              the same over the KANLinear (efficient-kan) handle (kfuse.kan)
     kfuse.KfuseError and subclasses  one per kf_status, carrying .status and the library's message
-    kfuse.numpy                      rnn_forward / rnn_backward and sklinear_* on numpy arrays
-    kfuse.torch                      GRU, AGRU and SKLinear nn.Modules (imported on demand; needs
-                                     PyTorch)
+    kfuse.numpy                      rnn_forward / rnn_backward, sklinear_* and kan_linear_* on
+                                     numpy arrays
+    kfuse.torch                      GRU, AGRU, SKLinear and KANLinear nn.Modules (imported on
+                                     demand; needs PyTorch)
 
 Every op runs in the one C implementation; nothing here re-validates arguments or computes.
 """
@@ -16,6 +18,7 @@ from kfuse._lowlevel import (  # noqa: F401
     version, version_string, thread_context,
 )
 from kfuse.sklinear import SkLinearPlan  # noqa: F401
+from kfuse.kan import KanLinearPlan  # noqa: F401
 
 __version__ = "1.1.0"
 

@@ -1,18 +1,21 @@
-"""numpy front end of kfuse's recurrent ops and sketched linear layer.
+"""numpy front end of kfuse's recurrent ops, sketched linear layer and KAN linear layer.
 
     y, hn, reserve = rnn_forward(plan, x, weights, h0=None, lengths=None, training=False)
     dx, dh0, dweights = rnn_backward(plan, x, weights, reserve, dy=..., dhn=..., ...)
     params = sklinear_init(plan, seed, W_init=None)          # {"S1s": ..., "U2s": ...}
     y = sklinear_forward(plan, x, params)
     dx, dparams = sklinear_backward(plan, x, params, dy)     # dparams: {"S1s", "S2s", "bias"}
+    grid = kan_linear_uniform_grid(plan, lo=-1.0, hi=1.0)    # [in, G + 2k + 1]
+    y = kan_linear_forward(plan, x, params)                  # params: efficient-kan's names
+    dx, dparams = kan_linear_backward(plan, x, params, dy)   # base_weight, spline_weight, ...
 
 Arrays are passed to the library as they are (their dtype and strides go into the kf_tensor), so
 every check (dtype float32, C-contiguous, shapes) is the library's own and fails with its message
 as kfuse.InvalidArgument. Anything numpy can view without copying works as input: ndarrays,
 objects exposing __array_interface__ or the buffer protocol, and DLPack producers (__dlpack__,
 through np.from_dlpack). Outputs are new float32 arrays. The GIL is released during each call.
-`plan` is a kfuse.RnnPlan or kfuse.sklinear.SkLinearPlan on a CPU context (numpy memory is host
-memory).
+`plan` is a kfuse.RnnPlan, kfuse.sklinear.SkLinearPlan or kfuse.kan.KanLinearPlan on a CPU context
+(numpy memory is host memory).
 """
 from collections.abc import Mapping
 
@@ -23,7 +26,8 @@ from kfuse._lowlevel import (
 )
 
 __all__ = ["rnn_forward", "rnn_backward", "sklinear_init", "sklinear_forward",
-           "sklinear_backward", "as_array", "tensor_ref", "aligned_empty"]
+           "sklinear_backward", "kan_linear_uniform_grid", "kan_linear_forward",
+           "kan_linear_backward", "as_array", "tensor_ref", "aligned_empty"]
 
 _DTYPES = {
     np.dtype(np.float32): DTYPE_F32, np.dtype(np.float64): DTYPE_F64,
@@ -222,5 +226,72 @@ def sklinear_backward(plan, x, params, dy, need_dx=True, need_dparams=True, dpar
                   tensor_ref(p["U2s"]), tensor_ref(dy), dx=tensor_ref(dx),
                   dS1s=tensor_ref(d.get("S1s")), dS2s=tensor_ref(d.get("S2s")),
                   dbias=tensor_ref(d.get("bias")), accumulate=accumulate,
+                  workspace=_workspace(workspace))
+    return dx, dparams
+
+
+# ---- KAN linear layer (KANLinear, efficient-kan) -----------------------------------------------
+
+_KAN_NAMES = ("base_weight", "spline_weight", "spline_scaler", "grid")
+_KAN_GRADS = ("base_weight", "spline_weight", "spline_scaler")
+
+
+def _kan_params(plan, params):
+    """{name: array} from a mapping (efficient-kan's state_dict names; extra keys ignored) or a
+    sequence in plan.param_names order. A missing name is passed as absent, for the library to
+    report."""
+    if not isinstance(params, Mapping):
+        params = dict(zip(plan.param_names, params))
+    return {n: as_array(params.get(n)) for n in _KAN_NAMES}
+
+
+def kan_linear_uniform_grid(plan, lo=-1.0, hi=1.0):
+    """efficient-kan's initial knots for grid_range [lo, hi] through kf_kan_linear_uniform_grid:
+    a new float32 array [in, G + 2k + 1] whose every row is lo + (j - k) (hi - lo) / G, with the
+    bits torch gives efficient-kan's grid buffer."""
+    grid = np.empty((plan.in_features, plan.num_knots), dtype=np.float32)
+    plan.uniform_grid(lo, hi, tensor_ref(grid))
+    return grid
+
+
+def kan_linear_forward(plan, x, params, workspace=None):
+    """y [..., out] = SiLU(x) base_weight^T + B(x) (spline_weight * spline_scaler[..., None])^T
+    for x [..., in] (any leading dims, up to KF_MAX_DIMS in all), B(x) the B-spline bases of
+    order k on each feature's knots. params: mapping with efficient-kan's names (base_weight,
+    spline_weight, spline_scaler when the plan has a standalone scale, grid) or a sequence in
+    plan.param_names order. Returns a new float32 array."""
+    x = as_array(x)
+    p = _kan_params(plan, params)
+    y_shape = _lead_shape(x, plan.out_features)
+    y = None if y_shape is None else np.empty(y_shape, dtype=np.float32)
+    plan.forward(tensor_ref(x), tensor_ref(p["grid"]), tensor_ref(p["base_weight"]),
+                 tensor_ref(p["spline_weight"]), tensor_ref(y),
+                 spline_scaler=tensor_ref(p["spline_scaler"]), workspace=_workspace(workspace))
+    return y
+
+
+def kan_linear_backward(plan, x, params, dy, need_dx=True, need_dparams=True, dparams=None,
+                        accumulate=False, workspace=None):
+    """Gradients of the loss given dy = dL/dy ([..., out]): returns (dx, dparams) where dparams
+    is {"base_weight", "spline_weight", and "spline_scaler" when the plan has one} (the grid gets
+    none). dparams may be given (a mapping of float32 arrays to write, or with accumulate=True to
+    add into; a missing name is not computed); by default new arrays are made when
+    need_dparams. dx is None unless need_dx."""
+    x = as_array(x)
+    dy = as_array(dy)
+    p = _kan_params(plan, params)
+    dx = np.empty(x.shape, dtype=np.float32) if need_dx else None
+    if dparams is None and need_dparams:
+        dparams = {n: np.empty(shape, dtype=np.float32) for n, shape in plan.param_info
+                   if n in _KAN_GRADS}
+    elif dparams is not None:
+        dparams = {n: as_array(a) for n, a in dparams.items()}
+    d = dparams or {}
+    plan.backward(tensor_ref(x), tensor_ref(p["grid"]), tensor_ref(p["base_weight"]),
+                  tensor_ref(p["spline_weight"]), tensor_ref(dy),
+                  spline_scaler=tensor_ref(p["spline_scaler"]), dx=tensor_ref(dx),
+                  dbase_weight=tensor_ref(d.get("base_weight")),
+                  dspline_weight=tensor_ref(d.get("spline_weight")),
+                  dspline_scaler=tensor_ref(d.get("spline_scaler")), accumulate=accumulate,
                   workspace=_workspace(workspace))
     return dx, dparams

@@ -1,6 +1,6 @@
-"""PyTorch front end: drop-in `GRU` (torch.nn.GRU), `AGRU` (the reference A-GRU model) and
-`SKLinear` (panther.nn.SKLinear) modules whose forward and backward run in the kfuse C library,
-through autograd Functions.
+"""PyTorch front end: drop-in `GRU` (torch.nn.GRU), `AGRU` (the reference A-GRU model),
+`SKLinear` (panther.nn.SKLinear) and `KANLinear` (efficient_kan.KANLinear) modules whose forward
+and backward run in the kfuse C library, through autograd Functions.
 
 - CPU tensors run on the calling thread's CPU kfuse context (scratch from its arena; the reserve
   that backward reads is a torch uint8 tensor).
@@ -16,6 +16,9 @@ through autograd Functions.
   default generator at each training forward, so torch.manual_seed() makes it reproducible.
   SKLinear's initialisation (kf_sklinear_init_params) is keyed the same way, by a seed drawn at
   construction.
+- KANLinear draws its initialisation from torch's default generator in efficient-kan's order;
+  its grid comes from kf_kan_linear_uniform_grid, and its rare calls (reset_parameters,
+  update_grid, curve2coeff, b_splines, regularization_loss) run in torch.
 """
 import contextlib
 import math
@@ -31,9 +34,11 @@ from kfuse._lowlevel import (
     DTYPE_BF16, DTYPE_F16, DTYPE_F32, DTYPE_F64, DTYPE_I32, DTYPE_I64, RnnPlan, TensorRef, lib,
     thread_context,
 )
+from kfuse.kan import KanLinearPlan
 from kfuse.sklinear import SkLinearPlan, tensor_values
 
-__all__ = ["GRU", "AGRU", "AGRUCell", "SKLinear", "rnn_function", "sklinear_function"]
+__all__ = ["GRU", "AGRU", "AGRUCell", "SKLinear", "KANLinear", "rnn_function",
+           "sklinear_function", "kan_linear_function"]
 
 _DTYPES = {
     torch.float32: DTYPE_F32, torch.float64: DTYPE_F64, torch.float16: DTYPE_F16,
@@ -73,6 +78,10 @@ def _make_plan(ctx, key):
     if key[0] == "sklinear":
         _, I, O, L, k, bias, dtype = key
         return SkLinearPlan(ctx, I, O, L, k, bias=bias, dtype=dtype)
+    if key[0] == "kan_linear":
+        _, I, O, G, k, standalone, dtype = key
+        return KanLinearPlan(ctx, I, O, grid_size=G, spline_order=k, standalone_scale=standalone,
+                             dtype=dtype)
     cell, I, H, L, batch_first, bidirectional, dropout, gamma, dtype = key
     return RnnPlan(ctx, cell, I, H, num_layers=L, batch_first=batch_first,
                    bidirectional=bidirectional, dropout=dropout, gamma=gamma, dtype=dtype)
@@ -80,7 +89,8 @@ def _make_plan(ctx, key):
 
 def _plan(key, device):
     """The calling thread's plan for descriptor `key` on `device` (a torch.device): an RnnPlan,
-    or a SkLinearPlan for a key ("sklinear", in, out, L, k, bias, kf_dtype)."""
+    a SkLinearPlan for a key ("sklinear", in, out, L, k, bias, kf_dtype), or a KanLinearPlan for
+    a key ("kan_linear", in, out, grid_size, spline_order, standalone_scale, kf_dtype)."""
     cache = getattr(_tls, "plans", None)
     if cache is None:
         cache = _tls.plans = {}
@@ -616,3 +626,344 @@ class SKLinear(nn.Module):
         return "in_features={}, out_features={}, num_terms={}, low_rank={}, bias={}".format(
             self.in_features, self.out_features, self.num_terms, self.low_rank,
             self.bias is not None)
+
+
+# ---- KANLinear (efficient-kan) -----------------------------------------------------------------
+
+_KAN_TENSORS = ("grid", "base_weight", "spline_weight", "spline_scaler")
+
+
+def _kan_check_devices(x, tensors):
+    """The one check made here: a kfuse context reads memory of its own device only."""
+    if not x.is_cuda and not any(t is not None and t.is_cuda for t in tensors):
+        return  # all host memory (or meta, whose absent data the library reports)
+    for name, t in zip(_KAN_TENSORS, tensors):
+        if t is not None and t.device != x.device:
+            raise RuntimeError("kfuse KANLinear: expected all tensors to be on the same device, "
+                               "but input is on %s and %s on %s" % (x.device, name, t.device))
+
+
+def _kan_forward(key, x, grid, base_weight, spline_weight, spline_scaler):
+    """y [..., out] from x [..., in] through kf_kan_linear_forward (no autograd)."""
+    _kan_check_devices(x, (grid, base_weight, spline_weight, spline_scaler))
+    device = x.device
+    cuda = device.type == "cuda"
+    with _device_guard(device) if cuda else contextlib.nullcontext():
+        plan = _plan(key, device)
+        if x.dim() == 0:  # the library reports it
+            plan.forward(_vals_t(x), _vals_t(grid), _vals_t(base_weight),
+                         _vals_t(spline_weight), None, spline_scaler=_vals_t(spline_scaler))
+        y = torch.empty(x.shape[:-1] + (plan.out_features,), dtype=x.dtype, device=device)
+        N = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if N > 0 or not _empty_batch(plan, x):
+            workspace = _workspace(plan, N, device) if cuda else None
+            plan.forward(_vals_t(x), _vals_t(grid), _vals_t(base_weight), _vals_t(spline_weight),
+                         _vals_t(y), spline_scaler=_vals_t(spline_scaler),
+                         workspace=_buf(workspace))
+    return y
+
+
+def _vals_t(t):
+    """A torch tensor as the (ptr, kf_dtype, shape, strides) tuple KanLinearPlan takes."""
+    if t is None:
+        return None
+    return (t.data_ptr(), _DTYPES.get(t.dtype, 0), tuple(t.shape), t.stride())
+
+
+class _KANLinearFunction(torch.autograd.Function):
+    # inputs: key, x [..., in], grid, base_weight, spline_weight, spline_scaler (or None)
+    # output: y [..., out]
+
+    @staticmethod
+    def forward(ctx, key, x, grid, base_weight, spline_weight, spline_scaler):
+        y = _kan_forward(key, x, grid, base_weight, spline_weight, spline_scaler)
+        ctx.key = key
+        ctx.save_for_backward(x, grid, base_weight, spline_weight, spline_scaler)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        x, grid, base_weight, spline_weight, spline_scaler = ctx.saved_tensors
+        need = ctx.needs_input_grad  # key, x, grid, base_weight, spline_weight, spline_scaler
+        dx = torch.empty_like(x) if need[1] else None
+        dbw = torch.empty_like(base_weight) if need[3] else None
+        dsw = torch.empty_like(spline_weight) if need[4] else None
+        dss = torch.empty_like(spline_scaler) if (spline_scaler is not None and need[5]) else None
+        if dx is None and dbw is None and dsw is None and dss is None:
+            return None, None, None, None, None, None
+        device = x.device
+        cuda = device.type == "cuda"
+        with _device_guard(device) if cuda else contextlib.nullcontext():
+            plan = _plan(ctx.key, device)
+            N = x.numel() // x.shape[-1] if x.shape[-1] else 0
+            if N == 0:  # an empty batch (forward checked its shape): nothing flows back
+                for t in (dbw, dsw, dss):
+                    if t is not None:
+                        t.zero_()
+                return None, dx, None, dbw, dsw, dss
+            workspace = _workspace(plan, N, device) if cuda else None
+            plan.backward(_vals_t(x), _vals_t(grid), _vals_t(base_weight),
+                          _vals_t(spline_weight), _vals_t(dy.contiguous()),
+                          spline_scaler=_vals_t(spline_scaler), dx=_vals_t(dx),
+                          dbase_weight=_vals_t(dbw), dspline_weight=_vals_t(dsw),
+                          dspline_scaler=_vals_t(dss), workspace=_buf(workspace))
+        return None, dx, None, dbw, dsw, dss
+
+
+def kan_linear_function(key, x, grid, base_weight, spline_weight, spline_scaler=None):
+    """Differentiable kfuse KANLinear call: y [..., out] from x [..., in] (contiguous tensors).
+    `key` = ("kan_linear", in, out, grid_size, spline_order, standalone_scale, kf_dtype).
+    Gradients flow to x, base_weight, spline_weight and spline_scaler; the grid gets none."""
+    return _KANLinearFunction.apply(key, x, grid, base_weight, spline_weight, spline_scaler)
+
+
+def _kan_bases(x, grid, k):
+    """B-spline bases [N, in, G + k] of order k of x [N, in] on the knots grid [in, nk], in x's
+    dtype, with the library's conventions (kfuse.h): half-open knot intervals, 0 outside the
+    grid (x is first moved to the last knot there, so every term stays finite), and a term over
+    a knot span narrower than FLT_MIN counts as 0 (efficient-kan divides 0 by 0 there and gets
+    NaN, which then breaks its least-squares refit). Materialises the bases: for the rare calls
+    (initialisation, update_grid, curve2coeff, b_splines), never for forward or backward."""
+    x = x.unsqueeze(-1)  # [N, in, 1]
+    outside = (x < grid[:, :1]) | (x >= grid[:, -1:])
+    x = torch.where(outside, grid[:, -1:].expand_as(x), x)
+    bases = ((x >= grid[:, :-1]) & (x < grid[:, 1:])).to(x.dtype)
+    tiny = torch.finfo(torch.float32).tiny
+    for p in range(1, k + 1):
+        w1 = grid[:, p:-1] - grid[:, :-(p + 1)]
+        w2 = grid[:, p + 1:] - grid[:, 1:-p]
+        inv1 = torch.where(w1 >= tiny, 1.0 / torch.where(w1 >= tiny, w1, torch.ones_like(w1)),
+                           torch.zeros_like(w1))
+        inv2 = torch.where(w2 >= tiny, 1.0 / torch.where(w2 >= tiny, w2, torch.ones_like(w2)),
+                           torch.zeros_like(w2))
+        bases = ((x - grid[:, :-(p + 1)]) * inv1 * bases[:, :, :-1]
+                 + (grid[:, p + 1:] - x) * inv2 * bases[:, :, 1:])
+    return bases
+
+
+class KANLinear(nn.Module):
+    """Drop-in for efficient_kan.KANLinear: KANLinear(in_features, out_features, grid_size=5,
+    spline_order=3, scale_noise=0.1, scale_base=1.0, scale_spline=1.0,
+    enable_standalone_scale_spline=True, base_activation=torch.nn.SiLU, grid_eps=0.02,
+    grid_range=[-1, 1], device=None, dtype=None).
+
+    Same tensors as efficient-kan's (Parameters base_weight [out, in], spline_weight
+    [out, in, G + k] and, with enable_standalone_scale_spline, spline_scaler [out, in]; the
+    buffer grid [in, G + 2k + 1]), so load_state_dict(strict=True) works both ways; same
+    forward: x [..., in] with any leading dims -> [..., out] (a 1-D x gives a 1-D y):
+
+        y = SiLU(x) base_weight^T + B(x) (spline_weight * spline_scaler[..., None])^T
+
+    computed by kfuse with the B-spline bases built inside the product, never stored for the
+    batch; backward gives the gradients of x, base_weight, spline_weight and spline_scaler (none
+    for the grid). Where efficient-kan computes 0/0 or inf*0 (repeated knots, |x| near 1e38)
+    kfuse gives the mathematical value (kfuse.h). Only SiLU is implemented as base_activation
+    (another raises ValueError); float32 only (another dtype raises kfuse.Unsupported).
+
+    The initial grid comes from kf_kan_linear_uniform_grid (the same bits as efficient-kan's
+    buffer); reset_parameters draws as efficient-kan does, from torch's default generator in the
+    same order (kaiming_uniform_ base_weight, the noise, kaiming_uniform_ spline_scaler), so
+    torch.manual_seed() gives efficient-kan's base_weight and spline_scaler exactly and its
+    spline_weight up to the least-squares solver. update_grid(x, margin=0.01),
+    curve2coeff(x, y), b_splines(x), scaled_spline_weight and regularization_loss(...) are
+    efficient-kan's, computed in torch (see update_grid and curve2coeff for the two places
+    where they deliberately differ)."""
+
+    def __init__(self, in_features, out_features, grid_size=5, spline_order=3, scale_noise=0.1,
+                 scale_base=1.0, scale_spline=1.0, enable_standalone_scale_spline=True,
+                 base_activation=torch.nn.SiLU, grid_eps=0.02, grid_range=[-1, 1],
+                 device=None, dtype=None):
+        factory_kwargs = {"device": device, "dtype": dtype}
+        super().__init__()
+        if base_activation is not nn.SiLU:
+            raise ValueError("kfuse.torch.KANLinear: base_activation must be torch.nn.SiLU (the "
+                             "only activation the kfuse library implements), got %r"
+                             % (base_activation,))
+        self.in_features = in_features
+        self.out_features = out_features
+        self.grid_size = grid_size
+        self.spline_order = spline_order
+        self._keys = {}  # parameter dtype -> plan key
+        self.enable_standalone_scale_spline = enable_standalone_scale_spline
+        pdtype = dtype if dtype is not None else torch.get_default_dtype()
+        # Descriptor checks are the library's (made and cached on the CPU context).
+        _plan(self._key(pdtype), torch.device("cpu"))
+        nk = grid_size + 2 * spline_order + 1
+        self.register_buffer("grid", torch.empty((in_features, nk), **factory_kwargs))
+        self._init_grid(grid_range[0], grid_range[1])
+        self.base_weight = nn.Parameter(torch.empty((out_features, in_features),
+                                                    **factory_kwargs))
+        self.spline_weight = nn.Parameter(torch.empty(
+            (out_features, in_features, grid_size + spline_order), **factory_kwargs))
+        if enable_standalone_scale_spline:
+            self.spline_scaler = nn.Parameter(torch.empty((out_features, in_features),
+                                                          **factory_kwargs))
+        self.scale_noise = scale_noise
+        self.scale_base = scale_base
+        self.scale_spline = scale_spline
+        self.base_activation = base_activation()
+        self.grid_eps = grid_eps
+        self.reset_parameters()
+
+    def _key(self, dtype):
+        return ("kan_linear", self.in_features, self.out_features, self.grid_size,
+                self.spline_order, bool(self.enable_standalone_scale_spline),
+                _DTYPES.get(dtype, 0))
+
+    @torch.no_grad()
+    def _init_grid(self, lo, hi):
+        grid = self.grid
+        if grid.device.type == "meta":
+            return  # nothing to fill
+        with _device_guard(grid.device):
+            plan = _plan(self._key(grid.dtype), grid.device)
+            plan.uniform_grid(lo, hi, _vals_t(grid))
+
+    def reset_parameters(self):
+        """efficient-kan's initialisation: base_weight kaiming_uniform_(a=sqrt(5)*scale_base);
+        spline_weight the least-squares coefficients of noise U(-1/2, 1/2) * scale_noise / G at
+        the G + 1 grid points (times scale_spline without a standalone scaler); spline_scaler
+        kaiming_uniform_(a=sqrt(5)*scale_spline). The draws come from torch's default generator
+        in efficient-kan's order (the noise on the CPU, as efficient-kan draws it)."""
+        nn.init.kaiming_uniform_(self.base_weight, a=math.sqrt(5) * self.scale_base)
+        with torch.no_grad():
+            G, k = self.grid_size, self.spline_order
+            noise = ((torch.rand(G + 1, self.in_features, self.out_features) - 1 / 2)
+                     * self.scale_noise / G)
+            if self.spline_weight.device.type != "meta":
+                # the G + 1 knots of grid_range (efficient-kan's grid.T[k:-k], which is empty
+                # for k = 0; here all G + 1 of them for every k)
+                points = self.grid.T[k:k + G + 1]
+                coeff = self.curve2coeff(points, noise.to(device=points.device,
+                                                          dtype=self.spline_weight.dtype))
+                scale = self.scale_spline if not self.enable_standalone_scale_spline else 1.0
+                self.spline_weight.data.copy_(scale * coeff)
+            if self.enable_standalone_scale_spline:
+                nn.init.kaiming_uniform_(self.spline_scaler, a=math.sqrt(5) * self.scale_spline)
+
+    def _check_x(self, x, what):
+        if x.dim() != 2 or x.size(1) != self.in_features:
+            raise ValueError("kfuse.torch.KANLinear.%s: x must be [batch, in_features=%d], got %s"
+                             % (what, self.in_features, tuple(x.shape)))
+
+    def b_splines(self, x):
+        """efficient-kan's b_splines: the bases [batch, in, G + k] of x [batch, in] on the
+        current grid (materialised; computed in float64 with kfuse's conventions, returned in
+        x's dtype)."""
+        self._check_x(x, "b_splines")
+        return _kan_bases(x.double(), self.grid.double(), self.spline_order).to(x.dtype)
+
+    def curve2coeff(self, x, y):
+        """efficient-kan's curve2coeff: coefficients [out, in, G + k] whose splines on the
+        current grid fit y [batch, in, out] at x [batch, in] in the least-squares sense, per
+        feature. Returned in y's dtype on y's device.
+
+        The solve differs from efficient-kan's on purpose: its torch.linalg.lstsq on float32
+        bases (default driver, gelsy on CPU) returns NaN or fails (LAPACK's SGELSY error,
+        efficient-kan issue #20) when the bases hold NaN (0/0 over repeated knots, as after
+        update_grid with grid_eps=0 on a batch with repeated values), and is poorly conditioned
+        in float32 when knots are a hair apart. Here the bases are computed in float64 with
+        kfuse's conventions (a zero-width span gives 0, never NaN) and the systems are solved on
+        the CPU in float64 by torch.linalg.lstsq(driver="gelsd"): an SVD-based solver that
+        handles rank-deficient systems (a basis no sample touches, fewer samples than
+        coefficients) by returning the minimum-norm solution, as gelsy does where gelsy works."""
+        self._check_x(x, "curve2coeff")
+        if tuple(y.shape) != (x.size(0), self.in_features, self.out_features):
+            raise ValueError("kfuse.torch.KANLinear.curve2coeff: y must be [batch, in, out] = "
+                             "%s, got %s" % ((x.size(0), self.in_features, self.out_features),
+                                             tuple(y.shape)))
+        cpu = torch.device("cpu")
+        A = _kan_bases(x.to(device=cpu, dtype=torch.float64),
+                       self.grid.to(device=cpu, dtype=torch.float64), self.spline_order)
+        A = A.transpose(0, 1)  # [in, batch, G + k]
+        B = y.to(device=cpu, dtype=torch.float64).transpose(0, 1)  # [in, batch, out]
+        solution = torch.linalg.lstsq(A, B, driver="gelsd").solution  # [in, G + k, out]
+        return solution.permute(2, 0, 1).contiguous().to(device=y.device, dtype=y.dtype)
+
+    @property
+    def scaled_spline_weight(self):
+        """spline_weight * spline_scaler[..., None] (spline_weight without a standalone scaler)."""
+        return self.spline_weight * (self.spline_scaler.unsqueeze(-1)
+                                     if self.enable_standalone_scale_spline else 1.0)
+
+    def forward(self, x):
+        # x [..., in] -> y [..., out]: flattened to [N, in] (efficient-kan's view(-1, in)); a 1-D
+        # x is one row and gives a 1-D y, as in efficient-kan. The library checks x's last dim.
+        lead = None
+        if x.dim() >= 2 and x.shape[-1] > 0:
+            lead = x.shape[:-1]
+            x = x.reshape(-1, x.shape[-1])
+        x = x.contiguous()
+        grid = self.grid.contiguous()
+        bw = self.base_weight.contiguous()
+        sw = self.spline_weight.contiguous()
+        ss = self.spline_scaler.contiguous() if self.enable_standalone_scale_spline else None
+        key = self._keys.get(sw.dtype)
+        if key is None:
+            key = self._keys[sw.dtype] = self._key(sw.dtype)
+        if torch.is_grad_enabled() and (x.requires_grad or bw.requires_grad or sw.requires_grad
+                                        or (ss is not None and ss.requires_grad)):
+            y = _KANLinearFunction.apply(key, x, grid, bw, sw, ss)
+        else:  # nothing to differentiate: no autograd node
+            y = _kan_forward(key, x, grid, bw, sw, ss)
+        return y if lead is None else y.view(*lead, self.out_features)
+
+    @torch.no_grad()
+    def update_grid(self, x, margin=0.01):
+        """efficient-kan's grid update from a batch x [batch, in]: per feature, new knots
+        grid_eps * uniform + (1 - grid_eps) * quantiles of x (G + 1 of them, uniform ones on
+        [min - margin, max + margin]), extended by k uniform steps each side; then spline_weight
+        is refitted (curve2coeff) so that the splines on the new knots reproduce, on x, the
+        splines on the old knots.
+
+        One deliberate difference: efficient-kan refits spline_weight to the output of the
+        *scaled* weights (spline_weight * spline_scaler) and then multiplies by spline_scaler
+        again in forward, so with enable_standalone_scale_spline=True its update changes the
+        layer's output by that factor. Here the fit targets the splines of spline_weight itself
+        (by linearity the same as fitting the scaled output and dividing by the scaler, without
+        a division), so the output on x is preserved in both modes; without a standalone scaler
+        this is exactly efficient-kan's update. Non-finite values in x raise ValueError."""
+        self._check_x(x, "update_grid")
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError("kfuse.torch.KANLinear.update_grid: x has non-finite values")
+        batch = x.size(0)
+        G, k = self.grid_size, self.spline_order
+        cpu = torch.device("cpu")
+        splines = _kan_bases(x.to(device=cpu, dtype=torch.float64),
+                             self.grid.to(device=cpu, dtype=torch.float64), k)  # [b, in, C]
+        coeff = self.spline_weight.detach().to(device=cpu, dtype=torch.float64)  # [out, in, C]
+        unreduced_spline_output = torch.einsum("bic,oic->bio", splines, coeff)  # [b, in, out]
+
+        # the new knots, as efficient-kan forms them (in x's dtype, on x's device)
+        x_sorted = torch.sort(x, dim=0)[0]
+        grid_adaptive = x_sorted[torch.linspace(0, batch - 1, G + 1, dtype=torch.int64,
+                                                device=x.device)]
+        uniform_step = (x_sorted[-1] - x_sorted[0] + 2 * margin) / G
+        grid_uniform = (torch.arange(G + 1, dtype=torch.float32, device=x.device).unsqueeze(1)
+                        * uniform_step + x_sorted[0] - margin)
+        grid = self.grid_eps * grid_uniform + (1 - self.grid_eps) * grid_adaptive
+        grid = torch.cat([
+            grid[:1] - uniform_step * torch.arange(k, 0, -1, device=x.device).unsqueeze(1),
+            grid,
+            grid[-1:] + uniform_step * torch.arange(1, k + 1, device=x.device).unsqueeze(1),
+        ], dim=0)
+
+        self.grid.copy_(grid.T)
+        self.spline_weight.data.copy_(self.curve2coeff(x, unreduced_spline_output))
+
+    def regularization_loss(self, regularize_activation=1.0, regularize_entropy=1.0):
+        """efficient-kan's regularisation: with l1 = mean |spline_weight| over the coefficients
+        [out, in], regularize_activation * sum(l1) + regularize_entropy * entropy(l1 / sum(l1))."""
+        l1_fake = self.spline_weight.abs().mean(-1)
+        regularization_loss_activation = l1_fake.sum()
+        p = l1_fake / regularization_loss_activation
+        regularization_loss_entropy = -torch.sum(p * p.log())
+        return (regularize_activation * regularization_loss_activation
+                + regularize_entropy * regularization_loss_entropy)
+
+    def extra_repr(self):
+        return ("in_features={}, out_features={}, grid_size={}, spline_order={}, "
+                "enable_standalone_scale_spline={}".format(
+                    self.in_features, self.out_features, self.grid_size, self.spline_order,
+                    self.enable_standalone_scale_spline))
