@@ -496,8 +496,8 @@ KF_API void kf_kan_linear_forward_args_init(kf_kan_linear_forward_args *args);
  * grid that decreases along a row is rejected on CPU contexts (KF_ERR_INVALID_ARGUMENT); on
  * CUDA contexts, where reading it would need a synchronisation, it gives unspecified values.
  * @return KF_OK; KF_ERR_INVALID_ARGUMENT (message names the argument);
- * KF_ERR_WORKSPACE_TOO_SMALL; KF_ERR_OUT_OF_MEMORY; KF_ERR_UNSUPPORTED (a backend that does not
- * implement the layer yet); KF_ERR_DEVICE. Since 1.1. */
+ * KF_ERR_WORKSPACE_TOO_SMALL; KF_ERR_OUT_OF_MEMORY; KF_ERR_UNSUPPORTED (CUDA contexts:
+ * spline_order above 15); KF_ERR_DEVICE. Since 1.1. */
 KF_API kf_status kf_kan_linear_forward(kf_kan_linear_plan *plan,
                                        const kf_kan_linear_forward_args *args, void *workspace,
                                        size_t workspace_bytes);

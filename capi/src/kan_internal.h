@@ -65,6 +65,14 @@ kf_status kf__cpu_kan_backward(kf_context *ctx, const kf__kan_bwd *c);
 void kf__kan_uniform_grid_host(const struct kf_kan_linear_plan *p, float lo, float hi,
                                float *grid);
 
+#ifdef KF_HAVE_CUDA
+/* cuda/kan_linear.cu. The grid is not checked for monotonicity on CUDA contexts (kfuse.h):
+ * a decreasing row gives unspecified values, never an out-of-bounds access. */
+size_t kf__cuda_kan_workspace(const struct kf_kan_linear_plan *p, int64_t N);
+kf_status kf__cuda_kan_forward(kf_context *ctx, const kf__kan_fwd *c);
+kf_status kf__cuda_kan_backward(kf_context *ctx, const kf__kan_bwd *c);
+#endif
+
 #ifdef __cplusplus
 }
 #endif

@@ -1916,8 +1916,8 @@ extern "C" {
     #[doc = " grid that decreases along a row is rejected on CPU contexts (KF_ERR_INVALID_ARGUMENT); on"]
     #[doc = " CUDA contexts, where reading it would need a synchronisation, it gives unspecified values."]
     #[doc = " @return KF_OK; KF_ERR_INVALID_ARGUMENT (message names the argument);"]
-    #[doc = " KF_ERR_WORKSPACE_TOO_SMALL; KF_ERR_OUT_OF_MEMORY; KF_ERR_UNSUPPORTED (a backend that does not"]
-    #[doc = " implement the layer yet); KF_ERR_DEVICE. Since 1.1."]
+    #[doc = " KF_ERR_WORKSPACE_TOO_SMALL; KF_ERR_OUT_OF_MEMORY; KF_ERR_UNSUPPORTED (CUDA contexts:"]
+    #[doc = " spline_order above 15); KF_ERR_DEVICE. Since 1.1."]
     pub fn kf_kan_linear_forward(
         plan: *mut kf_kan_linear_plan,
         args: *const kf_kan_linear_forward_args,

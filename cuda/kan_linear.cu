@@ -1,0 +1,608 @@
+// KANLinear (efficient-kan) on CUDA: forward and backward as tiled GEMMs over the combined operand
+// A [N, K] and the combined weight W [out, K], K = in * cw, cw = C + 1 (notation and records:
+// capi/src/kan_internal.h; math: docs/ops/kan.md). A is never stored: every tile of it is
+// generated in the operand-load stage of the GEMM that consumes it, from x and the knots. Row-major
+// throughout; fp32 operands and accumulation; no atomics, every sum in a fixed order; no
+// allocation, no synchronisation, no host reads of device data: everything is enqueued on
+// ctx->stream (graph-capturable).
+//
+// One block-tile engine (mma_stage): 256 threads compute a 64 x 64 output tile, 4 x 4 per thread
+// (rows ty + 16 i, columns tx + 16 j), over stages of at most 64 along the reduction dimension,
+// both operands staged in shared memory as [k][m] and [k][n] (row length 65). Every load is
+// bounds-checked, so no extent needs to be a multiple of anything.
+//
+// The bases of one (row, feature) pair are computed by one thread, as a local window: the knot
+// interval j with t_j <= x < t_{j+1} by binary search, then the Cox-de Boor recurrence over the
+// k + 1 bases that can be non-zero there, B_{j-p..j, p} for p = 1..k, with exactly the terms
+// (and reciprocals, 1 / (t_{m+p} - t_m) or 0 for zero-width spans, table in the workspace) of the
+// CPU backend's dense recurrence: the terms this skips are exact zeros there. x outside
+// [t_0, t_{nk-1}) (or NaN) has every basis 0. The window lives in registers (the recurrence is
+// unrolled up to the template bound KM: 3 for k <= 3, 15 for k <= 15; larger k is refused).
+//
+// Launches (all on ctx->stream, each followed by KF__CUDA_LAUNCH_CHECK):
+//  kan_prep   the combined weight W [out, K] (when a GEMM reads it) and the knot reciprocals
+//             inv [in, k, nk] into the workspace (grid-stride).
+//  forward:
+//   kan_fwd   y tile [64 rows, 64 outputs] = A W^T over a range of features; stage = the columns
+//             of floor(64 / cw) whole features (or 64 columns of one feature when cw > 64); A's
+//             stage is generated per (row, feature) into shared memory, W's is loaded. When the
+//             row x output tiles alone do not fill the GPU, the features are split into Pf
+//             ranges (split-K) whose partial y go to the workspace, [Pf, N, out], and
+//   kan_sum   sums them in range order into y.
+//  backward:
+//   kan_dx    (dx wanted) block = 64 rows x a group of FB = floor(64 / cw) features (1 when
+//             cw > 64): dA = dy W for the group's columns in chunks of 64, the reduction over
+//             `out` in stages of 64 (dy and W loaded), each chunk's dA tile dumped to shared
+//             memory and folded at once into per-(row, feature) dx sums (SiLU' and the closed-form
+//             B' from the order-(k-1) window) in shared memory, in chunk and column order; dA is
+//             never stored beyond that 64 x 64 tile.
+//   kan_dw    (any weight gradient wanted) dW = dy^T A [out, K], tiles of 64 outputs x one
+//             feature-group column chunk, the reduction over rows in stages of 64: dy^T loaded,
+//             A's stage generated per (row, feature). The rows are split into Pw ranges; each
+//             writes its partial dW to the workspace, [Pw, out, K] (Pw = 1: the whole dW).
+//   kan_fold  one thread per (o, i): sums the Pw partials in range order and folds them into
+//             d base_weight, d spline_weight (* scaler) and d spline_scaler (sum over c in order),
+//             written or accumulated.
+//
+// Split counts are a pure function of the shape (so is the workspace): enough splits that a grid
+// has about kTargetBlocks blocks, at least kMinSplit of the reduction per split, at most
+// kMaxSplits. Workspace (bytes, each buffer rounded up to 64):
+//     4 out K  +  4 in k nk  +  max( Pf > 1 ? 4 Pf N out : 0 ,  4 Pw out K )
+// (Pf > 1 only when ceil(N/64) ceil(out/64) < 128, Pw > 1 only when the dW tiles are fewer than
+// 128: neither term grows with N past those points, except 4 Pw out K through Pw <= 64.)
+#include "common.cuh"
+#include "kan_internal.h"
+
+#include <float.h>
+
+namespace {
+
+constexpr int kThreads = 256;          // every kernel: 8 warps
+constexpr int kT = 64;                 // tile rows, tile columns, stage depth
+constexpr int kLd = kT + 1;            // shared row length
+constexpr int kFBMax = kT / 2;         // features per dx group at most (cw >= 2)
+constexpr int64_t kTargetBlocks = 128; // blocks a split grid aims for
+constexpr int64_t kMinSplit = 256;     // at least this much reduction per split
+constexpr int64_t kMaxSplits = 64;     // at most this many partials to sum
+constexpr int kMaxOrder = 15;          // spline orders beyond this are refused
+
+struct Prob {
+    int64_t N, in, out, K, C, nk, cw;
+    int k;
+    const float *x, *grid, *inv, *W;
+};
+
+__device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+__device__ __forceinline__ int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+
+// acc[i][j] += sum over kk < w of As[kk][ty + 16 i] * Bs[kk][tx + 16 j].
+__device__ __forceinline__ void mma_stage(float (&acc)[4][4], const float (*As)[kLd],
+                                          const float (*Bs)[kLd], int w) {
+    const int tx = (int)threadIdx.x % 16, ty = (int)threadIdx.x / 16;
+    for (int kk = 0; kk < w; ++kk) {
+        float a[4], b[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[i] = As[kk][ty + 16 * i];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) b[j] = Bs[kk][tx + 16 * j];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+    }
+}
+
+__device__ __forceinline__ void zero(float (&acc)[4][4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+}
+
+// The order-q bases of one feature at x that can be non-zero: Nw[r] = B_{j-q+r, q}(x), r = 0..q,
+// where j is the knot interval t_j <= x < t_{j+1}; returns j, or -1 (every basis 0) when x is
+// outside [t_0, t_{nk-1}), NaN, or (a decreasing grid, unspecified) no interval holds it.
+// t: the feature's nk knots; inv: its reciprocal table [k][nk] (row p-1 for order p).
+template <int KM>
+__device__ __forceinline__ int64_t window(const float *t, const float *inv, int64_t nk, int q,
+                                          float x, float (&Nw)[KM + 1]) {
+#pragma unroll
+    for (int r = 0; r <= KM; ++r) Nw[r] = 0.0f;
+    if (!(x >= t[0] && x < t[nk - 1])) return -1;
+    int64_t lo = 0, hi = nk - 2; // the largest j <= nk - 2 with t_j <= x
+    while (lo < hi) {
+        const int64_t mid = (lo + hi + 1) / 2;
+        if (t[mid] <= x) lo = mid;
+        else hi = mid - 1;
+    }
+    const int64_t j = lo;
+    if (!(t[j] <= x && x < t[j + 1])) return -1;
+    Nw[0] = 1.0f;
+#pragma unroll
+    for (int p = 1; p <= KM; ++p) {
+        if (p > q) break;
+        const float *ip = inv + (int64_t)(p - 1) * nk;
+        // Descending r: new[r] reads old[r - 1] (B_{m,p-1}) and old[r] (B_{m+1,p-1}).
+#pragma unroll
+        for (int r = p; r >= 0; --r) {
+            const int64_t m = j - p + r;
+            float v = 0.0f;
+            if (m >= 0 && m + p + 1 < nk) {
+                const float b0 = r >= 1 ? Nw[r - 1] : 0.0f;
+                const float b1 = r <= p - 1 ? Nw[r] : 0.0f;
+                v = (x - t[m]) * ip[m] * b0 + (t[m + p + 1] - x) * ip[m + 1] * b1;
+            }
+            Nw[r] = v;
+        }
+    }
+    return j;
+}
+
+// Columns [c_lo, c_hi) (all of feature f) of A's row n into dst[(c - k0) * stride]:
+// SiLU(x) for the feature's first column, its bases for the others. n < 0: zeros (padding row).
+template <int KM>
+__device__ __forceinline__ void gen_cols(const Prob &P, int64_t n, int64_t f, int64_t c_lo,
+                                         int64_t c_hi, float *dst, int stride, int64_t k0) {
+    for (int64_t c = c_lo; c < c_hi; ++c) dst[(c - k0) * stride] = 0.0f;
+    if (n < 0) return;
+    const int64_t base = f * P.cw;
+    const float xv = P.x[n * P.in + f];
+    if (c_lo == base) dst[(base - k0) * stride] = xv / (1.0f + expf(-xv));
+    float Nw[KM + 1];
+    const int64_t j = window<KM>(P.grid + f * P.nk, P.inv + f * P.k * P.nk, P.nk, P.k, xv, Nw);
+    if (j < 0) return;
+#pragma unroll
+    for (int r = 0; r <= KM; ++r) {
+        if (r > P.k) break;
+        const int64_t b = j - P.k + r, c = base + 1 + b;
+        if (b >= 0 && b < P.C && c >= c_lo && c < c_hi) dst[(c - k0) * stride] = Nw[r];
+    }
+}
+
+// dx contribution of columns [c_lo, c_hi) of feature f at row n: drow[c - c0] holds dA[n, c].
+//   SiLU'(x) dA_silu + sum_c dA_c k (B_{c,k-1} inv_k[c] - B_{c+1,k-1} inv_k[c+1])
+template <int KM>
+__device__ __forceinline__ float dx_part(const Prob &P, int64_t n, int64_t f, int64_t c_lo,
+                                         int64_t c_hi, const float *drow, int64_t c0) {
+    const int64_t base = f * P.cw;
+    const float xv = P.x[n * P.in + f];
+    float s = 0.0f;
+    if (c_lo == base) {
+        const float sg = 1.0f / (1.0f + expf(-xv));
+        s = drow[base - c0] * (sg * (1.0f + xv * (1.0f - sg)));
+    }
+    const int k = P.k;
+    if (k == 0) return s;
+    const float *fi = P.inv + f * k * P.nk, *ik = fi + (int64_t)(k - 1) * P.nk;
+    float Nw[KM + 1];
+    const int64_t j = window<KM>(P.grid + f * P.nk, fi, P.nk, k - 1, xv, Nw);
+    if (j < 0) return s;
+    const float kf = (float)k;
+#pragma unroll
+    for (int r = 0; r <= KM; ++r) {
+        if (r > k) break;
+        const int64_t c = j - k + r, col = base + 1 + c; // B'_c uses window entries r-1 and r
+        if (c < 0 || c >= P.C || col < c_lo || col >= c_hi) continue;
+        const float s0 = r >= 1 ? Nw[r - 1] : 0.0f, s1 = r <= k - 1 ? Nw[r] : 0.0f;
+        const float a = kf * ik[c], b = kf * ik[c + 1];
+        s += drow[col - c0] * (a * s0 - b * s1);
+    }
+    return s;
+}
+
+// ---- preparation ------------------------------------------------------------------------------
+// W [out, K] (pack) and inv [in, k, nk]: inv[i][q-1][m] = 1 / (t[m+q] - t[m]), 0 for spans
+// narrower than FLT_MIN (zero width) and past the end.
+__global__ void __launch_bounds__(kThreads)
+    kan_prep(Prob P, const float *base, const float *spline, const float *scaler, float *W,
+             float *inv, bool pack) {
+    const int64_t E1 = pack ? P.out * P.K : 0, E2 = P.in * P.k * P.nk, E = E1 + E2;
+    const int64_t step = (int64_t)gridDim.x * kThreads;
+    for (int64_t e = (int64_t)blockIdx.x * kThreads + threadIdx.x; e < E; e += step) {
+        if (e < E1) {
+            const int64_t o = e / P.K, col = e % P.K, i = col / P.cw, c = col % P.cw;
+            const int64_t oi = o * P.in + i;
+            W[e] = c == 0 ? base[oi]
+                          : (scaler ? spline[oi * P.C + c - 1] * scaler[oi]
+                                    : spline[oi * P.C + c - 1]);
+        } else {
+            const int64_t e2 = e - E1, i = e2 / (P.k * P.nk), q = e2 / P.nk % P.k + 1,
+                          m = e2 % P.nk;
+            const float *t = P.grid + i * P.nk;
+            const float d = m + q < P.nk ? t[m + q] - t[m] : 0.0f;
+            inv[e2] = d >= FLT_MIN ? 1.0f / d : 0.0f;
+        }
+    }
+}
+
+// ---- forward ----------------------------------------------------------------------------------
+// Block (row tile, output tile, feature range ps): y or partial y of 64 x 64.
+template <int KM>
+__global__ void __launch_bounds__(kThreads)
+    kan_fwd(Prob P, float *y, float *part, int64_t ot_n, int64_t Pf, int64_t FCs) {
+    __shared__ float As[kT][kLd], Bs[kT][kLd];
+    int64_t blk = blockIdx.x;
+    const int64_t ps = blk % Pf;
+    blk /= Pf;
+    const int64_t m0 = blk / ot_n * kT, o0 = blk % ot_n * kT;
+    const int64_t N = P.N, out = P.out, K = P.K, cw = P.cw;
+    const int64_t fbeg = ps * FCs, fend = imin(P.in, fbeg + FCs);
+    const int64_t kbeg = fbeg * cw, kend = fend * cw;
+    const int sw = cw <= kT ? (int)(kT / cw * cw) : kT;
+    const int tid = (int)threadIdx.x;
+    const float *W = P.W;
+    float acc[4][4];
+    zero(acc);
+    for (int64_t k0 = kbeg; k0 < kend; k0 += sw) {
+        const int w = (int)imin(sw, kend - k0);
+        const int64_t fl = k0 / cw, nf = (k0 + w - 1) / cw - fl + 1;
+        for (int64_t e = tid; e < kT * nf; e += kThreads) {
+            const int m = (int)(e % kT);
+            const int64_t f = fl + e / kT, n = m0 + m;
+            gen_cols<KM>(P, n < N ? n : -1, f, imax(k0, f * cw), imin(k0 + w, (f + 1) * cw),
+                         &As[0][m], kLd, k0);
+        }
+        for (int e = tid; e < kT * w; e += kThreads) {
+            const int kk = e % w, nn = e / w;
+            const int64_t o = o0 + nn;
+            Bs[kk][nn] = o < out ? W[o * K + k0 + kk] : 0.0f;
+        }
+        __syncthreads();
+        mma_stage(acc, As, Bs, w);
+        __syncthreads();
+    }
+    const int tx = tid % 16, ty = tid / 16;
+    float *dst = Pf > 1 ? part + ps * N * out : y;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int64_t n = m0 + ty + 16 * i, o = o0 + tx + 16 * j;
+            if (n < N && o < out) dst[n * out + o] = acc[i][j];
+        }
+}
+
+// dst[e] = sum over p < P of part[p * E + e], in p order.
+__global__ void __launch_bounds__(kThreads)
+    kan_sum(const float *part, int64_t P, int64_t E, float *dst) {
+    const int64_t step = (int64_t)gridDim.x * kThreads;
+    for (int64_t e = (int64_t)blockIdx.x * kThreads + threadIdx.x; e < E; e += step) {
+        float s = 0.0f;
+        for (int64_t p = 0; p < P; ++p) s += part[p * E + e];
+        dst[e] = s;
+    }
+}
+
+// ---- backward ---------------------------------------------------------------------------------
+// Block (row tile, feature group): dx for 64 rows x the group's FB features.
+template <int KM>
+__global__ void __launch_bounds__(kThreads)
+    kan_dx(Prob P, const float *dy, float *dx, int64_t groups, int64_t FB) {
+    __shared__ float As[kT][kLd], Bs[kT][kLd];
+    __shared__ float dxs[kT][kFBMax + 1];
+    const int64_t blk = blockIdx.x, m0 = blk / groups * kT, g = blk % groups;
+    const int64_t N = P.N, in = P.in, out = P.out, K = P.K, cw = P.cw;
+    const int64_t f0 = g * FB, f1 = imin(in, f0 + FB), nfg = f1 - f0;
+    const int64_t cb = f0 * cw, ce = f1 * cw;
+    const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16;
+    const float *W = P.W;
+    for (int e = tid; e < kT * (int)nfg; e += kThreads) dxs[e % kT][e / kT] = 0.0f;
+    for (int64_t c0 = cb; c0 < ce; c0 += kT) {
+        const int wc = (int)imin(kT, ce - c0);
+        float acc[4][4];
+        zero(acc);
+        for (int64_t o0 = 0; o0 < out; o0 += kT) {
+            const int w = (int)imin(kT, out - o0);
+            for (int e = tid; e < kT * w; e += kThreads) {
+                const int kk = e % w, m = e / w;
+                const int64_t n = m0 + m;
+                As[kk][m] = n < N ? dy[n * out + o0 + kk] : 0.0f;
+            }
+            for (int e = tid; e < kT * w; e += kThreads) {
+                const int nn = e % kT, kk = e / kT;
+                Bs[kk][nn] = nn < wc ? W[(o0 + kk) * K + c0 + nn] : 0.0f;
+            }
+            __syncthreads();
+            mma_stage(acc, As, Bs, w);
+            __syncthreads();
+        }
+        float(*Ds)[kLd] = As; // dA tile [m][c - c0]
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) Ds[ty + 16 * i][tx + 16 * j] = acc[i][j];
+        __syncthreads();
+        const int64_t fl = c0 / cw, nf = (c0 + wc - 1) / cw - fl + 1;
+        for (int64_t e = tid; e < kT * nf; e += kThreads) {
+            const int m = (int)(e % kT);
+            const int64_t f = fl + e / kT, n = m0 + m;
+            if (n >= N) continue;
+            dxs[m][f - f0] += dx_part<KM>(P, n, f, imax(c0, f * cw), imin(c0 + wc, (f + 1) * cw),
+                                          &Ds[m][0], c0);
+        }
+        __syncthreads();
+    }
+    for (int e = tid; e < kT * (int)nfg; e += kThreads) {
+        const int fi = e % (int)nfg, m = e / (int)nfg;
+        const int64_t n = m0 + m;
+        if (n < N) dx[n * in + f0 + fi] = dxs[m][fi];
+    }
+}
+
+// Block (output tile, column tile, row range pw): partial dW [64 outputs, <= 64 columns] over
+// rows [pw NC, (pw + 1) NC). Column tile ct: group ct / tpg of FB features, chunk ct % tpg.
+template <int KM>
+__global__ void __launch_bounds__(kThreads)
+    kan_dw(Prob P, const float *dy, float *part, int64_t ct_n, int64_t FB, int64_t tpg,
+           int64_t Pw, int64_t NC) {
+    __shared__ float As[kT][kLd], Bs[kT][kLd];
+    int64_t blk = blockIdx.x;
+    const int64_t pw = blk % Pw;
+    blk /= Pw;
+    const int64_t ct = blk % ct_n, o0 = blk / ct_n * kT;
+    const int64_t N = P.N, in = P.in, out = P.out, K = P.K, cw = P.cw;
+    const int64_t g = ct / tpg, q = ct % tpg, f0 = g * FB, f1 = imin(in, f0 + FB);
+    const int64_t c0 = f0 * cw + q * kT, c1 = imin(c0 + kT, f1 * cw);
+    const int wc = (int)(c1 - c0);
+    const int64_t nbeg = pw * NC, nend = imin(N, nbeg + NC);
+    const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16;
+    const int64_t fl = c0 / cw, nf = (c1 - 1) / cw - fl + 1;
+    float acc[4][4];
+    zero(acc);
+    for (int64_t n0 = nbeg; n0 < nend; n0 += kT) {
+        const int w = (int)imin(kT, nend - n0);
+        for (int e = tid; e < kT * w; e += kThreads) {
+            const int m = e % kT, kk = e / kT;
+            const int64_t o = o0 + m;
+            As[kk][m] = o < out ? dy[(n0 + kk) * out + o] : 0.0f;
+        }
+        for (int64_t e = tid; e < w * nf; e += kThreads) {
+            const int kk = (int)(e % w);
+            const int64_t f = fl + e / w;
+            gen_cols<KM>(P, n0 + kk, f, imax(c0, f * cw), imin(c1, (f + 1) * cw), &Bs[kk][0], 1,
+                         c0);
+        }
+        for (int e = tid; e < w * (kT - wc); e += kThreads)
+            Bs[e / (kT - wc)][wc + e % (kT - wc)] = 0.0f;
+        __syncthreads();
+        mma_stage(acc, As, Bs, w);
+        __syncthreads();
+    }
+    float *dst = part + pw * out * K;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int64_t o = o0 + ty + 16 * i;
+            const int c = tx + 16 * j;
+            if (o < out && c < wc) dst[o * K + c0 + c] = acc[i][j];
+        }
+}
+
+// Sum over p < P of part[p * stride] (fixed order).
+__device__ __forceinline__ float psum(const float *part, int64_t P, int64_t stride) {
+    float s = 0.0f;
+    for (int64_t p = 0; p < P; ++p) s += part[p * stride];
+    return s;
+}
+
+struct Fold {
+    const float *part; // [Pw, out, K]
+    int64_t Pw;
+    const float *spline, *scaler;
+    float *dbase, *dspline, *dscaler;
+    bool accumulate;
+};
+
+// One thread per (o, i): d base_weight = dW_silu, d spline_weight = dW_spline * scaler,
+// d spline_scaler = sum_c dW_spline[c] * spline_weight[c] (c in order).
+__global__ void __launch_bounds__(kThreads) kan_fold(Prob P, Fold F) {
+    const int64_t E = P.out * P.in, step = (int64_t)gridDim.x * kThreads, C = P.C;
+    const int64_t stride = P.out * P.K;
+    const bool acc = F.accumulate;
+    for (int64_t e = (int64_t)blockIdx.x * kThreads + threadIdx.x; e < E; e += step) {
+        const int64_t o = e / P.in, i = e % P.in;
+        const float *g = F.part + o * P.K + i * P.cw;
+        if (F.dbase) {
+            const float v = psum(g, F.Pw, stride);
+            F.dbase[e] = acc ? F.dbase[e] + v : v;
+        }
+        if (F.dspline || F.dscaler) {
+            const float s = F.scaler ? F.scaler[e] : 1.0f;
+            const float *sw = F.spline + e * C;
+            float *d = F.dspline ? F.dspline + e * C : nullptr;
+            float sum = 0.0f;
+            for (int64_t c = 0; c < C; ++c) {
+                const float v = psum(g + 1 + c, F.Pw, stride);
+                if (d) d[c] = acc ? d[c] + v * s : v * s;
+                sum += v * sw[c];
+            }
+            if (F.dscaler) F.dscaler[e] = acc ? F.dscaler[e] + sum : sum;
+        }
+    }
+}
+
+// ---- host side --------------------------------------------------------------------------------
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+struct Split {
+    int64_t P, per; // P ranges of `per` units each (the last possibly shorter)
+};
+
+// Splits `units` of reduction for a grid of `jobs` blocks per split, at least `minper` units
+// per split, range boundaries at multiples of `align`.
+Split split_of(int64_t units, int64_t jobs, int64_t minper, int64_t align) {
+    if (jobs < 1) jobs = 1;
+    int64_t P = jobs >= kTargetBlocks ? 1 : ceil_div(kTargetBlocks, jobs);
+    const int64_t maxp = ceil_div(units, minper);
+    if (P > maxp) P = maxp;
+    if (P > kMaxSplits) P = kMaxSplits;
+    if (P <= 1) return Split{1, units};
+    const int64_t per = ceil_div(ceil_div(units, P), align) * align;
+    return Split{ceil_div(units, per), per};
+}
+
+// Saturating byte counts: a size that does not fit is SIZE_MAX (the front end cannot provide it).
+size_t sat_floats(int64_t a, int64_t b, int64_t c) {
+    size_t v;
+    if (!kf__mul_size((size_t)a, (size_t)b, &v) || !kf__mul_size(v, (size_t)c, &v) ||
+        !kf__mul_size(v, sizeof(float), &v) || v > SIZE_MAX - KF__ALIGN)
+        return SIZE_MAX;
+    return kf__align_up(v);
+}
+size_t sat_add(size_t a, size_t b) {
+    size_t v;
+    return kf__add_size(a, b, &v) ? v : SIZE_MAX;
+}
+
+// Everything derived from (plan, N): tilings, splits, workspace offsets.
+struct Layout {
+    int64_t rt, ot;         // 64-row tiles of N, 64-wide tiles of out
+    int64_t FB, tpg, groups; // features per group, 64-column chunks per group, groups
+    Split f, w;             // forward feature ranges; dW row ranges
+    size_t off_inv, off_part, bytes;
+};
+
+Layout make_layout(const struct kf_kan_linear_plan *p, int64_t N) {
+    Layout l = {};
+    const int64_t cw = p->cw;
+    l.rt = ceil_div(N, kT);
+    l.ot = ceil_div(p->out, kT);
+    l.FB = cw <= kT ? kT / cw : 1;
+    if (l.FB > p->in) l.FB = p->in;
+    l.tpg = cw <= kT ? 1 : ceil_div(cw, kT);
+    l.groups = ceil_div(p->in, l.FB);
+    l.f = split_of(p->in, l.rt * l.ot, ceil_div(kMinSplit, cw), 1);
+    l.w = split_of(N, l.ot * l.groups * l.tpg, kMinSplit, kT);
+    l.off_inv = sat_floats(p->out, p->K, 1);
+    l.off_part = sat_add(l.off_inv, sat_floats(p->in, p->k, p->nk));
+    const size_t fwd = l.f.P > 1 ? sat_floats(l.f.P, N, p->out) : 0;
+    const size_t bwd = sat_floats(l.w.P, p->out, p->K);
+    l.bytes = sat_add(l.off_part, fwd > bwd ? fwd : bwd);
+    return l;
+}
+
+Prob make_prob(const struct kf_kan_linear_plan *p, int64_t N, const float *x, const float *grid,
+               void *ws) {
+    Prob P;
+    P.N = N; P.in = p->in; P.out = p->out; P.K = p->K; P.C = p->C; P.nk = p->nk; P.cw = p->cw;
+    P.k = p->k;
+    P.x = x; P.grid = grid;
+    P.W = kf__at<float>(ws, 0);
+    P.inv = nullptr;
+    return P;
+}
+
+kf_status grid_of(const char *fn, int64_t jobs, unsigned *g) {
+    if (jobs > INT32_MAX)
+        return kf__error(KF_ERR_UNSUPPORTED, fn,
+                         "%lld thread blocks needed, beyond the CUDA grid limit of 2^31 - 1",
+                         (long long)jobs);
+    *g = (unsigned)jobs;
+    return KF_OK;
+}
+
+// Blocks of a grid-stride launch over E elements.
+unsigned stride_blocks(int64_t E) {
+    const int64_t b = ceil_div(E, kThreads);
+    return (unsigned)(b < 1 ? 1 : b > 8192 ? 8192 : b);
+}
+
+kf_status check_order(const struct kf_kan_linear_plan *p, const char *fn) {
+    if (p->k > kMaxOrder)
+        return kf__error(KF_ERR_UNSUPPORTED, fn,
+                         "spline_order = %d: the CUDA backend supports spline orders up to %d",
+                         (int)p->k, kMaxOrder);
+    return KF_OK;
+}
+
+kf_status launch_prep(kf_context *ctx, const char *fn, const Prob &P, const float *base,
+                      const float *spline, const float *scaler, void *ws, const Layout &l,
+                      bool pack) {
+    const int64_t E = (pack ? P.out * P.K : 0) + P.in * P.k * P.nk;
+    if (E == 0) return KF_OK;
+    kan_prep<<<stride_blocks(E), kThreads, 0, kf__stream(ctx)>>>(
+        P, base, spline, scaler, kf__at<float>(ws, 0), kf__at<float>(ws, l.off_inv), pack);
+    KF__CUDA_LAUNCH_CHECK(fn, "kan_prep");
+    return KF_OK;
+}
+
+template <int KM>
+kf_status forward_km(kf_context *ctx, const char *fn, const Layout &l, const Prob &P, float *y,
+                     float *part) {
+    unsigned g = 0;
+    KF_TRY(grid_of(fn, l.rt * l.ot * l.f.P, &g));
+    kan_fwd<KM><<<g, kThreads, 0, kf__stream(ctx)>>>(P, y, part, l.ot, l.f.P, l.f.per);
+    KF__CUDA_LAUNCH_CHECK(fn, "kan_fwd");
+    if (l.f.P > 1) {
+        const int64_t E = P.N * P.out;
+        kan_sum<<<stride_blocks(E), kThreads, 0, kf__stream(ctx)>>>(part, l.f.P, E, y);
+        KF__CUDA_LAUNCH_CHECK(fn, "kan_sum");
+    }
+    return KF_OK;
+}
+
+template <int KM>
+kf_status backward_km(kf_context *ctx, const char *fn, const Layout &l, const Prob &P,
+                      const kf__kan_bwd *c, float *part) {
+    unsigned g = 0;
+    if (c->dx) {
+        KF_TRY(grid_of(fn, l.rt * l.groups, &g));
+        kan_dx<KM><<<g, kThreads, 0, kf__stream(ctx)>>>(P, c->dy, c->dx, l.groups, l.FB);
+        KF__CUDA_LAUNCH_CHECK(fn, "kan_dx");
+    }
+    if (c->dbase || c->dspline || c->dscaler) {
+        const int64_t ct_n = l.groups * l.tpg;
+        KF_TRY(grid_of(fn, l.ot * ct_n * l.w.P, &g));
+        kan_dw<KM><<<g, kThreads, 0, kf__stream(ctx)>>>(P, c->dy, part, ct_n, l.FB, l.tpg,
+                                                         l.w.P, l.w.per);
+        KF__CUDA_LAUNCH_CHECK(fn, "kan_dw");
+        Fold F;
+        F.part = part; F.Pw = l.w.P;
+        F.spline = c->spline; F.scaler = c->scaler;
+        F.dbase = c->dbase; F.dspline = c->dspline; F.dscaler = c->dscaler;
+        F.accumulate = c->accumulate;
+        kan_fold<<<stride_blocks(P.out * P.in), kThreads, 0, kf__stream(ctx)>>>(P, F);
+        KF__CUDA_LAUNCH_CHECK(fn, "kan_fold");
+    }
+    return KF_OK;
+}
+
+} // namespace
+
+extern "C" size_t kf__cuda_kan_workspace(const struct kf_kan_linear_plan *p, int64_t N) {
+    return make_layout(p, N).bytes;
+}
+
+extern "C" kf_status kf__cuda_kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
+    static const char fn[] = "kf_kan_linear_forward";
+    const struct kf_kan_linear_plan *p = c->plan;
+    KF_TRY(check_order(p, fn));
+    if (c->N <= 0) return KF_OK;
+    const Layout l = make_layout(p, c->N);
+    KF__CUDA_TRY(fn, cudaSetDevice(ctx->device_index));
+    Prob P = make_prob(p, c->N, c->x, c->grid, c->ws);
+    P.inv = kf__at<float>(c->ws, l.off_inv);
+    KF_TRY(launch_prep(ctx, fn, P, c->base, c->spline, c->scaler, c->ws, l, true));
+    float *part = kf__at<float>(c->ws, l.off_part);
+    if (p->k <= 3) return forward_km<3>(ctx, fn, l, P, c->y, part);
+    return forward_km<kMaxOrder>(ctx, fn, l, P, c->y, part);
+}
+
+extern "C" kf_status kf__cuda_kan_backward(kf_context *ctx, const kf__kan_bwd *c) {
+    static const char fn[] = "kf_kan_linear_backward";
+    const struct kf_kan_linear_plan *p = c->plan;
+    KF_TRY(check_order(p, fn));
+    if (c->dx == nullptr && c->dbase == nullptr && c->dspline == nullptr &&
+        c->dscaler == nullptr)
+        return KF_OK;
+    if (c->N <= 0) return KF_OK;
+    const Layout l = make_layout(p, c->N);
+    KF__CUDA_TRY(fn, cudaSetDevice(ctx->device_index));
+    Prob P = make_prob(p, c->N, c->x, c->grid, c->ws);
+    P.inv = kf__at<float>(c->ws, l.off_inv);
+    KF_TRY(launch_prep(ctx, fn, P, c->base, c->spline, c->scaler, c->ws, l, c->dx != nullptr));
+    float *part = kf__at<float>(c->ws, l.off_part);
+    if (p->k <= 3) return backward_km<3>(ctx, fn, l, P, c, part);
+    return backward_km<kMaxOrder>(ctx, fn, l, P, c, part);
+}
