@@ -9,11 +9,12 @@
 # found under BUILD_DIR with LD_LIBRARY_PATH set, the way ctest would run them (--jobs 1).
 #
 # Steps (KF_GPU_PARTS, default all: "tests sanitizer bench_rnn bench_sklinear"): nvidia-smi and
-# every C test (KF_GPU_TESTS: a name glob, default test_*); compute-sanitizer memcheck on the
-# CUDA tests and racecheck on test_rnn_cuda; benches/gpu_rnn.py (kfuse vs cuDNN's GRU and the
+# every C test (KF_GPU_TESTS: a name glob, default test_*); compute-sanitizer memcheck and
+# racecheck on the CUDA tests (100 s each for SKLinear and KANLinear; test_rnn_cuda's racecheck
+# filtered to the cases that cover every kernel); benches/gpu_rnn.py (kfuse vs cuDNN's GRU and the
 # eager A-GRU loop); benches/gpu_sklinear.py (kfuse vs dense nn.Linear, two eager GEMMs and
 # Panther's formulation). Everything goes to $OUT (default /tmp/kf-gpu-out), at most 8 files; a
-# summary table prints last. Aim: under 9 minutes for all parts.
+# summary table prints last. Aim: under 10 minutes (one device call) for all parts.
 set -u
 cd "$(dirname "$0")/.."
 BUILD=$(cd "${1:-build-gpu}" && pwd -P) || { echo "no build directory ${1:-build-gpu}"; exit 2; }
@@ -63,23 +64,31 @@ for t in $run_tests; do
     if [ $rc -eq 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); failed="$failed $name"; fi
 done
 row "C tests" "$([ $fail -eq 0 ] && [ $pass -gt 0 ] && echo ok || echo FAIL)" "$pass passed, $fail failed${failed:+:$failed}"
-for name in test_rnn_cuda test_sklinear_cuda; do
+for name in test_rnn_cuda test_sklinear_cuda test_kan_linear_cuda; do
     cuda_line=$(grep -A400 "^=== $name\$" "$OUT/tests.log" | grep -m1 'Synthesis' || true)
     row "  $name" "" "${cuda_line:-no synthesis line (see tests.log)}"
 done
 
 # 3. compute-sanitizer on the CUDA test (Criterion forks a child per test: follow it)
 RNN_CUDA=$(echo "$tests" | grep '/test_rnn_cuda$' | head -1)
-SKL_CUDA=$(echo "$tests" | grep '/test_sklinear_cuda$' | head -1)
+# memcheck and racecheck on each layer's CUDA test other than the recurrent one (below, whose
+# racecheck is filtered); their logs are appended to its logs afterwards (the file budget of $OUT)
 if ! part sanitizer; then
     row "compute-sanitizer" SKIP "not in KF_GPU_PARTS"
-elif [ -n "$SAN" ] && [ -n "$SKL_CUDA" ]; then
-    log="$OUT/sanitizer-memcheck.log"
-    timeout 200 "$SAN" --tool memcheck --leak-check no --target-processes all --error-exitcode 86 \
-        "$SKL_CUDA" --jobs 1 > "$log.skl" 2>&1
-    rc=$?
-    row "memcheck test_sklinear_cuda" "$([ $rc -eq 0 ] && echo ok || echo "FAIL($rc)")" \
-        "$(grep -m1 'ERROR SUMMARY' "$log.skl" || echo "no summary")"
+elif [ -n "$SAN" ]; then
+    for name in test_sklinear_cuda test_kan_linear_cuda; do
+        bin=$(echo "$tests" | grep "/$name\$" | head -1)
+        [ -n "$bin" ] || continue
+        for tool in memcheck racecheck; do
+            extra=""
+            [ "$tool" = memcheck ] && extra="--leak-check no"
+            timeout 100 "$SAN" --tool "$tool" $extra --target-processes all --error-exitcode 86 \
+                "$bin" --jobs 1 > "$OUT/sanitizer-$tool.log.$name" 2>&1
+            rc=$?
+            row "$tool $name" "$([ $rc -eq 0 ] && echo ok || echo "FAIL($rc)")" \
+                "$(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$tool.log.$name" || echo "no summary")"
+        done
+    done
 fi
 if ! part sanitizer; then
     :
@@ -102,7 +111,9 @@ else
 fi
 
 # the memcheck logs of both tests in one file (the file budget of $OUT)
-[ -f "$OUT/sanitizer-memcheck.log.skl" ] && { cat "$OUT/sanitizer-memcheck.log.skl" >> "$OUT/sanitizer-memcheck.log"; rm -f "$OUT/sanitizer-memcheck.log.skl"; }
+for f in "$OUT"/sanitizer-*.log.test_*; do
+    [ -f "$f" ] && { cat "$f" >> "${f%%.log.*}.log"; rm -f "$f"; }
+done
 
 # 4. benchmarks: recurrent layers against cuDNN and the eager A-GRU loop; SKLinear against dense,
 #    two eager GEMMs and Panther's formulation. Each log holds the JSON rows, the .md the table.
