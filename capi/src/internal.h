@@ -67,6 +67,15 @@ kf_status kf__check_struct_size(const char *fn, const char *arg, const void *s, 
 kf_status kf__check_tensor(const kf_context *ctx, const char *fn, const char *arg,
                            const kf_tensor *t, kf_dtype dtype, int32_t ndim, int64_t *shape,
                            bool optional, bool *present);
+/* A float32 row tensor [..., width] of a layer whose input has any leading dims: `ndim` < 0
+ * takes the tensor's own rank (1..KF_MAX_DIMS) with free leading extents; otherwise the rank is
+ * `ndim` and the leading extents must equal `lead` (ndim - 1 of them). `shape` (KF_MAX_DIMS
+ * entries) receives the checked shape and *rows the product of the leading extents (at most
+ * INT32_MAX: kernels index rows with 32-bit ints); an absent optional tensor gives rows = 0. */
+kf_status kf__check_row_tensor(const kf_context *ctx, const char *fn, const char *arg,
+                               const kf_tensor *t, int32_t ndim, const int64_t *lead,
+                               int64_t width, bool optional, int64_t *shape, bool *present,
+                               int64_t *rows);
 /* For a CUDA context, that `p` (a caller workspace or reserve) is memory of its device. */
 kf_status kf__check_device_memory(const kf_context *ctx, const char *fn, const char *arg,
                                   const void *p);

@@ -126,33 +126,6 @@ KF_API kf_status kf_kan_linear_workspace_size(const kf_kan_linear_plan *plan, in
     return KF_OK;
 }
 
-/* A row tensor [..., width] whose leading dims match `lead` (ndim - 1 of them; lead == NULL:
- * free, reported through `shape`). Returns the row count in *N. */
-static kf_status kf__kan_check_rows_tensor(const kf_kan_linear_plan *p, const char *fn,
-                                           const char *arg, const kf_tensor *t, int32_t ndim,
-                                           const int64_t *lead, int64_t width, bool optional,
-                                           int64_t *shape, bool *present, int64_t *N) {
-    *present = false;
-    if (N) *N = 0;
-    if (t->data == NULL && optional) return KF_OK;
-    if (ndim < 0) {
-        KF_CHECK_FN(fn, t->ndim >= 1 && t->ndim <= KF_MAX_DIMS, KF_ERR_INVALID_ARGUMENT,
-                    "%s.ndim = %d, expected 1..%d", arg, (int)t->ndim, KF_MAX_DIMS);
-        ndim = t->ndim;
-    }
-    for (int32_t i = 0; i + 1 < ndim; ++i) shape[i] = lead ? lead[i] : -1;
-    shape[ndim - 1] = width;
-    KF_TRY(kf__check_tensor(p->ctx, fn, arg, t, KF_DTYPE_F32, ndim, shape, optional, present));
-    int64_t rows = 1;
-    for (int32_t i = 0; i + 1 < ndim; ++i)
-        KF_CHECK_FN(fn, !__builtin_mul_overflow(rows, shape[i], &rows) &&
-                            rows <= KF__KAN_MAX_EXTENT,
-                    KF_ERR_INVALID_ARGUMENT, "%s has more than %d rows (product of its leading "
-                    "dims)", arg, KF__KAN_MAX_EXTENT);
-    if (N) *N = rows;
-    return KF_OK;
-}
-
 /* Every knot finite and each feature's row non-decreasing. Reads the grid, so CPU contexts only
  * (on a CUDA context it would need a synchronisation; kfuse.h leaves such a grid unspecified). */
 static kf_status kf__kan_check_grid_values(const kf_kan_linear_plan *p, const char *fn,
@@ -218,14 +191,14 @@ KF_API kf_status kf_kan_linear_forward(kf_kan_linear_plan *plan,
     KF_TRY(kf__check_struct_size(__func__, "args", args, sizeof(kf_kan_linear_forward_args)));
     int64_t xs[KF_MAX_DIMS], ys[KF_MAX_DIMS], N;
     bool present;
-    KF_TRY(kf__kan_check_rows_tensor(plan, __func__, "args->x", &args->x, -1, NULL, plan->in,
+    KF_TRY(kf__check_row_tensor(plan->ctx, __func__, "args->x", &args->x, -1, NULL, plan->in,
                                      false, xs, &present, &N));
     KF_TRY(kf__kan_check_rows(__func__, plan, N));
     kf__kan_fwd c = {.plan = plan, .N = N, .x = args->x.data, .y = args->y.data};
     KF_TRY(kf__kan_check_params(plan, __func__, &args->grid, &args->base_weight,
                                 &args->spline_weight, &args->spline_scaler, &c.grid, &c.base,
                                 &c.spline, &c.scaler));
-    KF_TRY(kf__kan_check_rows_tensor(plan, __func__, "args->y", &args->y, args->x.ndim, xs,
+    KF_TRY(kf__check_row_tensor(plan->ctx, __func__, "args->y", &args->y, args->x.ndim, xs,
                                      plan->out, false, ys, &present, NULL));
     KF_TRY(kf__kan_cuda_unsupported(plan, __func__));
     size_t need = kf__kan_workspace(plan, N);
@@ -248,7 +221,7 @@ KF_API kf_status kf_kan_linear_backward(kf_kan_linear_plan *plan, kf_grad_mode g
     KF_TRY(kf__check_struct_size(__func__, "args", args, sizeof(kf_kan_linear_backward_args)));
     int64_t xs[KF_MAX_DIMS], s[KF_MAX_DIMS], N;
     bool present;
-    KF_TRY(kf__kan_check_rows_tensor(plan, __func__, "args->x", &args->x, -1, NULL, plan->in,
+    KF_TRY(kf__check_row_tensor(plan->ctx, __func__, "args->x", &args->x, -1, NULL, plan->in,
                                      false, xs, &present, &N));
     KF_TRY(kf__kan_check_rows(__func__, plan, N));
     kf__kan_bwd c = {.plan = plan, .N = N, .x = args->x.data,
@@ -257,10 +230,10 @@ KF_API kf_status kf_kan_linear_backward(kf_kan_linear_plan *plan, kf_grad_mode g
                                 &args->spline_weight, &args->spline_scaler, &c.grid, &c.base,
                                 &c.spline, &c.scaler));
     int32_t nd = args->x.ndim;
-    KF_TRY(kf__kan_check_rows_tensor(plan, __func__, "args->dy", &args->dy, nd, xs, plan->out,
+    KF_TRY(kf__check_row_tensor(plan->ctx, __func__, "args->dy", &args->dy, nd, xs, plan->out,
                                      false, s, &present, NULL));
     c.dy = args->dy.data;
-    KF_TRY(kf__kan_check_rows_tensor(plan, __func__, "args->dx", &args->dx, nd, xs, plan->in,
+    KF_TRY(kf__check_row_tensor(plan->ctx, __func__, "args->dx", &args->dx, nd, xs, plan->in,
                                      true, s, &present, NULL));
     c.dx = present ? args->dx.data : NULL;
     int64_t oi[2] = {plan->out, plan->in}, oic[3] = {plan->out, plan->in, plan->C};

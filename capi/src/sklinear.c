@@ -127,33 +127,6 @@ KF_API kf_status kf_sklinear_workspace_size(const kf_sklinear_plan *plan, int64_
     return KF_OK;
 }
 
-/* A row tensor [..., width] whose leading dims match `lead` (ndim - 1 of them; lead == NULL:
- * free, reported through `shape`). Returns the row count in *N. */
-static kf_status kf__skl_check_rows_tensor(const kf_sklinear_plan *p, const char *fn,
-                                           const char *arg, const kf_tensor *t, int32_t ndim,
-                                           const int64_t *lead, int64_t width, bool optional,
-                                           int64_t *shape, bool *present, int64_t *N) {
-    *present = false;
-    if (N) *N = 0;
-    if (t->data == NULL && optional) return KF_OK;
-    if (ndim < 0) {
-        KF_CHECK_FN(fn, t->ndim >= 1 && t->ndim <= KF_MAX_DIMS, KF_ERR_INVALID_ARGUMENT,
-                    "%s.ndim = %d, expected 1..%d", arg, (int)t->ndim, KF_MAX_DIMS);
-        ndim = t->ndim;
-    }
-    for (int32_t i = 0; i + 1 < ndim; ++i) shape[i] = lead ? lead[i] : -1;
-    shape[ndim - 1] = width;
-    KF_TRY(kf__check_tensor(p->ctx, fn, arg, t, KF_DTYPE_F32, ndim, shape, optional, present));
-    int64_t rows = 1;
-    for (int32_t i = 0; i + 1 < ndim; ++i)
-        KF_CHECK_FN(fn, !__builtin_mul_overflow(rows, shape[i], &rows) &&
-                            rows <= KF__SKL_MAX_EXTENT,
-                    KF_ERR_INVALID_ARGUMENT, "%s has more than %d rows (product of its leading "
-                    "dims)", arg, KF__SKL_MAX_EXTENT);
-    if (N) *N = rows;
-    return KF_OK;
-}
-
 /* The parameters forward and backward share, checked against the plan. */
 static kf_status kf__skl_check_params(const kf_sklinear_plan *p, const char *fn,
                                       const kf_tensor *S1s, const kf_tensor *S2s,
@@ -190,7 +163,7 @@ KF_API kf_status kf_sklinear_forward(kf_sklinear_plan *plan, const kf_sklinear_f
     KF_TRY(kf__check_struct_size(__func__, "args", args, sizeof(kf_sklinear_forward_args)));
     int64_t xs[KF_MAX_DIMS], ys[KF_MAX_DIMS], N;
     bool present;
-    KF_TRY(kf__skl_check_rows_tensor(plan, __func__, "args->x", &args->x, -1, NULL, plan->in,
+    KF_TRY(kf__check_row_tensor(plan->ctx, __func__, "args->x", &args->x, -1, NULL, plan->in,
                                      false, xs, &present, &N));
     KF_TRY(kf__skl_check_rows(__func__, plan, N));
     kf__skl_fwd c = {.plan = plan, .N = N, .x = args->x.data, .y = args->y.data};
@@ -199,7 +172,7 @@ KF_API kf_status kf_sklinear_forward(kf_sklinear_plan *plan, const kf_sklinear_f
     float *bias = NULL;
     KF_TRY(kf__skl_check_bias(plan, __func__, "args->bias", &args->bias, false, &bias));
     c.bias = bias;
-    KF_TRY(kf__skl_check_rows_tensor(plan, __func__, "args->y", &args->y, args->x.ndim, xs,
+    KF_TRY(kf__check_row_tensor(plan->ctx, __func__, "args->y", &args->y, args->x.ndim, xs,
                                      plan->out, false, ys, &present, NULL));
     size_t need = kf__skl_workspace(plan, N);
     KF_TRY(kf__workspace_select(plan->ctx, __func__, workspace, workspace_bytes, need, &c.ws));
@@ -221,7 +194,7 @@ KF_API kf_status kf_sklinear_backward(kf_sklinear_plan *plan, kf_grad_mode grad_
     KF_TRY(kf__check_struct_size(__func__, "args", args, sizeof(kf_sklinear_backward_args)));
     int64_t xs[KF_MAX_DIMS], s[KF_MAX_DIMS], N;
     bool present;
-    KF_TRY(kf__skl_check_rows_tensor(plan, __func__, "args->x", &args->x, -1, NULL, plan->in,
+    KF_TRY(kf__check_row_tensor(plan->ctx, __func__, "args->x", &args->x, -1, NULL, plan->in,
                                      false, xs, &present, &N));
     KF_TRY(kf__skl_check_rows(__func__, plan, N));
     kf__skl_bwd c = {.plan = plan, .N = N, .x = args->x.data,
@@ -229,10 +202,10 @@ KF_API kf_status kf_sklinear_backward(kf_sklinear_plan *plan, kf_grad_mode grad_
     KF_TRY(kf__skl_check_params(plan, __func__, &args->S1s, &args->S2s, &args->U1s, &args->U2s,
                                 &c.S1, &c.S2, &c.U1, &c.U2));
     int32_t nd = args->x.ndim;
-    KF_TRY(kf__skl_check_rows_tensor(plan, __func__, "args->dy", &args->dy, nd, xs, plan->out,
+    KF_TRY(kf__check_row_tensor(plan->ctx, __func__, "args->dy", &args->dy, nd, xs, plan->out,
                                      false, s, &present, NULL));
     c.dy = args->dy.data;
-    KF_TRY(kf__skl_check_rows_tensor(plan, __func__, "args->dx", &args->dx, nd, xs, plan->in,
+    KF_TRY(kf__check_row_tensor(plan->ctx, __func__, "args->dx", &args->dx, nd, xs, plan->in,
                                      true, s, &present, NULL));
     c.dx = present ? args->dx.data : NULL;
     int64_t in_k[3] = {plan->L, plan->in, plan->k}, k_out[3] = {plan->L, plan->k, plan->out};

@@ -109,3 +109,27 @@ kf_status kf__check_tensor(const kf_context *ctx, const char *fn, const char *ar
     *present = true;
     return KF_OK;
 }
+
+kf_status kf__check_row_tensor(const kf_context *ctx, const char *fn, const char *arg,
+                               const kf_tensor *t, int32_t ndim, const int64_t *lead,
+                               int64_t width, bool optional, int64_t *shape, bool *present,
+                               int64_t *rows) {
+    *present = false;
+    if (rows) *rows = 0;
+    if (t->data == NULL && optional) return KF_OK;
+    if (ndim < 0) {
+        KF_CHECK_FN(fn, t->ndim >= 1 && t->ndim <= KF_MAX_DIMS, KF_ERR_INVALID_ARGUMENT,
+                    "%s.ndim = %d, expected 1..%d", arg, (int)t->ndim, KF_MAX_DIMS);
+        ndim = t->ndim;
+    }
+    for (int32_t i = 0; i + 1 < ndim; ++i) shape[i] = lead ? lead[i] : -1;
+    shape[ndim - 1] = width;
+    KF_TRY(kf__check_tensor(ctx, fn, arg, t, KF_DTYPE_F32, ndim, shape, optional, present));
+    int64_t n = 1;
+    for (int32_t i = 0; i + 1 < ndim; ++i)
+        KF_CHECK_FN(fn, !__builtin_mul_overflow(n, shape[i], &n) && n <= INT32_MAX,
+                    KF_ERR_INVALID_ARGUMENT, "%s has more than %d rows (product of its leading "
+                    "dims)", arg, INT32_MAX);
+    if (rows) *rows = n;
+    return KF_OK;
+}
