@@ -83,4 +83,42 @@ static inline unsigned kf__blocks(int64_t n, int threads) {
     return (unsigned)((n + threads - 1) / threads);
 }
 
+// ---- host-side sizing shared by the kernels' launch plans -----------------------------------
+static inline int64_t kf__ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// A reduction of `units` split into P ranges of `per` units (the last possibly shorter).
+struct kf__split {
+    int64_t P, per;
+};
+
+// The split for a grid of `jobs` blocks per range: enough ranges to reach `target` blocks, at
+// least `minper` units per range and at most `maxp` ranges, boundaries at multiples of `align`.
+// A function of the shape only, so workspace sizes and result bits are the same on every GPU.
+static inline kf__split kf__split_of(int64_t units, int64_t jobs, int64_t minper, int64_t align,
+                                     int64_t target, int64_t maxp) {
+    if (units <= 0) return kf__split{1, 1};
+    if (jobs < 1) jobs = 1;
+    int64_t P = jobs >= target ? 1 : kf__ceil_div(target, jobs);
+    const int64_t most = kf__ceil_div(units, minper);
+    if (P > most) P = most;
+    if (P > maxp) P = maxp;
+    if (P <= 1) return kf__split{1, units};
+    const int64_t per = kf__ceil_div(kf__ceil_div(units, P), align) * align;
+    return kf__split{kf__ceil_div(units, per), per};
+}
+
+// Saturating workspace byte counts: a size that does not fit is SIZE_MAX (the front end cannot
+// provide it and reports the shape).
+static inline size_t kf__sat_floats(int64_t a, int64_t b, int64_t c) {
+    size_t v;
+    if (!kf__mul_size((size_t)a, (size_t)b, &v) || !kf__mul_size(v, (size_t)c, &v) ||
+        !kf__mul_size(v, sizeof(float), &v) || v > SIZE_MAX - KF__ALIGN)
+        return SIZE_MAX;
+    return kf__align_up(v);
+}
+static inline size_t kf__sat_add(size_t a, size_t b) {
+    size_t v;
+    return kf__add_size(a, b, &v) ? v : SIZE_MAX;
+}
+
 #endif // KF_CUDA_COMMON_CUH

@@ -423,62 +423,36 @@ __global__ void __launch_bounds__(kThreads) kan_fold(Prob P, Fold F) {
 }
 
 // ---- host side --------------------------------------------------------------------------------
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-struct Split {
-    int64_t P, per; // P ranges of `per` units each (the last possibly shorter)
-};
-
-// Splits `units` of reduction for a grid of `jobs` blocks per split, at least `minper` units
-// per split, range boundaries at multiples of `align`.
-Split split_of(int64_t units, int64_t jobs, int64_t minper, int64_t align) {
-    if (jobs < 1) jobs = 1;
-    int64_t P = jobs >= kTargetBlocks ? 1 : ceil_div(kTargetBlocks, jobs);
-    const int64_t maxp = ceil_div(units, minper);
-    if (P > maxp) P = maxp;
-    if (P > kMaxSplits) P = kMaxSplits;
-    if (P <= 1) return Split{1, units};
-    const int64_t per = ceil_div(ceil_div(units, P), align) * align;
-    return Split{ceil_div(units, per), per};
-}
-
-// Saturating byte counts: a size that does not fit is SIZE_MAX (the front end cannot provide it).
-size_t sat_floats(int64_t a, int64_t b, int64_t c) {
-    size_t v;
-    if (!kf__mul_size((size_t)a, (size_t)b, &v) || !kf__mul_size(v, (size_t)c, &v) ||
-        !kf__mul_size(v, sizeof(float), &v) || v > SIZE_MAX - KF__ALIGN)
-        return SIZE_MAX;
-    return kf__align_up(v);
-}
-size_t sat_add(size_t a, size_t b) {
-    size_t v;
-    return kf__add_size(a, b, &v) ? v : SIZE_MAX;
+// Splits `units` of reduction for a grid of `jobs` blocks per split (kf__split_of).
+kf__split split_of(int64_t units, int64_t jobs, int64_t minper, int64_t align) {
+    return kf__split_of(units, jobs, minper, align, kTargetBlocks, kMaxSplits);
 }
 
 // Everything derived from (plan, N): tilings, splits, workspace offsets.
 struct Layout {
     int64_t rt, ot;         // 64-row tiles of N, 64-wide tiles of out
     int64_t FB, tpg, groups; // features per group, 64-column chunks per group, groups
-    Split f, w;             // forward feature ranges; dW row ranges
+    kf__split f, w;         // forward feature ranges; dW row ranges
     size_t off_inv, off_part, bytes;
 };
 
 Layout make_layout(const struct kf_kan_linear_plan *p, int64_t N) {
     Layout l = {};
     const int64_t cw = p->cw;
-    l.rt = ceil_div(N, kT);
-    l.ot = ceil_div(p->out, kT);
+    l.rt = kf__ceil_div(N, kT);
+    l.ot = kf__ceil_div(p->out, kT);
     l.FB = cw <= kT ? kT / cw : 1;
     if (l.FB > p->in) l.FB = p->in;
-    l.tpg = cw <= kT ? 1 : ceil_div(cw, kT);
-    l.groups = ceil_div(p->in, l.FB);
-    l.f = split_of(p->in, l.rt * l.ot, ceil_div(kMinSplit, cw), 1);
+    l.tpg = cw <= kT ? 1 : kf__ceil_div(cw, kT);
+    l.groups = kf__ceil_div(p->in, l.FB);
+    l.f = split_of(p->in, l.rt * l.ot, kf__ceil_div(kMinSplit, cw), 1);
     l.w = split_of(N, l.ot * l.groups * l.tpg, kMinSplit, kT);
-    l.off_inv = sat_floats(p->out, p->K, 1);
-    l.off_part = sat_add(l.off_inv, sat_floats(p->in, p->k, p->nk));
-    const size_t fwd = l.f.P > 1 ? sat_floats(l.f.P, N, p->out) : 0;
-    const size_t bwd = sat_floats(l.w.P, p->out, p->K);
-    l.bytes = sat_add(l.off_part, fwd > bwd ? fwd : bwd);
+    l.off_inv = kf__sat_floats(p->out, p->K, 1);
+    l.off_part = kf__sat_add(l.off_inv, kf__sat_floats(p->in, p->k, p->nk));
+    const size_t fwd = l.f.P > 1 ? kf__sat_floats(l.f.P, N, p->out) : 0;
+    const size_t bwd = kf__sat_floats(l.w.P, p->out, p->K);
+    l.bytes = kf__sat_add(l.off_part, fwd > bwd ? fwd : bwd);
     return l;
 }
 
@@ -504,7 +478,7 @@ kf_status grid_of(const char *fn, int64_t jobs, unsigned *g) {
 
 // Blocks of a grid-stride launch over E elements.
 unsigned stride_blocks(int64_t E) {
-    const int64_t b = ceil_div(E, kThreads);
+    const int64_t b = kf__ceil_div(E, kThreads);
     return (unsigned)(b < 1 ? 1 : b > 8192 ? 8192 : b);
 }
 

@@ -525,38 +525,12 @@ __global__ void __launch_bounds__(kThreads) skl_wreduce(Net a, BwdJobs b) {
 }
 
 // ---- host side --------------------------------------------------------------------------------
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 int cw_for(int64_t cols) { return cols <= 32 ? 1 : cols <= 64 ? 2 : cols <= 128 ? 4 : 8; }
 
-struct Split {
-    int64_t P, KC; // P chunks of K, KC each (the last possibly shorter)
-};
-
 // Splits of K for a grid that has `jobs` blocks per split.
-Split split_k(int64_t K, int64_t jobs) {
-    if (K <= 0) return Split{1, 1};
-    if (jobs < 1) jobs = 1;
-    int64_t P = jobs >= kTargetBlocks ? 1 : ceil_div(kTargetBlocks, jobs);
-    const int64_t maxp = ceil_div(K, kMinSplit);
-    if (P > maxp) P = maxp;
-    if (P > kMaxSplits) P = kMaxSplits;
-    if (P <= 1) return Split{1, K};
-    const int64_t KC = ceil_div(ceil_div(K, P), kSplitAlign) * kSplitAlign;
-    return Split{ceil_div(K, KC), KC};
-}
-
-// Saturating byte counts: a size that does not fit is SIZE_MAX (the front end cannot provide it).
-size_t sat_floats(int64_t a, int64_t b, int64_t c) {
-    size_t v;
-    if (!kf__mul_size((size_t)a, (size_t)b, &v) || !kf__mul_size(v, (size_t)c, &v) ||
-        !kf__mul_size(v, sizeof(float), &v) || v > SIZE_MAX - KF__ALIGN)
-        return SIZE_MAX;
-    return kf__align_up(v);
-}
-size_t sat_add(size_t a, size_t b) {
-    size_t v;
-    return kf__add_size(a, b, &v) ? v : SIZE_MAX;
+kf__split split_k(int64_t K, int64_t jobs) {
+    return kf__split_of(K, jobs, kMinSplit, kSplitAlign, kTargetBlocks, kMaxSplits);
 }
 
 // Everything derived from (plan, N): paths, tilings, splits, workspace offsets.
@@ -567,7 +541,7 @@ struct Layout {
     int64_t bn;                     // 32 * cw
     bool fused;
     int64_t cpb, groups;            // fused: column tiles per block, column groups
-    Split fz, dz, z2, w;
+    kf__split fz, dz, z2, w;
     int64_t rc_f, rc_dz, rc_z2;     // column tiles of the Z, dZ, Z2 partial problems
     size_t off_z2, off_w1, off_w2, off_wb; // backward (dZ partials at 0; forward's Z too)
     size_t fwd_bytes, bwd_bytes;
@@ -576,44 +550,44 @@ struct Layout {
 Layout make_layout(const struct kf_sklinear_plan *p, int64_t N) {
     Layout l = {};
     l.N = N; l.in = p->in; l.out = p->out; l.r = p->r; l.R = 2 * p->r;
-    l.rt = ceil_div(N, kBM);
-    l.rtr = ceil_div(l.r, kBM);
-    l.ct_in = ceil_div(l.in, kWide);
-    l.ct_out = ceil_div(l.out, kWide);
+    l.rt = kf__ceil_div(N, kBM);
+    l.rtr = kf__ceil_div(l.r, kBM);
+    l.ct_in = kf__ceil_div(l.in, kWide);
+    l.ct_out = kf__ceil_div(l.out, kWide);
     l.cw = cw_for(l.R);
     l.bn = 32 * l.cw;
 
     // Forward path (see the top of the file).
     l.fused = l.R <= 256 && l.in * l.bn <= kFusedMaxW1;
-    l.rc_f = ceil_div(l.R, l.bn);
+    l.rc_f = kf__ceil_div(l.R, l.bn);
     if (l.fused) {
         int64_t cpb = l.rt * l.ct_out / kTargetBlocks;
         l.cpb = cpb < 1 ? 1 : cpb > l.ct_out ? l.ct_out : cpb;
-        l.groups = ceil_div(l.ct_out, l.cpb);
-        l.fz = Split{1, l.in};
+        l.groups = kf__ceil_div(l.ct_out, l.cpb);
+        l.fz = kf__split{1, l.in};
         l.fwd_bytes = 0;
     } else {
         l.fz = split_k(l.in, l.rt * l.rc_f);
-        l.fwd_bytes = sat_floats(l.fz.P, N, l.R);
+        l.fwd_bytes = kf__sat_floats(l.fz.P, N, l.R);
     }
 
     // Backward.
-    l.rc_dz = ceil_div(l.R, l.bn);
-    l.rc_z2 = ceil_div(l.r, l.bn);
+    l.rc_dz = kf__ceil_div(l.R, l.bn);
+    l.rc_z2 = kf__ceil_div(l.r, l.bn);
     // dZ and Z2 share one grid: each aims for half of it.
     l.dz = split_k(l.out, 2 * l.rt * l.rc_dz);
     l.z2 = split_k(l.in, 2 * l.rt * l.rc_z2);
     l.w = split_k(N, l.rtr * (l.ct_in + l.ct_out));
-    size_t o = sat_floats(l.dz.P, N, l.R);
+    size_t o = kf__sat_floats(l.dz.P, N, l.R);
     l.off_z2 = o;
-    o = sat_add(o, sat_floats(l.z2.P, N, l.r));
+    o = kf__sat_add(o, kf__sat_floats(l.z2.P, N, l.r));
     if (l.w.P > 1) {
         l.off_w1 = o;
-        o = sat_add(o, sat_floats(l.w.P, l.r, l.in));
+        o = kf__sat_add(o, kf__sat_floats(l.w.P, l.r, l.in));
         l.off_w2 = o;
-        o = sat_add(o, sat_floats(l.w.P, l.r, l.out));
+        o = kf__sat_add(o, kf__sat_floats(l.w.P, l.r, l.out));
         l.off_wb = o;
-        o = sat_add(o, sat_floats(l.w.P, 1, l.out));
+        o = kf__sat_add(o, kf__sat_floats(l.w.P, 1, l.out));
     }
     l.bwd_bytes = o;
     return l;
@@ -700,7 +674,7 @@ extern "C" kf_status kf__cuda_skl_forward(kf_context *ctx, const kf__skl_fwd *c)
     }
     float *part = kf__at<float>(c->ws, 0);
     PartJob px = {};
-    px.P = l.fz.P; px.KC = l.fz.KC; px.RC = l.rc_f; px.K = l.in;
+    px.P = l.fz.P; px.KC = l.fz.per; px.RC = l.rc_f; px.K = l.in;
     px.jobs = l.rt * px.P * px.RC;
     px.ncols = (int)l.R; px.col_base = 0; px.scale = 1.0f;
     px.part = part;
@@ -724,13 +698,13 @@ extern "C" kf_status kf__cuda_skl_backward(kf_context *ctx, const kf__skl_bwd *c
     // 1. Partials of Z2 = x U2 and dZ = dy W2^T / (2L).
     PartJob px = no_part(), pd = no_part();
     if (need_z2) {
-        px.P = l.z2.P; px.KC = l.z2.KC; px.RC = l.rc_z2; px.K = l.in;
+        px.P = l.z2.P; px.KC = l.z2.per; px.RC = l.rc_z2; px.K = l.in;
         px.jobs = l.rt * px.P * px.RC;
         px.ncols = (int)l.r; px.col_base = (int)l.r; px.scale = 1.0f;
         px.part = kf__at<float>(c->ws, l.off_z2);
     }
     if (need_dz) {
-        pd.P = l.dz.P; pd.KC = l.dz.KC; pd.RC = l.rc_dz; pd.K = l.out;
+        pd.P = l.dz.P; pd.KC = l.dz.per; pd.RC = l.rc_dz; pd.K = l.out;
         pd.jobs = l.rt * pd.P * pd.RC;
         pd.ncols = (int)l.R; pd.col_base = 0; pd.scale = a.inv;
         pd.part = kf__at<float>(c->ws, 0);
@@ -740,7 +714,7 @@ extern "C" kf_status kf__cuda_skl_backward(kf_context *ctx, const kf__skl_bwd *c
     // 2. dx, dS1s, dS2s, dbias tiles.
     BwdJobs b = {};
     b.ct_in = l.ct_in; b.ct_out = l.ct_out;
-    b.Pw = l.w.P; b.KCw = l.w.KC;
+    b.Pw = l.w.P; b.KCw = l.w.per;
     b.Pdz = l.dz.P; b.Pz2 = l.z2.P;
     b.dz = kf__at<float>(c->ws, 0);
     b.z2 = need_z2 ? kf__at<float>(c->ws, l.off_z2) : nullptr;
@@ -765,7 +739,7 @@ extern "C" kf_status kf__cuda_skl_backward(kf_context *ctx, const kf__skl_bwd *c
     if (l.w.P > 1 && (c->dS1 || c->dS2 || c->db)) {
         const int64_t E = (c->dS1 ? l.r * l.in : 0) + (c->dS2 ? l.r * l.out : 0) +
                           (c->db ? l.out : 0);
-        const int64_t blocks = ceil_div(E, kThreads);
+        const int64_t blocks = kf__ceil_div(E, kThreads);
         skl_wreduce<<<(unsigned)(blocks < 65535 ? blocks : 65535), kThreads, 0,
                       kf__stream(ctx)>>>(a, b);
         KF__CUDA_LAUNCH_CHECK(fn, "skl_wreduce");
