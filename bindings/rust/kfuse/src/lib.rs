@@ -3,7 +3,8 @@
 //!
 //! Today: stacked **GRU** (exactly `torch.nn.GRU`) and **A-GRU** layers, forward and backward
 //! over a whole sequence in one call; and **SKLinear** (Panther's sketched linear layer,
-//! [`SkLinearPlan`]), forward, backward and Panther's initialisation.
+//! [`SkLinearPlan`]), forward, backward and Panther's initialisation; and **KANLinear**
+//! (efficient-kan's layer, [`KanLinearPlan`]), forward and backward with the bases never stored.
 //!
 //! - [`Context`]: device, stream, BLAS handle, arena. `Send`, not `Sync`.
 //! - [`RnnPlan`]: made once from an [`RnnDesc`], called many times; borrows its context.
@@ -84,6 +85,7 @@
 mod context;
 mod error;
 mod grad;
+mod kan;
 mod rnn;
 mod sklinear;
 mod tensor;
@@ -91,6 +93,7 @@ mod tensor;
 pub use context::{ArenaInfo, Context, ContextBuilder, Device};
 pub use error::{Error, Result, Status};
 pub use grad::GradMode;
+pub use kan::{KanBackwardArgs, KanForwardArgs, KanHostParams, KanLinearDesc, KanLinearPlan, KanParams};
 pub use rnn::{
     BackwardArgs, Cell, ForwardArgs, Mode, Reserve, RnnDesc, RnnPlan, WeightGrads, WeightInfo, Weights,
     WorkspaceSize,

@@ -1,0 +1,166 @@
+/* kf_bench_kan: times kfuse's KANLinear (efficient-kan's layer) through the public ABI only.
+ *
+ *   kf_bench_kan --B 1024 --in 256 --out 256 --G 5 --k 3 --device cpu|cuda --threads 0
+ *                --reps 30 --warmup 3 [--budget-s 0] [--no-scaler]
+ *
+ * forward:          kf_kan_linear_forward (y [B, out] from x [B, in]).
+ * forward+backward: kf_kan_linear_forward then kf_kan_linear_backward(KF_GRAD_OVERWRITE) writing
+ *                   all gradients: dx, dbase_weight, dspline_weight and dspline_scaler, from a
+ *                   random dy.
+ * Each repetition is timed with clock_gettime(CLOCK_MONOTONIC); on CUDA kf_context_synchronize
+ * runs before the clock is read. The workspace is a caller buffer sized by
+ * kf_kan_linear_workspace_size (reported: the call's whole extra memory), so no call allocates.
+ * The grid is efficient-kan's initial one (kf_kan_linear_uniform_grid on [-1, 1]); x is
+ * U(-1.2, 1.2) (some rows outside the grid, as after training), weights U(-0.1, 0.1), the
+ * scaler U(0.5, 1.5). --budget-s > 0 stops a pass's timed loop once that many seconds have been
+ * spent in it (at least one timed rep), for large shapes on small boxes; the reps actually timed
+ * are reported. Prints one JSON line with median and min; on a failed status, a JSON line with
+ * "error" and exit status 1. */
+#include "bench_device.h"
+
+#include <unistd.h>
+
+typedef struct kan_args {
+    long B, in, out, G, k, threads, reps, warmup, scaler;
+    double budget_s;
+    const char *device;
+} kan_args;
+
+static void usage(const char *prog) {
+    fprintf(stderr,
+            "usage: %s [--B n] [--in n] [--out n] [--G n] [--k n] [--device cpu|cuda]\n"
+            "          [--threads n] [--reps n] [--warmup n] [--budget-s s] [--no-scaler]\n"
+            "Defaults: --B 1024 --in 256 --out 256 --G 5 --k 3 --device cpu --threads 0\n"
+            "          --reps 30 --warmup 3 --budget-s 0 (no limit). Prints one JSON line.\n",
+            prog);
+}
+
+static void parse(int argc, char **argv, kan_args *a) {
+    *a = (kan_args){.B = 1024, .in = 256, .out = 256, .G = 5, .k = 3, .threads = 0, .reps = 30,
+                    .warmup = 3, .scaler = 1, .budget_s = 0.0, .device = "cpu"};
+    for (int i = 1; i < argc; ++i) {
+        const char *f = argv[i];
+        if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(argv[0]); exit(0); }
+        if (!strcmp(f, "--no-scaler")) { a->scaler = 0; continue; }
+        if (i + 1 >= argc) bench_fail("missing value after %s", f);
+        const char *v = argv[++i];
+        if (!strcmp(f, "--device")) a->device = v;
+        else if (!strcmp(f, "--B")) a->B = bench_parse_long(f, v, 1);
+        else if (!strcmp(f, "--in")) a->in = bench_parse_long(f, v, 1);
+        else if (!strcmp(f, "--out")) a->out = bench_parse_long(f, v, 1);
+        else if (!strcmp(f, "--G")) a->G = bench_parse_long(f, v, 1);
+        else if (!strcmp(f, "--k")) a->k = bench_parse_long(f, v, 0);
+        else if (!strcmp(f, "--threads")) a->threads = bench_parse_long(f, v, 0);
+        else if (!strcmp(f, "--reps")) a->reps = bench_parse_long(f, v, 1);
+        else if (!strcmp(f, "--warmup")) a->warmup = bench_parse_long(f, v, 0);
+        else if (!strcmp(f, "--budget-s")) a->budget_s = (double)bench_parse_long(f, v, 0);
+        else { usage(argv[0]); bench_fail("unknown argument '%s'", f); }
+    }
+    if (strcmp(a->device, "cpu") && strcmp(a->device, "cuda"))
+        bench_fail("--device must be cpu or cuda, got '%s'", a->device);
+}
+
+static kf_tensor tensor(void *data, int32_t nd, long a, long b, long c) {
+    const int64_t s[3] = {a, b, c};
+    kf_tensor t;
+    KF_CHECK_CALL(kf_tensor_init(&t, data, KF_DTYPE_F32, nd, s));
+    return t;
+}
+
+/* Times `reps` calls of pass 0 (forward) or 1 (forward+backward) after `warmup`; returns the
+ * number timed (fewer than reps when the budget ran out). */
+static long time_pass(int pass, const kan_args *a, kf_context *ctx, kf_kan_linear_plan *plan,
+                      const kf_kan_linear_forward_args *fa,
+                      const kf_kan_linear_backward_args *ba, void *ws, size_t ws_bytes,
+                      double *t) {
+    long done = 0;
+    double spent = 0.0;
+    for (long r = -a->warmup; r < a->reps; ++r) {
+        double t0 = bench_now_ms();
+        KF_CHECK_CALL(kf_kan_linear_forward(plan, fa, ws, ws_bytes));
+        if (pass) KF_CHECK_CALL(kf_kan_linear_backward(plan, KF_GRAD_OVERWRITE, ba, ws, ws_bytes));
+        KF_CHECK_CALL(kf_context_synchronize(ctx));
+        double dt = bench_now_ms() - t0;
+        if (r < 0) continue;
+        t[done++] = dt;
+        spent += dt;
+        if (a->budget_s > 0 && spent > 1e3 * a->budget_s) break;
+    }
+    return done;
+}
+
+int main(int argc, char **argv) {
+    bench_name = "kfuse_kan";
+    kan_args a;
+    parse(argc, argv, &a);
+    on_cuda = !strcmp(a.device, "cuda");
+
+    kf_context_desc cd;
+    kf_context_desc_init(&cd);
+    cd.device_type = on_cuda ? KF_DEVICE_CUDA : KF_DEVICE_CPU;
+    cd.num_threads = (int32_t)a.threads;
+    kf_context *ctx = NULL;
+    KF_CHECK_CALL(kf_context_create(&cd, &ctx));
+    kf_kan_linear_desc d;
+    kf_kan_linear_desc_init(&d);
+    d.in_features = a.in, d.out_features = a.out;
+    d.grid_size = (int32_t)a.G, d.spline_order = (int32_t)a.k;
+    d.standalone_scale = (int32_t)a.scaler;
+    kf_kan_linear_plan *plan = NULL;
+    KF_CHECK_CALL(kf_kan_linear_plan_create(ctx, &d, &plan));
+
+    const long C = a.G + a.k, nk = a.G + 2 * a.k + 1;
+    const size_t n_oi = (size_t)(a.out * a.in), n_oic = n_oi * (size_t)C;
+    kf_kan_linear_forward_args fa;
+    kf_kan_linear_forward_args_init(&fa);
+    fa.x = tensor(dev_random((size_t)(a.B * a.in), -1.2f, 1.2f), 2, a.B, a.in, 0);
+    fa.grid = tensor(dev_alloc((size_t)(a.in * nk) * 4), 2, a.in, nk, 0);
+    KF_CHECK_CALL(kf_kan_linear_uniform_grid(plan, -1.f, 1.f, &fa.grid));
+    fa.base_weight = tensor(dev_random(n_oi, -0.1f, 0.1f), 2, a.out, a.in, 0);
+    fa.spline_weight = tensor(dev_random(n_oic, -0.1f, 0.1f), 3, a.out, a.in, C);
+    if (a.scaler) fa.spline_scaler = tensor(dev_random(n_oi, 0.5f, 1.5f), 2, a.out, a.in, 0);
+    fa.y = tensor(dev_alloc((size_t)(a.B * a.out) * 4), 2, a.B, a.out, 0);
+    kf_kan_linear_backward_args ba;
+    kf_kan_linear_backward_args_init(&ba);
+    ba.x = fa.x, ba.grid = fa.grid, ba.base_weight = fa.base_weight;
+    ba.spline_weight = fa.spline_weight, ba.spline_scaler = fa.spline_scaler;
+    ba.dy = tensor(dev_random((size_t)(a.B * a.out), -1.f, 1.f), 2, a.B, a.out, 0);
+    ba.dx = tensor(dev_alloc((size_t)(a.B * a.in) * 4), 2, a.B, a.in, 0);
+    ba.dbase_weight = tensor(dev_alloc(n_oi * 4), 2, a.out, a.in, 0);
+    ba.dspline_weight = tensor(dev_alloc(n_oic * 4), 3, a.out, a.in, C);
+    if (a.scaler) ba.dspline_scaler = tensor(dev_alloc(n_oi * 4), 2, a.out, a.in, 0);
+    size_t ws_bytes = 0;
+    KF_CHECK_CALL(kf_kan_linear_workspace_size(plan, a.B, &ws_bytes));
+    void *ws = ws_bytes ? dev_alloc(ws_bytes) : NULL;
+
+    double *tf = bench_alloc(sizeof(double) * (size_t)a.reps);
+    double *tb = bench_alloc(sizeof(double) * (size_t)a.reps);
+    const long nf = time_pass(0, &a, ctx, plan, &fa, &ba, ws, ws_bytes, tf);
+    const long nb = time_pass(1, &a, ctx, plan, &fa, &ba, ws, ws_bytes, tb);
+    const double y_sumsq = dev_sumsq(fa.y.data, (size_t)(a.B * a.out));
+    const double g_sumsq = dev_sumsq(ba.dx.data, (size_t)(a.B * a.in)) +
+                           dev_sumsq(ba.dbase_weight.data, n_oi) +
+                           dev_sumsq(ba.dspline_weight.data, n_oic) +
+                           (a.scaler ? dev_sumsq(ba.dspline_scaler.data, n_oi) : 0.0);
+    printf("{\"bench\": \"%s\", \"impl\": \"kfuse\", \"device\": \"%s\", \"B\": %ld, \"in\": %ld, "
+           "\"out\": %ld, \"G\": %ld, \"k\": %ld, \"standalone_scale\": %ld, \"threads\": %ld, "
+           "\"online_cpus\": %ld, \"omp_wait_policy\": \"%s\", \"warmup\": %ld, "
+           "\"fwd_reps\": %ld, \"fwdbwd_reps\": %ld, "
+           "\"fwd_ms_median\": %.5f, \"fwd_ms_min\": %.5f, \"fwdbwd_ms_median\": %.5f, "
+           "\"fwdbwd_ms_min\": %.5f, \"workspace_bytes\": %zu, \"y_sumsq\": %.6g, "
+           "\"grad_sumsq\": %.6g, \"version\": \"%s\"}\n",
+           bench_name, a.device, a.B, a.in, a.out, a.G, a.k, a.scaler, a.threads,
+           sysconf(_SC_NPROCESSORS_ONLN), bench_env("OMP_WAIT_POLICY"), a.warmup, nf, nb,
+           bench_median(tf, nf), bench_min(tf, nf), bench_median(tb, nb), bench_min(tb, nb),
+           ws_bytes, y_sumsq, g_sumsq, kf_version_string());
+
+    void *bufs[] = {fa.x.data, fa.grid.data, fa.base_weight.data, fa.spline_weight.data,
+                    fa.spline_scaler.data, fa.y.data, ba.dy.data, ba.dx.data,
+                    ba.dbase_weight.data, ba.dspline_weight.data, ba.dspline_scaler.data, ws};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; ++i) dev_free(bufs[i]);
+    free(tf);
+    free(tb);
+    kf_kan_linear_plan_destroy(plan);
+    kf_context_destroy(ctx);
+    return 0;
+}
