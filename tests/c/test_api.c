@@ -11,18 +11,7 @@
 #include <string.h>
 
 #include "kfuse.h"
-
-static int ident_char(char ch) {
-    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-           ch == '_';
-}
-
-static int has_token(const char *msg, const char *tok) {
-    size_t n = strlen(tok);
-    for (const char *p = strstr(msg, tok); p; p = strstr(p + 1, tok))
-        if ((p == msg || !ident_char(p[-1])) && !ident_char(p[n])) return 1;
-    return 0;
-}
+#include "kf_test.h"
 
 /* The status is `want`; the message names `fn` and one of the '|'-separated tokens of `args`. */
 static void check_error(const char *what, kf_status got, kf_status want, const char *fn,
@@ -345,14 +334,6 @@ Test(api, context_arena_at_creation) {
     cr_expect(bytes >= 200000, "fixed arena %zu bytes after reserve(200000)", bytes);
     kf_context_destroy(ctx);
 }
-
-#if defined(__SANITIZE_ADDRESS__)
-#define KF_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define KF_TEST_ASAN 1
-#endif
-#endif
 
 Test(api, reserve_out_of_memory) {
 #ifdef KF_TEST_ASAN

@@ -19,19 +19,12 @@
 #include <string.h>
 
 #include "kfuse.h"
+#include "kf_test.h"
 #include "ref_rnn.h"
 
 /* ---- allocation counting ------------------------------------------------------------------ */
 static atomic_int g_counting;
 static atomic_long g_allocs, g_frees;
-
-#if defined(__SANITIZE_ADDRESS__)
-#define KF_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define KF_TEST_ASAN 1
-#endif
-#endif
 
 /* The first callers seen in a window, to name them when the test fails. */
 #define MAX_CALLERS 8
@@ -266,22 +259,10 @@ typedef struct setup {
     kf_rnn_backward_args ba;
 } setup;
 
-static void *xalloc(size_t n) {
-    void *p = aligned_alloc(64, (n + 63) / 64 * 64 + 64);
-    cr_assert(p != NULL);
-    return p;
-}
-
 static float *randf(ref_rng *r, int64_t n) {
     float *p = xalloc((size_t)n * sizeof(float));
     ref_fill_uniform_f32(r, p, n, -0.5, 0.5);
     return p;
-}
-
-static kf_tensor tens(void *data, kf_dtype dt, int32_t nd, const int64_t *shape) {
-    kf_tensor t;
-    cr_assert(kf_tensor_init(&t, data, dt, nd, shape) == KF_OK);
-    return t;
 }
 
 static void setup_make(setup *s, ref_rnn_cfg c, uint32_t ctx_flags, size_t arena_bytes) {

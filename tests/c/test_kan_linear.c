@@ -16,26 +16,11 @@
 #include <string.h>
 
 #include "kfuse.h"
+#include "kf_test.h"
 #include "ref_kan.h"
 #include "ref_rnn.h"
 
 #define TOL 1e-5
-
-#define KF_OK_(expr)                                                                          \
-    do {                                                                                      \
-        kf_status s_ = (expr);                                                                \
-        cr_assert(s_ == KF_OK, "%s: %s (%s)", #expr, kf_status_string(s_),                    \
-                  kf_last_error_message());                                                   \
-    } while (0)
-
-static kf_context *cpu_ctx(int32_t threads) {
-    kf_context_desc d;
-    kf_context_desc_init(&d);
-    d.num_threads = threads;
-    kf_context *ctx = NULL;
-    KF_OK_(kf_context_create(&d, &ctx));
-    return ctx;
-}
 
 enum grid_kind {
     GRID_UNIFORM = 0,  /* kf_kan_linear_uniform_grid on [-1, 1] */
@@ -79,20 +64,13 @@ static kf_kan_linear_plan *make_plan(kf_context *ctx, const prob *p) {
     return plan;
 }
 
-static kf_tensor t_of(const void *data, int32_t nd, int64_t a, int64_t b, int64_t c) {
-    int64_t s[3] = {a, b, c};
-    kf_tensor t;
-    kf_tensor_init(&t, (void *)data, KF_DTYPE_F32, nd, s);
-    return t;
-}
-
 static void make_grid(prob *p, ref_rng *r, int kind) {
     const int64_t in = p->c.in, nk = p->nk;
     p->grid = malloc((size_t)(in * nk) * sizeof(float));
     if (kind == GRID_UNIFORM) {
-        kf_context *ctx = cpu_ctx(1);
+        kf_context *ctx = make_ctx(KF_DEVICE_CPU, 1);
         kf_kan_linear_plan *plan = make_plan(ctx, p);
-        kf_tensor g = t_of(p->grid, 2, in, nk, 0);
+        kf_tensor g = t3(p->grid, 2, in, nk, 0);
         KF_OK_(kf_kan_linear_uniform_grid(plan, -1.0f, 1.0f, &g));
         kf_kan_linear_plan_destroy(plan);
         kf_context_destroy(ctx);
@@ -169,25 +147,19 @@ static void free_prob(prob *p) {
 
 static void set_params(const prob *p, kf_tensor *grid, kf_tensor *bw, kf_tensor *sw,
                        kf_tensor *sc) {
-    *grid = t_of(p->grid, 2, p->c.in, p->nk, 0);
-    *bw = t_of(p->bw, 2, p->c.out, p->c.in, 0);
-    *sw = t_of(p->sw, 3, p->c.out, p->c.in, p->C);
-    if (p->scaled) *sc = t_of(p->sc, 2, p->c.out, p->c.in, 0);
+    *grid = t3(p->grid, 2, p->c.in, p->nk, 0);
+    *bw = t3(p->bw, 2, p->c.out, p->c.in, 0);
+    *sw = t3(p->sw, 3, p->c.out, p->c.in, p->C);
+    if (p->scaled) *sc = t3(p->sc, 2, p->c.out, p->c.in, 0);
 }
 
 static kf_status run_forward(kf_kan_linear_plan *plan, const prob *p, float *y) {
     kf_kan_linear_forward_args a;
     kf_kan_linear_forward_args_init(&a);
-    a.x = t_of(p->x, p->xnd, p->xs[0], p->xs[1], p->xs[2]);
+    a.x = t3(p->x, p->xnd, p->xs[0], p->xs[1], p->xs[2]);
     set_params(p, &a.grid, &a.base_weight, &a.spline_weight, &a.spline_scaler);
-    a.y = t_of(y, p->xnd, p->ys[0], p->ys[1], p->ys[2]);
+    a.y = t3(y, p->xnd, p->ys[0], p->ys[1], p->ys[2]);
     return kf_kan_linear_forward(plan, &a, NULL, 0);
-}
-
-static float *poisoned(int64_t n) {
-    float *v = malloc((size_t)n * sizeof *v);
-    for (int64_t i = 0; i < n; i++) v[i] = NAN;
-    return v;
 }
 
 typedef struct grads { float *dx, *dbw, *dsw, *dsc; } grads;
@@ -204,13 +176,13 @@ static kf_status run_backward(kf_kan_linear_plan *plan, const prob *p, kf_grad_m
                               const grads *g) {
     kf_kan_linear_backward_args a;
     kf_kan_linear_backward_args_init(&a);
-    a.x = t_of(p->x, p->xnd, p->xs[0], p->xs[1], p->xs[2]);
+    a.x = t3(p->x, p->xnd, p->xs[0], p->xs[1], p->xs[2]);
     set_params(p, &a.grid, &a.base_weight, &a.spline_weight, &a.spline_scaler);
-    a.dy = t_of(p->dy, p->xnd, p->ys[0], p->ys[1], p->ys[2]);
-    if (g->dx) a.dx = t_of(g->dx, p->xnd, p->xs[0], p->xs[1], p->xs[2]);
-    if (g->dbw) a.dbase_weight = t_of(g->dbw, 2, p->c.out, p->c.in, 0);
-    if (g->dsw) a.dspline_weight = t_of(g->dsw, 3, p->c.out, p->c.in, p->C);
-    if (g->dsc) a.dspline_scaler = t_of(g->dsc, 2, p->c.out, p->c.in, 0);
+    a.dy = t3(p->dy, p->xnd, p->ys[0], p->ys[1], p->ys[2]);
+    if (g->dx) a.dx = t3(g->dx, p->xnd, p->xs[0], p->xs[1], p->xs[2]);
+    if (g->dbw) a.dbase_weight = t3(g->dbw, 2, p->c.out, p->c.in, 0);
+    if (g->dsw) a.dspline_weight = t3(g->dsw, 3, p->c.out, p->c.in, p->C);
+    if (g->dsc) a.dspline_scaler = t3(g->dsc, 2, p->c.out, p->c.in, 0);
     return kf_kan_linear_backward(plan, mode, &a, NULL, 0);
 }
 
@@ -241,7 +213,7 @@ static void check_against_reference(const shape *s, int32_t threads) {
     describe(s, what, sizeof what);
     prob p = make_prob(s->N, s->in, s->out, s->G, s->k, s->scaled, s->three_d, s->grid,
                        (uint64_t)(s->N * 131 + s->in * 17 + s->G * 5 + s->k + s->grid));
-    kf_context *ctx = cpu_ctx(threads);
+    kf_context *ctx = make_ctx(KF_DEVICE_CPU, threads);
     kf_kan_linear_plan *plan = make_plan(ctx, &p);
     int64_t ny = s->N * s->out;
     float *y = poisoned(ny);
@@ -323,7 +295,7 @@ Test(kan_linear, thread_count_invariant) {
     float *y[2];
     grads g[2];
     for (int t = 0; t < 2; t++) {
-        kf_context *ctx = cpu_ctx(t + 1);
+        kf_context *ctx = make_ctx(KF_DEVICE_CPU, t + 1);
         kf_kan_linear_plan *plan = make_plan(ctx, &p);
         y[t] = poisoned(N * out);
         KF_OK_(run_forward(plan, &p, y[t]));
@@ -413,7 +385,7 @@ ParameterizedTest(const fd_case *f, kan_linear, gradients_match_finite_differenc
     ref_rng r;
     ref_rng_seed(&r, 99);
     x_off_knots(&p, 3.0f * h, &r);
-    kf_context *ctx = cpu_ctx(1);
+    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 1);
     kf_kan_linear_plan *plan = make_plan(ctx, &p);
     grads g = poisoned_grads(&p);
     KF_OK_(run_backward(plan, &p, KF_GRAD_OVERWRITE, &g));
@@ -432,7 +404,7 @@ ParameterizedTest(const fd_case *f, kan_linear, gradients_match_finite_differenc
 /* Optional outputs: any subset may be absent; those present are still right. */
 Test(kan_linear, backward_subsets) {
     prob p = make_prob(9, 20, 11, 5, 3, 1, 0, GRID_RANDOM, 3);
-    kf_context *ctx = cpu_ctx(2);
+    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 2);
     kf_kan_linear_plan *plan = make_plan(ctx, &p);
     ref_grads r = reference_grads(&p);
     for (int mask = 0; mask < 16; mask++) {
@@ -463,7 +435,7 @@ Test(kan_linear, backward_subsets) {
  * that size serves; repeated calls do not grow the arena. */
 Test(kan_linear, workspace_bounded_and_steady) {
     prob p = make_prob(200, 24, 16, 5, 3, 1, 0, GRID_UNIFORM, 5);
-    kf_context *ctx = cpu_ctx(2);
+    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 2);
     kf_kan_linear_plan *plan = make_plan(ctx, &p);
     size_t w4 = 0, w7 = 0, w200 = 0;
     KF_OK_(kf_kan_linear_workspace_size(plan, 10000, &w4));
@@ -477,9 +449,9 @@ Test(kan_linear, workspace_bounded_and_steady) {
     void *ws = aligned_alloc(64, (w200 + 63) / 64 * 64);
     kf_kan_linear_forward_args a;
     kf_kan_linear_forward_args_init(&a);
-    a.x = t_of(p.x, 2, 200, 24, 0);
+    a.x = t3(p.x, 2, 200, 24, 0);
     set_params(&p, &a.grid, &a.base_weight, &a.spline_weight, &a.spline_scaler);
-    a.y = t_of(y, 2, 200, 16, 0);
+    a.y = t3(y, 2, 200, 16, 0);
     KF_OK_(kf_kan_linear_forward(plan, &a, ws, w200));
     double *yr = malloc(200 * 16 * sizeof *yr);
     ref_kan_forward(&p.c, p.x64, p.grid64, p.bw64, p.sw64, p.sc64, yr);
@@ -507,7 +479,7 @@ Test(kan_linear, workspace_bounded_and_steady) {
 /* efficient-kan's initial knots: lo + (j - k) (hi - lo) / G on every row, rounded as torch
  * forms them in float32 (arange * h + lo). */
 Test(kan_linear, uniform_grid) {
-    kf_context *ctx = cpu_ctx(1);
+    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 1);
     const struct { int64_t in, G, k; float lo, hi; } cases[] = {
         {3, 5, 3, -1.0f, 1.0f}, {4, 1, 0, 0.0f, 2.0f}, {2, 8, 1, -0.5f, 3.0f},
         {5, 7, 2, -3.0f, -1.0f}};
@@ -516,7 +488,7 @@ Test(kan_linear, uniform_grid) {
         prob p = {.c = {1, in, 2, G, k}, .C = G + k, .nk = nk, .scaled = 1};
         kf_kan_linear_plan *plan = make_plan(ctx, &p);
         float *grid = poisoned(in * nk);
-        kf_tensor g = t_of(grid, 2, in, nk, 0);
+        kf_tensor g = t3(grid, 2, in, nk, 0);
         KF_OK_(kf_kan_linear_uniform_grid(plan, cases[q].lo, cases[q].hi, &g));
         const double lo = cases[q].lo, hi = cases[q].hi, h = (hi - lo) / (double)G;
         const float hf = (float)h;
@@ -566,7 +538,7 @@ Test(kan_linear, extreme_and_nan_inputs) {
                          -87.5f};
     for (int64_t e = 0; e < 10; e++) p.x[5 + e] = big[e];
     refresh_f64(&p);
-    kf_context *ctx = cpu_ctx(1);
+    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 1);
     kf_kan_linear_plan *plan = make_plan(ctx, &p);
     float *y = poisoned(6 * 4);
     KF_OK_(run_forward(plan, &p, y));
@@ -605,15 +577,15 @@ Test(kan_linear, extreme_and_nan_inputs) {
 /* x of rank 1 ([in], one row) gives y [out], the same bits as the [1, in] call. */
 Test(kan_linear, rank1_x) {
     prob p = make_prob(1, 7, 5, 5, 3, 1, 0, GRID_RANDOM, 31);
-    kf_context *ctx = cpu_ctx(1);
+    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 1);
     kf_kan_linear_plan *plan = make_plan(ctx, &p);
     float *y2 = poisoned(5), *y1 = poisoned(5);
     KF_OK_(run_forward(plan, &p, y2));
     kf_kan_linear_forward_args a;
     kf_kan_linear_forward_args_init(&a);
-    a.x = t_of(p.x, 1, 7, 0, 0);
+    a.x = t3(p.x, 1, 7, 0, 0);
     set_params(&p, &a.grid, &a.base_weight, &a.spline_weight, &a.spline_scaler);
-    a.y = t_of(y1, 1, 5, 0, 0);
+    a.y = t3(y1, 1, 5, 0, 0);
     KF_OK_(kf_kan_linear_forward(plan, &a, NULL, 0));
     cr_expect(memcmp(y1, y2, 5 * sizeof(float)) == 0, "rank-1 x differs from [1, in]");
     free(y1), free(y2);

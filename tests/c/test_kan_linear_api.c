@@ -8,34 +8,8 @@
 #include <string.h>
 
 #include "kfuse.h"
+#include "kf_test.h"
 #include "ref_rnn.h"
-
-#define KF_OK_(expr)                                                                          \
-    do {                                                                                      \
-        kf_status s_ = (expr);                                                                \
-        cr_assert(s_ == KF_OK, "%s: %s (%s)", #expr, kf_status_string(s_),                    \
-                  kf_last_error_message());                                                   \
-    } while (0)
-
-/* The call fails with `status` and the message mentions `needle`. */
-#define EXPECT_FAIL(expr, status, needle)                                                     \
-    do {                                                                                      \
-        kf_status s_ = (expr);                                                                \
-        cr_expect(s_ == (status), "%s: got %s, want %s (%s)", #expr, kf_status_string(s_),    \
-                  kf_status_string(status), kf_last_error_message());                         \
-        cr_expect(strstr(kf_last_error_message(), (needle)) != NULL,                         \
-                  "%s: message \"%s\" does not name \"%s\"", #expr, kf_last_error_message(),  \
-                  (needle));                                                                  \
-    } while (0)
-
-static kf_context *cpu_ctx(void) {
-    kf_context_desc d;
-    kf_context_desc_init(&d);
-    d.num_threads = 1;
-    kf_context *ctx = NULL;
-    KF_OK_(kf_context_create(&d, &ctx));
-    return ctx;
-}
 
 static kf_kan_linear_desc desc_of(int64_t in, int64_t out, int32_t G, int32_t k, int32_t scaled) {
     kf_kan_linear_desc d;
@@ -46,7 +20,7 @@ static kf_kan_linear_desc desc_of(int64_t in, int64_t out, int32_t G, int32_t k,
 }
 
 Test(kan_linear_api, bad_descriptors) {
-    kf_context *ctx = cpu_ctx();
+    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 1);
     kf_kan_linear_plan *plan = (kf_kan_linear_plan *)&plan; /* must be reset to NULL on failure */
     kf_kan_linear_desc d = desc_of(8, 8, 0, 3, 1);
     EXPECT_FAIL(kf_kan_linear_plan_create(ctx, &d, &plan), KF_ERR_INVALID_ARGUMENT, "grid_size");
@@ -99,19 +73,12 @@ typedef struct call {
     kf_kan_linear_backward_args g;
 } call;
 
-static kf_tensor tn(void *p, int32_t nd, int64_t a, int64_t b, int64_t c) {
-    int64_t s[3] = {a, b, c};
-    kf_tensor t;
-    kf_tensor_init(&t, p, KF_DTYPE_F32, nd, s);
-    return t;
-}
-
 static call *make_call(int scaled) {
     call *c = calloc(1, sizeof *c);
-    c->ctx = cpu_ctx();
+    c->ctx = make_ctx(KF_DEVICE_CPU, 1);
     kf_kan_linear_desc d = desc_of(IN_, OUT_, G_, K_, scaled);
     KF_OK_(kf_kan_linear_plan_create(c->ctx, &d, &c->plan));
-    kf_tensor gt = tn(c->grid, 2, IN_, NK_, 0);
+    kf_tensor gt = t3(c->grid, 2, IN_, NK_, 0);
     KF_OK_(kf_kan_linear_uniform_grid(c->plan, -1.0f, 1.0f, &gt));
     ref_rng r;
     ref_rng_seed(&r, 5);
@@ -125,20 +92,20 @@ static call *make_call(int scaled) {
     for (int i = 0; i < OUT_ * IN_; i++) c->dbw[i] = c->dsc[i] = 77.0f;
     for (int i = 0; i < OUT_ * IN_ * C_; i++) c->dsw[i] = 77.0f;
     kf_kan_linear_forward_args_init(&c->f);
-    c->f.x = tn(c->x, 2, N_, IN_, 0);
+    c->f.x = t3(c->x, 2, N_, IN_, 0);
     c->f.grid = gt;
-    c->f.base_weight = tn(c->bw, 2, OUT_, IN_, 0);
-    c->f.spline_weight = tn(c->sw, 3, OUT_, IN_, C_);
-    if (scaled) c->f.spline_scaler = tn(c->sc, 2, OUT_, IN_, 0);
-    c->f.y = tn(c->y, 2, N_, OUT_, 0);
+    c->f.base_weight = t3(c->bw, 2, OUT_, IN_, 0);
+    c->f.spline_weight = t3(c->sw, 3, OUT_, IN_, C_);
+    if (scaled) c->f.spline_scaler = t3(c->sc, 2, OUT_, IN_, 0);
+    c->f.y = t3(c->y, 2, N_, OUT_, 0);
     kf_kan_linear_backward_args_init(&c->g);
     c->g.x = c->f.x, c->g.grid = c->f.grid, c->g.base_weight = c->f.base_weight;
     c->g.spline_weight = c->f.spline_weight, c->g.spline_scaler = c->f.spline_scaler;
-    c->g.dy = tn(c->dy, 2, N_, OUT_, 0);
-    c->g.dx = tn(c->dx, 2, N_, IN_, 0);
-    c->g.dbase_weight = tn(c->dbw, 2, OUT_, IN_, 0);
-    c->g.dspline_weight = tn(c->dsw, 3, OUT_, IN_, C_);
-    if (scaled) c->g.dspline_scaler = tn(c->dsc, 2, OUT_, IN_, 0);
+    c->g.dy = t3(c->dy, 2, N_, OUT_, 0);
+    c->g.dx = t3(c->dx, 2, N_, IN_, 0);
+    c->g.dbase_weight = t3(c->dbw, 2, OUT_, IN_, 0);
+    c->g.dspline_weight = t3(c->dsw, 3, OUT_, IN_, C_);
+    if (scaled) c->g.dspline_scaler = t3(c->dsc, 2, OUT_, IN_, 0);
     return c;
 }
 
@@ -188,7 +155,7 @@ FWD_CASE(x_null, 1, c->f.x.data = NULL, KF_ERR_INVALID_ARGUMENT, "args->x")
 FWD_CASE(x_strided, 1, c->f.x.strides[0] = 9, KF_ERR_INVALID_ARGUMENT, "args->x.strides")
 FWD_CASE(y_rows, 1, c->f.y.shape[0] = 3, KF_ERR_INVALID_ARGUMENT, "args->y.shape[0]")
 FWD_CASE(y_width, 1, c->f.y.shape[1] = 5, KF_ERR_INVALID_ARGUMENT, "args->y.shape[1]")
-FWD_CASE(y_rank, 1, c->f.y = tn(c->y, 3, N_, 1, OUT_), KF_ERR_INVALID_ARGUMENT, "args->y.ndim")
+FWD_CASE(y_rank, 1, c->f.y = t3(c->y, 3, N_, 1, OUT_), KF_ERR_INVALID_ARGUMENT, "args->y.ndim")
 FWD_CASE(y_null, 1, c->f.y.data = NULL, KF_ERR_INVALID_ARGUMENT, "args->y")
 FWD_CASE(grid_knots, 1, c->f.grid.shape[1] = NK_ - 1, KF_ERR_INVALID_ARGUMENT,
          "args->grid.shape[1]")
@@ -206,13 +173,13 @@ FWD_CASE(base_dtype, 1, c->f.base_weight.dtype = KF_DTYPE_F64, KF_ERR_INVALID_AR
          "args->base_weight.dtype")
 FWD_CASE(spline_coeffs, 1, c->f.spline_weight.shape[2] = C_ - 1, KF_ERR_INVALID_ARGUMENT,
          "args->spline_weight.shape[2]")
-FWD_CASE(spline_rank, 1, c->f.spline_weight = tn(c->sw, 2, OUT_, IN_ * C_, 0),
+FWD_CASE(spline_rank, 1, c->f.spline_weight = t3(c->sw, 2, OUT_, IN_ * C_, 0),
          KF_ERR_INVALID_ARGUMENT, "args->spline_weight.ndim")
 FWD_CASE(scaler_missing, 1, c->f.spline_scaler.data = NULL, KF_ERR_INVALID_ARGUMENT,
          "args->spline_scaler")
 FWD_CASE(scaler_shape, 1, c->f.spline_scaler.shape[1] = IN_ + 1, KF_ERR_INVALID_ARGUMENT,
          "args->spline_scaler.shape[1]")
-FWD_CASE(scaler_on_plan_without, 0, c->f.spline_scaler = tn(c->sc, 2, OUT_, IN_, 0),
+FWD_CASE(scaler_on_plan_without, 0, c->f.spline_scaler = t3(c->sc, 2, OUT_, IN_, 0),
          KF_ERR_INVALID_ARGUMENT, "standalone_scale = 0")
 FWD_CASE(struct_size, 1, c->f.struct_size = 8, KF_ERR_INVALID_ARGUMENT, "args")
 
@@ -269,7 +236,7 @@ BWD_CASE(dspline_shape, 1, c->g.dspline_weight.shape[2] = C_ + 1, KF_ERR_INVALID
          "args->dspline_weight.shape[2]")
 BWD_CASE(dscaler_shape, 1, c->g.dspline_scaler.shape[0] = 1, KF_ERR_INVALID_ARGUMENT,
          "args->dspline_scaler.shape[0]")
-BWD_CASE(dscaler_on_plan_without, 0, c->g.dspline_scaler = tn(c->dsc, 2, OUT_, IN_, 0),
+BWD_CASE(dscaler_on_plan_without, 0, c->g.dspline_scaler = t3(c->dsc, 2, OUT_, IN_, 0),
          KF_ERR_INVALID_ARGUMENT, "args->dspline_scaler is given")
 BWD_CASE(scaler_missing, 1, c->g.spline_scaler.data = NULL, KF_ERR_INVALID_ARGUMENT,
          "args->spline_scaler")
@@ -294,7 +261,7 @@ Test(kan_linear_api, uniform_grid_rejects) {
     call *c = make_call(1);
     float grid[IN_ * NK_ + 1];
     for (int i = 0; i < IN_ * NK_ + 1; i++) grid[i] = 55.0f;
-    kf_tensor g = tn(grid, 2, IN_, NK_, 0);
+    kf_tensor g = t3(grid, 2, IN_, NK_, 0);
     EXPECT_FAIL(kf_kan_linear_uniform_grid(c->plan, 1.0f, 1.0f, &g), KF_ERR_INVALID_ARGUMENT,
                 "lo = 1, hi = 1");
     EXPECT_FAIL(kf_kan_linear_uniform_grid(c->plan, 2.0f, -1.0f, &g), KF_ERR_INVALID_ARGUMENT,
@@ -303,13 +270,13 @@ Test(kan_linear_api, uniform_grid_rejects) {
                 "finite");
     EXPECT_FAIL(kf_kan_linear_uniform_grid(c->plan, -1.0f, INFINITY, &g),
                 KF_ERR_INVALID_ARGUMENT, "finite");
-    kf_tensor bad = tn(grid, 2, IN_, NK_ + 1, 0);
+    kf_tensor bad = t3(grid, 2, IN_, NK_ + 1, 0);
     EXPECT_FAIL(kf_kan_linear_uniform_grid(c->plan, -1.0f, 1.0f, &bad), KF_ERR_INVALID_ARGUMENT,
                 "grid.shape[1]");
-    bad = tn(grid, 1, IN_ * NK_, 0, 0);
+    bad = t3(grid, 1, IN_ * NK_, 0, 0);
     EXPECT_FAIL(kf_kan_linear_uniform_grid(c->plan, -1.0f, 1.0f, &bad), KF_ERR_INVALID_ARGUMENT,
                 "grid.ndim");
-    bad = tn(NULL, 2, IN_, NK_, 0);
+    bad = t3(NULL, 2, IN_, NK_, 0);
     EXPECT_FAIL(kf_kan_linear_uniform_grid(c->plan, -1.0f, 1.0f, &bad), KF_ERR_INVALID_ARGUMENT,
                 "grid");
     EXPECT_FAIL(kf_kan_linear_uniform_grid(c->plan, -1.0f, 1.0f, NULL), KF_ERR_INVALID_ARGUMENT,

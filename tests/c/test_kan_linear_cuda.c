@@ -18,37 +18,11 @@
 #include <string.h>
 
 #include "kfuse.h"
+#include "kf_test.h"
 #include "ref_rnn.h"
 
 #ifdef KF_HAVE_CUDA
-#include <cuda_runtime.h>
-
 #define TOL 1e-5
-
-#define CUDA_OK(expr)                                                                         \
-    do {                                                                                      \
-        cudaError_t e_ = (expr);                                                              \
-        cr_assert(e_ == cudaSuccess, "%s: %s", #expr, cudaGetErrorString(e_));                 \
-    } while (0)
-#define KF_OK_(expr)                                                                          \
-    do {                                                                                      \
-        kf_status s_ = (expr);                                                                \
-        cr_assert(s_ == KF_OK, "%s: %s (%s)", #expr, kf_status_string(s_),                    \
-                  kf_last_error_message());                                                   \
-    } while (0)
-
-static kf_context *make_ctx(kf_device_type dev) {
-    kf_context_desc d;
-    kf_context_desc_init(&d);
-    d.device_type = dev;
-    kf_context *ctx = NULL;
-    kf_status s = kf_context_create(&d, &ctx);
-    if (dev == KF_DEVICE_CUDA && s == KF_ERR_BACKEND_UNAVAILABLE)
-        cr_skip_test("no usable CUDA device: %s", kf_last_error_message());
-    cr_assert(s == KF_OK && ctx != NULL, "kf_context_create: %s (%s)", kf_status_string(s),
-              kf_last_error_message());
-    return ctx;
-}
 
 enum grid_kind { GRID_UNIFORM = 0, GRID_RANDOM = 1, GRID_REPEATED = 2 };
 
@@ -71,13 +45,6 @@ static void sizes(const shape *s, int64_t *n_in, int64_t *n_out) {
     int64_t no[NOUT] = {s->N * s->out, s->N * s->in, oi, oi * C, oi};
     memcpy(n_in, ni, sizeof ni);
     memcpy(n_out, no, sizeof no);
-}
-
-static kf_tensor t3(void *p, int32_t nd, int64_t a, int64_t b, int64_t c) {
-    int64_t sh[3] = {a, b, c};
-    kf_tensor t;
-    kf_tensor_init(&t, p, KF_DTYPE_F32, nd, sh);
-    return t;
 }
 
 static kf_kan_linear_plan *make_plan(kf_context *ctx, const shape *s) {
@@ -123,19 +90,6 @@ static void run(kf_context *ctx, const shape *s, bufs *b, kf_grad_mode mode) {
     KF_OK_(kf_kan_linear_backward(plan, mode, &g, NULL, 0));
     KF_OK_(kf_context_synchronize(ctx));
     kf_kan_linear_plan_destroy(plan);
-}
-
-static void *dcopy(const void *h, int64_t n) {
-    void *d = NULL;
-    CUDA_OK(cudaMalloc(&d, (size_t)(n > 0 ? n : 1) * 4));
-    if (h) CUDA_OK(cudaMemcpy(d, h, (size_t)n * 4, cudaMemcpyHostToDevice));
-    return d;
-}
-
-static float *hcopy(const float *d, int64_t n) {
-    float *h = malloc((size_t)(n > 0 ? n : 1) * 4);
-    CUDA_OK(cudaMemcpy(h, d, (size_t)n * 4, cudaMemcpyDeviceToHost));
-    return h;
 }
 
 static int cmp_float(const void *a, const void *b) {
@@ -194,25 +148,24 @@ static void compare(const char *what, const float *cuda, const float *cpu, int64
 }
 
 static void check_shape(const shape *s) {
-    kf_context *gpu = make_ctx(KF_DEVICE_CUDA), *cpu = make_ctx(KF_DEVICE_CPU);
+    kf_context *gpu = make_ctx(KF_DEVICE_CUDA, 0), *cpu = make_ctx(KF_DEVICE_CPU, 0);
     bufs h, dv;
     sizes(s, h.n_in, h.n_out);
     ref_rng r;
     ref_rng_seed(&r, (uint64_t)(s->N * 7 + s->in * 3 + s->G * 11 + s->k));
     for (int i = 0; i < NIN; i++) h.in[i] = malloc((size_t)h.n_in[i] * 4);
     make_inputs(s, &r, cpu, h.in);
-    for (int i = 0; i < NIN; i++) dv.in[i] = dcopy(h.in[i], h.n_in[i]);
+    for (int i = 0; i < NIN; i++) dv.in[i] = to_dev(h.in[i], (size_t)h.n_in[i] * sizeof(float));
     for (int i = 0; i < NOUT; i++) {
         h.out[i] = malloc((size_t)h.n_out[i] * 4);
-        dv.out[i] = dcopy(NULL, h.n_out[i]);
-        CUDA_OK(cudaMemset(dv.out[i], 0xFF, (size_t)h.n_out[i] * 4)); /* NaN */
+        dv.out[i] = dpoisoned(h.n_out[i]); /* NaN */
     }
     run(cpu, s, &h, KF_GRAD_OVERWRITE);
     run(gpu, s, &dv, KF_GRAD_OVERWRITE);
     const char *names[NOUT] = {"y", "dx", "dbase_weight", "dspline_weight", "dspline_scaler"};
     for (int i = 0; i < NOUT; i++) {
         if (i == DSC && !s->scaled) continue;
-        float *got = hcopy(dv.out[i], h.n_out[i]);
+        float *got = to_host(dv.out[i], h.n_out[i]);
         compare(names[i], got, h.out[i], h.n_out[i], s);
         free(got);
     }
@@ -222,7 +175,7 @@ static void check_shape(const shape *s) {
     run(gpu, s, &dv, KF_GRAD_ACCUMULATE);
     for (int i = DX; i < NOUT; i++) {
         if (i == DSC && !s->scaled) continue;
-        float *got = hcopy(dv.out[i], h.n_out[i]);
+        float *got = to_host(dv.out[i], h.n_out[i]);
         compare(names[i], got, h.out[i], h.n_out[i], s);
         free(got);
     }
@@ -256,8 +209,8 @@ ParameterizedTestParameters(kan_linear_cuda, matches_cpu) {
 ParameterizedTest(const shape *s, kan_linear_cuda, matches_cpu) { check_shape(s); }
 
 Test(kan_linear_cuda, graph_capture_replays_forward) {
-    kf_context *ctx = make_ctx(KF_DEVICE_CUDA); /* skips without a usable device */
-    kf_context *cpu = make_ctx(KF_DEVICE_CPU);
+    kf_context *ctx = make_ctx(KF_DEVICE_CUDA, 0); /* skips without a usable device */
+    kf_context *cpu = make_ctx(KF_DEVICE_CPU, 0);
     cudaStream_t st;
     CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     KF_OK_(kf_context_set_stream(ctx, st));
@@ -269,12 +222,14 @@ Test(kan_linear_cuda, graph_capture_replays_forward) {
     ref_rng_seed(&r, 3);
     for (int i = 0; i < NIN; i++) h.in[i] = malloc((size_t)dv.n_in[i] * 4);
     make_inputs(&s, &r, cpu, h.in);
-    for (int i = 0; i < NIN; i++) dv.in[i] = dcopy(h.in[i], dv.n_in[i]), free(h.in[i]);
-    float *y_eager = dcopy(NULL, dv.n_out[Y]), *y_graph = dcopy(NULL, dv.n_out[Y]);
+    for (int i = 0; i < NIN; i++)
+        dv.in[i] = to_dev(h.in[i], (size_t)dv.n_in[i] * sizeof(float)), free(h.in[i]);
+    float *y_eager = dalloc((size_t)dv.n_out[Y] * sizeof(float));
+    float *y_graph = dalloc((size_t)dv.n_out[Y] * sizeof(float));
     kf_kan_linear_plan *plan = make_plan(ctx, &s);
     size_t ws_bytes;
     KF_OK_(kf_kan_linear_workspace_size(plan, s.N, &ws_bytes));
-    void *ws = dcopy(NULL, (int64_t)(ws_bytes / 4 + 16));
+    void *ws = dalloc((ws_bytes / 4 + 16) * sizeof(float));
     dv.out[Y] = y_eager;
     kf_kan_linear_forward_args f = fwd_args(&s, &dv);
     KF_OK_(kf_kan_linear_forward(plan, &f, ws, ws_bytes));
@@ -289,7 +244,7 @@ Test(kan_linear_cuda, graph_capture_replays_forward) {
     CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
     CUDA_OK(cudaGraphLaunch(ge, st));
     CUDA_OK(cudaStreamSynchronize(st));
-    float *a = hcopy(y_eager, dv.n_out[Y]), *b = hcopy(y_graph, dv.n_out[Y]);
+    float *a = to_host(y_eager, dv.n_out[Y]), *b = to_host(y_graph, dv.n_out[Y]);
     cr_expect(memcmp(a, b, (size_t)dv.n_out[Y] * 4) == 0, "graph replay differs from eager");
     free(a), free(b);
     CUDA_OK(cudaGraphExecDestroy(ge));

@@ -24,33 +24,13 @@
 #include <string.h>
 
 #include "kfuse.h"
+#include "kf_test.h"
 #include "ref_rnn.h"
 
 #define TOL 1e-5
 
 /* ---- small utilities ------------------------------------------------------------------- */
-static void *xalloc(size_t bytes) {
-    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
-    cr_assert(p != NULL, "out of memory allocating %zu bytes", bytes);
-    return p;
-}
-
 static float *falloc(int64_t n) { return xalloc((size_t)(n > 0 ? n : 1) * sizeof(float)); }
-
-static void poison(float *p, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) p[i] = NAN;
-}
-
-static kf_context *make_ctx(int32_t num_threads) {
-    kf_context_desc d;
-    kf_context_desc_init(&d);
-    d.num_threads = num_threads;
-    kf_context *ctx = NULL;
-    kf_status s = kf_context_create(&d, &ctx);
-    cr_assert(s == KF_OK && ctx != NULL, "kf_context_create: %s (%s)", kf_status_string(s),
-              kf_last_error_message());
-    return ctx;
-}
 
 /* ---- a problem: configuration, inputs, weights in float32 and float64 ---------------------- */
 typedef struct prob {
@@ -168,7 +148,7 @@ static kf_tensor *weight_tensors(kf_rnn_plan *plan, const ref_rnn_cfg *c, float 
 }
 
 static void lib_make(lib *k, const prob *p, int32_t num_threads) {
-    k->ctx = make_ctx(num_threads);
+    k->ctx = make_ctx(KF_DEVICE_CPU, num_threads);
     k->plan = make_plan(k->ctx, &p->c);
     k->wt = weight_tensors(k->plan, &p->c, p->w);
 }
@@ -183,13 +163,6 @@ static void seq_shape(const ref_rnn_cfg *c, int64_t width, int64_t *shape) {
     shape[0] = c->batch_first ? c->B : c->T;
     shape[1] = c->batch_first ? c->T : c->B;
     shape[2] = width;
-}
-
-static kf_tensor tens(void *data, kf_dtype dt, int32_t ndim, const int64_t *shape) {
-    kf_tensor t;
-    kf_status s = kf_tensor_init(&t, data, dt, ndim, shape);
-    cr_assert(s == KF_OK, "kf_tensor_init: %s", kf_last_error_message());
-    return t;
 }
 
 typedef struct bufs { void *ws; size_t ws_bytes; void *rs; size_t rs_bytes; } bufs;
@@ -443,7 +416,7 @@ static ref_rnn_cfg agru(int L, int64_t I, int64_t H, int64_t T, int64_t B) {
 
 /* ---- weight naming ------------------------------------------------------------------------ */
 Test(rnn_weights, gru_names_and_shapes) {
-    kf_context *ctx = make_ctx(1);
+    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 1);
     ref_rnn_cfg c = gru(2, 2, 5, 7, 3, 2);
     kf_rnn_plan *plan = make_plan(ctx, &c);
     kf_tensor *t = weight_tensors(plan, &c, NULL); /* checks every index against the reference */
@@ -475,7 +448,7 @@ Test(rnn_weights, gru_names_and_shapes) {
 }
 
 Test(rnn_weights, agru_names_and_shapes) {
-    kf_context *ctx = make_ctx(1);
+    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 1);
     ref_rnn_cfg c = agru(2, 5, 7, 3, 2);
     kf_rnn_plan *plan = make_plan(ctx, &c);
     kf_tensor *t = weight_tensors(plan, &c, NULL);

@@ -24,61 +24,11 @@
 #include <string.h>
 
 #include "kfuse.h"
+#include "kf_test.h"
 #include "ref_rnn.h"
 
 #ifdef KF_HAVE_CUDA
-#include <cuda_runtime.h>
-
 #define TOL 1e-5
-
-#define CUDA_OK(expr)                                                                         \
-    do {                                                                                      \
-        cudaError_t e_ = (expr);                                                              \
-        cr_assert(e_ == cudaSuccess, "%s: %s", #expr, cudaGetErrorString(e_));                 \
-    } while (0)
-#define KF_OK_(expr)                                                                          \
-    do {                                                                                      \
-        kf_status s_ = (expr);                                                                \
-        cr_assert(s_ == KF_OK, "%s: %s (%s)", #expr, kf_status_string(s_),                    \
-                  kf_last_error_message());                                                   \
-    } while (0)
-
-/* ---- contexts ------------------------------------------------------------------------------ */
-static kf_context *make_ctx(kf_device_type dev) {
-    kf_context_desc d;
-    kf_context_desc_init(&d);
-    d.device_type = dev;
-    kf_context *ctx = NULL;
-    kf_status s = kf_context_create(&d, &ctx);
-    if (dev == KF_DEVICE_CUDA && s == KF_ERR_BACKEND_UNAVAILABLE)
-        cr_skip_test("no usable CUDA device: %s", kf_last_error_message());
-    cr_assert(s == KF_OK && ctx != NULL, "kf_context_create: %s (%s)", kf_status_string(s),
-              kf_last_error_message());
-    return ctx;
-}
-
-/* ---- device buffers ------------------------------------------------------------------------ */
-static void *dalloc(size_t bytes) {
-    void *p = NULL;
-    CUDA_OK(cudaMalloc(&p, bytes > 0 ? bytes : 64));
-    return p;
-}
-static void *to_dev(const void *h, size_t bytes) {
-    if (h == NULL) return NULL;
-    void *d = dalloc(bytes);
-    CUDA_OK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
-    return d;
-}
-static float *dpoisoned(int64_t n) {
-    float *d = dalloc((size_t)n * sizeof(float));
-    CUDA_OK(cudaMemset(d, 0xFF, (size_t)n * sizeof(float)));
-    return d;
-}
-static float *to_host(const float *d, int64_t n) {
-    float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-    CUDA_OK(cudaMemcpy(h, d, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost));
-    return h;
-}
 
 /* ---- one problem ---------------------------------------------------------------------------- */
 typedef struct cfg {
@@ -143,7 +93,7 @@ static void prob_make(prob *p, const cfg *c, uint64_t seed) {
         if (c->B > 1) p->len[c->B - 1] = 1;
     }
     /* Weights, shaped by a throwaway CPU plan's kf_rnn_weight_info. */
-    kf_context *ctx = make_ctx(KF_DEVICE_CPU);
+    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 0);
     kf_rnn_plan *plan = make_plan(ctx, c);
     int32_t nw = 0;
     KF_OK_(kf_rnn_weight_count(plan, &nw));
@@ -178,28 +128,15 @@ static void result_free(result *r, int nw) {
     free(r->dw); free(r->y_inf); free(r->y); free(r->hn); free(r->dx); free(r->dh0);
 }
 
-static kf_tensor tens(void *data, kf_dtype dt, int32_t ndim, const int64_t *shape) {
-    kf_tensor t;
-    KF_OK_(kf_tensor_init(&t, data, dt, ndim, shape));
-    return t;
-}
-
 /* Buffers of one backend's run: host pointers on the CPU, device pointers on CUDA. */
 typedef struct io {
     void *x, *h0, *len, *dy, *dhn, *y, *hn, *dx, *dh0, **w, **dw, *ws, *rs;
     size_t ws_bytes, rs_bytes;
 } io;
 
-/* Host memory aligned as the library asks of workspaces (64 bytes). */
-static void *halloc(size_t bytes) {
-    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
-    cr_assert(p != NULL, "out of memory allocating %zu bytes", bytes);
-    return p;
-}
-
 static void *hcopy(const void *p, size_t bytes) {
     if (p == NULL) return NULL;
-    void *q = halloc(bytes);
+    void *q = xalloc(bytes);
     memcpy(q, p, bytes);
     return q;
 }
@@ -239,8 +176,8 @@ static void io_free(io *b, int nw, int cuda) {
 /* A fresh output buffer: NaN-poisoned on both backends. */
 static float *out_buf(int64_t n, int cuda) {
     if (cuda) return dpoisoned(n);
-    float *h = halloc((size_t)n * sizeof(float));
-    for (int64_t i = 0; i < n; ++i) h[i] = NAN;
+    float *h = xalloc((size_t)n * sizeof(float));
+    poison(h, n);
     return h;
 }
 
@@ -320,7 +257,7 @@ static void backward(kf_rnn_plan *plan, const prob *p, io *b) {
  * `backward_too` = 0 runs the forwards only. */
 static result run_backend(const prob *p, int cuda, int backward_too) {
     const cfg *c = &p->c;
-    kf_context *ctx = make_ctx(cuda ? KF_DEVICE_CUDA : KF_DEVICE_CPU);
+    kf_context *ctx = make_ctx(cuda ? KF_DEVICE_CUDA : KF_DEVICE_CPU, 0);
     kf_rnn_plan *plan = make_plan(ctx, c);
     io b = io_make(p, cuda);
     result r;
@@ -334,9 +271,9 @@ static result run_backend(const prob *p, int cuda, int backward_too) {
 
     size_t ws = 0, rs = 0;
     KF_OK_(kf_rnn_workspace_size(plan, c->T, c->B, KF_MODE_TRAINING, &ws, &rs));
-    b.ws = cuda ? dalloc(ws) : halloc(ws); /* caller workspace */
+    b.ws = cuda ? dalloc(ws) : xalloc(ws); /* caller workspace */
     b.ws_bytes = ws;
-    b.rs = cuda ? dalloc(rs) : halloc(rs);
+    b.rs = cuda ? dalloc(rs) : xalloc(rs);
     b.rs_bytes = rs;
     if (cuda) {
         CUDA_OK(cudaMemset(b.y, 0xFF, (size_t)p->ny * sizeof(float)));
@@ -595,7 +532,7 @@ typedef struct dev_run {
 } dev_run;
 
 static void dev_run_make(dev_run *d, const prob *p) {
-    d->ctx = make_ctx(KF_DEVICE_CUDA);
+    d->ctx = make_ctx(KF_DEVICE_CUDA, 0);
     CUDA_OK(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking));
     KF_OK_(kf_context_set_stream(d->ctx, d->stream));
     void *got = NULL;
@@ -706,7 +643,7 @@ Test(rnn_cuda, graph_capture_replays_forward) {
 /* A CUDA context rejects host memory (and a caller workspace in host memory) with a status that
  * names the argument, before launching anything, and writes nothing. */
 Test(rnn_cuda, host_pointers_rejected) {
-    kf_context *ctx = make_ctx(KF_DEVICE_CUDA);
+    kf_context *ctx = make_ctx(KF_DEVICE_CUDA, 0);
     cfg c = base(KF_RNN_GRU, 64);
     prob p;
     prob_make(&p, &c, 77);

@@ -13,24 +13,10 @@
 #include <string.h>
 
 #include "kfuse.h"
+#include "kf_test.h"
 #include "ref_rnn.h"
 
 /* ---- message checks ----------------------------------------------------------------------- */
-static int ident_char(char ch) {
-    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-           ch == '_';
-}
-
-/* `tok` occurs in `msg` as a whole identifier (e.g. "x" in "args->x.shape[2]", not in "dx"). */
-static int has_token(const char *msg, const char *tok) {
-    size_t n = strlen(tok);
-    for (const char *p = strstr(msg, tok); p; p = strstr(p + 1, tok)) {
-        int before_ok = p == msg || !ident_char(p[-1]);
-        int after_ok = !ident_char(p[n]);
-        if (before_ok && after_ok) return 1;
-    }
-    return 0;
-}
 
 /* Status `got` must be `want` (or `want2` when that is not KF_OK); the message names `fn` and one
  * of the '|'-separated tokens in `args`. */
@@ -69,12 +55,6 @@ typedef struct fx {
     kf_rnn_backward_args ba;
 } fx;
 
-static void *xalloc(size_t bytes) {
-    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 128);
-    cr_assert(p != NULL);
-    return p;
-}
-
 static void fill(float *p, int64_t n, float v) {
     for (int64_t i = 0; i < n; ++i) p[i] = v;
 }
@@ -83,12 +63,6 @@ static int all_equal(const float *p, int64_t n, float v) {
     for (int64_t i = 0; i < n; ++i)
         if (p[i] != v) return 0;
     return 1;
-}
-
-static kf_tensor tens(void *data, kf_dtype dt, int32_t ndim, const int64_t *shape) {
-    kf_tensor t;
-    cr_assert(kf_tensor_init(&t, data, dt, ndim, shape) == KF_OK, "%s", kf_last_error_message());
-    return t;
 }
 
 static void fx_make(fx *f, ref_rnn_cfg c) {
@@ -536,13 +510,6 @@ Test(rnn_errors, backward_agru) {
 }
 
 /* ---- plan creation ------------------------------------------------------------------------ */
-static kf_context *cpu_ctx(void) {
-    kf_context_desc d;
-    kf_context_desc_init(&d);
-    kf_context *ctx = NULL;
-    cr_assert(kf_context_create(&d, &ctx) == KF_OK, "%s", kf_last_error_message());
-    return ctx;
-}
 
 static kf_rnn_desc valid_desc(void) {
     kf_rnn_desc d;
@@ -572,7 +539,7 @@ static kf_rnn_desc valid_desc(void) {
 
 Test(rnn_errors, plan_create) {
     const kf_status INV = KF_ERR_INVALID_ARGUMENT, UNS = KF_ERR_UNSUPPORTED;
-    kf_context *ctx = cpu_ctx();
+    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 0);
     PLAN_CASE(INV, KF_OK, "ctx", c = NULL);
     PLAN_CASE(INV, KF_OK, "desc", dp = NULL);
     PLAN_CASE(INV, KF_OK, "struct_size", d.struct_size = 0);
@@ -634,7 +601,7 @@ Test(rnn_errors, plan_create) {
 
 /* ---- queries ------------------------------------------------------------------------------ */
 Test(rnn_errors, weight_queries) {
-    kf_context *ctx = cpu_ctx();
+    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 0);
     kf_rnn_desc d = valid_desc();
     d.num_layers = 2;
     kf_rnn_plan *plan = NULL;
@@ -665,7 +632,7 @@ Test(rnn_errors, weight_queries) {
 }
 
 Test(rnn_errors, workspace_size) {
-    kf_context *ctx = cpu_ctx();
+    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 0);
     kf_rnn_desc d = valid_desc();
     kf_rnn_plan *plan = NULL;
     cr_assert(kf_rnn_plan_create(ctx, &d, &plan) == KF_OK);

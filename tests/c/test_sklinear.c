@@ -13,26 +13,11 @@
 #include <string.h>
 
 #include "kfuse.h"
+#include "kf_test.h"
 #include "ref_rnn.h"
 #include "ref_sklinear.h"
 
 #define TOL 1e-5
-
-#define KF_OK_(expr)                                                                          \
-    do {                                                                                      \
-        kf_status s_ = (expr);                                                                \
-        cr_assert(s_ == KF_OK, "%s: %s (%s)", #expr, kf_status_string(s_),                    \
-                  kf_last_error_message());                                                   \
-    } while (0)
-
-static kf_context *cpu_ctx(int32_t threads) {
-    kf_context_desc d;
-    kf_context_desc_init(&d);
-    d.num_threads = threads;
-    kf_context *ctx = NULL;
-    KF_OK_(kf_context_create(&d, &ctx));
-    return ctx;
-}
 
 /* One problem: shapes, float32 inputs and their float64 copies. */
 typedef struct prob {
@@ -100,34 +85,21 @@ static kf_sklinear_plan *make_plan(kf_context *ctx, const prob *p) {
     return plan;
 }
 
-static kf_tensor t_of(void *data, int32_t nd, int64_t a, int64_t b, int64_t c) {
-    int64_t s[3] = {a, b, c};
-    kf_tensor t;
-    kf_tensor_init(&t, data, KF_DTYPE_F32, nd, s);
-    return t;
-}
-
 static void set_params(const prob *p, kf_tensor *S1, kf_tensor *S2, kf_tensor *U1, kf_tensor *U2) {
-    *S1 = t_of(p->S1, 3, p->c.L, p->c.in, p->c.k);
-    *S2 = t_of(p->S2, 3, p->c.L, p->c.k, p->c.out);
-    *U1 = t_of(p->U1, 3, p->c.L, p->c.k, p->c.out);
-    *U2 = t_of(p->U2, 3, p->c.L, p->c.in, p->c.k);
+    *S1 = t3(p->S1, 3, p->c.L, p->c.in, p->c.k);
+    *S2 = t3(p->S2, 3, p->c.L, p->c.k, p->c.out);
+    *U1 = t3(p->U1, 3, p->c.L, p->c.k, p->c.out);
+    *U2 = t3(p->U2, 3, p->c.L, p->c.in, p->c.k);
 }
 
 static kf_status run_forward(kf_sklinear_plan *plan, const prob *p, const float *x, float *y) {
     kf_sklinear_forward_args a;
     kf_sklinear_forward_args_init(&a);
-    a.x = t_of((void *)x, p->xnd, p->xs[0], p->xs[1], p->xs[2]);
+    a.x = t3((void *)x, p->xnd, p->xs[0], p->xs[1], p->xs[2]);
     set_params(p, &a.S1s, &a.S2s, &a.U1s, &a.U2s);
-    if (p->bias) a.bias = t_of(p->b, 1, p->c.out, 0, 0);
-    a.y = t_of(y, p->xnd, p->ys[0], p->ys[1], p->ys[2]);
+    if (p->bias) a.bias = t3(p->b, 1, p->c.out, 0, 0);
+    a.y = t3(y, p->xnd, p->ys[0], p->ys[1], p->ys[2]);
     return kf_sklinear_forward(plan, &a, NULL, 0);
-}
-
-static float *poisoned(int64_t n) {
-    float *v = malloc((size_t)n * sizeof *v);
-    for (int64_t i = 0; i < n; i++) v[i] = NAN;
-    return v;
 }
 
 typedef struct grads { float *dx, *dS1, *dS2, *db; } grads;
@@ -144,13 +116,13 @@ static kf_status run_backward(kf_sklinear_plan *plan, const prob *p, kf_grad_mod
                               const grads *g) {
     kf_sklinear_backward_args a;
     kf_sklinear_backward_args_init(&a);
-    a.x = t_of(p->x, p->xnd, p->xs[0], p->xs[1], p->xs[2]);
+    a.x = t3(p->x, p->xnd, p->xs[0], p->xs[1], p->xs[2]);
     set_params(p, &a.S1s, &a.S2s, &a.U1s, &a.U2s);
-    a.dy = t_of(p->dy, p->xnd, p->ys[0], p->ys[1], p->ys[2]);
-    if (g->dx) a.dx = t_of(g->dx, p->xnd, p->xs[0], p->xs[1], p->xs[2]);
-    if (g->dS1) a.dS1s = t_of(g->dS1, 3, p->c.L, p->c.in, p->c.k);
-    if (g->dS2) a.dS2s = t_of(g->dS2, 3, p->c.L, p->c.k, p->c.out);
-    if (g->db) a.dbias = t_of(g->db, 1, p->c.out, 0, 0);
+    a.dy = t3(p->dy, p->xnd, p->ys[0], p->ys[1], p->ys[2]);
+    if (g->dx) a.dx = t3(g->dx, p->xnd, p->xs[0], p->xs[1], p->xs[2]);
+    if (g->dS1) a.dS1s = t3(g->dS1, 3, p->c.L, p->c.in, p->c.k);
+    if (g->dS2) a.dS2s = t3(g->dS2, 3, p->c.L, p->c.k, p->c.out);
+    if (g->db) a.dbias = t3(g->db, 1, p->c.out, 0, 0);
     return kf_sklinear_backward(plan, mode, &a, NULL, 0);
 }
 
@@ -160,7 +132,7 @@ typedef struct shape { int64_t N, in, out, L, k; int bias, three_d; } shape;
 static void check_against_reference(const shape *s, int32_t threads) {
     prob p = make_prob(s->N, s->in, s->out, s->L, s->k, s->bias, s->three_d,
                        (uint64_t)(s->N * 131 + s->in * 17 + s->k));
-    kf_context *ctx = cpu_ctx(threads);
+    kf_context *ctx = make_ctx(KF_DEVICE_CPU, threads);
     kf_sklinear_plan *plan = make_plan(ctx, &p);
     int64_t ny = s->N * s->out;
     float *y = poisoned(ny);
@@ -232,7 +204,7 @@ Test(sklinear, thread_count_invariant) {
     float *y[2];
     grads g[2];
     for (int t = 0; t < 2; t++) {
-        kf_context *ctx = cpu_ctx(t + 1);
+        kf_context *ctx = make_ctx(KF_DEVICE_CPU, t + 1);
         kf_sklinear_plan *plan = make_plan(ctx, &p);
         y[t] = poisoned(64 * 200);
         KF_OK_(run_forward(plan, &p, p.x, y[t]));
@@ -282,7 +254,7 @@ static void check_fd(kf_sklinear_plan *plan, prob *p, float *param, int64_t n, c
 
 Test(sklinear, gradients_match_finite_differences) {
     prob p = make_prob(3, 6, 5, 2, 3, 1, 0, 11);
-    kf_context *ctx = cpu_ctx(1);
+    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 1);
     kf_sklinear_plan *plan = make_plan(ctx, &p);
     grads g = poisoned_grads(&p);
     KF_OK_(run_backward(plan, &p, KF_GRAD_OVERWRITE, &g));
@@ -299,7 +271,7 @@ Test(sklinear, gradients_match_finite_differences) {
 /* Optional outputs: any subset may be absent; those present are still right. */
 Test(sklinear, backward_subsets) {
     prob p = make_prob(9, 20, 11, 2, 4, 1, 0, 3);
-    kf_context *ctx = cpu_ctx(2);
+    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 2);
     kf_sklinear_plan *plan = make_plan(ctx, &p);
     double *dx = malloc(9 * 20 * 8), *dS1 = malloc((size_t)n_ik(&p) * 8),
            *dS2 = malloc((size_t)n_ko(&p) * 8), *db = malloc(11 * 8);
@@ -324,7 +296,7 @@ Test(sklinear, backward_subsets) {
 }
 
 Test(sklinear, param_ratio) {
-    kf_context *ctx = cpu_ctx(1);
+    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 1);
     kf_sklinear_desc d;
     kf_sklinear_desc_init(&d);
     cr_expect(d.bias == 1 && d.dtype == KF_DTYPE_F32 && d.num_terms == 0 && d.low_rank == 0);

@@ -8,34 +8,8 @@
 #include <string.h>
 
 #include "kfuse.h"
+#include "kf_test.h"
 #include "ref_rnn.h"
-
-#define KF_OK_(expr)                                                                          \
-    do {                                                                                      \
-        kf_status s_ = (expr);                                                                \
-        cr_assert(s_ == KF_OK, "%s: %s (%s)", #expr, kf_status_string(s_),                    \
-                  kf_last_error_message());                                                   \
-    } while (0)
-
-/* The call fails with `status` and the message mentions `needle`. */
-#define EXPECT_FAIL(expr, status, needle)                                                     \
-    do {                                                                                      \
-        kf_status s_ = (expr);                                                                \
-        cr_expect(s_ == (status), "%s: got %s, want %s (%s)", #expr, kf_status_string(s_),    \
-                  kf_status_string(status), kf_last_error_message());                         \
-        cr_expect(strstr(kf_last_error_message(), (needle)) != NULL,                         \
-                  "%s: message \"%s\" does not name \"%s\"", #expr, kf_last_error_message(),  \
-                  (needle));                                                                  \
-    } while (0)
-
-static kf_context *cpu_ctx(void) {
-    kf_context_desc d;
-    kf_context_desc_init(&d);
-    d.num_threads = 1;
-    kf_context *ctx = NULL;
-    KF_OK_(kf_context_create(&d, &ctx));
-    return ctx;
-}
 
 static kf_sklinear_desc desc_of(int64_t in, int64_t out, int32_t L, int32_t k, int32_t bias) {
     kf_sklinear_desc d;
@@ -45,7 +19,7 @@ static kf_sklinear_desc desc_of(int64_t in, int64_t out, int32_t L, int32_t k, i
 }
 
 Test(sklinear_api, bad_descriptors) {
-    kf_context *ctx = cpu_ctx();
+    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 1);
     kf_sklinear_plan *plan = (kf_sklinear_plan *)&plan; /* must be reset to NULL on failure */
     kf_sklinear_desc d = desc_of(8, 8, 0, 2, 1);
     EXPECT_FAIL(kf_sklinear_plan_create(ctx, &d, &plan), KF_ERR_INVALID_ARGUMENT, "num_terms");
@@ -91,16 +65,9 @@ typedef struct call {
     kf_sklinear_backward_args g;
 } call;
 
-static kf_tensor t3(void *p, int64_t a, int64_t b, int64_t c, int32_t nd) {
-    int64_t s[3] = {a, b, c};
-    kf_tensor t;
-    kf_tensor_init(&t, p, KF_DTYPE_F32, nd, s);
-    return t;
-}
-
 static call *make_call(void) {
     call *c = calloc(1, sizeof *c);
-    c->ctx = cpu_ctx();
+    c->ctx = make_ctx(KF_DEVICE_CPU, 1);
     kf_sklinear_desc d = desc_of(8, 6, 2, 3, 1);
     KF_OK_(kf_sklinear_plan_create(c->ctx, &d, &c->plan));
     ref_rng r;
@@ -114,19 +81,19 @@ static call *make_call(void) {
     ref_fill_uniform_f32(&r, c->dy, 24, -1, 1);
     for (int i = 0; i < 24; i++) c->y[i] = 1234.5f;
     kf_sklinear_forward_args_init(&c->f);
-    c->f.x = t3(c->x, 4, 8, 0, 2);
-    c->f.S1s = t3(c->S1, 2, 8, 3, 3);
-    c->f.S2s = t3(c->S2, 2, 3, 6, 3);
-    c->f.U1s = t3(c->U1, 2, 3, 6, 3);
-    c->f.U2s = t3(c->U2, 2, 8, 3, 3);
-    c->f.bias = t3(c->b, 6, 0, 0, 1);
-    c->f.y = t3(c->y, 4, 6, 0, 2);
+    c->f.x = t3(c->x, 2, 4, 8, 0);
+    c->f.S1s = t3(c->S1, 3, 2, 8, 3);
+    c->f.S2s = t3(c->S2, 3, 2, 3, 6);
+    c->f.U1s = t3(c->U1, 3, 2, 3, 6);
+    c->f.U2s = t3(c->U2, 3, 2, 8, 3);
+    c->f.bias = t3(c->b, 1, 6, 0, 0);
+    c->f.y = t3(c->y, 2, 4, 6, 0);
     kf_sklinear_backward_args_init(&c->g);
     c->g.x = c->f.x, c->g.S1s = c->f.S1s, c->g.S2s = c->f.S2s, c->g.U1s = c->f.U1s;
     c->g.U2s = c->f.U2s;
-    c->g.dy = t3(c->dy, 4, 6, 0, 2);
-    c->g.dx = t3(c->dx, 4, 8, 0, 2);
-    c->g.dS1s = t3(c->dS1, 2, 8, 3, 3);
+    c->g.dy = t3(c->dy, 2, 4, 6, 0);
+    c->g.dx = t3(c->dx, 2, 4, 8, 0);
+    c->g.dS1s = t3(c->dS1, 3, 2, 8, 3);
     for (int i = 0; i < 32; i++) c->dx[i] = 77.0f;
     for (int i = 0; i < 48; i++) c->dS1[i] = 77.0f;
     return c;
@@ -160,7 +127,7 @@ FWD_CASE(x_null, c->f.x.data = NULL, KF_ERR_INVALID_ARGUMENT, "args->x")
 FWD_CASE(x_strided, c->f.x.strides[0] = 9, KF_ERR_INVALID_ARGUMENT, "args->x.strides")
 FWD_CASE(y_rows, c->f.y.shape[0] = 3, KF_ERR_INVALID_ARGUMENT, "args->y.shape[0]")
 FWD_CASE(y_width, c->f.y.shape[1] = 8, KF_ERR_INVALID_ARGUMENT, "args->y.shape[1]")
-FWD_CASE(y_rank, c->f.y = t3(c->y, 4, 1, 6, 3), KF_ERR_INVALID_ARGUMENT, "args->y.ndim")
+FWD_CASE(y_rank, c->f.y = t3(c->y, 3, 4, 1, 6), KF_ERR_INVALID_ARGUMENT, "args->y.ndim")
 FWD_CASE(S1_terms, c->f.S1s.shape[0] = 1, KF_ERR_INVALID_ARGUMENT, "args->S1s.shape[0]")
 FWD_CASE(S2_rank, c->f.S2s.shape[2] = 5, KF_ERR_INVALID_ARGUMENT, "args->S2s.shape[2]")
 FWD_CASE(U1_dtype, c->f.U1s.dtype = KF_DTYPE_F64, KF_ERR_INVALID_ARGUMENT, "args->U1s.dtype")
@@ -210,9 +177,9 @@ Test(sklinear_api, workspace_too_small) {
 BWD_CASE(dy_rows, c->g.dy.shape[0] = 5, KF_ERR_INVALID_ARGUMENT, "args->dy.shape[0]")
 BWD_CASE(dy_null, c->g.dy.data = NULL, KF_ERR_INVALID_ARGUMENT, "args->dy")
 BWD_CASE(dx_shape, c->g.dx.shape[1] = 6, KF_ERR_INVALID_ARGUMENT, "args->dx.shape[1]")
-BWD_CASE(dS2_shape, c->g.dS2s = t3(c->dy, 2, 3, 4, 3), KF_ERR_INVALID_ARGUMENT,
+BWD_CASE(dS2_shape, c->g.dS2s = t3(c->dy, 3, 2, 3, 4), KF_ERR_INVALID_ARGUMENT,
          "args->dS2s.shape[2]")
-BWD_CASE(dbias_shape, c->g.dbias = t3(c->dy, 7, 0, 0, 1), KF_ERR_INVALID_ARGUMENT,
+BWD_CASE(dbias_shape, c->g.dbias = t3(c->dy, 1, 7, 0, 0), KF_ERR_INVALID_ARGUMENT,
          "args->dbias.shape[0]")
 
 Test(sklinear_api, backward_rejects_grad_mode) {
@@ -234,12 +201,12 @@ static params init_params(kf_sklinear_plan *plan, int64_t in, int64_t out, int64
     kf_sklinear_init_args a;
     kf_sklinear_init_args_init(&a);
     a.seed = seed;
-    if (W_init) a.W_init = t3((void *)W_init, out, in, 0, 2);
-    a.S1s = t3(p.S1, L, in, k, 3);
-    a.S2s = t3(p.S2, L, k, out, 3);
-    a.U1s = t3(p.U1, L, k, out, 3);
-    a.U2s = t3(p.U2, L, in, k, 3);
-    a.bias = t3(p.b, out, 0, 0, 1);
+    if (W_init) a.W_init = t3((void *)W_init, 2, out, in, 0);
+    a.S1s = t3(p.S1, 3, L, in, k);
+    a.S2s = t3(p.S2, 3, L, k, out);
+    a.U1s = t3(p.U1, 3, L, k, out);
+    a.U2s = t3(p.U2, 3, L, in, k);
+    a.bias = t3(p.b, 1, out, 0, 0);
     KF_OK_(kf_sklinear_init_params(plan, &a));
     return p;
 }
@@ -248,7 +215,7 @@ static void free_params(params *p) { free(p->S1), free(p->S2), free(p->U1), free
 
 Test(sklinear_api, init_follows_panther) {
     const int64_t in = 13, out = 9, L = 3, k = 5;
-    kf_context *ctx = cpu_ctx();
+    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 1);
     kf_sklinear_desc d = desc_of(in, out, (int32_t)L, (int32_t)k, 1);
     kf_sklinear_plan *plan;
     KF_OK_(kf_sklinear_plan_create(ctx, &d, &plan));
@@ -295,7 +262,7 @@ Test(sklinear_api, init_follows_panther) {
 
 Test(sklinear_api, init_is_a_function_of_the_seed) {
     const int64_t in = 40, out = 30, L = 2, k = 4;
-    kf_context *ctx = cpu_ctx();
+    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 1);
     kf_sklinear_desc d = desc_of(in, out, (int32_t)L, (int32_t)k, 1);
     kf_sklinear_plan *plan;
     KF_OK_(kf_sklinear_plan_create(ctx, &d, &plan));

@@ -15,37 +15,11 @@
 #include <string.h>
 
 #include "kfuse.h"
+#include "kf_test.h"
 #include "ref_rnn.h"
 
 #ifdef KF_HAVE_CUDA
-#include <cuda_runtime.h>
-
 #define TOL 1e-5
-
-#define CUDA_OK(expr)                                                                         \
-    do {                                                                                      \
-        cudaError_t e_ = (expr);                                                              \
-        cr_assert(e_ == cudaSuccess, "%s: %s", #expr, cudaGetErrorString(e_));                 \
-    } while (0)
-#define KF_OK_(expr)                                                                          \
-    do {                                                                                      \
-        kf_status s_ = (expr);                                                                \
-        cr_assert(s_ == KF_OK, "%s: %s (%s)", #expr, kf_status_string(s_),                    \
-                  kf_last_error_message());                                                   \
-    } while (0)
-
-static kf_context *make_ctx(kf_device_type dev) {
-    kf_context_desc d;
-    kf_context_desc_init(&d);
-    d.device_type = dev;
-    kf_context *ctx = NULL;
-    kf_status s = kf_context_create(&d, &ctx);
-    if (dev == KF_DEVICE_CUDA && s == KF_ERR_BACKEND_UNAVAILABLE)
-        cr_skip_test("no usable CUDA device: %s", kf_last_error_message());
-    cr_assert(s == KF_OK && ctx != NULL, "kf_context_create: %s (%s)", kf_status_string(s),
-              kf_last_error_message());
-    return ctx;
-}
 
 /* The five parameter tensors, the input and the output gradient of one problem. */
 enum { X, S1, S2, U1, U2, B, DY, NIN };
@@ -62,13 +36,6 @@ static void sizes(const shape *s, int64_t *n_in, int64_t *n_out) {
     int64_t no[NOUT] = {s->N * s->out, s->N * s->in, ik, ko, s->out};
     memcpy(n_in, ni, sizeof ni);
     memcpy(n_out, no, sizeof no);
-}
-
-static kf_tensor t3(void *p, int32_t nd, int64_t a, int64_t b, int64_t c) {
-    int64_t sh[3] = {a, b, c};
-    kf_tensor t;
-    kf_tensor_init(&t, p, KF_DTYPE_F32, nd, sh);
-    return t;
 }
 
 /* On `ctx`, over buffers `b` of that context's memory: with KF_GRAD_OVERWRITE a forward and a
@@ -103,19 +70,6 @@ static void run(kf_context *ctx, const shape *s, bufs *b, kf_grad_mode mode) {
     kf_sklinear_plan_destroy(plan);
 }
 
-static void *dcopy(const void *h, int64_t n) {
-    void *d = NULL;
-    CUDA_OK(cudaMalloc(&d, (size_t)(n > 0 ? n : 1) * 4));
-    if (h) CUDA_OK(cudaMemcpy(d, h, (size_t)n * 4, cudaMemcpyHostToDevice));
-    return d;
-}
-
-static float *hcopy(const float *d, int64_t n) {
-    float *h = malloc((size_t)(n > 0 ? n : 1) * 4);
-    CUDA_OK(cudaMemcpy(h, d, (size_t)n * 4, cudaMemcpyDeviceToHost));
-    return h;
-}
-
 static void compare(const char *what, const float *cuda, const float *cpu, int64_t n,
                     const shape *s) {
     double *ref = ref_to_f64(cpu, n);
@@ -126,7 +80,7 @@ static void compare(const char *what, const float *cuda, const float *cpu, int64
 }
 
 static void check_shape(const shape *s) {
-    kf_context *gpu = make_ctx(KF_DEVICE_CUDA), *cpu = make_ctx(KF_DEVICE_CPU);
+    kf_context *gpu = make_ctx(KF_DEVICE_CUDA, 0), *cpu = make_ctx(KF_DEVICE_CPU, 0);
     bufs h, dv;
     sizes(s, h.n_in, h.n_out);
     ref_rng r;
@@ -136,19 +90,18 @@ static void check_shape(const shape *s) {
     for (int i = 0; i < NIN; i++) {
         h.in[i] = malloc((size_t)h.n_in[i] * 4);
         ref_fill_uniform_f32(&r, h.in[i], h.n_in[i], -sc[i], sc[i]);
-        dv.in[i] = dcopy(h.in[i], h.n_in[i]);
+        dv.in[i] = to_dev(h.in[i], (size_t)h.n_in[i] * sizeof(float));
     }
     for (int i = 0; i < NOUT; i++) {
         h.out[i] = malloc((size_t)(h.n_out[i] > 0 ? h.n_out[i] : 1) * 4);
-        dv.out[i] = dcopy(NULL, h.n_out[i]);
-        CUDA_OK(cudaMemset(dv.out[i], 0xFF, (size_t)h.n_out[i] * 4)); /* NaN */
+        dv.out[i] = dpoisoned(h.n_out[i]); /* NaN */
     }
     run(cpu, s, &h, KF_GRAD_OVERWRITE);
     run(gpu, s, &dv, KF_GRAD_OVERWRITE);
     const char *names[NOUT] = {"y", "dx", "dS1s", "dS2s", "dbias"};
     for (int i = 0; i < NOUT; i++) {
         if (i == DB && !s->bias) continue;
-        float *got = hcopy(dv.out[i], h.n_out[i]);
+        float *got = to_host(dv.out[i], h.n_out[i]);
         compare(names[i], got, h.out[i], h.n_out[i], s);
         free(got);
     }
@@ -157,7 +110,7 @@ static void check_shape(const shape *s) {
     run(gpu, s, &dv, KF_GRAD_ACCUMULATE);
     for (int i = DX; i < NOUT; i++) {
         if (i == DB && !s->bias) continue;
-        float *got = hcopy(dv.out[i], h.n_out[i]);
+        float *got = to_host(dv.out[i], h.n_out[i]);
         compare(names[i], got, h.out[i], h.n_out[i], s);
         free(got);
     }
@@ -187,7 +140,7 @@ ParameterizedTest(const shape *s, sklinear_cuda, matches_cpu) { check_shape(s); 
 
 Test(sklinear_cuda, init_matches_cpu) {
     const int64_t in = 300, out = 170, L = 2, k = 9;
-    kf_context *ctx[2] = {make_ctx(KF_DEVICE_CPU), make_ctx(KF_DEVICE_CUDA)};
+    kf_context *ctx[2] = {make_ctx(KF_DEVICE_CPU, 0), make_ctx(KF_DEVICE_CUDA, 0)};
     const int64_t n[5] = {L * in * k, L * k * out, L * k * out, L * in * k, out};
     float *host[2][5];
     for (int c = 0; c < 2; c++) {
@@ -197,7 +150,8 @@ Test(sklinear_cuda, init_matches_cpu) {
         kf_sklinear_plan *plan;
         KF_OK_(kf_sklinear_plan_create(ctx[c], &d, &plan));
         float *buf[5];
-        for (int i = 0; i < 5; i++) buf[i] = c ? dcopy(NULL, n[i]) : malloc((size_t)n[i] * 4);
+        for (int i = 0; i < 5; i++)
+            buf[i] = c ? dalloc((size_t)n[i] * sizeof(float)) : malloc((size_t)n[i] * 4);
         kf_sklinear_init_args a;
         kf_sklinear_init_args_init(&a);
         a.seed = 99;
@@ -208,7 +162,7 @@ Test(sklinear_cuda, init_matches_cpu) {
         a.bias = t3(buf[4], 1, out, 0, 0);
         KF_OK_(kf_sklinear_init_params(plan, &a));
         for (int i = 0; i < 5; i++) {
-            host[c][i] = c ? hcopy(buf[i], n[i]) : buf[i];
+            host[c][i] = c ? to_host(buf[i], n[i]) : buf[i];
             if (c) cudaFree(buf[i]);
         }
         kf_sklinear_plan_destroy(plan);
@@ -223,7 +177,7 @@ Test(sklinear_cuda, init_matches_cpu) {
 }
 
 Test(sklinear_cuda, graph_capture_replays_forward) {
-    kf_context *ctx = make_ctx(KF_DEVICE_CUDA); /* skips without a usable device */
+    kf_context *ctx = make_ctx(KF_DEVICE_CUDA, 0); /* skips without a usable device */
     cudaStream_t st;
     CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     KF_OK_(kf_context_set_stream(ctx, st));
@@ -235,10 +189,11 @@ Test(sklinear_cuda, graph_capture_replays_forward) {
     for (int i = 0; i < NIN; i++) {
         float *h = malloc((size_t)dv.n_in[i] * 4);
         ref_fill_uniform_f32(&r, h, dv.n_in[i], -0.5, 0.5);
-        dv.in[i] = dcopy(h, dv.n_in[i]);
+        dv.in[i] = to_dev(h, (size_t)dv.n_in[i] * sizeof(float));
         free(h);
     }
-    float *y_eager = dcopy(NULL, dv.n_out[Y]), *y_graph = dcopy(NULL, dv.n_out[Y]);
+    float *y_eager = dalloc((size_t)dv.n_out[Y] * sizeof(float));
+    float *y_graph = dalloc((size_t)dv.n_out[Y] * sizeof(float));
     kf_sklinear_desc d;
     kf_sklinear_desc_init(&d);
     d.in_features = s.in, d.out_features = s.out, d.num_terms = s.L, d.low_rank = s.k;
@@ -246,7 +201,7 @@ Test(sklinear_cuda, graph_capture_replays_forward) {
     KF_OK_(kf_sklinear_plan_create(ctx, &d, &plan));
     size_t ws_bytes;
     KF_OK_(kf_sklinear_workspace_size(plan, s.N, &ws_bytes));
-    void *ws = dcopy(NULL, (int64_t)(ws_bytes / 4 + 16));
+    void *ws = dalloc((ws_bytes / 4 + 16) * sizeof(float));
     kf_sklinear_forward_args f;
     kf_sklinear_forward_args_init(&f);
     f.x = t3(dv.in[X], 2, s.N, s.in, 0);
@@ -268,7 +223,7 @@ Test(sklinear_cuda, graph_capture_replays_forward) {
     CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
     CUDA_OK(cudaGraphLaunch(ge, st));
     CUDA_OK(cudaStreamSynchronize(st));
-    float *a = hcopy(y_eager, dv.n_out[Y]), *b = hcopy(y_graph, dv.n_out[Y]);
+    float *a = to_host(y_eager, dv.n_out[Y]), *b = to_host(y_graph, dv.n_out[Y]);
     cr_expect(memcmp(a, b, (size_t)dv.n_out[Y] * 4) == 0, "graph replay differs from eager");
     free(a), free(b);
     CUDA_OK(cudaGraphExecDestroy(ge));
