@@ -66,6 +66,18 @@ static long bench_parse_long(const char *flag, const char *s, long lo) {
     return v;
 }
 
+/* Fails unless device is "cpu" or "cuda". */
+static inline void bench_check_device(const char *device) {
+    if (strcmp(device, "cpu") && strcmp(device, "cuda"))
+        bench_fail("--device must be cpu or cuda, got '%s'", device);
+}
+
+/* The value after flag argv[*i] (advancing *i), failing when there is none. */
+static inline const char *bench_flag_value(int argc, char **argv, int *i) {
+    if (*i + 1 >= argc) bench_fail("missing value after %s", argv[*i]);
+    return argv[++*i];
+}
+
 static void bench_parse(int argc, char **argv, bench_args *a) {
     a->cell = "gru";
     a->device = "cpu";
@@ -76,8 +88,7 @@ static void bench_parse(int argc, char **argv, bench_args *a) {
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { bench_usage(argv[0]); exit(0); }
         if (!strcmp(f, "--no-dx")) { a->no_dx = 1; continue; }
         if (!strcmp(f, "--fwd-only")) { a->fwd_only = 1; continue; }
-        if (i + 1 >= argc) bench_fail("missing value after %s", f);
-        const char *v = argv[++i];
+        const char *v = bench_flag_value(argc, argv, &i);
         if (!strcmp(f, "--cell")) a->cell = v;
         else if (!strcmp(f, "--device")) a->device = v;
         else if (!strcmp(f, "--T")) a->T = bench_parse_long(f, v, 1);
@@ -92,8 +103,7 @@ static void bench_parse(int argc, char **argv, bench_args *a) {
     }
     if (strcmp(a->cell, "gru") && strcmp(a->cell, "agru"))
         bench_fail("--cell must be gru or agru, got '%s'", a->cell);
-    if (strcmp(a->device, "cpu") && strcmp(a->device, "cuda"))
-        bench_fail("--device must be cpu or cuda, got '%s'", a->device);
+    bench_check_device(a->device);
 }
 
 static double bench_now_ms(void) {

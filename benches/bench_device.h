@@ -1,5 +1,6 @@
 /* Buffers on the benchmarked context's device and the status check, shared by the C drivers
- * that time kfuse itself (bench_rnn.c, bench_sklinear.c). Header-only, like bench_common.h. The
+ * that time kfuse itself (bench_rnn.c, bench_sklinear.c, bench_kan.c): the context, tensors,
+ * buffers and the timing loop. Header-only, like bench_common.h. The
  * driver sets on_cuda before allocating. */
 #ifndef KF_BENCH_DEVICE_H
 #define KF_BENCH_DEVICE_H
@@ -73,6 +74,50 @@ static double dev_sumsq(const float *d, size_t n) {
     for (size_t i = 0; i < n; ++i) s += (double)h[i] * h[i];
     free(tmp);
     return s;
+}
+
+/* A context on the device the driver chose (on_cuda), with `threads` CPU threads (0: default). */
+static inline kf_context *dev_context(long threads) {
+    kf_context_desc cd;
+    kf_context_desc_init(&cd);
+    cd.device_type = on_cuda ? KF_DEVICE_CUDA : KF_DEVICE_CPU;
+    cd.num_threads = (int32_t)threads;
+    kf_context *ctx = NULL;
+    KF_CHECK_CALL(kf_context_create(&cd, &ctx));
+    return ctx;
+}
+
+/* An F32 tensor of rank nd (1 to 3) over data with the leading nd of the sizes a, b, c. */
+static inline kf_tensor dev_tensor(void *data, int32_t nd, long a, long b, long c) {
+    const int64_t s[3] = {a, b, c};
+    kf_tensor t;
+    KF_CHECK_CALL(kf_tensor_init(&t, data, KF_DTYPE_F32, nd, s));
+    return t;
+}
+
+/* Frees n device buffers (NULL ones skipped). */
+static inline void dev_free_all(void *const *bufs, size_t n) {
+    for (size_t i = 0; i < n; ++i) dev_free(bufs[i]);
+}
+
+/* Times `reps` runs of run(pass, state) after `warmup` untimed ones, synchronising ctx before
+ * each clock read; t[i] gets run i's milliseconds. budget_s > 0 stops once that many seconds
+ * have been timed (at least one run). Returns the number of runs timed. */
+static inline long dev_time_pass(kf_context *ctx, void (*run)(int pass, void *state), int pass,
+                                 void *state, long warmup, long reps, double budget_s, double *t) {
+    long done = 0;
+    double spent = 0.0;
+    for (long r = -warmup; r < reps; ++r) {
+        double t0 = bench_now_ms();
+        run(pass, state);
+        KF_CHECK_CALL(kf_context_synchronize(ctx));
+        double dt = bench_now_ms() - t0;
+        if (r < 0) continue;
+        t[done++] = dt;
+        spent += dt;
+        if (budget_s > 0 && spent > 1e3 * budget_s) break;
+    }
+    return done;
 }
 
 #endif /* KF_BENCH_DEVICE_H */

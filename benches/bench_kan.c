@@ -42,8 +42,7 @@ static void parse(int argc, char **argv, kan_args *a) {
         const char *f = argv[i];
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(argv[0]); exit(0); }
         if (!strcmp(f, "--no-scaler")) { a->scaler = 0; continue; }
-        if (i + 1 >= argc) bench_fail("missing value after %s", f);
-        const char *v = argv[++i];
+        const char *v = bench_flag_value(argc, argv, &i);
         if (!strcmp(f, "--device")) a->device = v;
         else if (!strcmp(f, "--B")) a->B = bench_parse_long(f, v, 1);
         else if (!strcmp(f, "--in")) a->in = bench_parse_long(f, v, 1);
@@ -56,37 +55,24 @@ static void parse(int argc, char **argv, kan_args *a) {
         else if (!strcmp(f, "--budget-s")) a->budget_s = (double)bench_parse_long(f, v, 0);
         else { usage(argv[0]); bench_fail("unknown argument '%s'", f); }
     }
-    if (strcmp(a->device, "cpu") && strcmp(a->device, "cuda"))
-        bench_fail("--device must be cpu or cuda, got '%s'", a->device);
+    bench_check_device(a->device);
 }
 
-static kf_tensor tensor(void *data, int32_t nd, long a, long b, long c) {
-    const int64_t s[3] = {a, b, c};
-    kf_tensor t;
-    KF_CHECK_CALL(kf_tensor_init(&t, data, KF_DTYPE_F32, nd, s));
-    return t;
-}
+/* What one timed run calls: pass 0 forward, pass 1 forward then backward. */
+typedef struct kan_run {
+    kf_kan_linear_plan *plan;
+    const kf_kan_linear_forward_args *fa;
+    const kf_kan_linear_backward_args *ba;
+    void *ws;
+    size_t ws_bytes;
+} kan_run;
 
-/* Times `reps` calls of pass 0 (forward) or 1 (forward+backward) after `warmup`; returns the
- * number timed (fewer than reps when the budget ran out). */
-static long time_pass(int pass, const kan_args *a, kf_context *ctx, kf_kan_linear_plan *plan,
-                      const kf_kan_linear_forward_args *fa,
-                      const kf_kan_linear_backward_args *ba, void *ws, size_t ws_bytes,
-                      double *t) {
-    long done = 0;
-    double spent = 0.0;
-    for (long r = -a->warmup; r < a->reps; ++r) {
-        double t0 = bench_now_ms();
-        KF_CHECK_CALL(kf_kan_linear_forward(plan, fa, ws, ws_bytes));
-        if (pass) KF_CHECK_CALL(kf_kan_linear_backward(plan, KF_GRAD_OVERWRITE, ba, ws, ws_bytes));
-        KF_CHECK_CALL(kf_context_synchronize(ctx));
-        double dt = bench_now_ms() - t0;
-        if (r < 0) continue;
-        t[done++] = dt;
-        spent += dt;
-        if (a->budget_s > 0 && spent > 1e3 * a->budget_s) break;
-    }
-    return done;
+static void run_pass(int pass, void *state) {
+    const kan_run *k = state;
+    KF_CHECK_CALL(kf_kan_linear_forward(k->plan, k->fa, k->ws, k->ws_bytes));
+    if (pass)
+        KF_CHECK_CALL(
+            kf_kan_linear_backward(k->plan, KF_GRAD_OVERWRITE, k->ba, k->ws, k->ws_bytes));
 }
 
 int main(int argc, char **argv) {
@@ -95,12 +81,7 @@ int main(int argc, char **argv) {
     parse(argc, argv, &a);
     on_cuda = !strcmp(a.device, "cuda");
 
-    kf_context_desc cd;
-    kf_context_desc_init(&cd);
-    cd.device_type = on_cuda ? KF_DEVICE_CUDA : KF_DEVICE_CPU;
-    cd.num_threads = (int32_t)a.threads;
-    kf_context *ctx = NULL;
-    KF_CHECK_CALL(kf_context_create(&cd, &ctx));
+    kf_context *ctx = dev_context(a.threads);
     kf_kan_linear_desc d;
     kf_kan_linear_desc_init(&d);
     d.in_features = a.in, d.out_features = a.out;
@@ -113,30 +94,31 @@ int main(int argc, char **argv) {
     const size_t n_oi = (size_t)(a.out * a.in), n_oic = n_oi * (size_t)C;
     kf_kan_linear_forward_args fa;
     kf_kan_linear_forward_args_init(&fa);
-    fa.x = tensor(dev_random((size_t)(a.B * a.in), -1.2f, 1.2f), 2, a.B, a.in, 0);
-    fa.grid = tensor(dev_alloc((size_t)(a.in * nk) * 4), 2, a.in, nk, 0);
+    fa.x = dev_tensor(dev_random((size_t)(a.B * a.in), -1.2f, 1.2f), 2, a.B, a.in, 0);
+    fa.grid = dev_tensor(dev_alloc((size_t)(a.in * nk) * 4), 2, a.in, nk, 0);
     KF_CHECK_CALL(kf_kan_linear_uniform_grid(plan, -1.f, 1.f, &fa.grid));
-    fa.base_weight = tensor(dev_random(n_oi, -0.1f, 0.1f), 2, a.out, a.in, 0);
-    fa.spline_weight = tensor(dev_random(n_oic, -0.1f, 0.1f), 3, a.out, a.in, C);
-    if (a.scaler) fa.spline_scaler = tensor(dev_random(n_oi, 0.5f, 1.5f), 2, a.out, a.in, 0);
-    fa.y = tensor(dev_alloc((size_t)(a.B * a.out) * 4), 2, a.B, a.out, 0);
+    fa.base_weight = dev_tensor(dev_random(n_oi, -0.1f, 0.1f), 2, a.out, a.in, 0);
+    fa.spline_weight = dev_tensor(dev_random(n_oic, -0.1f, 0.1f), 3, a.out, a.in, C);
+    if (a.scaler) fa.spline_scaler = dev_tensor(dev_random(n_oi, 0.5f, 1.5f), 2, a.out, a.in, 0);
+    fa.y = dev_tensor(dev_alloc((size_t)(a.B * a.out) * 4), 2, a.B, a.out, 0);
     kf_kan_linear_backward_args ba;
     kf_kan_linear_backward_args_init(&ba);
     ba.x = fa.x, ba.grid = fa.grid, ba.base_weight = fa.base_weight;
     ba.spline_weight = fa.spline_weight, ba.spline_scaler = fa.spline_scaler;
-    ba.dy = tensor(dev_random((size_t)(a.B * a.out), -1.f, 1.f), 2, a.B, a.out, 0);
-    ba.dx = tensor(dev_alloc((size_t)(a.B * a.in) * 4), 2, a.B, a.in, 0);
-    ba.dbase_weight = tensor(dev_alloc(n_oi * 4), 2, a.out, a.in, 0);
-    ba.dspline_weight = tensor(dev_alloc(n_oic * 4), 3, a.out, a.in, C);
-    if (a.scaler) ba.dspline_scaler = tensor(dev_alloc(n_oi * 4), 2, a.out, a.in, 0);
+    ba.dy = dev_tensor(dev_random((size_t)(a.B * a.out), -1.f, 1.f), 2, a.B, a.out, 0);
+    ba.dx = dev_tensor(dev_alloc((size_t)(a.B * a.in) * 4), 2, a.B, a.in, 0);
+    ba.dbase_weight = dev_tensor(dev_alloc(n_oi * 4), 2, a.out, a.in, 0);
+    ba.dspline_weight = dev_tensor(dev_alloc(n_oic * 4), 3, a.out, a.in, C);
+    if (a.scaler) ba.dspline_scaler = dev_tensor(dev_alloc(n_oi * 4), 2, a.out, a.in, 0);
     size_t ws_bytes = 0;
     KF_CHECK_CALL(kf_kan_linear_workspace_size(plan, a.B, &ws_bytes));
     void *ws = ws_bytes ? dev_alloc(ws_bytes) : NULL;
 
     double *tf = bench_alloc(sizeof(double) * (size_t)a.reps);
     double *tb = bench_alloc(sizeof(double) * (size_t)a.reps);
-    const long nf = time_pass(0, &a, ctx, plan, &fa, &ba, ws, ws_bytes, tf);
-    const long nb = time_pass(1, &a, ctx, plan, &fa, &ba, ws, ws_bytes, tb);
+    kan_run run = {plan, &fa, &ba, ws, ws_bytes};
+    const long nf = dev_time_pass(ctx, run_pass, 0, &run, a.warmup, a.reps, a.budget_s, tf);
+    const long nb = dev_time_pass(ctx, run_pass, 1, &run, a.warmup, a.reps, a.budget_s, tb);
     const double y_sumsq = dev_sumsq(fa.y.data, (size_t)(a.B * a.out));
     const double g_sumsq = dev_sumsq(ba.dx.data, (size_t)(a.B * a.in)) +
                            dev_sumsq(ba.dbase_weight.data, n_oi) +
@@ -157,7 +139,7 @@ int main(int argc, char **argv) {
     void *bufs[] = {fa.x.data, fa.grid.data, fa.base_weight.data, fa.spline_weight.data,
                     fa.spline_scaler.data, fa.y.data, ba.dy.data, ba.dx.data,
                     ba.dbase_weight.data, ba.dspline_weight.data, ba.dspline_scaler.data, ws};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; ++i) dev_free(bufs[i]);
+    dev_free_all(bufs, sizeof bufs / sizeof bufs[0]);
     free(tf);
     free(tb);
     kf_kan_linear_plan_destroy(plan);

@@ -27,6 +27,29 @@ static size_t numel(const kf_tensor *t) {
     return n;
 }
 
+/* What one timed run calls: pass 0 an inference forward, pass 1 a training forward then
+ * backward. */
+typedef struct rnn_run {
+    kf_rnn_plan *plan;
+    const kf_rnn_forward_args *fa;
+    const kf_rnn_backward_args *ba;
+    void *ws, *reserve;
+    size_t ws_bytes, rs;
+} rnn_run;
+
+static void run_pass(int pass, void *state) {
+    const rnn_run *k = state;
+    if (!pass) {
+        KF_CHECK_CALL(
+            kf_rnn_forward(k->plan, KF_MODE_INFERENCE, k->fa, k->ws, k->ws_bytes, NULL, 0));
+        return;
+    }
+    KF_CHECK_CALL(
+        kf_rnn_forward(k->plan, KF_MODE_TRAINING, k->fa, k->ws, k->ws_bytes, k->reserve, k->rs));
+    KF_CHECK_CALL(
+        kf_rnn_backward(k->plan, KF_GRAD_OVERWRITE, k->ba, k->ws, k->ws_bytes, k->reserve, k->rs));
+}
+
 int main(int argc, char **argv) {
     bench_name = "kfuse_rnn";
     bench_args a;
@@ -35,12 +58,7 @@ int main(int argc, char **argv) {
     const int agru = !strcmp(a.cell, "agru");
     const int training = !a.fwd_only;
 
-    kf_context_desc cd;
-    kf_context_desc_init(&cd);
-    cd.device_type = on_cuda ? KF_DEVICE_CUDA : KF_DEVICE_CPU;
-    cd.num_threads = (int32_t)a.threads;
-    kf_context *ctx = NULL;
-    KF_CHECK_CALL(kf_context_create(&cd, &ctx));
+    kf_context *ctx = dev_context(a.threads);
 
     kf_rnn_desc rd;
     kf_rnn_desc_init(&rd);
@@ -113,26 +131,14 @@ int main(int argc, char **argv) {
 
     double *tf = bench_alloc(sizeof(double) * (size_t)a.reps);
     double *tb = bench_alloc(sizeof(double) * (size_t)a.reps);
-    for (long r = -a.warmup; r < a.reps; ++r) {
-        double t0 = bench_now_ms();
-        KF_CHECK_CALL(kf_rnn_forward(plan, KF_MODE_INFERENCE, &fa, ws, ws_bytes, NULL, 0));
-        KF_CHECK_CALL(kf_context_synchronize(ctx));
-        double t1 = bench_now_ms();
-        if (r >= 0) tf[r] = t1 - t0;
-    }
+    rnn_run run = {plan, &fa, &ba, ws, reserve, ws_bytes, rs};
+    dev_time_pass(ctx, run_pass, 0, &run, a.warmup, a.reps, 0.0, tf);
     const double y_sumsq = dev_sumsq(y.data, numel(&y));
     const double fwd_med = bench_median(tf, a.reps), fwd_min = bench_min(tf, a.reps);
 
     double fb_med = -1.0, fb_min = -1.0, dw_sumsq = -1.0;
     if (training) {
-        for (long r = -a.warmup; r < a.reps; ++r) {
-            double t0 = bench_now_ms();
-            KF_CHECK_CALL(kf_rnn_forward(plan, KF_MODE_TRAINING, &fa, ws, ws_bytes, reserve, rs));
-            KF_CHECK_CALL(kf_rnn_backward(plan, KF_GRAD_OVERWRITE, &ba, ws, ws_bytes, reserve, rs));
-            KF_CHECK_CALL(kf_context_synchronize(ctx));
-            double t1 = bench_now_ms();
-            if (r >= 0) tb[r] = t1 - t0;
-        }
+        dev_time_pass(ctx, run_pass, 1, &run, a.warmup, a.reps, 0.0, tb);
         fb_med = bench_median(tb, a.reps);
         fb_min = bench_min(tb, a.reps);
         dw_sumsq = 0.0;

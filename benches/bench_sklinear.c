@@ -35,8 +35,7 @@ static void parse(int argc, char **argv, skl_args *a) {
     for (int i = 1; i < argc; ++i) {
         const char *f = argv[i];
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(argv[0]); exit(0); }
-        if (i + 1 >= argc) bench_fail("missing value after %s", f);
-        const char *v = argv[++i];
+        const char *v = bench_flag_value(argc, argv, &i);
         if (!strcmp(f, "--device")) a->device = v;
         else if (!strcmp(f, "--in")) a->in = bench_parse_long(f, v, 1);
         else if (!strcmp(f, "--out")) a->out = bench_parse_long(f, v, 1);
@@ -48,15 +47,23 @@ static void parse(int argc, char **argv, skl_args *a) {
         else if (!strcmp(f, "--warmup")) a->warmup = bench_parse_long(f, v, 0);
         else { usage(argv[0]); bench_fail("unknown argument '%s'", f); }
     }
-    if (strcmp(a->device, "cpu") && strcmp(a->device, "cuda"))
-        bench_fail("--device must be cpu or cuda, got '%s'", a->device);
+    bench_check_device(a->device);
 }
 
-static kf_tensor tensor(void *data, int32_t nd, long a, long b, long c) {
-    const int64_t s[3] = {a, b, c};
-    kf_tensor t;
-    KF_CHECK_CALL(kf_tensor_init(&t, data, KF_DTYPE_F32, nd, s));
-    return t;
+/* What one timed run calls: pass 0 forward, pass 1 forward then backward. */
+typedef struct skl_run {
+    kf_sklinear_plan *plan;
+    const kf_sklinear_forward_args *fa;
+    const kf_sklinear_backward_args *ba;
+    void *ws;
+    size_t ws_bytes;
+} skl_run;
+
+static void run_pass(int pass, void *state) {
+    const skl_run *k = state;
+    KF_CHECK_CALL(kf_sklinear_forward(k->plan, k->fa, k->ws, k->ws_bytes));
+    if (pass)
+        KF_CHECK_CALL(kf_sklinear_backward(k->plan, KF_GRAD_OVERWRITE, k->ba, k->ws, k->ws_bytes));
 }
 
 int main(int argc, char **argv) {
@@ -65,12 +72,7 @@ int main(int argc, char **argv) {
     parse(argc, argv, &a);
     on_cuda = !strcmp(a.device, "cuda");
 
-    kf_context_desc cd;
-    kf_context_desc_init(&cd);
-    cd.device_type = on_cuda ? KF_DEVICE_CUDA : KF_DEVICE_CPU;
-    cd.num_threads = (int32_t)a.threads;
-    kf_context *ctx = NULL;
-    KF_CHECK_CALL(kf_context_create(&cd, &ctx));
+    kf_context *ctx = dev_context(a.threads);
     kf_sklinear_desc d;
     kf_sklinear_desc_init(&d);
     d.in_features = a.in, d.out_features = a.out, d.num_terms = (int32_t)a.L;
@@ -82,45 +84,35 @@ int main(int argc, char **argv) {
     kf_sklinear_init_args ia;
     kf_sklinear_init_args_init(&ia);
     ia.seed = 1;
-    ia.S1s = tensor(dev_alloc(n_ik * 4), 3, a.L, a.in, a.k);
-    ia.U2s = tensor(dev_alloc(n_ik * 4), 3, a.L, a.in, a.k);
-    ia.S2s = tensor(dev_alloc(n_ko * 4), 3, a.L, a.k, a.out);
-    ia.U1s = tensor(dev_alloc(n_ko * 4), 3, a.L, a.k, a.out);
-    ia.bias = tensor(dev_alloc((size_t)a.out * 4), 1, a.out, 0, 0);
+    ia.S1s = dev_tensor(dev_alloc(n_ik * 4), 3, a.L, a.in, a.k);
+    ia.U2s = dev_tensor(dev_alloc(n_ik * 4), 3, a.L, a.in, a.k);
+    ia.S2s = dev_tensor(dev_alloc(n_ko * 4), 3, a.L, a.k, a.out);
+    ia.U1s = dev_tensor(dev_alloc(n_ko * 4), 3, a.L, a.k, a.out);
+    ia.bias = dev_tensor(dev_alloc((size_t)a.out * 4), 1, a.out, 0, 0);
     KF_CHECK_CALL(kf_sklinear_init_params(plan, &ia));
 
     kf_sklinear_forward_args fa;
     kf_sklinear_forward_args_init(&fa);
-    fa.x = tensor(dev_random((size_t)(a.B * a.in), -1.f, 1.f), 2, a.B, a.in, 0);
+    fa.x = dev_tensor(dev_random((size_t)(a.B * a.in), -1.f, 1.f), 2, a.B, a.in, 0);
     fa.S1s = ia.S1s, fa.S2s = ia.S2s, fa.U1s = ia.U1s, fa.U2s = ia.U2s, fa.bias = ia.bias;
-    fa.y = tensor(dev_alloc((size_t)(a.B * a.out) * 4), 2, a.B, a.out, 0);
+    fa.y = dev_tensor(dev_alloc((size_t)(a.B * a.out) * 4), 2, a.B, a.out, 0);
     kf_sklinear_backward_args ba;
     kf_sklinear_backward_args_init(&ba);
     ba.x = fa.x, ba.S1s = fa.S1s, ba.S2s = fa.S2s, ba.U1s = fa.U1s, ba.U2s = fa.U2s;
-    ba.dy = tensor(dev_random((size_t)(a.B * a.out), -1.f, 1.f), 2, a.B, a.out, 0);
-    ba.dx = tensor(dev_alloc((size_t)(a.B * a.in) * 4), 2, a.B, a.in, 0);
-    ba.dS1s = tensor(dev_alloc(n_ik * 4), 3, a.L, a.in, a.k);
-    ba.dS2s = tensor(dev_alloc(n_ko * 4), 3, a.L, a.k, a.out);
-    ba.dbias = tensor(dev_alloc((size_t)a.out * 4), 1, a.out, 0, 0);
+    ba.dy = dev_tensor(dev_random((size_t)(a.B * a.out), -1.f, 1.f), 2, a.B, a.out, 0);
+    ba.dx = dev_tensor(dev_alloc((size_t)(a.B * a.in) * 4), 2, a.B, a.in, 0);
+    ba.dS1s = dev_tensor(dev_alloc(n_ik * 4), 3, a.L, a.in, a.k);
+    ba.dS2s = dev_tensor(dev_alloc(n_ko * 4), 3, a.L, a.k, a.out);
+    ba.dbias = dev_tensor(dev_alloc((size_t)a.out * 4), 1, a.out, 0, 0);
     size_t ws_bytes = 0;
     KF_CHECK_CALL(kf_sklinear_workspace_size(plan, a.B, &ws_bytes));
     void *ws = ws_bytes ? dev_alloc(ws_bytes) : NULL;
 
     double *tf = bench_alloc(sizeof(double) * (size_t)a.reps);
     double *tb = bench_alloc(sizeof(double) * (size_t)a.reps);
-    for (long r = -a.warmup; r < a.reps; ++r) {
-        double t0 = bench_now_ms();
-        KF_CHECK_CALL(kf_sklinear_forward(plan, &fa, ws, ws_bytes));
-        KF_CHECK_CALL(kf_context_synchronize(ctx));
-        if (r >= 0) tf[r] = bench_now_ms() - t0;
-    }
-    for (long r = -a.warmup; r < a.reps; ++r) {
-        double t0 = bench_now_ms();
-        KF_CHECK_CALL(kf_sklinear_forward(plan, &fa, ws, ws_bytes));
-        KF_CHECK_CALL(kf_sklinear_backward(plan, KF_GRAD_OVERWRITE, &ba, ws, ws_bytes));
-        KF_CHECK_CALL(kf_context_synchronize(ctx));
-        if (r >= 0) tb[r] = bench_now_ms() - t0;
-    }
+    skl_run run = {plan, &fa, &ba, ws, ws_bytes};
+    dev_time_pass(ctx, run_pass, 0, &run, a.warmup, a.reps, 0.0, tf);
+    dev_time_pass(ctx, run_pass, 1, &run, a.warmup, a.reps, 0.0, tb);
     const double y_sumsq = dev_sumsq(fa.y.data, (size_t)(a.B * a.out));
     const double g_sumsq = dev_sumsq(ba.dx.data, (size_t)(a.B * a.in)) +
                            dev_sumsq(ba.dS1s.data, n_ik) + dev_sumsq(ba.dS2s.data, n_ko);
@@ -140,7 +132,7 @@ int main(int argc, char **argv) {
     void *bufs[] = {ia.S1s.data, ia.U2s.data, ia.S2s.data, ia.U1s.data, ia.bias.data, fa.x.data,
                     fa.y.data, ba.dy.data, ba.dx.data, ba.dS1s.data, ba.dS2s.data,
                     ba.dbias.data, ws};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; ++i) dev_free(bufs[i]);
+    dev_free_all(bufs, sizeof bufs / sizeof bufs[0]);
     free(tf);
     free(tb);
     kf_sklinear_plan_destroy(plan);

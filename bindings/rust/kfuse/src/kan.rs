@@ -15,24 +15,13 @@
 //! computed inside the product and never stored for the whole batch; backward recomputes them
 //! from x (no reserve) and gives dx and the three parameter gradients (the grid gets none).
 use crate::context::Context;
-use crate::error::{check, Error, Result, Status};
+use crate::error::{check, Result};
 use crate::grad::GradMode;
+use crate::layer::{self, init_with, numel, opt_in, opt_out};
 use crate::tensor::{Tensor, TensorMut};
 use kfuse_sys as sys;
 use std::ffi::c_void;
-use std::mem::MaybeUninit;
 use std::ptr::{self, NonNull};
-
-/// A kfuse struct as its `*_init` function fills it (defaults and `struct_size`).
-fn init_with<T>(init: unsafe extern "C" fn(*mut T)) -> T {
-    let mut v = MaybeUninit::<T>::zeroed();
-    // SAFETY: the kf_*_init functions write every field of their (plain-data) struct, which is
-    // also valid all-zero.
-    unsafe {
-        init(v.as_mut_ptr());
-        v.assume_init()
-    }
-}
 
 /// Describes a KANLinear layer (`kf_kan_linear_desc`). `grid_size`, `spline_order` and
 /// `standalone_scale` start at the library's defaults (`kf_kan_linear_desc_init`: 5, 3, on, as
@@ -200,16 +189,11 @@ pub struct KanHostParams {
 impl KanHostParams {
     /// All zeros, shaped for `desc` (a scaler vector when `desc` has a standalone scale).
     pub fn zeros(desc: &KanLinearDesc) -> KanHostParams {
-        let n = |s: &[usize]| s.iter().product::<usize>();
         KanHostParams {
-            grid: vec![0.0; n(&desc.grid_shape())],
-            base_weight: vec![0.0; n(&desc.base_weight_shape())],
-            spline_weight: vec![0.0; n(&desc.spline_weight_shape())],
-            spline_scaler: if desc.standalone_scale {
-                Some(vec![0.0; n(&desc.spline_scaler_shape())])
-            } else {
-                None
-            },
+            grid: vec![0.0; numel(&desc.grid_shape())],
+            base_weight: vec![0.0; numel(&desc.base_weight_shape())],
+            spline_weight: vec![0.0; numel(&desc.spline_weight_shape())],
+            spline_scaler: layer::zeros_if(desc.standalone_scale, &desc.spline_scaler_shape()),
             desc: desc.clone(),
         }
     }
@@ -377,11 +361,9 @@ impl<'ctx> KanLinearPlan<'ctx> {
     /// [`Status::InvalidArgument`] naming the field.
     pub fn new(ctx: &'ctx Context, desc: &KanLinearDesc) -> Result<KanLinearPlan<'ctx>> {
         let d = desc.to_raw();
-        let mut raw: *mut sys::kf_kan_linear_plan = ptr::null_mut();
         // SAFETY: valid context handle, descriptor and out-pointer.
-        check(unsafe { sys::kf_kan_linear_plan_create(ctx.as_raw(), &d, &mut raw) })?;
-        let raw = NonNull::new(raw).ok_or_else(|| {
-            Error::new(Status::Internal, "kf_kan_linear_plan_create returned KF_OK and NULL".into())
+        let raw = layer::create_plan("kf_kan_linear_plan_create", |out| unsafe {
+            sys::kf_kan_linear_plan_create(ctx.as_raw(), &d, out)
         })?;
         Ok(KanLinearPlan { raw, ctx, desc: desc.clone() })
     }
@@ -408,16 +390,10 @@ impl<'ctx> KanLinearPlan<'ctx> {
     /// context's arena; [`forward_raw`](Self::forward_raw) and
     /// [`backward_raw`](Self::backward_raw) accept a caller buffer of this size.
     pub fn workspace_size(&self, n: usize) -> Result<usize> {
-        let mut ws = 0usize;
         // SAFETY: valid plan and out-pointer.
-        check(unsafe {
-            sys::kf_kan_linear_workspace_size(
-                self.raw.as_ptr(),
-                i64::try_from(n).unwrap_or(i64::MAX),
-                &mut ws,
-            )
-        })?;
-        Ok(ws)
+        layer::workspace_size(n, |n, ws| unsafe {
+            sys::kf_kan_linear_workspace_size(self.raw.as_ptr(), n, ws)
+        })
     }
 
     /// efficient-kan's initial knots in a new host vector `[in, G + 2k + 1]` (CPU contexts; on
@@ -493,15 +469,22 @@ impl<'ctx> KanLinearPlan<'ctx> {
         check(unsafe { sys::kf_kan_linear_uniform_grid(self.raw.as_ptr(), lo, hi, &mut g) })
     }
 
-    fn fill_params(call: &str, ctx: &Context, p: &KanParams<'_>, t: [&mut sys::kf_tensor; 4]) -> Result<()> {
-        let [grid, bw, sw, ss] = t;
-        *grid = p.grid.raw(call, "args.grid", ctx)?;
-        *bw = p.base_weight.raw(call, "args.base_weight", ctx)?;
-        *sw = p.spline_weight.raw(call, "args.spline_weight", ctx)?;
-        if let Some(s) = &p.spline_scaler {
-            *ss = s.raw(call, "args.spline_scaler", ctx)?;
-        }
-        Ok(())
+    /// The forward's arguments but y: x, the knots and the parameters (the scaler absent when
+    /// not given), checked in that order.
+    fn raw_inputs(
+        call: &str,
+        ctx: &Context,
+        x: &Tensor<'_>,
+        p: &KanParams<'_>,
+    ) -> Result<sys::kf_kan_linear_forward_args> {
+        Ok(sys::kf_kan_linear_forward_args {
+            x: x.raw(call, "args.x", ctx)?,
+            grid: p.grid.raw(call, "args.grid", ctx)?,
+            base_weight: p.base_weight.raw(call, "args.base_weight", ctx)?,
+            spline_weight: p.spline_weight.raw(call, "args.spline_weight", ctx)?,
+            spline_scaler: opt_in(&p.spline_scaler, call, "args.spline_scaler", ctx)?,
+            ..init_with(sys::kf_kan_linear_forward_args_init)
+        })
     }
 
     unsafe fn forward_impl(
@@ -511,16 +494,8 @@ impl<'ctx> KanLinearPlan<'ctx> {
         ws: *mut c_void,
         ws_bytes: usize,
     ) -> Result<()> {
-        let ctx = self.ctx;
-        let mut a = init_with(sys::kf_kan_linear_forward_args_init);
-        a.x = args.x.raw(call, "args.x", ctx)?;
-        Self::fill_params(
-            call,
-            ctx,
-            &args.params,
-            [&mut a.grid, &mut a.base_weight, &mut a.spline_weight, &mut a.spline_scaler],
-        )?;
-        a.y = args.y.raw(call, "args.y", ctx)?;
+        let inputs = Self::raw_inputs(call, self.ctx, &args.x, &args.params)?;
+        let a = sys::kf_kan_linear_forward_args { y: args.y.raw(call, "args.y", self.ctx)?, ..inputs };
         check(sys::kf_kan_linear_forward(self.raw.as_ptr(), &a, ws, ws_bytes))
     }
 
@@ -533,27 +508,20 @@ impl<'ctx> KanLinearPlan<'ctx> {
         ws_bytes: usize,
     ) -> Result<()> {
         let ctx = self.ctx;
-        let mut a = init_with(sys::kf_kan_linear_backward_args_init);
-        a.x = args.x.raw(call, "args.x", ctx)?;
-        Self::fill_params(
-            call,
-            ctx,
-            &args.params,
-            [&mut a.grid, &mut a.base_weight, &mut a.spline_weight, &mut a.spline_scaler],
-        )?;
-        a.dy = args.dy.raw(call, "args.dy", ctx)?;
-        if let Some(t) = &args.dx {
-            a.dx = t.raw(call, "args.dx", ctx)?;
-        }
-        if let Some(t) = &args.dbase_weight {
-            a.dbase_weight = t.raw(call, "args.dbase_weight", ctx)?;
-        }
-        if let Some(t) = &args.dspline_weight {
-            a.dspline_weight = t.raw(call, "args.dspline_weight", ctx)?;
-        }
-        if let Some(t) = &args.dspline_scaler {
-            a.dspline_scaler = t.raw(call, "args.dspline_scaler", ctx)?;
-        }
+        let i = Self::raw_inputs(call, ctx, &args.x, &args.params)?;
+        let a = sys::kf_kan_linear_backward_args {
+            x: i.x,
+            grid: i.grid,
+            base_weight: i.base_weight,
+            spline_weight: i.spline_weight,
+            spline_scaler: i.spline_scaler,
+            dy: args.dy.raw(call, "args.dy", ctx)?,
+            dx: opt_out(&args.dx, call, "args.dx", ctx)?,
+            dbase_weight: opt_out(&args.dbase_weight, call, "args.dbase_weight", ctx)?,
+            dspline_weight: opt_out(&args.dspline_weight, call, "args.dspline_weight", ctx)?,
+            dspline_scaler: opt_out(&args.dspline_scaler, call, "args.dspline_scaler", ctx)?,
+            ..init_with(sys::kf_kan_linear_backward_args_init)
+        };
         check(sys::kf_kan_linear_backward(self.raw.as_ptr(), grad_mode.raw(), &a, ws, ws_bytes))
     }
 }

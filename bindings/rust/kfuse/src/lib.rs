@@ -86,6 +86,7 @@ mod context;
 mod error;
 mod grad;
 mod kan;
+mod layer;
 mod rnn;
 mod sklinear;
 mod tensor;

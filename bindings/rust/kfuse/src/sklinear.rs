@@ -10,24 +10,13 @@
 //! `U2s [L, in, k]` and an optional `bias [out]`. x is `[..., in]` with any leading dims (at most
 //! 6 dims in all), y is `[..., out]` with the same leading dims.
 use crate::context::Context;
-use crate::error::{check, Error, Result, Status};
+use crate::error::{check, Result};
 use crate::grad::GradMode;
+use crate::layer::{self, init_with, numel, opt_in, opt_out};
 use crate::tensor::{Tensor, TensorMut};
 use kfuse_sys as sys;
 use std::ffi::c_void;
-use std::mem::MaybeUninit;
 use std::ptr::{self, NonNull};
-
-/// A kfuse struct as its `*_init` function fills it (defaults and `struct_size`).
-fn init_with<T>(init: unsafe extern "C" fn(*mut T)) -> T {
-    let mut v = MaybeUninit::<T>::zeroed();
-    // SAFETY: the kf_*_init functions write every field of their (plain-data) struct, which is
-    // also valid all-zero.
-    unsafe {
-        init(v.as_mut_ptr());
-        v.assume_init()
-    }
-}
 
 /// Describes a sketched linear layer (`kf_sklinear_desc`). The bias defaults to the library's
 /// default (`kf_sklinear_desc_init`: present). Nothing is checked here: [`SkLinearPlan::new`]
@@ -200,13 +189,12 @@ pub struct SkHostParams {
 impl SkHostParams {
     /// All zeros, shaped for `desc` (a bias vector when `desc` has a bias).
     pub fn zeros(desc: &SkLinearDesc) -> SkHostParams {
-        let n = |s: &[usize]| s.iter().product::<usize>();
         SkHostParams {
-            s1s: vec![0.0; n(&desc.s1s_shape())],
-            s2s: vec![0.0; n(&desc.s2s_shape())],
-            u1s: vec![0.0; n(&desc.u1s_shape())],
-            u2s: vec![0.0; n(&desc.u2s_shape())],
-            bias: if desc.bias { Some(vec![0.0; desc.out_features]) } else { None },
+            s1s: vec![0.0; numel(&desc.s1s_shape())],
+            s2s: vec![0.0; numel(&desc.s2s_shape())],
+            u1s: vec![0.0; numel(&desc.u1s_shape())],
+            u2s: vec![0.0; numel(&desc.u2s_shape())],
+            bias: layer::zeros_if(desc.bias, &desc.bias_shape()),
             desc: desc.clone(),
         }
     }
@@ -372,11 +360,9 @@ impl<'ctx> SkLinearPlan<'ctx> {
     /// dense one is allowed ([`param_ratio`](Self::param_ratio) > 1).
     pub fn new(ctx: &'ctx Context, desc: &SkLinearDesc) -> Result<SkLinearPlan<'ctx>> {
         let d = desc.to_raw();
-        let mut raw: *mut sys::kf_sklinear_plan = ptr::null_mut();
         // SAFETY: valid context handle, descriptor and out-pointer.
-        check(unsafe { sys::kf_sklinear_plan_create(ctx.as_raw(), &d, &mut raw) })?;
-        let raw = NonNull::new(raw).ok_or_else(|| {
-            Error::new(Status::Internal, "kf_sklinear_plan_create returned KF_OK and NULL".into())
+        let raw = layer::create_plan("kf_sklinear_plan_create", |out| unsafe {
+            sys::kf_sklinear_plan_create(ctx.as_raw(), &d, out)
         })?;
         Ok(SkLinearPlan { raw, ctx, desc: desc.clone() })
     }
@@ -411,12 +397,8 @@ impl<'ctx> SkLinearPlan<'ctx> {
     /// dims). The safe calls take it from the context's arena; [`forward_raw`](Self::forward_raw)
     /// and [`backward_raw`](Self::backward_raw) accept a caller buffer of this size.
     pub fn workspace_size(&self, n: usize) -> Result<usize> {
-        let mut ws = 0usize;
         // SAFETY: valid plan and out-pointer.
-        check(unsafe {
-            sys::kf_sklinear_workspace_size(self.raw.as_ptr(), i64::try_from(n).unwrap_or(i64::MAX), &mut ws)
-        })?;
-        Ok(ws)
+        layer::workspace_size(n, |n, ws| unsafe { sys::kf_sklinear_workspace_size(self.raw.as_ptr(), n, ws) })
     }
 
     /// y for every row of x, with scratch from the context's arena.
@@ -507,24 +489,29 @@ impl<'ctx> SkLinearPlan<'ctx> {
         a.S2s = out.s2s.raw(call, "args.S2s", ctx)?;
         a.U1s = out.u1s.raw(call, "args.U1s", ctx)?;
         a.U2s = out.u2s.raw(call, "args.U2s", ctx)?;
-        if let Some(b) = &out.bias {
-            a.bias = b.raw(call, "args.bias", ctx)?;
-        }
+        a.bias = opt_out(&out.bias, call, "args.bias", ctx)?;
         // SAFETY: every view is a live host borrow of the length its shape needs, or a raw
         // pointer under its constructor's contract.
         check(unsafe { sys::kf_sklinear_init_params(self.raw.as_ptr(), &a) })
     }
 
-    fn fill_params(call: &str, ctx: &Context, p: &SkParams<'_>, t: [&mut sys::kf_tensor; 5]) -> Result<()> {
-        let [s1s, s2s, u1s, u2s, bias] = t;
-        *s1s = p.s1s.raw(call, "args.S1s", ctx)?;
-        *s2s = p.s2s.raw(call, "args.S2s", ctx)?;
-        *u1s = p.u1s.raw(call, "args.U1s", ctx)?;
-        *u2s = p.u2s.raw(call, "args.U2s", ctx)?;
-        if let Some(b) = &p.bias {
-            *bias = b.raw(call, "args.bias", ctx)?;
-        }
-        Ok(())
+    /// The forward's arguments but y: x and the parameters (the bias absent when not given),
+    /// checked in that order.
+    fn raw_inputs(
+        call: &str,
+        ctx: &Context,
+        x: &Tensor<'_>,
+        p: &SkParams<'_>,
+    ) -> Result<sys::kf_sklinear_forward_args> {
+        Ok(sys::kf_sklinear_forward_args {
+            x: x.raw(call, "args.x", ctx)?,
+            S1s: p.s1s.raw(call, "args.S1s", ctx)?,
+            S2s: p.s2s.raw(call, "args.S2s", ctx)?,
+            U1s: p.u1s.raw(call, "args.U1s", ctx)?,
+            U2s: p.u2s.raw(call, "args.U2s", ctx)?,
+            bias: opt_in(&p.bias, call, "args.bias", ctx)?,
+            ..init_with(sys::kf_sklinear_forward_args_init)
+        })
     }
 
     unsafe fn forward_impl(
@@ -534,16 +521,8 @@ impl<'ctx> SkLinearPlan<'ctx> {
         ws: *mut c_void,
         ws_bytes: usize,
     ) -> Result<()> {
-        let ctx = self.ctx;
-        let mut a = init_with(sys::kf_sklinear_forward_args_init);
-        a.x = args.x.raw(call, "args.x", ctx)?;
-        Self::fill_params(
-            call,
-            ctx,
-            &args.params,
-            [&mut a.S1s, &mut a.S2s, &mut a.U1s, &mut a.U2s, &mut a.bias],
-        )?;
-        a.y = args.y.raw(call, "args.y", ctx)?;
+        let inputs = Self::raw_inputs(call, self.ctx, &args.x, &args.params)?;
+        let a = sys::kf_sklinear_forward_args { y: args.y.raw(call, "args.y", self.ctx)?, ..inputs };
         check(sys::kf_sklinear_forward(self.raw.as_ptr(), &a, ws, ws_bytes))
     }
 
@@ -556,30 +535,22 @@ impl<'ctx> SkLinearPlan<'ctx> {
         ws_bytes: usize,
     ) -> Result<()> {
         let ctx = self.ctx;
-        let mut a = init_with(sys::kf_sklinear_backward_args_init);
-        a.x = args.x.raw(call, "args.x", ctx)?;
         // kf_sklinear_backward_args has no bias input (backward does not read it); a bias in the
         // forward's parameters is only checked for its length, and then dropped.
-        let mut unused_bias = crate::tensor::absent();
-        Self::fill_params(
-            call,
-            ctx,
-            &args.params,
-            [&mut a.S1s, &mut a.S2s, &mut a.U1s, &mut a.U2s, &mut unused_bias],
-        )?;
-        a.dy = args.dy.raw(call, "args.dy", ctx)?;
-        if let Some(t) = &args.dx {
-            a.dx = t.raw(call, "args.dx", ctx)?;
-        }
-        if let Some(t) = &args.ds1s {
-            a.dS1s = t.raw(call, "args.dS1s", ctx)?;
-        }
-        if let Some(t) = &args.ds2s {
-            a.dS2s = t.raw(call, "args.dS2s", ctx)?;
-        }
-        if let Some(t) = &args.dbias {
-            a.dbias = t.raw(call, "args.dbias", ctx)?;
-        }
+        let i = Self::raw_inputs(call, ctx, &args.x, &args.params)?;
+        let a = sys::kf_sklinear_backward_args {
+            x: i.x,
+            S1s: i.S1s,
+            S2s: i.S2s,
+            U1s: i.U1s,
+            U2s: i.U2s,
+            dy: args.dy.raw(call, "args.dy", ctx)?,
+            dx: opt_out(&args.dx, call, "args.dx", ctx)?,
+            dS1s: opt_out(&args.ds1s, call, "args.dS1s", ctx)?,
+            dS2s: opt_out(&args.ds2s, call, "args.dS2s", ctx)?,
+            dbias: opt_out(&args.dbias, call, "args.dbias", ctx)?,
+            ..init_with(sys::kf_sklinear_backward_args_init)
+        };
         check(sys::kf_sklinear_backward(self.raw.as_ptr(), grad_mode.raw(), &a, ws, ws_bytes))
     }
 }

@@ -47,10 +47,10 @@ impl Cfg {
             .standalone_scale(self.scale)
     }
     fn x_shape(&self) -> Vec<usize> {
-        self.lead.iter().copied().chain([self.inf]).collect()
+        lead_shape(self.lead, self.inf)
     }
     fn y_shape(&self) -> Vec<usize> {
-        self.lead.iter().copied().chain([self.outf]).collect()
+        lead_shape(self.lead, self.outf)
     }
 }
 
@@ -323,17 +323,15 @@ fn caller_workspace_of_the_queried_size() {
     let ws_bytes = plan.workspace_size(c.n()).unwrap();
     assert!(ws_bytes > 0);
     assert!(plan.workspace_size(1 << 20).unwrap() < (1 << 20) * c.inf * c.c() * 4, "grows like the bases");
-    let mut ws = vec![0u64; ws_bytes.div_ceil(8) + 8];
-    let off = ws.as_ptr().align_offset(64);
-    // SAFETY: 64-byte aligned within a buffer of ws_bytes bytes, owned here and unused elsewhere.
-    let wp = unsafe { (ws.as_mut_ptr() as *mut u8).add(off * 8) } as *mut std::ffi::c_void;
+    let ws = AlignedBuf::new(ws_bytes);
+    let wp = ws.ptr();
     let mut y = vec![0.0f32; c.n() * c.outf];
     let fwd = KanForwardArgs::new(
         Tensor::new(&pr.x, &c.x_shape()),
         pr.p.view(),
         TensorMut::new(&mut y, &c.y_shape()),
     );
-    // SAFETY: as above.
+    // SAFETY: ws holds ws_bytes bytes, 64-byte aligned, owned here and unused elsewhere.
     unsafe { plan.forward_raw(&fwd, wp, ws_bytes) }.unwrap();
     let mut grads = KanHostParams::zeros(&c.desc());
     let bwd = KanBackwardArgs::from_forward(&fwd, Tensor::new(&pr.dy, &c.y_shape())).dparams(&mut grads);

@@ -27,10 +27,10 @@ impl Cfg {
         SkLinearDesc::new(self.inf, self.outf, self.l as u32, self.k as u32).bias(self.bias)
     }
     fn x_shape(&self) -> Vec<usize> {
-        self.lead.iter().copied().chain([self.inf]).collect()
+        lead_shape(self.lead, self.inf)
     }
     fn y_shape(&self) -> Vec<usize> {
-        self.lead.iter().copied().chain([self.outf]).collect()
+        lead_shape(self.lead, self.outf)
     }
 }
 
@@ -352,17 +352,13 @@ fn accumulate_adds_and_outputs_are_optional() {
 /// reference; one byte less is refused.
 #[test]
 fn caller_workspace_of_the_queried_size() {
-    use std::alloc::{alloc_zeroed, dealloc, Layout};
     let ctx = Context::builder(Device::Cpu).with_threads(1).fixed_arena(true).build().unwrap();
     let c = configs()[4];
     let mut plan = SkLinearPlan::new(&ctx, &c.desc()).unwrap();
     let p = problem(&c, 9);
     let q = p64(&p);
     let ws = plan.workspace_size(c.n()).unwrap();
-    let layout = Layout::from_size_align(ws.max(64), 64).unwrap();
-    // SAFETY: non-zero size.
-    let buf = unsafe { alloc_zeroed(layout) };
-    assert!(!buf.is_null());
+    let buf = AlignedBuf::new(ws);
     let mut y = vec![f32::NAN; c.n() * c.outf];
     let mut dx = vec![f32::NAN; p.x.len()];
     {
@@ -372,19 +368,18 @@ fn caller_workspace_of_the_queried_size() {
             TensorMut::new(&mut y, &c.y_shape()),
         );
         // SAFETY: buf holds ws bytes, 64-byte aligned host memory on a CPU context.
-        unsafe { plan.forward_raw(&fwd, buf as *mut _, ws) }.unwrap();
+        unsafe { plan.forward_raw(&fwd, buf.ptr(), ws) }.unwrap();
         let bwd = SkBackwardArgs::from_forward(&fwd, Tensor::new(&p.dy, &c.y_shape()))
             .dx(TensorMut::new(&mut dx, &c.x_shape()));
         // SAFETY: as above.
-        unsafe { plan.backward_raw(GradMode::Overwrite, &bwd, buf as *mut _, ws) }.unwrap();
+        unsafe { plan.backward_raw(GradMode::Overwrite, &bwd, buf.ptr(), ws) }.unwrap();
         if ws > 0 {
             // SAFETY: as above, with fewer bytes declared than the buffer holds.
-            let e = unsafe { plan.forward_raw(&fwd, buf as *mut _, ws - 1) }.unwrap_err();
+            let e = unsafe { plan.forward_raw(&fwd, buf.ptr(), ws - 1) }.unwrap_err();
             assert_eq!(e.status(), Status::WorkspaceTooSmall, "{e}");
         }
     }
-    // SAFETY: allocated above with this layout; no call uses it any more.
-    unsafe { dealloc(buf, layout) };
+    drop(buf);
     assert!(rel_err(&y, &reference(c, &q).forward()) < 1e-5);
     assert!(rel_err(&dx, &reference(c, &q).backward(&q.dy).dx) < 1e-5);
     // the fixed arena was never needed

@@ -23,6 +23,35 @@ impl Rng {
     }
 }
 
+/// `lead` followed by `last`: the shape of x or y with leading dims `lead`.
+pub fn lead_shape(lead: &[usize], last: usize) -> Vec<usize> {
+    lead.iter().copied().chain([last]).collect()
+}
+
+/// A zeroed, 64-byte aligned host buffer of at least `bytes` bytes (a caller workspace).
+pub struct AlignedBuf {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+impl AlignedBuf {
+    pub fn new(bytes: usize) -> AlignedBuf {
+        let layout = std::alloc::Layout::from_size_align(bytes.max(64), 64).unwrap();
+        // SAFETY: non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!ptr.is_null());
+        AlignedBuf { ptr, layout }
+    }
+    pub fn ptr(&self) -> *mut std::ffi::c_void {
+        self.ptr as *mut std::ffi::c_void
+    }
+}
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in new() with this layout.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
 pub fn to_f64(v: &[f32]) -> Vec<f64> {
     v.iter().map(|&x| x as f64).collect()
 }
