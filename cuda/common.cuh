@@ -121,4 +121,15 @@ static inline size_t kf__sat_add(size_t a, size_t b) {
     return kf__add_size(a, b, &v) ? v : SIZE_MAX;
 }
 
+// The x extent of a one-dimensional grid of `jobs` blocks, or KF_ERR_UNSUPPORTED (message under
+// `fn`) beyond the CUDA limit of 2^31 - 1.
+static inline kf_status kf__grid_of(const char *fn, int64_t jobs, unsigned *g) {
+    if (jobs > INT32_MAX)
+        return kf__error(KF_ERR_UNSUPPORTED, fn,
+                         "%lld thread blocks needed, beyond the CUDA grid limit of 2^31 - 1",
+                         (long long)jobs);
+    *g = (unsigned)jobs;
+    return KF_OK;
+}
+
 #endif // KF_CUDA_COMMON_CUH

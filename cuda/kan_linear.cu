@@ -467,15 +467,6 @@ Prob make_prob(const struct kf_kan_linear_plan *p, int64_t N, const float *x, co
     return P;
 }
 
-kf_status grid_of(const char *fn, int64_t jobs, unsigned *g) {
-    if (jobs > INT32_MAX)
-        return kf__error(KF_ERR_UNSUPPORTED, fn,
-                         "%lld thread blocks needed, beyond the CUDA grid limit of 2^31 - 1",
-                         (long long)jobs);
-    *g = (unsigned)jobs;
-    return KF_OK;
-}
-
 // Blocks of a grid-stride launch over E elements.
 unsigned stride_blocks(int64_t E) {
     const int64_t b = kf__ceil_div(E, kThreads);
@@ -505,7 +496,7 @@ template <int KM>
 kf_status forward_km(kf_context *ctx, const char *fn, const Layout &l, const Prob &P, float *y,
                      float *part) {
     unsigned g = 0;
-    KF_TRY(grid_of(fn, l.rt * l.ot * l.f.P, &g));
+    KF_TRY(kf__grid_of(fn, l.rt * l.ot * l.f.P, &g));
     kan_fwd<KM><<<g, kThreads, 0, kf__stream(ctx)>>>(P, y, part, l.ot, l.f.P, l.f.per);
     KF__CUDA_LAUNCH_CHECK(fn, "kan_fwd");
     if (l.f.P > 1) {
@@ -521,13 +512,13 @@ kf_status backward_km(kf_context *ctx, const char *fn, const Layout &l, const Pr
                       const kf__kan_bwd *c, float *part) {
     unsigned g = 0;
     if (c->dx) {
-        KF_TRY(grid_of(fn, l.rt * l.groups, &g));
+        KF_TRY(kf__grid_of(fn, l.rt * l.groups, &g));
         kan_dx<KM><<<g, kThreads, 0, kf__stream(ctx)>>>(P, c->dy, c->dx, l.groups, l.FB);
         KF__CUDA_LAUNCH_CHECK(fn, "kan_dx");
     }
     if (c->dbase || c->dspline || c->dscaler) {
         const int64_t ct_n = l.groups * l.tpg;
-        KF_TRY(grid_of(fn, l.ot * ct_n * l.w.P, &g));
+        KF_TRY(kf__grid_of(fn, l.ot * ct_n * l.w.P, &g));
         kan_dw<KM><<<g, kThreads, 0, kf__stream(ctx)>>>(P, c->dy, part, ct_n, l.FB, l.tpg,
                                                          l.w.P, l.w.per);
         KF__CUDA_LAUNCH_CHECK(fn, "kan_dw");

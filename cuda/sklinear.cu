@@ -603,20 +603,11 @@ Net make_net(const struct kf_sklinear_plan *p, int64_t N, const float *x, const 
     return a;
 }
 
-kf_status grid_of(const char *fn, int64_t jobs, unsigned *g) {
-    if (jobs > INT32_MAX)
-        return kf__error(KF_ERR_UNSUPPORTED, fn,
-                         "%lld thread blocks needed, beyond the CUDA grid limit of 2^31 - 1",
-                         (long long)jobs);
-    *g = (unsigned)jobs;
-    return KF_OK;
-}
-
 template <int CW>
 kf_status launch_fused(kf_context *ctx, const char *fn, const Layout &l, const Net &a,
                        const float *bias, float *y) {
     unsigned g = 0;
-    KF_TRY(grid_of(fn, l.rt * l.groups, &g));
+    KF_TRY(kf__grid_of(fn, l.rt * l.groups, &g));
     skl_fwd_fused<CW><<<g, kThreads, 0, kf__stream(ctx)>>>(a, bias, y, l.groups, l.cpb,
                                                             l.ct_out);
     KF__CUDA_LAUNCH_CHECK(fn, "skl_fwd_fused");
@@ -627,7 +618,7 @@ template <int CW>
 kf_status launch_zpart(kf_context *ctx, const char *fn, const Net &a, const float *dy,
                        const PartJob &px, const PartJob &pd) {
     unsigned g = 0;
-    KF_TRY(grid_of(fn, px.jobs + pd.jobs, &g));
+    KF_TRY(kf__grid_of(fn, px.jobs + pd.jobs, &g));
     skl_zpart<CW><<<g, kThreads, 0, kf__stream(ctx)>>>(a, dy, px, pd);
     KF__CUDA_LAUNCH_CHECK(fn, "skl_zpart");
     return KF_OK;
@@ -680,7 +671,7 @@ extern "C" kf_status kf__cuda_skl_forward(kf_context *ctx, const kf__skl_fwd *c)
     px.part = part;
     KF_TRY(run_zpart(ctx, fn, l.cw, a, nullptr, px, no_part()));
     unsigned g = 0;
-    KF_TRY(grid_of(fn, l.rt * l.ct_out, &g));
+    KF_TRY(kf__grid_of(fn, l.rt * l.ct_out, &g));
     skl_fwd_y<<<g, kThreads, 0, kf__stream(ctx)>>>(a, part, l.fz.P, c->bias, c->y, l.ct_out);
     KF__CUDA_LAUNCH_CHECK(fn, "skl_fwd_y");
     return KF_OK;
@@ -729,7 +720,7 @@ extern "C" kf_status kf__cuda_skl_backward(kf_context *ctx, const kf__skl_bwd *c
     b.n_s1 = c->dS1 ? l.rtr * l.ct_in * l.w.P : 0;
     b.n_s2 = (c->dS2 ? l.rtr : c->db ? 1 : 0) * l.ct_out * l.w.P;
     unsigned g = 0;
-    KF_TRY(grid_of(fn, b.n_dx + b.n_s1 + b.n_s2, &g));
+    KF_TRY(kf__grid_of(fn, b.n_dx + b.n_s1 + b.n_s2, &g));
     if (g > 0) {
         skl_bwd_main<<<g, kThreads, 0, kf__stream(ctx)>>>(a, c->dy, b);
         KF__CUDA_LAUNCH_CHECK(fn, "skl_bwd_main");
