@@ -40,25 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- input reader ---------------------------------------------------------------------------- */
-typedef struct rd {
-    const uint8_t *p;
-    size_t n;
-} rd;
-
-static uint64_t rd_bytes(rd *r, int k) {
-    uint64_t v = 0;
-    for (int i = 0; i < k; i++) {
-        v = (v << 8) | (r->n ? r->p[0] : 0);
-        if (r->n) r->p++, r->n--;
-    }
-    return v;
-}
-static uint32_t u8(rd *r) { return (uint32_t)rd_bytes(r, 1); }
-static uint32_t u16(rd *r) { return (uint32_t)rd_bytes(r, 2); }
-static uint32_t u32(rd *r) { return (uint32_t)rd_bytes(r, 4); }
-static uint64_t u64(rd *r) { return rd_bytes(r, 8); }
-static int64_t range(rd *r, int64_t lo, int64_t hi) { return lo + (int64_t)(u8(r) % (uint32_t)(hi - lo + 1)); }
+#include "fuzz_input.h"
 
 static char g_desc[256]; /* the session's configuration, for oracle reports */
 #define FAIL(...)                                                                                  \
