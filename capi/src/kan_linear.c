@@ -108,12 +108,11 @@ static kf_status kf__kan_check_rows(const char *fn, const kf_kan_linear_plan *p,
     return KF_OK;
 }
 
-/* The backend's workspace for N rows (a CUDA context in a build without CUDA cannot exist). */
+/* The backend's workspace for N rows. */
 static size_t kf__kan_workspace(const kf_kan_linear_plan *p, int64_t N) {
 #ifdef KF_HAVE_CUDA
     if (p->ctx->device_type == KF_DEVICE_CUDA) return kf__cuda_kan_workspace(p, N);
 #endif
-    if (p->ctx->device_type == KF_DEVICE_CUDA) return 0;
     return kf__cpu_kan_workspace(p, N);
 }
 
@@ -171,18 +170,6 @@ static kf_status kf__kan_check_params(const kf_kan_linear_plan *p, const char *f
     return KF_OK;
 }
 
-/* Validated calls on a CUDA context in a build without the CUDA backend stop here (such a
- * context cannot be created there; kept as a guard). */
-static kf_status kf__kan_cuda_unsupported(const kf_kan_linear_plan *p, const char *fn) {
-#ifndef KF_HAVE_CUDA
-    KF_CHECK_FN(fn, p->ctx->device_type != KF_DEVICE_CUDA, KF_ERR_UNSUPPORTED,
-                "this build has no CUDA backend");
-#else
-    (void)p, (void)fn;
-#endif
-    return KF_OK;
-}
-
 KF_API kf_status kf_kan_linear_forward(kf_kan_linear_plan *plan,
                                        const kf_kan_linear_forward_args *args, void *workspace,
                                        size_t workspace_bytes) {
@@ -200,7 +187,6 @@ KF_API kf_status kf_kan_linear_forward(kf_kan_linear_plan *plan,
                                 &c.spline, &c.scaler));
     KF_TRY(kf__check_row_tensor(plan->ctx, __func__, "args->y", &args->y, args->x.ndim, xs,
                                      plan->out, false, ys, &present, NULL));
-    KF_TRY(kf__kan_cuda_unsupported(plan, __func__));
     size_t need = kf__kan_workspace(plan, N);
     KF_TRY(kf__workspace_select(plan->ctx, __func__, workspace, workspace_bytes, need, &c.ws));
     c.ws_bytes = need;
@@ -249,7 +235,6 @@ KF_API kf_status kf_kan_linear_backward(kf_kan_linear_plan *plan, kf_grad_mode g
     KF_TRY(kf__check_tensor(plan->ctx, __func__, "args->dspline_scaler", &args->dspline_scaler,
                             KF_DTYPE_F32, 2, oi, true, &present));
     c.dscaler = present ? args->dspline_scaler.data : NULL;
-    KF_TRY(kf__kan_cuda_unsupported(plan, __func__));
     size_t need = kf__kan_workspace(plan, N);
     KF_TRY(kf__workspace_select(plan->ctx, __func__, workspace, workspace_bytes, need, &c.ws));
     c.ws_bytes = need;
