@@ -44,28 +44,89 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+# ---- the eager baseline and the memory probe (benches/cpu_kan_conv.py imports them too) -------
+
+def b_splines(x, grid, k):  # efficient-kan's KANLinear.b_splines, transcribed
+    x = x.unsqueeze(-1)
+    bases = ((x >= grid[:, :-1]) & (x < grid[:, 1:])).to(x.dtype)
+    for p in range(1, k + 1):
+        left = (x - grid[:, :-(p + 1)]) / (grid[:, p:-1] - grid[:, :-(p + 1)])
+        right = (grid[:, p + 1:] - x) / (grid[:, p + 1:] - grid[:, 1:(-p)])
+        bases = left * bases[:, :, :-1] + right * bases[:, :, 1:]
+    return bases.contiguous()
+
+
+def kan_forward(x, grid, bw, sw, ss, k):  # efficient-kan's KANLinear.forward, x [N, in]
+    import torch.nn.functional as F
+    out = bw.shape[0]
+    base_output = F.linear(F.silu(x), bw)
+    spline_output = F.linear(b_splines(x, grid, k).view(x.size(0), -1),
+                             (sw * ss.unsqueeze(-1)).view(out, -1))
+    return base_output + spline_output
+
+
+def peak_alloc(fn):
+    """Peak bytes torch allocates during fn(): torch.profiler allocation events in time order,
+    running allocations minus frees (op granularity)."""
+    from torch.profiler import profile, ProfilerActivity
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    run, top = 0, 0
+    for e in sorted(prof.events(), key=lambda e: e.time_range.start):
+        run += e.self_cpu_memory_usage
+        top = max(top, run)
+    return top
+
+
+def eager_memory(fwd, fwdbwd, out_f, out_b, inputs):
+    """Peak extra bytes of one fwd() and one fwdbwd() pass (peak_alloc less their outputs,
+    out_f and out_b bytes) and the bytes autograd saves in fwdbwd() beyond the tensors `inputs`
+    (saved_tensors_hooks)."""
+    import torch
+    saved = {}
+
+    def pack(t):
+        st = t.storage()
+        if all(t.data_ptr() != q.data_ptr() for q in inputs):
+            saved[st.data_ptr()] = st.size() * t.element_size()
+        return t
+    mem = {"fwd_peak": peak_alloc(fwd) - out_f}
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        mem["fwdbwd_peak"] = peak_alloc(fwdbwd) - out_b
+    mem["saved"] = sum(saved.values())
+    return mem
+
+
+def time_interleaved(fns, reps, warmup, budget):
+    """{name: [ms, ...]}: the functions of `fns` run in turn, rep by rep; `warmup` reps untimed,
+    then up to `reps` timed ones, stopping after the rep that passes `budget` s (0: no limit)."""
+    times = {n: [] for n in fns}
+    t_start = time.perf_counter()
+    for rep in range(warmup + reps):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            if rep >= warmup:
+                times[name].append((time.perf_counter() - t0) * 1e3)
+        if rep >= warmup and budget > 0 and time.perf_counter() - t_start > budget:
+            break
+    return times
+
+
+def cpu_line():
+    """The machine as lscpu describes it, for the results file."""
+    cpu = {k.strip(): v.strip() for k, _, v in (l.partition(":") for l in
+                                                  sh(["lscpu"]).splitlines())}
+    return "CPU (lscpu): %s; %s CPU(s), %s thread(s) per core; %s; L2 %s, L3 %s" % (
+        cpu.get("Model name", "?"), cpu.get("CPU(s)", "?"), cpu.get("Thread(s) per core", "?"),
+        "VM (%s)" % cpu.get("Hypervisor vendor") if cpu.get("Hypervisor vendor")
+        else "bare metal", cpu.get("L2 cache", "?"), cpu.get("L3 cache", "?"))
+
+
 def worker(a):
     import torch
-    import torch.nn.functional as F
-    from torch.profiler import profile, ProfilerActivity
     nt = int(os.environ["OMP_NUM_THREADS"])
     torch.set_num_threads(nt)
-
-    def b_splines(x, grid, k):  # efficient-kan's KANLinear.b_splines, transcribed
-        x = x.unsqueeze(-1)
-        bases = ((x >= grid[:, :-1]) & (x < grid[:, 1:])).to(x.dtype)
-        for p in range(1, k + 1):
-            left = (x - grid[:, :-(p + 1)]) / (grid[:, p:-1] - grid[:, :-(p + 1)])
-            right = (grid[:, p + 1:] - x) / (grid[:, p + 1:] - grid[:, 1:(-p)])
-            bases = left * bases[:, :, :-1] + right * bases[:, :, 1:]
-        return bases.contiguous()
-
-    def kan_forward(x, grid, bw, sw, ss, k):  # efficient-kan's KANLinear.forward
-        out = bw.shape[0]
-        base_output = F.linear(F.silu(x), bw)
-        spline_output = F.linear(b_splines(x, grid, k).view(x.size(0), -1),
-                                 (sw * ss.unsqueeze(-1)).view(out, -1))
-        return base_output + spline_output
 
     for case in a.cases.split(";"):
         B, n_in, n_out, reps, warmup, budget, want_mem = (float(v) for v in case.split(","))
@@ -100,42 +161,16 @@ def worker(a):
             torch.mm(A, W), torch.mm(dy, W.t()), torch.mm(dy.t(), A)
 
         # ---- memory (one pass each, outside the timing)
-        def peak(fn):
-            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-                fn()
-            run, top = 0, 0
-            for e in sorted(prof.events(), key=lambda e: e.time_range.start):
-                run += e.self_cpu_memory_usage
-                top = max(top, run)
-            return top
-        saved = {}
-
-        def pack(t):
-            st = t.storage()
-            if all(t.data_ptr() != q.data_ptr() for q in [xg, grid] + pg):
-                saved[st.data_ptr()] = st.size() * t.element_size()
-            return t
         mem = {}
         if want_mem:  # the profiled passes also serve as warm-up
             out_f = B * n_out * 4
             out_b = out_f + (B * n_in + n_out * n_in * (C + 2)) * 4
-            mem["fwd_peak"] = peak(kan_fwd) - out_f
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                mem["fwdbwd_peak"] = peak(kan_fb) - out_b
-            mem.update(saved=sum(saved.values()), bases=B * n_in * C * 4)
+            mem = eager_memory(kan_fwd, kan_fb, out_f, out_b, [xg, grid] + pg)
+            mem["bases"] = B * n_in * C * 4
 
         for pas, fns in (("fwd", {"ekan": kan_fwd, "gemm": gemm_fwd}),
                          ("fwdbwd", {"ekan": kan_fb, "gemm": gemm_fb})):
-            times = {n: [] for n in fns}
-            t_start = time.perf_counter()
-            for rep in range(warmup + reps):
-                for name, fn in fns.items():
-                    t0 = time.perf_counter()
-                    fn()
-                    if rep >= warmup:
-                        times[name].append((time.perf_counter() - t0) * 1e3)
-                if rep >= warmup and budget > 0 and time.perf_counter() - t_start > budget:
-                    break
+            times = time_interleaved(fns, reps, warmup, budget)
             for name, ts in times.items():
                 rec = {"B": B, "in": n_in, "out": n_out, "pass": pas, "impl": name,
                        "threads": nt, "reps": len(ts), "med": statistics.median(ts),
@@ -199,8 +234,6 @@ def main(argv=None):
             for s in shapes}
     threads = [int(t) for t in a.threads.split(",")]
     exe, how = find_driver(a.build_dir)
-    cpu = {k.strip(): v.strip() for k, _, v in (l.partition(":") for l in
-                                                  sh(["lscpu"]).splitlines())}
     busy, recs, meta = [], [], {}
     def run_kfuse(s):  # all cores (the context's default)
         reps, warm, bud = plan[s]
@@ -286,11 +319,7 @@ def main(argv=None):
           "- date: %s; command: `/usr/bin/python3 benches/cpu_kan.py %s`; wall time %.0f s" % (
               datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               " ".join(sys.argv[1:]), time.time() - t0),
-          "- CPU (lscpu): %s; %s CPU(s), %s thread(s) per core; %s; L2 %s, L3 %s" % (
-              cpu.get("Model name", "?"), cpu.get("CPU(s)", "?"),
-              cpu.get("Thread(s) per core", "?"), "VM (%s)" % cpu.get("Hypervisor vendor")
-              if cpu.get("Hypervisor vendor") else "bare metal", cpu.get("L2 cache", "?"),
-              cpu.get("L3 cache", "?")),
+          "- " + cpu_line(),
           "- torch %s (Debian), Python %s; thread settings %s, a fresh process each; env %s" % (
               meta.get("torch", "?"), platform.python_version(), threads, ", ".join(
                   "%s=%s" % (k, os.environ[k]) for k in ("OMP_WAIT_POLICY",

@@ -10,7 +10,7 @@
 #
 # Steps (KF_GPU_PARTS, default all: "tests sanitizer bench_rnn bench_sklinear"): nvidia-smi and
 # every C test (KF_GPU_TESTS: a name glob, default test_*); compute-sanitizer memcheck and
-# racecheck on the CUDA tests (100 s each for SKLinear and KANLinear; test_rnn_cuda's racecheck
+# racecheck on the CUDA tests (150 s each for SKLinear, KANLinear and KANConv2d; test_rnn_cuda's racecheck
 # filtered to the cases that cover every kernel); benches/gpu_rnn.py (kfuse vs cuDNN's GRU and the
 # eager A-GRU loop); benches/gpu_sklinear.py (kfuse vs dense nn.Linear, two eager GEMMs and
 # Panther's formulation). Everything goes to $OUT (default /tmp/kf-gpu-out), at most 8 files; a
@@ -64,7 +64,7 @@ for t in $run_tests; do
     if [ $rc -eq 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); failed="$failed $name"; fi
 done
 row "C tests" "$([ $fail -eq 0 ] && [ $pass -gt 0 ] && echo ok || echo FAIL)" "$pass passed, $fail failed${failed:+:$failed}"
-for name in test_rnn_cuda test_sklinear_cuda test_kan_linear_cuda; do
+for name in test_rnn_cuda test_sklinear_cuda test_kan_linear_cuda test_kan_conv2d_cuda; do
     cuda_line=$(grep -A400 "^=== $name\$" "$OUT/tests.log" | grep -m1 'Synthesis' || true)
     row "  $name" "" "${cuda_line:-no synthesis line (see tests.log)}"
 done
@@ -76,13 +76,13 @@ RNN_CUDA=$(echo "$tests" | grep '/test_rnn_cuda$' | head -1)
 if ! part sanitizer; then
     row "compute-sanitizer" SKIP "not in KF_GPU_PARTS"
 elif [ -n "$SAN" ]; then
-    for name in test_sklinear_cuda test_kan_linear_cuda; do
+    for name in test_sklinear_cuda test_kan_linear_cuda test_kan_conv2d_cuda; do
         bin=$(echo "$tests" | grep "/$name\$" | head -1)
         [ -n "$bin" ] || continue
         for tool in memcheck racecheck; do
             extra=""
             [ "$tool" = memcheck ] && extra="--leak-check no"
-            timeout 100 "$SAN" --tool "$tool" $extra --target-processes all --error-exitcode 86 \
+            timeout 150 "$SAN" --tool "$tool" $extra --target-processes all --error-exitcode 86 \
                 "$bin" --jobs 1 > "$OUT/sanitizer-$tool.log.$name" 2>&1
             rc=$?
             row "$tool $name" "$([ $rc -eq 0 ] && echo ok || echo "FAIL($rc)")" \

@@ -1,6 +1,6 @@
 # Locates the OpenBLAS that kfuse links: Debian's threaded build, as a static archive.
-# Sets KF_BLAS_INCLUDE_DIR and KF_BLAS_STATIC_LIB; shared by the main build and the standalone
-# fuzz build (tests/fuzz) so the two can never link different BLAS builds.
+# Sets KF_BLAS_INCLUDE_DIR, KF_BLAS_STATIC_LIB and KF_GFORTRAN_LIB; shared by the main build and
+# the standalone fuzz build (tests/fuzz) so the two can never link different BLAS builds.
 #
 # OpenBLAS, linked statically and hidden inside libkfuse, so a process that also loads another
 # OpenBLAS (numpy's) neither gets ours nor hands us its own. kfuse calls GEMM from its own OpenMP
@@ -13,7 +13,12 @@ find_path(KF_BLAS_INCLUDE_DIR cblas.h
 find_library(KF_BLAS_STATIC_LIB NAMES libopenblas.a
   PATHS /usr/lib/x86_64-linux-gnu/openblas-pthread /usr/lib/aarch64-linux-gnu/openblas-pthread
   NO_DEFAULT_PATH)
-if(NOT KF_BLAS_INCLUDE_DIR OR NOT KF_BLAS_STATIC_LIB)
+# The LAPACK half of the archive (dgelsd, for the KAN grid update) is gfortran code that calls into
+# the gfortran runtime; libgfortran5 is a dependency of Debian's OpenBLAS packages, so its shared
+# library is present wherever the archive is.
+find_library(KF_GFORTRAN_LIB NAMES libgfortran.so.5 gfortran
+  PATHS /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu)
+if(NOT KF_BLAS_INCLUDE_DIR OR NOT KF_BLAS_STATIC_LIB OR NOT KF_GFORTRAN_LIB)
   message(FATAL_ERROR "threaded OpenBLAS not found: apt-get install libopenblas-pthread-dev")
 endif()
 find_package(Threads REQUIRED)

@@ -11,6 +11,8 @@
 static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
 static void blas_single_thread(void) { openblas_set_num_threads(1); }
 
+void kf__blas_init(void) { pthread_once(&blas_once, blas_single_thread); }
+
 /* CBLAS takes int extents: callers pass extents and leading dimensions below INT_MAX. */
 void kf__sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
@@ -22,7 +24,7 @@ void kf__sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
                 c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
         return;
     }
-    pthread_once(&blas_once, blas_single_thread);
+    kf__blas_init();
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                 (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
 }

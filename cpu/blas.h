@@ -1,7 +1,6 @@
-/* Thin single-precision GEMM wrapper over the serial OpenBLAS (CBLAS, row-major).
- *
- * Every CPU kernel calls BLAS from inside its own OpenMP threads, one call per thread, so the
- * library links the serial OpenBLAS: a threaded BLAS would spin its own threads against ours. */
+/* The BLAS and LAPACK the CPU backend calls: the threaded OpenBLAS linked statically into the
+ * library, pinned to one thread (cpu/blas.c), so every call runs entirely in the calling thread
+ * and OpenBLAS never wakes its own workers against the library's. */
 #ifndef KF_CPU_BLAS_H
 #define KF_CPU_BLAS_H
 
@@ -13,5 +12,15 @@
  * An empty product (m, n or k == 0) only scales C by beta (beta == 0 writes zeros). */
 void kf__sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+
+/* Pins OpenBLAS to one thread, once per process. kf__sgemm calls it; call it before any other
+ * BLAS or LAPACK routine. */
+void kf__blas_init(void);
+
+/* LAPACK's minimum-norm least squares by SVD (Fortran symbol, column-major; see its reference
+ * documentation). Call kf__blas_init() first. */
+void dgelsd_(const int *m, const int *n, const int *nrhs, double *a, const int *lda, double *b,
+             const int *ldb, double *s, const double *rcond, int *rank, double *work,
+             const int *lwork, int *iwork, int *info);
 
 #endif /* KF_CPU_BLAS_H */

@@ -20,7 +20,14 @@
  * Blocks (row blocks, feature chunks) and therefore every BLAS call depend on the shape alone;
  * they go round-robin to the threads and every output element has one writer (the weight
  * gradient is split by chunk, each thread summing its chunks over all rows in a fixed order), so
- * the bits do not depend on the thread count. */
+ * the bits do not depend on the thread count.
+ *
+ * KANConv2d (kf__kan_patches) is the same product over the patches of x as rows. Only the row
+ * blocks' addressing changes: blocks never cross an image (a block is up to 128 output pixels of
+ * one image); a block's x^T is gathered from the image (im2col per tile, zeros outside it); its
+ * y and dy are the columns [p0, p0 + rows) of the image's [out, Ho Wo] plane, so the GEMMs take
+ * them transposed; and dx is a scatter-add over the patches, so one thread owns each image's dx
+ * (zeroed first, then summed over the image's blocks in order: deterministic). */
 #include "kan_internal.h"
 
 #include "blas.h"
@@ -44,45 +51,48 @@
  * by chunk, so fewer chunks than threads would leave threads idle. */
 #define KF__KAN_MIN_CHUNKS 8
 
-/* Block b of extent `step` over [0, n): [*lo, *hi), false past the end. */
-static bool kan_block(int64_t n, int64_t step, int64_t b, int64_t *lo, int64_t *hi) {
-    *lo = b * step;
-    *hi = *lo + step < n ? *lo + step : n;
-    return *lo < n;
-}
-
 static int64_t kan_min(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t kan_max(int64_t a, int64_t b) { return a > b ? a : b; }
 
-/* Everything a call derives from (plan, N): blocking, team size and the workspace layout.
- * Workspace bytes (each term rounded up to 64):
- *     4 out K  +  4 in k nk  +  team * 4 (rows Fr cw + out F cw + 2 rows Fr + rows nk)
- * with rows = min(128, N): bounded by tiles, never by N times the bases. */
+/* Everything a call derives from (plan, N, patches): blocking, team size and the workspace
+ * layout. Workspace bytes (each term rounded up to 64):
+ *     4 out K  +  4 in k nk  +  team * (4 (rows Fr cw + out F cw + 2 rows Fr + rows nk)
+ *                                       + 8 rows for KANConv2d's patch offsets)
+ * with rows = min(128, L): bounded by tiles, never by N times the bases. */
 typedef struct kan_geom {
-    int64_t rows;        /* rows per block: min(KF__KAN_ROWS, N) */
+    int64_t rows;        /* rows per block: min(KF__KAN_ROWS, L) */
+    int64_t L;           /* rows per image: Ho Wo (KANConv2d) or N (KANLinear: one image) */
+    int64_t bpi, blocks; /* row blocks per image; in all */
+    int64_t unit;        /* blocks per dx unit (one writer each): bpi (a whole image, whose
+                            pixels several patches read) or 1 (KANLinear) */
     int64_t Fr, rchunks; /* features per chunk of the row-wise products (forward, dx); chunks */
     int64_t F, chunks;   /* the same for the weight gradient (F <= Fr) */
     int32_t team;        /* threads */
     size_t wc, inv;      /* byte offsets: W [out, K]; knot reciprocals [in, k, nk] */
     size_t thr;          /* byte offset of thread 0's region; thread t's is thr + t * thr_bytes */
     size_t thr_bytes;    /* tile [Fr*cw, rows], dW [out, F*cw], x^T and dx^T [Fr, rows],
-                            bases S [nk - 1, rows], clamped x [rows] */
-    size_t tile, dw, xt, dxt, s, xb; /* offsets inside a thread's region */
+                            bases S [nk - 1, rows], clamped x [rows], patch offsets [rows]
+                            (int64, KANConv2d only) */
+    size_t tile, dw, xt, dxt, s, xb, off; /* offsets inside a thread's region */
     size_t bytes;
 } kan_geom;
 
-static kan_geom kan_geom_of(const struct kf_kan_linear_plan *p, int64_t N) {
+static kan_geom kan_geom_of(const struct kf_kan_linear_plan *p, int64_t N,
+                            const kf__kan_patches *patches) {
     kan_geom g;
-    g.rows = kan_min(KF__KAN_ROWS, N);
+    g.L = patches ? patches->Ho * patches->Wo : N;
+    g.rows = kan_min(KF__KAN_ROWS, g.L);
+    g.bpi = (g.L + g.rows - 1) / g.rows;
+    g.blocks = g.bpi * (N / g.L);
+    g.unit = patches ? g.bpi : 1;
     g.Fr = kan_min(p->in, kan_max(1, KF__KAN_COLS / p->cw));
     g.rchunks = (p->in + g.Fr - 1) / g.Fr;
     g.F = kan_min(g.Fr, (p->in + KF__KAN_MIN_CHUNKS - 1) / KF__KAN_MIN_CHUNKS);
     g.chunks = (p->in + g.F - 1) / g.F;
-    const int64_t rblocks = (N + g.rows - 1) / g.rows;
     const double flops = 2.0 * (double)N * (double)p->out * (double)p->K;
     g.team = flops < KF__KAN_TEAM_MIN_FLOPS
                  ? 1
-                 : (int32_t)kan_min(p->ctx->num_threads, kan_max(rblocks, g.chunks));
+                 : (int32_t)kan_min(p->ctx->num_threads, kan_max(g.blocks, g.chunks));
     const size_t f4 = sizeof(float);
     g.wc = 0;
     g.inv = kf__align_up((size_t)(p->out * p->K) * f4);
@@ -93,13 +103,29 @@ static kan_geom kan_geom_of(const struct kf_kan_linear_plan *p, int64_t N) {
     g.dxt = g.xt + kf__align_up((size_t)(g.rows * g.Fr) * f4);
     g.s = g.dxt + kf__align_up((size_t)(g.rows * g.Fr) * f4);
     g.xb = g.s + kf__align_up((size_t)(g.rows * (p->nk - 1)) * f4);
-    g.thr_bytes = g.xb + kf__align_up((size_t)g.rows * f4);
+    g.off = g.xb + kf__align_up((size_t)g.rows * f4);
+    g.thr_bytes = g.off + (patches ? kf__align_up((size_t)g.rows * sizeof(int64_t)) : 0);
     g.bytes = g.thr + (size_t)g.team * g.thr_bytes;
     return g;
 }
 
-size_t kf__cpu_kan_workspace(const struct kf_kan_linear_plan *p, int64_t N) {
-    return kan_geom_of(p, N).bytes;
+size_t kf__cpu_kan_workspace(const struct kf_kan_linear_plan *p, int64_t N,
+                             const kf__kan_patches *patches) {
+    return kan_geom_of(p, N, patches).bytes;
+}
+
+/* Row block b: image img, its rows (output pixels) [p0, p0 + rows), global rows from n0. */
+typedef struct kan_blk {
+    int64_t img, p0, rows, n0;
+} kan_blk;
+
+static kan_blk kan_blk_of(const kan_geom *g, int64_t b) {
+    kan_blk k;
+    k.img = b / g->bpi;
+    k.p0 = (b % g->bpi) * g->rows;
+    k.rows = kan_min(g->rows, g->L - k.p0);
+    k.n0 = k.img * g->L + k.p0;
+    return k;
 }
 
 static float *kan_at(void *ws, size_t off) { return (float *)(void *)((char *)ws + off); }
@@ -152,8 +178,8 @@ static void kan_inv_table(const struct kf_kan_linear_plan *p, const float *grid,
 /* x^T [f1 - f0, rows] from rows x[0..rows) (row stride in): the chunk's features, row-contiguous.
  * Eight rows at a time, so that the eight source lines stay in L1 across the features and the
  * stores are contiguous. */
-static void kan_gather_x(const float *x, int64_t in, int64_t rows, int64_t f0, int64_t f1,
-                         float *xT) {
+static void kan_gather_rows(const float *x, int64_t in, int64_t rows, int64_t f0, int64_t f1,
+                            float *xT) {
     int64_t n = 0;
     for (; n + 8 <= rows; n += 8)
         for (int64_t i = f0; i < f1; ++i)
@@ -162,15 +188,56 @@ static void kan_gather_x(const float *x, int64_t in, int64_t rows, int64_t f0, i
         for (int64_t i = f0; i < f1; ++i) xT[(i - f0) * rows + n] = x[n * in + i];
 }
 
-/* The inverse: dx[0..rows) (row stride in), features [f0, f1), from dx^T. */
-static void kan_scatter_dx(const float *dxT, int64_t in, int64_t rows, int64_t f0, int64_t f1,
-                           float *dx) {
-    int64_t n = 0;
-    for (; n + 8 <= rows; n += 8)
-        for (int64_t i = f0; i < f1; ++i)
-            for (int64_t r = 0; r < 8; ++r) dx[(n + r) * in + i] = dxT[(i - f0) * rows + n + r];
-    for (; n < rows; ++n)
-        for (int64_t i = f0; i < f1; ++i) dx[n * in + i] = dxT[(i - f0) * rows + n];
+void kf__kan_patch_offsets(const kf__kan_patches *P, int64_t f, int64_t p0, int64_t rows,
+                           int64_t *off) {
+    const int64_t kk = (int64_t)P->kh * P->kw, c = f / kk, i = f % kk / P->kw, j = f % P->kw;
+    int64_t oh = p0 / P->Wo, ow = p0 % P->Wo;
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t ih = oh * P->sh - P->ph + i * P->dh, iw = ow * P->sw - P->pw + j * P->dw;
+        off[r] = ih >= 0 && ih < P->H && iw >= 0 && iw < P->W ? (c * P->H + ih) * P->W + iw : -1;
+        if (++ow == P->Wo) ow = 0, ++oh;
+    }
+}
+
+/* x^T [f1 - f0, rows] of block k: KANLinear's rows, or the patches (im2col of the tile only;
+ * `off` is scratch for `rows` offsets). */
+static void kan_gather_x(const float *x, const kf__kan_patches *P, int64_t in, const kan_blk *k,
+                         int64_t f0, int64_t f1, float *xT, int64_t *off) {
+    if (!P) {
+        kan_gather_rows(x + k->n0 * in, in, k->rows, f0, f1, xT);
+        return;
+    }
+    const float *img = x + k->img * P->Cin * P->H * P->W;
+    for (int64_t f = f0; f < f1; ++f) {
+        float *d = xT + (f - f0) * k->rows;
+        kf__kan_patch_offsets(P, f, k->p0, k->rows, off);
+        for (int64_t r = 0; r < k->rows; ++r) d[r] = off[r] >= 0 ? img[off[r]] : 0.0f;
+    }
+}
+
+/* The inverse of kan_gather_x for dx: KANLinear writes its rows; KANConv2d adds each patch
+ * element into the pixel it came from (padding is dropped). */
+static void kan_scatter_dx(const float *dxT, const kf__kan_patches *P, int64_t in,
+                           const kan_blk *k, int64_t f0, int64_t f1, float *dx, int64_t *off) {
+    const int64_t rows = k->rows;
+    if (!P) {
+        float *d = dx + k->n0 * in;
+        int64_t n = 0;
+        for (; n + 8 <= rows; n += 8)
+            for (int64_t i = f0; i < f1; ++i)
+                for (int64_t r = 0; r < 8; ++r)
+                    d[(n + r) * in + i] = dxT[(i - f0) * rows + n + r];
+        for (; n < rows; ++n)
+            for (int64_t i = f0; i < f1; ++i) d[n * in + i] = dxT[(i - f0) * rows + n];
+        return;
+    }
+    float *img = dx + k->img * P->Cin * P->H * P->W;
+    for (int64_t f = f0; f < f1; ++f) {
+        const float *src = dxT + (f - f0) * rows;
+        kf__kan_patch_offsets(P, f, k->p0, rows, off);
+        for (int64_t r = 0; r < rows; ++r)
+            if (off[r] >= 0) img[off[r]] += src[r];
+    }
 }
 
 /* e[n] = exp(-x[n]) for n < rows, for SiLU and its derivative, written so that the loops
@@ -271,34 +338,52 @@ typedef struct kan_fwd_call {
     kan_geom g;
 } kan_fwd_call;
 
+/* Block k's part of y or dy [N, out]: rows [n0, n0 + rows) of it (row stride out) for KANLinear;
+ * for KANConv2d the columns [p0, p0 + rows) of the image's [out, L] plane, that is the block
+ * stored transposed (row stride L). *ld receives the row stride. */
+static float *kan_yblk(const float *y, const kf__kan_patches *P, const kan_geom *g, int64_t out,
+                       const kan_blk *k, int64_t *ld) {
+    *ld = P ? g->L : out;
+    return (float *)(P ? y + k->img * out * g->L + k->p0 : y + k->n0 * out);
+}
+
 static void kan_fwd_team(void *arg, int tid, int nth) {
     const kf__kan_fwd *c = ((const kan_fwd_call *)arg)->c;
     const kan_geom *g = &((const kan_fwd_call *)arg)->g;
     const struct kf_kan_linear_plan *p = c->plan;
+    const kf__kan_patches *P = c->patches;
     const int64_t in = p->in, out = p->out, cw = p->cw, K = p->K;
     float *W = kan_at(c->ws, g->wc), *inv = kan_at(c->ws, g->inv);
     char *mine = (char *)c->ws + g->thr + (size_t)tid * g->thr_bytes;
     float *tile = kan_at(mine, g->tile), *xT = kan_at(mine, g->xt), *S = kan_at(mine, g->s),
           *xb = kan_at(mine, g->xb);
-    int64_t a0, a1, n0, n1;
+    int64_t *off = (int64_t *)(void *)(mine + g->off);
+    int64_t a0, a1, ld;
     kf__cpu_share(out, tid, nth, &a0, &a1);
     kan_pack_w(p, c->base, c->spline, c->scaler, W, a0, a1);
     kf__cpu_share(in, tid, nth, &a0, &a1);
     kan_inv_table(p, c->grid, inv, a0, a1);
 #pragma omp barrier
-    for (int64_t b = tid; kan_block(c->N, g->rows, b, &n0, &n1); b += nth)
+    for (int64_t b = tid; b < g->blocks; b += nth) {
+        const kan_blk k = kan_blk_of(g, b);
+        float *y = kan_yblk(c->y, P, g, out, &k, &ld);
         for (int64_t ch = 0; ch < g->rchunks; ++ch) {
             const int64_t f0 = ch * g->Fr, f1 = kan_min(in, f0 + g->Fr), cols = (f1 - f0) * cw;
-            const int64_t rows = n1 - n0;
-            kan_gather_x(c->x + n0 * in, in, rows, f0, f1, xT);
-            kan_tile(p, c->grid, inv, xT, rows, f0, f1, tile, S, xb);
-            kf__sgemm(true, true, rows, out, cols, 1.0f, tile, rows, W + f0 * cw, K,
-                      ch ? 1.0f : 0.0f, c->y + n0 * out, out);
+            const float beta = ch ? 1.0f : 0.0f;
+            kan_gather_x(c->x, P, in, &k, f0, f1, xT, off);
+            kan_tile(p, c->grid, inv, xT, k.rows, f0, f1, tile, S, xb);
+            if (P) /* y^T [out, rows] = W_chunk A_chunk^T */
+                kf__sgemm(false, false, out, k.rows, cols, 1.0f, W + f0 * cw, K, tile, k.rows,
+                          beta, y, ld);
+            else /* y [rows, out] = A_chunk W_chunk^T */
+                kf__sgemm(true, true, k.rows, out, cols, 1.0f, tile, k.rows, W + f0 * cw, K,
+                          beta, y, ld);
         }
+    }
 }
 
 kf_status kf__cpu_kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
-    kan_fwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N)};
+    kan_fwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N, c->patches)};
     kf__cpu_team(call.g.team, kan_fwd_team, &call);
     return KF_OK;
 }
@@ -368,12 +453,14 @@ static void kan_bwd_team(void *arg, int tid, int nth) {
     const kf__kan_bwd *c = ((const kan_bwd_call *)arg)->c;
     const kan_geom *g = &((const kan_bwd_call *)arg)->g;
     const struct kf_kan_linear_plan *p = c->plan;
-    const int64_t in = p->in, out = p->out, cw = p->cw, K = p->K, N = c->N;
+    const kf__kan_patches *P = c->patches;
+    const int64_t in = p->in, out = p->out, cw = p->cw, K = p->K;
     float *W = kan_at(c->ws, g->wc), *inv = kan_at(c->ws, g->inv);
     char *mine = (char *)c->ws + g->thr + (size_t)tid * g->thr_bytes;
     float *tile = kan_at(mine, g->tile), *dW = kan_at(mine, g->dw), *xT = kan_at(mine, g->xt),
           *dxT = kan_at(mine, g->dxt), *S = kan_at(mine, g->s), *xb = kan_at(mine, g->xb);
-    int64_t a0, a1, n0, n1;
+    int64_t *off = (int64_t *)(void *)(mine + g->off);
+    int64_t a0, a1, ld;
     if (c->dx) {
         kf__cpu_share(out, tid, nth, &a0, &a1);
         kan_pack_w(p, c->base, c->spline, c->scaler, W, a0, a1);
@@ -381,35 +468,45 @@ static void kan_bwd_team(void *arg, int tid, int nth) {
     kf__cpu_share(in, tid, nth, &a0, &a1);
     kan_inv_table(p, c->grid, inv, a0, a1);
 #pragma omp barrier
-    /* dx, row block by row block: dA^T = (dy W)^T chunk by chunk (each chunk owns its features). */
-    for (int64_t b = tid; c->dx && kan_block(N, g->rows, b, &n0, &n1); b += nth)
-        for (int64_t ch = 0; ch < g->rchunks; ++ch) {
-            const int64_t f0 = ch * g->Fr, f1 = kan_min(in, f0 + g->Fr), cols = (f1 - f0) * cw;
-            const int64_t rows = n1 - n0;
-            kf__sgemm(true, true, cols, rows, out, 1.0f, W + f0 * cw, K, c->dy + n0 * out, out,
-                      0.0f, tile, rows);
-            kan_gather_x(c->x + n0 * in, in, rows, f0, f1, xT);
-            kan_dx(p, c->grid, inv, xT, tile, rows, f0, f1, dxT, S, xb);
-            kan_scatter_dx(dxT, in, rows, f0, f1, c->dx + n0 * in);
+    /* dx, unit by unit (a row block, or a whole image whose dx this thread alone sums): dA^T =
+     * (dy W)^T chunk by chunk (each chunk owns its features). dy is taken transposed when it
+     * is stored [rows, out] (KANLinear) and as it is when it is already [out, rows]. */
+    const size_t img_bytes = P ? (size_t)(P->Cin * P->H * P->W) * sizeof(float) : 0;
+    for (int64_t u = tid; c->dx && u * g->unit < g->blocks; u += nth) {
+        if (P) memset(c->dx + u * P->Cin * P->H * P->W, 0, img_bytes);
+        for (int64_t b = u * g->unit; b < (u + 1) * g->unit; ++b) {
+            const kan_blk k = kan_blk_of(g, b);
+            const float *dy = kan_yblk(c->dy, P, g, out, &k, &ld);
+            for (int64_t ch = 0; ch < g->rchunks; ++ch) {
+                const int64_t f0 = ch * g->Fr, f1 = kan_min(in, f0 + g->Fr);
+                const int64_t cols = (f1 - f0) * cw;
+                kf__sgemm(true, !P, cols, k.rows, out, 1.0f, W + f0 * cw, K, dy, ld, 0.0f, tile,
+                          k.rows);
+                kan_gather_x(c->x, P, in, &k, f0, f1, xT, off);
+                kan_dx(p, c->grid, inv, xT, tile, k.rows, f0, f1, dxT, S, xb);
+                kan_scatter_dx(dxT, P, in, &k, f0, f1, c->dx, off);
+            }
         }
+    }
     /* dW = dy^T A, chunk by chunk over all rows in a fixed order (no barrier needed: the two
      * loops write disjoint outputs and read only inputs, W and inv). */
     const bool want_w = c->dbase || c->dspline || c->dscaler;
     for (int64_t ch = tid; want_w && ch < g->chunks; ch += nth) {
         const int64_t f0 = ch * g->F, f1 = kan_min(in, f0 + g->F), cols = (f1 - f0) * cw;
-        for (int64_t b = 0; kan_block(N, g->rows, b, &n0, &n1); ++b) {
-            const int64_t rows = n1 - n0;
-            kan_gather_x(c->x + n0 * in, in, rows, f0, f1, xT);
-            kan_tile(p, c->grid, inv, xT, rows, f0, f1, tile, S, xb);
-            kf__sgemm(true, true, out, cols, rows, 1.0f, c->dy + n0 * out, out, tile, rows,
-                      b ? 1.0f : 0.0f, dW, cols);
+        for (int64_t b = 0; b < g->blocks; ++b) {
+            const kan_blk k = kan_blk_of(g, b);
+            const float *dy = kan_yblk(c->dy, P, g, out, &k, &ld);
+            kan_gather_x(c->x, P, in, &k, f0, f1, xT, off);
+            kan_tile(p, c->grid, inv, xT, k.rows, f0, f1, tile, S, xb);
+            kf__sgemm(!P, true, out, cols, k.rows, 1.0f, dy, ld, tile, k.rows, b ? 1.0f : 0.0f,
+                      dW, cols);
         }
         kan_fold_dw(c, dW, f0, f1);
     }
 }
 
 kf_status kf__cpu_kan_backward(kf_context *ctx, const kf__kan_bwd *c) {
-    kan_bwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N)};
+    kan_bwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N, c->patches)};
     kf__cpu_team(call.g.team, kan_bwd_team, &call);
     return KF_OK;
 }

@@ -1,10 +1,20 @@
-// KANLinear (efficient-kan) on CUDA: forward and backward as tiled GEMMs over the combined operand
-// A [N, K] and the combined weight W [out, K], K = in * cw, cw = C + 1 (notation and records:
-// capi/src/kan_internal.h; math: docs/ops/kan.md). A is never stored: every tile of it is
-// generated in the operand-load stage of the GEMM that consumes it, from x and the knots. Row-major
-// throughout; fp32 operands and accumulation; no atomics, every sum in a fixed order; no
-// allocation, no synchronisation, no host reads of device data: everything is enqueued on
-// ctx->stream (graph-capturable).
+// KANLinear (efficient-kan) and KANConv2d (unfold + KANLinear) on CUDA: forward and backward as
+// tiled GEMMs over the combined operand A [N, K] and the combined weight W [out, K], K = in * cw,
+// cw = C + 1 (notation and records: capi/src/kan_internal.h; math: docs/ops/kan.md). A is never
+// stored: every tile of it is generated in the operand-load stage of the GEMM that consumes it,
+// from x and the knots. Row-major throughout; fp32 operands and accumulation; no atomics, every sum
+// in a fixed order; no allocation, no synchronisation, no host reads of device data: everything
+// is enqueued on ctx->stream (graph-capturable).
+//
+// Rows. The kernels see N rows of `in` features and N x out outputs through two device helpers,
+// selected by the template flag CONV (KANLinear: false, the identity mapping, no extra work):
+//   xval(n, f)  KANLinear x[n * in + f]; KANConv2d (record field `patches`, an implicit GEMM:
+//               patches are never stored) row n = (b Ho + oh) Wo + ow, feature f = (c kh + i) kw
+//               + j reads x[b, c, oh sh - ph + i dh, ow sw - pw + j dw], 0 outside the image.
+//   yoff(n, o)  offset of y/dy element (n, o): KANLinear n * out + o; KANConv2d
+//               (b out + o) Ho Wo + oh Wo + ow (y [B, out, Ho, Wo]).
+// With CONV the loads of dy and the stores of y run along n (the contiguous direction there);
+// kan_fwd transposes its output tile through shared memory for that.
 //
 // One block-tile engine (mma_stage): 256 threads compute a 64 x 64 output tile, 4 x 4 per thread
 // (rows ty + 16 i, columns tx + 16 j), over stages of at most 64 along the reduction dimension,
@@ -27,7 +37,7 @@
 //             of floor(64 / cw) whole features (or 64 columns of one feature when cw > 64); A's
 //             stage is generated per (row, feature) into shared memory, W's is loaded. When the
 //             row x output tiles alone do not fill the GPU, the features are split into Pf
-//             ranges (split-K) whose partial y go to the workspace, [Pf, N, out], and
+//             ranges (split-K) whose partial y go to the workspace, Pf copies of y's layout, and
 //   kan_sum   sums them in range order into y.
 //  backward:
 //   kan_dx    (dx wanted) block = 64 rows x a group of FB = floor(64 / cw) features (1 when
@@ -35,7 +45,15 @@
 //             `out` in stages of 64 (dy and W loaded), each chunk's dA tile dumped to shared
 //             memory and folded at once into per-(row, feature) dx sums (SiLU' and the closed-form
 //             B' from the order-(k-1) window) in shared memory, in chunk and column order; dA is
-//             never stored beyond that 64 x 64 tile.
+//             never stored beyond that 64 x 64 tile. KANLinear: the sums are dx [N, in].
+//             KANConv2d: several patches read one pixel, so the sums (dXcol, per (row, feature))
+//             go to the workspace as [in, R] for the R = Bg Ho Wo rows of a group of Bg whole
+//             images (the last group may be shorter), and per group
+//   kan_col2im  one thread per element of the group's images of dx gathers them: dx[b, c, h, w]
+//             = sum over (i, j) in row-major order of dXcol[(c kh + i) kw + j][patch (oh, ow)]
+//             for oh sh = h + ph - i dh and ow sw = w + pw - j dw whole and inside the output
+//             (0 when no patch reads the pixel). A gather in a fixed order: deterministic, no
+//             atomics. Groups run one after another on the stream, reusing the buffer.
 //   kan_dw    (any weight gradient wanted) dW = dy^T A [out, K], tiles of 64 outputs x one
 //             feature-group column chunk, the reduction over rows in stages of 64: dy^T loaded,
 //             A's stage generated per (row, feature). The rows are split into Pw ranges; each
@@ -46,10 +64,16 @@
 //
 // Split counts are a pure function of the shape (so is the workspace): enough splits that a grid
 // has about kTargetBlocks blocks, at least kMinSplit of the reduction per split, at most
-// kMaxSplits. Workspace (bytes, each buffer rounded up to 64):
-//     4 out K  +  4 in k nk  +  max( Pf > 1 ? 4 Pf N out : 0 ,  4 Pw out K )
+// kMaxSplits. Workspace (bytes, each buffer rounded up to 64), a pure function of (plan, N,
+// patches):
+//     4 out K  +  4 in k nk  +  max( Pf > 1 ? 4 Pf N out : 0 ,  4 Pw out K ,  4 Bg Ho Wo in )
 // (Pf > 1 only when ceil(N/64) ceil(out/64) < 128, Pw > 1 only when the dW tiles are fewer than
-// 128: neither term grows with N past those points, except 4 Pw out K through Pw <= 64.)
+// 128: neither term grows with N past those points, except 4 Pw out K through Pw <= 64.) The last
+// term is KANConv2d's dXcol only (0 for KANLinear), with N = B Ho Wo, in = Cin kh kw and
+// Bg = min(B, max(1, floor(2^24 / (Ho Wo in)))) images per group: at most 2^24 floats (64 MiB),
+// or one image's when that is larger. The three buffers of the max share one region: the forward
+// partials, dXcol (used by kan_dx and kan_col2im, all before kan_dw in stream order) and the dW
+// partials are never live at the same time.
 #include "common.cuh"
 #include "kan_internal.h"
 
@@ -65,15 +89,48 @@ constexpr int64_t kTargetBlocks = 128; // blocks a split grid aims for
 constexpr int64_t kMinSplit = 256;     // at least this much reduction per split
 constexpr int64_t kMaxSplits = 64;     // at most this many partials to sum
 constexpr int kMaxOrder = 15;          // spline orders beyond this are refused
+// KANConv2d's dXcol buffer: at most this many floats (64 MiB), or one image's when larger.
+constexpr int64_t kDcolFloats = int64_t(1) << 24;
+
+// KANConv2d's patch geometry (kf__kan_patches plus HoWo = Ho Wo); unused (zero) for KANLinear.
+struct Geom {
+    int64_t Cin, H, W, Ho, Wo, HoWo;
+    int kh, kw, sh, sw, ph, pw, dh, dw;
+};
 
 struct Prob {
     int64_t N, in, out, K, C, nk, cw;
     int k;
     const float *x, *grid, *inv, *W;
+    Geom g;
 };
 
 __device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 __device__ __forceinline__ int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+
+// The row mapping, shared by every kernel; CONV is a template flag so that KANLinear's identity
+// mapping costs nothing. x value of (row n, feature f): KANLinear x[n, f]; KANConv2d
+// x[b, c, oh sh - ph + i dh, ow sw - pw + j dw] with n = (b Ho + oh) Wo + ow,
+// f = (c kh + i) kw + j, 0 outside the image.
+template <bool CONV>
+__device__ __forceinline__ float xval(const Prob &P, int64_t n, int64_t f) {
+    if (!CONV) return P.x[n * P.in + f];
+    const Geom &g = P.g;
+    const int64_t ow = n % g.Wo, nt = n / g.Wo, oh = nt % g.Ho, b = nt / g.Ho;
+    const int64_t j = f % g.kw, ft = f / g.kw, i = ft % g.kh, c = ft / g.kh;
+    const int64_t h = oh * g.sh - g.ph + i * g.dh, w = ow * g.sw - g.pw + j * g.dw;
+    if (h < 0 || h >= g.H || w < 0 || w >= g.W) return 0.0f;
+    return P.x[((b * g.Cin + c) * g.H + h) * g.W + w];
+}
+
+// Offset of element (row n, output o) of y and dy (and of y's split-K partials): KANLinear
+// [N, out], n * out + o; KANConv2d [B, out, Ho, Wo], (b out + o) Ho Wo + (n - b Ho Wo).
+template <bool CONV>
+__device__ __forceinline__ int64_t yoff(const Prob &P, int64_t n, int64_t o) {
+    if (!CONV) return n * P.out + o;
+    const int64_t b = n / P.g.HoWo;
+    return (b * P.out + o) * P.g.HoWo + (n - b * P.g.HoWo);
+}
 
 // acc[i][j] += sum over kk < w of As[kk][ty + 16 i] * Bs[kk][tx + 16 j].
 __device__ __forceinline__ void mma_stage(float (&acc)[4][4], const float (*As)[kLd],
@@ -140,13 +197,13 @@ __device__ __forceinline__ int64_t window(const float *t, const float *inv, int6
 
 // Columns [c_lo, c_hi) (all of feature f) of A's row n into dst[(c - k0) * stride]:
 // SiLU(x) for the feature's first column, its bases for the others. n < 0: zeros (padding row).
-template <int KM>
+template <int KM, bool CONV>
 __device__ __forceinline__ void gen_cols(const Prob &P, int64_t n, int64_t f, int64_t c_lo,
                                          int64_t c_hi, float *dst, int stride, int64_t k0) {
     for (int64_t c = c_lo; c < c_hi; ++c) dst[(c - k0) * stride] = 0.0f;
     if (n < 0) return;
     const int64_t base = f * P.cw;
-    const float xv = P.x[n * P.in + f];
+    const float xv = xval<CONV>(P, n, f);
     if (c_lo == base) dst[(base - k0) * stride] = xv / (1.0f + expf(-xv));
     float Nw[KM + 1];
     const int64_t j = window<KM>(P.grid + f * P.nk, P.inv + f * P.k * P.nk, P.nk, P.k, xv, Nw);
@@ -161,11 +218,11 @@ __device__ __forceinline__ void gen_cols(const Prob &P, int64_t n, int64_t f, in
 
 // dx contribution of columns [c_lo, c_hi) of feature f at row n: drow[c - c0] holds dA[n, c].
 //   SiLU'(x) dA_silu + sum_c dA_c k (B_{c,k-1} inv_k[c] - B_{c+1,k-1} inv_k[c+1])
-template <int KM>
+template <int KM, bool CONV>
 __device__ __forceinline__ float dx_part(const Prob &P, int64_t n, int64_t f, int64_t c_lo,
                                          int64_t c_hi, const float *drow, int64_t c0) {
     const int64_t base = f * P.cw;
-    const float xv = P.x[n * P.in + f];
+    const float xv = xval<CONV>(P, n, f);
     float s = 0.0f;
     if (c_lo == base) {
         const float sg = 1.0f / (1.0f + expf(-xv));
@@ -216,8 +273,9 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---- forward ----------------------------------------------------------------------------------
-// Block (row tile, output tile, feature range ps): y or partial y of 64 x 64.
-template <int KM>
+// Block (row tile, output tile, feature range ps): y or partial y of 64 x 64, at the offsets
+// yoff (the partials [Pf] of y's layout, so that kan_sum is elementwise for both mappings).
+template <int KM, bool CONV>
 __global__ void __launch_bounds__(kThreads)
     kan_fwd(Prob P, float *y, float *part, int64_t ot_n, int64_t Pf, int64_t FCs) {
     __shared__ float As[kT][kLd], Bs[kT][kLd];
@@ -239,8 +297,8 @@ __global__ void __launch_bounds__(kThreads)
         for (int64_t e = tid; e < kT * nf; e += kThreads) {
             const int m = (int)(e % kT);
             const int64_t f = fl + e / kT, n = m0 + m;
-            gen_cols<KM>(P, n < N ? n : -1, f, imax(k0, f * cw), imin(k0 + w, (f + 1) * cw),
-                         &As[0][m], kLd, k0);
+            gen_cols<KM, CONV>(P, n < N ? n : -1, f, imax(k0, f * cw),
+                               imin(k0 + w, (f + 1) * cw), &As[0][m], kLd, k0);
         }
         for (int e = tid; e < kT * w; e += kThreads) {
             const int kk = e % w, nn = e / w;
@@ -253,13 +311,29 @@ __global__ void __launch_bounds__(kThreads)
     }
     const int tx = tid % 16, ty = tid / 16;
     float *dst = Pf > 1 ? part + ps * N * out : y;
+    if (CONV) {
+        // Rows are contiguous in y [B, out, Ho, Wo]: transpose through shared memory (free since
+        // the loop's last barrier) so that consecutive threads store consecutive rows.
+        float(*Ts)[kLd] = As; // [o - o0][n - m0]
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+        for (int i = 0; i < 4; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int64_t n = m0 + ty + 16 * i, o = o0 + tx + 16 * j;
-            if (n < N && o < out) dst[n * out + o] = acc[i][j];
+            for (int j = 0; j < 4; ++j) Ts[tx + 16 * j][ty + 16 * i] = acc[i][j];
+        __syncthreads();
+        for (int e = tid; e < kT * kT; e += kThreads) {
+            const int m = e % kT, oo = e / kT;
+            const int64_t n = m0 + m, o = o0 + oo;
+            if (n < N && o < out) dst[yoff<true>(P, n, o)] = Ts[oo][m];
         }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int64_t n = m0 + ty + 16 * i, o = o0 + tx + 16 * j;
+                if (n < N && o < out) dst[yoff<false>(P, n, o)] = acc[i][j];
+            }
+    }
 }
 
 // dst[e] = sum over p < P of part[p * E + e], in p order.
@@ -274,14 +348,18 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---- backward ---------------------------------------------------------------------------------
-// Block (row tile, feature group): dx for 64 rows x the group's FB features.
-template <int KM>
+// Block (row tile, feature group): dx for 64 rows x the group's FB features, over the rows
+// [r0, r0 + R) (KANLinear: all N; KANConv2d: one group of whole images). KANLinear writes
+// dst = dx [N, in]; KANConv2d writes dst = dXcol [in, R] (column f, row n - r0), which
+// kan_col2im gathers into dx.
+template <int KM, bool CONV>
 __global__ void __launch_bounds__(kThreads)
-    kan_dx(Prob P, const float *dy, float *dx, int64_t groups, int64_t FB) {
+    kan_dx(Prob P, const float *dy, float *dst, int64_t groups, int64_t FB, int64_t r0,
+           int64_t R) {
     __shared__ float As[kT][kLd], Bs[kT][kLd];
     __shared__ float dxs[kT][kFBMax + 1];
-    const int64_t blk = blockIdx.x, m0 = blk / groups * kT, g = blk % groups;
-    const int64_t N = P.N, in = P.in, out = P.out, K = P.K, cw = P.cw;
+    const int64_t blk = blockIdx.x, m0 = r0 + blk / groups * kT, g = blk % groups;
+    const int64_t N = r0 + R, in = P.in, out = P.out, K = P.K, cw = P.cw;
     const int64_t f0 = g * FB, f1 = imin(in, f0 + FB), nfg = f1 - f0;
     const int64_t cb = f0 * cw, ce = f1 * cw;
     const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16;
@@ -294,9 +372,10 @@ __global__ void __launch_bounds__(kThreads)
         for (int64_t o0 = 0; o0 < out; o0 += kT) {
             const int w = (int)imin(kT, out - o0);
             for (int e = tid; e < kT * w; e += kThreads) {
-                const int kk = e % w, m = e / w;
+                // Consecutive threads along dy's contiguous dimension: o (KANLinear), n (conv).
+                const int kk = CONV ? e / kT : e % w, m = CONV ? e % kT : e / w;
                 const int64_t n = m0 + m;
-                As[kk][m] = n < N ? dy[n * out + o0 + kk] : 0.0f;
+                As[kk][m] = n < N ? dy[yoff<CONV>(P, n, o0 + kk)] : 0.0f;
             }
             for (int e = tid; e < kT * w; e += kThreads) {
                 const int nn = e % kT, kk = e / kT;
@@ -317,21 +396,65 @@ __global__ void __launch_bounds__(kThreads)
             const int m = (int)(e % kT);
             const int64_t f = fl + e / kT, n = m0 + m;
             if (n >= N) continue;
-            dxs[m][f - f0] += dx_part<KM>(P, n, f, imax(c0, f * cw), imin(c0 + wc, (f + 1) * cw),
-                                          &Ds[m][0], c0);
+            dxs[m][f - f0] += dx_part<KM, CONV>(P, n, f, imax(c0, f * cw),
+                                                imin(c0 + wc, (f + 1) * cw), &Ds[m][0], c0);
         }
         __syncthreads();
     }
-    for (int e = tid; e < kT * (int)nfg; e += kThreads) {
-        const int fi = e % (int)nfg, m = e / (int)nfg;
-        const int64_t n = m0 + m;
-        if (n < N) dx[n * in + f0 + fi] = dxs[m][fi];
+    if (CONV) {
+        for (int e = tid; e < kT * (int)nfg; e += kThreads) {
+            const int m = e % kT, fi = e / kT;
+            const int64_t n = m0 + m;
+            if (n < N) dst[(f0 + fi) * R + (n - r0)] = dxs[m][fi];
+        }
+    } else {
+        for (int e = tid; e < kT * (int)nfg; e += kThreads) {
+            const int fi = e % (int)nfg, m = e / (int)nfg;
+            const int64_t n = m0 + m;
+            if (n < N) dst[n * in + f0 + fi] = dxs[m][fi];
+        }
+    }
+}
+
+// dx[b, c, h, w] for the images b0 .. b0 + nb - 1 from their dXcol [in, R] (R = nb Ho Wo,
+// kan_dx): the sum over (i, j) in row-major order of dXcol at feature (c kh + i) kw + j and the
+// patch (oh, ow) with oh sh = h + ph - i dh and ow sw = w + pw - j dw, where those are whole and
+// inside [0, Ho) x [0, Wo) (no such patch: no term; none at all: 0). A gather, one thread per
+// element of dx, so no atomics and a fixed order.
+__global__ void __launch_bounds__(kThreads)
+    kan_col2im(Prob P, const float *dcol, int64_t b0, int64_t nb, float *dx) {
+    const Geom &g = P.g;
+    const int64_t HW = g.H * g.W, E = nb * g.Cin * HW, R = nb * g.HoWo;
+    const int64_t step = (int64_t)gridDim.x * kThreads;
+    float *out = dx + b0 * g.Cin * HW;
+    for (int64_t e = (int64_t)blockIdx.x * kThreads + threadIdx.x; e < E; e += step) {
+        const int64_t w = e % g.W, h = e / g.W % g.H, bc = e / HW, c = bc % g.Cin,
+                      bl = bc / g.Cin;
+        const float *col = dcol + bl * g.HoWo;
+        float s = 0.0f;
+        for (int i = 0; i < g.kh; ++i) {
+            const int64_t th = h + g.ph - (int64_t)i * g.dh;
+            if (th < 0) break; // decreasing in i
+            if (th % g.sh != 0) continue;
+            const int64_t oh = th / g.sh;
+            if (oh >= g.Ho) continue;
+            const float *rowc = col + ((c * g.kh + i) * g.kw) * R + oh * g.Wo;
+            for (int j = 0; j < g.kw; ++j) {
+                const int64_t tw = w + g.pw - (int64_t)j * g.dw;
+                if (tw < 0) break;
+                if (tw % g.sw != 0) continue;
+                const int64_t ow = tw / g.sw;
+                if (ow >= g.Wo) continue;
+                s += rowc[j * R + ow];
+            }
+        }
+        out[e] = s;
     }
 }
 
 // Block (output tile, column tile, row range pw): partial dW [64 outputs, <= 64 columns] over
 // rows [pw NC, (pw + 1) NC). Column tile ct: group ct / tpg of FB features, chunk ct % tpg.
-template <int KM>
+template <int KM, bool CONV>
 __global__ void __launch_bounds__(kThreads)
     kan_dw(Prob P, const float *dy, float *part, int64_t ct_n, int64_t FB, int64_t tpg,
            int64_t Pw, int64_t NC) {
@@ -352,15 +475,16 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t n0 = nbeg; n0 < nend; n0 += kT) {
         const int w = (int)imin(kT, nend - n0);
         for (int e = tid; e < kT * w; e += kThreads) {
-            const int m = e % kT, kk = e / kT;
+            // Consecutive threads along dy's contiguous dimension: o (KANLinear), n (conv).
+            const int m = CONV ? e / w : e % kT, kk = CONV ? e % w : e / kT;
             const int64_t o = o0 + m;
-            As[kk][m] = o < out ? dy[(n0 + kk) * out + o] : 0.0f;
+            As[kk][m] = o < out ? dy[yoff<CONV>(P, n0 + kk, o)] : 0.0f;
         }
         for (int64_t e = tid; e < w * nf; e += kThreads) {
             const int kk = (int)(e % w);
             const int64_t f = fl + e / w;
-            gen_cols<KM>(P, n0 + kk, f, imax(c0, f * cw), imin(c1, (f + 1) * cw), &Bs[kk][0], 1,
-                         c0);
+            gen_cols<KM, CONV>(P, n0 + kk, f, imax(c0, f * cw), imin(c1, (f + 1) * cw),
+                               &Bs[kk][0], 1, c0);
         }
         for (int e = tid; e < w * (kT - wc); e += kThreads)
             Bs[e / (kT - wc)][wc + e % (kT - wc)] = 0.0f;
@@ -429,15 +553,16 @@ kf__split split_of(int64_t units, int64_t jobs, int64_t minper, int64_t align) {
     return kf__split_of(units, jobs, minper, align, kTargetBlocks, kMaxSplits);
 }
 
-// Everything derived from (plan, N): tilings, splits, workspace offsets.
+// Everything derived from (plan, N, patches): tilings, splits, workspace offsets.
 struct Layout {
-    int64_t rt, ot;         // 64-row tiles of N, 64-wide tiles of out
+    int64_t rt, ot;          // 64-row tiles of N, 64-wide tiles of out
     int64_t FB, tpg, groups; // features per group, 64-column chunks per group, groups
-    kf__split f, w;         // forward feature ranges; dW row ranges
+    kf__split f, w;          // forward feature ranges; dW row ranges
+    int64_t Bg;              // KANConv2d: images per dx group (dXcol holds Bg Ho Wo rows)
     size_t off_inv, off_part, bytes;
 };
 
-Layout make_layout(const struct kf_kan_linear_plan *p, int64_t N) {
+Layout make_layout(const struct kf_kan_linear_plan *p, int64_t N, const kf__kan_patches *pt) {
     Layout l = {};
     const int64_t cw = p->cw;
     l.rt = kf__ceil_div(N, kT);
@@ -452,18 +577,35 @@ Layout make_layout(const struct kf_kan_linear_plan *p, int64_t N) {
     l.off_part = kf__sat_add(l.off_inv, kf__sat_floats(p->in, p->k, p->nk));
     const size_t fwd = l.f.P > 1 ? kf__sat_floats(l.f.P, N, p->out) : 0;
     const size_t bwd = kf__sat_floats(l.w.P, p->out, p->K);
-    l.bytes = kf__sat_add(l.off_part, fwd > bwd ? fwd : bwd);
+    size_t big = fwd > bwd ? fwd : bwd;
+    if (pt) {
+        // dXcol for Bg whole images: as many as fit in kDcolFloats, at least one, at most B.
+        const int64_t per = pt->Ho * pt->Wo * p->in; // floats of one image's dXcol
+        l.Bg = per >= kDcolFloats ? 1 : kDcolFloats / per;
+        if (l.Bg > pt->B) l.Bg = pt->B;
+        if (l.Bg < 1) l.Bg = 1;
+        const size_t dcol = kf__sat_floats(l.Bg, per, 1);
+        if (dcol > big) big = dcol;
+    }
+    l.bytes = kf__sat_add(l.off_part, big);
     return l;
 }
 
-Prob make_prob(const struct kf_kan_linear_plan *p, int64_t N, const float *x, const float *grid,
-               void *ws) {
+Prob make_prob(const struct kf_kan_linear_plan *p, int64_t N, const kf__kan_patches *pt,
+               const float *x, const float *grid, void *ws) {
     Prob P;
     P.N = N; P.in = p->in; P.out = p->out; P.K = p->K; P.C = p->C; P.nk = p->nk; P.cw = p->cw;
     P.k = p->k;
     P.x = x; P.grid = grid;
     P.W = kf__at<float>(ws, 0);
     P.inv = nullptr;
+    P.g = Geom{};
+    if (pt) {
+        P.g.Cin = pt->Cin; P.g.H = pt->H; P.g.W = pt->W; P.g.Ho = pt->Ho; P.g.Wo = pt->Wo;
+        P.g.HoWo = pt->Ho * pt->Wo;
+        P.g.kh = pt->kh; P.g.kw = pt->kw; P.g.sh = pt->sh; P.g.sw = pt->sw;
+        P.g.ph = pt->ph; P.g.pw = pt->pw; P.g.dh = pt->dh; P.g.dw = pt->dw;
+    }
     return P;
 }
 
@@ -481,6 +623,23 @@ kf_status check_order(const struct kf_kan_linear_plan *p, const char *fn) {
     return KF_OK;
 }
 
+// The front end's records are trusted, but a patch count that disagrees with the geometry
+// would index out of bounds: refuse it as a bug rather than run.
+kf_status check_patches(const char *fn, int64_t N, const kf__kan_patches *pt,
+                        const struct kf_kan_linear_plan *p) {
+    if (!pt) return KF_OK;
+    if (pt->B < 1 || pt->Cin < 1 || pt->H < 1 || pt->W < 1 || pt->Ho < 1 || pt->Wo < 1 ||
+        pt->kh < 1 || pt->kw < 1 || pt->sh < 1 || pt->sw < 1 || pt->ph < 0 || pt->pw < 0 ||
+        pt->dh < 1 || pt->dw < 1 || N != pt->B * pt->Ho * pt->Wo ||
+        p->in != pt->Cin * pt->kh * pt->kw)
+        return kf__error(KF_ERR_INTERNAL, fn,
+                         "inconsistent KANConv2d record (N = %lld, B = %lld, Ho = %lld, "
+                         "Wo = %lld, in = %lld)",
+                         (long long)N, (long long)pt->B, (long long)pt->Ho, (long long)pt->Wo,
+                         (long long)p->in);
+    return KF_OK;
+}
+
 kf_status launch_prep(kf_context *ctx, const char *fn, const Prob &P, const float *base,
                       const float *spline, const float *scaler, void *ws, const Layout &l,
                       bool pack) {
@@ -492,12 +651,12 @@ kf_status launch_prep(kf_context *ctx, const char *fn, const Prob &P, const floa
     return KF_OK;
 }
 
-template <int KM>
+template <int KM, bool CONV>
 kf_status forward_km(kf_context *ctx, const char *fn, const Layout &l, const Prob &P, float *y,
                      float *part) {
     unsigned g = 0;
     KF_TRY(kf__grid_of(fn, l.rt * l.ot * l.f.P, &g));
-    kan_fwd<KM><<<g, kThreads, 0, kf__stream(ctx)>>>(P, y, part, l.ot, l.f.P, l.f.per);
+    kan_fwd<KM, CONV><<<g, kThreads, 0, kf__stream(ctx)>>>(P, y, part, l.ot, l.f.P, l.f.per);
     KF__CUDA_LAUNCH_CHECK(fn, "kan_fwd");
     if (l.f.P > 1) {
         const int64_t E = P.N * P.out;
@@ -507,20 +666,44 @@ kf_status forward_km(kf_context *ctx, const char *fn, const Layout &l, const Pro
     return KF_OK;
 }
 
-template <int KM>
+// dx. KANLinear: kan_dx over all rows, straight into dx. KANConv2d: per group of Bg whole
+// images, kan_dx into dXcol (`part`, free until kan_dw) and kan_col2im from it into the group's
+// images of dx; stream order keeps a group's gather before the next group's kan_dx.
+template <int KM, bool CONV>
+kf_status dx_km(kf_context *ctx, const char *fn, const Layout &l, const Prob &P,
+                const kf__kan_bwd *c, float *part) {
+    unsigned g = 0;
+    if (!CONV) {
+        KF_TRY(kf__grid_of(fn, l.rt * l.groups, &g));
+        kan_dx<KM, false><<<g, kThreads, 0, kf__stream(ctx)>>>(P, c->dy, c->dx, l.groups, l.FB,
+                                                               0, P.N);
+        KF__CUDA_LAUNCH_CHECK(fn, "kan_dx");
+        return KF_OK;
+    }
+    const int64_t B = c->patches->B;
+    for (int64_t b0 = 0; b0 < B; b0 += l.Bg) {
+        const int64_t nb = B - b0 < l.Bg ? B - b0 : l.Bg, R = nb * P.g.HoWo;
+        KF_TRY(kf__grid_of(fn, kf__ceil_div(R, kT) * l.groups, &g));
+        kan_dx<KM, true><<<g, kThreads, 0, kf__stream(ctx)>>>(P, c->dy, part, l.groups, l.FB,
+                                                              b0 * P.g.HoWo, R);
+        KF__CUDA_LAUNCH_CHECK(fn, "kan_dx");
+        kan_col2im<<<stride_blocks(nb * P.g.Cin * P.g.H * P.g.W), kThreads, 0,
+                     kf__stream(ctx)>>>(P, part, b0, nb, c->dx);
+        KF__CUDA_LAUNCH_CHECK(fn, "kan_col2im");
+    }
+    return KF_OK;
+}
+
+template <int KM, bool CONV>
 kf_status backward_km(kf_context *ctx, const char *fn, const Layout &l, const Prob &P,
                       const kf__kan_bwd *c, float *part) {
     unsigned g = 0;
-    if (c->dx) {
-        KF_TRY(kf__grid_of(fn, l.rt * l.groups, &g));
-        kan_dx<KM><<<g, kThreads, 0, kf__stream(ctx)>>>(P, c->dy, c->dx, l.groups, l.FB);
-        KF__CUDA_LAUNCH_CHECK(fn, "kan_dx");
-    }
+    if (c->dx) KF_TRY((dx_km<KM, CONV>(ctx, fn, l, P, c, part)));
     if (c->dbase || c->dspline || c->dscaler) {
         const int64_t ct_n = l.groups * l.tpg;
         KF_TRY(kf__grid_of(fn, l.ot * ct_n * l.w.P, &g));
-        kan_dw<KM><<<g, kThreads, 0, kf__stream(ctx)>>>(P, c->dy, part, ct_n, l.FB, l.tpg,
-                                                         l.w.P, l.w.per);
+        kan_dw<KM, CONV><<<g, kThreads, 0, kf__stream(ctx)>>>(P, c->dy, part, ct_n, l.FB, l.tpg,
+                                                               l.w.P, l.w.per);
         KF__CUDA_LAUNCH_CHECK(fn, "kan_dw");
         Fold F;
         F.part = part; F.Pw = l.w.P;
@@ -535,39 +718,52 @@ kf_status backward_km(kf_context *ctx, const char *fn, const Layout &l, const Pr
 
 } // namespace
 
-extern "C" size_t kf__cuda_kan_workspace(const struct kf_kan_linear_plan *p, int64_t N) {
-    return make_layout(p, N).bytes;
+extern "C" size_t kf__cuda_kan_workspace(const struct kf_kan_linear_plan *p, int64_t N,
+                                         const kf__kan_patches *patches) {
+    return make_layout(p, N, patches).bytes;
 }
 
 extern "C" kf_status kf__cuda_kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
-    static const char fn[] = "kf_kan_linear_forward";
+    const kf__kan_patches *pt = c->patches;
+    const char *fn = pt ? "kf_kan_conv2d_forward" : "kf_kan_linear_forward";
     const struct kf_kan_linear_plan *p = c->plan;
     KF_TRY(check_order(p, fn));
     if (c->N <= 0) return KF_OK;
-    const Layout l = make_layout(p, c->N);
+    KF_TRY(check_patches(fn, c->N, pt, p));
+    const Layout l = make_layout(p, c->N, pt);
     KF__CUDA_TRY(fn, cudaSetDevice(ctx->device_index));
-    Prob P = make_prob(p, c->N, c->x, c->grid, c->ws);
+    Prob P = make_prob(p, c->N, pt, c->x, c->grid, c->ws);
     P.inv = kf__at<float>(c->ws, l.off_inv);
     KF_TRY(launch_prep(ctx, fn, P, c->base, c->spline, c->scaler, c->ws, l, true));
     float *part = kf__at<float>(c->ws, l.off_part);
-    if (p->k <= 3) return forward_km<3>(ctx, fn, l, P, c->y, part);
-    return forward_km<kMaxOrder>(ctx, fn, l, P, c->y, part);
+    if (pt) {
+        if (p->k <= 3) return forward_km<3, true>(ctx, fn, l, P, c->y, part);
+        return forward_km<kMaxOrder, true>(ctx, fn, l, P, c->y, part);
+    }
+    if (p->k <= 3) return forward_km<3, false>(ctx, fn, l, P, c->y, part);
+    return forward_km<kMaxOrder, false>(ctx, fn, l, P, c->y, part);
 }
 
 extern "C" kf_status kf__cuda_kan_backward(kf_context *ctx, const kf__kan_bwd *c) {
-    static const char fn[] = "kf_kan_linear_backward";
+    const kf__kan_patches *pt = c->patches;
+    const char *fn = pt ? "kf_kan_conv2d_backward" : "kf_kan_linear_backward";
     const struct kf_kan_linear_plan *p = c->plan;
     KF_TRY(check_order(p, fn));
     if (c->dx == nullptr && c->dbase == nullptr && c->dspline == nullptr &&
         c->dscaler == nullptr)
         return KF_OK;
     if (c->N <= 0) return KF_OK;
-    const Layout l = make_layout(p, c->N);
+    KF_TRY(check_patches(fn, c->N, pt, p));
+    const Layout l = make_layout(p, c->N, pt);
     KF__CUDA_TRY(fn, cudaSetDevice(ctx->device_index));
-    Prob P = make_prob(p, c->N, c->x, c->grid, c->ws);
+    Prob P = make_prob(p, c->N, pt, c->x, c->grid, c->ws);
     P.inv = kf__at<float>(c->ws, l.off_inv);
     KF_TRY(launch_prep(ctx, fn, P, c->base, c->spline, c->scaler, c->ws, l, c->dx != nullptr));
     float *part = kf__at<float>(c->ws, l.off_part);
-    if (p->k <= 3) return backward_km<3>(ctx, fn, l, P, c, part);
-    return backward_km<kMaxOrder>(ctx, fn, l, P, c, part);
+    if (pt) {
+        if (p->k <= 3) return backward_km<3, true>(ctx, fn, l, P, c, part);
+        return backward_km<kMaxOrder, true>(ctx, fn, l, P, c, part);
+    }
+    if (p->k <= 3) return backward_km<3, false>(ctx, fn, l, P, c, part);
+    return backward_km<kMaxOrder, false>(ctx, fn, l, P, c, part);
 }

@@ -80,5 +80,7 @@ if [ -x build/main/benches/kf_bench_rnn ]; then
   stage "benchmark driver smoke run"
   build/main/benches/kf_bench_rnn --cell agru --T 28 --I 28 --H 128 --B 128 --reps 3 --warmup 1
 fi
+stage "KANConv2d benchmark smoke run (small shape, through the Python package)"
+/usr/bin/python3 benches/cpu_kan_conv.py --quick
 
 stage "all tests passed"

@@ -29,7 +29,7 @@ for src in "$root"/capi/src/*.c "$root"/cpu/*.c; do
   objs+=("$obj")
 done
 "$cc" "${flags[@]}" -DKF_CONCURRENCY_STANDALONE -I"$root/tests/c" "$root/tests/c/test_concurrency.c" \
-  "${objs[@]}" "$blas_lib" -lm -lpthread -o "$build/test_concurrency_tsan"
+  "${objs[@]}" "$blas_lib" -l:libgfortran.so.5 -lm -lpthread -o "$build/test_concurrency_tsan"
 
 archer=/usr/lib/llvm-14/lib/libarcher.so
 [[ -f "$archer" ]] && export OMP_TOOL_LIBRARIES=$archer

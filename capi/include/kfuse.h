@@ -53,7 +53,7 @@ extern "C" {
 
 /* ---- version (the build reads these three lines to form the SONAME and package version) - */
 #define KF_VERSION_MAJOR 1
-#define KF_VERSION_MINOR 1
+#define KF_VERSION_MINOR 2
 #define KF_VERSION_PATCH 0
 /* The ABI generation; equals KF_VERSION_MAJOR. */
 #define KF_ABI_VERSION KF_VERSION_MAJOR
@@ -520,6 +520,149 @@ KF_API void kf_kan_linear_backward_args_init(kf_kan_linear_backward_args *args);
 KF_API kf_status kf_kan_linear_backward(kf_kan_linear_plan *plan, kf_grad_mode grad_mode,
                                         const kf_kan_linear_backward_args *args, void *workspace,
                                         size_t workspace_bytes);
+
+/* ---- KAN layers: KANConv2d (unfold + KANLinear) ------------------------------------------- */
+/*
+ * A 2-D convolution whose per-patch map is a KANLinear: x [B, C_in, H, W] is unfolded into the
+ * patches of torch.nn.functional.unfold (kernel kh x kw, stride, zero padding and dilation as in
+ * torch.nn.Conv2d), and KANLinear with in = F = C_in * kh * kw features and out = C_out maps
+ * every patch to one output pixel:
+ *     y[b, :, oh, ow] = KANLinear(patch(b, oh, ow)),
+ *     patch(b, oh, ow)[(c * kh + i) * kw + j] = x[b, c, oh*sh - ph + i*dh, ow*sw - pw + j*dw]
+ * (0 outside the image: padded values go through SiLU and the bases as zeros, exactly as
+ * unfold + KANLinear computes them), with Ho = (H + 2 ph - dh (kh - 1) - 1) / sh + 1 and Wo
+ * likewise (>= 1). The parameters are KANLinear's over F features (kf_kan_linear_desc, with the
+ * feature order above): grid [F, G + 2k + 1], base_weight [C_out, F], spline_weight
+ * [C_out, F, G + k], spline_scaler [C_out, F]. Neither the patches nor the bases are stored for
+ * the batch (an implicit GEMM). x may also be [C_in, H, W] (one image; y is then [C_out, Ho, Wo]),
+ * as torch.nn.Conv2d accepts.
+ */
+typedef struct kf_kan_conv2d_plan kf_kan_conv2d_plan;
+
+typedef struct kf_kan_conv2d_desc {
+    size_t struct_size;            /* sizeof(kf_kan_conv2d_desc) as the caller compiled it */
+    int64_t in_channels;           /* C_in >= 1; no default (0) */
+    int64_t out_channels;          /* C_out >= 1; no default (0) */
+    int32_t kernel_h, kernel_w;    /* >= 1; no default (0) */
+    int32_t stride_h, stride_w;    /* >= 1; default 1 */
+    int32_t pad_h, pad_w;          /* >= 0; default 0 (zeros on each side) */
+    int32_t dilation_h, dilation_w;/* >= 1; default 1 */
+    int32_t grid_size;             /* G >= 1; default 5 */
+    int32_t spline_order;          /* k >= 0; default 3 */
+    int32_t standalone_scale;      /* 1 (default): spline_scaler multiplies spline_weight; 0: none */
+    int32_t dtype;                 /* kf_dtype of every tensor; default (and only) KF_DTYPE_F32 */
+    /* appended in later versions below this line; never reorder or remove */
+} kf_kan_conv2d_desc;
+
+/* Writes the defaults and struct_size into `desc`. Since 1.2. */
+KF_API void kf_kan_conv2d_desc_init(kf_kan_conv2d_desc *desc);
+
+/* Creates a plan bound to `ctx` (which must outlive it). @return KF_OK and *out,
+ * KF_ERR_INVALID_ARGUMENT (message names the field), KF_ERR_UNSUPPORTED, KF_ERR_OUT_OF_MEMORY.
+ * On failure *out is set to NULL (when `out` is not NULL). Since 1.2. */
+KF_API kf_status kf_kan_conv2d_plan_create(kf_context *ctx, const kf_kan_conv2d_desc *desc,
+                                           kf_kan_conv2d_plan **out);
+
+/* Destroys a plan. Accepts NULL. Since 1.2. */
+KF_API void kf_kan_conv2d_plan_destroy(kf_kan_conv2d_plan *plan);
+
+/* Bytes of scratch workspace kf_kan_conv2d_forward() and kf_kan_conv2d_backward() need for a
+ * batch of `batch` images of height x width (batch 1 for an unbatched x). Bounded by tiles, not
+ * by the patches or the bases of the batch. Pure. Since 1.2. */
+KF_API kf_status kf_kan_conv2d_workspace_size(const kf_kan_conv2d_plan *plan, int64_t batch,
+                                              int64_t height, int64_t width,
+                                              size_t *workspace_bytes);
+
+/* Writes efficient-kan's initial knots into `grid` [F, G + 2k + 1], as
+ * kf_kan_linear_uniform_grid() does for F features. Since 1.2. */
+KF_API kf_status kf_kan_conv2d_uniform_grid(const kf_kan_conv2d_plan *plan, float lo, float hi,
+                                            kf_tensor *grid);
+
+typedef struct kf_kan_conv2d_forward_args {
+    size_t struct_size;     /* sizeof(kf_kan_conv2d_forward_args) as the caller compiled it */
+    kf_tensor x;            /* [B, C_in, H, W] or [C_in, H, W] */
+    kf_tensor grid;         /* [F, G + 2k + 1], non-decreasing along each row */
+    kf_tensor base_weight;  /* [C_out, F] */
+    kf_tensor spline_weight;/* [C_out, F, G + k] */
+    kf_tensor spline_scaler;/* [C_out, F]: required with standalone_scale, absent otherwise */
+    kf_tensor y;            /* out [B, C_out, Ho, Wo] (or [C_out, Ho, Wo] for a 3-D x) */
+} kf_kan_conv2d_forward_args;
+
+/* Writes the defaults (all tensors absent) and struct_size into `args`. Since 1.2. */
+KF_API void kf_kan_conv2d_forward_args_init(kf_kan_conv2d_forward_args *args);
+
+/* y for every image of x. Workspace, grid checks and statuses as for kf_kan_linear_forward().
+ * Since 1.2. */
+KF_API kf_status kf_kan_conv2d_forward(kf_kan_conv2d_plan *plan,
+                                       const kf_kan_conv2d_forward_args *args, void *workspace,
+                                       size_t workspace_bytes);
+
+typedef struct kf_kan_conv2d_backward_args {
+    size_t struct_size;      /* sizeof(kf_kan_conv2d_backward_args) as the caller compiled it */
+    kf_tensor x, grid, base_weight, spline_weight, spline_scaler; /* the forward's */
+    kf_tensor dy;            /* y's shape: gradient of the loss w.r.t. y */
+    kf_tensor dx;            /* optional out, x's shape: always overwritten */
+    kf_tensor dbase_weight;  /* optional out [C_out, F]: written or accumulated per kf_grad_mode */
+    kf_tensor dspline_weight;/* optional out [C_out, F, G + k]: likewise */
+    kf_tensor dspline_scaler;/* optional out [C_out, F] (standalone_scale only): likewise */
+} kf_kan_conv2d_backward_args;
+
+/* Writes the defaults and struct_size into `args`. Since 1.2. */
+KF_API void kf_kan_conv2d_backward_args_init(kf_kan_conv2d_backward_args *args);
+
+/* Gradients of x and the parameters. `grad_mode` applies to the parameter gradients. Workspace
+ * and statuses as for kf_kan_conv2d_forward(). Since 1.2. */
+KF_API kf_status kf_kan_conv2d_backward(kf_kan_conv2d_plan *plan, kf_grad_mode grad_mode,
+                                        const kf_kan_conv2d_backward_args *args, void *workspace,
+                                        size_t workspace_bytes);
+
+/* ---- KAN layers: grid update (efficient-kan's update_grid) --------------------------------- */
+/*
+ * Moves each feature's knots to where a batch of inputs lies and refits the splines to them.
+ * Per feature i, with s_0 <= ... <= s_{M-1} its M sample values sorted (M = N rows of x for
+ * KANLinear; M = B Ho Wo patches of x, zero padding included, for KANConv2d):
+ *     h   = (s_{M-1} - s_0 + 2 margin) / G
+ *     g_j = grid_eps (s_0 - margin + j h) + (1 - grid_eps) s_{a_j},   j = 0..G,
+ *           a_j = torch.linspace(0, M - 1, G + 1, dtype=int64) as torch's CPU kernel forms it
+ *           (efficient-kan's quantile indices; not always floor(j (M - 1) / G) once G >= 7)
+ *     grid[i] = (g_0 - k h, ..., g_0 - h, g_0, ..., g_G, g_G + h, ..., g_G + k h)
+ * and spline_weight[:, i, :] becomes the minimum-norm least-squares coefficients (float64, by
+ * SVD: rank-deficient fits, where efficient-kan's lstsq fails, give the minimum-norm solution)
+ * whose splines on the new knots best reproduce, on the samples, the splines of the old
+ * spline_weight on the old knots. spline_scaler and base_weight are unchanged, so the layer's
+ * output on the samples is kept up to the fit (efficient-kan fits the scaled weights and then
+ * scales again; kfuse does not). The knots are formed in float32 in torch's order of operations
+ * (the same bits as kfuse.torch's update_grid). Not a hot path: it synchronises with the
+ * context's stream, allocates and computes on the host, and writes grid and spline_weight only on
+ * success (on a CUDA context a failure of the final copy of spline_weight can leave the new grid
+ * written).
+ */
+typedef struct kf_kan_update_grid_args {
+    size_t struct_size;      /* sizeof(kf_kan_update_grid_args) as the caller compiled it */
+    kf_tensor x;             /* the samples: x as kf_kan_linear_forward() or kf_kan_conv2d_forward()
+                                take it; every value finite */
+    kf_tensor grid;          /* in/out [in, G + 2k + 1] ([F, ...] for KANConv2d) */
+    kf_tensor spline_weight; /* in/out [out, in, G + k] */
+    float margin;            /* >= 0, finite; default 0.01 */
+    float grid_eps;          /* in [0, 1]; default 0.02 */
+    /* appended in later versions below this line; never reorder or remove */
+} kf_kan_update_grid_args;
+
+/* Writes the defaults (tensors absent, margin 0.01, grid_eps 0.02) and struct_size. Since 1.2. */
+KF_API void kf_kan_update_grid_args_init(kf_kan_update_grid_args *args);
+
+/* The grid update for a KANLinear plan. @return KF_OK; KF_ERR_INVALID_ARGUMENT (message names the
+ * argument: also a non-finite x or spline_weight, a grid that is not finite and non-decreasing,
+ * samples spread too wide for finite knots); KF_ERR_UNSUPPORTED (a struct_size newer than the
+ * library's with non-zero trailing fields); KF_ERR_OUT_OF_MEMORY; KF_ERR_INTERNAL (the SVD did
+ * not converge); KF_ERR_DEVICE. Since 1.2. */
+KF_API kf_status kf_kan_linear_update_grid(kf_kan_linear_plan *plan,
+                                           const kf_kan_update_grid_args *args);
+
+/* The grid update for a KANConv2d plan, over the patches of x. Statuses as for
+ * kf_kan_linear_update_grid(). Since 1.2. */
+KF_API kf_status kf_kan_conv2d_update_grid(kf_kan_conv2d_plan *plan,
+                                           const kf_kan_update_grid_args *args);
 
 #ifdef __cplusplus
 } /* extern "C" */

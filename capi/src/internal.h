@@ -67,6 +67,9 @@ kf_status kf__check_struct_size(const char *fn, const char *arg, const void *s, 
 kf_status kf__check_tensor(const kf_context *ctx, const char *fn, const char *arg,
                            const kf_tensor *t, kf_dtype dtype, int32_t ndim, int64_t *shape,
                            bool optional, bool *present);
+/* grad_mode is KF_GRAD_OVERWRITE or KF_GRAD_ACCUMULATE. */
+kf_status kf__check_grad_mode(const char *fn, kf_grad_mode grad_mode);
+
 /* A float32 row tensor [..., width] of a layer whose input has any leading dims: `ndim` < 0
  * takes the tensor's own rank (1..KF_MAX_DIMS) with free leading extents; otherwise the rank is
  * `ndim` and the leading extents must equal `lead` (ndim - 1 of them). `shape` (KF_MAX_DIMS

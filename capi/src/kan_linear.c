@@ -38,6 +38,45 @@ KF_API void kf_kan_linear_backward_args_init(kf_kan_linear_backward_args *args) 
     *args = a;
 }
 
+kf_status kf__kan_plan_init(const char *fn, kf_context *ctx, int64_t in, int64_t out, int32_t G,
+                            int32_t k, int32_t standalone_scale, int32_t dtype,
+                            struct kf_kan_linear_plan *p) {
+    KF_CHECK_FN(fn, G >= 1, KF_ERR_INVALID_ARGUMENT, "desc->grid_size = %d, expected >= 1", (int)G);
+    KF_CHECK_FN(fn, k >= 0, KF_ERR_INVALID_ARGUMENT, "desc->spline_order = %d, expected >= 0",
+                (int)k);
+    KF_CHECK_FN(fn, standalone_scale == 0 || standalone_scale == 1, KF_ERR_INVALID_ARGUMENT,
+                "desc->standalone_scale = %d, expected 0 or 1", (int)standalone_scale);
+    KF_CHECK_FN(fn, dtype == KF_DTYPE_F32, KF_ERR_UNSUPPORTED,
+                "desc->dtype = %d, only KF_DTYPE_F32 (1) is implemented", (int)dtype);
+    /* Knots per feature and the combined operand's width K = in * (C + 1) within int32, and the
+     * buffers a call derives from the plan addressable (in doubles, for headroom): the combined
+     * weight [out, K] and the knot reciprocals [in, k, nk]. */
+    const int64_t nk = (int64_t)G + 2 * (int64_t)k + 1, cw = (int64_t)G + k + 1;
+    int64_t K = 0;
+    size_t bytes, inv_bytes;
+    bool ok = nk <= KF__KAN_MAX_EXTENT && !__builtin_mul_overflow(in, cw, &K) &&
+              K <= KF__KAN_MAX_EXTENT && kf__mul_size((size_t)K, (size_t)out, &bytes) &&
+              kf__mul_size(bytes, 8, &bytes) && bytes <= (size_t)INT64_MAX &&
+              kf__mul_size((size_t)(in * k), (size_t)nk, &inv_bytes) &&
+              kf__mul_size(inv_bytes, 8, &inv_bytes) && inv_bytes <= (size_t)INT64_MAX;
+    KF_CHECK_FN(fn, ok, KF_ERR_INVALID_ARGUMENT,
+                "desc->grid_size = %d and spline_order = %d with %" PRId64 " input and %" PRId64
+                " output features make the layer too large (features * (grid_size + "
+                "spline_order + 1) must be <= %d and its weights addressable)", (int)G, (int)k,
+                in, out, KF__KAN_MAX_EXTENT);
+    p->ctx = ctx;
+    p->in = in;
+    p->out = out;
+    p->G = G;
+    p->k = k;
+    p->C = (int64_t)G + k;
+    p->nk = nk;
+    p->cw = cw;
+    p->K = K;
+    p->scaled = standalone_scale == 1;
+    return KF_OK;
+}
+
 KF_API kf_status kf_kan_linear_plan_create(kf_context *ctx, const kf_kan_linear_desc *desc,
                                            kf_kan_linear_plan **out) {
     kf__clear_error();
@@ -51,45 +90,14 @@ KF_API kf_status kf_kan_linear_plan_create(kf_context *ctx, const kf_kan_linear_
     KF_CHECK(desc->out_features >= 1 && desc->out_features <= KF__KAN_MAX_EXTENT,
              KF_ERR_INVALID_ARGUMENT, "desc->out_features = %" PRId64 ", expected 1..%d",
              desc->out_features, KF__KAN_MAX_EXTENT);
-    KF_CHECK(desc->grid_size >= 1, KF_ERR_INVALID_ARGUMENT, "desc->grid_size = %d, expected >= 1",
-             (int)desc->grid_size);
-    KF_CHECK(desc->spline_order >= 0, KF_ERR_INVALID_ARGUMENT,
-             "desc->spline_order = %d, expected >= 0", (int)desc->spline_order);
-    KF_CHECK(desc->standalone_scale == 0 || desc->standalone_scale == 1, KF_ERR_INVALID_ARGUMENT,
-             "desc->standalone_scale = %d, expected 0 or 1", (int)desc->standalone_scale);
-    KF_CHECK(desc->dtype == KF_DTYPE_F32, KF_ERR_UNSUPPORTED,
-             "desc->dtype = %d, only KF_DTYPE_F32 (1) is implemented", (int)desc->dtype);
-    /* Knots per feature and the combined operand's width K = in * (C + 1) within int32, and the
-     * buffers a call derives from the plan addressable (in doubles, for headroom): the combined
-     * weight [out, K] and the knot reciprocals [in, k, nk]. */
-    const int64_t G = desc->grid_size, k = desc->spline_order;
-    const int64_t nk = G + 2 * k + 1, cw = G + k + 1;
-    int64_t K = 0;
-    size_t bytes, inv_bytes;
-    bool ok = nk <= KF__KAN_MAX_EXTENT &&
-              !__builtin_mul_overflow(desc->in_features, cw, &K) && K <= KF__KAN_MAX_EXTENT &&
-              kf__mul_size((size_t)K, (size_t)desc->out_features, &bytes) &&
-              kf__mul_size(bytes, 8, &bytes) && bytes <= (size_t)INT64_MAX &&
-              kf__mul_size((size_t)(desc->in_features * k), (size_t)nk, &inv_bytes) &&
-              kf__mul_size(inv_bytes, 8, &inv_bytes) && inv_bytes <= (size_t)INT64_MAX;
-    KF_CHECK(ok, KF_ERR_INVALID_ARGUMENT,
-             "desc->grid_size = %d and spline_order = %d with %" PRId64 " input and %" PRId64
-             " output features make the layer too large (in * (grid_size + spline_order + 1) "
-             "must be <= %d and its weights addressable)", (int)desc->grid_size,
-             (int)desc->spline_order, desc->in_features, desc->out_features, KF__KAN_MAX_EXTENT);
-    kf_kan_linear_plan *p = calloc(1, sizeof *p);
-    KF_CHECK(p != NULL, KF_ERR_OUT_OF_MEMORY, "cannot allocate the plan");
-    p->ctx = ctx;
-    p->in = desc->in_features;
-    p->out = desc->out_features;
-    p->G = desc->grid_size;
-    p->k = desc->spline_order;
-    p->C = G + k;
-    p->nk = nk;
-    p->cw = cw;
-    p->K = K;
-    p->scaled = desc->standalone_scale == 1;
-    *out = p;
+    struct kf_kan_linear_plan p = {0};
+    KF_TRY(kf__kan_plan_init(__func__, ctx, desc->in_features, desc->out_features,
+                             desc->grid_size, desc->spline_order, desc->standalone_scale,
+                             desc->dtype, &p));
+    kf_kan_linear_plan *h = malloc(sizeof *h);
+    KF_CHECK(h != NULL, KF_ERR_OUT_OF_MEMORY, "cannot allocate the plan");
+    *h = p;
+    *out = h;
     return KF_OK;
 }
 
@@ -97,7 +105,7 @@ KF_API void kf_kan_linear_plan_destroy(kf_kan_linear_plan *plan) { free(plan); }
 
 /* N within limits and every size derived from it representable: the row tensors hold
  * N * (in + out) floats (checked in doubles, for headroom). */
-static kf_status kf__kan_check_rows(const char *fn, const kf_kan_linear_plan *p, int64_t N) {
+kf_status kf__kan_check_rows(const char *fn, const struct kf_kan_linear_plan *p, int64_t N) {
     KF_CHECK_FN(fn, N >= 1 && N <= KF__KAN_MAX_EXTENT, KF_ERR_INVALID_ARGUMENT,
                 "N = %" PRId64 " rows, expected 1..%d", N, KF__KAN_MAX_EXTENT);
     size_t bytes;
@@ -108,12 +116,12 @@ static kf_status kf__kan_check_rows(const char *fn, const kf_kan_linear_plan *p,
     return KF_OK;
 }
 
-/* The backend's workspace for N rows. */
-static size_t kf__kan_workspace(const kf_kan_linear_plan *p, int64_t N) {
+size_t kf__kan_workspace(const struct kf_kan_linear_plan *p, int64_t N,
+                         const kf__kan_patches *patches) {
 #ifdef KF_HAVE_CUDA
-    if (p->ctx->device_type == KF_DEVICE_CUDA) return kf__cuda_kan_workspace(p, N);
+    if (p->ctx->device_type == KF_DEVICE_CUDA) return kf__cuda_kan_workspace(p, N, patches);
 #endif
-    return kf__cpu_kan_workspace(p, N);
+    return kf__cpu_kan_workspace(p, N, patches);
 }
 
 KF_API kf_status kf_kan_linear_workspace_size(const kf_kan_linear_plan *plan, int64_t N,
@@ -121,15 +129,12 @@ KF_API kf_status kf_kan_linear_workspace_size(const kf_kan_linear_plan *plan, in
     kf__clear_error();
     KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
     KF_TRY(kf__kan_check_rows(__func__, plan, N));
-    if (workspace_bytes) *workspace_bytes = kf__kan_workspace(plan, N);
+    if (workspace_bytes) *workspace_bytes = kf__kan_workspace(plan, N, NULL);
     return KF_OK;
 }
 
-/* Every knot finite and each feature's row non-decreasing. Reads the grid, so CPU contexts only
- * (on a CUDA context it would need a synchronisation; kfuse.h leaves such a grid unspecified). */
-static kf_status kf__kan_check_grid_values(const kf_kan_linear_plan *p, const char *fn,
-                                           const char *arg, const float *grid) {
-    if (p->ctx->device_type != KF_DEVICE_CPU) return KF_OK;
+kf_status kf__kan_check_grid_host(const struct kf_kan_linear_plan *p, const char *fn,
+                                  const char *arg, const float *grid) {
     for (int64_t i = 0; i < p->in; ++i) {
         const float *t = grid + i * p->nk;
         for (int64_t j = 0; j < p->nk; ++j)
@@ -146,12 +151,10 @@ static kf_status kf__kan_check_grid_values(const kf_kan_linear_plan *p, const ch
     return KF_OK;
 }
 
-/* The grid and the parameters forward and backward share, checked against the plan. */
-static kf_status kf__kan_check_params(const kf_kan_linear_plan *p, const char *fn,
-                                      const kf_tensor *grid, const kf_tensor *base,
-                                      const kf_tensor *spline, const kf_tensor *scaler,
-                                      const float **g, const float **bw, const float **sw,
-                                      const float **sc) {
+kf_status kf__kan_check_params(const struct kf_kan_linear_plan *p, const char *fn,
+                               const kf_tensor *grid, const kf_tensor *base,
+                               const kf_tensor *spline, const kf_tensor *scaler, const float **g,
+                               const float **bw, const float **sw, const float **sc) {
     bool present;
     int64_t gs[2] = {p->in, p->nk}, oi[2] = {p->out, p->in}, oic[3] = {p->out, p->in, p->C};
     KF_TRY(kf__check_tensor(p->ctx, fn, "args->grid", grid, KF_DTYPE_F32, 2, gs, false, &present));
@@ -164,10 +167,57 @@ static kf_status kf__kan_check_params(const kf_kan_linear_plan *p, const char *f
     int64_t ss[2] = {p->out, p->in};
     KF_TRY(kf__check_tensor(p->ctx, fn, "args->spline_scaler", scaler, KF_DTYPE_F32, 2, ss,
                             !p->scaled, &present));
-    KF_TRY(kf__kan_check_grid_values(p, fn, "args->grid", grid->data));
+    /* The knots are read on CPU contexts only: on a CUDA context that would need a
+     * synchronisation (kfuse.h leaves such a grid's result unspecified). */
+    if (p->ctx->device_type == KF_DEVICE_CPU)
+        KF_TRY(kf__kan_check_grid_host(p, fn, "args->grid", grid->data));
     *g = grid->data, *bw = base->data, *sw = spline->data;
     *sc = present ? scaler->data : NULL;
     return KF_OK;
+}
+
+kf_status kf__kan_check_grads(const struct kf_kan_linear_plan *p, const char *fn,
+                              const kf_tensor *dbase, const kf_tensor *dspline,
+                              const kf_tensor *dscaler, kf__kan_bwd *c) {
+    bool present;
+    int64_t oi[2] = {p->out, p->in}, oic[3] = {p->out, p->in, p->C};
+    KF_TRY(kf__check_tensor(p->ctx, fn, "args->dbase_weight", dbase, KF_DTYPE_F32, 2, oi, true,
+                            &present));
+    c->dbase = present ? dbase->data : NULL;
+    KF_TRY(kf__check_tensor(p->ctx, fn, "args->dspline_weight", dspline, KF_DTYPE_F32, 3, oic,
+                            true, &present));
+    c->dspline = present ? dspline->data : NULL;
+    KF_CHECK_FN(fn, p->scaled || dscaler->data == NULL, KF_ERR_INVALID_ARGUMENT,
+                "args->dspline_scaler is given but the plan has no spline_scaler "
+                "(desc->standalone_scale = 0)");
+    KF_TRY(kf__check_tensor(p->ctx, fn, "args->dspline_scaler", dscaler, KF_DTYPE_F32, 2, oi,
+                            true, &present));
+    c->dscaler = present ? dscaler->data : NULL;
+    return KF_OK;
+}
+
+kf_status kf__kan_run_forward(const char *fn, kf__kan_fwd *c, void *workspace,
+                              size_t workspace_bytes) {
+    kf_context *ctx = c->plan->ctx;
+    size_t need = kf__kan_workspace(c->plan, c->N, c->patches);
+    KF_TRY(kf__workspace_select(ctx, fn, workspace, workspace_bytes, need, &c->ws));
+    c->ws_bytes = need;
+#ifdef KF_HAVE_CUDA
+    if (ctx->device_type == KF_DEVICE_CUDA) return kf__cuda_kan_forward(ctx, c);
+#endif
+    return kf__cpu_kan_forward(ctx, c);
+}
+
+kf_status kf__kan_run_backward(const char *fn, kf__kan_bwd *c, void *workspace,
+                               size_t workspace_bytes) {
+    kf_context *ctx = c->plan->ctx;
+    size_t need = kf__kan_workspace(c->plan, c->N, c->patches);
+    KF_TRY(kf__workspace_select(ctx, fn, workspace, workspace_bytes, need, &c->ws));
+    c->ws_bytes = need;
+#ifdef KF_HAVE_CUDA
+    if (ctx->device_type == KF_DEVICE_CUDA) return kf__cuda_kan_backward(ctx, c);
+#endif
+    return kf__cpu_kan_backward(ctx, c);
 }
 
 KF_API kf_status kf_kan_linear_forward(kf_kan_linear_plan *plan,
@@ -179,21 +229,15 @@ KF_API kf_status kf_kan_linear_forward(kf_kan_linear_plan *plan,
     int64_t xs[KF_MAX_DIMS], ys[KF_MAX_DIMS], N;
     bool present;
     KF_TRY(kf__check_row_tensor(plan->ctx, __func__, "args->x", &args->x, -1, NULL, plan->in,
-                                     false, xs, &present, &N));
+                                false, xs, &present, &N));
     KF_TRY(kf__kan_check_rows(__func__, plan, N));
     kf__kan_fwd c = {.plan = plan, .N = N, .x = args->x.data, .y = args->y.data};
     KF_TRY(kf__kan_check_params(plan, __func__, &args->grid, &args->base_weight,
                                 &args->spline_weight, &args->spline_scaler, &c.grid, &c.base,
                                 &c.spline, &c.scaler));
     KF_TRY(kf__check_row_tensor(plan->ctx, __func__, "args->y", &args->y, args->x.ndim, xs,
-                                     plan->out, false, ys, &present, NULL));
-    size_t need = kf__kan_workspace(plan, N);
-    KF_TRY(kf__workspace_select(plan->ctx, __func__, workspace, workspace_bytes, need, &c.ws));
-    c.ws_bytes = need;
-#ifdef KF_HAVE_CUDA
-    if (plan->ctx->device_type == KF_DEVICE_CUDA) return kf__cuda_kan_forward(plan->ctx, &c);
-#endif
-    return kf__cpu_kan_forward(plan->ctx, &c);
+                                plan->out, false, ys, &present, NULL));
+    return kf__kan_run_forward(__func__, &c, workspace, workspace_bytes);
 }
 
 KF_API kf_status kf_kan_linear_backward(kf_kan_linear_plan *plan, kf_grad_mode grad_mode,
@@ -201,14 +245,12 @@ KF_API kf_status kf_kan_linear_backward(kf_kan_linear_plan *plan, kf_grad_mode g
                                         size_t workspace_bytes) {
     kf__clear_error();
     KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
-    KF_CHECK(grad_mode == KF_GRAD_OVERWRITE || grad_mode == KF_GRAD_ACCUMULATE,
-             KF_ERR_INVALID_ARGUMENT, "grad_mode = %d, expected KF_GRAD_OVERWRITE (1) or "
-             "KF_GRAD_ACCUMULATE (2)", (int)grad_mode);
+    KF_TRY(kf__check_grad_mode(__func__, grad_mode));
     KF_TRY(kf__check_struct_size(__func__, "args", args, sizeof(kf_kan_linear_backward_args)));
     int64_t xs[KF_MAX_DIMS], s[KF_MAX_DIMS], N;
     bool present;
     KF_TRY(kf__check_row_tensor(plan->ctx, __func__, "args->x", &args->x, -1, NULL, plan->in,
-                                     false, xs, &present, &N));
+                                false, xs, &present, &N));
     KF_TRY(kf__kan_check_rows(__func__, plan, N));
     kf__kan_bwd c = {.plan = plan, .N = N, .x = args->x.data,
                      .accumulate = grad_mode == KF_GRAD_ACCUMULATE};
@@ -217,47 +259,27 @@ KF_API kf_status kf_kan_linear_backward(kf_kan_linear_plan *plan, kf_grad_mode g
                                 &c.spline, &c.scaler));
     int32_t nd = args->x.ndim;
     KF_TRY(kf__check_row_tensor(plan->ctx, __func__, "args->dy", &args->dy, nd, xs, plan->out,
-                                     false, s, &present, NULL));
+                                false, s, &present, NULL));
     c.dy = args->dy.data;
     KF_TRY(kf__check_row_tensor(plan->ctx, __func__, "args->dx", &args->dx, nd, xs, plan->in,
-                                     true, s, &present, NULL));
+                                true, s, &present, NULL));
     c.dx = present ? args->dx.data : NULL;
-    int64_t oi[2] = {plan->out, plan->in}, oic[3] = {plan->out, plan->in, plan->C};
-    KF_TRY(kf__check_tensor(plan->ctx, __func__, "args->dbase_weight", &args->dbase_weight,
-                            KF_DTYPE_F32, 2, oi, true, &present));
-    c.dbase = present ? args->dbase_weight.data : NULL;
-    KF_TRY(kf__check_tensor(plan->ctx, __func__, "args->dspline_weight", &args->dspline_weight,
-                            KF_DTYPE_F32, 3, oic, true, &present));
-    c.dspline = present ? args->dspline_weight.data : NULL;
-    KF_CHECK(plan->scaled || args->dspline_scaler.data == NULL, KF_ERR_INVALID_ARGUMENT,
-             "args->dspline_scaler is given but the plan has no spline_scaler "
-             "(desc->standalone_scale = 0)");
-    KF_TRY(kf__check_tensor(plan->ctx, __func__, "args->dspline_scaler", &args->dspline_scaler,
-                            KF_DTYPE_F32, 2, oi, true, &present));
-    c.dscaler = present ? args->dspline_scaler.data : NULL;
-    size_t need = kf__kan_workspace(plan, N);
-    KF_TRY(kf__workspace_select(plan->ctx, __func__, workspace, workspace_bytes, need, &c.ws));
-    c.ws_bytes = need;
-#ifdef KF_HAVE_CUDA
-    if (plan->ctx->device_type == KF_DEVICE_CUDA) return kf__cuda_kan_backward(plan->ctx, &c);
-#endif
-    return kf__cpu_kan_backward(plan->ctx, &c);
+    KF_TRY(kf__kan_check_grads(plan, __func__, &args->dbase_weight, &args->dspline_weight,
+                               &args->dspline_scaler, &c));
+    return kf__kan_run_backward(__func__, &c, workspace, workspace_bytes);
 }
 
 /* ---- initial grid -------------------------------------------------------------------------- */
 
-KF_API kf_status kf_kan_linear_uniform_grid(const kf_kan_linear_plan *plan, float lo, float hi,
-                                            kf_tensor *grid) {
-    kf__clear_error();
-    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
-    KF_CHECK(grid != NULL, KF_ERR_INVALID_ARGUMENT, "grid is NULL");
-    KF_CHECK(isfinite(lo) && isfinite(hi) && lo < hi, KF_ERR_INVALID_ARGUMENT,
-             "lo = %g, hi = %g, expected finite lo < hi (efficient-kan's grid_range)", (double)lo,
-             (double)hi);
+kf_status kf__kan_uniform_grid(const char *fn, const struct kf_kan_linear_plan *plan, float lo,
+                               float hi, kf_tensor *grid) {
+    KF_CHECK_FN(fn, grid != NULL, KF_ERR_INVALID_ARGUMENT, "grid is NULL");
+    KF_CHECK_FN(fn, isfinite(lo) && isfinite(hi) && lo < hi, KF_ERR_INVALID_ARGUMENT,
+                "lo = %g, hi = %g, expected finite lo < hi (efficient-kan's grid_range)",
+                (double)lo, (double)hi);
     bool present;
     int64_t gs[2] = {plan->in, plan->nk};
-    KF_TRY(kf__check_tensor(plan->ctx, __func__, "grid", grid, KF_DTYPE_F32, 2, gs, false,
-                            &present));
+    KF_TRY(kf__check_tensor(plan->ctx, fn, "grid", grid, KF_DTYPE_F32, 2, gs, false, &present));
     if (plan->ctx->device_type == KF_DEVICE_CPU) {
         kf__kan_uniform_grid_host(plan, lo, hi, grid->data);
         return KF_OK;
@@ -265,13 +287,20 @@ KF_API kf_status kf_kan_linear_uniform_grid(const kf_kan_linear_plan *plan, floa
 #ifdef KF_HAVE_CUDA
     size_t bytes = (size_t)(plan->in * plan->nk) * sizeof(float);
     float *host = malloc(bytes);
-    KF_CHECK(host != NULL, KF_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of host staging",
-             bytes);
+    KF_CHECK_FN(fn, host != NULL, KF_ERR_OUT_OF_MEMORY,
+                "cannot allocate %zu bytes of host staging", bytes);
     kf__kan_uniform_grid_host(plan, lo, hi, host);
-    kf_status s = kf__cuda_copy(plan->ctx, __func__, grid->data, host, bytes, true);
+    kf_status s = kf__cuda_copy(plan->ctx, fn, grid->data, host, bytes, true);
     free(host);
     return s;
 #else
-    return kf__error(KF_ERR_UNSUPPORTED, __func__, "this build has no CUDA backend");
+    return kf__error(KF_ERR_UNSUPPORTED, fn, "this build has no CUDA backend");
 #endif
+}
+
+KF_API kf_status kf_kan_linear_uniform_grid(const kf_kan_linear_plan *plan, float lo, float hi,
+                                            kf_tensor *grid) {
+    kf__clear_error();
+    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
+    return kf__kan_uniform_grid(__func__, plan, lo, hi, grid);
 }

@@ -350,9 +350,7 @@ KF_API kf_status kf_rnn_backward(kf_rnn_plan *plan, kf_grad_mode grad_mode,
                                  size_t reserve_bytes) {
     kf__clear_error();
     KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
-    KF_CHECK(grad_mode == KF_GRAD_OVERWRITE || grad_mode == KF_GRAD_ACCUMULATE,
-             KF_ERR_INVALID_ARGUMENT, "grad_mode = %d, expected KF_GRAD_OVERWRITE (1) or "
-             "KF_GRAD_ACCUMULATE (2)", (int)grad_mode);
+    KF_TRY(kf__check_grad_mode(__func__, grad_mode));
     KF_TRY(kf__check_struct_size(__func__, "args", args, sizeof(kf_rnn_backward_args)));
     kf__rnn_inputs in;
     KF_TRY(kf__rnn_check_inputs(__func__, plan, &args->x, &args->h0, args->weights,

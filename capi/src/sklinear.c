@@ -188,9 +188,7 @@ KF_API kf_status kf_sklinear_backward(kf_sklinear_plan *plan, kf_grad_mode grad_
                                       size_t workspace_bytes) {
     kf__clear_error();
     KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
-    KF_CHECK(grad_mode == KF_GRAD_OVERWRITE || grad_mode == KF_GRAD_ACCUMULATE,
-             KF_ERR_INVALID_ARGUMENT, "grad_mode = %d, expected KF_GRAD_OVERWRITE (1) or "
-             "KF_GRAD_ACCUMULATE (2)", (int)grad_mode);
+    KF_TRY(kf__check_grad_mode(__func__, grad_mode));
     KF_TRY(kf__check_struct_size(__func__, "args", args, sizeof(kf_sklinear_backward_args)));
     int64_t xs[KF_MAX_DIMS], s[KF_MAX_DIMS], N;
     bool present;

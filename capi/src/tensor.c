@@ -133,3 +133,10 @@ kf_status kf__check_row_tensor(const kf_context *ctx, const char *fn, const char
     if (rows) *rows = n;
     return KF_OK;
 }
+
+kf_status kf__check_grad_mode(const char *fn, kf_grad_mode grad_mode) {
+    KF_CHECK_FN(fn, grad_mode == KF_GRAD_OVERWRITE || grad_mode == KF_GRAD_ACCUMULATE,
+                KF_ERR_INVALID_ARGUMENT, "grad_mode = %d, expected KF_GRAD_OVERWRITE (1) or "
+                "KF_GRAD_ACCUMULATE (2)", (int)grad_mode);
+    return KF_OK;
+}

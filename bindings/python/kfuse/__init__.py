@@ -4,11 +4,12 @@
     kfuse.SkLinearPlan               the same over the SKLinear (sketched linear layer) handle
                                      (kfuse.sklinear)
     kfuse.KanLinearPlan              the same over the KANLinear (efficient-kan) handle (kfuse.kan)
+    kfuse.KanConv2dPlan              the same over the KANConv2d (unfold + KANLinear) handle
     kfuse.KfuseError and subclasses  one per kf_status, carrying .status and the library's message
     kfuse.numpy                      rnn_forward / rnn_backward, sklinear_* and kan_linear_* on
                                      numpy arrays
-    kfuse.torch                      GRU, AGRU, SKLinear and KANLinear nn.Modules (imported on
-                                     demand; needs PyTorch)
+    kfuse.torch                      GRU, AGRU, SKLinear, KANLinear and KANConv2d nn.Modules
+                                     (imported on demand; needs PyTorch)
 
 Every op runs in the one C implementation; nothing here re-validates arguments or computes.
 """
@@ -18,9 +19,9 @@ from kfuse._lowlevel import (  # noqa: F401
     version, version_string, thread_context,
 )
 from kfuse.sklinear import SkLinearPlan  # noqa: F401
-from kfuse.kan import KanLinearPlan  # noqa: F401
+from kfuse.kan import KanConv2dPlan, KanLinearPlan  # noqa: F401
 
-__version__ = "1.1.0"
+__version__ = "1.2.0"
 
 
 def __getattr__(name):

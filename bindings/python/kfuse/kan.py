@@ -1,12 +1,18 @@
-"""Thin Python object over kfuse's KAN linear layer (KANLinear, efficient-kan's layer): the
-kf_kan_linear_* part of capi/include/kfuse.h.
+"""Thin Python objects over kfuse's KAN layers: KANLinear (efficient-kan's layer), the
+kf_kan_linear_* part of capi/include/kfuse.h, and KANConv2d (unfold + KANLinear as an implicit
+GEMM), its kf_kan_conv2d_* part.
 
     plan = KanLinearPlan(ctx, in_features, out_features, grid_size=5, spline_order=3,
                          standalone_scale=True)
-    plan.param_info      [("base_weight", (out, in)), ("spline_weight", (out, in, G+k)),
-                          ("spline_scaler", (out, in)), ("grid", (in, G+2k+1))]
-                         (efficient-kan's state_dict order: parameters, then the grid buffer)
+    plan = KanConv2dPlan(ctx, in_channels, out_channels, kernel_size, stride=1, padding=0,
+                         dilation=1, grid_size=5, spline_order=3, standalone_scale=True)
+    plan.param_info      [("base_weight", (out, F)), ("spline_weight", (out, F, G+k)),
+                          ("spline_scaler", (out, F)), ("grid", (F, G+2k+1))]
+                         (efficient-kan's state_dict order: parameters, then the grid buffer;
+                         F = in_features, or in_channels * kh * kw for the convolution)
     plan.uniform_grid(lo, hi, grid)
+    plan.output_shape(x_shape)                     y's shape for an x of that shape
+    plan.workspace_size(N) / plan.workspace_size(batch, height, width)
     plan.forward(x, grid, base_weight, spline_weight, y, spline_scaler=None)
     plan.backward(x, grid, base_weight, spline_weight, dy, spline_scaler=None, dx=None,
                   dbase_weight=None, dspline_weight=None, dspline_scaler=None)
@@ -15,52 +21,66 @@ As in kfuse._lowlevel and kfuse.sklinear, tensors are TensorRefs or (ptr, kf_dty
 strides) tuples (None = absent) and nothing is validated or computed here: every check is the
 library's, and a failing status becomes a KfuseError subclass with the library's message. The
 GIL is released during each C call. The numpy front end is kfuse.numpy.kan_linear_*; the PyTorch
-drop-in is kfuse.torch.KANLinear.
+drop-ins are kfuse.torch.KANLinear and kfuse.torch.KANConv2d.
 """
 from kfuse._lowlevel import DTYPE_F32, TensorRef, _buffer, _fill_tensor, check, ffi, lib
 from kfuse.sklinear import _fill_args, _packed_layout
 
-__all__ = ["KanLinearPlan", "PARAM_NAMES"]
+__all__ = ["KanLinearPlan", "KanConv2dPlan", "PARAM_NAMES"]
 
 # efficient-kan's parameter and buffer names, in its state_dict order (parameters, then buffers).
 PARAM_NAMES = ("base_weight", "spline_weight", "spline_scaler", "grid")
 
+# The forward and backward argument structs of both layers hold the same kf_tensor fields.
 _FWD_FIELDS = ("x", "grid", "base_weight", "spline_weight", "spline_scaler", "y")
 _BWD_FIELDS = ("x", "grid", "base_weight", "spline_weight", "spline_scaler", "dy", "dx",
                "dbase_weight", "dspline_weight", "dspline_scaler")
 
 _FWD_STRUCT = _packed_layout("kf_kan_linear_forward_args", _FWD_FIELDS)
 _BWD_STRUCT = _packed_layout("kf_kan_linear_backward_args", _BWD_FIELDS)
+_CONV_FWD_STRUCT = _packed_layout("kf_kan_conv2d_forward_args", _FWD_FIELDS)
+_CONV_BWD_STRUCT = _packed_layout("kf_kan_conv2d_backward_args", _BWD_FIELDS)
 
 
-class KanLinearPlan:
-    """A kf_kan_linear_plan bound to a Context, which it keeps alive.
+def _pair(v, name, owner="kfuse.KanConv2dPlan"):
+    """An int or a pair of ints (torch.nn.Conv2d's convention) as a 2-tuple of ints; the values
+    are the library's to check."""
+    if isinstance(v, str):
+        raise ValueError("%s: %s must be an int or a pair of ints, got %r (string paddings such "
+                         "as 'same' are not supported)" % (owner, name, v))
+    if isinstance(v, (tuple, list)):
+        if len(v) != 2:
+            raise ValueError("%s: %s must be an int or a pair of ints, got %r" % (owner, name, v))
+        return int(v[0]), int(v[1])
+    return int(v), int(v)
 
-    KanLinearPlan(ctx, in_features, out_features, grid_size=5, spline_order=3,
-                  standalone_scale=True, dtype=DTYPE_F32). Descriptor checks are the library's
-    (InvalidArgument naming the field; Unsupported for a dtype other than f32)."""
 
-    def __init__(self, ctx, in_features, out_features, grid_size=5, spline_order=3,
-                 standalone_scale=True, dtype=DTYPE_F32):
-        desc = ffi.new("kf_kan_linear_desc *")
-        lib.kf_kan_linear_desc_init(desc)
-        desc.in_features = int(in_features)
-        desc.out_features = int(out_features)
+class _KanPlan:
+    """What KanLinearPlan and KanConv2dPlan share: the kf_kan_<layer>_* calls that differ only
+    by prefix, the parameter layout over F features, and the plan's lifetime."""
+
+    _prefix = None       # "kf_kan_linear" or "kf_kan_conv2d"
+    _structs = None      # (forward args layout, backward args layout)
+
+    def _create(self, ctx, grid_size, spline_order, standalone_scale, dtype, fill):
+        p = self._prefix
+        desc = ffi.new(p + "_desc *")
+        getattr(lib, p + "_desc_init")(desc)
+        fill(desc)
         desc.grid_size = int(grid_size)
         desc.spline_order = int(spline_order)
         desc.standalone_scale = 1 if standalone_scale else 0
         desc.dtype = int(dtype)
-        out = ffi.new("kf_kan_linear_plan **")
-        check(lib.kf_kan_linear_plan_create(ctx.ptr, desc, out))
+        out = ffi.new(p + "_plan **")
+        check(getattr(lib, p + "_plan_create")(ctx.ptr, desc, out))
         ctx_ptr = ctx.ptr  # the closure keeps the context alive until the plan is destroyed
+        destroy = getattr(lib, p + "_plan_destroy")
 
-        def _destroy(p, _ctx=ctx_ptr):
-            lib.kf_kan_linear_plan_destroy(p)
+        def _destroy(ptr, _ctx=ctx_ptr):
+            destroy(ptr)
 
         self._ptr = ffi.gc(out[0], _destroy)
         self.ctx = ctx
-        self.in_features = int(in_features)
-        self.out_features = int(out_features)
         self.grid_size = int(grid_size)
         self.spline_order = int(spline_order)
         self.standalone_scale = bool(standalone_scale)
@@ -68,7 +88,7 @@ class KanLinearPlan:
 
     @property
     def num_coeffs(self):
-        """C = G + k coefficients per (output, input) pair."""
+        """C = G + k coefficients per (output, input feature) pair."""
         return self.grid_size + self.spline_order
 
     @property
@@ -80,7 +100,7 @@ class KanLinearPlan:
     def param_info(self):
         """[(name, shape), ...] of the layer's tensors in efficient-kan's state_dict order
         (base_weight, spline_weight, spline_scaler when the plan has a standalone scale, then the
-        grid buffer)."""
+        grid buffer), over F = in_features features."""
         i, o = self.in_features, self.out_features
         shapes = {"base_weight": (o, i), "spline_weight": (o, i, self.num_coeffs),
                   "spline_scaler": (o, i), "grid": (i, self.num_knots)}
@@ -91,49 +111,182 @@ class KanLinearPlan:
     def param_names(self):
         return [n for n, _ in self.param_info]
 
-    def workspace_size(self, N):
-        """Bytes of scratch workspace forward() and backward() need for N rows
-        (kf_kan_linear_workspace_size)."""
-        ws = ffi.new("size_t *")
-        check(lib.kf_kan_linear_workspace_size(self._ptr, int(N), ws))
-        return int(ws[0])
-
     def uniform_grid(self, lo, hi, grid):
-        """kf_kan_linear_uniform_grid: writes efficient-kan's initial knots
-        lo + (j - k) (hi - lo) / G into every row of `grid` [in, G + 2k + 1] (a TensorRef or
+        """kf_kan_<layer>_uniform_grid: writes efficient-kan's initial knots
+        lo + (j - k) (hi - lo) / G into every row of `grid` [F, G + 2k + 1] (a TensorRef or
         tuple; memory of the context's device), with the bits torch gives that buffer."""
         t = ffi.new("kf_tensor *")
         _fill_tensor(t, TensorRef(*grid) if isinstance(grid, tuple) else grid)
-        check(lib.kf_kan_linear_uniform_grid(self._ptr, float(lo), float(hi), t))
+        check(getattr(lib, self._prefix + "_uniform_grid")(self._ptr, float(lo), float(hi), t))
+
+    def _workspace_bytes(self, *dims):
+        ws = ffi.new("size_t *")
+        check(getattr(lib, self._prefix + "_workspace_size")(self._ptr, *(int(d) for d in dims),
+                                                             ws))
+        return int(ws[0])
 
     def forward(self, x, grid, base_weight, spline_weight, y, spline_scaler=None,
                 workspace=None):
-        """kf_kan_linear_forward: y [..., out] from x [..., in]. Tensors: TensorRefs or
+        """kf_kan_<layer>_forward: y from x (see the class). Tensors: TensorRefs or
         (ptr, kf_dtype, shape, strides) tuples, None = absent. `workspace` is a (ptr, nbytes)
         pair or None (the context's arena). Releases the GIL."""
-        args = _fill_args("kf_kan_linear_forward_args", lib.kf_kan_linear_forward_args_init,
-                          _FWD_STRUCT, _FWD_FIELDS,
+        p = self._prefix
+        args = _fill_args(p + "_forward_args", getattr(lib, p + "_forward_args_init"),
+                          self._structs[0], _FWD_FIELDS,
                           (x, grid, base_weight, spline_weight, spline_scaler, y))
         ws, ws_bytes = _buffer(workspace)
-        check(lib.kf_kan_linear_forward(self._ptr, args, ws, ws_bytes))
+        check(getattr(lib, p + "_forward")(self._ptr, args, ws, ws_bytes))
 
     def backward(self, x, grid, base_weight, spline_weight, dy, spline_scaler=None, dx=None,
                  dbase_weight=None, dspline_weight=None, dspline_scaler=None,
                  accumulate=False, workspace=None):
-        """kf_kan_linear_backward: dx (always overwritten), dbase_weight, dspline_weight,
+        """kf_kan_<layer>_backward: dx (always overwritten), dbase_weight, dspline_weight,
         dspline_scaler (written, or added to with accumulate=True); each output may be None
         (its work is skipped). The grid gets no gradient. Tensors as for forward(). Releases
         the GIL."""
-        args = _fill_args("kf_kan_linear_backward_args", lib.kf_kan_linear_backward_args_init,
-                          _BWD_STRUCT, _BWD_FIELDS,
+        p = self._prefix
+        args = _fill_args(p + "_backward_args", getattr(lib, p + "_backward_args_init"),
+                          self._structs[1], _BWD_FIELDS,
                           (x, grid, base_weight, spline_weight, spline_scaler, dy, dx,
                            dbase_weight, dspline_weight, dspline_scaler))
         ws, ws_bytes = _buffer(workspace)
         grad_mode = lib.KF_GRAD_ACCUMULATE if accumulate else lib.KF_GRAD_OVERWRITE
-        check(lib.kf_kan_linear_backward(self._ptr, grad_mode, args, ws, ws_bytes))
+        check(getattr(lib, p + "_backward")(self._ptr, grad_mode, args, ws, ws_bytes))
+
+
+class KanLinearPlan(_KanPlan):
+    """A kf_kan_linear_plan bound to a Context, which it keeps alive.
+
+    KanLinearPlan(ctx, in_features, out_features, grid_size=5, spline_order=3,
+                  standalone_scale=True, dtype=DTYPE_F32). Descriptor checks are the library's
+    (InvalidArgument naming the field; Unsupported for a dtype other than f32).
+    forward/backward: x [..., in] -> y [..., out]."""
+
+    _prefix = "kf_kan_linear"
+    _structs = (_FWD_STRUCT, _BWD_STRUCT)
+
+    def __init__(self, ctx, in_features, out_features, grid_size=5, spline_order=3,
+                 standalone_scale=True, dtype=DTYPE_F32):
+        def fill(desc):
+            desc.in_features = int(in_features)
+            desc.out_features = int(out_features)
+
+        self._create(ctx, grid_size, spline_order, standalone_scale, dtype, fill)
+        self.in_features = int(in_features)
+        self.out_features = int(out_features)
+
+    def workspace_size(self, N):
+        """Bytes of scratch workspace forward() and backward() need for N rows
+        (kf_kan_linear_workspace_size)."""
+        return self._workspace_bytes(N)
+
+    def output_shape(self, x_shape):
+        """y's shape [..., out] for an x of shape [..., in]; None where the library is to report
+        x (a 0-d x)."""
+        x_shape = tuple(x_shape)
+        return x_shape[:-1] + (self.out_features,) if x_shape else None
+
+    def work_dims(self, x_shape):
+        """workspace_size()'s arguments for an x of this shape: (N,), or None for an empty batch
+        of the right width (the library takes N >= 1; the front ends handle it)."""
+        x_shape = tuple(x_shape)
+        n = 1
+        for d in x_shape[:-1]:
+            n *= d
+        if len(x_shape) >= 2 and x_shape[-1] == self.in_features and n == 0:
+            return None
+        return (n,)
 
     def __repr__(self):
         return ("kfuse.KanLinearPlan(in_features=%d, out_features=%d, grid_size=%d, "
                 "spline_order=%d, standalone_scale=%r)" % (
                     self.in_features, self.out_features, self.grid_size, self.spline_order,
+                    self.standalone_scale))
+
+
+class KanConv2dPlan(_KanPlan):
+    """A kf_kan_conv2d_plan bound to a Context, which it keeps alive: KANConv2d, the patches of
+    torch.nn.functional.unfold (kernel, stride, zero padding, dilation as torch.nn.Conv2d) through
+    a KANLinear over F = in_channels * kh * kw features, as an implicit GEMM.
+
+    KanConv2dPlan(ctx, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
+                  grid_size=5, spline_order=3, standalone_scale=True, dtype=DTYPE_F32);
+    kernel_size, stride, padding and dilation are ints or (h, w) pairs. Descriptor checks are the
+    library's. forward/backward: x [B, C_in, H, W] -> y [B, C_out, Ho, Wo] (or [C_in, H, W] ->
+    [C_out, Ho, Wo]). The parameters are KANLinear's over F features (param_info), with the
+    feature order (c * kh + i) * kw + j of unfold."""
+
+    _prefix = "kf_kan_conv2d"
+    _structs = (_CONV_FWD_STRUCT, _CONV_BWD_STRUCT)
+
+    def __init__(self, ctx, in_channels, out_channels, kernel_size, stride=1, padding=0,
+                 dilation=1, grid_size=5, spline_order=3, standalone_scale=True,
+                 dtype=DTYPE_F32):
+        kh, kw = _pair(kernel_size, "kernel_size")
+        sh, sw = _pair(stride, "stride")
+        ph, pw = _pair(padding, "padding")
+        dh, dw = _pair(dilation, "dilation")
+
+        def fill(desc):
+            desc.in_channels = int(in_channels)
+            desc.out_channels = int(out_channels)
+            desc.kernel_h, desc.kernel_w = kh, kw
+            desc.stride_h, desc.stride_w = sh, sw
+            desc.pad_h, desc.pad_w = ph, pw
+            desc.dilation_h, desc.dilation_w = dh, dw
+
+        self._create(ctx, grid_size, spline_order, standalone_scale, dtype, fill)
+        self.in_channels = int(in_channels)
+        self.out_channels = int(out_channels)
+        self.kernel_size = (kh, kw)
+        self.stride = (sh, sw)
+        self.padding = (ph, pw)
+        self.dilation = (dh, dw)
+        self.in_features = self.in_channels * kh * kw   # F
+        self.out_features = self.out_channels
+
+    def output_hw(self, height, width):
+        """(Ho, Wo) = ((H + 2 ph - dh (kh - 1) - 1) // sh + 1, likewise for W), as
+        torch.nn.Conv2d; values below 1 mean the image is smaller than the kernel's reach."""
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = (self.kernel_size, self.stride, self.padding,
+                                                  self.dilation)
+        return ((height + 2 * ph - dh * (kh - 1) - 1) // sh + 1,
+                (width + 2 * pw - dw * (kw - 1) - 1) // sw + 1)
+
+    def output_shape(self, x_shape):
+        """y's shape [B, C_out, Ho, Wo] (or [C_out, Ho, Wo]) for x [B, C_in, H, W] (or
+        [C_in, H, W]); None where x's rank or size is for the library to report."""
+        x_shape = tuple(x_shape)
+        if len(x_shape) not in (3, 4):
+            return None
+        ho, wo = self.output_hw(x_shape[-2], x_shape[-1])
+        if ho < 1 or wo < 1:
+            return None
+        return x_shape[:-3] + (self.out_channels, ho, wo)
+
+    def workspace_size(self, batch, height, width):
+        """Bytes of scratch workspace forward() and backward() need for `batch` images of
+        height x width (kf_kan_conv2d_workspace_size; batch 1 for an unbatched x)."""
+        return self._workspace_bytes(batch, height, width)
+
+    def work_dims(self, x_shape):
+        """workspace_size()'s arguments for an x of this shape: (batch, H, W), or None for an
+        empty batch [0, C_in, H, W] that has an output (the front ends handle it, as
+        torch.nn.Conv2d takes one)."""
+        x_shape = tuple(x_shape)
+        if len(x_shape) == 4:
+            if x_shape[0] == 0 and x_shape[1] == self.in_channels \
+                    and self.output_shape(x_shape) is not None:
+                return None
+            return x_shape[0], x_shape[2], x_shape[3]
+        if len(x_shape) == 3:
+            return 1, x_shape[1], x_shape[2]
+        return 1, 1, 1
+
+    def __repr__(self):
+        return ("kfuse.KanConv2dPlan(in_channels=%d, out_channels=%d, kernel_size=%r, "
+                "stride=%r, padding=%r, dilation=%r, grid_size=%d, spline_order=%d, "
+                "standalone_scale=%r)" % (
+                    self.in_channels, self.out_channels, self.kernel_size, self.stride,
+                    self.padding, self.dilation, self.grid_size, self.spline_order,
                     self.standalone_scale))

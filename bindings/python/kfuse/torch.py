@@ -1,6 +1,7 @@
 """PyTorch front end: drop-in `GRU` (torch.nn.GRU), `AGRU` (the reference A-GRU model),
-`SKLinear` (panther.nn.SKLinear) and `KANLinear` (efficient_kan.KANLinear) modules whose forward
-and backward run in the kfuse C library, through autograd Functions.
+`SKLinear` (panther.nn.SKLinear), `KANLinear` (efficient_kan.KANLinear) and `KANConv2d`
+(torch.nn.functional.unfold + efficient_kan.KANLinear) modules whose forward and backward run in
+the kfuse C library, through autograd Functions.
 
 - CPU tensors run on the calling thread's CPU kfuse context (scratch from its arena; the reserve
   that backward reads is a torch uint8 tensor).
@@ -18,7 +19,9 @@ and backward run in the kfuse C library, through autograd Functions.
   construction.
 - KANLinear draws its initialisation from torch's default generator in efficient-kan's order;
   its grid comes from kf_kan_linear_uniform_grid, and its rare calls (reset_parameters,
-  update_grid, curve2coeff, b_splines, regularization_loss) run in torch.
+  update_grid, curve2coeff, b_splines, regularization_loss) run in torch. KANConv2d is a
+  KANLinear over the unfolded patches: the same parameters, initialisation and rare calls (its
+  update_grid unfolds x first), with forward and backward in kf_kan_conv2d_* (no patches stored).
 """
 import contextlib
 import math
@@ -34,11 +37,11 @@ from kfuse._lowlevel import (
     DTYPE_BF16, DTYPE_F16, DTYPE_F32, DTYPE_F64, DTYPE_I32, DTYPE_I64, RnnPlan, TensorRef, lib,
     thread_context,
 )
-from kfuse.kan import KanLinearPlan
+from kfuse.kan import KanConv2dPlan, KanLinearPlan, _pair
 from kfuse.sklinear import SkLinearPlan, tensor_values
 
-__all__ = ["GRU", "AGRU", "AGRUCell", "SKLinear", "KANLinear", "rnn_function",
-           "sklinear_function", "kan_linear_function"]
+__all__ = ["GRU", "AGRU", "AGRUCell", "SKLinear", "KANLinear", "KANConv2d", "rnn_function",
+           "sklinear_function", "kan_linear_function", "kan_conv2d_function"]
 
 _DTYPES = {
     torch.float32: DTYPE_F32, torch.float64: DTYPE_F64, torch.float16: DTYPE_F16,
@@ -82,6 +85,11 @@ def _make_plan(ctx, key):
         _, I, O, G, k, standalone, dtype = key
         return KanLinearPlan(ctx, I, O, grid_size=G, spline_order=k, standalone_scale=standalone,
                              dtype=dtype)
+    if key[0] == "kan_conv2d":
+        _, I, O, kh, kw, sh, sw, ph, pw, dh, dw, G, k, standalone, dtype = key
+        return KanConv2dPlan(ctx, I, O, (kh, kw), stride=(sh, sw), padding=(ph, pw),
+                             dilation=(dh, dw), grid_size=G, spline_order=k,
+                             standalone_scale=standalone, dtype=dtype)
     cell, I, H, L, batch_first, bidirectional, dropout, gamma, dtype = key
     return RnnPlan(ctx, cell, I, H, num_layers=L, batch_first=batch_first,
                    bidirectional=bidirectional, dropout=dropout, gamma=gamma, dtype=dtype)
@@ -89,8 +97,10 @@ def _make_plan(ctx, key):
 
 def _plan(key, device):
     """The calling thread's plan for descriptor `key` on `device` (a torch.device): an RnnPlan,
-    a SkLinearPlan for a key ("sklinear", in, out, L, k, bias, kf_dtype), or a KanLinearPlan for
-    a key ("kan_linear", in, out, grid_size, spline_order, standalone_scale, kf_dtype)."""
+    a SkLinearPlan for a key ("sklinear", in, out, L, k, bias, kf_dtype), a KanLinearPlan for
+    a key ("kan_linear", in, out, grid_size, spline_order, standalone_scale, kf_dtype), or a
+    KanConv2dPlan for a key ("kan_conv2d", in_channels, out_channels, kh, kw, sh, sw, ph, pw, dh,
+    dw, grid_size, spline_order, standalone_scale, kf_dtype)."""
     cache = getattr(_tls, "plans", None)
     if cache is None:
         cache = _tls.plans = {}
@@ -403,12 +413,13 @@ class AGRU(_KfuseRNNBase):
 
 # ---- SKLinear (Panther) ------------------------------------------------------------------------
 
-def _workspace(plan, N, device):
+def _workspace(plan, device, *dims):
     """A workspace tensor from torch's caching allocator on CUDA (stream-ordered with the rest of
-    the program); None on the CPU, where the context's arena serves."""
+    the program); None on the CPU, where the context's arena serves. `dims`: the arguments of
+    plan.workspace_size (N rows; for KANConv2d batch, height, width)."""
     if device.type != "cuda":
         return None
-    nbytes = plan.workspace_size(N)
+    nbytes = plan.workspace_size(*dims)
     return torch.empty(nbytes, dtype=torch.uint8, device=device) if nbytes else None
 
 
@@ -462,7 +473,7 @@ def _sk_forward(key, x, S1s, S2s, U1s, U2s, bias):
         y = torch.empty(x.shape[:-1] + (plan.out_features,), dtype=x.dtype, device=device)
         N = x.numel() // x.shape[-1] if x.shape[-1] else 0
         if N > 0 or not _empty_batch(plan, x):
-            workspace = _workspace(plan, N, device) if cuda else None
+            workspace = _workspace(plan, device, N) if cuda else None
             plan.forward_values(_vals(x) + _vals(S1s) + _vals(S2s) + _vals(U1s) + _vals(U2s)
                                 + _vals(bias) + _vals(y), workspace=_buf(workspace))
     return y
@@ -502,7 +513,7 @@ class _SKLinearFunction(torch.autograd.Function):
                     if t is not None:
                         t.zero_()
                 return None, dx, dS1s, dS2s, None, None, dbias
-            workspace = _workspace(plan, N, device) if cuda else None
+            workspace = _workspace(plan, device, N) if cuda else None
             plan.backward_values(_vals(x) + _vals(S1s) + _vals(S2s) + _vals(U1s) + _vals(U2s)
                                  + _vals(dy.contiguous()) + _vals(dx) + _vals(dS1s)
                                  + _vals(dS2s) + _vals(dbias), workspace=_buf(workspace))
@@ -628,51 +639,60 @@ class SKLinear(nn.Module):
             self.bias is not None)
 
 
-# ---- KANLinear (efficient-kan) -----------------------------------------------------------------
+# ---- KANLinear (efficient-kan) and KANConv2d (unfold + KANLinear) ------------------------------
 
 _KAN_TENSORS = ("grid", "base_weight", "spline_weight", "spline_scaler")
 
 
-def _kan_check_devices(x, tensors):
+_KAN_LAYER_NAMES = {"kan_linear": "KANLinear", "kan_conv2d": "KANConv2d"}
+
+
+def _kan_check_devices(key, x, tensors):
     """The one check made here: a kfuse context reads memory of its own device only."""
     if not x.is_cuda and not any(t is not None and t.is_cuda for t in tensors):
         return  # all host memory (or meta, whose absent data the library reports)
     for name, t in zip(_KAN_TENSORS, tensors):
         if t is not None and t.device != x.device:
-            raise RuntimeError("kfuse KANLinear: expected all tensors to be on the same device, "
-                               "but input is on %s and %s on %s" % (x.device, name, t.device))
+            raise RuntimeError("kfuse %s: expected all tensors to be on the same device, but "
+                               "input is on %s and %s on %s" % (
+                                   _KAN_LAYER_NAMES[key[0]], x.device, name, t.device))
 
 
 def _kan_forward(key, x, grid, base_weight, spline_weight, spline_scaler):
-    """y [..., out] from x [..., in] through kf_kan_linear_forward (no autograd)."""
-    _kan_check_devices(x, (grid, base_weight, spline_weight, spline_scaler))
+    """y from x through kf_kan_linear_forward (x [..., in] -> y [..., out]) or
+    kf_kan_conv2d_forward (x [B, C_in, H, W] or [C_in, H, W] -> y [B, C_out, Ho, Wo] or
+    [C_out, Ho, Wo]), per the plan `key` names (no autograd)."""
+    _kan_check_devices(key, x, (grid, base_weight, spline_weight, spline_scaler))
     device = x.device
     cuda = device.type == "cuda"
     with _device_guard(device) if cuda else contextlib.nullcontext():
         plan = _plan(key, device)
-        if x.dim() == 0:  # the library reports it
+        y_shape = plan.output_shape(x.shape)
+        if y_shape is None:  # no output for such an x (its rank or size): the library reports it
             plan.forward(_vals_t(x), _vals_t(grid), _vals_t(base_weight),
                          _vals_t(spline_weight), None, spline_scaler=_vals_t(spline_scaler))
-        y = torch.empty(x.shape[:-1] + (plan.out_features,), dtype=x.dtype, device=device)
-        N = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if N > 0 or not _empty_batch(plan, x):
-            workspace = _workspace(plan, N, device) if cuda else None
+            raise ValueError("kfuse %s: no output shape for x of shape %s" % (
+                _KAN_LAYER_NAMES[key[0]], tuple(x.shape)))  # pragma: no cover
+        y = torch.empty(y_shape, dtype=x.dtype, device=device)
+        dims = plan.work_dims(x.shape)
+        if dims is not None:  # None: an empty batch, for which y is empty too
             plan.forward(_vals_t(x), _vals_t(grid), _vals_t(base_weight), _vals_t(spline_weight),
                          _vals_t(y), spline_scaler=_vals_t(spline_scaler),
-                         workspace=_buf(workspace))
+                         workspace=_buf(_workspace(plan, device, *dims)))
     return y
 
 
 def _vals_t(t):
-    """A torch tensor as the (ptr, kf_dtype, shape, strides) tuple KanLinearPlan takes."""
+    """A torch tensor as the (ptr, kf_dtype, shape, strides) tuple the KAN plans take."""
     if t is None:
         return None
     return (t.data_ptr(), _DTYPES.get(t.dtype, 0), tuple(t.shape), t.stride())
 
 
-class _KANLinearFunction(torch.autograd.Function):
-    # inputs: key, x [..., in], grid, base_weight, spline_weight, spline_scaler (or None)
-    # output: y [..., out]
+class _KANFunction(torch.autograd.Function):
+    # inputs: key, x, grid, base_weight, spline_weight, spline_scaler (or None)   output: y
+    # (KANLinear: x [..., in] -> y [..., out]; KANConv2d: x [B, C_in, H, W] -> y [B, C_out, Ho, Wo]
+    # or unbatched; the plan `key` names which)
 
     @staticmethod
     def forward(ctx, key, x, grid, base_weight, spline_weight, spline_scaler):
@@ -696,13 +716,13 @@ class _KANLinearFunction(torch.autograd.Function):
         cuda = device.type == "cuda"
         with _device_guard(device) if cuda else contextlib.nullcontext():
             plan = _plan(ctx.key, device)
-            N = x.numel() // x.shape[-1] if x.shape[-1] else 0
-            if N == 0:  # an empty batch (forward checked its shape): nothing flows back
+            dims = plan.work_dims(x.shape)
+            if dims is None:  # an empty batch (forward checked its shape): nothing flows back
                 for t in (dbw, dsw, dss):
                     if t is not None:
                         t.zero_()
                 return None, dx, None, dbw, dsw, dss
-            workspace = _workspace(plan, N, device) if cuda else None
+            workspace = _workspace(plan, device, *dims)
             plan.backward(_vals_t(x), _vals_t(grid), _vals_t(base_weight),
                           _vals_t(spline_weight), _vals_t(dy.contiguous()),
                           spline_scaler=_vals_t(spline_scaler), dx=_vals_t(dx),
@@ -715,7 +735,15 @@ def kan_linear_function(key, x, grid, base_weight, spline_weight, spline_scaler=
     """Differentiable kfuse KANLinear call: y [..., out] from x [..., in] (contiguous tensors).
     `key` = ("kan_linear", in, out, grid_size, spline_order, standalone_scale, kf_dtype).
     Gradients flow to x, base_weight, spline_weight and spline_scaler; the grid gets none."""
-    return _KANLinearFunction.apply(key, x, grid, base_weight, spline_weight, spline_scaler)
+    return _KANFunction.apply(key, x, grid, base_weight, spline_weight, spline_scaler)
+
+
+def kan_conv2d_function(key, x, grid, base_weight, spline_weight, spline_scaler=None):
+    """Differentiable kfuse KANConv2d call: y [B, C_out, Ho, Wo] from x [B, C_in, H, W] (or the
+    unbatched 3-D forms; contiguous tensors). `key` = ("kan_conv2d", in_channels, out_channels,
+    kh, kw, sh, sw, ph, pw, dh, dw, grid_size, spline_order, standalone_scale, kf_dtype).
+    Gradients flow to x, base_weight, spline_weight and spline_scaler; the grid gets none."""
+    return _KANFunction.apply(key, x, grid, base_weight, spline_weight, spline_scaler)
 
 
 def _kan_bases(x, grid, k):
@@ -742,48 +770,27 @@ def _kan_bases(x, grid, k):
     return bases
 
 
-class KANLinear(nn.Module):
-    """Drop-in for efficient_kan.KANLinear: KANLinear(in_features, out_features, grid_size=5,
-    spline_order=3, scale_noise=0.1, scale_base=1.0, scale_spline=1.0,
-    enable_standalone_scale_spline=True, base_activation=torch.nn.SiLU, grid_eps=0.02,
-    grid_range=[-1, 1], device=None, dtype=None).
+class _KANLayer(nn.Module):
+    """What KANLinear and KANConv2d share: efficient-kan's KANLinear over `in_features` features
+    (its tensors, initialisation, b_splines, curve2coeff, update_grid on rows [batch, in],
+    scaled_spline_weight, regularization_loss) and the call into the library. A subclass gives
+    `plan_shape`, the head of its plan key (("kan_linear", in, out) or ("kan_conv2d", ...)),
+    and its forward."""
 
-    Same tensors as efficient-kan's (Parameters base_weight [out, in], spline_weight
-    [out, in, G + k] and, with enable_standalone_scale_spline, spline_scaler [out, in]; the
-    buffer grid [in, G + 2k + 1]), so load_state_dict(strict=True) works both ways; same
-    forward: x [..., in] with any leading dims -> [..., out] (a 1-D x gives a 1-D y):
-
-        y = SiLU(x) base_weight^T + B(x) (spline_weight * spline_scaler[..., None])^T
-
-    computed by kfuse with the B-spline bases built inside the product, never stored for the
-    batch; backward gives the gradients of x, base_weight, spline_weight and spline_scaler (none
-    for the grid). Where efficient-kan computes 0/0 or inf*0 (repeated knots, |x| near 1e38)
-    kfuse gives the mathematical value (kfuse.h). Only SiLU is implemented as base_activation
-    (another raises ValueError); float32 only (another dtype raises kfuse.Unsupported).
-
-    The initial grid comes from kf_kan_linear_uniform_grid (the same bits as efficient-kan's
-    buffer); reset_parameters draws as efficient-kan does, from torch's default generator in the
-    same order (kaiming_uniform_ base_weight, the noise, kaiming_uniform_ spline_scaler), so
-    torch.manual_seed() gives efficient-kan's base_weight and spline_scaler exactly and its
-    spline_weight up to the least-squares solver. update_grid(x, margin=0.01),
-    curve2coeff(x, y), b_splines(x), scaled_spline_weight and regularization_loss(...) are
-    efficient-kan's, computed in torch (see update_grid and curve2coeff for the two places
-    where they deliberately differ)."""
-
-    def __init__(self, in_features, out_features, grid_size=5, spline_order=3, scale_noise=0.1,
-                 scale_base=1.0, scale_spline=1.0, enable_standalone_scale_spline=True,
-                 base_activation=torch.nn.SiLU, grid_eps=0.02, grid_range=[-1, 1],
-                 device=None, dtype=None):
+    def __init__(self, plan_shape, in_features, out_features, grid_size, spline_order,
+                 scale_noise, scale_base, scale_spline, enable_standalone_scale_spline,
+                 base_activation, grid_eps, grid_range, device, dtype):
         factory_kwargs = {"device": device, "dtype": dtype}
         super().__init__()
         if base_activation is not nn.SiLU:
-            raise ValueError("kfuse.torch.KANLinear: base_activation must be torch.nn.SiLU (the "
-                             "only activation the kfuse library implements), got %r"
-                             % (base_activation,))
+            raise ValueError("kfuse.torch.%s: base_activation must be torch.nn.SiLU (the only "
+                             "activation the kfuse library implements), got %r"
+                             % (type(self).__name__, base_activation))
         self.in_features = in_features
         self.out_features = out_features
         self.grid_size = grid_size
         self.spline_order = spline_order
+        self._plan_shape = tuple(plan_shape)
         self._keys = {}  # parameter dtype -> plan key
         self.enable_standalone_scale_spline = enable_standalone_scale_spline
         pdtype = dtype if dtype is not None else torch.get_default_dtype()
@@ -807,9 +814,9 @@ class KANLinear(nn.Module):
         self.reset_parameters()
 
     def _key(self, dtype):
-        return ("kan_linear", self.in_features, self.out_features, self.grid_size,
-                self.spline_order, bool(self.enable_standalone_scale_spline),
-                _DTYPES.get(dtype, 0))
+        return self._plan_shape + (self.grid_size, self.spline_order,
+                                   bool(self.enable_standalone_scale_spline),
+                                   _DTYPES.get(dtype, 0))
 
     @torch.no_grad()
     def _init_grid(self, lo, hi):
@@ -844,8 +851,8 @@ class KANLinear(nn.Module):
 
     def _check_x(self, x, what):
         if x.dim() != 2 or x.size(1) != self.in_features:
-            raise ValueError("kfuse.torch.KANLinear.%s: x must be [batch, in_features=%d], got %s"
-                             % (what, self.in_features, tuple(x.shape)))
+            raise ValueError("kfuse.torch.%s.%s: x must be [batch, in_features=%d], got %s"
+                             % (type(self).__name__, what, self.in_features, tuple(x.shape)))
 
     def b_splines(self, x):
         """efficient-kan's b_splines: the bases [batch, in, G + k] of x [batch, in] on the
@@ -887,14 +894,9 @@ class KANLinear(nn.Module):
         return self.spline_weight * (self.spline_scaler.unsqueeze(-1)
                                      if self.enable_standalone_scale_spline else 1.0)
 
-    def forward(self, x):
-        # x [..., in] -> y [..., out]: flattened to [N, in] (efficient-kan's view(-1, in)); a 1-D
-        # x is one row and gives a 1-D y, as in efficient-kan. The library checks x's last dim.
-        lead = None
-        if x.dim() >= 2 and x.shape[-1] > 0:
-            lead = x.shape[:-1]
-            x = x.reshape(-1, x.shape[-1])
-        x = x.contiguous()
+    def _run(self, x):
+        """y from a contiguous x through the library: an autograd node when something needs a
+        gradient, else the forward call alone."""
         grid = self.grid.contiguous()
         bw = self.base_weight.contiguous()
         sw = self.spline_weight.contiguous()
@@ -904,10 +906,8 @@ class KANLinear(nn.Module):
             key = self._keys[sw.dtype] = self._key(sw.dtype)
         if torch.is_grad_enabled() and (x.requires_grad or bw.requires_grad or sw.requires_grad
                                         or (ss is not None and ss.requires_grad)):
-            y = _KANLinearFunction.apply(key, x, grid, bw, sw, ss)
-        else:  # nothing to differentiate: no autograd node
-            y = _kan_forward(key, x, grid, bw, sw, ss)
-        return y if lead is None else y.view(*lead, self.out_features)
+            return _KANFunction.apply(key, x, grid, bw, sw, ss)
+        return _kan_forward(key, x, grid, bw, sw, ss)  # nothing to differentiate: no node
 
     @torch.no_grad()
     def update_grid(self, x, margin=0.01):
@@ -926,7 +926,8 @@ class KANLinear(nn.Module):
         this is exactly efficient-kan's update. Non-finite values in x raise ValueError."""
         self._check_x(x, "update_grid")
         if not bool(torch.isfinite(x).all()):
-            raise ValueError("kfuse.torch.KANLinear.update_grid: x has non-finite values")
+            raise ValueError("kfuse.torch.%s.update_grid: x has non-finite values"
+                             % type(self).__name__)
         batch = x.size(0)
         G, k = self.grid_size, self.spline_order
         cpu = torch.device("cpu")
@@ -962,8 +963,149 @@ class KANLinear(nn.Module):
         return (regularize_activation * regularization_loss_activation
                 + regularize_entropy * regularization_loss_entropy)
 
+
+class KANLinear(_KANLayer):
+    """Drop-in for efficient_kan.KANLinear: KANLinear(in_features, out_features, grid_size=5,
+    spline_order=3, scale_noise=0.1, scale_base=1.0, scale_spline=1.0,
+    enable_standalone_scale_spline=True, base_activation=torch.nn.SiLU, grid_eps=0.02,
+    grid_range=[-1, 1], device=None, dtype=None).
+
+    Same tensors as efficient-kan's (Parameters base_weight [out, in], spline_weight
+    [out, in, G + k] and, with enable_standalone_scale_spline, spline_scaler [out, in]; the
+    buffer grid [in, G + 2k + 1]), so load_state_dict(strict=True) works both ways; same
+    forward: x [..., in] with any leading dims -> [..., out] (a 1-D x gives a 1-D y):
+
+        y = SiLU(x) base_weight^T + B(x) (spline_weight * spline_scaler[..., None])^T
+
+    computed by kfuse with the B-spline bases built inside the product, never stored for the
+    batch; backward gives the gradients of x, base_weight, spline_weight and spline_scaler (none
+    for the grid). Where efficient-kan computes 0/0 or inf*0 (repeated knots, |x| near 1e38)
+    kfuse gives the mathematical value (kfuse.h). Only SiLU is implemented as base_activation
+    (another raises ValueError); float32 only (another dtype raises kfuse.Unsupported).
+
+    The initial grid comes from kf_kan_linear_uniform_grid (the same bits as efficient-kan's
+    buffer); reset_parameters draws as efficient-kan does, from torch's default generator in the
+    same order (kaiming_uniform_ base_weight, the noise, kaiming_uniform_ spline_scaler), so
+    torch.manual_seed() gives efficient-kan's base_weight and spline_scaler exactly and its
+    spline_weight up to the least-squares solver. update_grid(x, margin=0.01),
+    curve2coeff(x, y), b_splines(x), scaled_spline_weight and regularization_loss(...) are
+    efficient-kan's, computed in torch (see update_grid and curve2coeff for the two places
+    where they deliberately differ)."""
+
+    def __init__(self, in_features, out_features, grid_size=5, spline_order=3, scale_noise=0.1,
+                 scale_base=1.0, scale_spline=1.0, enable_standalone_scale_spline=True,
+                 base_activation=torch.nn.SiLU, grid_eps=0.02, grid_range=[-1, 1],
+                 device=None, dtype=None):
+        super().__init__(("kan_linear", in_features, out_features), in_features, out_features,
+                         grid_size, spline_order, scale_noise, scale_base, scale_spline,
+                         enable_standalone_scale_spline, base_activation, grid_eps, grid_range,
+                         device, dtype)
+
+    def forward(self, x):
+        # x [..., in] -> y [..., out]: flattened to [N, in] (efficient-kan's view(-1, in)); a 1-D
+        # x is one row and gives a 1-D y, as in efficient-kan. The library checks x's last dim.
+        lead = None
+        if x.dim() >= 2 and x.shape[-1] > 0:
+            lead = x.shape[:-1]
+            x = x.reshape(-1, x.shape[-1])
+        y = self._run(x.contiguous())
+        return y if lead is None else y.view(*lead, self.out_features)
+
     def extra_repr(self):
         return ("in_features={}, out_features={}, grid_size={}, spline_order={}, "
                 "enable_standalone_scale_spline={}".format(
                     self.in_features, self.out_features, self.grid_size, self.spline_order,
+                    self.enable_standalone_scale_spline))
+
+
+class KANConv2d(_KANLayer):
+    """KANConv2d(in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
+    grid_size=5, spline_order=3, scale_noise=0.1, scale_base=1.0, scale_spline=1.0,
+    enable_standalone_scale_spline=True, base_activation=torch.nn.SiLU, grid_eps=0.02,
+    grid_range=[-1, 1], device=None, dtype=None): a 2-D convolution whose per-patch map is
+    efficient-kan's KANLinear.
+
+    The reference is ``F.unfold + efficient_kan.KANLinear(F, out)`` with F = in_channels * kh * kw:
+
+        patches = torch.nn.functional.unfold(x, kernel_size, dilation, padding, stride)
+        y = KANLinear(F, out_channels)(patches.transpose(1, 2)).transpose(1, 2)
+        y = y.view(B, out_channels, Ho, Wo)
+
+    and this module's parameters are that KANLinear's, at top level and under its names:
+    Parameters base_weight [out, F], spline_weight [out, F, G + k], spline_scaler [out, F] (with
+    enable_standalone_scale_spline) and the buffer grid [F, G + 2k + 1], in unfold's feature
+    order (c * kh + i) * kw + j; so load_state_dict(strict=True) works both ways with a KANLinear
+    (efficient-kan's or kfuse.torch.KANLinear) of F inputs. The initialisation is that KANLinear's
+    (KANLinear(F, out_channels) after the same torch.manual_seed() gives the same tensors, drawn in
+    efficient-kan's order), and so are b_splines, curve2coeff (on patch rows [N, F]),
+    scaled_spline_weight and regularization_loss; update_grid(x) takes images and fits the patches
+    of x (see there). in_features (F) and out_features (out_channels) are set as on a KANLinear;
+    in_channels, out_channels, kernel_size, stride, padding and dilation (pairs) as on
+    torch.nn.Conv2d.
+
+    kernel_size, stride, padding and dilation are ints or (h, w) pairs as in torch.nn.Conv2d;
+    padding is zeros (padded pixels enter the KANLinear as 0, as unfold gives them); string
+    paddings ('same', 'valid'), groups, bias and padding_mode are not part of this layer. forward:
+    x [B, in_channels, H, W] -> [B, out_channels, Ho, Wo], or [in_channels, H, W] ->
+    [out_channels, Ho, Wo], with Ho = (H + 2 ph - dh (kh - 1) - 1) // sh + 1 (Wo likewise), as
+    an implicit GEMM in kfuse (kf_kan_conv2d_forward/backward): neither the patches nor their
+    bases are stored for the batch. Backward gives the gradients of x, base_weight,
+    spline_weight and spline_scaler (none for the grid). Only SiLU is implemented as
+    base_activation; float32 only; argument checks (a wrong channel count, an image smaller than
+    the kernel's reach, a bad descriptor) are the library's."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
+                 grid_size=5, spline_order=3, scale_noise=0.1, scale_base=1.0, scale_spline=1.0,
+                 enable_standalone_scale_spline=True, base_activation=torch.nn.SiLU,
+                 grid_eps=0.02, grid_range=[-1, 1], device=None, dtype=None):
+        owner = "kfuse.torch.KANConv2d"
+        kh, kw = _pair(kernel_size, "kernel_size", owner)
+        sh, sw = _pair(stride, "stride", owner)
+        ph, pw = _pair(padding, "padding", owner)
+        dh, dw = _pair(dilation, "dilation", owner)
+        n_features = int(in_channels) * kh * kw
+        super().__init__(("kan_conv2d", int(in_channels), int(out_channels), kh, kw, sh, sw, ph,
+                          pw, dh, dw), n_features, out_channels, grid_size, spline_order,
+                         scale_noise, scale_base, scale_spline, enable_standalone_scale_spline,
+                         base_activation, grid_eps, grid_range, device, dtype)
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.kernel_size = (kh, kw)
+        self.stride = (sh, sw)
+        self.padding = (ph, pw)
+        self.dilation = (dh, dw)
+
+    def forward(self, x):
+        return self._run(x.contiguous())
+
+    def unfold(self, x):
+        """The patches of images x [B, in_channels, H, W] (or [in_channels, H, W]) as KANLinear
+        rows [B * Ho * Wo, F] (torch.nn.functional.unfold, transposed): what the reference's
+        KANLinear sees. Materialised: for the rare calls (update_grid), not for forward."""
+        if x.dim() not in (3, 4) or x.shape[-3] != self.in_channels:
+            raise ValueError("kfuse.torch.KANConv2d: x must be [batch, in_channels=%d, H, W] or "
+                             "[in_channels=%d, H, W], got %s"
+                             % (self.in_channels, self.in_channels, tuple(x.shape)))
+        if x.dim() == 3:
+            x = x.unsqueeze(0)
+        p = torch.nn.functional.unfold(x, self.kernel_size, dilation=self.dilation,
+                                       padding=self.padding, stride=self.stride)  # [B, F, L]
+        return p.transpose(1, 2).reshape(-1, self.in_features)
+
+    @torch.no_grad()
+    def update_grid(self, x, margin=0.01):
+        """KANLinear's update_grid (efficient-kan's, with the one deliberate difference its
+        docstring describes) on the patches of x [B, in_channels, H, W] (or [in_channels, H, W]):
+        the rows self.unfold(x), zero padding included, exactly what the reference's
+        KANLinear.update_grid gets from F.unfold. Per feature, new knots from the quantiles of
+        its B * Ho * Wo values; spline_weight refitted so the layer's output on x is kept. The
+        refit materialises the bases of all patches (B * Ho * Wo * F * (G + k) float64 values):
+        pass a sample of images, not a large batch."""
+        super().update_grid(self.unfold(x), margin=margin)
+
+    def extra_repr(self):
+        return ("{}, {}, kernel_size={}, stride={}, padding={}, dilation={}, grid_size={}, "
+                "spline_order={}, enable_standalone_scale_spline={}".format(
+                    self.in_channels, self.out_channels, self.kernel_size, self.stride,
+                    self.padding, self.dilation, self.grid_size, self.spline_order,
                     self.enable_standalone_scale_spline))

@@ -4,10 +4,10 @@
 // Do not edit: change the header, rerun generate.sh, commit the result.
 
 pub const KF_VERSION_MAJOR: u32 = 1;
-pub const KF_VERSION_MINOR: u32 = 1;
+pub const KF_VERSION_MINOR: u32 = 2;
 pub const KF_VERSION_PATCH: u32 = 0;
 pub const KF_ABI_VERSION: u32 = 1;
-pub const KF_VERSION_NUMBER: u32 = 10100;
+pub const KF_VERSION_NUMBER: u32 = 10200;
 pub const KF_MAX_DIMS: u32 = 6;
 pub const KF_CONTEXT_FIXED_ARENA: u32 = 1;
 pub const KF_RNN_BATCH_FIRST: u32 = 1;
@@ -2144,5 +2144,796 @@ extern "C" {
         args: *const kf_kan_linear_backward_args,
         workspace: *mut ::std::os::raw::c_void,
         workspace_bytes: usize,
+    ) -> kf_status;
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct kf_kan_conv2d_plan {
+    _unused: [u8; 0],
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct kf_kan_conv2d_desc {
+    #[doc = " sizeof(kf_kan_conv2d_desc) as the caller compiled it"]
+    pub struct_size: usize,
+    #[doc = " C_in >= 1; no default (0)"]
+    pub in_channels: i64,
+    #[doc = " C_out >= 1; no default (0)"]
+    pub out_channels: i64,
+    #[doc = " >= 1; no default (0)"]
+    pub kernel_h: i32,
+    #[doc = " >= 1; no default (0)"]
+    pub kernel_w: i32,
+    #[doc = " >= 1; default 1"]
+    pub stride_h: i32,
+    #[doc = " >= 1; default 1"]
+    pub stride_w: i32,
+    #[doc = " >= 0; default 0 (zeros on each side)"]
+    pub pad_h: i32,
+    #[doc = " >= 0; default 0 (zeros on each side)"]
+    pub pad_w: i32,
+    #[doc = " >= 1; default 1"]
+    pub dilation_h: i32,
+    #[doc = " >= 1; default 1"]
+    pub dilation_w: i32,
+    #[doc = " G >= 1; default 5"]
+    pub grid_size: i32,
+    #[doc = " k >= 0; default 3"]
+    pub spline_order: i32,
+    #[doc = " 1 (default): spline_scaler multiplies spline_weight; 0: none"]
+    pub standalone_scale: i32,
+    #[doc = " kf_dtype of every tensor; default (and only) KF_DTYPE_F32"]
+    pub dtype: i32,
+}
+#[test]
+fn bindgen_test_layout_kf_kan_conv2d_desc() {
+    assert_eq!(
+        ::std::mem::size_of::<kf_kan_conv2d_desc>(),
+        72usize,
+        concat!("Size of: ", stringify!(kf_kan_conv2d_desc))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<kf_kan_conv2d_desc>(),
+        8usize,
+        concat!("Alignment of ", stringify!(kf_kan_conv2d_desc))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_conv2d_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!("Offset of field: ", stringify!(kf_kan_conv2d_desc), "::", stringify!(struct_size))
+        );
+    }
+    test_field_struct_size();
+    fn test_field_in_channels() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_conv2d_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).in_channels) as usize - ptr as usize
+            },
+            8usize,
+            concat!("Offset of field: ", stringify!(kf_kan_conv2d_desc), "::", stringify!(in_channels))
+        );
+    }
+    test_field_in_channels();
+    fn test_field_out_channels() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_conv2d_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).out_channels) as usize - ptr as usize
+            },
+            16usize,
+            concat!("Offset of field: ", stringify!(kf_kan_conv2d_desc), "::", stringify!(out_channels))
+        );
+    }
+    test_field_out_channels();
+    fn test_field_kernel_h() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_conv2d_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).kernel_h) as usize - ptr as usize
+            },
+            24usize,
+            concat!("Offset of field: ", stringify!(kf_kan_conv2d_desc), "::", stringify!(kernel_h))
+        );
+    }
+    test_field_kernel_h();
+    fn test_field_kernel_w() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_conv2d_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).kernel_w) as usize - ptr as usize
+            },
+            28usize,
+            concat!("Offset of field: ", stringify!(kf_kan_conv2d_desc), "::", stringify!(kernel_w))
+        );
+    }
+    test_field_kernel_w();
+    fn test_field_stride_h() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_conv2d_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).stride_h) as usize - ptr as usize
+            },
+            32usize,
+            concat!("Offset of field: ", stringify!(kf_kan_conv2d_desc), "::", stringify!(stride_h))
+        );
+    }
+    test_field_stride_h();
+    fn test_field_stride_w() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_conv2d_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).stride_w) as usize - ptr as usize
+            },
+            36usize,
+            concat!("Offset of field: ", stringify!(kf_kan_conv2d_desc), "::", stringify!(stride_w))
+        );
+    }
+    test_field_stride_w();
+    fn test_field_pad_h() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_conv2d_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).pad_h) as usize - ptr as usize
+            },
+            40usize,
+            concat!("Offset of field: ", stringify!(kf_kan_conv2d_desc), "::", stringify!(pad_h))
+        );
+    }
+    test_field_pad_h();
+    fn test_field_pad_w() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_conv2d_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).pad_w) as usize - ptr as usize
+            },
+            44usize,
+            concat!("Offset of field: ", stringify!(kf_kan_conv2d_desc), "::", stringify!(pad_w))
+        );
+    }
+    test_field_pad_w();
+    fn test_field_dilation_h() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_conv2d_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dilation_h) as usize - ptr as usize
+            },
+            48usize,
+            concat!("Offset of field: ", stringify!(kf_kan_conv2d_desc), "::", stringify!(dilation_h))
+        );
+    }
+    test_field_dilation_h();
+    fn test_field_dilation_w() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_conv2d_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dilation_w) as usize - ptr as usize
+            },
+            52usize,
+            concat!("Offset of field: ", stringify!(kf_kan_conv2d_desc), "::", stringify!(dilation_w))
+        );
+    }
+    test_field_dilation_w();
+    fn test_field_grid_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_conv2d_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).grid_size) as usize - ptr as usize
+            },
+            56usize,
+            concat!("Offset of field: ", stringify!(kf_kan_conv2d_desc), "::", stringify!(grid_size))
+        );
+    }
+    test_field_grid_size();
+    fn test_field_spline_order() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_conv2d_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).spline_order) as usize - ptr as usize
+            },
+            60usize,
+            concat!("Offset of field: ", stringify!(kf_kan_conv2d_desc), "::", stringify!(spline_order))
+        );
+    }
+    test_field_spline_order();
+    fn test_field_standalone_scale() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_conv2d_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).standalone_scale) as usize - ptr as usize
+            },
+            64usize,
+            concat!("Offset of field: ", stringify!(kf_kan_conv2d_desc), "::", stringify!(standalone_scale))
+        );
+    }
+    test_field_standalone_scale();
+    fn test_field_dtype() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_conv2d_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dtype) as usize - ptr as usize
+            },
+            68usize,
+            concat!("Offset of field: ", stringify!(kf_kan_conv2d_desc), "::", stringify!(dtype))
+        );
+    }
+    test_field_dtype();
+}
+extern "C" {
+    #[doc = " Writes the defaults and struct_size into `desc`. Since 1.2."]
+    pub fn kf_kan_conv2d_desc_init(desc: *mut kf_kan_conv2d_desc);
+}
+extern "C" {
+    #[doc = " Creates a plan bound to `ctx` (which must outlive it). @return KF_OK and *out,"]
+    #[doc = " KF_ERR_INVALID_ARGUMENT (message names the field), KF_ERR_UNSUPPORTED, KF_ERR_OUT_OF_MEMORY."]
+    #[doc = " On failure *out is set to NULL (when `out` is not NULL). Since 1.2."]
+    pub fn kf_kan_conv2d_plan_create(
+        ctx: *mut kf_context,
+        desc: *const kf_kan_conv2d_desc,
+        out: *mut *mut kf_kan_conv2d_plan,
+    ) -> kf_status;
+}
+extern "C" {
+    #[doc = " Destroys a plan. Accepts NULL. Since 1.2."]
+    pub fn kf_kan_conv2d_plan_destroy(plan: *mut kf_kan_conv2d_plan);
+}
+extern "C" {
+    #[doc = " Bytes of scratch workspace kf_kan_conv2d_forward() and kf_kan_conv2d_backward() need for a"]
+    #[doc = " batch of `batch` images of height x width (batch 1 for an unbatched x). Bounded by tiles, not"]
+    #[doc = " by the patches or the bases of the batch. Pure. Since 1.2."]
+    pub fn kf_kan_conv2d_workspace_size(
+        plan: *const kf_kan_conv2d_plan,
+        batch: i64,
+        height: i64,
+        width: i64,
+        workspace_bytes: *mut usize,
+    ) -> kf_status;
+}
+extern "C" {
+    #[doc = " Writes efficient-kan's initial knots into `grid` [F, G + 2k + 1], as"]
+    #[doc = " kf_kan_linear_uniform_grid() does for F features. Since 1.2."]
+    pub fn kf_kan_conv2d_uniform_grid(
+        plan: *const kf_kan_conv2d_plan,
+        lo: f32,
+        hi: f32,
+        grid: *mut kf_tensor,
+    ) -> kf_status;
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct kf_kan_conv2d_forward_args {
+    #[doc = " sizeof(kf_kan_conv2d_forward_args) as the caller compiled it"]
+    pub struct_size: usize,
+    #[doc = " [B, C_in, H, W] or [C_in, H, W]"]
+    pub x: kf_tensor,
+    #[doc = " [F, G + 2k + 1], non-decreasing along each row"]
+    pub grid: kf_tensor,
+    #[doc = " [C_out, F]"]
+    pub base_weight: kf_tensor,
+    #[doc = " [C_out, F, G + k]"]
+    pub spline_weight: kf_tensor,
+    #[doc = " [C_out, F]: required with standalone_scale, absent otherwise"]
+    pub spline_scaler: kf_tensor,
+    #[doc = " out [B, C_out, Ho, Wo] (or [C_out, Ho, Wo] for a 3-D x)"]
+    pub y: kf_tensor,
+}
+#[test]
+fn bindgen_test_layout_kf_kan_conv2d_forward_args() {
+    assert_eq!(
+        ::std::mem::size_of::<kf_kan_conv2d_forward_args>(),
+        680usize,
+        concat!("Size of: ", stringify!(kf_kan_conv2d_forward_args))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<kf_kan_conv2d_forward_args>(),
+        8usize,
+        concat!("Alignment of ", stringify!(kf_kan_conv2d_forward_args))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_conv2d_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_kan_conv2d_forward_args),
+                "::",
+                stringify!(struct_size)
+            )
+        );
+    }
+    test_field_struct_size();
+    fn test_field_x() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_conv2d_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).x) as usize - ptr as usize
+            },
+            8usize,
+            concat!("Offset of field: ", stringify!(kf_kan_conv2d_forward_args), "::", stringify!(x))
+        );
+    }
+    test_field_x();
+    fn test_field_grid() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_conv2d_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).grid) as usize - ptr as usize
+            },
+            120usize,
+            concat!("Offset of field: ", stringify!(kf_kan_conv2d_forward_args), "::", stringify!(grid))
+        );
+    }
+    test_field_grid();
+    fn test_field_base_weight() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_conv2d_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).base_weight) as usize - ptr as usize
+            },
+            232usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_kan_conv2d_forward_args),
+                "::",
+                stringify!(base_weight)
+            )
+        );
+    }
+    test_field_base_weight();
+    fn test_field_spline_weight() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_conv2d_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).spline_weight) as usize - ptr as usize
+            },
+            344usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_kan_conv2d_forward_args),
+                "::",
+                stringify!(spline_weight)
+            )
+        );
+    }
+    test_field_spline_weight();
+    fn test_field_spline_scaler() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_conv2d_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).spline_scaler) as usize - ptr as usize
+            },
+            456usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_kan_conv2d_forward_args),
+                "::",
+                stringify!(spline_scaler)
+            )
+        );
+    }
+    test_field_spline_scaler();
+    fn test_field_y() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_conv2d_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).y) as usize - ptr as usize
+            },
+            568usize,
+            concat!("Offset of field: ", stringify!(kf_kan_conv2d_forward_args), "::", stringify!(y))
+        );
+    }
+    test_field_y();
+}
+extern "C" {
+    #[doc = " Writes the defaults (all tensors absent) and struct_size into `args`. Since 1.2."]
+    pub fn kf_kan_conv2d_forward_args_init(args: *mut kf_kan_conv2d_forward_args);
+}
+extern "C" {
+    #[doc = " y for every image of x. Workspace, grid checks and statuses as for kf_kan_linear_forward()."]
+    #[doc = " Since 1.2."]
+    pub fn kf_kan_conv2d_forward(
+        plan: *mut kf_kan_conv2d_plan,
+        args: *const kf_kan_conv2d_forward_args,
+        workspace: *mut ::std::os::raw::c_void,
+        workspace_bytes: usize,
+    ) -> kf_status;
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct kf_kan_conv2d_backward_args {
+    #[doc = " sizeof(kf_kan_conv2d_backward_args) as the caller compiled it"]
+    pub struct_size: usize,
+    #[doc = " the forward's"]
+    pub x: kf_tensor,
+    #[doc = " the forward's"]
+    pub grid: kf_tensor,
+    #[doc = " the forward's"]
+    pub base_weight: kf_tensor,
+    #[doc = " the forward's"]
+    pub spline_weight: kf_tensor,
+    #[doc = " the forward's"]
+    pub spline_scaler: kf_tensor,
+    #[doc = " y's shape: gradient of the loss w.r.t. y"]
+    pub dy: kf_tensor,
+    #[doc = " optional out, x's shape: always overwritten"]
+    pub dx: kf_tensor,
+    #[doc = " optional out [C_out, F]: written or accumulated per kf_grad_mode"]
+    pub dbase_weight: kf_tensor,
+    #[doc = " optional out [C_out, F, G + k]: likewise"]
+    pub dspline_weight: kf_tensor,
+    #[doc = " optional out [C_out, F] (standalone_scale only): likewise"]
+    pub dspline_scaler: kf_tensor,
+}
+#[test]
+fn bindgen_test_layout_kf_kan_conv2d_backward_args() {
+    assert_eq!(
+        ::std::mem::size_of::<kf_kan_conv2d_backward_args>(),
+        1128usize,
+        concat!("Size of: ", stringify!(kf_kan_conv2d_backward_args))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<kf_kan_conv2d_backward_args>(),
+        8usize,
+        concat!("Alignment of ", stringify!(kf_kan_conv2d_backward_args))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_conv2d_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_kan_conv2d_backward_args),
+                "::",
+                stringify!(struct_size)
+            )
+        );
+    }
+    test_field_struct_size();
+    fn test_field_x() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_conv2d_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).x) as usize - ptr as usize
+            },
+            8usize,
+            concat!("Offset of field: ", stringify!(kf_kan_conv2d_backward_args), "::", stringify!(x))
+        );
+    }
+    test_field_x();
+    fn test_field_grid() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_conv2d_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).grid) as usize - ptr as usize
+            },
+            120usize,
+            concat!("Offset of field: ", stringify!(kf_kan_conv2d_backward_args), "::", stringify!(grid))
+        );
+    }
+    test_field_grid();
+    fn test_field_base_weight() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_conv2d_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).base_weight) as usize - ptr as usize
+            },
+            232usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_kan_conv2d_backward_args),
+                "::",
+                stringify!(base_weight)
+            )
+        );
+    }
+    test_field_base_weight();
+    fn test_field_spline_weight() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_conv2d_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).spline_weight) as usize - ptr as usize
+            },
+            344usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_kan_conv2d_backward_args),
+                "::",
+                stringify!(spline_weight)
+            )
+        );
+    }
+    test_field_spline_weight();
+    fn test_field_spline_scaler() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_conv2d_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).spline_scaler) as usize - ptr as usize
+            },
+            456usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_kan_conv2d_backward_args),
+                "::",
+                stringify!(spline_scaler)
+            )
+        );
+    }
+    test_field_spline_scaler();
+    fn test_field_dy() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_conv2d_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dy) as usize - ptr as usize
+            },
+            568usize,
+            concat!("Offset of field: ", stringify!(kf_kan_conv2d_backward_args), "::", stringify!(dy))
+        );
+    }
+    test_field_dy();
+    fn test_field_dx() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_conv2d_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dx) as usize - ptr as usize
+            },
+            680usize,
+            concat!("Offset of field: ", stringify!(kf_kan_conv2d_backward_args), "::", stringify!(dx))
+        );
+    }
+    test_field_dx();
+    fn test_field_dbase_weight() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_conv2d_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dbase_weight) as usize - ptr as usize
+            },
+            792usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_kan_conv2d_backward_args),
+                "::",
+                stringify!(dbase_weight)
+            )
+        );
+    }
+    test_field_dbase_weight();
+    fn test_field_dspline_weight() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_conv2d_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dspline_weight) as usize - ptr as usize
+            },
+            904usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_kan_conv2d_backward_args),
+                "::",
+                stringify!(dspline_weight)
+            )
+        );
+    }
+    test_field_dspline_weight();
+    fn test_field_dspline_scaler() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_conv2d_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dspline_scaler) as usize - ptr as usize
+            },
+            1016usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_kan_conv2d_backward_args),
+                "::",
+                stringify!(dspline_scaler)
+            )
+        );
+    }
+    test_field_dspline_scaler();
+}
+extern "C" {
+    #[doc = " Writes the defaults and struct_size into `args`. Since 1.2."]
+    pub fn kf_kan_conv2d_backward_args_init(args: *mut kf_kan_conv2d_backward_args);
+}
+extern "C" {
+    #[doc = " Gradients of x and the parameters. `grad_mode` applies to the parameter gradients. Workspace"]
+    #[doc = " and statuses as for kf_kan_conv2d_forward(). Since 1.2."]
+    pub fn kf_kan_conv2d_backward(
+        plan: *mut kf_kan_conv2d_plan,
+        grad_mode: kf_grad_mode,
+        args: *const kf_kan_conv2d_backward_args,
+        workspace: *mut ::std::os::raw::c_void,
+        workspace_bytes: usize,
+    ) -> kf_status;
+}
+#[doc = " ---- KAN layers: grid update (efficient-kan's update_grid) --------------------------------- */"]
+#[doc = " Moves each feature's knots to where a batch of inputs lies and refits the splines to them."]
+#[doc = " Per feature i, with s_0 <= ... <= s_{M-1} its M sample values sorted (M = N rows of x for"]
+#[doc = " KANLinear; M = B Ho Wo patches of x, zero padding included, for KANConv2d):"]
+#[doc = "     h   = (s_{M-1} - s_0 + 2 margin) / G"]
+#[doc = "     g_j = grid_eps (s_0 - margin + j h) + (1 - grid_eps) s_{a_j},   j = 0..G,"]
+#[doc = "           a_j = torch.linspace(0, M - 1, G + 1, dtype=int64) as torch's CPU kernel forms it"]
+#[doc = "           (efficient-kan's quantile indices; not always floor(j (M - 1) / G) once G >= 7)"]
+#[doc = "     grid[i] = (g_0 - k h, ..., g_0 - h, g_0, ..., g_G, g_G + h, ..., g_G + k h)"]
+#[doc = " and spline_weight[:, i, :] becomes the minimum-norm least-squares coefficients (float64, by"]
+#[doc = " SVD: rank-deficient fits, where efficient-kan's lstsq fails, give the minimum-norm solution)"]
+#[doc = " whose splines on the new knots best reproduce, on the samples, the splines of the old"]
+#[doc = " spline_weight on the old knots. spline_scaler and base_weight are unchanged, so the layer's"]
+#[doc = " output on the samples is kept up to the fit (efficient-kan fits the scaled weights and then"]
+#[doc = " scales again; kfuse does not). The knots are formed in float32 in torch's order of operations"]
+#[doc = " (the same bits as kfuse.torch's update_grid). Not a hot path: it synchronises with the"]
+#[doc = " context's stream, allocates and computes on the host, and writes grid and spline_weight only on"]
+#[doc = " success (on a CUDA context a failure of the final copy of spline_weight can leave the new grid"]
+#[doc = " written)."]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct kf_kan_update_grid_args {
+    #[doc = " sizeof(kf_kan_update_grid_args) as the caller compiled it"]
+    pub struct_size: usize,
+    #[doc = " the samples: x as kf_kan_linear_forward() or kf_kan_conv2d_forward()"]
+    #[doc = "take it; every value finite"]
+    pub x: kf_tensor,
+    #[doc = " in/out [in, G + 2k + 1] ([F, ...] for KANConv2d)"]
+    pub grid: kf_tensor,
+    #[doc = " in/out [out, in, G + k]"]
+    pub spline_weight: kf_tensor,
+    #[doc = " >= 0, finite; default 0.01"]
+    pub margin: f32,
+    #[doc = " in [0, 1]; default 0.02"]
+    pub grid_eps: f32,
+}
+#[test]
+fn bindgen_test_layout_kf_kan_update_grid_args() {
+    assert_eq!(
+        ::std::mem::size_of::<kf_kan_update_grid_args>(),
+        352usize,
+        concat!("Size of: ", stringify!(kf_kan_update_grid_args))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<kf_kan_update_grid_args>(),
+        8usize,
+        concat!("Alignment of ", stringify!(kf_kan_update_grid_args))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_update_grid_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!("Offset of field: ", stringify!(kf_kan_update_grid_args), "::", stringify!(struct_size))
+        );
+    }
+    test_field_struct_size();
+    fn test_field_x() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_update_grid_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).x) as usize - ptr as usize
+            },
+            8usize,
+            concat!("Offset of field: ", stringify!(kf_kan_update_grid_args), "::", stringify!(x))
+        );
+    }
+    test_field_x();
+    fn test_field_grid() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_update_grid_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).grid) as usize - ptr as usize
+            },
+            120usize,
+            concat!("Offset of field: ", stringify!(kf_kan_update_grid_args), "::", stringify!(grid))
+        );
+    }
+    test_field_grid();
+    fn test_field_spline_weight() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_update_grid_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).spline_weight) as usize - ptr as usize
+            },
+            232usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_kan_update_grid_args),
+                "::",
+                stringify!(spline_weight)
+            )
+        );
+    }
+    test_field_spline_weight();
+    fn test_field_margin() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_update_grid_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).margin) as usize - ptr as usize
+            },
+            344usize,
+            concat!("Offset of field: ", stringify!(kf_kan_update_grid_args), "::", stringify!(margin))
+        );
+    }
+    test_field_margin();
+    fn test_field_grid_eps() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_update_grid_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).grid_eps) as usize - ptr as usize
+            },
+            348usize,
+            concat!("Offset of field: ", stringify!(kf_kan_update_grid_args), "::", stringify!(grid_eps))
+        );
+    }
+    test_field_grid_eps();
+}
+extern "C" {
+    #[doc = " Writes the defaults (tensors absent, margin 0.01, grid_eps 0.02) and struct_size. Since 1.2."]
+    pub fn kf_kan_update_grid_args_init(args: *mut kf_kan_update_grid_args);
+}
+extern "C" {
+    #[doc = " The grid update for a KANLinear plan. @return KF_OK; KF_ERR_INVALID_ARGUMENT (message names the"]
+    #[doc = " argument: also a non-finite x or spline_weight, a grid that is not finite and non-decreasing,"]
+    #[doc = " samples spread too wide for finite knots); KF_ERR_UNSUPPORTED (a struct_size newer than the"]
+    #[doc = " library's with non-zero trailing fields); KF_ERR_OUT_OF_MEMORY; KF_ERR_INTERNAL (the SVD did"]
+    #[doc = " not converge); KF_ERR_DEVICE. Since 1.2."]
+    pub fn kf_kan_linear_update_grid(
+        plan: *mut kf_kan_linear_plan,
+        args: *const kf_kan_update_grid_args,
+    ) -> kf_status;
+}
+extern "C" {
+    #[doc = " The grid update for a KANConv2d plan, over the patches of x. Statuses as for"]
+    #[doc = " kf_kan_linear_update_grid(). Since 1.2."]
+    pub fn kf_kan_conv2d_update_grid(
+        plan: *mut kf_kan_conv2d_plan,
+        args: *const kf_kan_update_grid_args,
     ) -> kf_status;
 }

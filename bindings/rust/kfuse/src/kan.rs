@@ -14,6 +14,11 @@
 //! `standalone_scale`). x is `[..., in]` with any leading dims, y is `[..., out]`. The bases are
 //! computed inside the product and never stored for the whole batch; backward recomputes them
 //! from x (no reserve) and gives dx and the three parameter gradients (the grid gets none).
+//!
+//! Every KAN layer ([`KanLinearPlan`] here, [`KanConv2dPlan`](crate::KanConv2dPlan) in
+//! `kan_conv`) is a [`KanPlan`] over its descriptor ([`KanLayer`]): one implementation of the
+//! plan's calls, the same parameter and argument structs, and the C entry points of each kind
+//! from one macro ([`kan_raw_impl!`]).
 use crate::context::Context;
 use crate::error::{check, Result};
 use crate::grad::GradMode;
@@ -21,7 +26,44 @@ use crate::layer::{self, init_with, numel, opt_in, opt_out};
 use crate::tensor::{Tensor, TensorMut};
 use kfuse_sys as sys;
 use std::ffi::c_void;
+use std::fmt;
 use std::ptr::{self, NonNull};
+
+/// The builder methods and getters of a KAN layer's splines, shared by the descriptors (whose
+/// fields `grid_size: u32`, `spline_order: u32` and `standalone_scale: bool` they set and read).
+macro_rules! spline_options {
+    () => {
+        /// G, the number of grid intervals (efficient-kan's `grid_size`, >= 1).
+        pub fn grid_size(mut self, g: u32) -> Self {
+            self.grid_size = g;
+            self
+        }
+        /// k, the order of the splines (efficient-kan's `spline_order`; 0 gives step functions).
+        pub fn spline_order(mut self, k: u32) -> Self {
+            self.spline_order = k;
+            self
+        }
+        /// Whether `spline_scaler [out, in]` multiplies `spline_weight` (efficient-kan's
+        /// `enable_standalone_scale_spline`).
+        pub fn standalone_scale(mut self, yes: bool) -> Self {
+            self.standalone_scale = yes;
+            self
+        }
+        /// G.
+        pub fn get_grid_size(&self) -> u32 {
+            self.grid_size
+        }
+        /// k.
+        pub fn get_spline_order(&self) -> u32 {
+            self.spline_order
+        }
+        /// Whether the layer has a spline scaler.
+        pub fn has_standalone_scale(&self) -> bool {
+            self.standalone_scale
+        }
+    };
+}
+pub(crate) use spline_options;
 
 /// Describes a KANLinear layer (`kf_kan_linear_desc`). `grid_size`, `spline_order` and
 /// `standalone_scale` start at the library's defaults (`kf_kan_linear_desc_init`: 5, 3, on, as
@@ -57,22 +99,7 @@ impl KanLinearDesc {
             standalone_scale: d.standalone_scale != 0,
         }
     }
-    /// G, the number of grid intervals (efficient-kan's `grid_size`, >= 1).
-    pub fn grid_size(mut self, g: u32) -> Self {
-        self.grid_size = g;
-        self
-    }
-    /// k, the order of the splines (efficient-kan's `spline_order`; 0 gives step functions).
-    pub fn spline_order(mut self, k: u32) -> Self {
-        self.spline_order = k;
-        self
-    }
-    /// Whether `spline_scaler [out, in]` multiplies `spline_weight` (efficient-kan's
-    /// `enable_standalone_scale_spline`).
-    pub fn standalone_scale(mut self, yes: bool) -> Self {
-        self.standalone_scale = yes;
-        self
-    }
+    spline_options!();
 
     /// in.
     pub fn in_features(&self) -> usize {
@@ -81,18 +108,6 @@ impl KanLinearDesc {
     /// out.
     pub fn out_features(&self) -> usize {
         self.out_features
-    }
-    /// G.
-    pub fn get_grid_size(&self) -> u32 {
-        self.grid_size
-    }
-    /// k.
-    pub fn get_spline_order(&self) -> u32 {
-        self.spline_order
-    }
-    /// Whether the layer has a spline scaler.
-    pub fn has_standalone_scale(&self) -> bool {
-        self.standalone_scale
     }
     /// C = G + k, the spline coefficients per (output, input) pair.
     pub fn num_coeffs(&self) -> usize {
@@ -145,7 +160,8 @@ impl KanLinearDesc {
 /// Read-only views of a layer's knots and parameters for a call: grid, base_weight,
 /// spline_weight and, for a plan with a standalone scale, spline_scaler. Shapes are given by the
 /// caller and checked by the library ([`KanLinearDesc::grid_shape`] and friends compute them);
-/// host memory through [`Tensor::new`], device memory through [`Tensor::from_raw`].
+/// host memory through [`Tensor::new`], device memory through [`Tensor::from_raw`]. Every KAN
+/// layer takes them: a KANConv2d's are those of its per-patch KANLinear (in = F).
 #[derive(Clone, Copy, Debug)]
 pub struct KanParams<'a> {
     grid: Tensor<'a>,
@@ -187,8 +203,11 @@ pub struct KanHostParams {
 }
 
 impl KanHostParams {
-    /// All zeros, shaped for `desc` (a scaler vector when `desc` has a standalone scale).
-    pub fn zeros(desc: &KanLinearDesc) -> KanHostParams {
+    /// All zeros, shaped for the layer `desc` describes (a scaler vector when it has a
+    /// standalone scale): a [`KanLinearDesc`], or a [`KanConv2dDesc`](crate::KanConv2dDesc),
+    /// whose parameters are those of its per-patch KANLinear ([`KanLayer::kan_linear`]).
+    pub fn zeros<L: KanLayer>(desc: &L) -> KanHostParams {
+        let desc = &desc.kan_linear();
         KanHostParams {
             grid: vec![0.0; numel(&desc.grid_shape())],
             base_weight: vec![0.0; numel(&desc.base_weight_shape())],
@@ -197,7 +216,7 @@ impl KanHostParams {
             desc: desc.clone(),
         }
     }
-    /// The descriptor the shapes come from.
+    /// The descriptor the shapes come from (for a KANConv2d, its per-patch KANLinear).
     pub fn desc(&self) -> &KanLinearDesc {
         &self.desc
     }
@@ -216,7 +235,8 @@ impl KanHostParams {
     }
 }
 
-/// Arguments of a forward call (`kf_kan_linear_forward_args`), borrowing the inputs for `'i` and
+/// Arguments of a forward call of any KAN layer (`kf_kan_linear_forward_args`,
+/// `kf_kan_conv2d_forward_args`), borrowing the inputs for `'i` and
 /// the output for `'o`, so that [`KanBackwardArgs::from_forward`] can keep the inputs while y is
 /// read.
 #[derive(Debug)]
@@ -227,16 +247,18 @@ pub struct KanForwardArgs<'i, 'o> {
 }
 
 impl<'i, 'o> KanForwardArgs<'i, 'o> {
-    /// Input x `[..., in]`, the knots and parameters, output y `[..., out]` (x's leading dims).
+    /// Input x, the knots and parameters, output y: for KANLinear x `[..., in]` and y
+    /// `[..., out]` (x's leading dims); for KANConv2d x `[B, C_in, H, W]` and y
+    /// `[B, C_out, Ho, Wo]` (or both without B).
     pub fn new(x: Tensor<'i>, params: KanParams<'i>, y: TensorMut<'o>) -> Self {
         KanForwardArgs { x, params, y }
     }
 }
 
-/// Arguments of a backward call (`kf_kan_linear_backward_args`): the forward's x, knots and
-/// parameters, dy, and the gradients wanted (each optional; the work for an absent one is
-/// skipped; dx is always overwritten, the parameter gradients are written or accumulated per
-/// [`GradMode`]).
+/// Arguments of a backward call of any KAN layer (`kf_kan_linear_backward_args`,
+/// `kf_kan_conv2d_backward_args`): the forward's x, knots and parameters, dy, and the gradients
+/// wanted (each optional; the work for an absent one is skipped; dx is always overwritten, the
+/// parameter gradients are written or accumulated per [`GradMode`]).
 #[derive(Debug)]
 pub struct KanBackwardArgs<'a> {
     x: Tensor<'a>,
@@ -249,7 +271,7 @@ pub struct KanBackwardArgs<'a> {
 }
 
 impl<'a> KanBackwardArgs<'a> {
-    /// The forward's x and parameters, and dy `[..., out]`; no gradient output yet.
+    /// The forward's x and parameters, and dy (y's shape); no gradient output yet.
     pub fn new(x: Tensor<'a>, params: KanParams<'a>, dy: Tensor<'a>) -> Self {
         KanBackwardArgs {
             x,
@@ -300,10 +322,220 @@ impl<'a> KanBackwardArgs<'a> {
     }
 }
 
-/// A plan for a KANLinear layer (`kf_kan_linear_plan`), bound to the context it borrows.
-/// Destroyed on drop. No reserve: backward recomputes the bases from x. Like
-/// [`RnnPlan`](crate::RnnPlan), a plan is neither `Send` nor `Sync`. CPU contexts run it; on a
-/// CUDA context forward and backward return [`Status::Unsupported`] for now.
+/// A kind of KAN layer, named by its descriptor: [`KanLinearDesc`] (KANLinear) or
+/// [`KanConv2dDesc`](crate::KanConv2dDesc) (KANConv2d). It picks the C API a [`KanPlan`] calls;
+/// both kinds take the same knots and parameters ([`KanParams`], [`KanHostParams`]) and the same
+/// argument structs ([`KanForwardArgs`], [`KanBackwardArgs`]). Sealed: implemented in this crate
+/// only.
+pub trait KanLayer: raw::KanRaw + Clone + fmt::Debug {
+    /// The KANLinear the layer applies: to every row of x (a [`KanLinearDesc`] is its own), or to
+    /// every patch of x (a KANConv2d's, over `F = C_in * kh * kw` features). The shapes of the
+    /// knots and parameters are its.
+    fn kan_linear(&self) -> KanLinearDesc;
+}
+
+impl KanLayer for KanLinearDesc {
+    fn kan_linear(&self) -> KanLinearDesc {
+        self.clone()
+    }
+}
+
+/// The C entry points of one kind of KAN layer, behind [`KanLayer`] (a supertrait no one outside
+/// the crate can name or implement).
+pub(crate) mod raw {
+    use kfuse_sys as sys;
+    use std::ffi::c_void;
+
+    /// The names of the safe calls, for the errors found before the library is called.
+    pub struct Calls {
+        pub forward: &'static str,
+        pub backward: &'static str,
+        pub forward_raw: &'static str,
+        pub backward_raw: &'static str,
+        pub uniform_grid: &'static str,
+        pub uniform_grid_into: &'static str,
+        pub update_grid: &'static str,
+    }
+
+    /// x, the knots and the parameters of a call (spline_scaler absent when not given).
+    #[derive(Clone, Copy)]
+    pub struct Inputs {
+        pub x: sys::kf_tensor,
+        pub grid: sys::kf_tensor,
+        pub base_weight: sys::kf_tensor,
+        pub spline_weight: sys::kf_tensor,
+        pub spline_scaler: sys::kf_tensor,
+    }
+
+    /// dy and the gradient outputs of a backward call (each absent when not asked for).
+    pub struct Grads {
+        pub dy: sys::kf_tensor,
+        pub dx: sys::kf_tensor,
+        pub dbase_weight: sys::kf_tensor,
+        pub dspline_weight: sys::kf_tensor,
+        pub dspline_scaler: sys::kf_tensor,
+    }
+
+    /// `kf_kan_<kind>_*`, implemented by [`kan_raw_impl!`](crate::kan::kan_raw_impl).
+    pub trait KanRaw {
+        /// `kf_kan_<kind>_plan`.
+        type Plan;
+        /// `"kf_kan_<kind>_plan_create"`.
+        const CREATE: &'static str;
+        const CALLS: Calls;
+        /// # Safety
+        /// A live context handle and a writable out-pointer.
+        unsafe fn create(&self, ctx: *mut sys::kf_context, out: *mut *mut Self::Plan) -> sys::kf_status;
+        /// # Safety
+        /// A plan from `create`, destroyed once.
+        unsafe fn destroy(plan: *mut Self::Plan);
+        /// # Safety
+        /// A live plan; `grid` valid for writing as its shape says.
+        unsafe fn uniform_grid(
+            plan: *const Self::Plan,
+            lo: f32,
+            hi: f32,
+            grid: *mut sys::kf_tensor,
+        ) -> sys::kf_status;
+        /// # Safety
+        /// A live plan; the tensors in `args` valid as their shapes say.
+        unsafe fn update_grid(
+            plan: *mut Self::Plan,
+            args: *const sys::kf_kan_update_grid_args,
+        ) -> sys::kf_status;
+        /// # Safety
+        /// A live plan, tensors valid as their shapes say, and a workspace as `forward_raw` says.
+        unsafe fn forward(
+            plan: *mut Self::Plan,
+            i: Inputs,
+            y: sys::kf_tensor,
+            ws: *mut c_void,
+            ws_bytes: usize,
+        ) -> sys::kf_status;
+        /// # Safety
+        /// As `forward`.
+        unsafe fn backward(
+            plan: *mut Self::Plan,
+            grad_mode: sys::kf_grad_mode,
+            i: Inputs,
+            g: Grads,
+            ws: *mut c_void,
+            ws_bytes: usize,
+        ) -> sys::kf_status;
+    }
+}
+
+/// Implements [`raw::KanRaw`] for the descriptor `$desc` of the safe plan `$plan_name` over the C
+/// functions `kf_kan_<kind>_*` given by the name of each (`$desc::to_raw()` makes the C
+/// descriptor). One copy for every KAN layer: their argument structs have the same fields.
+macro_rules! kan_raw_impl {
+    ($desc:ty, $plan_name:literal, plan: $plan:ident, create: $create:ident, destroy: $destroy:ident,
+     uniform_grid: $grid:ident, update_grid: $update:ident, forward: $forward:ident($fwd_args:ident, $fwd_init:ident),
+     backward: $backward:ident($bwd_args:ident, $bwd_init:ident)) => {
+        impl $crate::kan::raw::KanRaw for $desc {
+            type Plan = kfuse_sys::$plan;
+            const CREATE: &'static str = stringify!($create);
+            const CALLS: $crate::kan::raw::Calls = $crate::kan::raw::Calls {
+                forward: concat!($plan_name, "::forward"),
+                backward: concat!($plan_name, "::backward"),
+                forward_raw: concat!($plan_name, "::forward_raw"),
+                backward_raw: concat!($plan_name, "::backward_raw"),
+                uniform_grid: concat!($plan_name, "::uniform_grid"),
+                uniform_grid_into: concat!($plan_name, "::uniform_grid_into"),
+                update_grid: concat!($plan_name, "::update_grid"),
+            };
+            unsafe fn create(
+                &self,
+                ctx: *mut kfuse_sys::kf_context,
+                out: *mut *mut Self::Plan,
+            ) -> kfuse_sys::kf_status {
+                let d = self.to_raw();
+                kfuse_sys::$create(ctx, &d, out)
+            }
+            unsafe fn destroy(plan: *mut Self::Plan) {
+                kfuse_sys::$destroy(plan)
+            }
+            unsafe fn uniform_grid(
+                plan: *const Self::Plan,
+                lo: f32,
+                hi: f32,
+                grid: *mut kfuse_sys::kf_tensor,
+            ) -> kfuse_sys::kf_status {
+                kfuse_sys::$grid(plan, lo, hi, grid)
+            }
+            unsafe fn update_grid(
+                plan: *mut Self::Plan,
+                args: *const kfuse_sys::kf_kan_update_grid_args,
+            ) -> kfuse_sys::kf_status {
+                kfuse_sys::$update(plan, args)
+            }
+            unsafe fn forward(
+                plan: *mut Self::Plan,
+                i: $crate::kan::raw::Inputs,
+                y: kfuse_sys::kf_tensor,
+                ws: *mut std::ffi::c_void,
+                ws_bytes: usize,
+            ) -> kfuse_sys::kf_status {
+                let a = kfuse_sys::$fwd_args {
+                    x: i.x,
+                    grid: i.grid,
+                    base_weight: i.base_weight,
+                    spline_weight: i.spline_weight,
+                    spline_scaler: i.spline_scaler,
+                    y,
+                    ..$crate::layer::init_with(kfuse_sys::$fwd_init)
+                };
+                kfuse_sys::$forward(plan, &a, ws, ws_bytes)
+            }
+            unsafe fn backward(
+                plan: *mut Self::Plan,
+                grad_mode: kfuse_sys::kf_grad_mode,
+                i: $crate::kan::raw::Inputs,
+                g: $crate::kan::raw::Grads,
+                ws: *mut std::ffi::c_void,
+                ws_bytes: usize,
+            ) -> kfuse_sys::kf_status {
+                let a = kfuse_sys::$bwd_args {
+                    x: i.x,
+                    grid: i.grid,
+                    base_weight: i.base_weight,
+                    spline_weight: i.spline_weight,
+                    spline_scaler: i.spline_scaler,
+                    dy: g.dy,
+                    dx: g.dx,
+                    dbase_weight: g.dbase_weight,
+                    dspline_weight: g.dspline_weight,
+                    dspline_scaler: g.dspline_scaler,
+                    ..$crate::layer::init_with(kfuse_sys::$bwd_init)
+                };
+                kfuse_sys::$backward(plan, grad_mode, &a, ws, ws_bytes)
+            }
+        }
+    };
+}
+pub(crate) use kan_raw_impl;
+
+kan_raw_impl!(KanLinearDesc, "KanLinearPlan", plan: kf_kan_linear_plan,
+    create: kf_kan_linear_plan_create, destroy: kf_kan_linear_plan_destroy,
+    uniform_grid: kf_kan_linear_uniform_grid, update_grid: kf_kan_linear_update_grid,
+    forward: kf_kan_linear_forward(kf_kan_linear_forward_args, kf_kan_linear_forward_args_init),
+    backward: kf_kan_linear_backward(kf_kan_linear_backward_args, kf_kan_linear_backward_args_init));
+
+/// A plan for a KAN layer of kind `L` ([`KanLinearPlan`] or
+/// [`KanConv2dPlan`](crate::KanConv2dPlan)), bound to the context it borrows. Destroyed on drop.
+/// No reserve: backward recomputes the bases from x. Like [`RnnPlan`](crate::RnnPlan), a plan
+/// is neither `Send` nor `Sync`. On a CUDA context every tensor is device memory.
+///
+/// The methods here are the same for every kind; the shapes of x and y and the workspace query
+/// are the kind's (see the aliases).
+#[derive(Debug)]
+pub struct KanPlan<'ctx, L: KanLayer> {
+    raw: NonNull<L::Plan>,
+    ctx: &'ctx Context,
+    desc: L,
+}
+
+/// A plan for a KANLinear layer (`kf_kan_linear_plan`): [`KanPlan`] over a [`KanLinearDesc`].
 ///
 /// ```
 /// use kfuse::*;
@@ -349,33 +581,176 @@ impl<'a> KanBackwardArgs<'a> {
 ///     kfuse::KanLinearPlan::new(&ctx, &kfuse::KanLinearDesc::new(4, 4)).unwrap()
 /// };
 /// ```
-#[derive(Debug)]
-pub struct KanLinearPlan<'ctx> {
-    raw: NonNull<sys::kf_kan_linear_plan>,
-    ctx: &'ctx Context,
-    desc: KanLinearDesc,
-}
+pub type KanLinearPlan<'ctx> = KanPlan<'ctx, KanLinearDesc>;
 
-impl<'ctx> KanLinearPlan<'ctx> {
-    /// Creates a plan on `ctx` (`kf_kan_linear_plan_create`). A bad descriptor gives
-    /// [`Status::InvalidArgument`] naming the field.
-    pub fn new(ctx: &'ctx Context, desc: &KanLinearDesc) -> Result<KanLinearPlan<'ctx>> {
-        let d = desc.to_raw();
-        // SAFETY: valid context handle, descriptor and out-pointer.
-        let raw = layer::create_plan("kf_kan_linear_plan_create", |out| unsafe {
-            sys::kf_kan_linear_plan_create(ctx.as_raw(), &d, out)
-        })?;
-        Ok(KanLinearPlan { raw, ctx, desc: desc.clone() })
+impl<'ctx, L: KanLayer> KanPlan<'ctx, L> {
+    /// Creates a plan on `ctx` (`kf_kan_<kind>_plan_create`). A bad descriptor gives
+    /// [`Status::InvalidArgument`](crate::Status::InvalidArgument) naming the field.
+    pub fn new(ctx: &'ctx Context, desc: &L) -> Result<KanPlan<'ctx, L>> {
+        // SAFETY: valid context handle and out-pointer.
+        let raw = layer::create_plan(L::CREATE, |out| unsafe { desc.create(ctx.as_raw(), out) })?;
+        Ok(KanPlan { raw, ctx, desc: desc.clone() })
     }
 
     /// The descriptor the plan was made from.
-    pub fn desc(&self) -> &KanLinearDesc {
+    pub fn desc(&self) -> &L {
         &self.desc
     }
     /// The context the plan runs on.
     pub fn context(&self) -> &'ctx Context {
         self.ctx
     }
+
+    /// efficient-kan's initial knots in a new host vector `[F, G + 2k + 1]` (F = in for
+    /// KANLinear; CPU contexts; on CUDA use [`uniform_grid_into`](Self::uniform_grid_into) with
+    /// device memory): every row is `lo + (j - k) * (hi - lo) / G`, rounded as torch forms it in
+    /// float32. Requires finite `lo < hi`.
+    pub fn uniform_grid(&self, lo: f32, hi: f32) -> Result<Vec<f32>> {
+        let shape = self.desc.kan_linear().grid_shape();
+        let mut g = vec![0.0f32; numel(&shape)];
+        self.grid_impl(L::CALLS.uniform_grid, lo, hi, &TensorMut::new(&mut g, &shape))?;
+        Ok(g)
+    }
+
+    /// As [`uniform_grid`](Self::uniform_grid), writing into a caller buffer (host or device
+    /// memory of the context's device).
+    pub fn uniform_grid_into(&self, lo: f32, hi: f32, grid: TensorMut<'_>) -> Result<()> {
+        self.grid_impl(L::CALLS.uniform_grid_into, lo, hi, &grid)
+    }
+
+    /// efficient-kan's `update_grid` (`kf_kan_<kind>_update_grid`): new knots for every feature
+    /// from the samples `x` (x as forward takes it; KANConv2d: its patches) mixed with a uniform
+    /// grid by `grid_eps` (efficient-kan's default 0.02; `margin` 0.01), and `spline_weight`
+    /// refitted in float64 (minimum-norm least squares by SVD) so that the splines on the new
+    /// knots reproduce, on the samples, those on the old ones. Both are written only on success.
+    /// Not a hot path: it synchronises and computes on the host.
+    pub fn update_grid(
+        &mut self,
+        x: &Tensor<'_>,
+        grid: TensorMut<'_>,
+        spline_weight: TensorMut<'_>,
+        margin: f32,
+        grid_eps: f32,
+    ) -> Result<()> {
+        let call = L::CALLS.update_grid;
+        let a = sys::kf_kan_update_grid_args {
+            x: x.raw(call, "x", self.ctx)?,
+            grid: grid.raw(call, "grid", self.ctx)?,
+            spline_weight: spline_weight.raw(call, "spline_weight", self.ctx)?,
+            margin,
+            grid_eps,
+            ..crate::layer::init_with(sys::kf_kan_update_grid_args_init)
+        };
+        // SAFETY: live borrows of the lengths their shapes need (or raw pointers under their
+        // constructors' contracts), and a live plan.
+        check(unsafe { L::update_grid(self.raw.as_ptr(), &a) })
+    }
+
+    /// y for all of x, with scratch from the context's arena. A grid row that decreases is
+    /// [`Status::InvalidArgument`](crate::Status::InvalidArgument) naming `args->grid` and the
+    /// feature.
+    pub fn forward(&mut self, args: &KanForwardArgs<'_, '_>) -> Result<()> {
+        // SAFETY: no caller buffers; every view in args is valid by construction.
+        unsafe { self.forward_impl(L::CALLS.forward, args, ptr::null_mut(), 0) }
+    }
+
+    /// Gradients of x, base_weight, spline_weight and spline_scaler (those asked for in `args`);
+    /// `grad_mode` applies to the parameter gradients. Scratch from the context's arena.
+    pub fn backward(&mut self, grad_mode: GradMode, args: &KanBackwardArgs<'_>) -> Result<()> {
+        // SAFETY: as in forward().
+        unsafe { self.backward_impl(L::CALLS.backward, grad_mode, args, ptr::null_mut(), 0) }
+    }
+
+    /// `kf_kan_<kind>_forward` with a caller-provided workspace of the plan's `workspace_size`.
+    /// A null workspace with 0 bytes uses the context's arena.
+    ///
+    /// # Safety
+    /// `workspace` must be null or point to at least `workspace_bytes` writable bytes on the
+    /// context's device, 64-byte aligned, not used by anyone else until the call's work has
+    /// finished (on CUDA: on the context's stream).
+    pub unsafe fn forward_raw(
+        &mut self,
+        args: &KanForwardArgs<'_, '_>,
+        workspace: *mut c_void,
+        workspace_bytes: usize,
+    ) -> Result<()> {
+        self.forward_impl(L::CALLS.forward_raw, args, workspace, workspace_bytes)
+    }
+
+    /// `kf_kan_<kind>_backward` with a caller-provided workspace.
+    ///
+    /// # Safety
+    /// As [`forward_raw`](Self::forward_raw).
+    pub unsafe fn backward_raw(
+        &mut self,
+        grad_mode: GradMode,
+        args: &KanBackwardArgs<'_>,
+        workspace: *mut c_void,
+        workspace_bytes: usize,
+    ) -> Result<()> {
+        self.backward_impl(L::CALLS.backward_raw, grad_mode, args, workspace, workspace_bytes)
+    }
+
+    /// The raw handle (`*mut kf_kan_<kind>_plan`), for calls into `kfuse-sys`. It stays owned by
+    /// `self`.
+    pub fn as_raw(&self) -> *mut L::Plan {
+        self.raw.as_ptr()
+    }
+
+    fn grid_impl(&self, call: &str, lo: f32, hi: f32, grid: &TensorMut<'_>) -> Result<()> {
+        let mut g = grid.raw(call, "grid", self.ctx)?;
+        // SAFETY: a live host borrow of the length its shape needs, or a raw pointer under its
+        // constructor's contract.
+        check(unsafe { L::uniform_grid(self.raw.as_ptr(), lo, hi, &mut g) })
+    }
+
+    /// x, the knots and the parameters (the scaler absent when not given), checked in that
+    /// order.
+    fn raw_inputs(&self, call: &str, x: &Tensor<'_>, p: &KanParams<'_>) -> Result<raw::Inputs> {
+        let ctx = self.ctx;
+        Ok(raw::Inputs {
+            x: x.raw(call, "args.x", ctx)?,
+            grid: p.grid.raw(call, "args.grid", ctx)?,
+            base_weight: p.base_weight.raw(call, "args.base_weight", ctx)?,
+            spline_weight: p.spline_weight.raw(call, "args.spline_weight", ctx)?,
+            spline_scaler: opt_in(&p.spline_scaler, call, "args.spline_scaler", ctx)?,
+        })
+    }
+
+    unsafe fn forward_impl(
+        &mut self,
+        call: &str,
+        args: &KanForwardArgs<'_, '_>,
+        ws: *mut c_void,
+        ws_bytes: usize,
+    ) -> Result<()> {
+        let i = self.raw_inputs(call, &args.x, &args.params)?;
+        let y = args.y.raw(call, "args.y", self.ctx)?;
+        check(L::forward(self.raw.as_ptr(), i, y, ws, ws_bytes))
+    }
+
+    unsafe fn backward_impl(
+        &mut self,
+        call: &str,
+        grad_mode: GradMode,
+        args: &KanBackwardArgs<'_>,
+        ws: *mut c_void,
+        ws_bytes: usize,
+    ) -> Result<()> {
+        let ctx = self.ctx;
+        let i = self.raw_inputs(call, &args.x, &args.params)?;
+        let g = raw::Grads {
+            dy: args.dy.raw(call, "args.dy", ctx)?,
+            dx: opt_out(&args.dx, call, "args.dx", ctx)?,
+            dbase_weight: opt_out(&args.dbase_weight, call, "args.dbase_weight", ctx)?,
+            dspline_weight: opt_out(&args.dspline_weight, call, "args.dspline_weight", ctx)?,
+            dspline_scaler: opt_out(&args.dspline_scaler, call, "args.dspline_scaler", ctx)?,
+        };
+        check(L::backward(self.raw.as_ptr(), grad_mode.raw(), i, g, ws, ws_bytes))
+    }
+}
+
+impl<'ctx> KanLinearPlan<'ctx> {
     /// Shape of x for N rows, `[N, in]` (as [`KanLinearDesc::x_shape`]).
     pub fn x_shape(&self, n: usize) -> [usize; 2] {
         self.desc.x_shape(n)
@@ -395,141 +770,12 @@ impl<'ctx> KanLinearPlan<'ctx> {
             sys::kf_kan_linear_workspace_size(self.raw.as_ptr(), n, ws)
         })
     }
-
-    /// efficient-kan's initial knots in a new host vector `[in, G + 2k + 1]` (CPU contexts; on
-    /// CUDA use [`uniform_grid_into`](Self::uniform_grid_into) with device memory): every row is
-    /// `lo + (j - k) * (hi - lo) / G`, rounded as torch forms it in float32. Requires finite
-    /// `lo < hi`.
-    pub fn uniform_grid(&self, lo: f32, hi: f32) -> Result<Vec<f32>> {
-        let shape = self.desc.grid_shape();
-        let mut g = vec![0.0f32; shape[0] * shape[1]];
-        self.grid_impl("KanLinearPlan::uniform_grid", lo, hi, &TensorMut::new(&mut g, &shape))?;
-        Ok(g)
-    }
-
-    /// As [`uniform_grid`](Self::uniform_grid), writing into a caller buffer (host or device
-    /// memory of the context's device).
-    pub fn uniform_grid_into(&self, lo: f32, hi: f32, grid: TensorMut<'_>) -> Result<()> {
-        self.grid_impl("KanLinearPlan::uniform_grid_into", lo, hi, &grid)
-    }
-
-    /// y for every row of x, with scratch from the context's arena. A grid row that decreases is
-    /// [`Status::InvalidArgument`] naming `args->grid` and the feature.
-    pub fn forward(&mut self, args: &KanForwardArgs<'_, '_>) -> Result<()> {
-        // SAFETY: no caller buffers; every view in args is valid by construction.
-        unsafe { self.forward_impl("KanLinearPlan::forward", args, ptr::null_mut(), 0) }
-    }
-
-    /// Gradients of x, base_weight, spline_weight and spline_scaler (those asked for in `args`);
-    /// `grad_mode` applies to the parameter gradients. Scratch from the context's arena.
-    pub fn backward(&mut self, grad_mode: GradMode, args: &KanBackwardArgs<'_>) -> Result<()> {
-        // SAFETY: as in forward().
-        unsafe { self.backward_impl("KanLinearPlan::backward", grad_mode, args, ptr::null_mut(), 0) }
-    }
-
-    /// `kf_kan_linear_forward` with a caller-provided workspace. A null workspace with 0 bytes
-    /// uses the context's arena.
-    ///
-    /// # Safety
-    /// `workspace` must be null or point to at least `workspace_bytes` writable bytes on the
-    /// context's device, 64-byte aligned, not used by anyone else until the call's work has
-    /// finished (on CUDA: on the context's stream).
-    pub unsafe fn forward_raw(
-        &mut self,
-        args: &KanForwardArgs<'_, '_>,
-        workspace: *mut c_void,
-        workspace_bytes: usize,
-    ) -> Result<()> {
-        self.forward_impl("KanLinearPlan::forward_raw", args, workspace, workspace_bytes)
-    }
-
-    /// `kf_kan_linear_backward` with a caller-provided workspace.
-    ///
-    /// # Safety
-    /// As [`forward_raw`](Self::forward_raw).
-    pub unsafe fn backward_raw(
-        &mut self,
-        grad_mode: GradMode,
-        args: &KanBackwardArgs<'_>,
-        workspace: *mut c_void,
-        workspace_bytes: usize,
-    ) -> Result<()> {
-        self.backward_impl("KanLinearPlan::backward_raw", grad_mode, args, workspace, workspace_bytes)
-    }
-
-    /// The raw handle, for calls into `kfuse-sys`. It stays owned by `self`.
-    pub fn as_raw(&self) -> *mut sys::kf_kan_linear_plan {
-        self.raw.as_ptr()
-    }
-
-    fn grid_impl(&self, call: &str, lo: f32, hi: f32, grid: &TensorMut<'_>) -> Result<()> {
-        let mut g = grid.raw(call, "grid", self.ctx)?;
-        // SAFETY: a live host borrow of the length its shape needs, or a raw pointer under its
-        // constructor's contract.
-        check(unsafe { sys::kf_kan_linear_uniform_grid(self.raw.as_ptr(), lo, hi, &mut g) })
-    }
-
-    /// The forward's arguments but y: x, the knots and the parameters (the scaler absent when
-    /// not given), checked in that order.
-    fn raw_inputs(
-        call: &str,
-        ctx: &Context,
-        x: &Tensor<'_>,
-        p: &KanParams<'_>,
-    ) -> Result<sys::kf_kan_linear_forward_args> {
-        Ok(sys::kf_kan_linear_forward_args {
-            x: x.raw(call, "args.x", ctx)?,
-            grid: p.grid.raw(call, "args.grid", ctx)?,
-            base_weight: p.base_weight.raw(call, "args.base_weight", ctx)?,
-            spline_weight: p.spline_weight.raw(call, "args.spline_weight", ctx)?,
-            spline_scaler: opt_in(&p.spline_scaler, call, "args.spline_scaler", ctx)?,
-            ..init_with(sys::kf_kan_linear_forward_args_init)
-        })
-    }
-
-    unsafe fn forward_impl(
-        &mut self,
-        call: &str,
-        args: &KanForwardArgs<'_, '_>,
-        ws: *mut c_void,
-        ws_bytes: usize,
-    ) -> Result<()> {
-        let inputs = Self::raw_inputs(call, self.ctx, &args.x, &args.params)?;
-        let a = sys::kf_kan_linear_forward_args { y: args.y.raw(call, "args.y", self.ctx)?, ..inputs };
-        check(sys::kf_kan_linear_forward(self.raw.as_ptr(), &a, ws, ws_bytes))
-    }
-
-    unsafe fn backward_impl(
-        &mut self,
-        call: &str,
-        grad_mode: GradMode,
-        args: &KanBackwardArgs<'_>,
-        ws: *mut c_void,
-        ws_bytes: usize,
-    ) -> Result<()> {
-        let ctx = self.ctx;
-        let i = Self::raw_inputs(call, ctx, &args.x, &args.params)?;
-        let a = sys::kf_kan_linear_backward_args {
-            x: i.x,
-            grid: i.grid,
-            base_weight: i.base_weight,
-            spline_weight: i.spline_weight,
-            spline_scaler: i.spline_scaler,
-            dy: args.dy.raw(call, "args.dy", ctx)?,
-            dx: opt_out(&args.dx, call, "args.dx", ctx)?,
-            dbase_weight: opt_out(&args.dbase_weight, call, "args.dbase_weight", ctx)?,
-            dspline_weight: opt_out(&args.dspline_weight, call, "args.dspline_weight", ctx)?,
-            dspline_scaler: opt_out(&args.dspline_scaler, call, "args.dspline_scaler", ctx)?,
-            ..init_with(sys::kf_kan_linear_backward_args_init)
-        };
-        check(sys::kf_kan_linear_backward(self.raw.as_ptr(), grad_mode.raw(), &a, ws, ws_bytes))
-    }
 }
 
-impl Drop for KanLinearPlan<'_> {
+impl<L: KanLayer> Drop for KanPlan<'_, L> {
     fn drop(&mut self) {
-        // SAFETY: created by kf_kan_linear_plan_create, destroyed once, before its context
+        // SAFETY: created by the kind's kf_kan_*_plan_create, destroyed once, before its context
         // (borrowed).
-        unsafe { sys::kf_kan_linear_plan_destroy(self.raw.as_ptr()) }
+        unsafe { L::destroy(self.raw.as_ptr()) }
     }
 }

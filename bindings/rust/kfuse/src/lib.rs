@@ -4,7 +4,9 @@
 //! Today: stacked **GRU** (exactly `torch.nn.GRU`) and **A-GRU** layers, forward and backward
 //! over a whole sequence in one call; and **SKLinear** (Panther's sketched linear layer,
 //! [`SkLinearPlan`]), forward, backward and Panther's initialisation; and **KANLinear**
-//! (efficient-kan's layer, [`KanLinearPlan`]), forward and backward with the bases never stored.
+//! (efficient-kan's layer, [`KanLinearPlan`]) and **KANConv2d** (its convolution over unfolded
+//! patches, [`KanConv2dPlan`]), forward and backward with the bases never stored; both are a
+//! [`KanPlan`] and share its parameter and argument structs.
 //!
 //! - [`Context`]: device, stream, BLAS handle, arena. `Send`, not `Sync`.
 //! - [`RnnPlan`]: made once from an [`RnnDesc`], called many times; borrows its context.
@@ -86,6 +88,7 @@ mod context;
 mod error;
 mod grad;
 mod kan;
+mod kan_conv;
 mod layer;
 mod rnn;
 mod sklinear;
@@ -94,7 +97,11 @@ mod tensor;
 pub use context::{ArenaInfo, Context, ContextBuilder, Device};
 pub use error::{Error, Result, Status};
 pub use grad::GradMode;
-pub use kan::{KanBackwardArgs, KanForwardArgs, KanHostParams, KanLinearDesc, KanLinearPlan, KanParams};
+pub use kan::{
+    KanBackwardArgs, KanForwardArgs, KanHostParams, KanLayer, KanLinearDesc, KanLinearPlan, KanParams,
+    KanPlan,
+};
+pub use kan_conv::{KanConv2dDesc, KanConv2dPlan};
 pub use rnn::{
     BackwardArgs, Cell, ForwardArgs, Mode, Reserve, RnnDesc, RnnPlan, WeightGrads, WeightInfo, Weights,
     WorkspaceSize,

@@ -1,0 +1,152 @@
+/* Front end of the KAN grid update (efficient-kan's update_grid; kfuse.h): validate -> stage ->
+ * compute on the host (cpu/kan_grid.c) -> write. Not a hot path: it allocates host memory and,
+ * on a CUDA context, copies x, grid and spline_weight to the host and the results back,
+ * synchronising with the context's stream (as kf_sklinear_init_params does). grid and
+ * spline_weight are written only once everything has succeeded. */
+#include "kan_internal.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+KF_API void kf_kan_update_grid_args_init(kf_kan_update_grid_args *args) {
+    if (args == NULL) return;
+    kf_kan_update_grid_args a = {0};
+    a.struct_size = sizeof a;
+    a.margin = 0.01f;
+    a.grid_eps = 0.02f;
+    *args = a;
+}
+
+/* "[i0][i1]..." of flat element `e` of tensor `t` into buf. */
+static void kan_format_index(const kf_tensor *t, size_t e, char *buf, size_t cap) {
+    int64_t idx[KF_MAX_DIMS];
+    for (int32_t d = t->ndim - 1; d >= 0; --d) {
+        const int64_t ext = t->shape[d] > 0 ? t->shape[d] : 1;
+        idx[d] = (int64_t)(e % (size_t)ext);
+        e /= (size_t)ext;
+    }
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int32_t d = 0; d < t->ndim && n < cap; ++d) {
+        int w = snprintf(buf + n, cap - n, "[%" PRId64 "]", idx[d]);
+        if (w < 0) break;
+        n += (size_t)w;
+    }
+}
+
+/* Every element of host copy `h` of tensor `arg` finite. */
+static kf_status kan_check_finite(const char *fn, const char *arg, const kf_tensor *t,
+                                  const float *h, size_t n, const char *what) {
+    for (size_t e = 0; e < n; ++e)
+        if (!isfinite(h[e])) {
+            char ix[KF_MAX_DIMS * 24];
+            kan_format_index(t, e, ix, sizeof ix);
+            return kf__error(KF_ERR_INVALID_ARGUMENT, fn,
+                             "%s%s = %g (element %zu), expected %s", arg, ix, (double)h[e], e,
+                             what);
+        }
+    return KF_OK;
+}
+
+/* The value checks on host copies, then the host algorithm into new_grid / new_spline. */
+static kf_status kan_update_host(const char *fn, const struct kf_kan_linear_plan *p,
+                                 const kf_kan_update_grid_args *args, int64_t N,
+                                 const kf__kan_patches *patches, const float *x, size_t nx,
+                                 const float *grid, const float *spline, float *new_grid,
+                                 float *new_spline) {
+    KF_TRY(kf__kan_check_grid_host(p, fn, "args->grid", grid));
+    KF_TRY(kan_check_finite(fn, "args->x", &args->x, x, nx, "finite samples"));
+    KF_TRY(kan_check_finite(fn, "args->spline_weight", &args->spline_weight, spline,
+                            (size_t)(p->out * p->in * p->C), "finite coefficients"));
+    return kf__kan_update_grid_host(fn, p, N, patches, x, grid, spline, args->margin,
+                                    args->grid_eps, new_grid, new_spline);
+}
+
+/* Shared by both layers once x has been checked (N rows or patches, nx elements): the scalars,
+ * grid and spline_weight, then the update. */
+static kf_status kan_update_grid(const char *fn, const struct kf_kan_linear_plan *p,
+                                 const kf_kan_update_grid_args *args, int64_t N,
+                                 const kf__kan_patches *patches, size_t nx) {
+    bool present;
+    int64_t gs[2] = {p->in, p->nk}, oic[3] = {p->out, p->in, p->C};
+    KF_TRY(kf__check_tensor(p->ctx, fn, "args->grid", &args->grid, KF_DTYPE_F32, 2, gs, false,
+                            &present));
+    KF_TRY(kf__check_tensor(p->ctx, fn, "args->spline_weight", &args->spline_weight,
+                            KF_DTYPE_F32, 3, oic, false, &present));
+    const size_t ng = (size_t)(p->in * p->nk), ns = (size_t)(p->out * p->in * p->C);
+    float *grid = args->grid.data, *spline = args->spline_weight.data;
+    if (p->ctx->device_type == KF_DEVICE_CPU) {
+        float *res = malloc((ng + ns) * sizeof *res);
+        KF_CHECK_FN(fn, res != NULL, KF_ERR_OUT_OF_MEMORY,
+                    "cannot allocate %zu bytes for the new grid and spline_weight",
+                    (ng + ns) * sizeof *res);
+        kf_status s = kan_update_host(fn, p, args, N, patches, args->x.data, nx, grid, spline,
+                                      res, res + ng);
+        if (s == KF_OK) {
+            memcpy(grid, res, ng * sizeof *res);
+            memcpy(spline, res + ng, ns * sizeof *res);
+        }
+        free(res);
+        return s;
+    }
+#ifdef KF_HAVE_CUDA
+    /* Host staging: x, grid, spline_weight, then the new grid and spline_weight. */
+    size_t total;
+    bool ok = kf__add_size(nx, 2 * ng, &total) && kf__add_size(total, 2 * ns, &total) &&
+              kf__mul_size(total, sizeof(float), &total);
+    KF_CHECK_FN(fn, ok, KF_ERR_OUT_OF_MEMORY, "the host staging does not fit in memory");
+    float *hx = malloc(total);
+    KF_CHECK_FN(fn, hx != NULL, KF_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of host staging",
+                total);
+    float *hg = hx + nx, *hs = hg + ng, *ng_ = hs + ns, *ns_ = ng_ + ng;
+    kf_status s = kf__cuda_copy(p->ctx, fn, hx, args->x.data, nx * sizeof(float), false);
+    if (s == KF_OK) s = kf__cuda_copy(p->ctx, fn, hg, grid, ng * sizeof(float), false);
+    if (s == KF_OK) s = kf__cuda_copy(p->ctx, fn, hs, spline, ns * sizeof(float), false);
+    if (s == KF_OK) s = kan_update_host(fn, p, args, N, patches, hx, nx, hg, hs, ng_, ns_);
+    if (s == KF_OK) s = kf__cuda_copy(p->ctx, fn, grid, ng_, ng * sizeof(float), true);
+    if (s == KF_OK) s = kf__cuda_copy(p->ctx, fn, spline, ns_, ns * sizeof(float), true);
+    free(hx);
+    return s;
+#else
+    return kf__error(KF_ERR_UNSUPPORTED, fn, "this build has no CUDA backend");
+#endif
+}
+
+/* margin finite >= 0 and grid_eps in [0, 1] (NaN fails both). */
+static kf_status kan_check_scalars(const char *fn, const kf_kan_update_grid_args *args) {
+    KF_CHECK_FN(fn, isfinite(args->margin) && args->margin >= 0.0f, KF_ERR_INVALID_ARGUMENT,
+                "args->margin = %g, expected a finite value >= 0", (double)args->margin);
+    KF_CHECK_FN(fn, args->grid_eps >= 0.0f && args->grid_eps <= 1.0f, KF_ERR_INVALID_ARGUMENT,
+                "args->grid_eps = %g, expected a value in [0, 1]", (double)args->grid_eps);
+    return KF_OK;
+}
+
+KF_API kf_status kf_kan_linear_update_grid(kf_kan_linear_plan *plan,
+                                           const kf_kan_update_grid_args *args) {
+    kf__clear_error();
+    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
+    KF_TRY(kf__check_struct_size(__func__, "args", args, sizeof(kf_kan_update_grid_args)));
+    KF_TRY(kan_check_scalars(__func__, args));
+    int64_t xs[KF_MAX_DIMS], N;
+    bool present;
+    KF_TRY(kf__check_row_tensor(plan->ctx, __func__, "args->x", &args->x, -1, NULL, plan->in,
+                                false, xs, &present, &N));
+    KF_TRY(kf__kan_check_rows(__func__, plan, N));
+    return kan_update_grid(__func__, plan, args, N, NULL, (size_t)(N * plan->in));
+}
+
+KF_API kf_status kf_kan_conv2d_update_grid(kf_kan_conv2d_plan *plan,
+                                           const kf_kan_update_grid_args *args) {
+    kf__clear_error();
+    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
+    KF_TRY(kf__check_struct_size(__func__, "args", args, sizeof(kf_kan_update_grid_args)));
+    KF_TRY(kan_check_scalars(__func__, args));
+    kf__kan_patches g;
+    int64_t N = 0;
+    KF_TRY(kf__kan_conv_input(__func__, plan, &args->x, &g, &N));
+    const size_t nx = (size_t)(g.B * g.Cin * g.H * g.W);
+    return kan_update_grid(__func__, &plan->lin, args, N, &g, nx);
+}

@@ -1,0 +1,209 @@
+/* Host algorithm of the KAN grid update (efficient-kan's update_grid; kfuse.h, docs/ops/kan.md),
+ * shared by every backend: not a hot path, one feature at a time, single-threaded.
+ *
+ * Per feature i, with its M = N samples (x's column i, or feature i of every KANConv2d patch,
+ * padding as 0.0):
+ *   1. the new knots, formed in float32 exactly as kfuse.torch's (and efficient-kan's)
+ *      update_grid forms them with torch on the CPU: the samples sorted, the quantiles
+ *      x_sorted[torch.linspace(0, M - 1, G + 1, dtype=int64)] (kan_linspace_idx reproduces
+ *      torch's integer linspace, rounding quirks included), the uniform step and the blend with
+ *      grid_eps, each operation rounded to float32 in torch's order;
+ *   2. the refit, in float64: the targets U [M, out] = B_old W_old^T (the old splines at the
+ *      samples, W_old = spline_weight[:, i, :]) and the bases B_new [M, C] on the new knots, and
+ *      X [C, out] = the minimum-norm least-squares solution of B_new X = U by LAPACK's dgelsd
+ *      (SVD; rcond = DBL_EPSILON * max(M, C), torch.linalg.lstsq's default), which handles
+ *      rank-deficient systems (fewer samples than coefficients, bases no sample touches).
+ * The bases here are a float64 Cox-de Boor evaluator of their own (the fit's precision), with
+ * the library's conventions: half-open knot intervals, 0 outside [t_0, t_last), and a term over a
+ * knot span narrower than FLT_MIN counts as 0. */
+#include "kan_internal.h"
+
+#include "blas.h"
+
+#include <float.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* torch.linspace(0, M - 1, n, dtype=torch.int64) as torch's CPU kernel computes it (checked
+ * against torch 1.13 for M = 1..299 and larger, n = 2..40 and up to 201, AVX2 and default
+ * kernels): step = (M - 1) / (n - 1) in double; element idx is trunc(step * idx) below
+ * halfway = n / 2 and trunc((M - 1) - step * (n - 1 - idx)) from there on; but the first
+ * floor(n / 8) * 8 elements go through the vectorised path, 4 int64 lanes at a time, where a
+ * vector starting at idx takes base = that scalar formula at idx (the half chosen by idx alone)
+ * and lane l holds trunc(base + l * step). (With AVX-512 kernels torch uses 8 lanes and blocks
+ * of 16, which gives other indices for n >= 9; and above 32768 elements torch splits the range
+ * across threads. Neither is reproduced.) */
+static void kan_linspace_idx(int64_t M, int64_t n, int64_t *a) {
+    const int64_t end = M - 1, half = n / 2;
+    const double step = ((double)end - 0.0) / (double)(n - 1);
+    int64_t idx = 0;
+    for (; idx + 8 <= n; idx += 8) /* blocks of two vectors */
+        for (int64_t v = idx; v < idx + 8; v += 4) {
+            const int64_t base = v < half ? (int64_t)(0.0 + step * (double)v)
+                                          : (int64_t)((double)end - step * (double)(n - v - 1));
+            for (int64_t l = 0; l < 4; ++l) a[v + l] = (int64_t)((double)base + (double)l * step);
+        }
+    for (; idx < n; ++idx)
+        a[idx] = idx < half ? (int64_t)(0.0 + step * (double)idx)
+                            : (int64_t)((double)end - step * (double)(n - idx - 1));
+    for (int64_t j = 0; j < n; ++j) a[j] = a[j] < 0 ? 0 : a[j] > end ? end : a[j];
+}
+
+/* The C = nk - k - 1 bases of order k at x on the knots t[0 .. nk - 1] into B (float64;
+ * `b` is scratch for nk - 1 values). */
+static void kan_bases64(int64_t nk, int64_t k, const double *t, double x, double *b, double *B) {
+    const int64_t C = nk - k - 1;
+    if (!(x >= t[0] && x < t[nk - 1])) {
+        for (int64_t c = 0; c < C; ++c) B[c] = 0.0;
+        return;
+    }
+    for (int64_t j = 0; j + 1 < nk; ++j) b[j] = (x >= t[j] && x < t[j + 1]) ? 1.0 : 0.0;
+    for (int64_t p = 1; p <= k; ++p)
+        for (int64_t j = 0; j + p + 1 < nk; ++j) {
+            const double w1 = t[j + p] - t[j], w2 = t[j + p + 1] - t[j + 1];
+            const double inv1 = w1 >= FLT_MIN ? 1.0 / w1 : 0.0, inv2 = w2 >= FLT_MIN ? 1.0 / w2 : 0.0;
+            b[j] = (x - t[j]) * inv1 * b[j] + (t[j + p + 1] - x) * inv2 * b[j + 1];
+        }
+    memcpy(B, b, (size_t)C * sizeof(double));
+}
+
+static int kan_cmp_float(const void *a, const void *b) {
+    const float u = *(const float *)a, v = *(const float *)b;
+    return (u > v) - (u < v);
+}
+
+/* The new knots of one feature from its M sorted samples s, in float32 as torch forms them
+ * (kfuse.torch's update_grid): every line one rounded torch operation. */
+static void kan_new_knots(const struct kf_kan_linear_plan *p, const float *s, int64_t M,
+                          const int64_t *a, float margin, float grid_eps, float *t) {
+    const int64_t G = p->G, k = p->k;
+    const float two_margin = (float)(2.0 * (double)margin);
+    const float one_minus_eps = (float)(1.0 - (double)grid_eps);
+    const float range = s[M - 1] - s[0];
+    const float h = (range + two_margin) / (float)G; /* uniform_step */
+    for (int64_t j = 0; j <= G; ++j) {
+        const float jh = (float)j * h;
+        const float u = (jh + s[0]) - margin;    /* grid_uniform */
+        const float e = grid_eps * u;
+        const float q = one_minus_eps * s[a[j]]; /* (1 - grid_eps) * grid_adaptive */
+        t[k + j] = e + q;
+    }
+    for (int64_t m = 1; m <= k; ++m) {
+        t[k - m] = t[k] - h * (float)m;
+        t[k + G + m] = t[k + G] + h * (float)m;
+    }
+}
+
+kf_status kf__kan_update_grid_host(const char *fn, const struct kf_kan_linear_plan *p, int64_t N,
+                                   const kf__kan_patches *patches, const float *x,
+                                   const float *grid, const float *spline, float margin,
+                                   float grid_eps, float *new_grid, float *new_spline) {
+    const int64_t in = p->in, out = p->out, C = p->C, nk = p->nk, k = p->k, M = N;
+    const int64_t ldb = M > C ? M : C, mn = M < C ? M : C;
+    const int64_t HoWo = patches ? patches->Ho * patches->Wo : 0;
+    const int64_t img = patches ? patches->Cin * patches->H * patches->W : 0;
+    /* Sizes in elements; each buffer fits size_t (checked) and LAPACK's int (M, C, out and
+     * ldb * out are within INT32_MAX by the plan's and rows' limits; the products below are
+     * checked). */
+    size_t nA, nU, bytes = 0;
+    bool ok = kf__mul_size((size_t)M, (size_t)C, &nA) && kf__mul_size((size_t)ldb, (size_t)out, &nU);
+    KF_CHECK_FN(fn, ok, KF_ERR_OUT_OF_MEMORY, "the fit of %" PRId64 " samples is too large", M);
+    float *s = malloc((size_t)M * sizeof *s);      /* samples, then sorted */
+    float *v = malloc((size_t)M * sizeof *v);      /* samples in row order */
+    int64_t *aidx = malloc((size_t)(p->G + 1) * sizeof *aidx);
+    int64_t *off = patches ? malloc((size_t)HoWo * sizeof *off) : NULL;
+    double *t_old = malloc((size_t)nk * sizeof *t_old), *t_new = malloc((size_t)nk * sizeof *t_new);
+    double *scratch = malloc((size_t)nk * sizeof *scratch), *bo = malloc((size_t)C * sizeof *bo);
+    double *A = malloc(nA * sizeof *A), *U = malloc(nU * sizeof *U);
+    double *sv = malloc((size_t)mn * sizeof *sv);
+    double *work = NULL;
+    int *iwork = NULL;
+    kf_status st = KF_OK;
+    if (!s || !v || !aidx || (patches && !off) || !t_old || !t_new || !scratch || !bo || !A ||
+        !U || !sv) {
+        st = kf__error(KF_ERR_OUT_OF_MEMORY, fn, "cannot allocate the host buffers of the fit of "
+                       "%" PRId64 " samples", M);
+        goto done;
+    }
+    const int im = (int)M, ic = (int)C, iout = (int)out, ildb = (int)ldb;
+    const double rcond = DBL_EPSILON * (double)(M > C ? M : C);
+    kf__blas_init();
+    int rank = 0, info = 0, lwork = -1, iwq = 0;
+    double wq = 0.0;
+    dgelsd_(&im, &ic, &iout, A, &im, U, &ildb, sv, &rcond, &rank, &wq, &lwork, &iwq, &info);
+    if (info != 0) {
+        st = kf__error(KF_ERR_INTERNAL, fn, "LAPACK dgelsd workspace query failed (info = %d)",
+                       info);
+        goto done;
+    }
+    lwork = (int)wq;
+    const int liwork = iwq > 1 ? iwq : 1;
+    if (!kf__mul_size((size_t)lwork, sizeof(double), &bytes) ||
+        (work = malloc(bytes)) == NULL || (iwork = malloc((size_t)liwork * sizeof(int))) == NULL) {
+        st = kf__error(KF_ERR_OUT_OF_MEMORY, fn, "cannot allocate %d doubles of LAPACK workspace",
+                       lwork);
+        goto done;
+    }
+    kan_linspace_idx(M, p->G + 1, aidx);
+    for (int64_t i = 0; i < in; ++i) {
+        /* the samples of feature i, in row order */
+        if (!patches) {
+            for (int64_t m = 0; m < M; ++m) v[m] = x[m * in + i];
+        } else {
+            kf__kan_patch_offsets(patches, i, 0, HoWo, off);
+            for (int64_t b = 0; b < patches->B; ++b) {
+                const float *xi = x + b * img;
+                float *d = v + b * HoWo;
+                for (int64_t r = 0; r < HoWo; ++r) d[r] = off[r] >= 0 ? xi[off[r]] : 0.0f;
+            }
+        }
+        memcpy(s, v, (size_t)M * sizeof *s);
+        qsort(s, (size_t)M, sizeof *s, kan_cmp_float);
+        float *tn = new_grid + i * nk;
+        kan_new_knots(p, s, M, aidx, margin, grid_eps, tn);
+        for (int64_t j = 0; j < nk; ++j) {
+            if (!isfinite(tn[j])) {
+                st = kf__error(KF_ERR_INVALID_ARGUMENT, fn,
+                               "args->x: the samples of feature %" PRId64 " span [%g, %g], too "
+                               "wide a range for finite knots (new knot %" PRId64 " = %g)", i,
+                               (double)s[0], (double)s[M - 1], j, (double)tn[j]);
+                goto done;
+            }
+            t_new[j] = (double)tn[j];
+            t_old[j] = (double)grid[i * nk + j];
+        }
+        /* targets U [M, out] (column-major, ldb; rows M .. ldb - 1 zero) and the new bases
+         * A [M, C] (column-major) */
+        if (ldb > M)
+            for (int64_t o = 0; o < out; ++o)
+                memset(U + o * ldb + M, 0, (size_t)(ldb - M) * sizeof *U);
+        for (int64_t m = 0; m < M; ++m) {
+            const double xm = (double)v[m];
+            kan_bases64(nk, k, t_old, xm, scratch, bo);
+            for (int64_t o = 0; o < out; ++o) {
+                const float *w = spline + (o * in + i) * C;
+                double acc = 0.0;
+                for (int64_t c = 0; c < C; ++c) acc += bo[c] * (double)w[c];
+                U[m + o * ldb] = acc;
+            }
+            kan_bases64(nk, k, t_new, xm, scratch, bo);
+            for (int64_t c = 0; c < C; ++c) A[m + c * M] = bo[c];
+        }
+        dgelsd_(&im, &ic, &iout, A, &im, U, &ildb, sv, &rcond, &rank, work, &lwork, iwork, &info);
+        if (info != 0) {
+            st = kf__error(KF_ERR_INTERNAL, fn, "LAPACK dgelsd failed for feature %" PRId64
+                           " (info = %d: the SVD did not converge)", i, info);
+            goto done;
+        }
+        for (int64_t o = 0; o < out; ++o) {
+            float *w = new_spline + (o * in + i) * C;
+            for (int64_t c = 0; c < C; ++c) w[c] = (float)U[c + o * ldb];
+        }
+    }
+done:
+    free(s), free(v), free(aidx), free(off), free(t_old), free(t_new), free(scratch), free(bo);
+    free(A), free(U), free(sv), free(work), free(iwork);
+    return st;
+}
