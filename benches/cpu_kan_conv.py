@@ -64,9 +64,22 @@ def out_hw(H, W):
     return (H + 2 * PAD - KERNEL) + 1, (W + 2 * PAD - KERNEL) + 1
 
 
+def conv_kan_forward(x, grid, params, kernel=KERNEL, pad=PAD, k=K_ORD):
+    """The unfold+ekan baseline (benches/gpu_kan.py imports it): F.unfold of x [B, C_in, H, W]
+    (stride 1, dilation 1), efficient-kan's KANLinear over the F = C_in*kernel*kernel patch
+    features (kan_forward: materialised bases; params = base_weight, spline_weight,
+    spline_scaler), the output folded back to [B, C_out, Ho, Wo]."""
+    import torch.nn.functional as F
+    B, cin, H, W = x.shape
+    Ho, Wo = H + 2 * pad - kernel + 1, W + 2 * pad - kernel + 1
+    nF, N, cout = cin * kernel * kernel, B * Ho * Wo, params[0].shape[0]
+    p = F.unfold(x, kernel, padding=pad).transpose(1, 2).reshape(N, nF)
+    y = kan_forward(p, grid, *params, k)  # [N, out]
+    return y.view(B, Ho * Wo, cout).transpose(1, 2).reshape(B, cout, Ho, Wo)
+
+
 def worker(a):
     import torch
-    import torch.nn.functional as F
     kfuse_run = a.worker == "kfuse"
     if kfuse_run:  # the library's CPU context: its own threads, one per core
         import kfuse
@@ -117,9 +130,7 @@ def worker(a):
             pg = [q.clone().requires_grad_(True) for q in params]
 
             def unfold_kan(xx, ps):  # F.unfold + efficient-kan's KANLinear, folded back
-                p = F.unfold(xx, KERNEL, padding=PAD).transpose(1, 2).reshape(N, nF)
-                y = kan_forward(p, grid, *ps, K_ORD)  # [N, out]
-                return y.view(B, Ho * Wo, cout).transpose(1, 2).reshape(B, cout, Ho, Wo)
+                return conv_kan_forward(xx, grid, ps)
 
             def ekan_fwd():
                 with torch.no_grad():

@@ -8,13 +8,18 @@
 # (RPATH, CTestTestfile) point at the machine it was built on, so the tests run as executables
 # found under BUILD_DIR with LD_LIBRARY_PATH set, the way ctest would run them (--jobs 1).
 #
-# Steps (KF_GPU_PARTS, default all: "tests sanitizer bench_rnn bench_sklinear"): nvidia-smi and
-# every C test (KF_GPU_TESTS: a name glob, default test_*); compute-sanitizer memcheck and
+# Steps (KF_GPU_PARTS, default all: "tests sanitizer bench_rnn bench_sklinear bench_kan"):
+# nvidia-smi and every C test (KF_GPU_TESTS: a name glob, default test_*); compute-sanitizer memcheck and
 # racecheck on the CUDA tests (150 s each for SKLinear, KANLinear and KANConv2d; test_rnn_cuda's racecheck
 # filtered to the cases that cover every kernel); benches/gpu_rnn.py (kfuse vs cuDNN's GRU and the
 # eager A-GRU loop); benches/gpu_sklinear.py (kfuse vs dense nn.Linear, two eager GEMMs and
-# Panther's formulation). Everything goes to $OUT (default /tmp/kf-gpu-out), at most 8 files; a
-# summary table prints last. Aim: under 10 minutes (one device call) for all parts.
+# Panther's formulation); benches/gpu_kan.py (KANLinear and KANConv2d vs efficient-kan's math in
+# eager torch, unfold + it, and a dense GEMM with K = F*(G+k+1); peak memory; PASS/MISS against
+# the KAN targets). Each benchmark writes its table to gpu_<name>.md; their logs (JSON rows) go to
+# one file, gpu_benches.log. Everything goes to $OUT (default /tmp/kf-gpu-out), at most 8 files
+# (tests.log, sanitizer-memcheck.log, sanitizer-racecheck.log, gpu_rnn.md, gpu_sklinear.md,
+# gpu_kan.md, gpu_benches.log, summary.txt); a summary table prints last. Aim: under 10 minutes
+# (one device call) for all parts.
 set -u
 cd "$(dirname "$0")/.."
 BUILD=$(cd "${1:-build-gpu}" && pwd -P) || { echo "no build directory ${1:-build-gpu}"; exit 2; }
@@ -40,7 +45,7 @@ EOF
 export LD_LIBRARY_PATH="$BUILD/deps:$BUILD:/usr/local/cuda/lib64:$(echo "$pyl" | paste -sd:):${LD_LIBRARY_PATH:-}"
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || echo "")
 
-PARTS=" ${KF_GPU_PARTS:-tests sanitizer bench_rnn bench_sklinear} "
+PARTS=" ${KF_GPU_PARTS:-tests sanitizer bench_rnn bench_sklinear bench_kan} "
 part() { [[ "$PARTS" == *" $1 "* ]]; }
 declare -a ROWS
 row() { ROWS+=("$(printf '%-34s %-8s %s' "$1" "$2" "$3")"); }
@@ -116,16 +121,20 @@ for f in "$OUT"/sanitizer-*.log.test_*; do
 done
 
 # 4. benchmarks: recurrent layers against cuDNN and the eager A-GRU loop; SKLinear against dense,
-#    two eager GEMMs and Panther's formulation. Each log holds the JSON rows, the .md the table.
-for b in rnn sklinear; do
+#    two eager GEMMs and Panther's formulation; KANLinear and KANConv2d against efficient-kan's
+#    math and a dense GEMM. Each .md holds the table; gpu_benches.log every script's output (the
+#    JSON rows, then the table), one section each (the file budget of $OUT).
+for b in rnn sklinear kan; do
     BENCH=$(find "$BUILD" -maxdepth 3 -type f -name "kf_bench_$b" -perm -u+x | head -1)
     if ! part "bench_$b"; then
         continue
     elif [ -n "$BENCH" ]; then
+        echo "=== benches/gpu_$b.py --bench $BENCH" >> "$OUT/gpu_benches.log"
         PYTHONUNBUFFERED=1 timeout 240 python3 "benches/gpu_$b.py" --bench "$BENCH" \
-            --md "$OUT/gpu_$b.md" > "$OUT/gpu_$b.log" 2>&1
+            --md "$OUT/gpu_$b.md" >> "$OUT/gpu_benches.log" 2>&1
         rc=$?
-        row "benches/gpu_$b.py" "$([ $rc -eq 0 ] && echo ok || echo "FAIL($rc)")" "gpu_$b.md / gpu_$b.log"
+        echo "=== benches/gpu_$b.py rc=$rc" >> "$OUT/gpu_benches.log"
+        row "benches/gpu_$b.py" "$([ $rc -eq 0 ] && echo ok || echo "FAIL($rc)")" "gpu_$b.md / gpu_benches.log"
     else
         row "benches/gpu_$b.py" SKIP "kf_bench_$b not found under $BUILD"
     fi
@@ -136,7 +145,7 @@ done
     echo
     echo "==== kfuse GPU run summary ($SECONDS s) ===="
     for r in "${ROWS[@]}"; do echo "$r"; done
-    for md in "$OUT/gpu_rnn.md" "$OUT/gpu_sklinear.md"; do [ -f "$md" ] && { echo; cat "$md"; }; done
+    for md in "$OUT/gpu_rnn.md" "$OUT/gpu_sklinear.md" "$OUT/gpu_kan.md"; do [ -f "$md" ] && { echo; cat "$md"; }; done
     echo
     echo "files in $OUT: $(ls "$OUT" | paste -sd' ')"
 } | tee "$OUT/summary.txt"

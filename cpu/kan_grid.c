@@ -152,9 +152,10 @@ kf_status kf__kan_update_grid_host(const char *fn, const struct kf_kan_linear_pl
         if (!patches) {
             for (int64_t m = 0; m < M; ++m) v[m] = x[m * in + i];
         } else {
-            kf__kan_patch_offsets(patches, i, 0, HoWo, off);
+            const int64_t kk = (int64_t)patches->kh * patches->kw;
+            kf__kan_patch_offsets(patches, i % kk, 0, HoWo, off);
             for (int64_t b = 0; b < patches->B; ++b) {
-                const float *xi = x + b * img;
+                const float *xi = x + b * img + i / kk * patches->H * patches->W;
                 float *d = v + b * HoWo;
                 for (int64_t r = 0; r < HoWo; ++r) d[r] = off[r] >= 0 ? xi[off[r]] : 0.0f;
             }

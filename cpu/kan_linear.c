@@ -57,7 +57,7 @@ static int64_t kan_max(int64_t a, int64_t b) { return a > b ? a : b; }
 /* Everything a call derives from (plan, N, patches): blocking, team size and the workspace
  * layout. Workspace bytes (each term rounded up to 64):
  *     4 out K  +  4 in k nk  +  team * (4 (rows Fr cw + out F cw + 2 rows Fr + rows nk)
- *                                       + 8 rows for KANConv2d's patch offsets)
+ *                                       + 8 rows kh kw for KANConv2d's patch offsets)
  * with rows = min(128, L): bounded by tiles, never by N times the bases. */
 typedef struct kan_geom {
     int64_t rows;        /* rows per block: min(KF__KAN_ROWS, L) */
@@ -71,8 +71,8 @@ typedef struct kan_geom {
     size_t wc, inv;      /* byte offsets: W [out, K]; knot reciprocals [in, k, nk] */
     size_t thr;          /* byte offset of thread 0's region; thread t's is thr + t * thr_bytes */
     size_t thr_bytes;    /* tile [Fr*cw, rows], dW [out, F*cw], x^T and dx^T [Fr, rows],
-                            bases S [nk - 1, rows], clamped x [rows], patch offsets [rows]
-                            (int64, KANConv2d only) */
+                            bases S [nk - 1, rows], clamped x [rows], patch offsets
+                            [kh kw, rows] (int64, KANConv2d only) */
     size_t tile, dw, xt, dxt, s, xb, off; /* offsets inside a thread's region */
     size_t bytes;
 } kan_geom;
@@ -104,7 +104,9 @@ static kan_geom kan_geom_of(const struct kf_kan_linear_plan *p, int64_t N,
     g.s = g.dxt + kf__align_up((size_t)(g.rows * g.Fr) * f4);
     g.xb = g.s + kf__align_up((size_t)(g.rows * (p->nk - 1)) * f4);
     g.off = g.xb + kf__align_up((size_t)g.rows * f4);
-    g.thr_bytes = g.off + (patches ? kf__align_up((size_t)g.rows * sizeof(int64_t)) : 0);
+    g.thr_bytes = g.off + (patches ? kf__align_up((size_t)(g.rows * patches->kh * patches->kw) *
+                                                  sizeof(int64_t))
+                                   : 0);
     g.bytes = g.thr + (size_t)g.team * g.thr_bytes;
     return g;
 }
@@ -188,37 +190,49 @@ static void kan_gather_rows(const float *x, int64_t in, int64_t rows, int64_t f0
         for (int64_t i = f0; i < f1; ++i) xT[(i - f0) * rows + n] = x[n * in + i];
 }
 
-void kf__kan_patch_offsets(const kf__kan_patches *P, int64_t f, int64_t p0, int64_t rows,
+void kf__kan_patch_offsets(const kf__kan_patches *P, int64_t pos, int64_t p0, int64_t rows,
                            int64_t *off) {
-    const int64_t kk = (int64_t)P->kh * P->kw, c = f / kk, i = f % kk / P->kw, j = f % P->kw;
+    const int64_t i = pos / P->kw, j = pos % P->kw;
     int64_t oh = p0 / P->Wo, ow = p0 % P->Wo;
     for (int64_t r = 0; r < rows; ++r) {
         const int64_t ih = oh * P->sh - P->ph + i * P->dh, iw = ow * P->sw - P->pw + j * P->dw;
-        off[r] = ih >= 0 && ih < P->H && iw >= 0 && iw < P->W ? (c * P->H + ih) * P->W + iw : -1;
+        off[r] = ih >= 0 && ih < P->H && iw >= 0 && iw < P->W ? ih * P->W + iw : -1;
         if (++ow == P->Wo) ow = 0, ++oh;
     }
 }
 
-/* x^T [f1 - f0, rows] of block k: KANLinear's rows, or the patches (im2col of the tile only;
- * `off` is scratch for `rows` offsets). */
+/* Block k's offsets for every kernel position: tab[pos * rows + r] (kf__kan_patch_offsets). A
+ * feature f = c kh kw + pos of the block reads channel c at those offsets: the table is formed
+ * once per block and serves every channel. */
+static void kan_block_offsets(const kf__kan_patches *P, const kan_blk *k, int64_t *tab) {
+    const int64_t kk = (int64_t)P->kh * P->kw;
+    for (int64_t pos = 0; pos < kk; ++pos)
+        kf__kan_patch_offsets(P, pos, k->p0, k->rows, tab + pos * k->rows);
+}
+
+/* x^T [f1 - f0, rows] of block k: KANLinear's rows, or the patches (im2col of the tile only,
+ * from the block's offset table `tab`). */
 static void kan_gather_x(const float *x, const kf__kan_patches *P, int64_t in, const kan_blk *k,
-                         int64_t f0, int64_t f1, float *xT, int64_t *off) {
+                         int64_t f0, int64_t f1, float *xT, const int64_t *tab) {
     if (!P) {
         kan_gather_rows(x + k->n0 * in, in, k->rows, f0, f1, xT);
         return;
     }
-    const float *img = x + k->img * P->Cin * P->H * P->W;
+    const int64_t kk = (int64_t)P->kh * P->kw, plane = P->H * P->W;
+    const float *img = x + k->img * P->Cin * plane;
     for (int64_t f = f0; f < f1; ++f) {
+        const float *src = img + f / kk * plane;
+        const int64_t *off = tab + f % kk * k->rows;
         float *d = xT + (f - f0) * k->rows;
-        kf__kan_patch_offsets(P, f, k->p0, k->rows, off);
-        for (int64_t r = 0; r < k->rows; ++r) d[r] = off[r] >= 0 ? img[off[r]] : 0.0f;
+        for (int64_t r = 0; r < k->rows; ++r) d[r] = off[r] >= 0 ? src[off[r]] : 0.0f;
     }
 }
 
 /* The inverse of kan_gather_x for dx: KANLinear writes its rows; KANConv2d adds each patch
  * element into the pixel it came from (padding is dropped). */
 static void kan_scatter_dx(const float *dxT, const kf__kan_patches *P, int64_t in,
-                           const kan_blk *k, int64_t f0, int64_t f1, float *dx, int64_t *off) {
+                           const kan_blk *k, int64_t f0, int64_t f1, float *dx,
+                           const int64_t *tab) {
     const int64_t rows = k->rows;
     if (!P) {
         float *d = dx + k->n0 * in;
@@ -231,12 +245,14 @@ static void kan_scatter_dx(const float *dxT, const kf__kan_patches *P, int64_t i
             for (int64_t i = f0; i < f1; ++i) d[n * in + i] = dxT[(i - f0) * rows + n];
         return;
     }
-    float *img = dx + k->img * P->Cin * P->H * P->W;
+    const int64_t kk = (int64_t)P->kh * P->kw, plane = P->H * P->W;
+    float *img = dx + k->img * P->Cin * plane;
     for (int64_t f = f0; f < f1; ++f) {
         const float *src = dxT + (f - f0) * rows;
-        kf__kan_patch_offsets(P, f, k->p0, rows, off);
+        float *dst = img + f / kk * plane;
+        const int64_t *off = tab + f % kk * rows;
         for (int64_t r = 0; r < rows; ++r)
-            if (off[r] >= 0) img[off[r]] += src[r];
+            if (off[r] >= 0) dst[off[r]] += src[r];
     }
 }
 
@@ -367,6 +383,7 @@ static void kan_fwd_team(void *arg, int tid, int nth) {
     for (int64_t b = tid; b < g->blocks; b += nth) {
         const kan_blk k = kan_blk_of(g, b);
         float *y = kan_yblk(c->y, P, g, out, &k, &ld);
+        if (P) kan_block_offsets(P, &k, off);
         for (int64_t ch = 0; ch < g->rchunks; ++ch) {
             const int64_t f0 = ch * g->Fr, f1 = kan_min(in, f0 + g->Fr), cols = (f1 - f0) * cw;
             const float beta = ch ? 1.0f : 0.0f;
@@ -477,6 +494,7 @@ static void kan_bwd_team(void *arg, int tid, int nth) {
         for (int64_t b = u * g->unit; b < (u + 1) * g->unit; ++b) {
             const kan_blk k = kan_blk_of(g, b);
             const float *dy = kan_yblk(c->dy, P, g, out, &k, &ld);
+            if (P) kan_block_offsets(P, &k, off);
             for (int64_t ch = 0; ch < g->rchunks; ++ch) {
                 const int64_t f0 = ch * g->Fr, f1 = kan_min(in, f0 + g->Fr);
                 const int64_t cols = (f1 - f0) * cw;
@@ -496,6 +514,7 @@ static void kan_bwd_team(void *arg, int tid, int nth) {
         for (int64_t b = 0; b < g->blocks; ++b) {
             const kan_blk k = kan_blk_of(g, b);
             const float *dy = kan_yblk(c->dy, P, g, out, &k, &ld);
+            if (P) kan_block_offsets(P, &k, off);
             kan_gather_x(c->x, P, in, &k, f0, f1, xT, off);
             kan_tile(p, c->grid, inv, xT, k.rows, f0, f1, tile, S, xb);
             kf__sgemm(!P, true, out, cols, k.rows, 1.0f, dy, ld, tile, k.rows, b ? 1.0f : 0.0f,

@@ -81,10 +81,11 @@ size_t kf__cpu_kan_workspace(const struct kf_kan_linear_plan *p, int64_t N,
 kf_status kf__cpu_kan_forward(kf_context *ctx, const kf__kan_fwd *c);
 kf_status kf__cpu_kan_backward(kf_context *ctx, const kf__kan_bwd *c);
 
-/* off[r] = the offset in its image [Cin, H, W] of feature f of the patch at output pixel p0 + r
- * of an image (rows consecutive pixels, p0 + rows <= Ho Wo), or -1 where that is padding
+/* off[r] = the offset in one channel plane [H, W] of kernel position pos = i kw + j of the patch
+ * at output pixel p0 + r of an image (rows consecutive pixels, p0 + rows <= Ho Wo), or -1 where
+ * that is padding. Feature f of a patch is channel f / (kh kw) at position f % (kh kw)
  * (cpu/kan_linear.c). */
-void kf__kan_patch_offsets(const kf__kan_patches *P, int64_t f, int64_t p0, int64_t rows,
+void kf__kan_patch_offsets(const kf__kan_patches *P, int64_t pos, int64_t p0, int64_t rows,
                            int64_t *off);
 
 /* efficient-kan's initial knots on host memory, shared by every backend (the CUDA front end

@@ -11,6 +11,7 @@ GEMM), its kf_kan_conv2d_* part.
                          (efficient-kan's state_dict order: parameters, then the grid buffer;
                          F = in_features, or in_channels * kh * kw for the convolution)
     plan.uniform_grid(lo, hi, grid)
+    plan.update_grid(x, grid, spline_weight, margin=0.01, grid_eps=0.02)
     plan.output_shape(x_shape)                     y's shape for an x of that shape
     plan.workspace_size(N) / plan.workspace_size(batch, height, width)
     plan.forward(x, grid, base_weight, spline_weight, y, spline_scaler=None)
@@ -118,6 +119,21 @@ class _KanPlan:
         t = ffi.new("kf_tensor *")
         _fill_tensor(t, TensorRef(*grid) if isinstance(grid, tuple) else grid)
         check(getattr(lib, self._prefix + "_uniform_grid")(self._ptr, float(lo), float(hi), t))
+
+    def update_grid(self, x, grid, spline_weight, margin=0.01, grid_eps=0.02):
+        """kf_kan_<layer>_update_grid (efficient-kan's update_grid): new knots in `grid` from the
+        samples x (as forward takes it; for the convolution, its patches) and `spline_weight`
+        refitted in float64 so that its splines on the new knots reproduce, on the samples, those
+        on the old ones (minimum-norm least squares by SVD). Both are written in place, and only
+        on success. Not a hot path: it synchronises and computes on the host. Tensors as for
+        forward()."""
+        args = ffi.new("kf_kan_update_grid_args *")
+        lib.kf_kan_update_grid_args_init(args)
+        for field, t in (("x", x), ("grid", grid), ("spline_weight", spline_weight)):
+            _fill_tensor(getattr(args, field), TensorRef(*t) if isinstance(t, tuple) else t)
+        args.margin = float(margin)
+        args.grid_eps = float(grid_eps)
+        check(getattr(lib, self._prefix + "_update_grid")(self._ptr, args))
 
     def _workspace_bytes(self, *dims):
         ws = ffi.new("size_t *")

@@ -5,17 +5,22 @@
     params = sklinear_init(plan, seed, W_init=None)          # {"S1s": ..., "U2s": ...}
     y = sklinear_forward(plan, x, params)
     dx, dparams = sklinear_backward(plan, x, params, dy)     # dparams: {"S1s", "S2s", "bias"}
-    grid = kan_linear_uniform_grid(plan, lo=-1.0, hi=1.0)    # [in, G + 2k + 1]
-    y = kan_linear_forward(plan, x, params)                  # params: efficient-kan's names
-    dx, dparams = kan_linear_backward(plan, x, params, dy)   # base_weight, spline_weight, ...
+    grid = kan_uniform_grid(plan, lo=-1.0, hi=1.0)           # [F, G + 2k + 1]
+    y = kan_forward(plan, x, params)                         # params: efficient-kan's names
+    dx, dparams = kan_backward(plan, x, params, dy)          # base_weight, spline_weight, ...
+    grid, spline_weight = kan_update_grid(plan, x, params)   # efficient-kan's update_grid
+
+The kan_* functions take a kfuse.kan.KanLinearPlan (x [..., in] -> y [..., out]) or a
+kfuse.kan.KanConv2dPlan (x [B, C_in, H, W] -> y [B, C_out, Ho, Wo]); kan_linear_uniform_grid,
+kan_linear_forward and kan_linear_backward are their 1.1 names.
 
 Arrays are passed to the library as they are (their dtype and strides go into the kf_tensor), so
 every check (dtype float32, C-contiguous, shapes) is the library's own and fails with its message
 as kfuse.InvalidArgument. Anything numpy can view without copying works as input: ndarrays,
 objects exposing __array_interface__ or the buffer protocol, and DLPack producers (__dlpack__,
 through np.from_dlpack). Outputs are new float32 arrays. The GIL is released during each call.
-`plan` is a kfuse.RnnPlan, kfuse.sklinear.SkLinearPlan or kfuse.kan.KanLinearPlan on a CPU context
-(numpy memory is host memory).
+`plan` is a kfuse.RnnPlan, kfuse.sklinear.SkLinearPlan, kfuse.kan.KanLinearPlan
+or kfuse.kan.KanConv2dPlan on a CPU context (numpy memory is host memory).
 """
 from collections.abc import Mapping
 
@@ -26,7 +31,8 @@ from kfuse._lowlevel import (
 )
 
 __all__ = ["rnn_forward", "rnn_backward", "sklinear_init", "sklinear_forward",
-           "sklinear_backward", "kan_linear_uniform_grid", "kan_linear_forward",
+           "sklinear_backward", "kan_uniform_grid", "kan_forward", "kan_backward",
+           "kan_update_grid", "kan_linear_uniform_grid", "kan_linear_forward",
            "kan_linear_backward", "as_array", "tensor_ref", "aligned_empty"]
 
 _DTYPES = {
@@ -207,7 +213,7 @@ def sklinear_forward(plan, x, params, workspace=None):
 
 def sklinear_backward(plan, x, params, dy, need_dx=True, need_dparams=True, dparams=None,
                       accumulate=False, workspace=None):
-    """Gradients of the loss given dy = dL/dy ([..., out]): returns (dx, dparams) where dparams
+    """Gradients of the loss given dy = dL/dy (y's shape): returns (dx, dparams) where dparams
     is {"S1s", "S2s", and "bias" when the plan has one} (U1s and U2s are fixed). dparams may be
     given (a mapping of float32 arrays to write, or with accumulate=True to add into; a missing
     name is not computed); by default new arrays are made when need_dparams. dx is None unless
@@ -245,24 +251,26 @@ def _kan_params(plan, params):
     return {n: as_array(params.get(n)) for n in _KAN_NAMES}
 
 
-def kan_linear_uniform_grid(plan, lo=-1.0, hi=1.0):
-    """efficient-kan's initial knots for grid_range [lo, hi] through kf_kan_linear_uniform_grid:
-    a new float32 array [in, G + 2k + 1] whose every row is lo + (j - k) (hi - lo) / G, with the
-    bits torch gives efficient-kan's grid buffer."""
+def kan_uniform_grid(plan, lo=-1.0, hi=1.0):
+    """efficient-kan's initial knots for grid_range [lo, hi] through kf_kan_<layer>_uniform_grid:
+    a new float32 array [F, G + 2k + 1] (F = in_features, or C_in kh kw) whose every row is
+    lo + (j - k) (hi - lo) / G, with the bits torch gives efficient-kan's grid buffer."""
     grid = np.empty((plan.in_features, plan.num_knots), dtype=np.float32)
     plan.uniform_grid(lo, hi, tensor_ref(grid))
     return grid
 
 
-def kan_linear_forward(plan, x, params, workspace=None):
-    """y [..., out] = SiLU(x) base_weight^T + B(x) (spline_weight * spline_scaler[..., None])^T
-    for x [..., in] (any leading dims, up to KF_MAX_DIMS in all), B(x) the B-spline bases of
-    order k on each feature's knots. params: mapping with efficient-kan's names (base_weight,
-    spline_weight, spline_scaler when the plan has a standalone scale, grid) or a sequence in
-    plan.param_names order. Returns a new float32 array."""
+def kan_forward(plan, x, params, workspace=None):
+    """KANLinear: y [..., out] = SiLU(x) base_weight^T + B(x) (spline_weight *
+    spline_scaler[..., None])^T for x [..., in] (any leading dims, up to KF_MAX_DIMS in all), B(x)
+    the B-spline bases of order k on each feature's knots; KANConv2d: that map on every patch of
+    x [B, C_in, H, W] (or [C_in, H, W]), y [B, C_out, Ho, Wo]. params: mapping with
+    efficient-kan's names (base_weight, spline_weight, spline_scaler when the plan has a
+    standalone scale, grid) or a sequence in plan.param_names order. Returns a new float32
+    array."""
     x = as_array(x)
     p = _kan_params(plan, params)
-    y_shape = _lead_shape(x, plan.out_features)
+    y_shape = plan.output_shape(x.shape)
     y = None if y_shape is None else np.empty(y_shape, dtype=np.float32)
     plan.forward(tensor_ref(x), tensor_ref(p["grid"]), tensor_ref(p["base_weight"]),
                  tensor_ref(p["spline_weight"]), tensor_ref(y),
@@ -270,9 +278,26 @@ def kan_linear_forward(plan, x, params, workspace=None):
     return y
 
 
-def kan_linear_backward(plan, x, params, dy, need_dx=True, need_dparams=True, dparams=None,
-                        accumulate=False, workspace=None):
-    """Gradients of the loss given dy = dL/dy ([..., out]): returns (dx, dparams) where dparams
+def kan_update_grid(plan, x, params, margin=0.01, grid_eps=0.02):
+    """efficient-kan's update_grid through kf_kan_<layer>_update_grid: returns new float32 arrays
+    (grid, spline_weight), the knots placed on the samples x (x's rows, or the patches of x for
+    KANConv2d) and the coefficients refitted so that the splines on them reproduce, on the
+    samples, the old ones (float64 minimum-norm least squares). params as for kan_forward (grid
+    and spline_weight are read, not written)."""
+    x = as_array(x)
+    p = _kan_params(plan, params)
+    # copies to write (their dtype kept: the library checks it)
+    grid = None if p["grid"] is None else np.array(p["grid"], order="C", copy=True)
+    spline_weight = (None if p["spline_weight"] is None
+                     else np.array(p["spline_weight"], order="C", copy=True))
+    plan.update_grid(tensor_ref(x), tensor_ref(grid), tensor_ref(spline_weight), margin=margin,
+                     grid_eps=grid_eps)
+    return grid, spline_weight
+
+
+def kan_backward(plan, x, params, dy, need_dx=True, need_dparams=True, dparams=None,
+                 accumulate=False, workspace=None):
+    """Gradients of the loss given dy = dL/dy (y's shape): returns (dx, dparams) where dparams
     is {"base_weight", "spline_weight", and "spline_scaler" when the plan has one} (the grid gets
     none). dparams may be given (a mapping of float32 arrays to write, or with accumulate=True to
     add into; a missing name is not computed); by default new arrays are made when
@@ -295,3 +320,9 @@ def kan_linear_backward(plan, x, params, dy, need_dx=True, need_dparams=True, dp
                   dspline_scaler=tensor_ref(d.get("spline_scaler")), accumulate=accumulate,
                   workspace=_workspace(workspace))
     return dx, dparams
+
+
+# The 1.1 names, for KANLinear plans (they take KANConv2d plans as well).
+kan_linear_uniform_grid = kan_uniform_grid
+kan_linear_forward = kan_forward
+kan_linear_backward = kan_backward

@@ -911,47 +911,43 @@ class _KANLayer(nn.Module):
 
     @torch.no_grad()
     def update_grid(self, x, margin=0.01):
-        """efficient-kan's grid update from a batch x [batch, in]: per feature, new knots
-        grid_eps * uniform + (1 - grid_eps) * quantiles of x (G + 1 of them, uniform ones on
-        [min - margin, max + margin]), extended by k uniform steps each side; then spline_weight
-        is refitted (curve2coeff) so that the splines on the new knots reproduce, on x, the
-        splines on the old knots.
+        """efficient-kan's grid update, by the library (kf_kan_linear_update_grid or
+        kf_kan_conv2d_update_grid, the one implementation every front end shares): per feature,
+        new knots grid_eps * uniform + (1 - grid_eps) * quantiles of the samples (G + 1 of them,
+        the uniform ones on [min - margin, max + margin]) extended by k uniform steps each side,
+        formed in float32 exactly as efficient-kan forms them with torch; then spline_weight is
+        refitted in float64 (minimum-norm least squares by SVD, which does not fail where
+        efficient-kan's float32 lstsq does) so that the splines on the new knots reproduce, on
+        the samples, the splines on the old knots. The samples are the rows of x [batch, in]
+        for KANLinear, the patches of x for KANConv2d (see there).
 
         One deliberate difference: efficient-kan refits spline_weight to the output of the
         *scaled* weights (spline_weight * spline_scaler) and then multiplies by spline_scaler
         again in forward, so with enable_standalone_scale_spline=True its update changes the
-        layer's output by that factor. Here the fit targets the splines of spline_weight itself
-        (by linearity the same as fitting the scaled output and dividing by the scaler, without
-        a division), so the output on x is preserved in both modes; without a standalone scaler
-        this is exactly efficient-kan's update. Non-finite values in x raise ValueError."""
+        layer's output by that factor. Here the fit targets the splines of spline_weight itself,
+        so the output on x is preserved in both modes; without a standalone scaler this is
+        exactly efficient-kan's update. Non-finite values in x are an InvalidArgument (a
+        ValueError) naming the first one; nothing is written then."""
+        self._check_update_x(x)
+        x = x.detach().to(dtype=self.spline_weight.dtype).contiguous()
+        _kan_check_devices(self._key(self.spline_weight.dtype), x,
+                           (self.grid, None, self.spline_weight, None))
+        grid, sw = self.grid, self.spline_weight.data
+        # the library writes in place; a non-contiguous tensor gets a contiguous stand-in
+        g = grid if grid.is_contiguous() else grid.contiguous()
+        w = sw if sw.is_contiguous() else sw.contiguous()
+        device = x.device
+        with _device_guard(device) if device.type == "cuda" else contextlib.nullcontext():
+            plan = _plan(self._key(w.dtype), device)
+            plan.update_grid(_vals_t(x), _vals_t(g), _vals_t(w), margin=margin,
+                             grid_eps=self.grid_eps)
+        if g is not grid:
+            grid.copy_(g)
+        if w is not sw:
+            sw.copy_(w)
+
+    def _check_update_x(self, x):
         self._check_x(x, "update_grid")
-        if not bool(torch.isfinite(x).all()):
-            raise ValueError("kfuse.torch.%s.update_grid: x has non-finite values"
-                             % type(self).__name__)
-        batch = x.size(0)
-        G, k = self.grid_size, self.spline_order
-        cpu = torch.device("cpu")
-        splines = _kan_bases(x.to(device=cpu, dtype=torch.float64),
-                             self.grid.to(device=cpu, dtype=torch.float64), k)  # [b, in, C]
-        coeff = self.spline_weight.detach().to(device=cpu, dtype=torch.float64)  # [out, in, C]
-        unreduced_spline_output = torch.einsum("bic,oic->bio", splines, coeff)  # [b, in, out]
-
-        # the new knots, as efficient-kan forms them (in x's dtype, on x's device)
-        x_sorted = torch.sort(x, dim=0)[0]
-        grid_adaptive = x_sorted[torch.linspace(0, batch - 1, G + 1, dtype=torch.int64,
-                                                device=x.device)]
-        uniform_step = (x_sorted[-1] - x_sorted[0] + 2 * margin) / G
-        grid_uniform = (torch.arange(G + 1, dtype=torch.float32, device=x.device).unsqueeze(1)
-                        * uniform_step + x_sorted[0] - margin)
-        grid = self.grid_eps * grid_uniform + (1 - self.grid_eps) * grid_adaptive
-        grid = torch.cat([
-            grid[:1] - uniform_step * torch.arange(k, 0, -1, device=x.device).unsqueeze(1),
-            grid,
-            grid[-1:] + uniform_step * torch.arange(1, k + 1, device=x.device).unsqueeze(1),
-        ], dim=0)
-
-        self.grid.copy_(grid.T)
-        self.spline_weight.data.copy_(self.curve2coeff(x, unreduced_spline_output))
 
     def regularization_loss(self, regularize_activation=1.0, regularize_entropy=1.0):
         """efficient-kan's regularisation: with l1 = mean |spline_weight| over the coefficients
@@ -1092,16 +1088,11 @@ class KANConv2d(_KANLayer):
                                        padding=self.padding, stride=self.stride)  # [B, F, L]
         return p.transpose(1, 2).reshape(-1, self.in_features)
 
-    @torch.no_grad()
-    def update_grid(self, x, margin=0.01):
-        """KANLinear's update_grid (efficient-kan's, with the one deliberate difference its
-        docstring describes) on the patches of x [B, in_channels, H, W] (or [in_channels, H, W]):
-        the rows self.unfold(x), zero padding included, exactly what the reference's
-        KANLinear.update_grid gets from F.unfold. Per feature, new knots from the quantiles of
-        its B * Ho * Wo values; spline_weight refitted so the layer's output on x is kept. The
-        refit materialises the bases of all patches (B * Ho * Wo * F * (G + k) float64 values):
-        pass a sample of images, not a large batch."""
-        super().update_grid(self.unfold(x), margin=margin)
+    def _check_update_x(self, x):
+        """update_grid takes images x [B, in_channels, H, W] (or [in_channels, H, W]); its samples
+        are their patches, zero padding included, exactly what the reference's
+        KANLinear.update_grid gets from F.unfold (the library gathers them; nothing is
+        unfolded here). The library checks the shape."""
 
     def extra_repr(self):
         return ("{}, {}, kernel_size={}, stride={}, padding={}, dilation={}, grid_size={}, "
