@@ -575,6 +575,53 @@ Test(kan_linear, extreme_and_nan_inputs) {
 }
 
 /* x of rank 1 ([in], one row) gives y [out], the same bits as the [1, in] call. */
+/* Uniform grids of kf_kan_linear_uniform_grid over ranges whose spacing is no power of two and
+ * far from 0, with x exactly on every knot and one float either side: the interval a knot value
+ * falls in must be the one to its right, exactly (an implementation that finds it from
+ * (x - t_0) / h, which rounds either way at a knot, must settle it against the knots); k = 0 and
+ * k = 1 make a wrong interval visible (the basis, or dx, jumps at a knot). */
+Test(kan_linear, uniform_grids_on_knots) {
+    const float ranges[][2] = {{-1.0f, 1.0f}, {-3.7f, 2.9f}, {0.1f, 0.7f}, {-1000.3f, 17.9f},
+                               {5.0f, 5.3f}};
+    const int64_t Gs[] = {3, 7, 10};
+    for (int64_t k = 0; k <= 2; k++)
+        for (size_t gi = 0; gi < sizeof Gs / sizeof Gs[0]; gi++)
+            for (size_t ri = 0; ri < sizeof ranges / sizeof ranges[0]; ri++) {
+                const int64_t G = Gs[gi], nk = G + 2 * k + 1, N = 3 * nk;
+                prob p = make_prob(N, 1, 2, G, k, 1, 0, GRID_UNIFORM, 100 + (uint64_t)ri);
+                kf_context *ctx = make_ctx(KF_DEVICE_CPU, 1);
+                kf_kan_linear_plan *plan = make_plan(ctx, &p);
+                kf_tensor gt = t3(p.grid, 2, 1, nk, 0);
+                KF_OK_(kf_kan_linear_uniform_grid(plan, ranges[ri][0], ranges[ri][1], &gt));
+                for (int64_t j = 0; j < nk; j++) {
+                    p.x[3 * j] = p.grid[j];
+                    p.x[3 * j + 1] = nextafterf(p.grid[j], -INFINITY);
+                    p.x[3 * j + 2] = nextafterf(p.grid[j], INFINITY);
+                }
+                free(p.grid64);
+                p.grid64 = ref_to_f64(p.grid, nk);
+                refresh_f64(&p);
+                float *y = poisoned(N * 2);
+                KF_OK_(run_forward(plan, &p, y));
+                double *yr = malloc((size_t)(N * 2) * sizeof *yr);
+                ref_kan_forward(&p.c, p.x64, p.grid64, p.bw64, p.sw64, p.sc64, yr);
+                grads g = poisoned_grads(&p);
+                KF_OK_(run_backward(plan, &p, KF_GRAD_OVERWRITE, &g));
+                ref_grads r = reference_grads(&p);
+                const double ey = ref_rel_err_f32(y, yr, N * 2);
+                const double ex = ref_rel_err_f32(g.dx, r.dx, N);
+                const double ew = ref_rel_err_f32(g.dsw, r.dsw, n_oic(&p));
+                cr_expect(ey < TOL && ex < TOL && ew < TOL,
+                          "k %lld G %lld range [%g, %g]: rel err y %.3g dx %.3g dspline %.3g",
+                          (long long)k, (long long)G, (double)ranges[ri][0],
+                          (double)ranges[ri][1], ey, ex, ew);
+                free_grads(&g), free_ref_grads(&r), free(y), free(yr);
+                kf_kan_linear_plan_destroy(plan);
+                kf_context_destroy(ctx);
+                free_prob(&p);
+            }
+}
+
 Test(kan_linear, rank1_x) {
     prob p = make_prob(1, 7, 5, 5, 3, 1, 0, GRID_RANDOM, 31);
     kf_context *ctx = make_ctx(KF_DEVICE_CPU, 1);
