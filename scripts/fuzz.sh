@@ -23,7 +23,7 @@ fi
 
 CC=$cc cmake -S "$root/tests/fuzz" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$build" -j"$(nproc)" 2>&1 | grep -E 'error|Error' && exit 2 || true
-[[ -x "$build/fuzz_rnn" && -x "$build/fuzz_layers" ]] || { echo "fuzz.sh: build failed" >&2; exit 2; }
+[[ -x "$build/fuzz_rnn" && -x "$build/fuzz_layers" && -x "$build/fuzz_kan_conv" ]] || { echo "fuzz.sh: build failed" >&2; exit 2; }
 
 # OpenMP threads spin-wait by default; the harness keeps contexts at 1-2 threads anyway.
 export OMP_WAIT_POLICY=PASSIVE
@@ -31,7 +31,7 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-allocator_may_return_null=1:detect_leaks=0:a
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 
 status=0
-for h in fuzz_rnn fuzz_layers; do
+for h in fuzz_rnn fuzz_layers fuzz_kan_conv; do
   mkdir -p "$work/$h/corpus" "$work/$h/artifacts"
   log="$work/$h/fuzz.log"
   echo "== $h: ${secs}s"
@@ -53,7 +53,7 @@ for h in fuzz_rnn fuzz_layers; do
   grep -E '^stat::' "$log" || true
   nfiles=$(ls "$work/$h/corpus" | wc -l)
   echo "   corpus: $nfiles files in $work/$h/corpus"
-  if [[ $rc -ne 0 ]] || grep -qE 'ERROR: (AddressSanitizer|libFuzzer|LeakSanitizer)|runtime error:|fuzz_(rnn|layers) oracle' "$log"; then
+  if [[ $rc -ne 0 ]] || grep -qE 'ERROR: (AddressSanitizer|libFuzzer|LeakSanitizer)|runtime error:|fuzz_(rnn|layers|kan_conv) oracle' "$log"; then
     echo "FAIL: $h (rc=$rc); log: $log" >&2
     grep -E -A25 'ERROR:|runtime error:|oracle' "$log" | head -60 >&2
     ls "$work/$h/artifacts" >&2

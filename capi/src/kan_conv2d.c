@@ -111,11 +111,14 @@ static kf_status kf__kan_conv_geom(const char *fn, const kf_kan_conv2d_plan *p, 
     g->B = B, g->H = H, g->W = W;
     KF_TRY(kf__kan_conv_extent(fn, hname, H, g->kh, g->sh, g->ph, g->dh, &g->Ho));
     KF_TRY(kf__kan_conv_extent(fn, wname, W, g->kw, g->sw, g->pw, g->dw, &g->Wo));
-    int64_t n = 0;
-    bool ok = !__builtin_mul_overflow(B, g->Ho * g->Wo, &n);
+    /* Ho and Wo can each reach about 3 * 2^31 (n + 2 pad), so even Ho Wo can overflow: both
+     * products are checked. */
+    int64_t hw = 0, n = 0;
+    bool ok = !__builtin_mul_overflow(g->Ho, g->Wo, &hw) && !__builtin_mul_overflow(B, hw, &n) &&
+              n <= KF__KAN_CONV_MAX;
     KF_CHECK_FN(fn, ok, KF_ERR_INVALID_ARGUMENT,
                 "%s = %" PRId64 " images of %" PRId64 " x %" PRId64 " output pixels are too many "
-                "patches", bname, B, g->Ho, g->Wo);
+                "patches (at most %d)", bname, B, g->Ho, g->Wo, KF__KAN_CONV_MAX);
     KF_TRY(kf__kan_check_rows(fn, &p->lin, n));
     *N = n;
     return KF_OK;

@@ -257,6 +257,22 @@ Test(kan_conv2d_api, workspace_query_and_grid) {
                 "plan");
     KF_OK_(kf_kan_conv2d_workspace_size(c->plan, B_, H_, W_, &n));
     cr_expect(n > 0);
+    /* Output extents of about 2^32 each (huge padding): Ho Wo overflows int64 and must be
+     * refused, not wrapped into a plausible row count (found by tests/fuzz/fuzz_kan_conv.c). */
+    kf_kan_conv2d_desc d = desc_of(1, 1, 1, 1);
+    d.pad_h = 1073764996, d.pad_w = 1073718654;
+    kf_kan_conv2d_plan *huge = NULL;
+    KF_OK_(kf_kan_conv2d_plan_create(c->ctx, &d, &huge));
+    n = 12345;
+    EXPECT_FAIL(kf_kan_conv2d_workspace_size(huge, 1, INT32_MAX - 1, INT32_MAX, &n),
+                KF_ERR_INVALID_ARGUMENT, "too many patches");
+    d.pad_h = d.pad_w = INT32_MAX;
+    kf_kan_conv2d_plan_destroy(huge);
+    KF_OK_(kf_kan_conv2d_plan_create(c->ctx, &d, &huge));
+    EXPECT_FAIL(kf_kan_conv2d_workspace_size(huge, 1, 1, 1, &n), KF_ERR_INVALID_ARGUMENT,
+                "too many patches");
+    cr_expect(n == 12345, "a refused query wrote its result");
+    kf_kan_conv2d_plan_destroy(huge);
     float g[F_ * NK_];
     kf_tensor gt = t3(g, 2, F_, NK_, 0);
     EXPECT_FAIL(kf_kan_conv2d_uniform_grid(c->plan, 1.0f, 1.0f, &gt), KF_ERR_INVALID_ARGUMENT,

@@ -45,54 +45,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fuzz_input.h"
-
-static char g_desc[256];
-#define FAIL(...)                                                                                  \
-    do {                                                                                           \
-        fprintf(stderr, "fuzz_layers oracle [%s]: ", g_desc);                                      \
-        fprintf(stderr, __VA_ARGS__);                                                              \
-        fprintf(stderr, "\n  last error: \"%s\"\n", kf_last_error_message());                      \
-        abort();                                                                                   \
-    } while (0)
-
-static int64_t interesting_i64(rd *r, int64_t honest) {
-    static const int64_t v[] = {0,         -1,        -2,          INT64_MIN,  INT64_MAX,
-                                INT32_MAX, (int64_t)INT32_MAX + 1, (int64_t)1 << 32,
-                                (int64_t)1 << 40,     (int64_t)1 << 62,        INT64_MAX / 2,
-                                INT64_MAX / 3 + 1,    1,           2,          7,
-                                65536,     3037000500LL, INT32_MIN, 46341, 1 << 30};
-    uint32_t k = u8(r);
-    if (k < sizeof v / sizeof v[0]) return v[k];
-    if (k < 60) return (int64_t)((uint64_t)honest + 1);
-    if (k < 100) return (int64_t)((uint64_t)honest - 1);
-    if (k < 120) return (int64_t)((uint64_t)honest * 2);
-    if (k < 200) return honest;
-    return (int64_t)u64(r);
-}
-
-static void check_status(kf_status st, const char *call) {
-    if ((unsigned)st > KF_ERR_INTERNAL) FAIL("%s returned %d, not a kf_status", call, (int)st);
-    if (st == KF_ERR_INTERNAL) FAIL("%s returned KF_ERR_INTERNAL", call);
-    if (st == KF_OK && kf_last_error_message()[0] != '\0') FAIL("%s: KF_OK with a message", call);
-    if (st != KF_OK && kf_last_error_message()[0] == '\0') FAIL("%s: status %d without message", call, (int)st);
-}
-
-/* ---- guarded buffers ------------------------------------------------------------------------- */
-#define GUARD 128 /* bytes after cap that must never change (data may be offset by up to 3) */
-typedef struct buf {
-    unsigned char *mem, *p; /* allocation, 64-aligned start */
-    size_t cap;
-} buf;
-static buf buf_new(size_t cap) {
-    buf b;
-    b.mem = malloc(cap + GUARD + 64);
-    if (!b.mem) abort();
-    b.p = (unsigned char *)(((uintptr_t)b.mem + 63) & ~(uintptr_t)63);
-    b.cap = cap;
-    memset(b.p, 0xA5, cap + GUARD);
-    return b;
-}
+#define FUZZ_NAME "fuzz_layers"
+#include "fuzz_oracle.h"
 
 /* ---- tensor arguments ------------------------------------------------------------------------ */
 enum { K_X, K_ROW, K_FIXED };
@@ -133,33 +87,9 @@ typedef struct slot {
 static void mutate_tensor(rd *r, slot *s) {
     kf_tensor *t = s->t;
     targ *a = s->a;
-    switch (u8(r) % 9) {
-    case 0: t->data = NULL; break;
-    case 1: t->dtype = (int32_t)(u8(r) % 9) - 1; break;
-    case 2: {
-        int32_t nd = (int32_t)interesting_i64(r, t->ndim);
-        if (nd > t->ndim && nd <= KF_MAX_DIMS)
-            for (int i = t->ndim < 0 ? 0 : t->ndim; i < nd; i++) t->shape[i] = 1, t->strides[i] = 1;
-        t->ndim = nd;
-        break;
-    }
-    case 3: case 4: { int d = (int)(u8(r) % (uint32_t)a->ndim); t->shape[d] = interesting_i64(r, t->shape[d]); break; }
-    case 5: { int d = (int)(u8(r) % (uint32_t)a->ndim); t->strides[d] = interesting_i64(r, t->strides[d]); break; }
-    case 6: if (t->data) t->data = (char *)a->b.p + 1 + u8(r) % 3; break;
-    case 7: if (t->data) t->shape[u8(r) % (uint32_t)a->ndim] = 1; break;
-    default: if (!t->data) t->data = a->b.p; break;
-    }
-}
-
-/* Contiguity with the library's rule (extents of 1 take any stride); false on overflow. */
-static bool contiguous(const kf_tensor *t, int64_t *numel) {
-    int64_t expect = 1;
-    for (int i = t->ndim - 1; i >= 0; i--) {
-        if (t->shape[i] != 1 && t->strides[i] != expect) return false;
-        if (__builtin_mul_overflow(expect, t->shape[i], &expect)) return false;
-    }
-    *numel = expect;
-    return true;
+    const uint32_t k = u8(r) % 9;
+    if (mutate_tensor_common(r, t, a->b.p, a->ndim, k)) return;
+    if (!t->data) t->data = a->b.p; /* k = 8: an absent tensor made present */
 }
 
 /* Whether the passed tensor of slot `s` is acceptable; x's leading dims come in `lead` (K_ROW) or
@@ -190,21 +120,6 @@ static bool slot_valid(const slot *s, int32_t *x_ndim, int64_t *lead, int64_t *N
         if (s->a->kind == K_X) *N = n;
     }
     return contiguous(t, numel);
-}
-
-/* ---- workspace --------------------------------------------------------------------------------- */
-typedef struct wsarg { buf b; void *p; size_t bytes; } wsarg;
-static bool pick_workspace(rd *r, size_t need, wsarg *w) { /* returns: must fail */
-    memset(w, 0, sizeof *w);
-    uint32_t k = u8(r) % 8;
-    if (k < 4) return false; /* arena */
-    w->b = buf_new(need + 64);
-    w->p = w->b.p;
-    w->bytes = need;
-    if (k == 5 && need > 0) { w->bytes = need - 1 - (size_t)(u16(r) % need); return true; }
-    if (k == 6) { w->p = w->b.p + 1 + u8(r) % 63; return true; }
-    if (k == 7) { w->p = NULL; w->bytes = 1 + u16(r); return true; }
-    return false;
 }
 
 /* ---- the session ------------------------------------------------------------------------------- */
@@ -259,20 +174,6 @@ static void fill_inputs(sess *s, rd *r) {
         for (int64_t i = 0; i < s->in; i++)
             if (ref_rng_next(&g) % 6 == 0)
                 s->x.f[n * s->in + i] = gr[i * s->nk + (int64_t)(ref_rng_next(&g) % (uint64_t)s->nk)];
-}
-
-static void check_close(const char *what, const float *got, const double *want, int64_t n) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (!isfinite(got[i])) FAIL("%s[%lld] = %g: not written / not finite", what, (long long)i, got[i]);
-        double e = (double)got[i] - want[i];
-        num += e * e, den += want[i] * want[i];
-    }
-    if (sqrt(num) > 1e-3 * sqrt(den) + 1e-4 * sqrt((double)n)) {
-        for (int64_t i = 0; i < n; i++)
-            fprintf(stderr, "  %s[%lld] = %.9g, reference %.9g\n", what, (long long)i, got[i], want[i]);
-        FAIL("%s: error %g against the float64 reference (norm %g)", what, sqrt(num), sqrt(den));
-    }
 }
 
 /* FUZZ_LAYERS_STATS=1: print per-layer counts of accepted / rejected / skipped calls at exit. */
