@@ -10,7 +10,8 @@
                  the implicit GEMM's forward product; fwd+bwd: the pass's three products
 
 for KANConv2d 3x3, padding 1, at (B, C_in, C_out, H, W) = (32, 32, 32, 28, 28) (DESIGN.md's CPU
-target) and (32, 32, 64, 32, 32), G = 5, k = 3, fp32 (--large adds B = 128 at 28x28). torch: a
+target) and (32, 32, 64, 32, 32), G = 5, k = 3, fp32 (--large adds B = 128, the issue's
+batch, for both). torch: a
 fresh process per thread setting (OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = set_num_threads; the
 first shape at every setting, the others at the last), best median kept, unfold+ekan and GEMM
 interleaved rep by rep; kfuse in its own process before and after them. About 4 minutes on a
@@ -43,7 +44,7 @@ TARGET = (32, 32, 32, 28, 28)  # DESIGN.md: CPU KANConv2d 3x3, 32->32 on 28x28, 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="one small shape, few reps, no wait")
-    p.add_argument("--large", action="store_true", help="also B=128 at 28x28 (torch: last "
+    p.add_argument("--large", action="store_true", help="also B=128 for both shapes (torch: last "
                    "thread setting only)")
     p.add_argument("--write", action="store_true", help="write benches/results/cpu_kan_conv.md")
     p.add_argument("--out", default=None, help="write the results file here")
@@ -176,7 +177,8 @@ def main(argv=None):
     nproc = os.cpu_count() or 1
     max_wait = a.max_wait if a.max_wait is not None else (0.0 if a.quick else 120.0)
     shapes = ([(4, 8, 8, 12, 12)] if a.quick else
-              [TARGET, (32, 32, 64, 32, 32)] + ([(128, 32, 32, 28, 28)] if a.large else []))
+              [TARGET, (32, 32, 64, 32, 32)]
+              + ([(128, 32, 32, 28, 28), (128, 32, 64, 32, 32)] if a.large else []))
     plan = {s: (3, 1, 0) if a.quick else (5, 1, a.budget) for s in shapes}
     threads = [int(t) for t in a.threads.split(",")]
     if a.quick:
