@@ -143,6 +143,27 @@ def test_gru_same_seed_same_init_and_names():
     assert list(k.buffers()) == [] and list(t.buffers()) == []
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("L,bidir", [(1, False), (2, True)])
+def test_gru_without_bias(L, bidir, device):
+    """GRU(bias=False) as torch.nn.GRU(bias=False): the same parameters (weights only), names,
+    initialisation from the same seed and repr; outputs and every gradient against torch's
+    float64 GRU without bias."""
+    torch.manual_seed(7)
+    k = kt.GRU(5, 6, L, bias=False, bidirectional=bidir, device=device)
+    torch.manual_seed(7)
+    t = torch.nn.GRU(5, 6, L, bias=False, bidirectional=bidir)
+    assert list(k.state_dict()) == list(t.state_dict())
+    for n, v in t.state_dict().items():
+        assert torch.equal(k.state_dict()[n].cpu(), v), n
+    assert not any("bias" in n for n, _ in k.named_parameters())
+    assert repr(k) == repr(t)
+    r = torch.nn.GRU(5, 6, L, bias=False, bidirectional=bidir, dtype=torch.float64)
+    r.load_state_dict(k.state_dict(), strict=True)
+    D = 2 if bidir else 1
+    compare(k, r, seq(8, 3, 5, False), torch.randn(L * D, 3, 6) * 0.5, device)
+
+
 def test_gru_state_dict_round_trip_both_ways():
     t = torch.nn.GRU(3, 5, 2, batch_first=True, bidirectional=True)
     k = kt.GRU(3, 5, 2, batch_first=True, bidirectional=True)
@@ -427,8 +448,6 @@ def test_descriptor_errors_at_construction():
         kt.GRU(3, 4, 2, dropout=1.5)
     with pytest.raises(kfuse.InvalidArgument, match="hidden_size"):
         kt.AGRU(3, 0)
-    with pytest.raises(NotImplementedError):
-        kt.GRU(3, 4, bias=False)
     with pytest.raises(kfuse.Unsupported) as e:
         kfuse.RnnPlan(kfuse.Context(), "agru", 3, 4, bidirectional=True)
     assert isinstance(e.value, NotImplementedError) and "kf_rnn_plan_create" in e.value.message

@@ -224,8 +224,17 @@ class _KfuseRNNBase(nn.Module):
         _plan(self._key(dtype, self.dropout), torch.device("cpu"))
 
     def _canonical_weights(self):
+        """The library's weights in its canonical order: the module's parameters, and zeros for
+        the biases of a GRU(bias=False) (the cell with zero biases is the cell without them;
+        their gradients are not asked for)."""
         plan = _plan(self._key(self._param_dtype(), 0.0), torch.device("cpu"))
-        return [self.get_parameter(name) for name in plan.weight_names]
+        params = dict(self.named_parameters())
+        return [params[name] if name in params else self._zero_bias(name)
+                for name in plan.weight_names]
+
+    def _zero_bias(self, name):
+        w = self.get_parameter(name.replace("bias_", "weight_"))  # its layer's weight
+        return torch.zeros(w.shape[0], dtype=w.dtype, device=w.device)
 
     def _param_dtype(self):
         for p in self.parameters():
@@ -275,7 +284,8 @@ class _KfuseRNNBase(nn.Module):
 
 class GRU(_KfuseRNNBase):
     """Drop-in for torch.nn.GRU (same arguments, defaults, parameter names, shapes and
-    initialisation; same seed gives the same weights). bias=False is not implemented yet."""
+    initialisation; same seed gives the same weights). With bias=False, as in torch, there are
+    no bias parameters; the library runs the cell with zero biases."""
 
     _cell = "gru"
 
@@ -285,8 +295,6 @@ class GRU(_KfuseRNNBase):
         super().__init__()
         if proj_size != 0:
             raise ValueError("proj_size argument is only supported for LSTM, not RNN or GRU")
-        if not bias:
-            raise NotImplementedError("kfuse.torch.GRU: bias=False is not supported yet")
         if (isinstance(dropout, (int, float)) and not isinstance(dropout, bool)
                 and dropout > 0 and num_layers == 1):
             warnings.warn("dropout option adds dropout after all but last recurrent layer, so "
@@ -315,6 +323,8 @@ class GRU(_KfuseRNNBase):
                 names = [n.format(layer, sfx) for n in names]
                 shapes = [(3 * hidden_size, layer_in), (3 * hidden_size, hidden_size),
                           (3 * hidden_size,), (3 * hidden_size,)]
+                if not bias:  # torch.nn.GRU(bias=False) registers the weights only
+                    names, shapes = names[:2], shapes[:2]
                 for n, s in zip(names, shapes):
                     setattr(self, n, nn.Parameter(torch.empty(s, **factory_kwargs)))
                 self._flat_weights_names.extend(names)
@@ -341,6 +351,8 @@ class GRU(_KfuseRNNBase):
         s = "{input_size}, {hidden_size}"
         if self.num_layers != 1:
             s += ", num_layers={num_layers}"
+        if self.bias is not True:
+            s += ", bias={bias}"
         if self.batch_first is not False:
             s += ", batch_first={batch_first}"
         if self.dropout != 0:
