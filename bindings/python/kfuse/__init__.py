@@ -6,8 +6,8 @@
     kfuse.KanLinearPlan              the same over the KANLinear (efficient-kan) handle (kfuse.kan)
     kfuse.KanConv2dPlan              the same over the KANConv2d (unfold + KANLinear) handle
     kfuse.KfuseError and subclasses  one per kf_status, carrying .status and the library's message
-    kfuse.numpy                      rnn_forward / rnn_backward, sklinear_* and kan_linear_* on
-                                     numpy arrays
+    kfuse.numpy                      rnn_forward / rnn_backward, sklinear_* and kan_* (either
+                                     KAN plan) on numpy arrays
     kfuse.torch                      GRU, AGRU, SKLinear, KANLinear and KANConv2d nn.Modules
                                      (imported on demand; needs PyTorch)
 

@@ -18,10 +18,10 @@ the kfuse C library, through autograd Functions.
   SKLinear's initialisation (kf_sklinear_init_params) is keyed the same way, by a seed drawn at
   construction.
 - KANLinear draws its initialisation from torch's default generator in efficient-kan's order;
-  its grid comes from kf_kan_linear_uniform_grid, and its rare calls (reset_parameters,
-  update_grid, curve2coeff, b_splines, regularization_loss) run in torch. KANConv2d is a
-  KANLinear over the unfolded patches: the same parameters, initialisation and rare calls (its
-  update_grid unfolds x first), with forward and backward in kf_kan_conv2d_* (no patches stored).
+  its grid comes from kf_kan_linear_uniform_grid and update_grid is kf_kan_linear_update_grid;
+  the other rare calls (reset_parameters, curve2coeff, b_splines, regularization_loss) run in
+  torch. KANConv2d is a KANLinear over the patches: the same parameters, initialisation and rare
+  calls, with forward, backward and update_grid in kf_kan_conv2d_* (no patches stored).
 """
 import contextlib
 import math
@@ -764,7 +764,7 @@ def _kan_bases(x, grid, k):
     grid (x is first moved to the last knot there, so every term stays finite), and a term over
     a knot span narrower than FLT_MIN counts as 0 (efficient-kan divides 0 by 0 there and gets
     NaN, which then breaks its least-squares refit). Materialises the bases: for the rare calls
-    (initialisation, update_grid, curve2coeff, b_splines), never for forward or backward."""
+    (initialisation, curve2coeff, b_splines), never for forward, backward or update_grid."""
     x = x.unsqueeze(-1)  # [N, in, 1]
     outside = (x < grid[:, :1]) | (x >= grid[:, -1:])
     x = torch.where(outside, grid[:, -1:].expand_as(x), x)
@@ -784,8 +784,8 @@ def _kan_bases(x, grid, k):
 
 class _KANLayer(nn.Module):
     """What KANLinear and KANConv2d share: efficient-kan's KANLinear over `in_features` features
-    (its tensors, initialisation, b_splines, curve2coeff, update_grid on rows [batch, in],
-    scaled_spline_weight, regularization_loss) and the call into the library. A subclass gives
+    (its tensors, initialisation, b_splines, curve2coeff, scaled_spline_weight,
+    regularization_loss) and the calls into the library (forward, backward, update_grid). A subclass gives
     `plan_shape`, the head of its plan key (("kan_linear", in, out) or ("kan_conv2d", ...)),
     and its forward."""
 
@@ -1089,7 +1089,8 @@ class KANConv2d(_KANLayer):
     def unfold(self, x):
         """The patches of images x [B, in_channels, H, W] (or [in_channels, H, W]) as KANLinear
         rows [B * Ho * Wo, F] (torch.nn.functional.unfold, transposed): what the reference's
-        KANLinear sees. Materialised: for the rare calls (update_grid), not for forward."""
+        KANLinear sees, for b_splines and curve2coeff, which take rows. Materialised: forward,
+        backward and update_grid do not use it (the library gathers the patches per tile)."""
         if x.dim() not in (3, 4) or x.shape[-3] != self.in_channels:
             raise ValueError("kfuse.torch.KANConv2d: x must be [batch, in_channels=%d, H, W] or "
                              "[in_channels=%d, H, W], got %s"
