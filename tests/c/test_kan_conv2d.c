@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "kfuse.h"
+#include "kan_grads.h"
 #include "kf_test.h"
 #include "ref_kan.h"
 #include "ref_rnn.h"
@@ -142,8 +143,6 @@ static double *ref_forward(const prob *p) {
     return y;
 }
 
-typedef struct ref_grads { double *dx, *dbw, *dsw, *dsc; } ref_grads;
-
 static ref_grads ref_backward(const prob *p) {
     double *P = ref_patches(p), *dyr = malloc((size_t)(p->N * p->s.out) * sizeof *dyr);
     for (int64_t n = 0; n < p->N; n++)
@@ -161,8 +160,6 @@ static ref_grads ref_backward(const prob *p) {
     free(P), free(dyr), free(dP);
     return r;
 }
-
-static void free_ref_grads(ref_grads *r) { free(r->dx), free(r->dbw), free(r->dsw), free(r->dsc); }
 
 /* ---- calls through the public API --------------------------------------------------------- */
 
@@ -192,15 +189,12 @@ static kf_status run_forward(kf_kan_conv2d_plan *plan, const prob *p, float *y) 
     return kf_kan_conv2d_forward(plan, &a, NULL, 0);
 }
 
-typedef struct grads { float *dx, *dbw, *dsw, *dsc; } grads;
-
-static grads poisoned_grads(const prob *p) {
-    grads g = {poisoned(p->nx), poisoned(n_oi(p)), poisoned(n_oic(p)),
-               p->s.scaled ? poisoned(n_oi(p)) : NULL};
-    return g;
+static kan_grad_sizes grad_sizes(const prob *p) {
+    kan_grad_sizes n = {p->nx, n_oi(p), n_oic(p), p->s.scaled ? n_oi(p) : 0};
+    return n;
 }
 
-static void free_grads(grads *g) { free(g->dx), free(g->dbw), free(g->dsw), free(g->dsc); }
+static grads poisoned_grads(const prob *p) { return kan_poisoned_grads(grad_sizes(p)); }
 
 static kf_status run_backward(kf_kan_conv2d_plan *plan, const prob *p, kf_grad_mode mode,
                               const grads *g) {
@@ -240,31 +234,14 @@ static void check_against_reference(const shape *s, int32_t threads) {
     grads g = poisoned_grads(&p);
     KF_OK_(run_backward(plan, &p, KF_GRAD_OVERWRITE, &g));
     ref_grads r = ref_backward(&p);
-    const struct { const char *name; const float *got; const double *want; int64_t n; } out[] = {
-        {"dx", g.dx, r.dx, p.nx}, {"dbase_weight", g.dbw, r.dbw, n_oi(&p)},
-        {"dspline_weight", g.dsw, r.dsw, n_oic(&p)},
-        {"dspline_scaler", g.dsc, r.dsc, s->scaled ? n_oi(&p) : 0}};
-    for (size_t i = 0; i < 4; i++) {
-        if (out[i].n == 0) continue;
-        e = ref_rel_err_f32(out[i].got, out[i].want, out[i].n);
-        cr_expect(e < TOL, "%s: rel err %.3g (%s, %d threads)", out[i].name, e, what,
-                  (int)threads);
-    }
+    char when[300];
+    snprintf(when, sizeof when, "%s, %d threads", what, (int)threads);
+    kan_expect_grads(&g, &r, grad_sizes(&p), TOL, when);
     /* KF_GRAD_ACCUMULATE adds into the parameter gradients; dx is overwritten all the same. */
-    grads acc = poisoned_grads(&p);
-    for (int64_t i = 0; i < n_oi(&p); i++) acc.dbw[i] = 0.5f;
-    for (int64_t i = 0; i < n_oic(&p); i++) acc.dsw[i] = -0.25f;
-    for (int64_t i = 0; acc.dsc && i < n_oi(&p); i++) acc.dsc[i] = 2.0f;
+    grads acc = kan_accumulate_start(grad_sizes(&p), &r);
     KF_OK_(run_backward(plan, &p, KF_GRAD_ACCUMULATE, &acc));
-    for (int64_t i = 0; i < n_oi(&p); i++) r.dbw[i] += 0.5;
-    for (int64_t i = 0; i < n_oic(&p); i++) r.dsw[i] += -0.25;
-    for (int64_t i = 0; r.dsc && i < n_oi(&p); i++) r.dsc[i] += 2.0;
-    cr_expect(ref_rel_err_f32(acc.dx, r.dx, p.nx) < TOL, "accumulate: dx (%s)", what);
-    cr_expect(ref_rel_err_f32(acc.dbw, r.dbw, n_oi(&p)) < TOL, "accumulate: dbase (%s)", what);
-    cr_expect(ref_rel_err_f32(acc.dsw, r.dsw, n_oic(&p)) < TOL, "accumulate: dspline (%s)", what);
-    if (acc.dsc)
-        cr_expect(ref_rel_err_f32(acc.dsc, r.dsc, n_oi(&p)) < TOL, "accumulate: dscaler (%s)",
-                  what);
+    snprintf(when, sizeof when, "accumulate: %s, %d threads", what, (int)threads);
+    kan_expect_grads(&acc, &r, grad_sizes(&p), TOL, when);
     free_grads(&acc);
     free_grads(&g);
     free_ref_grads(&r);
