@@ -208,6 +208,17 @@ def wait_quiet(max_wait, threshold=0.15):
     return busy
 
 
+def best_median(recs, key):
+    """{key(r): the record of lowest median among those with that key}: the best thread setting
+    (torch) or the better of the two runs (kfuse)."""
+    best = {}
+    for r in recs:
+        kk = key(r)
+        if kk not in best or r["med"] < best[kk]["med"]:
+            best[kk] = r
+    return best
+
+
 def find_driver(build):
     exe = os.path.join(build, "benches", "kf_bench_kan")
     if os.access(exe, os.X_OK):
@@ -272,11 +283,7 @@ def main(argv=None):
                 t, (rec["B"], rec["in"], rec["out"]), rec["pass"], rec["impl"], rec["med"],
                 rec["min"], rec["reps"]), flush=True)
     run_kfuse(shapes[0])  # again after torch: the best of the two runs is kept
-    best = {}
-    for r in recs:
-        key = (r["B"], r["pass"], r["impl"])
-        if key not in best or r["med"] < best[key]["med"]:
-            best[key] = r
+    best = best_median(recs, lambda r: (r["B"], r["pass"], r["impl"]))
     best_mem = {r["B"]: r for r in recs if "fwd_peak" in r}
     rows = ["| (B, in, out) | pass | kfuse ms | efficient-kan ms | GEMM ms | efficient-kan / kfuse"
             " | kfuse / GEMM | peak extra: kfuse | peak extra: efficient-kan | memory ratio |",

@@ -34,7 +34,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from cpu_kan import (  # noqa: E402  (the eager baseline, the memory probe, the box helpers)
-    G, K_ORD, MIB, cpu_line, eager_memory, kan_forward, sh, time_interleaved, wait_quiet,
+    G, K_ORD, MIB, best_median, cpu_line, eager_memory, kan_forward, sh, time_interleaved,
+    wait_quiet,
 )
 
 KERNEL, PAD = 3, 1
@@ -217,11 +218,7 @@ def main(argv=None):
             t == threads[-1])
     run("kfuse", 0, shapes, True)  # again after torch: the best of the two runs is kept
 
-    best = {}
-    for r in recs:
-        key = (r["shape"], r["pass"], r["impl"])
-        if key not in best or r["med"] < best[key]["med"]:
-            best[key] = r
+    best = best_median(recs, lambda r: (r["shape"], r["pass"], r["impl"]))
     ekan_mem = {r["shape"]: r for r in recs if "fwd_peak" in r}
     rows = ["| (B, C_in, C_out, H, W) | pass | kfuse ms | unfold+ekan ms | GEMM ms | "
             "unfold+ekan / kfuse | kfuse / GEMM | peak extra: kfuse | peak extra: unfold+ekan | "
