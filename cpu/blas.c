@@ -13,7 +13,41 @@ static void blas_single_thread(void) { openblas_set_num_threads(1); }
 
 void kf__blas_init(void) { pthread_once(&blas_once, blas_single_thread); }
 
-/* CBLAS takes int extents: callers pass extents and leading dimensions below INT_MAX. */
+/* The small-product limit of OpenBLAS 0.3.21's small-matrix path (its permit functions refuse
+ * products with m * n * k above it). */
+#define KF__OPENBLAS_SMALL_MNK 1.0e6
+
+/* C[:, 0:n] = alpha * A B + beta * C for n < 16 columns (row-major, neither operand transposed),
+ * one row of C at a time in registers. */
+static void sgemm_nn_narrow(int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                            int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                            int64_t ldc) {
+    for (int64_t i = 0; i < m; i++) {
+        float acc[16] = {0};
+        const float *ai = a + i * lda;
+        for (int64_t p = 0; p < k; p++) {
+            const float s = ai[p];
+            const float *bp = b + p * ldb;
+            for (int64_t j = 0; j < n; j++) acc[j] += s * bp[j];
+        }
+        float *ci = c + i * ldc;
+        for (int64_t j = 0; j < n; j++)
+            ci[j] = beta == 0.0f ? alpha * acc[j] : alpha * acc[j] + beta * ci[j];
+    }
+}
+
+/* CBLAS takes int extents: callers pass extents and leading dimensions below INT_MAX.
+ *
+ * No allocation per call, on every x86-64 kind. OpenBLAS's AVX-512 cores (SkylakeX, Cooperlake,
+ * which it picks at run time on such CPUs, Intel and AMD Zen 4 alike) send products with
+ * m * n * k <= 1e6 to "small-matrix" kernels, and the one for a row-major product with neither
+ * operand transposed (its column-major NN kernel, whose M is our n) mallocs and frees a buffer on
+ * every call when n % 16 is 1..8 and k >= 32 (checked against 0.3.21's source and its archive:
+ * no other small kernel calls malloc). Such a product is split: the columns up to the last
+ * multiple of 16 go to OpenBLAS (that kernel then never reaches its buffered tail), and the at
+ * most 15 columns left are computed here. The split is made on every core type, so results do not
+ * depend on which one OpenBLAS picked, and scripts/test.sh runs the C tests under each core type
+ * the machine can run (OPENBLAS_CORETYPE), the allocation test among them. */
 void kf__sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
     if (m <= 0 || n <= 0) return;
@@ -25,6 +59,12 @@ void kf__sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
         return;
     }
     kf__blas_init();
+    int64_t nb = n; /* the columns OpenBLAS computes */
+    if (!ta && !tb && n % 16 != 0 && (double)m * (double)n * (double)k <= KF__OPENBLAS_SMALL_MNK) {
+        nb = n - n % 16;
+        sgemm_nn_narrow(m, n - nb, k, alpha, a, lda, b + nb, ldb, beta, c + nb, ldc);
+        if (nb == 0) return;
+    }
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+                (int)m, (int)nb, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
 }

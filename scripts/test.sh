@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is needed, builds kfuse, and runs every test that this machine can run:
 #   1. the main build (CUDA backend too when nvcc exists) and its C tests (ctest; CUDA tests skip
-#      without a GPU),
+#      without a GPU), then again under each OpenBLAS core type the CPU can run (AVX2, AVX-512),
 #   2. the C tests again under AddressSanitizer + UndefinedBehaviorSanitizer,
 #   3. the fast C tests once under valgrind (memcheck, leaks are errors),
 #   4. the ABI check: abidiff of the built library against abi/kfuse.abi,
@@ -28,6 +28,16 @@ cmake --build build/main -j"$JOBS"
 
 stage "C tests"
 ctest --test-dir build/main --output-on-failure -j1
+
+stage "C tests under each OpenBLAS core type this CPU can run (scripts/openblas-cores.sh)"
+# The run above used the core OpenBLAS picked for this CPU. These runs force each other one, so
+# one machine proves both the AVX2 kernels and (where the CPU has AVX-512) the AVX-512 ones, whose
+# small-matrix path allocates unless cpu/blas.c steers around it (test_arena guards that).
+cores=$(bash scripts/openblas-cores.sh --check build/main/tests/test_header_c99)
+for core in $cores; do
+  echo "OPENBLAS_CORETYPE=$core"
+  OPENBLAS_CORETYPE=$core ctest --test-dir build/main --output-on-failure -j1 -LE example
+done
 
 stage "C tests under ASan + UBSan (CPU backend)"
 cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=Debug -DKF_CUDA=OFF -DKF_SANITIZE=ON \
