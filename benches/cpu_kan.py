@@ -21,6 +21,8 @@ BUILD/libkfuse.so. Writes benches/results/cpu_kan.md (--quick: /tmp/kfuse-bench-
 """
 import argparse, datetime, json, os, platform, statistics, subprocess, sys, time
 
+from isa import driver_cmd, isa_line
+
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -327,6 +329,7 @@ def main(argv=None):
               datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               " ".join(sys.argv[1:]), time.time() - t0),
           "- " + cpu_line(),
+          "- ISA: " + isa_line(a.build_dir, driver_cmd(exe)),
           "- torch %s (Debian), Python %s; thread settings %s, a fresh process each; env %s" % (
               meta.get("torch", "?"), platform.python_version(), threads, ", ".join(
                   "%s=%s" % (k, os.environ[k]) for k in ("OMP_WAIT_POLICY",

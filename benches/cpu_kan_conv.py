@@ -37,6 +37,7 @@ from cpu_kan import (  # noqa: E402  (the eager baseline, the memory probe, the 
     G, K_ORD, MIB, best_median, cpu_line, eager_memory, kan_forward, sh, time_interleaved,
     wait_quiet,
 )
+from isa import isa_line, python_cmd  # noqa: E402
 
 KERNEL, PAD = 3, 1
 TARGET = (32, 32, 32, 28, 28)  # DESIGN.md: CPU KANConv2d 3x3, 32->32 on 28x28, B=32
@@ -272,6 +273,9 @@ def main(argv=None):
                "%Y-%m-%d %H:%M UTC"), " ".join(sys.argv[1:] if argv is None else argv),
                time.time() - t0),
            "- " + cpu_line(),
+           "- ISA: " + isa_line(
+                           os.environ.get("KFUSE_LIBRARY_DIR", os.path.join(REPO, "build", "main")),
+                           python_cmd(py)),
            "- torch %s, Python %s (workers: %s); torch thread settings %s, a fresh process "
            "each; env %s" % (meta.get("torch", "?"), platform.python_version(), py, threads,
                              ", ".join("%s=%s" % (k, os.environ[k]) for k in (

@@ -41,6 +41,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from isa import driver_cmd, isa_line  # noqa: E402
 
 SHAPES = [  # (T, I, H, B)
     (28, 28, 128, 128),
@@ -694,6 +696,7 @@ def render(a, shapes, results, epoch, targets, minfo, vers, build_dir, kf_bench,
     md("| CPU | %s (%s, %s cores online, %s thread(s) per core; %s) |" % (
         minfo.get("Model name", "?"), ("VM, " + hv) if hv else "bare metal",
         minfo.get("nproc", "?"), minfo.get("Thread(s) per core", "?"), minfo.get("simd", "")))
+    md("| ISA | %s |" % isa_line(build_dir, driver_cmd(kf_bench)))
     md("| caches | L1d %s, L2 %s, L3 %s |" % (minfo.get("L1d cache", "?"),
                                              minfo.get("L2 cache", "?"),
                                              minfo.get("L3 cache", "?")))

@@ -65,6 +65,8 @@ os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from isa import isa_line, python_cmd  # noqa: E402
 B_ROWS = 64
 ENV_KEYS = ("OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT", "OMP_NUM_THREADS",
             "OPENBLAS_NUM_THREADS")
@@ -107,7 +109,6 @@ def worker(a):
     import kfuse
     import kfuse.torch as kt
     # the baselines (shared with gpu_sklinear.py); imported here since they import torch
-    sys.path.insert(0, HERE)
     from sklinear_baselines import PantherCpuSKLinear, TwoGemm, panther_construction_like
 
     torch.set_num_threads(a.nthreads)
@@ -436,6 +437,9 @@ def main(argv=None):
             cpu.get("Socket(s)", "?"), cpu.get("Thread(s) per core", "?"),
             ("; VM (%s)" % cpu["Hypervisor vendor"]) if cpu.get("Hypervisor vendor") else "",
             cpu.get("L2 cache", "?"), cpu.get("L3 cache", "?")),
+        "- ISA: " + isa_line(
+                        os.environ.get("KFUSE_LIBRARY_DIR", os.path.join(REPO, "build", "main")),
+                        python_cmd(sys.executable)),
         "- torch %s, Python %s; torch thread settings measured: %s (fresh process each, "
         "OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = torch.set_num_threads); the baselines' best "
         "per timing is shown, its setting in parentheses (`2t` = 2 threads); torch parallel "

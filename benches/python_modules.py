@@ -52,6 +52,8 @@ os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from isa import isa_line, python_cmd  # noqa: E402
 
 SHAPES = {  # key -> (T, I, H, B)
     "28": (28, 28, 128, 128),
@@ -287,6 +289,9 @@ def info_lines(a, devices, load_before, load_after, up_before, up_after, t_wall)
                                         if os.path.isabs(sys.argv[0]) else sys.argv[0]]
                                      + sys.argv[1:]),
         "- CPU (lscpu): %s; nproc %d" % (cpu_model(), os.cpu_count() or 0),
+        "- ISA: " + isa_line(
+                        os.environ.get("KFUSE_LIBRARY_DIR", os.path.join(REPO, "build", "main")),
+                        python_cmd(sys.executable)),
         "- torch %s (torch.get_num_threads() = %d, set to nproc; interop %d); python %s"
         % (torch.__version__, torch.get_num_threads(), torch.get_num_interop_threads(),
            platform.python_version()),
