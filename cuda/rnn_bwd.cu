@@ -64,7 +64,7 @@ __global__ void gru_bwd_step(BwdArgs a) {
     if (i >= (int64_t)a.B * a.H) return;
     const int H = a.H, b = (int)(i / H), j = (int)(i % H);
     int t;
-    const bool act = kf__step_time(a.st, a.len ? a.len[b] : a.T, a.reverse, &t);
+    const bool act = kf__step_time(a.st, kf__row_length(a.len, b, a.T), a.reverse, &t);
     const int64_t row = t * a.ts + b * a.bs;
     float *dx = a.dgx + row * 3 * H, *dg = a.dgh + row * 3 * H, *ds = a.dstep + (int64_t)b * 3 * H;
     if (!act) {
@@ -96,7 +96,7 @@ __global__ void agru_bwd_step1(BwdArgs a) {
     if (i >= (int64_t)a.B * a.H) return;
     const int H = a.H, b = (int)(i / H), j = (int)(i % H);
     int t;
-    const bool act = kf__step_time(a.st, a.len ? a.len[b] : a.T, a.reverse, &t);
+    const bool act = kf__step_time(a.st, kf__row_length(a.len, b, a.T), a.reverse, &t);
     const int64_t row = t * a.ts + b * a.bs;
     float *dx = a.dgx + row * 3 * H, *ds = a.dstep + (int64_t)b * 3 * H;
     if (!act) {
@@ -125,7 +125,7 @@ __global__ void agru_bwd_step2(BwdArgs a) {
     if (i >= (int64_t)a.B * a.H) return;
     const int H = a.H, b = (int)(i / H), j = (int)(i % H);
     int t;
-    if (!kf__step_time(a.st, a.len ? a.len[b] : a.T, a.reverse, &t)) return;
+    if (!kf__step_time(a.st, kf__row_length(a.len, b, a.T), a.reverse, &t)) return;
     const int64_t row = t * a.ts + b * a.bs;
     const float r = a.gates[row * 3 * H + H + j], h = a.hprev[row * H + j], drh = a.drh[i];
     const float dar = drh * h * r * (1.0f - r);
@@ -240,7 +240,7 @@ rnn_bwd_persistent(BwdArgs a, const float *m, const float *dhn, float *dh0) {
     }
     for (int bb = tid; bb < BB; bb += nthr) {
         const int b = b0 + bb;
-        slen[bb] = b < a.B ? (a.len ? a.len[b] : a.T) : 0;
+        slen[bb] = b < a.B ? (kf__row_length(a.len, b, a.T)) : 0;
     }
     float dh[kPMax], carry[kPMax];
 #pragma unroll

@@ -109,6 +109,16 @@ static inline void kf__rnn_row_strides(const struct kf_rnn_plan *p, int32_t l, i
     else { *ts = B; *bs = 1; }
 }
 
+// Length of batch row b (< B): lengths[b] clamped to 0..T, or T without lengths. Device-resident
+// lengths cannot be checked on the host without a synchronisation (capi/src/rnn.c checks host
+// ones), so every kernel loads a length through here and a bad one can never index outside
+// [0, T): the reverse direction starts at the clamped length - 1.
+static __device__ __forceinline__ int kf__row_length(const int32_t *len, int b, int T) {
+    if (!len) return T;
+    const int l = len[b];
+    return l < 0 ? 0 : (l > T ? T : l);
+}
+
 // Time index of step st (0..T-1, in processing order) for a row of length len: the reverse
 // direction starts at len-1. Steps past the length are inactive: the state is kept, and the
 // padded position t = st gets y = 0 (and zero reserve/gradient rows).

@@ -126,7 +126,7 @@ __global__ void gru_fwd_step(FwdArgs a) {
     const int H = a.H, b = (int)(i / H), j = (int)(i % H);
     int t;
     float h = a.h[i];
-    if (!kf__step_time(a.st, a.len ? a.len[b] : a.T, a.reverse, &t)) {
+    if (!kf__step_time(a.st, kf__row_length(a.len, b, a.T), a.reverse, &t)) {
         a.h_out[i] = h;
         write_inactive<kTrain>(a, t, b, j, 4);
         return;
@@ -145,7 +145,7 @@ __global__ void agru_fwd_step1(FwdArgs a) {
     if (i >= (int64_t)a.B * a.H) return;
     const int H = a.H, b = (int)(i / H), j = (int)(i % H);
     int t;
-    if (!kf__step_time(a.st, a.len ? a.len[b] : a.T, a.reverse, &t)) {
+    if (!kf__step_time(a.st, kf__row_length(a.len, b, a.T), a.reverse, &t)) {
         a.rh[i] = 0.0f;
         return;
     }
@@ -166,7 +166,7 @@ __global__ void agru_fwd_step2(FwdArgs a) {
     const int H = a.H, b = (int)(i / H), j = (int)(i % H);
     int t;
     float h = a.h[i];
-    if (!kf__step_time(a.st, a.len ? a.len[b] : a.T, a.reverse, &t)) {
+    if (!kf__step_time(a.st, kf__row_length(a.len, b, a.T), a.reverse, &t)) {
         a.h_out[i] = h;
         write_inactive<kTrain>(a, t, b, j, 3);
         return;
@@ -230,7 +230,7 @@ rnn_fwd_persistent(FwdArgs a, const float *wt, const float *h0, float *hn) {
     }
     for (int bb = tid; bb < BB; bb += nthr) {
         const int b = b0 + bb;
-        slen[bb] = b < a.B ? (a.len ? a.len[b] : a.T) : 0;
+        slen[bb] = b < a.B ? (kf__row_length(a.len, b, a.T)) : 0;
     }
     const float eps = kAgru ? *a.eps : 0.0f;
     // The slices whose columns a phase needs: GRU all; A-GRU z, r from h, then d from r*h.
@@ -420,7 +420,7 @@ agru_fwd_persistent(FwdArgs a, const float *wt, const float *h0, float *hn) {
 #pragma unroll
     for (int bb = 0; bb < BB; ++bb) {
         const int b = b0 + bb;
-        len[bb] = b < a.B ? (a.len ? a.len[b] : a.T) : 0; // rows past B are never active
+        len[bb] = b < a.B ? (kf__row_length(a.len, b, a.T)) : 0; // rows past B are never active
     }
     const float eps = *a.eps;
     const float bias = (role == 0 ? a.bx[0] : role == 1 ? a.bx[1] : a.bx[2])[j];

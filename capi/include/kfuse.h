@@ -267,7 +267,9 @@ typedef struct kf_rnn_forward_args {
     int32_t reserved0;      /* must be 0 */
     kf_tensor lengths;      /* optional [B] KF_DTYPE_I32 in 0..T, on the context's device: steps
                                past lengths[b] leave h unchanged and write y = 0 there; the
-                               reverse direction starts at lengths[b]-1. Absent = all T. */
+                               reverse direction starts at lengths[b]-1. Absent = all T. A CPU
+                               context refuses a length outside 0..T; a CUDA one cannot read
+                               device memory at the call, so its kernels clamp it to 0..T. */
     uint64_t dropout_seed;  /* key of the dropout masks (training with dropout > 0 only) */
     uint64_t dropout_offset;/* counter offset, so successive calls can draw fresh masks */
     kf_tensor y;            /* out [T, B, D*H] ([B, T, D*H] batch-first): last layer, every step */

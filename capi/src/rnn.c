@@ -285,7 +285,8 @@ static kf_status kf__rnn_check_inputs(const char *fn, kf_rnn_plan *p, const kf_t
     KF_TRY(kf__check_tensor(p->ctx, fn, "args->lengths", lengths,
                             KF_DTYPE_I32, 1, ls, true, &present));
     in->lengths = present ? lengths->data : NULL;
-    /* Host memory can be checked here; device-resident lengths are clamped by the kernels. */
+    /* Host memory can be checked here; device-resident lengths are clamped to 0..T by the kernels
+     * (kf__row_length in cuda/rnn_cuda.cuh). */
     if (present && p->ctx->device_type == KF_DEVICE_CPU)
         for (int64_t b = 0; b < in->B; ++b)
             KF_CHECK_FN(fn, in->lengths[b] >= 0 && in->lengths[b] <= in->T,

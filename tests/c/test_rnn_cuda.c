@@ -35,6 +35,7 @@ typedef struct cfg {
     int cell, L, D;
     int64_t I, H, T, B;
     int batch_first, lengths, h0;
+    int lengths_out_of_range; /* with lengths: the CUDA run gets lengths {T + 5, -1, ...} */
     float dropout;
 } cfg;
 
@@ -322,7 +323,18 @@ static void expect_close(const char *label, const char *what, const float *gpu, 
 static void compare(const char *label, const cfg *c, int backward_too) {
     prob p;
     prob_make(&p, c, 0xC0FFEEu + (uint64_t)c->H * 131u + (uint64_t)c->cell);
+    /* Out-of-range device lengths are clamped to 0..T by the kernels (the host cannot check
+     * device memory without a synchronisation): {T + 5, -1} on CUDA must equal {T, 0} on the CPU,
+     * which refuses out-of-range host lengths. */
+    if (c->lengths_out_of_range) {
+        p.len[0] = (int32_t)c->T + 5;
+        p.len[1] = -1;
+    }
     result g = run_backend(&p, 1, backward_too); /* skips first when there is no device */
+    if (c->lengths_out_of_range) {
+        p.len[0] = (int32_t)c->T;
+        p.len[1] = 0;
+    }
     result h = run_backend(&p, 0, backward_too);
     expect_close(label, "y (inference)", g.y_inf, h.y_inf, p.ny);
     expect_close(label, "y (training)", g.y, h.y, p.ny);
@@ -396,6 +408,21 @@ Test(rnn_cuda, lengths) {
     a.lengths = 1;
     a.batch_first = 1;
     compare("agru lengths batch_first", &a, 1);
+}
+Test(rnn_cuda, out_of_range_device_lengths) { /* per-step and persistent kernels, both cells */
+    const int cells[2] = {KF_RNN_GRU, KF_RNN_AGRU};
+    const int64_t hs[2] = {40, 128};
+    for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 2; ++j) {
+            cfg c = base(cells[i], hs[j]);
+            c.D = cells[i] == KF_RNN_GRU ? 2 : 1; /* the A-GRU has one direction */
+            c.lengths = 1;
+            c.lengths_out_of_range = 1;
+            char label[64];
+            snprintf(label, sizeof label, "%s H=%d lengths {T+5, -1}",
+                     cells[i] == KF_RNN_GRU ? "gru bidirectional" : "agru", (int)hs[j]);
+            compare(label, &c, 1);
+        }
 }
 Test(rnn_cuda, dropout) {
     cfg c = base(KF_RNN_GRU, 64);
