@@ -16,7 +16,8 @@ from kfuse._kfuse_cffi import ffi, lib
 __all__ = [
     "ffi", "lib", "KfuseError", "InvalidArgument", "Unsupported", "OutOfMemory",
     "WorkspaceTooSmall", "BackendUnavailable", "DeviceError", "InternalError", "check",
-    "version", "version_string", "Context", "RnnPlan", "TensorRef", "ALIGN_BYTES",
+    "version", "version_string", "Context", "RnnPlan", "TensorRef", "tensor_values", "dtype_code",
+    "ALIGN_BYTES",
     "DTYPE_F32", "DTYPE_F64", "DTYPE_F16", "DTYPE_BF16", "DTYPE_I32", "DTYPE_I64",
     "MODE_INFERENCE", "MODE_TRAINING", "GRAD_OVERWRITE", "GRAD_ACCUMULATE",
 ]
@@ -115,76 +116,200 @@ def version_string():
 
 
 # ---- tensors -----------------------------------------------------------------------------------
+#
+# The one way a tensor reaches the library. A plan method takes the tensor *objects* (a torch
+# tensor, a numpy array or anything with __array_interface__, a TensorRef, or None = absent) and
+# turns them into kf_tensor fields with tensor_values() inside its own frame, which holds every
+# object it was given (and so its storage, including a temporary such as dy.contiguous() written
+# in the call's argument list) until the C call returns. No front end takes a data pointer
+# itself. A TensorRef made by TensorRef.of() holds the object it describes for the same reason.
+# The raw (ptr, kf_dtype, shape, strides) tuple stays accepted by the low-level plans for
+# memory the caller manages itself (and keeps alive across the call).
+
+_MAXD = lib.KF_MAX_DIMS
+_PAD = (0,) * _MAXD
+_ABSENT = (0, lib.KF_DTYPE_F32, 0) + _PAD + _PAD
+
+# kf_dtype by element type name: numpy's dtype names and torch's ("torch.float32") agree on these.
+_DTYPE_NAMES = {"float32": DTYPE_F32, "float64": DTYPE_F64, "float16": DTYPE_F16,
+                "bfloat16": DTYPE_BF16, "int32": DTYPE_I32, "int64": DTYPE_I64}
+_dtype_codes = {}  # dtype object (numpy or torch) -> kf_dtype, filled on first use
+
+
+def dtype_code(dt):
+    """The kf_dtype of a numpy or torch dtype; 0 (which the library rejects by name) for one it
+    has no code for (another element type, a non-native byte order)."""
+    code = _dtype_codes.get(dt)
+    if code is None:
+        code = _dtype_codes[dt] = _DTYPE_NAMES.get(str(dt).rpartition(".")[2], 0)
+    return code
+
+
+def _pack(ptr, dt, shape, strides):
+    """kf_tensor field values (data, dtype, ndim, shape[KF_MAX_DIMS], strides[KF_MAX_DIMS]);
+    strides None = row-major. A rank beyond KF_MAX_DIMS goes on truncated with ndim kept, so the
+    library reports it."""
+    nd = len(shape)
+    if strides is None:
+        strides, acc = [0] * nd, 1
+        for i in range(nd - 1, -1, -1):
+            strides[i] = acc
+            acc *= shape[i]
+    if nd <= _MAXD:
+        pad = _PAD[nd:]
+        return (int(ptr), int(dt), nd, *shape, *pad, *strides, *pad)
+    return (int(ptr), int(dt), nd, *shape[:_MAXD], *strides[:_MAXD])
+
+
+def _torch_values(t):
+    shape = t.shape
+    nd = len(shape)
+    dt = t.dtype
+    code = _dtype_codes.get(dt)  # dtype_code(), inlined: this is the per-call hot path
+    if code is None:
+        code = dtype_code(dt)
+    if nd > _MAXD:
+        return _pack(t.data_ptr(), code, shape, t.stride())
+    pad = _PAD[nd:]
+    return (t.data_ptr(), code, nd, *shape, *pad, *t.stride(), *pad)
+
+
+def _array_values(a):
+    ai = a.__array_interface__
+    item = a.itemsize
+    # strides in elements; a byte stride that is not a whole number of elements goes on as is
+    # (the library then rejects the layout)
+    strides = None if ai.get("strides") is None else tuple(
+        s // item if s % item == 0 else s for s in a.strides)
+    return _pack(ai["data"][0], dtype_code(a.dtype), a.shape, strides)
+
+
+def _ref_values(r):
+    return _pack(r.ptr, r.dtype, r.shape, r.strides)
+
+
+def _tuple_values(t):
+    ptr, dt, shape, strides = t
+    return _pack(ptr, dt, tuple(shape), None if strides is None else tuple(strides))
+
+
+def _absent_values(_):
+    return _ABSENT
+
+
+_converters = {type(None): _absent_values, tuple: _tuple_values}
+
+
+def _converter(tp):
+    f = _converters.get(tp)
+    if f is None:
+        if issubclass(tp, TensorRef):
+            f = _ref_values
+        elif callable(getattr(tp, "data_ptr", None)) and callable(getattr(tp, "stride", None)):
+            f = _torch_values  # torch.Tensor and its subclasses (Parameter, ...)
+        elif hasattr(tp, "__array_interface__"):
+            f = _array_values  # numpy arrays and other objects numpy describes
+        if f is None:
+            return None
+        _converters[tp] = f
+    return f
+
+
+def tensor_values(obj, name="tensor"):
+    """The kf_tensor field values (data, dtype, ndim, shape[KF_MAX_DIMS], strides[KF_MAX_DIMS])
+    of `obj`: a torch tensor or numpy array as it is (its dtype and strides; an unknown dtype goes
+    as 0, which the library names), a TensorRef, a raw (ptr, kf_dtype, shape, strides) tuple, or
+    None (absent). The values hold no reference to obj: only a caller that holds obj until the C
+    call returns may use them (the plans' methods do); anything else raises TypeError naming
+    `name`."""
+    f = _converters.get(type(obj)) or _converter(type(obj))
+    if f is None:
+        raise TypeError("kfuse: %s must be a torch tensor, a numpy array, a kfuse.TensorRef or "
+                        "None, got %s" % (name, type(obj).__name__))
+    return f(obj)
+
 
 class TensorRef:
     """What a kf_tensor needs: a data address (int; 0 = absent), a kf_dtype, a shape and strides in
-    elements (None = row-major contiguous). The front ends build these from numpy arrays and torch
-    tensors; the memory must stay alive for the duration of the call (and, for a reserve, until
-    the backward call)."""
+    elements (None = row-major contiguous), and `owner`, the object whose memory it describes.
+    TensorRef.of(obj) describes a torch tensor or numpy array and holds it, so the memory lives
+    as long as the TensorRef does; TensorRef(ptr, ...) with no owner describes memory the caller
+    keeps alive for the duration of the call (and, for a reserve, until the backward call)."""
 
-    __slots__ = ("ptr", "dtype", "shape", "strides")
+    __slots__ = ("ptr", "dtype", "shape", "strides", "owner")
 
-    def __init__(self, ptr, dtype, shape, strides=None):
+    def __init__(self, ptr, dtype, shape, strides=None, owner=None):
         self.ptr = int(ptr)
         self.dtype = int(dtype)
         self.shape = tuple(int(s) for s in shape)
         self.strides = None if strides is None else tuple(int(s) for s in strides)
+        self.owner = owner
+
+    @classmethod
+    def of(cls, obj, name="tensor"):
+        """A TensorRef describing `obj` (torch tensor, numpy array; None gives None) as it is, and
+        holding it."""
+        if obj is None or isinstance(obj, TensorRef):
+            return obj
+        v = tensor_values(obj, name)
+        nd = min(v[2], _MAXD)
+        return cls(v[0], v[1], v[3:3 + nd], v[3 + _MAXD:3 + _MAXD + nd], owner=obj)
 
     def __repr__(self):
         return "TensorRef(0x%x, dtype=%d, shape=%r, strides=%r)" % (
             self.ptr, self.dtype, self.shape, self.strides)
 
 
-def _fill_tensor(t, ref):
-    """Writes `ref` (a TensorRef or None = absent) into the kf_tensor cdata `t`. Ranks beyond
-    KF_MAX_DIMS are passed on truncated with ndim kept, so the library reports them."""
-    if ref is None:
-        t.data = ffi.NULL
-        t.dtype = lib.KF_DTYPE_F32
-        t.ndim = 0
-        return
-    t.data = ffi.cast("void *", ref.ptr)
-    t.dtype = ref.dtype
-    t.ndim = len(ref.shape)
-    n = min(len(ref.shape), lib.KF_MAX_DIMS)
-    strides = ref.strides
-    if strides is None:
-        strides, acc = [0] * len(ref.shape), 1
-        for i in range(len(ref.shape) - 1, -1, -1):
-            strides[i] = acc
-            acc *= ref.shape[i]
-    for i in range(n):
-        t.shape[i] = ref.shape[i]
-        t.strides[i] = strides[i]
+def _fill_tensor(t, obj, name="tensor"):
+    """Writes `obj` (anything tensor_values() takes) into the kf_tensor cdata `t`. The caller
+    holds obj until the C call returns."""
+    v = tensor_values(obj, name)
+    t.data = ffi.cast("void *", v[0])
+    t.dtype = v[1]
+    t.ndim = v[2]
+    for i in range(min(v[2], _MAXD)):
+        t.shape[i] = v[3 + i]
+        t.strides[i] = v[3 + _MAXD + i]
 
 
-def _tensor_array(refs):
-    """A kf_tensor[len(refs)] array (or NULL for None)."""
-    if refs is None:
+def _tensor_array(objs, name="weights"):
+    """A kf_tensor[len(objs)] array (or NULL for None). The caller holds objs (a list or tuple)
+    until the C call returns."""
+    if objs is None:
         return ffi.NULL, 0
-    arr = ffi.new("kf_tensor[]", max(len(refs), 1))
-    for i, r in enumerate(refs):
-        _fill_tensor(arr[i], r)
-    return arr, len(refs)
+    arr = ffi.new("kf_tensor[]", max(len(objs), 1))
+    for i, r in enumerate(objs):
+        _fill_tensor(arr[i], r, "%s[%d]" % (name, i))
+    return arr, len(objs)
 
 
-def _buffer(buf):
-    """(pointer, bytes) from None or a (ptr:int, nbytes:int) pair."""
+def _buffer(buf, name="buffer"):
+    """(pointer, bytes) from None, a torch tensor or numpy array (its whole storage from its data
+    pointer: contiguous uint8 buffers, as the front ends make them), or a raw (ptr:int,
+    nbytes:int) pair. The caller holds buf until the C call returns."""
     if buf is None:
         return ffi.NULL, 0
-    ptr, nbytes = buf
+    if isinstance(buf, tuple):
+        ptr, nbytes = buf
+    elif callable(getattr(buf, "data_ptr", None)):
+        ptr, nbytes = buf.data_ptr(), buf.numel() * buf.element_size()
+    elif hasattr(buf, "__array_interface__"):
+        ptr, nbytes = buf.__array_interface__["data"][0], buf.nbytes
+    else:
+        raise TypeError("kfuse: %s must be a torch tensor, a numpy array, a (ptr, nbytes) pair or "
+                        "None, got %s" % (name, type(buf).__name__))
     return ffi.cast("void *", int(ptr)), int(nbytes)
 
 
 def _fill_inputs(args, x, h0, weights, lengths, dropout_seed, dropout_offset):
     """The fields kf_rnn_forward_args and kf_rnn_backward_args share (same names in both). Returns
-    the weight array, which the caller keeps alive until the C call returns."""
-    _fill_tensor(args.x, x)
-    _fill_tensor(args.h0, h0)
-    warr, nw = _tensor_array(weights)
+    the weight array, which the caller keeps alive (with the tensors) until the C call returns."""
+    _fill_tensor(args.x, x, "x")
+    _fill_tensor(args.h0, h0, "h0")
+    warr, nw = _tensor_array(weights, "weights")
     args.weights = warr
     args.num_weights = nw
-    _fill_tensor(args.lengths, lengths)
+    _fill_tensor(args.lengths, lengths, "lengths")
     args.dropout_seed = int(dropout_seed)
     args.dropout_offset = int(dropout_offset)
     return warr
@@ -346,39 +471,47 @@ class RnnPlan:
 
     def forward(self, x, weights, y, h0=None, hn=None, lengths=None, training=False,
                 dropout_seed=0, dropout_offset=0, workspace=None, reserve=None):
-        """kf_rnn_forward. Tensors are TensorRefs (None = absent), `weights` a sequence of them in
-        canonical order; workspace/reserve are (ptr, nbytes) pairs or None. Releases the GIL."""
+        """kf_rnn_forward. Tensors are torch tensors, numpy arrays or TensorRefs (None = absent),
+        `weights` a sequence of them in canonical order; workspace/reserve are uint8 tensors or
+        arrays (or raw (ptr, nbytes) pairs) or None. Every object given is held until the call
+        returns. Releases the GIL."""
+        weights = None if weights is None else tuple(weights)
         args = ffi.new("kf_rnn_forward_args *")
         lib.kf_rnn_forward_args_init(args)
         # `keep` holds the weight array alive until the call returns
         keep = _fill_inputs(args, x, h0, weights, lengths, dropout_seed, dropout_offset)
-        _fill_tensor(args.y, y)
-        _fill_tensor(args.hn, hn)
-        ws, ws_bytes = _buffer(workspace)
-        rs, rs_bytes = _buffer(reserve)
+        _fill_tensor(args.y, y, "y")
+        _fill_tensor(args.hn, hn, "hn")
+        ws, ws_bytes = _buffer(workspace, "workspace")
+        rs, rs_bytes = _buffer(reserve, "reserve")
         mode = lib.KF_MODE_TRAINING if training else lib.KF_MODE_INFERENCE
         check(lib.kf_rnn_forward(self._ptr, mode, args, ws, ws_bytes, rs, rs_bytes))
+        del keep
 
     def backward(self, x, weights, reserve, h0=None, lengths=None, dy=None, dhn=None, dx=None,
                  dh0=None, dweights=None, accumulate=False, dropout_seed=0, dropout_offset=0,
                  workspace=None):
         """kf_rnn_backward. As forward(); `dweights` is None (no weight gradients) or a sequence
-        of TensorRef/None in canonical order. Releases the GIL."""
+        of tensors/None in canonical order. The reserve is only read (the ABI's const). Releases
+        the GIL."""
+        weights = None if weights is None else tuple(weights)
+        dweights = None if dweights is None else tuple(dweights)
         args = ffi.new("kf_rnn_backward_args *")
         lib.kf_rnn_backward_args_init(args)
         # `keep` holds the weight array alive until the call returns
         keep = _fill_inputs(args, x, h0, weights, lengths, dropout_seed, dropout_offset)
-        _fill_tensor(args.dy, dy)
-        _fill_tensor(args.dhn, dhn)
-        _fill_tensor(args.dx, dx)
-        _fill_tensor(args.dh0, dh0)
-        dwarr, ndw = _tensor_array(dweights)
+        _fill_tensor(args.dy, dy, "dy")
+        _fill_tensor(args.dhn, dhn, "dhn")
+        _fill_tensor(args.dx, dx, "dx")
+        _fill_tensor(args.dh0, dh0, "dh0")
+        dwarr, ndw = _tensor_array(dweights, "dweights")
         args.dweights = dwarr
         args.num_dweights = ndw
-        ws, ws_bytes = _buffer(workspace)
-        rs, rs_bytes = _buffer(reserve)
+        ws, ws_bytes = _buffer(workspace, "workspace")
+        rs, rs_bytes = _buffer(reserve, "reserve")
         grad_mode = lib.KF_GRAD_ACCUMULATE if accumulate else lib.KF_GRAD_OVERWRITE
         check(lib.kf_rnn_backward(self._ptr, grad_mode, args, ws, ws_bytes, rs, rs_bytes))
+        del keep, dwarr
 
     def __repr__(self):
         return ("kfuse.RnnPlan(%r, input_size=%d, hidden_size=%d, num_layers=%d, batch_first=%r, "

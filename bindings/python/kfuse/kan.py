@@ -18,13 +18,14 @@ GEMM), its kf_kan_conv2d_* part.
     plan.backward(x, grid, base_weight, spline_weight, dy, spline_scaler=None, dx=None,
                   dbase_weight=None, dspline_weight=None, dspline_scaler=None)
 
-As in kfuse._lowlevel and kfuse.sklinear, tensors are TensorRefs or (ptr, kf_dtype, shape,
-strides) tuples (None = absent) and nothing is validated or computed here: every check is the
+As in kfuse._lowlevel and kfuse.sklinear, tensors are torch tensors, numpy arrays, TensorRefs or
+raw (ptr, kf_dtype, shape, strides) tuples (None = absent), each held by the method until the C
+call returns, and nothing is validated or computed here: every check is the
 library's, and a failing status becomes a KfuseError subclass with the library's message. The
 GIL is released during each C call. The numpy front end is kfuse.numpy.kan_linear_*; the PyTorch
 drop-ins are kfuse.torch.KANLinear and kfuse.torch.KANConv2d.
 """
-from kfuse._lowlevel import DTYPE_F32, TensorRef, _buffer, _fill_tensor, check, ffi, lib
+from kfuse._lowlevel import DTYPE_F32, _buffer, _fill_tensor, check, ffi, lib
 from kfuse.sklinear import _fill_args, _packed_layout
 
 __all__ = ["KanLinearPlan", "KanConv2dPlan", "PARAM_NAMES"]
@@ -114,10 +115,11 @@ class _KanPlan:
 
     def uniform_grid(self, lo, hi, grid):
         """kf_kan_<layer>_uniform_grid: writes efficient-kan's initial knots
-        lo + (j - k) (hi - lo) / G into every row of `grid` [F, G + 2k + 1] (a TensorRef or
-        tuple; memory of the context's device), with the bits torch gives that buffer."""
+        lo + (j - k) (hi - lo) / G into every row of `grid` [F, G + 2k + 1] (a tensor, array,
+        TensorRef or tuple; memory of the context's device), with the bits torch gives that
+        buffer."""
         t = ffi.new("kf_tensor *")
-        _fill_tensor(t, TensorRef(*grid) if isinstance(grid, tuple) else grid)
+        _fill_tensor(t, grid, "grid")
         check(getattr(lib, self._prefix + "_uniform_grid")(self._ptr, float(lo), float(hi), t))
 
     def update_grid(self, x, grid, spline_weight, margin=0.01, grid_eps=0.02):
@@ -130,7 +132,7 @@ class _KanPlan:
         args = ffi.new("kf_kan_update_grid_args *")
         lib.kf_kan_update_grid_args_init(args)
         for field, t in (("x", x), ("grid", grid), ("spline_weight", spline_weight)):
-            _fill_tensor(getattr(args, field), TensorRef(*t) if isinstance(t, tuple) else t)
+            _fill_tensor(getattr(args, field), t, field)
         args.margin = float(margin)
         args.grid_eps = float(grid_eps)
         check(getattr(lib, self._prefix + "_update_grid")(self._ptr, args))
@@ -143,14 +145,15 @@ class _KanPlan:
 
     def forward(self, x, grid, base_weight, spline_weight, y, spline_scaler=None,
                 workspace=None):
-        """kf_kan_<layer>_forward: y from x (see the class). Tensors: TensorRefs or
-        (ptr, kf_dtype, shape, strides) tuples, None = absent. `workspace` is a (ptr, nbytes)
-        pair or None (the context's arena). Releases the GIL."""
+        """kf_kan_<layer>_forward: y from x (see the class). Tensors: torch tensors, numpy arrays,
+        TensorRefs or raw (ptr, kf_dtype, shape, strides) tuples, None = absent; each is held
+        until the call returns. `workspace` is a uint8 tensor or array, a raw (ptr, nbytes) pair
+        or None (the context's arena). Releases the GIL."""
         p = self._prefix
         args = _fill_args(p + "_forward_args", getattr(lib, p + "_forward_args_init"),
                           self._structs[0], _FWD_FIELDS,
                           (x, grid, base_weight, spline_weight, spline_scaler, y))
-        ws, ws_bytes = _buffer(workspace)
+        ws, ws_bytes = _buffer(workspace, "workspace")
         check(getattr(lib, p + "_forward")(self._ptr, args, ws, ws_bytes))
 
     def backward(self, x, grid, base_weight, spline_weight, dy, spline_scaler=None, dx=None,
@@ -165,7 +168,7 @@ class _KanPlan:
                           self._structs[1], _BWD_FIELDS,
                           (x, grid, base_weight, spline_weight, spline_scaler, dy, dx,
                            dbase_weight, dspline_weight, dspline_scaler))
-        ws, ws_bytes = _buffer(workspace)
+        ws, ws_bytes = _buffer(workspace, "workspace")
         grad_mode = lib.KF_GRAD_ACCUMULATE if accumulate else lib.KF_GRAD_OVERWRITE
         check(getattr(lib, p + "_backward")(self._ptr, grad_mode, args, ws, ws_bytes))
 

@@ -26,20 +26,12 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from kfuse._lowlevel import (
-    ALIGN_BYTES, DTYPE_BF16, DTYPE_F16, DTYPE_F32, DTYPE_F64, DTYPE_I32, DTYPE_I64, TensorRef,
-)
+from kfuse._lowlevel import ALIGN_BYTES, TensorRef
 
 __all__ = ["rnn_forward", "rnn_backward", "sklinear_init", "sklinear_forward",
            "sklinear_backward", "kan_uniform_grid", "kan_forward", "kan_backward",
            "kan_update_grid", "kan_linear_uniform_grid", "kan_linear_forward",
            "kan_linear_backward", "as_array", "tensor_ref", "aligned_empty"]
-
-_DTYPES = {
-    np.dtype(np.float32): DTYPE_F32, np.dtype(np.float64): DTYPE_F64,
-    np.dtype(np.float16): DTYPE_F16, np.dtype(np.int32): DTYPE_I32, np.dtype(np.int64): DTYPE_I64,
-}
-
 
 def as_array(obj):
     """A numpy view of `obj` without copying: an ndarray as is, a DLPack producer through
@@ -53,16 +45,9 @@ def as_array(obj):
 
 def tensor_ref(a):
     """A TensorRef describing numpy array `a` as it is (strides in elements; an unknown dtype is
-    passed as 0 so that the library rejects it by name)."""
-    if a is None:
-        return None
-    dt = _DTYPES.get(a.dtype, 0)
-    if a.dtype.name == "bfloat16":
-        dt = DTYPE_BF16
-    item = a.itemsize
-    strides = tuple(s // item if s % item == 0 else s for s in a.strides) if a.ndim else ()
-    ptr = a.__array_interface__["data"][0]
-    return TensorRef(ptr, dt, a.shape, strides)
+    passed as 0 so that the library rejects it by name), holding `a` so that its memory lives as
+    long as the TensorRef (kfuse._lowlevel's one conversion, shared with kfuse.torch)."""
+    return TensorRef.of(a)
 
 
 def aligned_empty(nbytes, align=ALIGN_BYTES):
@@ -119,10 +104,7 @@ def rnn_forward(plan, x, weights, h0=None, lengths=None, training=False, dropout
         tensor_ref(x), [tensor_ref(w) for w in ws], tensor_ref(y) if y_shape else None,
         h0=tensor_ref(h0), hn=tensor_ref(hn), lengths=tensor_ref(lengths), training=training,
         dropout_seed=dropout_seed, dropout_offset=dropout_offset,
-        workspace=None if workspace is None else (workspace.__array_interface__["data"][0],
-                                                  workspace.nbytes),
-        reserve=None if reserve is None else (reserve.__array_interface__["data"][0],
-                                              reserve.nbytes))
+        workspace=workspace, reserve=reserve)
     return y, hn, reserve
 
 
@@ -152,13 +134,12 @@ def rnn_backward(plan, x, weights, reserve, dy=None, dhn=None, h0=None, lengths=
         dweights = [as_array(d) for d in dweights]
     plan.backward(
         tensor_ref(x), [tensor_ref(w) for w in ws],
-        None if reserve is None else (reserve.__array_interface__["data"][0], reserve.nbytes),
+        reserve,
         h0=tensor_ref(h0), lengths=tensor_ref(lengths), dy=tensor_ref(dy), dhn=tensor_ref(dhn),
         dx=tensor_ref(dx), dh0=tensor_ref(dh0),
         dweights=None if dweights is None else [tensor_ref(d) for d in dweights],
         accumulate=accumulate, dropout_seed=dropout_seed, dropout_offset=dropout_offset,
-        workspace=None if workspace is None else (workspace.__array_interface__["data"][0],
-                                                  workspace.nbytes))
+        workspace=workspace)
     return dx, dh0, dweights
 
 
@@ -173,8 +154,7 @@ def _sk_params(plan, params):
 
 
 def _workspace(workspace):
-    return None if workspace is None else (workspace.__array_interface__["data"][0],
-                                           workspace.nbytes)
+    return workspace  # a uint8 array (or None), held by the plan method during the call
 
 
 def _lead_shape(x, n):

@@ -9,20 +9,25 @@ layer): the kf_sklinear_* part of capi/include/kfuse.h.
     plan.backward(x, S1s, S2s, U1s, U2s, dy, dx=None, dS1s=None, dS2s=None, dbias=None)
     plan.init_params(seed, S1s, S2s, U1s, U2s, bias=None, W_init=None)
 
-As in kfuse._lowlevel, tensors are TensorRefs (None = absent) and nothing is validated or
-computed here: every check is the library's, and a failing status becomes a KfuseError subclass
-with the library's message. The GIL is released during each C call. The numpy front end is
-kfuse.numpy.sklinear_*; the PyTorch drop-in is kfuse.torch.SKLinear.
+As in kfuse._lowlevel, nothing is validated or computed here: every check is the library's, and
+a failing status becomes a KfuseError subclass with the library's message. The GIL is released
+during each C call. The numpy front end is kfuse.numpy.sklinear_*; the PyTorch drop-in is
+kfuse.torch.SKLinear.
 
-forward() and backward() also take a tensor as a plain tuple (ptr, kf_dtype, shape, strides)
-(strides in elements; None = row-major), which front ends build with no intermediate object. A
-layer this cheap is called often with small shapes, so the argument structs are written with one
-struct.pack_into over the whole struct (its layout is checked against the compiler's at import;
-where it differs, the fields are set one by one as elsewhere in the package).
+Tensors are handed over as objects (torch tensors, numpy arrays, TensorRefs; None = absent), and
+their kf_tensor fields are taken inside the method, which holds every object it was given until
+the C call returns (kfuse._lowlevel.tensor_values, shared by every plan). A raw
+(ptr, kf_dtype, shape, strides) tuple (strides in elements; None = row-major) is accepted for
+memory the caller keeps alive itself. A layer this cheap is called often with small shapes, so
+the argument structs are written with one struct.pack_into over the whole struct (its layout is
+checked against the compiler's at import; where it differs, the fields are set one by one as
+elsewhere in the package).
 """
 import struct
 
-from kfuse._lowlevel import DTYPE_F32, TensorRef, _buffer, _fill_tensor, check, ffi, lib
+from kfuse._lowlevel import (  # noqa: F401  (tensor_values: re-exported, its 1.1 home)
+    DTYPE_F32, _buffer, _fill_tensor, check, ffi, lib, tensor_values,
+)
 
 __all__ = ["SkLinearPlan", "PARAM_NAMES"]
 
@@ -31,8 +36,6 @@ PARAM_NAMES = ("S1s", "S2s", "bias", "U1s", "U2s")
 
 _MAXD = lib.KF_MAX_DIMS
 _TENSOR_FMT = "Pii%dq%dq" % (_MAXD, _MAXD)  # data, dtype, ndim, shape[], strides[]
-_PAD = (0,) * _MAXD
-_ABSENT = (0, DTYPE_F32, 0) + _PAD + _PAD
 _FWD_FIELDS = ("x", "S1s", "S2s", "U1s", "U2s", "bias", "y")
 _BWD_FIELDS = ("x", "S1s", "S2s", "U1s", "U2s", "dy", "dx", "dS1s", "dS2s", "dbias")
 
@@ -53,65 +56,26 @@ _FWD_STRUCT = _packed_layout("kf_sklinear_forward_args", _FWD_FIELDS)
 _BWD_STRUCT = _packed_layout("kf_sklinear_backward_args", _BWD_FIELDS)
 
 
-def _as_tuple(ref):
-    if ref is None or isinstance(ref, tuple):
-        return ref
-    return (ref.ptr, ref.dtype, ref.shape, ref.strides)
-
-
-def _tensor_values(ref):
-    """The kf_tensor field values of a (ptr, dtype, shape, strides) tuple or None (absent). A
-    rank beyond KF_MAX_DIMS goes on truncated with ndim kept, so the library reports it."""
-    if ref is None:
-        return _ABSENT
-    ptr, dt, shape, strides = ref
-    nd = len(shape)
-    if strides is None:
-        strides, acc = [0] * nd, 1
-        for i in range(nd - 1, -1, -1):
-            strides[i] = acc
-            acc *= shape[i]
-    if nd <= _MAXD:
-        pad = _PAD[nd:]
-        return (ptr, dt, nd) + tuple(shape) + pad + tuple(strides) + pad
-    return (ptr, dt, nd) + tuple(shape[:_MAXD]) + tuple(strides[:_MAXD])
-
-
-def tensor_values(ref):
-    """The kf_tensor field values (data, dtype, ndim, shape[KF_MAX_DIMS], strides[KF_MAX_DIMS])
-    of a TensorRef, a (ptr, kf_dtype, shape, strides) tuple or None (absent): what
-    forward_values() and backward_values() take, so a front end may build them itself."""
-    return _tensor_values(_as_tuple(ref))
-
-
-def _split_values(values):  # pragma: no cover - the fallback layout only
-    n = 3 + 2 * _MAXD
-    out = []
-    for i in range(0, len(values), n):
-        v = values[i:i + n]
-        if v[0] == 0:
-            out.append(None)
-        else:
-            nd = v[2]
-            m = min(nd, _MAXD)
-            out.append(TensorRef(v[0], v[1], v[3:3 + m], v[3 + _MAXD:3 + _MAXD + m]))
-    return out
+_PTR_TYPES = {}  # struct name -> (its pointer ctype, its size): parsed once
 
 
 def _fill_args(ctype, init, st, fields, refs):
-    """A new `ctype` struct, its defaults written by `init`, holding the tensors `refs` (tuples,
-    TensorRefs or None) in `fields` order."""
-    args = ffi.new(ctype + " *")
+    """A new `ctype` struct, its defaults written by `init`, describing the tensors `refs`
+    (anything kfuse._lowlevel.tensor_values takes) in `fields` order. The caller holds `refs`
+    until the C call returns."""
+    ptype = _PTR_TYPES.get(ctype)
+    if ptype is None:
+        ptype = _PTR_TYPES[ctype] = (ffi.typeof(ctype + " *"), ffi.sizeof(ctype))
+    args = ffi.new(ptype[0])
     init(args)
     if st is not None:
-        values = [ffi.sizeof(ctype)]  # struct_size, as init wrote it
-        for r in refs:
-            values.extend(_tensor_values(_as_tuple(r)))
+        values = [ptype[1]]  # struct_size, as init wrote it
+        for f, r in zip(fields, refs):
+            values += tensor_values(r, f)
         st.pack_into(ffi.buffer(args), 0, *values)
     else:  # pragma: no cover - a compiler laying the struct out with padding
         for f, r in zip(fields, refs):
-            r = _as_tuple(r)
-            _fill_tensor(getattr(args, f), None if r is None else TensorRef(*r))
+            _fill_tensor(getattr(args, f), r, f)
     return args
 
 
@@ -177,41 +141,15 @@ class SkLinearPlan:
         return int(ws[0])
 
     def forward(self, x, S1s, S2s, U1s, U2s, y, bias=None, workspace=None):
-        """kf_sklinear_forward: y [..., out] from x [..., in]. Tensors: TensorRefs or
-        (ptr, kf_dtype, shape, strides) tuples, None = absent. `workspace` is a (ptr, nbytes)
+        """kf_sklinear_forward: y [..., out] from x [..., in]. Tensors: torch tensors, numpy
+        arrays, TensorRefs or raw (ptr, kf_dtype, shape, strides) tuples, None = absent; each is
+        held until the call returns. `workspace` is a uint8 tensor or array, a raw (ptr, nbytes)
         pair or None (the context's arena). Releases the GIL."""
         args = _fill_args("kf_sklinear_forward_args", lib.kf_sklinear_forward_args_init,
                           _FWD_STRUCT, _FWD_FIELDS,
                           (x, S1s, S2s, U1s, U2s, bias, y))
-        ws, ws_bytes = _buffer(workspace)
+        ws, ws_bytes = _buffer(workspace, "workspace")
         check(lib.kf_sklinear_forward(self._ptr, args, ws, ws_bytes))
-
-    def forward_values(self, values, workspace=None):
-        """forward() on the concatenated tensor_values() of x, S1s, S2s, U1s, U2s, bias, y
-        (the fast path of kfuse.torch)."""
-        args = ffi.new("kf_sklinear_forward_args *")
-        lib.kf_sklinear_forward_args_init(args)
-        if _FWD_STRUCT is not None:
-            _FWD_STRUCT.pack_into(ffi.buffer(args), 0, ffi.sizeof(args[0]), *values)
-        else:  # pragma: no cover
-            args = _fill_args("kf_sklinear_forward_args", lib.kf_sklinear_forward_args_init,
-                              None, _FWD_FIELDS, _split_values(values))
-        ws, ws_bytes = _buffer(workspace)
-        check(lib.kf_sklinear_forward(self._ptr, args, ws, ws_bytes))
-
-    def backward_values(self, values, accumulate=False, workspace=None):
-        """backward() on the concatenated tensor_values() of x, S1s, S2s, U1s, U2s, dy, dx,
-        dS1s, dS2s, dbias."""
-        args = ffi.new("kf_sklinear_backward_args *")
-        lib.kf_sklinear_backward_args_init(args)
-        if _BWD_STRUCT is not None:
-            _BWD_STRUCT.pack_into(ffi.buffer(args), 0, ffi.sizeof(args[0]), *values)
-        else:  # pragma: no cover
-            args = _fill_args("kf_sklinear_backward_args", lib.kf_sklinear_backward_args_init,
-                              None, _BWD_FIELDS, _split_values(values))
-        ws, ws_bytes = _buffer(workspace)
-        grad_mode = lib.KF_GRAD_ACCUMULATE if accumulate else lib.KF_GRAD_OVERWRITE
-        check(lib.kf_sklinear_backward(self._ptr, grad_mode, args, ws, ws_bytes))
 
     def backward(self, x, S1s, S2s, U1s, U2s, dy, dx=None, dS1s=None, dS2s=None, dbias=None,
                  accumulate=False, workspace=None):
@@ -221,7 +159,7 @@ class SkLinearPlan:
         args = _fill_args("kf_sklinear_backward_args", lib.kf_sklinear_backward_args_init,
                           _BWD_STRUCT, _BWD_FIELDS,
                           (x, S1s, S2s, U1s, U2s, dy, dx, dS1s, dS2s, dbias))
-        ws, ws_bytes = _buffer(workspace)
+        ws, ws_bytes = _buffer(workspace, "workspace")
         grad_mode = lib.KF_GRAD_ACCUMULATE if accumulate else lib.KF_GRAD_OVERWRITE
         check(lib.kf_sklinear_backward(self._ptr, grad_mode, args, ws, ws_bytes))
 
@@ -235,7 +173,7 @@ class SkLinearPlan:
         args.seed = int(seed)  # 0 .. 2**64-1 (cffi raises OverflowError outside)
         for field, r in (("W_init", W_init), ("S1s", S1s), ("S2s", S2s), ("U1s", U1s),
                          ("U2s", U2s), ("bias", bias)):
-            _fill_tensor(getattr(args, field), TensorRef(*r) if isinstance(r, tuple) else r)
+            _fill_tensor(getattr(args, field), r, field)
         check(lib.kf_sklinear_init_params(self._ptr, args))
 
     def __repr__(self):

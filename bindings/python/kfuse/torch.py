@@ -33,31 +33,16 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from kfuse._lowlevel import (
-    DTYPE_BF16, DTYPE_F16, DTYPE_F32, DTYPE_F64, DTYPE_I32, DTYPE_I64, RnnPlan, TensorRef, lib,
-    thread_context,
-)
+from kfuse._lowlevel import RnnPlan, dtype_code, lib, thread_context
 from kfuse.kan import KanConv2dPlan, KanLinearPlan, _pair
-from kfuse.sklinear import SkLinearPlan, tensor_values
+from kfuse.sklinear import SkLinearPlan
 
 __all__ = ["GRU", "AGRU", "AGRUCell", "SKLinear", "KANLinear", "KANConv2d", "rnn_function",
            "sklinear_function", "kan_linear_function", "kan_conv2d_function"]
 
-_DTYPES = {
-    torch.float32: DTYPE_F32, torch.float64: DTYPE_F64, torch.float16: DTYPE_F16,
-    torch.bfloat16: DTYPE_BF16, torch.int32: DTYPE_I32, torch.int64: DTYPE_I64,
-}
-
-
-def _ref(t):
-    """TensorRef of a torch tensor as it is (an unknown dtype goes as 0: the library names it)."""
-    if t is None:
-        return None
-    return TensorRef(t.data_ptr(), _DTYPES.get(t.dtype, 0), t.shape, t.stride())
-
-
-def _buf(t):
-    return None if t is None else (t.data_ptr(), t.numel())
+# Tensors go to the plans' methods as they are: the methods take their kf_tensor fields and hold
+# them until the C call returns (kfuse._lowlevel.tensor_values, the one conversion every front end
+# shares), so no data pointer is taken here and a temporary (dy.contiguous()) stays alive.
 
 
 # ---- per-(device, thread) contexts and plans ---------------------------------------------------
@@ -157,28 +142,28 @@ class _RnnFunction(torch.autograd.Function):
         reserve = None
         if training:
             reserve = torch.empty(rs_bytes, dtype=torch.uint8, device=x.device)
-        plan.forward(_ref(x), [_ref(w) for w in weights], _ref(y) if x.dim() == 3 else None,
-                     h0=_ref(h0), hn=_ref(hn), lengths=_ref(lengths), training=training,
-                     dropout_seed=seed, dropout_offset=0, workspace=_buf(workspace),
-                     reserve=_buf(reserve))
+        plan.forward(x, weights, y if x.dim() == 3 else None, h0=h0, hn=hn, lengths=lengths,
+                     training=training, dropout_seed=seed, dropout_offset=0, workspace=workspace,
+                     reserve=reserve)
         ctx.key = key
         ctx.seed = seed
-        ctx.reserve = reserve
-        ctx.save_for_backward(x, h0, lengths, *weights)
+        # The reserve is a saved tensor: it lives as long as the graph (a second backward through
+        # a retained graph reads it again; kf_rnn_backward only reads it) and goes with it.
+        ctx.save_for_backward(x, h0, lengths, reserve, *weights)
         return y, hn
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy, dhn):
-        x, h0, lengths, *weights = ctx.saved_tensors
+        x, h0, lengths, reserve, *weights = ctx.saved_tensors
         with _device_guard(x.device):
-            return _RnnFunction._backward(ctx, dy, dhn, x, h0, lengths, weights)
+            return _RnnFunction._backward(ctx, dy, dhn, x, h0, lengths, reserve, weights)
 
     @staticmethod
-    def _backward(ctx, dy, dhn, x, h0, lengths, weights):
-        if ctx.reserve is None:
-            raise RuntimeError("kfuse: backward through a forward that ran without a reserve "
-                               "(no input required grad at forward time)")
+    def _backward(ctx, dy, dhn, x, h0, lengths, reserve, weights):
+        if reserve is None:  # only rnn_function(training=False, ...) on inputs requiring grad
+            raise RuntimeError("kfuse: backward through a recurrent forward that ran with "
+                               "training=False (inference mode writes no reserve)")
         plan = _plan(ctx.key, x.device)
         need = ctx.needs_input_grad
         dx = torch.empty_like(x) if need[3] else None
@@ -192,11 +177,9 @@ class _RnnFunction(torch.autograd.Function):
         dy = None if dy is None else dy.contiguous()
         dhn = None if dhn is None else dhn.contiguous()
         any_dw = any(d is not None for d in dws)
-        plan.backward(_ref(x), [_ref(w) for w in weights], _buf(ctx.reserve), h0=_ref(h0),
-                      lengths=_ref(lengths), dy=_ref(dy), dhn=_ref(dhn), dx=_ref(dx),
-                      dh0=_ref(dh0), dweights=[_ref(d) for d in dws] if any_dw else None,
-                      dropout_seed=ctx.seed, dropout_offset=0, workspace=_buf(workspace))
-        ctx.reserve = None  # a second backward would need retain_graph semantics we do not keep
+        plan.backward(x, weights, reserve, h0=h0, lengths=lengths, dy=dy, dhn=dhn, dx=dx,
+                      dh0=dh0, dweights=dws if any_dw else None, dropout_seed=ctx.seed,
+                      dropout_offset=0, workspace=workspace)
         return (None, None, None, dx, dh0, None, *dws)
 
 
@@ -217,7 +200,7 @@ class _KfuseRNNBase(nn.Module):
     def _key(self, dtype, dropout):
         return (self._cell, self.input_size, self.hidden_size, self.num_layers,
                 bool(self.batch_first), bool(getattr(self, "bidirectional", False)),
-                float(dropout), float(getattr(self, "gamma", 0.01)), _DTYPES.get(dtype, 0))
+                float(dropout), float(getattr(self, "gamma", 0.01)), dtype_code(dtype))
 
     def _check_descriptor(self, dtype):
         # Construction-time checks are the library's: make (and cache) the plan on the CPU.
@@ -228,12 +211,20 @@ class _KfuseRNNBase(nn.Module):
         the biases of a GRU(bias=False) (the cell with zero biases is the cell without them;
         their gradients are not asked for)."""
         plan = _plan(self._key(self._param_dtype(), 0.0), torch.device("cpu"))
-        params = dict(self.named_parameters())
-        return [params[name] if name in params else self._zero_bias(name)
-                for name in plan.weight_names]
+        out = []
+        for name in plan.weight_names:
+            # by attribute, so that a parametrization (torch.nn.utils.parametrize) or anything
+            # else that took a weight's name over gives its tensor
+            t = self._weight(name)
+            out.append(t if t is not None else self._zero_bias(name))
+        return out
+
+    def _weight(self, name):
+        path, _, leaf = name.rpartition(".")
+        return getattr(self.get_submodule(path) if path else self, leaf, None)
 
     def _zero_bias(self, name):
-        w = self.get_parameter(name.replace("bias_", "weight_"))  # its layer's weight
+        w = self._weight(name.replace("bias_", "weight_"))  # its layer's weight
         return torch.zeros(w.shape[0], dtype=w.dtype, device=w.device)
 
     def _param_dtype(self):
@@ -441,26 +432,6 @@ def _empty_batch(plan, x):
     return x.dim() >= 2 and x.shape[-1] == plan.in_features and x.numel() == 0
 
 
-_MAXD = lib.KF_MAX_DIMS
-_PAD = (0,) * _MAXD
-
-
-def _vals(t):
-    """The kf_tensor field values of a torch tensor (SkLinearPlan.forward_values): SKLinear is
-    called often at small shapes, so no intermediate object is made."""
-    if t is None:
-        return _ABSENT
-    shape = t.shape
-    nd = len(shape)
-    if nd > _MAXD:
-        return tensor_values((t.data_ptr(), _DTYPES.get(t.dtype, 0), shape, t.stride()))
-    pad = _PAD[nd:]
-    return (t.data_ptr(), _DTYPES.get(t.dtype, 0), nd, *shape, *pad, *t.stride(), *pad)
-
-
-_ABSENT = tensor_values(None)
-
-
 def _check_devices(x, S1s, S2s, U1s, U2s, bias):
     """The one check made here: a kfuse context reads memory of its own device only."""
     ts = (("S1s", S1s), ("S2s", S2s), ("U1s", U1s), ("U2s", U2s), ("bias", bias))
@@ -480,14 +451,12 @@ def _sk_forward(key, x, S1s, S2s, U1s, U2s, bias):
     with _device_guard(device) if cuda else contextlib.nullcontext():
         plan = _plan(key, device)
         if x.dim() == 0:  # the library reports it
-            plan.forward_values(_vals(x) + _vals(S1s) + _vals(S2s) + _vals(U1s) + _vals(U2s)
-                                + _vals(bias) + _ABSENT)
+            plan.forward(x, S1s, S2s, U1s, U2s, None, bias=bias)
         y = torch.empty(x.shape[:-1] + (plan.out_features,), dtype=x.dtype, device=device)
         N = x.numel() // x.shape[-1] if x.shape[-1] else 0
         if N > 0 or not _empty_batch(plan, x):
             workspace = _workspace(plan, device, N) if cuda else None
-            plan.forward_values(_vals(x) + _vals(S1s) + _vals(S2s) + _vals(U1s) + _vals(U2s)
-                                + _vals(bias) + _vals(y), workspace=_buf(workspace))
+            plan.forward(x, S1s, S2s, U1s, U2s, y, bias=bias, workspace=workspace)
     return y
 
 
@@ -526,9 +495,8 @@ class _SKLinearFunction(torch.autograd.Function):
                         t.zero_()
                 return None, dx, dS1s, dS2s, None, None, dbias
             workspace = _workspace(plan, device, N) if cuda else None
-            plan.backward_values(_vals(x) + _vals(S1s) + _vals(S2s) + _vals(U1s) + _vals(U2s)
-                                 + _vals(dy.contiguous()) + _vals(dx) + _vals(dS1s)
-                                 + _vals(dS2s) + _vals(dbias), workspace=_buf(workspace))
+            plan.backward(x, S1s, S2s, U1s, U2s, dy.contiguous(), dx=dx, dS1s=dS1s, dS2s=dS2s,
+                          dbias=dbias, workspace=workspace)
         return None, dx, dS1s, dS2s, None, None, dbias
 
 
@@ -595,7 +563,7 @@ class SKLinear(nn.Module):
         if bias is None:
             bias = self.bias is not None
         return ("sklinear", self.in_features, self.out_features, self.num_terms, self.low_rank,
-                bool(bias), _DTYPES.get(dtype, 0))
+                bool(bias), dtype_code(dtype))
 
     @torch.no_grad()
     def _init_parameters(self, W_init=None):
@@ -607,8 +575,8 @@ class SKLinear(nn.Module):
             W_init = W_init.detach().to(device=device, dtype=self.S1s.dtype).contiguous()
         with _device_guard(device):
             plan = _plan(self._key(self.S1s.dtype), device)
-            plan.init_params(seed, _ref(self.S1s), _ref(self.S2s), _ref(self.U1s),
-                             _ref(self.U2s), bias=_ref(self.bias), W_init=_ref(W_init))
+            plan.init_params(seed, self.S1s, self.S2s, self.U1s, self.U2s, bias=self.bias,
+                             W_init=W_init)
 
     def _tensor(self, name):
         # _parameters / _buffers first (nn.Module.__getattr__ costs a microsecond a call at this
@@ -681,24 +649,15 @@ def _kan_forward(key, x, grid, base_weight, spline_weight, spline_scaler):
         plan = _plan(key, device)
         y_shape = plan.output_shape(x.shape)
         if y_shape is None:  # no output for such an x (its rank or size): the library reports it
-            plan.forward(_vals_t(x), _vals_t(grid), _vals_t(base_weight),
-                         _vals_t(spline_weight), None, spline_scaler=_vals_t(spline_scaler))
+            plan.forward(x, grid, base_weight, spline_weight, None, spline_scaler=spline_scaler)
             raise ValueError("kfuse %s: no output shape for x of shape %s" % (
                 _KAN_LAYER_NAMES[key[0]], tuple(x.shape)))  # pragma: no cover
         y = torch.empty(y_shape, dtype=x.dtype, device=device)
         dims = plan.work_dims(x.shape)
         if dims is not None:  # None: an empty batch, for which y is empty too
-            plan.forward(_vals_t(x), _vals_t(grid), _vals_t(base_weight), _vals_t(spline_weight),
-                         _vals_t(y), spline_scaler=_vals_t(spline_scaler),
-                         workspace=_buf(_workspace(plan, device, *dims)))
+            plan.forward(x, grid, base_weight, spline_weight, y, spline_scaler=spline_scaler,
+                         workspace=_workspace(plan, device, *dims))
     return y
-
-
-def _vals_t(t):
-    """A torch tensor as the (ptr, kf_dtype, shape, strides) tuple the KAN plans take."""
-    if t is None:
-        return None
-    return (t.data_ptr(), _DTYPES.get(t.dtype, 0), tuple(t.shape), t.stride())
 
 
 class _KANFunction(torch.autograd.Function):
@@ -735,11 +694,9 @@ class _KANFunction(torch.autograd.Function):
                         t.zero_()
                 return None, dx, None, dbw, dsw, dss
             workspace = _workspace(plan, device, *dims)
-            plan.backward(_vals_t(x), _vals_t(grid), _vals_t(base_weight),
-                          _vals_t(spline_weight), _vals_t(dy.contiguous()),
-                          spline_scaler=_vals_t(spline_scaler), dx=_vals_t(dx),
-                          dbase_weight=_vals_t(dbw), dspline_weight=_vals_t(dsw),
-                          dspline_scaler=_vals_t(dss), workspace=_buf(workspace))
+            plan.backward(x, grid, base_weight, spline_weight, dy.contiguous(),
+                          spline_scaler=spline_scaler, dx=dx, dbase_weight=dbw,
+                          dspline_weight=dsw, dspline_scaler=dss, workspace=workspace)
         return None, dx, None, dbw, dsw, dss
 
 
@@ -828,7 +785,7 @@ class _KANLayer(nn.Module):
     def _key(self, dtype):
         return self._plan_shape + (self.grid_size, self.spline_order,
                                    bool(self.enable_standalone_scale_spline),
-                                   _DTYPES.get(dtype, 0))
+                                   dtype_code(dtype))
 
     @torch.no_grad()
     def _init_grid(self, lo, hi):
@@ -837,7 +794,7 @@ class _KANLayer(nn.Module):
             return  # nothing to fill
         with _device_guard(grid.device):
             plan = _plan(self._key(grid.dtype), grid.device)
-            plan.uniform_grid(lo, hi, _vals_t(grid))
+            plan.uniform_grid(lo, hi, grid)
 
     def reset_parameters(self):
         """efficient-kan's initialisation: base_weight kaiming_uniform_(a=sqrt(5)*scale_base);
@@ -951,7 +908,7 @@ class _KANLayer(nn.Module):
         device = x.device
         with _device_guard(device) if device.type == "cuda" else contextlib.nullcontext():
             plan = _plan(self._key(w.dtype), device)
-            plan.update_grid(_vals_t(x), _vals_t(g), _vals_t(w), margin=margin,
+            plan.update_grid(x, g, w, margin=margin,
                              grid_eps=self.grid_eps)
         if g is not grid:
             grid.copy_(g)
