@@ -7,7 +7,9 @@
 #   4. the ABI check: abidiff of the built library against abi/kfuse.abi,
 #   5. install + a consumer project using find_package(kfuse) and pkg-config,
 #   6. the Python package (cffi; pytest against torch and float64 references),
-#   7. the Rust crates (bindings-current check, cargo test offline),
+#   7. the sanitizer lane over the bindings: the Python tests against an ASan+UBSan libkfuse (GEMM
+#      operands checked too), the Rust tests under valgrind (scripts/test-sanitize-bindings.sh),
+#      then the Rust crates (bindings-current check, cargo test offline),
 #   8. the reliability suite, bounded (libFuzzer 60 s, ThreadSanitizer, soak + valgrind leaks),
 #   9. a smoke run of the main job (a few batches) and of the benchmark driver.
 # Build trees live under build/ (build/main, build/asan, ...). Takes ~15-25 min on 2 cores.
@@ -75,6 +77,9 @@ LD_LIBRARY_PATH="$ROOT/build/prefix/lib" build/consumer/consumer_pc
 
 stage "Python package (scripts/test-python.sh)"
 KFUSE_LIBRARY_DIR="$ROOT/build/main" bash scripts/test-python.sh
+
+stage "sanitizer lane over the bindings (scripts/test-sanitize-bindings.sh)"
+bash scripts/test-sanitize-bindings.sh
 
 stage "Rust crates (scripts/test-rust.sh)"
 bash scripts/test-rust.sh
