@@ -542,7 +542,9 @@ pub struct kf_rnn_forward_args {
     pub reserved0: i32,
     #[doc = " optional [B] KF_DTYPE_I32 in 0..T, on the context's device: steps"]
     #[doc = "past lengths[b] leave h unchanged and write y = 0 there; the"]
-    #[doc = "reverse direction starts at lengths[b]-1. Absent = all T."]
+    #[doc = "reverse direction starts at lengths[b]-1. Absent = all T. A CPU"]
+    #[doc = "context refuses a length outside 0..T; a CUDA one cannot read"]
+    #[doc = "device memory at the call, so its kernels clamp it to 0..T."]
     pub lengths: kf_tensor,
     #[doc = " key of the dropout masks (training with dropout > 0 only)"]
     pub dropout_seed: u64,
