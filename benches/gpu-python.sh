@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Python package on a lent GPU machine, from the repository root, after benches/gpu.sh's
-# carried build (.gpu/deps holds libkfuse): installs cffi from wheels carried in .whl/ (the GPU
-# machine reaches no package index), builds and installs bindings/python against .gpu/deps into
+# carried build (.gpu/deps holds libkfuse): installs cffi and scikit-build-core (with pathspec and
+# packaging) from wheels carried in .whl/ (`pip download -d .whl cffi scikit-build-core` here; the
+# GPU machine reaches no package index), builds and installs bindings/python against .gpu/deps into
 # /tmp/site, runs the pytest suite (CUDA tests included) and benches/python_modules.py on CUDA.
 # Writes pytest.log and python_modules_gpu.md to $OUT.
 #   bash benches/gpu-python.sh [BUILD_DIR]      (default .gpu)
@@ -17,7 +18,6 @@ export PYTHONPATH=/tmp/site
 KFUSE_LIBRARY_DIR="$BUILD/deps" KFUSE_INCLUDE_DIR="$ROOT/capi/include" \
   python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site \
   bindings/python > "$OUT/pytest.log" 2>&1 || { tail -20 "$OUT/pytest.log"; exit 2; }
-rm -rf bindings/python/build bindings/python/kfuse.egg-info
 (cd /tmp && python3 -m pytest -q -p no:cacheprovider "$ROOT/tests/python") >> "$OUT/pytest.log" 2>&1
 rc=$?
 echo "pytest (CUDA build, GPU present): exit $rc: $(tail -1 "$OUT/pytest.log")"

@@ -93,8 +93,9 @@ asan_env=(LD_PRELOAD="$LIBASAN $LIBSTDCXX" PYTHONMALLOC=malloc ASAN_OPTIONS=dete
 
 stage "Python: venv $VENV, bindings/python against $ASAN_LIB"
 [ -x "$VENV/bin/python" ] || "$PY" -m venv --system-site-packages "$VENV"
-"$VENV/bin/python" -c "import cffi, pytest, tqdm, setuptools" 2>/dev/null ||
-  "$VENV/bin/pip" install -q --disable-pip-version-check "cffi>=1.15" pytest tqdm "setuptools>=61"
+"$VENV/bin/python" -c "import cffi, pytest, tqdm, scikit_build_core" 2>/dev/null ||
+  "$VENV/bin/pip" install -q --disable-pip-version-check "cffi>=1.15" pytest tqdm \
+    "scikit-build-core>=0.10"
 # Built from a copy of the sources, so bindings/python gets no build/ or egg-info of ours.
 SRC=$(mktemp -d)
 trap 'rm -rf "$SRC"' EXIT

@@ -6,7 +6,8 @@
 #   3. the fast C tests once under valgrind (memcheck, leaks are errors),
 #   4. the ABI check: abidiff of the built library against abi/kfuse.abi,
 #   5. install + a consumer project using find_package(kfuse) and pkg-config,
-#   6. the Python package (cffi; pytest against torch and float64 references),
+#   6. the Python package (cffi; pytest against torch and float64 references), and as users get it:
+#      sdist -> wheel (scikit-build-core builds libkfuse) -> moved -> fresh venv -> forward,
 #   7. the sanitizer lane over the bindings: the Python tests against an ASan+UBSan libkfuse (GEMM
 #      operands checked too), the Rust tests under valgrind (scripts/test-sanitize-bindings.sh),
 #      then the Rust crates (bindings-current check, cargo test offline),
@@ -77,6 +78,9 @@ LD_LIBRARY_PATH="$ROOT/build/prefix/lib" build/consumer/consumer_pc
 
 stage "Python package (scripts/test-python.sh)"
 KFUSE_LIBRARY_DIR="$ROOT/build/main" bash scripts/test-python.sh
+
+stage "the Python package as users install it (scripts/test-python-wheel.sh)"
+bash scripts/test-python-wheel.sh
 
 stage "sanitizer lane over the bindings (scripts/test-sanitize-bindings.sh)"
 bash scripts/test-sanitize-bindings.sh

@@ -6,23 +6,18 @@ mechanically, preprocessor conditionals are evaluated for a plain C compiler (no
 and every object-like #define with a value becomes `#define NAME ...` (API mode: the C compiler
 supplies the value). Struct layouts are then checked by the compiler against the real header.
 
-Environment:
-  KFUSE_INCLUDE_DIR  directory holding kfuse.h   (default: <repo>/capi/include)
-  KFUSE_LIBRARY_DIR  directory holding libkfuse.so (default: <repo>/build/main)
-The extension links -lkfuse with an rpath to KFUSE_LIBRARY_DIR, so it finds libkfuse.so.1 at run
-time without LD_LIBRARY_PATH.
+The package's CMake build (CMakeLists.txt beside this file, driven by scikit-build-core) runs
+    python kfuse_build.py --emit OUT.c --include-dir DIR
+to write the extension's C source, and compiles it itself (on Python's limited API, abi3), linked
+to the libkfuse it builds or to a prebuilt one (KFUSE_LIBRARY_DIR). `--print-cdef` prints the
+cdef. cffi's generated code defines Py_LIMITED_API itself on release builds of Python.
 """
-import os
 import re
 from pathlib import Path
 
 from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent.parent
-INCLUDE_DIR = Path(os.environ.get("KFUSE_INCLUDE_DIR") or REPO / "capi" / "include").resolve()
-LIBRARY_DIR = Path(os.environ.get("KFUSE_LIBRARY_DIR") or REPO / "build" / "main").resolve()
-HEADER = INCLUDE_DIR / "kfuse.h"
 
 
 def _strip_comments(text):
@@ -88,7 +83,7 @@ def header_to_cdef(text):
         if active and s:
             out.append(line)
     if stack:
-        raise RuntimeError("unbalanced preprocessor conditionals in %s" % HEADER)
+        raise RuntimeError("unbalanced preprocessor conditionals in kfuse.h")
     cdef = "\n".join(out)
     cdef = re.sub(r"\bKF_API\b", "", cdef)
     # The array bound KF_MAX_DIMS is a `...` constant to cffi; let the compiler size the array.
@@ -96,21 +91,31 @@ def header_to_cdef(text):
     return cdef + "\n"
 
 
-ffibuilder = FFI()
-ffibuilder.cdef(header_to_cdef(HEADER.read_text()))
-ffibuilder.set_source(
-    "kfuse._kfuse_cffi",
-    '#include "kfuse.h"\n',
-    include_dirs=[str(INCLUDE_DIR)],
-    library_dirs=[str(LIBRARY_DIR)],
-    libraries=["kfuse"],
-    runtime_library_dirs=[str(LIBRARY_DIR)],
-    extra_link_args=["-Wl,--enable-new-dtags"],
-)
+def make_ffi(include_dir):
+    """The FFI of kfuse.h in `include_dir`, its source set for out-of-line API mode."""
+    header = Path(include_dir) / "kfuse.h"
+    ffi = FFI()
+    ffi.cdef(header_to_cdef(header.read_text()))
+    ffi.set_source("kfuse._kfuse_cffi", '#include "kfuse.h"\n')
+    return ffi
+
+
+def main(argv):
+    import argparse
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--include-dir", default=str(HERE.parent.parent / "capi" / "include"),
+                   help="the directory holding kfuse.h (default: this checkout's)")
+    p.add_argument("--emit", metavar="OUT.c", help="write the extension's C source to OUT.c")
+    p.add_argument("--print-cdef", action="store_true", help="print the cdef")
+    a = p.parse_args(argv)
+    if a.print_cdef:
+        print(header_to_cdef((Path(a.include_dir) / "kfuse.h").read_text()))
+    if a.emit:
+        make_ffi(a.include_dir).emit_c_code(a.emit)
+    if not (a.print_cdef or a.emit):
+        p.error("nothing to do: give --emit OUT.c or --print-cdef")
+
 
 if __name__ == "__main__":
     import sys
-    if "--print-cdef" in sys.argv:
-        print(header_to_cdef(HEADER.read_text()))
-    else:
-        ffibuilder.compile(verbose=True)
+    main(sys.argv[1:])
