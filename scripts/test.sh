@@ -5,7 +5,8 @@
 #   2. the C tests again under AddressSanitizer + UndefinedBehaviorSanitizer,
 #   3. the fast C tests once under valgrind (memcheck, leaks are errors),
 #   4. the ABI check: abidiff of the built library against abi/kfuse.abi,
-#   5. install + a consumer project using find_package(kfuse) and pkg-config,
+#   5. a C consumer of every form: installed (find_package, pkg-config), build tree,
+#      add_subdirectory; shared and static (scripts/test-c-consumers.sh),
 #   6. the Python package (cffi; pytest against torch and float64 references), and as users get it:
 #      sdist -> wheel (scikit-build-core builds libkfuse) -> moved -> fresh venv -> forward,
 #   7. the sanitizer lane over the bindings: the Python tests against an ASan+UBSan libkfuse (GEMM
@@ -66,15 +67,8 @@ done
 stage "ABI check against abi/kfuse.abi"
 bash scripts/abi-check.sh build/valgrind/libkfuse.so
 
-stage "install + find_package / pkg-config consumer"
-rm -rf build/prefix build/consumer
-cmake --install build/valgrind --prefix "$ROOT/build/prefix" >/dev/null
-cmake -S tests/consumer -B build/consumer -DCMAKE_PREFIX_PATH="$ROOT/build/prefix" >/dev/null
-cmake --build build/consumer >/dev/null
-LD_LIBRARY_PATH="$ROOT/build/prefix/lib" build/consumer/consumer
-PKG_CONFIG_PATH="$ROOT/build/prefix/lib/pkgconfig" \
-  cc tests/consumer/consumer.c $(PKG_CONFIG_PATH="$ROOT/build/prefix/lib/pkgconfig" pkg-config --cflags --libs kfuse) -o build/consumer/consumer_pc
-LD_LIBRARY_PATH="$ROOT/build/prefix/lib" build/consumer/consumer_pc
+stage "C consumers: find_package, pkg-config, build tree, add_subdirectory; shared and static"
+bash scripts/test-c-consumers.sh build/valgrind
 
 stage "Python package (scripts/test-python.sh)"
 KFUSE_LIBRARY_DIR="$ROOT/build/main" bash scripts/test-python.sh
