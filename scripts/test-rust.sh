@@ -7,7 +7,7 @@
 #      doc tests; kfuse: unit, integration against a float64 reference, doc and compile_fail tests),
 #   5. runs the example that trains an A-GRU through the safe crate (exits non-zero unless its
 #      loss falls),
-#   6. compiles the criterion benchmarks (benches/rust, a workspace member) without running them.
+#   6. compiles the criterion benchmarks (benches/rust, a workspace of its own) without running them.
 # Exits non-zero on any failure. About 1-2 minutes on 2 cores once build/main exists (plus about
 # 1 minute the first time, to compile criterion and its dependencies).
 # Cargo reads ../.cargo/config.toml: crates.io is replaced by Debian's /usr/share/cargo/registry
@@ -52,5 +52,5 @@ cargo test --offline --workspace
 stage "example: train_agru_step"
 cargo run --offline --release --example train_agru_step
 
-stage "benchmarks compile (benches/rust; not run)"
-cargo bench --offline --no-run
+stage "benchmarks compile (benches/rust, a workspace of its own; not run)"
+(cd "$ROOT/benches/rust" && cargo bench --offline --no-run)

@@ -11,7 +11,8 @@
 #      sdist -> wheel (scikit-build-core builds libkfuse) -> moved -> fresh venv -> forward,
 #   7. the sanitizer lane over the bindings: the Python tests against an ASan+UBSan libkfuse (GEMM
 #      operands checked too), the Rust tests under valgrind (scripts/test-sanitize-bindings.sh),
-#      then the Rust crates (bindings-current check, cargo test offline),
+#      then the Rust crates (bindings-current check, cargo test offline) and a downstream crate
+#      (examples/rust-consumer: pkg-config dynamic and static, built from source),
 #   8. the reliability suite, bounded (libFuzzer 60 s, ThreadSanitizer, soak + valgrind leaks),
 #   9. a smoke run of the main job (a few batches) and of the benchmark driver.
 # Build trees live under build/ (build/main, build/asan, ...). Takes ~15-25 min on 2 cores.
@@ -81,6 +82,9 @@ bash scripts/test-sanitize-bindings.sh
 
 stage "Rust crates (scripts/test-rust.sh)"
 bash scripts/test-rust.sh
+
+stage "a Rust crate outside the workspace, dynamic and static (scripts/test-rust-consumer.sh)"
+bash scripts/test-rust-consumer.sh build/valgrind
 
 stage "reliability: fuzz, TSan, soak (scripts/test-reliability.sh, bounded)"
 bash scripts/test-reliability.sh 60 10000

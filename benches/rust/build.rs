@@ -1,4 +1,4 @@
-//! Writes the rpath of libkfuse (found by kfuse-sys: `$KFUSE_LIB_DIR`, else build/main, published
+//! Writes the rpath of libkfuse (found by kfuse-sys, see its build.rs; published
 //! as DEP_KFUSE_LIB_DIR through its `links = "kfuse"` key) into the bench binaries, so that they
 //! also run directly from target/ without LD_LIBRARY_PATH.
 fn main() {
