@@ -22,6 +22,7 @@ BUILD/libkfuse.so. Writes benches/results/cpu_kan.md (--quick: /tmp/kfuse-bench-
 import argparse, datetime, json, os, platform, statistics, subprocess, sys, time
 
 from isa import driver_cmd, isa_line
+import plots
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
@@ -357,6 +358,13 @@ def main(argv=None):
         f.write("\n".join(md) + "\n")
     print("\n".join(rows[0:] + [""] + ["%s: %s (%s) %s" % t for t in targets]))
     print("wrote %s" % out)
+    stem = os.path.splitext(out)[0]
+    plots.times_chart(stem + "_times.svg", "CPU KANLinear, G=%d k=%d (best median)" % (G, K_ORD), [
+        ("%s %s" % (s, "fwd" if pas == "fwd" else "fwd+bwd"),
+         [(name, best[(s[0], pas, impl)]["med"]) for impl, name in (
+             ("ekan", "efficient-kan (eager torch)"), ("gemm", "GEMM of the same size"),
+             ("kfuse", "kfuse"))])
+        for s in shapes for pas in ("fwd", "fwdbwd")])
     return 0
 
 

@@ -38,6 +38,7 @@ from cpu_kan import (  # noqa: E402  (the eager baseline, the memory probe, the 
     wait_quiet,
 )
 from isa import isa_line, python_cmd  # noqa: E402
+import plots  # noqa: E402
 
 KERNEL, PAD = 3, 1
 TARGET = (32, 32, 32, 28, 28)  # DESIGN.md: CPU KANConv2d 3x3, 32->32 on 28x28, B=32
@@ -302,6 +303,15 @@ def main(argv=None):
         with open(out, "w") as f:
             f.write("\n".join(md) + "\n")
         print("wrote %s" % out)
+        plots.times_chart(
+            os.path.splitext(out)[0] + "_times.svg",
+            "CPU KANConv2d %dx%d, G=%d k=%d (best median)" % (KERNEL, KERNEL, G, K_ORD),
+            [("B=%d %d->%d %dx%d %s" % (s[0], s[1], s[2], s[3], s[4],
+                                       "fwd" if pas == "fwd" else "fwd+bwd"),
+              [(name, best[(s, pas, impl)]["med"]) for impl, name in (
+                  ("ekan", "efficient-kan on unfold (eager torch)"),
+                  ("gemm", "GEMM of the same size"), ("kfuse", "kfuse"))])
+             for s in shapes for pas in ("fwd", "fwdbwd")])
     return 0
 
 

@@ -43,6 +43,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from isa import driver_cmd, isa_line  # noqa: E402
+import plots  # noqa: E402
 
 SHAPES = [  # (T, I, H, B)
     (28, 28, 128, 128),
@@ -587,6 +588,7 @@ def main(argv=None):
         for r in raw:
             f.write(json.dumps(r) + "\n")
     print("wrote %s and %s (%.0f s)" % (md_path, raw_path, elapsed))
+    draw_plots(out_dir, shapes, results, targets)
     shutil.rmtree(tmpdir, ignore_errors=True)
 
     if a.strict:
@@ -594,6 +596,29 @@ def main(argv=None):
                                                         for t in targets)
         return 1 if failed else 0
     return 0
+
+
+PLOT_IMPLS = (("torch-gru", "torch.nn.GRU"), ("torch-agru-loop", "torch A-GRU loop"),
+              ("onednn-gru", "oneDNN lbr_gru"), ("kfuse-gru", "kfuse GRU"),
+              ("kfuse-agru", "kfuse A-GRU"))
+
+
+def draw_plots(out_dir, shapes, results, targets):
+    """cpu_rnn_times.svg (best medians per shape and pass) and cpu_rnn_targets.svg (the DESIGN.md
+    targets' margins) beside the table."""
+    groups = []
+    for (T, I, H, B) in shapes:
+        for pas, key in (("fwd", "fwd"), ("fwd+bwd", "fwdbwd")):
+            bars = []
+            for impl, name in PLOT_IMPLS:
+                r = results.get((T, impl), {}).get(key)
+                bars.append((name, r[key + "_ms_median"] if r else None))
+            groups.append(("T=%d I=%d %s" % (T, I, pas), bars))
+    plots.times_chart(os.path.join(out_dir, "cpu_rnn_times.svg"),
+                      "CPU GRU / A-GRU, H=128 B=128 (best median per implementation)", groups)
+    plots.targets_chart(os.path.join(out_dir, "cpu_rnn_targets.svg"),
+                        "CPU recurrent targets (DESIGN.md)",
+                        [(t[0], t[1], t[3], t[4] == "ge") for t in targets if t[5] != "info"])
 
 
 def run_train_fmnist(R, cmd, label):

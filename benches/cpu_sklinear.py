@@ -67,6 +67,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from isa import isa_line, python_cmd  # noqa: E402
+import plots  # noqa: E402
 B_ROWS = 64
 ENV_KEYS = ("OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT", "OMP_NUM_THREADS",
             "OPENBLAS_NUM_THREADS")
@@ -513,6 +514,12 @@ def main(argv=None):
     with open(out, "w") as f:
         f.write(text)
     print("wrote %s" % out)
+    plots.times_chart(os.path.splitext(out)[0] + "_times.svg",
+                      "CPU SKLinear, B=64 (best median)",
+                      [("%d L=%d k=%d %s" % (n, L, k, "fwd" if pas == "fwd" else "fwd+bwd"),
+                        [(IMPL_NAMES[i], best[(n, L, k, pas, i)]["med"])
+                         for i in IMPLS if (n, L, k, pas, i) in best])
+                       for (n, L, k) in cases for pas in ("fwd", "fwdbwd")])
     for b in bad:
         print("cpu_sklinear: outputs disagree: %s" % b, file=sys.stderr)
     if bad:

@@ -15,6 +15,7 @@ PACKAGES=(
   valgrind
   clang libclang-rt-14-dev libomp-dev  # libFuzzer, ThreadSanitizer (scripts/fuzz.sh, tsan.sh)
   python3 python3-numpy python3-torch  # benchmark baselines (Debian's CPU PyTorch 1.13)
+  python3-matplotlib       # the benchmark scripts' SVG plots (benches/plots.py)
   libdnnl-dev              # oneDNN 2.6: the fastest-CPU-GRU baseline in benches/
 )
 
