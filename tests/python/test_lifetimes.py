@@ -365,8 +365,7 @@ def test_backward_after_graph_freed_raises(case):
 def test_rnn_function_without_reserve_says_so():
     m = kt.GRU(3, 4)
     x = torch.randn(2, 2, 3, requires_grad=True)
-    key = m._key(torch.float32, 0.0)
-    y, hn = kt.rnn_function(key, False, 0, x, None, None, m._canonical_weights())
+    y, hn = kt.rnn_function(x, None, None, m._canonical_weights(), "gru", 3, 4, training=False)
     with pytest.raises(RuntimeError, match="training=False"):
         y.sum().backward()
 

@@ -525,13 +525,14 @@ class RnnPlan:
 _tls = threading.local()
 
 
-def thread_context(device="cpu", device_index=0):
-    """The calling thread's cached Context for (device, device_index), made on first use."""
+def thread_context(device="cpu", device_index=0, num_threads=0):
+    """The calling thread's cached Context for (device, device_index, num_threads), made on first
+    use (num_threads: the CPU threads a call may use, 0 = every online core)."""
     cache = getattr(_tls, "contexts", None)
     if cache is None:
         cache = _tls.contexts = {}
-    key = (device, int(device_index))
+    key = (device, int(device_index), int(num_threads))
     ctx = cache.get(key)
     if ctx is None:
-        ctx = cache[key] = Context(device, device_index=device_index)
+        ctx = cache[key] = Context(device, device_index=device_index, num_threads=num_threads)
     return ctx
