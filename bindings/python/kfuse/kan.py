@@ -57,6 +57,13 @@ def _pair(v, name, owner="kfuse.KanConv2dPlan"):
     return int(v), int(v)
 
 
+def conv_output_hw(height, width, kernel_size, stride, padding, dilation):
+    """(Ho, Wo) of a 2-D convolution as torch.nn.Conv2d computes them, from (h, w) pairs."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel_size, stride, padding, dilation
+    return ((height + 2 * ph - dh * (kh - 1) - 1) // sh + 1,
+            (width + 2 * pw - dw * (kw - 1) - 1) // sw + 1)
+
+
 class _KanPlan:
     """What KanLinearPlan and KanConv2dPlan share: the kf_kan_<layer>_* calls that differ only
     by prefix, the parameter layout over F features, and the plan's lifetime."""
@@ -267,10 +274,8 @@ class KanConv2dPlan(_KanPlan):
     def output_hw(self, height, width):
         """(Ho, Wo) = ((H + 2 ph - dh (kh - 1) - 1) // sh + 1, likewise for W), as
         torch.nn.Conv2d; values below 1 mean the image is smaller than the kernel's reach."""
-        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = (self.kernel_size, self.stride, self.padding,
-                                                  self.dilation)
-        return ((height + 2 * ph - dh * (kh - 1) - 1) // sh + 1,
-                (width + 2 * pw - dw * (kw - 1) - 1) // sw + 1)
+        return conv_output_hw(height, width, self.kernel_size, self.stride, self.padding,
+                              self.dilation)
 
     def output_shape(self, x_shape):
         """y's shape [B, C_out, Ho, Wo] (or [C_out, Ho, Wo]) for x [B, C_in, H, W] (or

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from kfuse._lowlevel import dtype_code
-from kfuse.kan import _pair
+from kfuse.kan import _pair, conv_output_hw
 from kfuse.torch._common import (
     Op, check_devices, check_rank, device_guard, empty_grad, plan, workspace,
 )
@@ -66,12 +66,17 @@ def _forward_impl(geometry, x, grid, base_weight, spline_weight, spline_scaler):
 
 
 def _forward_fake(geometry, x, grid, base_weight, spline_weight, spline_scaler):
-    key = _key(geometry, grid, spline_weight, spline_scaler is not None)
-    y_shape = plan(key, torch.device("cpu")).output_shape(x.shape)
-    if y_shape is None:
-        raise ValueError("kfuse %s: no output shape for x of shape %s"
-                         % (_LAYERS[key[0]], tuple(x.shape)))
-    return x.new_empty(y_shape)
+    out = spline_weight.shape[0]
+    if geometry:
+        _, kh, kw, sh, sw, ph, pw, dh, dw = geometry
+        if x.dim() in (3, 4):
+            ho, wo = conv_output_hw(x.shape[-2], x.shape[-1], (kh, kw), (sh, sw), (ph, pw),
+                                    (dh, dw))
+            return x.new_empty(x.shape[:-3] + (out, ho, wo))
+    elif x.dim() >= 1:
+        return x.new_empty(x.shape[:-1] + (out,))
+    raise ValueError("kfuse %s: no output shape for x of shape %s"
+                     % ("KANConv2d" if geometry else "KANLinear", tuple(x.shape)))
 
 
 def _grads(x, base_weight, spline_weight, spline_scaler, output_mask):

@@ -209,7 +209,9 @@ class _KfuseRNNBase(nn.Module):
     def _run(self, x, hx, lengths):
         weights = self._canonical_weights()
         dropout = self.dropout if self.training else 0.0
-        need_grad = torch.is_grad_enabled() and (
+        # (a trace must not depend on the grad mode it was recorded in: torch.jit.trace's check
+        # reruns under no_grad)
+        need_grad = (torch.is_grad_enabled() or torch.jit.is_tracing()) and (
             x.requires_grad or (hx is not None and hx.requires_grad)
             or any(w.requires_grad for w in weights))
         training = need_grad or dropout > 0.0

@@ -12,6 +12,8 @@ from kfuse.torch._common import (
 
 __all__ = ["SKLinear", "sklinear_function"]
 
+_MAX_DIMS = lib.KF_MAX_DIMS  # a plain int (torch.compile cannot guard on the cffi lib object)
+
 
 # ---- kernels -----------------------------------------------------------------------------------
 
@@ -206,7 +208,7 @@ class SKLinear(nn.Module):
         # (a 1-D x is one row and gives a 1-D y, as in Panther), more are flattened here.
         # Parameters by attribute, so that functional_call and parametrizations give theirs.
         x = h_in
-        if x.dim() > lib.KF_MAX_DIMS and x.shape[-1] > 0:
+        if x.dim() > _MAX_DIMS and x.shape[-1] > 0:
             lead = x.shape[:-1]
             y = sklinear(x.reshape(-1, x.shape[-1]), self.S1s, self.S2s, self.U1s, self.U2s,
                          self.bias)
