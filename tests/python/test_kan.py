@@ -575,7 +575,7 @@ def test_packed_args_match_field_by_field_fill():
             knp.tensor_ref(a.transpose(2, 0, 1)), None]
     blobs = []
     for st in (kk._FWD_STRUCT, None):
-        args = _fill_args("kf_kan_linear_forward_args",
+        args = _fill_args({}, "kf_kan_linear_forward_args",
                           kfuse.lib.kf_kan_linear_forward_args_init, st, kk._FWD_FIELDS, refs)
         blobs.append(bytes(kfuse.ffi.buffer(args)))
     assert blobs[0] == blobs[1]

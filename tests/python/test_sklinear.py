@@ -525,8 +525,8 @@ def test_packed_args_match_field_by_field_fill():
             knp.tensor_ref(a.transpose(2, 0, 1)), None,
             knp.tensor_ref(np.zeros((1,) * 8, np.float32))]  # 8-D: passed on truncated
     for st in (ks._FWD_STRUCT, None):
-        args = ks._fill_args("kf_sklinear_forward_args", kfuse.lib.kf_sklinear_forward_args_init,
-                             st, ks._FWD_FIELDS, refs)
+        args = ks._fill_args({}, "kf_sklinear_forward_args",
+                             kfuse.lib.kf_sklinear_forward_args_init, st, ks._FWD_FIELDS, refs)
         blob = bytes(kfuse.ffi.buffer(args))
         if st is not None:
             packed = blob

@@ -94,6 +94,7 @@ class _KanPlan:
         self.spline_order = int(spline_order)
         self.standalone_scale = bool(standalone_scale)
         self.dtype = int(dtype)
+        self._args = {}  # argument structs, refilled per call (sklinear._fill_args)
 
     @property
     def num_coeffs(self):
@@ -157,9 +158,9 @@ class _KanPlan:
         until the call returns. `workspace` is a uint8 tensor or array, a raw (ptr, nbytes) pair
         or None (the context's arena). Releases the GIL."""
         p = self._prefix
-        args = _fill_args(p + "_forward_args", getattr(lib, p + "_forward_args_init"),
-                          self._structs[0], _FWD_FIELDS,
-                          (x, grid, base_weight, spline_weight, spline_scaler, y))
+        args = _fill_args(self._args, p + "_forward_args",
+                          getattr(lib, p + "_forward_args_init"), self._structs[0],
+                          _FWD_FIELDS, (x, grid, base_weight, spline_weight, spline_scaler, y))
         ws, ws_bytes = _buffer(workspace, "workspace")
         check(getattr(lib, p + "_forward")(self._ptr, args, ws, ws_bytes))
 
@@ -171,10 +172,10 @@ class _KanPlan:
         (its work is skipped). The grid gets no gradient. Tensors as for forward(). Releases
         the GIL."""
         p = self._prefix
-        args = _fill_args(p + "_backward_args", getattr(lib, p + "_backward_args_init"),
-                          self._structs[1], _BWD_FIELDS,
-                          (x, grid, base_weight, spline_weight, spline_scaler, dy, dx,
-                           dbase_weight, dspline_weight, dspline_scaler))
+        args = _fill_args(self._args, p + "_backward_args",
+                          getattr(lib, p + "_backward_args_init"), self._structs[1],
+                          _BWD_FIELDS, (x, grid, base_weight, spline_weight, spline_scaler, dy,
+                                        dx, dbase_weight, dspline_weight, dspline_scaler))
         ws, ws_bytes = _buffer(workspace, "workspace")
         grad_mode = lib.KF_GRAD_ACCUMULATE if accumulate else lib.KF_GRAD_OVERWRITE
         check(getattr(lib, p + "_backward")(self._ptr, grad_mode, args, ws, ws_bytes))

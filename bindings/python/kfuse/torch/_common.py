@@ -72,16 +72,19 @@ def plan(key, device):
     KanLinearPlan for ("kan_linear", in, out, grid_size, spline_order, standalone_scale,
     kf_dtype), a KanConv2dPlan for ("kan_conv2d", in_channels, out_channels, kh, kw, sh, sw, ph,
     pw, dh, dw, grid_size, spline_order, standalone_scale, kf_dtype)."""
-    cache = getattr(_tls, "plans", None)
-    if cache is None:
+    try:
+        cache = _tls.plans
+    except AttributeError:
         cache = _tls.plans = {}
-    cpu = device.type == "cpu"
-    nt = torch.get_num_threads() if cpu else 0
-    full = (device.type, device.index, nt, key)
+    if device.type == "cpu":  # the per-call path: one lookup; the thread's CPU context is fixed
+        full = (key, torch.get_num_threads())
+        p = cache.get(full)
+        if p is None:
+            p = cache[full] = _make_plan(_context(device, full[1]), key)
+        return p
+    full = (key, device.type, device.index)
     p = cache.get(full)
-    if p is not None and cpu:
-        return p  # the thread's CPU context never changes; CUDA: its stream is set below
-    ctx = _context(device, nt)
+    ctx = _context(device, 0)  # CUDA: sets the context's stream to torch's current one
     if p is None or p.ctx is not ctx:
         p = cache[full] = _make_plan(ctx, key)
     return p
@@ -105,12 +108,16 @@ def workspace(p, device, *dims):
     return torch.empty(nbytes, dtype=torch.uint8, device=device) if nbytes else None
 
 
-def check_devices(layer, x, named):
-    """The one check made here: a kfuse context reads memory of its own device only. `named`:
-    (name, tensor or None) pairs."""
-    if not x.is_cuda and not any(t is not None and t.is_cuda for _, t in named):
-        return  # all host memory (or meta, whose absent data the library reports)
-    for name, t in named:
+def check_devices(layer, x, names, tensors):
+    """The one check made here: a kfuse context reads memory of its own device only. `tensors`
+    (None = absent) are named by `names`."""
+    if not x.is_cuda:
+        for t in tensors:
+            if t is not None and t.is_cuda:
+                break
+        else:
+            return  # all host memory (or meta, whose absent data the library reports)
+    for name, t in zip(names, tensors):
         if t is not None and t.device != x.device:
             raise RuntimeError("kfuse %s: expected all tensors to be on the same device, but "
                                "input is on %s and %s on %s" % (layer, x.device, name, t.device))

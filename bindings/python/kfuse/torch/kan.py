@@ -24,7 +24,8 @@ _TENSORS = ("grid", "base_weight", "spline_weight", "spline_scaler")
 # (in_channels, kh, kw, sh, sw, ph, pw, dh, dw) for KANConv2d.
 
 def _key(geometry, grid, spline_weight, standalone):
-    """The plan key from the tensors' shapes: grid [F, G + 2k + 1], spline_weight [out, F, G + k]."""
+    """The plan key from the tensors' shapes: grid [F, G + 2k + 1], spline_weight
+    [out, F, G + k]."""
     check_rank("grid", grid, 2, "[features, grid_size + 2 * spline_order + 1]")
     check_rank("spline_weight", spline_weight, 3, "[out, features, grid_size + spline_order]")
     out, F, C = spline_weight.shape
@@ -45,7 +46,7 @@ def _forward_impl(geometry, x, grid, base_weight, spline_weight, spline_scaler):
     key = _key(geometry, grid, spline_weight, spline_scaler is not None)
     layer = _LAYERS[key[0]]
     tensors = (grid, base_weight, spline_weight, spline_scaler)
-    check_devices(layer, x, tuple(zip(_TENSORS, tensors)))
+    check_devices(layer, x, _TENSORS, tensors)
     x, grid, base_weight, spline_weight = (x.contiguous(), grid.contiguous(),
                                            base_weight.contiguous(), spline_weight.contiguous())
     spline_scaler = None if spline_scaler is None else spline_scaler.contiguous()
@@ -57,7 +58,7 @@ def _forward_impl(geometry, x, grid, base_weight, spline_weight, spline_scaler):
             p.forward(x, grid, base_weight, spline_weight, None, spline_scaler=spline_scaler)
             raise ValueError("kfuse %s: no output shape for x of shape %s" % (
                 layer, tuple(x.shape)))  # pragma: no cover
-        y = torch.empty(y_shape, dtype=x.dtype, device=device)
+        y = x.new_empty(y_shape)
         dims = p.work_dims(x.shape)
         if dims is not None:  # None: an empty batch, for which y is empty too
             p.forward(x, grid, base_weight, spline_weight, y, spline_scaler=spline_scaler,
@@ -215,8 +216,8 @@ def _kan_bases(x, grid, k):
 class _KANLayer(nn.Module):
     """What KANLinear and KANConv2d share: efficient-kan's KANLinear over `in_features` features
     (its tensors, initialisation, b_splines, curve2coeff, scaled_spline_weight,
-    regularization_loss) and the calls into the library (forward, backward, update_grid). A subclass gives
-    `plan_shape`, the head of its plan key (("kan_linear", in, out) or ("kan_conv2d", ...)),
+    regularization_loss) and the calls into the library (forward, backward, update_grid). A
+    subclass gives `plan_shape`, the head of its plan key (("kan_linear", in, out) or ("kan_conv2d", ...)),
     and its forward."""
 
     def __init__(self, plan_shape, in_features, out_features, grid_size, spline_order,
@@ -364,8 +365,8 @@ class _KANLayer(nn.Module):
         ValueError) naming the first one; nothing is written then."""
         self._check_update_x(x)
         x = x.detach().to(dtype=self.spline_weight.dtype).contiguous()
-        check_devices(type(self).__name__, x, (("grid", self.grid),
-                                                ("spline_weight", self.spline_weight)))
+        check_devices(type(self).__name__, x, ("grid", "spline_weight"),
+                      (self.grid, self.spline_weight))
         grid, sw = self.grid, self.spline_weight.data
         # the library writes in place; a non-contiguous tensor gets a contiguous stand-in
         g = grid if grid.is_contiguous() else grid.contiguous()

@@ -25,6 +25,9 @@ def _key(S1s, S2s, has_bias):
     return ("sklinear", I, S2s.shape[2], L, k, has_bias, dtype_code(S1s.dtype))
 
 
+_NAMES = ("S1s", "S2s", "U1s", "U2s", "bias")
+
+
 def _rows(x):
     return x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
 
@@ -32,8 +35,7 @@ def _rows(x):
 def _forward_impl(x, S1s, S2s, U1s, U2s, bias):
     """y [..., out] from x [..., in] through kf_sklinear_forward."""
     key = _key(S1s, S2s, bias is not None)
-    check_devices("SKLinear", x, (("S1s", S1s), ("S2s", S2s), ("U1s", U1s), ("U2s", U2s),
-                                  ("bias", bias)))
+    check_devices("SKLinear", x, _NAMES, (S1s, S2s, U1s, U2s, bias))
     x, S1s, S2s, U1s, U2s = (x.contiguous(), S1s.contiguous(), S2s.contiguous(),
                              U1s.contiguous(), U2s.contiguous())
     bias = None if bias is None else bias.contiguous()
@@ -42,7 +44,7 @@ def _forward_impl(x, S1s, S2s, U1s, U2s, bias):
         p = plan(key, device)
         if x.dim() == 0:  # the library reports it
             p.forward(x, S1s, S2s, U1s, U2s, None, bias=bias)
-        y = torch.empty(x.shape[:-1] + (p.out_features,), dtype=x.dtype, device=device)
+        y = x.new_empty(x.shape[:-1] + (p.out_features,))
         N = _rows(x)
         # an empty batch of the right width: y is empty (the library takes N >= 1)
         if N > 0 or x.dim() < 2 or x.shape[-1] != p.in_features:
