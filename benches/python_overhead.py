@@ -5,12 +5,14 @@ For each layer, side by side in one run, interleaved rep by rep on the same thre
   module      the kfuse.torch module call, as a user makes it
   op          the registered operator called directly, torch.ops.kfuse.* (torch >= 2.4): the
               dispatcher path torch.compile/export/trace use, for comparison
-  plan        the bare low-level plan call (kfuse.SkLinearPlan / KanLinearPlan / RnnPlan .forward
-              on preallocated tensors): the cffi call and the C work
+  plan        the low-level plan call (kfuse.SkLinearPlan / KanLinearPlan / RnnPlan .forward on
+              preallocated tensors): the tensors' conversion, the cffi call and the C work
+  C           the bare C call (fwd): the library function on an argument struct filled once
+              before timing, through cffi: the baseline of DESIGN.md's overhead target
   torch       the torch layer of the same size (torch.nn.Linear, torch.nn.GRU)
 fwd: forward under torch.no_grad(); fwd+bwd: x and the parameters require grad, then
 y.backward(dy) (plan: its forward and backward calls). Median of REPS reps of CALLS calls, us per
-call; "module - plan" is the Python path's cost.
+call; "module - C" is the Python path's cost (DESIGN.md's target: within 8 us on the CPU).
 
 Run: python benches/python_overhead.py [--reps N] [--md FILE]
 (OMP_WAIT_POLICY=PASSIVE as scripts/test-python.sh; a CPU-only measurement.)
@@ -59,7 +61,11 @@ def sklinear_case():
     dx, d1, d2, db = torch.empty(4, 32), torch.empty_like(P[0]), torch.empty_like(P[1]), \
         torch.empty(32)
     op = getattr(getattr(torch.ops, "kfuse", None), "sklinear", None)
+    plan.forward(x, *P, y, bias=b)  # fills the plan's argument struct, reused below
+    args = plan._args["kf_sklinear_forward_args"][0]
+    keep = (x, P, y, b)
     return dict(
+        bare=lambda: (kfuse.lib.kf_sklinear_forward(plan._ptr, args, kfuse.ffi.NULL, 0), keep),
         name="SKLinear(32, 32, 1, 4), x [4, 32]", torch_name="nn.Linear(32, 32)",
         module=lambda xx: m(xx), torch_fn=lambda xx: lin(xx),
         op=None if op is None else (lambda xx: op(xx, m.S1s, m.S2s, m.U1s, m.U2s, m.bias)),
@@ -78,7 +84,11 @@ def kan_case():
     ss = m.spline_scaler.detach()
     g = [torch.empty(4, 8), torch.empty_like(P[1]), torch.empty_like(P[2]), torch.empty_like(ss)]
     op = getattr(getattr(torch.ops, "kfuse", None), "kan_linear", None)
+    plan.forward(x, *P, y, spline_scaler=ss)  # fills the plan's argument struct, reused below
+    args = plan._args["kf_kan_linear_forward_args"][0]
+    keep = (x, P, y, ss)
     return dict(
+        bare=lambda: (kfuse.lib.kf_kan_linear_forward(plan._ptr, args, kfuse.ffi.NULL, 0), keep),
         name="KANLinear(8, 8), x [4, 8]", torch_name="nn.Linear(8, 8)",
         module=lambda xx: m(xx), torch_fn=lambda xx: lin(xx),
         op=None if op is None else (lambda xx: op(xx, m.grid, m.base_weight, m.spline_weight,
@@ -105,7 +115,13 @@ def gru_case():
         return op(xx, None, None, m._canonical_weights(), "gru", 8, 16, 1, False, False, 0.0,
                   0.01, torch.is_grad_enabled(), None)[0]
 
+    plan.forward(x, W, y, hn=hn)  # fills the plan's argument struct, reused below
+    args = plan._args["kf_rnn_forward_args"]
+    keep = (x, W, y, hn)
+    NULL = kfuse.ffi.NULL
     return dict(
+        bare=lambda: (kfuse.lib.kf_rnn_forward(plan._ptr, kfuse.lib.KF_MODE_INFERENCE, args,
+                                               NULL, 0, NULL, 0), keep),
         name="GRU(8, 16), x [T=4, B=2, 8]", torch_name="nn.GRU(8, 16)",
         module=lambda xx: m(xx)[0], torch_fn=lambda xx: ref(xx)[0],
         op=None if op is None else op_call,
@@ -133,7 +149,7 @@ def measure(case, reps):
         return run
 
     cols = {"fwd": {"module": nograd(case["module"]), "torch": nograd(case["torch_fn"]),
-                    "plan": case["plan_fwd"]},
+                    "plan": case["plan_fwd"], "C": case["bare"]},
             "fwd+bwd": {"module": fb(case["module"]), "torch": fb(case["torch_fn"]),
                         "plan": lambda: (case["plan_fwd"](), case["plan_bwd"]())}}
     if case["op"] is not None:
@@ -179,13 +195,15 @@ def main():
             rows.append((case["name"], case["torch_name"], mode, r))
     has_op = any("op" in r for *_, r in rows)
     head = ("| layer | pass | kfuse module | " + ("torch.ops.kfuse | " if has_op else "")
-            + "bare plan call | module - plan | torch layer | module / torch |")
+            + "plan call | bare C call | module - C | torch layer | module / torch |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for name, tname, mode, r in rows:
         cells = [name, mode, "%.1f" % r["module"]]
         if has_op:
             cells.append("%.1f" % r["op"] if "op" in r else "-")
-        cells += ["%.1f" % r["plan"], "%.1f" % (r["module"] - r["plan"]),
+        base = r.get("C")
+        cells += ["%.1f" % r["plan"], "-" if base is None else "%.1f" % base,
+                  "-" if base is None else "%.1f" % (r["module"] - base),
                   "%.1f (%s)" % (r["torch"], tname), "%.1fx" % (r["module"] / r["torch"])]
         lines.append("| " + " | ".join(cells) + " |")
     env = ["- machine: %s, %d online cores; %s" % (

@@ -9,6 +9,7 @@ the GIL around every C call (Py_BEGIN_ALLOW_THREADS ... Py_END_ALLOW_THREADS), s
 or backward lets other Python threads run. Each thread must use its own Context (the ABI's rule:
 one thread at a time per context); kfuse.torch keeps one per (device, thread).
 """
+import struct
 import threading
 
 from kfuse._kfuse_cffi import ffi, lib
@@ -260,24 +261,45 @@ class TensorRef:
             self.ptr, self.dtype, self.shape, self.strides)
 
 
+# kf_tensor as a struct.Struct (data, dtype, ndim, shape[], strides[]): one pack_into writes a
+# whole tensor; None where the compiler laid the struct out otherwise (then field by field).
+TENSOR_FMT = "Pii%dq%dq" % (_MAXD, _MAXD)
+_TENSOR_STRUCT = struct.Struct("@" + TENSOR_FMT)
+if (_TENSOR_STRUCT.size != ffi.sizeof("kf_tensor")
+        or ffi.offsetof("kf_tensor", "shape") != struct.calcsize("@Pii")):  # pragma: no cover
+    _TENSOR_STRUCT = None
+_TENSOR_PTR = ffi.typeof("kf_tensor *")
+
+
 def _fill_tensor(t, obj, name="tensor"):
-    """Writes `obj` (anything tensor_values() takes) into the kf_tensor cdata `t`. The caller
-    holds obj until the C call returns."""
+    """Writes `obj` (anything tensor_values() takes) into the kf_tensor cdata `t`, every field
+    (the zeros past ndim too: a plan's structs are reused). The caller holds obj until the C call
+    returns."""
     v = tensor_values(obj, name)
+    if _TENSOR_STRUCT is not None:
+        _TENSOR_STRUCT.pack_into(
+            ffi.buffer(t if ffi.typeof(t) is _TENSOR_PTR else ffi.addressof(t)), 0, *v)
+        return
     t.data = ffi.cast("void *", v[0])
     t.dtype = v[1]
     t.ndim = v[2]
-    for i in range(min(v[2], _MAXD)):
+    for i in range(_MAXD):
         t.shape[i] = v[3 + i]
         t.strides[i] = v[3 + _MAXD + i]
 
 
-def _tensor_array(objs, name="weights"):
-    """A kf_tensor[len(objs)] array (or NULL for None). The caller holds objs (a list or tuple)
-    until the C call returns."""
+def _tensor_array(objs, name="weights", cache=None):
+    """A kf_tensor[len(objs)] array (or NULL for None): made once per (name, length) and kept in
+    the dict `cache` when one is given (a plan's: used by one thread at a time), else new. The
+    caller holds objs (a list or tuple) until the C call returns."""
     if objs is None:
         return ffi.NULL, 0
-    arr = ffi.new("kf_tensor[]", max(len(objs), 1))
+    key = (name, len(objs))
+    arr = None if cache is None else cache.get(key)
+    if arr is None:
+        arr = ffi.new("kf_tensor[]", max(len(objs), 1))
+        if cache is not None:
+            cache[key] = arr
     for i, r in enumerate(objs):
         _fill_tensor(arr[i], r, "%s[%d]" % (name, i))
     return arr, len(objs)
@@ -301,12 +323,13 @@ def _buffer(buf, name="buffer"):
     return ffi.cast("void *", int(ptr)), int(nbytes)
 
 
-def _fill_inputs(args, x, h0, weights, lengths, dropout_seed, dropout_offset):
+def _fill_inputs(args, x, h0, weights, lengths, dropout_seed, dropout_offset, cache=None):
     """The fields kf_rnn_forward_args and kf_rnn_backward_args share (same names in both). Returns
-    the weight array, which the caller keeps alive (with the tensors) until the C call returns."""
+    the weight array, which the caller keeps alive (with the tensors) until the C call returns
+    (`cache`: as for _tensor_array)."""
     _fill_tensor(args.x, x, "x")
     _fill_tensor(args.h0, h0, "h0")
-    warr, nw = _tensor_array(weights, "weights")
+    warr, nw = _tensor_array(weights, "weights", cache)
     args.weights = warr
     args.num_weights = nw
     _fill_tensor(args.lengths, lengths, "lengths")
@@ -440,6 +463,16 @@ class RnnPlan:
         self.gamma = float(gamma)
         self.dtype = int(dtype)
         self.weight_info = self._weight_info()
+        self._args = {}  # argument structs and weight arrays, refilled per call (_cached_args)
+
+    def _cached_args(self, ctype, init):
+        """The plan's `ctype` struct, made and initialised once: a plan is used by one thread at a
+        time, and every call rewrites each field it uses."""
+        args = self._args.get(ctype)
+        if args is None:
+            args = self._args[ctype] = ffi.new(ctype + " *")
+            init(args)
+        return args
 
     def _weight_info(self):
         count = ffi.new("int32_t *")
@@ -476,10 +509,10 @@ class RnnPlan:
         arrays (or raw (ptr, nbytes) pairs) or None. Every object given is held until the call
         returns. Releases the GIL."""
         weights = None if weights is None else tuple(weights)
-        args = ffi.new("kf_rnn_forward_args *")
-        lib.kf_rnn_forward_args_init(args)
+        args = self._cached_args("kf_rnn_forward_args", lib.kf_rnn_forward_args_init)
         # `keep` holds the weight array alive until the call returns
-        keep = _fill_inputs(args, x, h0, weights, lengths, dropout_seed, dropout_offset)
+        keep = _fill_inputs(args, x, h0, weights, lengths, dropout_seed, dropout_offset,
+                            self._args)
         _fill_tensor(args.y, y, "y")
         _fill_tensor(args.hn, hn, "hn")
         ws, ws_bytes = _buffer(workspace, "workspace")
@@ -496,15 +529,15 @@ class RnnPlan:
         the GIL."""
         weights = None if weights is None else tuple(weights)
         dweights = None if dweights is None else tuple(dweights)
-        args = ffi.new("kf_rnn_backward_args *")
-        lib.kf_rnn_backward_args_init(args)
+        args = self._cached_args("kf_rnn_backward_args", lib.kf_rnn_backward_args_init)
         # `keep` holds the weight array alive until the call returns
-        keep = _fill_inputs(args, x, h0, weights, lengths, dropout_seed, dropout_offset)
+        keep = _fill_inputs(args, x, h0, weights, lengths, dropout_seed, dropout_offset,
+                            self._args)
         _fill_tensor(args.dy, dy, "dy")
         _fill_tensor(args.dhn, dhn, "dhn")
         _fill_tensor(args.dx, dx, "dx")
         _fill_tensor(args.dh0, dh0, "dh0")
-        dwarr, ndw = _tensor_array(dweights, "dweights")
+        dwarr, ndw = _tensor_array(dweights, "dweights", self._args)
         args.dweights = dwarr
         args.num_dweights = ndw
         ws, ws_bytes = _buffer(workspace, "workspace")

@@ -26,7 +26,7 @@ elsewhere in the package).
 import struct
 
 from kfuse._lowlevel import (  # noqa: F401  (tensor_values: re-exported, its 1.1 home)
-    DTYPE_F32, _buffer, _converters, _fill_tensor, check, ffi, lib, tensor_values,
+    DTYPE_F32, TENSOR_FMT, _buffer, _converters, _fill_tensor, check, ffi, lib, tensor_values,
 )
 
 __all__ = ["SkLinearPlan", "PARAM_NAMES"]
@@ -34,8 +34,7 @@ __all__ = ["SkLinearPlan", "PARAM_NAMES"]
 # Panther's parameter and buffer names, in its state_dict order (parameters, then buffers).
 PARAM_NAMES = ("S1s", "S2s", "bias", "U1s", "U2s")
 
-_MAXD = lib.KF_MAX_DIMS
-_TENSOR_FMT = "Pii%dq%dq" % (_MAXD, _MAXD)  # data, dtype, ndim, shape[], strides[]
+_TENSOR_FMT = TENSOR_FMT  # data, dtype, ndim, shape[], strides[]
 _FWD_FIELDS = ("x", "S1s", "S2s", "U1s", "U2s", "bias", "y")
 _BWD_FIELDS = ("x", "S1s", "S2s", "U1s", "U2s", "dy", "dx", "dS1s", "dS2s", "dbias")
 
