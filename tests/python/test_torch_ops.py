@@ -223,10 +223,28 @@ def test_vmap_over_a_leading_batch_dim(name):
     under torch.func transforms are torch's to refuse for torch.library operators.)"""
     m, x, _ = make(name)
     xb = torch.stack([x, 2 * x, -x])
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the per-sample fallback's performance warning
-        yv = torch.func.vmap(m)(xb)
+    with torch.no_grad():
         want = torch.stack([m(xb[i]) for i in range(3)])
+        for in_dim in (0, 1):  # the vmapped dim in front, or behind the first
+            yv = torch.func.vmap(m, in_dims=in_dim)(xb.movedim(0, in_dim))
+            torch.testing.assert_close(yv, want, rtol=0, atol=0)
+
+
+@needs_library
+@pytest.mark.parametrize("name", ["SKLinear", "KANLinear", "KANConv2d"])
+def test_vmap_over_stacked_parameters(name):
+    """An ensemble: vmap over stacked parameters (torch.func.stack_module_state) and inputs gives
+    each model's own result."""
+    models = [make(name, seed=s)[0] for s in range(3)]
+    xs = torch.stack([make(name, seed=s)[1] for s in range(3)])
+    params, buffers = torch.func.stack_module_state(models)
+
+    def one(p, b, x):
+        return torch.func.functional_call(models[0], (p, b), (x,))
+
+    with torch.no_grad():
+        yv = torch.func.vmap(one)(params, buffers, xs)
+        want = torch.stack([m(x) for m, x in zip(models, xs)])
     torch.testing.assert_close(yv, want, rtol=0, atol=0)
 
 

@@ -170,7 +170,8 @@ class Op:
     torch.ops.kfuse.<name> when a graph is being captured, else the kernel, through an
     autograd.Function when something needs a gradient."""
 
-    def __init__(self, name, schema, impl, fake, setup_context=None, backward=None):
+    def __init__(self, name, schema, impl, fake, setup_context=None, backward=None,
+                 feature_dims=None):
         self.name = name
         self.impl = impl
         self.op = None
@@ -183,6 +184,9 @@ class Op:
                 torch.library.register_autograd("kfuse::" + name, backward,
                                                 setup_context=setup_context, lib=_LIB)
             self.op = getattr(torch.ops.kfuse, name).default
+            if feature_dims is not None and hasattr(torch.library, "register_vmap"):
+                torch.library.register_vmap("kfuse::" + name,
+                                            _vmap_rule(self.op, feature_dims), lib=_LIB)
         self._function = None
         if backward is not None:
             self._function = _function(name, impl, setup_context, backward)
@@ -208,6 +212,30 @@ class Op:
                 "operators are registered with torch.library on torch >= 2.4 only (eager "
                 "forward and backward work)" % (self.name, torch.__version__))
         return self.op(*args)
+
+
+def _vmap_rule(op, feature_dims):
+    """torch.vmap for an operator whose first argument x takes any number of leading batch dims
+    before its `feature_dims` trailing ones (1: [..., in]; 3 with at most one leading dim:
+    [B, C, H, W]): a vmapped x alone becomes one call over the vmapped dim moved in front (folded
+    into the batch for a 4-D image); vmapped parameters (a model ensemble) run one call per
+    sample, stacked."""
+
+    def rule(info, in_dims, x, *rest):
+        # an int[] argument's in_dims entry is a list (of Nones): only an int is a vmapped dim
+        in_dims = [d if isinstance(d, int) else None for d in in_dims]
+        if in_dims[0] is not None and all(d is None for d in in_dims[1:]):
+            xb = x.movedim(in_dims[0], 0)
+            if feature_dims == 1 or xb.dim() == feature_dims + 1:
+                return op(xb, *rest), 0
+            y = op(xb.reshape((-1,) + tuple(xb.shape[2:])), *rest)
+            return y.view(xb.shape[:2] + y.shape[1:]), 0
+        args = (x,) + rest
+        return torch.stack([
+            op(*(a.select(d, i) if d is not None else a for a, d in zip(args, in_dims)))
+            for i in range(info.batch_size)]), 0
+
+    return rule
 
 
 def _any_requires_grad(args):

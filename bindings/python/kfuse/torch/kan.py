@@ -163,14 +163,14 @@ kan_linear_backward = Op(
     _linear(_backward_impl), _linear(_backward_fake))
 kan_linear = Op(
     "kan_linear", "(%s) -> Tensor" % _TENSOR_ARGS, _linear(_forward_impl),
-    _linear(_forward_fake), _setup_context, _make_backward(kan_linear_backward))
+    _linear(_forward_fake), _setup_context, _make_backward(kan_linear_backward), feature_dims=1)
 kan_conv2d_backward = Op(
     "kan_conv2d_backward",
     "(Tensor dy, %s, %s, bool[] output_mask) -> %s" % (_TENSOR_ARGS, _CONV_ARGS, _GRADS),
     _conv(_backward_impl, True), _conv(_backward_fake, True))
 kan_conv2d = Op(
     "kan_conv2d", "(%s, %s) -> Tensor" % (_TENSOR_ARGS, _CONV_ARGS), _conv(_forward_impl),
-    _conv(_forward_fake), _setup_context, _make_backward(kan_conv2d_backward))
+    _conv(_forward_fake), _setup_context, _make_backward(kan_conv2d_backward), feature_dims=3)
 
 
 def kan_linear_function(x, grid, base_weight, spline_weight, spline_scaler=None):

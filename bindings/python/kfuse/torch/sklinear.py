@@ -117,7 +117,7 @@ sklinear_backward = Op(
 sklinear = Op(
     "sklinear",
     "(Tensor x, Tensor S1s, Tensor S2s, Tensor U1s, Tensor U2s, Tensor? bias) -> Tensor",
-    _forward_impl, _forward_fake, _setup_context, _backward)
+    _forward_impl, _forward_fake, _setup_context, _backward, feature_dims=1)
 
 
 def sklinear_function(x, S1s, S2s, U1s, U2s, bias=None):
