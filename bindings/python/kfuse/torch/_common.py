@@ -90,12 +90,15 @@ def plan(key, device):
     return p
 
 
+_NO_GUARD = contextlib.nullcontext()  # reusable
+
+
 def device_guard(device):
     """torch.cuda.device(device) for a CUDA tensor (allocations and the current stream then refer
     to the tensor's device), else a no-op."""
     if device.type == "cuda":
         return torch.cuda.device(device)
-    return contextlib.nullcontext()
+    return _NO_GUARD
 
 
 def workspace(p, device, *dims):
@@ -189,7 +192,8 @@ class Op:
                                             _vmap_rule(self.op, feature_dims), lib=_LIB)
         self._function = None
         if backward is not None:
-            self._function = _function(name, impl, setup_context, backward)
+            self._function = _function(name, impl, setup_context, backward,
+                                       "Tensor[]" in schema)
 
     def __call__(self, *args):
         if _is_compiling() and self.op is not None:
@@ -250,22 +254,31 @@ def _any_requires_grad(args):
     return False
 
 
-def _function(name, impl, setup_context, backward):
-    """An autograd.Function running `impl` with register_autograd's setup_context/backward: lists
-    (Tensor[] arguments) are flattened into the Function's inputs so that autograd sees their
-    tensors, and regrouped for the kernel, needs_input_grad and the returned gradients."""
+def _function(name, impl, setup_context, backward, has_lists):
+    """An autograd.Function running `impl` with register_autograd's setup_context/backward. With
+    `has_lists` (Tensor[] arguments), the lists are flattened into the Function's inputs so that
+    autograd sees their tensors, and regrouped for the kernel, needs_input_grad and the returned
+    gradients; without, the arguments go as they are."""
 
-    def forward(ctx, spec, *flat):
-        args = _unflatten(spec, flat)
+    def forward(ctx, *args):
         ctx.set_materialize_grads(False)
         out = impl(*args)
-        ctx.spec = spec
         setup_context(ctx, args, out)
+        return out
+
+    if not has_lists:
+        cls = type("kfuse_" + name, (torch.autograd.Function,),
+                   {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+        return cls.apply
+
+    def forward_flat(ctx, spec, *flat):
+        ctx.spec = spec
+        out = forward(ctx, *_unflatten(spec, flat))
         if isinstance(out, tuple):  # integer outputs (a reserve) get no gradient
             ctx.mark_non_differentiable(*(o for o in out if not o.is_floating_point()))
         return out
 
-    def backward_(ctx, *grads):
+    def backward_flat(ctx, *grads):
         grads_in = backward(_GroupedContext(ctx), *grads)
         flat = [None]
         for n, g in zip(ctx.spec, grads_in):
@@ -276,7 +289,7 @@ def _function(name, impl, setup_context, backward):
         return tuple(flat)
 
     cls = type("kfuse_" + name, (torch.autograd.Function,),
-               {"forward": staticmethod(forward), "backward": staticmethod(backward_)})
+               {"forward": staticmethod(forward_flat), "backward": staticmethod(backward_flat)})
 
     def call(*args):
         spec = tuple(len(a) if isinstance(a, (list, tuple)) else None for a in args)

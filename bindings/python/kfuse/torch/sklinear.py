@@ -19,10 +19,11 @@ _MAX_DIMS = lib.KF_MAX_DIMS  # a plain int (torch.compile cannot guard on the cf
 
 def _key(S1s, S2s, has_bias):
     """The plan key from the parameters' shapes: S1s [L, in, k], S2s [L, k, out]."""
-    check_rank("S1s", S1s, 3, "[num_terms, in_features, low_rank]")
-    check_rank("S2s", S2s, 3, "[num_terms, low_rank, out_features]")
-    L, I, k = S1s.shape
-    return ("sklinear", I, S2s.shape[2], L, k, has_bias, dtype_code(S1s.dtype))
+    s1, s2 = S1s.shape, S2s.shape
+    if len(s1) != 3 or len(s2) != 3:
+        check_rank("S1s", S1s, 3, "[num_terms, in_features, low_rank]")
+        check_rank("S2s", S2s, 3, "[num_terms, low_rank, out_features]")
+    return ("sklinear", s1[1], s2[2], s1[0], s1[2], has_bias, dtype_code(S1s.dtype))
 
 
 _NAMES = ("S1s", "S2s", "U1s", "U2s", "bias")
