@@ -290,19 +290,48 @@ def _fill_tensor(t, obj, name="tensor"):
 
 def _tensor_array(objs, name="weights", cache=None):
     """A kf_tensor[len(objs)] array (or NULL for None): made once per (name, length) and kept in
-    the dict `cache` when one is given (a plan's: used by one thread at a time), else new. The
-    caller holds objs (a list or tuple) until the C call returns."""
+    the dict `cache` when one is given (a plan's: used by one thread at a time), else new; every
+    entry rewritten. The caller holds objs (a list or tuple) until the C call returns."""
     if objs is None:
         return ffi.NULL, 0
     key = (name, len(objs))
-    arr = None if cache is None else cache.get(key)
-    if arr is None:
+    entry = None if cache is None else cache.get(key)
+    if entry is None:
         arr = ffi.new("kf_tensor[]", max(len(objs), 1))
+        entry = (arr, ffi.buffer(arr))
         if cache is not None:
-            cache[key] = arr
+            cache[key] = entry
+    arr, buf = entry
     for i, r in enumerate(objs):
-        _fill_tensor(arr[i], r, "%s[%d]" % (name, i))
+        if _TENSOR_STRUCT is not None:
+            _TENSOR_STRUCT.pack_into(buf, i * _TENSOR_STRUCT.size,
+                                     *tensor_values(r, "%s[%d]" % (name, i)))
+        else:  # pragma: no cover
+            _fill_tensor(arr[i], r, "%s[%d]" % (name, i))
     return arr, len(objs)
+
+
+class _ArgStruct:
+    """An argument struct made and initialised once (its defaults by `init`) and refilled per
+    call: a plan is used by one thread at a time, and every call rewrites each field it uses.
+    put() writes a kf_tensor field with one struct.pack_into at the field's offset."""
+
+    __slots__ = ("args", "buf", "offsets")
+
+    def __init__(self, ctype, init):
+        self.args = ffi.new(ctype + " *")
+        init(self.args)
+        self.buf = ffi.buffer(self.args)
+        self.offsets = {name: ffi.offsetof(ctype, name) for name, f in ffi.typeof(ctype).fields
+                        if f.type is _TENSOR_PTR.item}
+
+    def put(self, field, obj):
+        """Writes `obj` (anything tensor_values() takes) into the kf_tensor `field`. The caller
+        holds obj until the C call returns."""
+        if _TENSOR_STRUCT is not None:
+            _TENSOR_STRUCT.pack_into(self.buf, self.offsets[field], *tensor_values(obj, field))
+        else:  # pragma: no cover
+            _fill_tensor(getattr(self.args, field), obj, field)
 
 
 def _buffer(buf, name="buffer"):
@@ -323,16 +352,17 @@ def _buffer(buf, name="buffer"):
     return ffi.cast("void *", int(ptr)), int(nbytes)
 
 
-def _fill_inputs(args, x, h0, weights, lengths, dropout_seed, dropout_offset, cache=None):
-    """The fields kf_rnn_forward_args and kf_rnn_backward_args share (same names in both). Returns
-    the weight array, which the caller keeps alive (with the tensors) until the C call returns
-    (`cache`: as for _tensor_array)."""
-    _fill_tensor(args.x, x, "x")
-    _fill_tensor(args.h0, h0, "h0")
+def _fill_inputs(st, x, h0, weights, lengths, dropout_seed, dropout_offset, cache=None):
+    """The fields kf_rnn_forward_args and kf_rnn_backward_args share (same names in both), into
+    the _ArgStruct `st`. Returns the weight array, which the caller keeps alive (with the tensors)
+    until the C call returns (`cache`: as for _tensor_array)."""
+    st.put("x", x)
+    st.put("h0", h0)
     warr, nw = _tensor_array(weights, "weights", cache)
+    args = st.args
     args.weights = warr
     args.num_weights = nw
-    _fill_tensor(args.lengths, lengths, "lengths")
+    st.put("lengths", lengths)
     args.dropout_seed = int(dropout_seed)
     args.dropout_offset = int(dropout_offset)
     return warr
@@ -463,16 +493,14 @@ class RnnPlan:
         self.gamma = float(gamma)
         self.dtype = int(dtype)
         self.weight_info = self._weight_info()
-        self._args = {}  # argument structs and weight arrays, refilled per call (_cached_args)
+        self._args = {}  # argument structs and weight arrays, refilled per call (_arg_struct)
+        self._sizes = {}  # (T, B, training) -> workspace_size()
 
-    def _cached_args(self, ctype, init):
-        """The plan's `ctype` struct, made and initialised once: a plan is used by one thread at a
-        time, and every call rewrites each field it uses."""
-        args = self._args.get(ctype)
-        if args is None:
-            args = self._args[ctype] = ffi.new(ctype + " *")
-            init(args)
-        return args
+    def _arg_struct(self, ctype, init):
+        st = self._args.get(ctype)
+        if st is None:
+            st = self._args[ctype] = _ArgStruct(ctype, init)
+        return st
 
     def _weight_info(self):
         count = ffi.new("int32_t *")
@@ -495,7 +523,15 @@ class RnnPlan:
         return [n for n, _ in self.weight_info]
 
     def workspace_size(self, T, B, training=False):
-        """(workspace_bytes, reserve_bytes) for T steps of B samples (kf_rnn_workspace_size)."""
+        """(workspace_bytes, reserve_bytes) for T steps of B samples (kf_rnn_workspace_size; a
+        pure function of the plan and its arguments, remembered per (T, B, training))."""
+        key = (int(T), int(B), bool(training))
+        sizes = self._sizes.get(key)
+        if sizes is None:
+            sizes = self._sizes[key] = self._workspace_size(*key)
+        return sizes
+
+    def _workspace_size(self, T, B, training):
         ws = ffi.new("size_t *")
         rs = ffi.new("size_t *")
         mode = lib.KF_MODE_TRAINING if training else lib.KF_MODE_INFERENCE
@@ -509,12 +545,13 @@ class RnnPlan:
         arrays (or raw (ptr, nbytes) pairs) or None. Every object given is held until the call
         returns. Releases the GIL."""
         weights = None if weights is None else tuple(weights)
-        args = self._cached_args("kf_rnn_forward_args", lib.kf_rnn_forward_args_init)
+        st = self._arg_struct("kf_rnn_forward_args", lib.kf_rnn_forward_args_init)
         # `keep` holds the weight array alive until the call returns
-        keep = _fill_inputs(args, x, h0, weights, lengths, dropout_seed, dropout_offset,
+        keep = _fill_inputs(st, x, h0, weights, lengths, dropout_seed, dropout_offset,
                             self._args)
-        _fill_tensor(args.y, y, "y")
-        _fill_tensor(args.hn, hn, "hn")
+        st.put("y", y)
+        st.put("hn", hn)
+        args = st.args
         ws, ws_bytes = _buffer(workspace, "workspace")
         rs, rs_bytes = _buffer(reserve, "reserve")
         mode = lib.KF_MODE_TRAINING if training else lib.KF_MODE_INFERENCE
@@ -529,14 +566,13 @@ class RnnPlan:
         the GIL."""
         weights = None if weights is None else tuple(weights)
         dweights = None if dweights is None else tuple(dweights)
-        args = self._cached_args("kf_rnn_backward_args", lib.kf_rnn_backward_args_init)
+        st = self._arg_struct("kf_rnn_backward_args", lib.kf_rnn_backward_args_init)
         # `keep` holds the weight array alive until the call returns
-        keep = _fill_inputs(args, x, h0, weights, lengths, dropout_seed, dropout_offset,
+        keep = _fill_inputs(st, x, h0, weights, lengths, dropout_seed, dropout_offset,
                             self._args)
-        _fill_tensor(args.dy, dy, "dy")
-        _fill_tensor(args.dhn, dhn, "dhn")
-        _fill_tensor(args.dx, dx, "dx")
-        _fill_tensor(args.dh0, dh0, "dh0")
+        for field, t in (("dy", dy), ("dhn", dhn), ("dx", dx), ("dh0", dh0)):
+            st.put(field, t)
+        args = st.args
         dwarr, ndw = _tensor_array(dweights, "dweights", self._args)
         args.dweights = dwarr
         args.num_dweights = ndw
