@@ -133,6 +133,20 @@ def test_backward_ops_opcheck():
                           (torch.randn(5, 4), torch.randn(5, 6), kl.grid,
                            kl.base_weight.detach(), kl.spline_weight.detach(),
                            kl.spline_scaler.detach(), [True, False, True, True]))
+    kc = kt.KANConv2d(2, 3, 3, stride=2, padding=1)
+    torch.library.opcheck(torch.ops.kfuse.kan_conv2d_backward.default,
+                          (torch.randn(2, 3, 4, 3), torch.randn(2, 2, 7, 6), kc.grid,
+                           kc.base_weight.detach(), kc.spline_weight.detach(),
+                           kc.spline_scaler.detach(), [3, 3], [2, 2], [1, 1], [1, 1],
+                           [True, True, False, True]))
+    gru = kt.GRU(3, 4, num_layers=2)
+    W = [w.detach() for w in gru._canonical_weights()]
+    x, h0 = torch.randn(4, 2, 3), torch.randn(2, 2, 4)
+    desc = ("gru", 3, 4, 2, False, False, 0.0, 0.01)
+    y, hn, reserve = torch.ops.kfuse.rnn(x, h0, None, W, *desc, True, None)
+    torch.library.opcheck(torch.ops.kfuse.rnn_backward.default,
+                          (torch.randn_like(y), torch.randn_like(hn), x, h0, None, W, reserve,
+                           *desc, None, [True, True] + [True, False] * 4))
 
 
 def test_operators_do_not_write_their_inputs():
