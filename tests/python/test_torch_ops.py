@@ -184,6 +184,27 @@ def test_compile_fullgraph_forward_backward(name):
 
 
 @needs_library
+def test_compile_dynamic_shapes_and_dropout():
+    """dynamic=True: one graph serves several sequence lengths / batch sizes (the reserve's size
+    is symbolic); a GRU with dropout draws its seed inside the graph, so torch.manual_seed gives
+    eager's masks."""
+    torch.manual_seed(0)
+    cases = [(kt.GRU(3, 4, num_layers=2), [torch.randn(t, 2, 3) for t in (3, 5, 7)]),
+             (_quiet(kt.SKLinear, 16, 12, 2, 3), [torch.randn(n, 16) for n in (3, 5, 7)])]
+    for m, xs in cases:
+        c = torch.compile(m, fullgraph=True, dynamic=True, backend="aot_eager")
+        for x in xs:
+            assert_same(forward_backward(c, m, x), forward_backward(m, m, x))
+    g = kt.GRU(3, 4, num_layers=2, dropout=0.5).train()
+    c = torch.compile(g, fullgraph=True, backend="aot_eager")
+    x = torch.randn(5, 2, 3)
+    torch.manual_seed(1)
+    got = forward_backward(c, g, x)
+    torch.manual_seed(1)
+    assert_same(got, forward_backward(g, g, x), exact=True)
+
+
+@needs_library
 def test_compile_inductor():
     m, x, _ = make("SKLinear")
     c = torch.compile(m, fullgraph=True)

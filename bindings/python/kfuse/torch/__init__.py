@@ -11,7 +11,10 @@ the kfuse C library, as torch operators in the `kfuse` namespace (kfuse.torch._c
   torch.compile(fullgraph=True), torch.export, torch.jit.trace (+ save/load in a process that
   imports kfuse.torch), torch.func.vmap and functional_call work; torch.onnx.export raises (there
   is no ONNX equivalent). On torch 1.13 the same kernels run through autograd.Functions; tracing
-  raises a RuntimeError naming kfuse.
+  raises a RuntimeError naming kfuse. torch.func.vmap has rules for the SKLinear and KAN
+  operators (a vmapped input is one call; vmapped parameters, an ensemble, one call per sample);
+  torch.func.grad/jvp over the operators are refused by torch itself (torch.library autograd
+  formulas are not functorch-transformable).
 - CPU tensors run on the calling thread's CPU kfuse context for torch.get_num_threads() threads
   (scratch from its arena; the reserve that backward reads is a torch uint8 tensor).
 - CUDA tensors run on the calling thread's kfuse context for that device, set to
@@ -26,7 +29,10 @@ the kfuse C library, as torch operators in the `kfuse` namespace (kfuse.torch._c
   SKLinear's initialisation (kf_sklinear_init_params) is keyed the same way, by a seed drawn at
   construction.
 - KANLinear draws its initialisation from torch's default generator in efficient-kan's order;
-  its grid comes from kf_kan_linear_uniform_grid and update_grid is kf_kan_linear_update_grid;
+  its grid comes from kf_kan_linear_uniform_grid and update_grid is kf_kan_linear_update_grid
+  (whose quantile knots are those of torch 1.13's int64 linspace; torch 2.x's linspace picks
+  other samples in the upper half for some batch sizes, a difference the C API cannot express
+  yet);
   the other rare calls (reset_parameters, curve2coeff, b_splines, regularization_loss) run in
   torch. KANConv2d is a KANLinear over the patches: the same parameters, initialisation and rare
   calls, with forward, backward and update_grid in kf_kan_conv2d_* (no patches stored).
