@@ -11,7 +11,7 @@ For each layer, side by side in one run, interleaved rep by rep on the same thre
               before timing, through cffi: the baseline of DESIGN.md's overhead target
   torch       the torch layer of the same size (torch.nn.Linear, torch.nn.GRU)
 fwd: forward under torch.no_grad(); fwd+bwd: x and the parameters require grad, then
-y.backward(dy) (plan: its forward and backward calls). Median of REPS reps of CALLS calls, us per
+y.backward(ones) (plan: its forward and backward calls). Median of REPS reps of CALLS calls, us per
 call; "module - C" is the Python path's cost (DESIGN.md's target: within 8 us on the CPU).
 
 Run: python benches/python_overhead.py [--reps N] [--md FILE]
@@ -134,7 +134,6 @@ def gru_case():
 def measure(case, reps):
     x = case["x"]
     xg = x.clone().requires_grad_(True)
-    dy = None
 
     def fb(fn):
         def run():
@@ -155,7 +154,6 @@ def measure(case, reps):
     if case["op"] is not None:
         cols["fwd"]["op"] = nograd(case["op"])
         cols["fwd+bwd"]["op"] = fb(case["op"])
-    del dy
     out = {}
     for mode, fns in cols.items():
         timers = {k: timer(f) for k, f in fns.items()}

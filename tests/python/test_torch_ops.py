@@ -20,7 +20,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import kfuse.torch as kt  # noqa: E402
-from torch import nn  # noqa: E402
 
 NEW_TORCH = kt.HAS_TORCH_LIBRARY
 needs_library = pytest.mark.skipif(not NEW_TORCH, reason="torch.library operators need torch >= "
