@@ -116,7 +116,7 @@ def gru_case():
                   0.01, torch.is_grad_enabled(), None)[0]
 
     plan.forward(x, W, y, hn=hn)  # fills the plan's argument struct, reused below
-    args = plan._args["kf_rnn_forward_args"]
+    args = plan._args["kf_rnn_forward_args"].args
     keep = (x, W, y, hn)
     NULL = kfuse.ffi.NULL
     return dict(
