@@ -38,13 +38,14 @@ def ref_bases(x, grid, k):
     return b
 
 
-def ref_forward(x, grid, base_weight, spline_weight, spline_scaler, k):
-    """efficient-kan's forward for x [..., in] (any dtype; all tensors the same)."""
+def ref_forward(x, grid, base_weight, spline_weight, spline_scaler, k, activation=F.silu):
+    """efficient-kan's forward for x [..., in] (any dtype; all tensors the same), with its
+    base_activation (a function; efficient-kan's default SiLU)."""
     inf, outf = base_weight.shape[1], base_weight.shape[0]
     lead = x.shape[:-1]
     x2 = x.reshape(-1, inf)
     w = spline_weight if spline_scaler is None else spline_weight * spline_scaler.unsqueeze(-1)
-    y = F.linear(F.silu(x2), base_weight) \
+    y = F.linear(activation(x2), base_weight) \
         + F.linear(ref_bases(x2, grid, k).reshape(x2.shape[0], -1), w.reshape(outf, -1))
     return y.reshape(*lead, outf)
 

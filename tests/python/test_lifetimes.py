@@ -365,8 +365,7 @@ def test_backward_after_graph_freed_raises(case):
 def test_rnn_function_without_reserve_says_so():
     m = kt.GRU(3, 4)
     x = torch.randn(2, 2, 3, requires_grad=True)
-    key = m._key(torch.float32, 0.0)
-    y, hn = kt.rnn_function(key, False, 0, x, None, None, m._canonical_weights())
+    y, hn = kt.rnn_function(x, None, None, m._canonical_weights(), "gru", 3, 4, training=False)
     with pytest.raises(RuntimeError, match="training=False"):
         y.sum().backward()
 
@@ -423,3 +422,30 @@ def test_bad_tensor_argument_names_it_and_writes_nothing():
     with pytest.raises(TypeError, match=r"weights\[1\]"):
         rplan.forward(np.zeros((2, 1, 3), np.float32), [np.zeros((12, 3), np.float32), 5],
                       np.zeros((2, 1, 4), np.float32))
+
+
+def test_reused_argument_structs_carry_nothing_over():
+    """A plan refills its argument structs every call: calls alternating present and absent
+    tensors (h0, lengths, dx, weight gradients) on one plan give what fresh plans give."""
+    torch.manual_seed(5)
+    m = kt.GRU(3, 4, num_layers=2)
+    W = [w.detach() for w in m._canonical_weights()]
+    x, h0 = torch.randn(5, 2, 3), torch.randn(2, 2, 4)
+    lengths = torch.tensor([5, 2], dtype=torch.int32)
+    dy = torch.randn(5, 2, 4)
+
+    def run(plan, with_h0, with_len):
+        y, hn = torch.empty(5, 2, 4), torch.empty(2, 2, 4)
+        rs = torch.empty(plan.workspace_size(5, 2, True)[1], dtype=torch.uint8)
+        h, ln = (h0 if with_h0 else None), (lengths if with_len else None)
+        plan.forward(x, W, y, h0=h, hn=hn, lengths=ln, training=True, reserve=rs)
+        dx = torch.empty_like(x) if with_h0 else None
+        dW = [torch.empty_like(w) for w in W] if with_len else None
+        plan.backward(x, W, rs, h0=h, lengths=ln, dy=dy, dx=dx, dweights=dW)
+        return [y, hn] + ([dx] if dx is not None else []) + (dW or [])
+
+    shared = kfuse.RnnPlan(kfuse.Context("cpu"), "gru", 3, 4, num_layers=2)
+    for case in [(True, True), (False, False), (True, False), (False, True), (True, True)]:
+        fresh = kfuse.RnnPlan(kfuse.Context("cpu"), "gru", 3, 4, num_layers=2)
+        for a, b in zip(run(shared, *case), run(fresh, *case)):
+            assert torch.equal(a, b), case

@@ -333,6 +333,17 @@ def test_warning_when_sketch_exceeds_dense():
         kt.SKLinear(1024, 512, 2, 32)
 
 
+def test_panther_class_attributes():
+    """Panther's public class attributes, for code that matches warnings against them (as
+    Panther's own tests do): the texts and their format fields."""
+    assert kt.SKLinear.WARNING_MSG_FC == FC_WARNING
+    assert kt.SKLinear.WARNING_MSG_BATCH.format(15) == (
+        "Batch size 15 is not a multiple of 16. Tensor Core optimizations disabled.")
+    assert kt.SKLinear.WARNING_MSG_TC.format(30, 32, 16).endswith(
+        "are multiples of 16 (current: 30, 32, 16).")
+    assert kt.SKLinear.__constants__ == ["in_features", "out_features", "num_terms", "low_rank"]
+
+
 def test_param_ratio():
     ctx = kfuse.Context()
     for (i, o, L, k) in [(64, 64, 1, 16), (40, 24, 3, 17), (8192, 8192, 1, 16)]:
@@ -525,8 +536,8 @@ def test_packed_args_match_field_by_field_fill():
             knp.tensor_ref(a.transpose(2, 0, 1)), None,
             knp.tensor_ref(np.zeros((1,) * 8, np.float32))]  # 8-D: passed on truncated
     for st in (ks._FWD_STRUCT, None):
-        args = ks._fill_args("kf_sklinear_forward_args", kfuse.lib.kf_sklinear_forward_args_init,
-                             st, ks._FWD_FIELDS, refs)
+        args = ks._fill_args({}, "kf_sklinear_forward_args",
+                             kfuse.lib.kf_sklinear_forward_args_init, st, ks._FWD_FIELDS, refs)
         blob = bytes(kfuse.ffi.buffer(args))
         if st is not None:
             packed = blob

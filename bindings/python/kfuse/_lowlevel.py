@@ -9,6 +9,7 @@ the GIL around every C call (Py_BEGIN_ALLOW_THREADS ... Py_END_ALLOW_THREADS), s
 or backward lets other Python threads run. Each thread must use its own Context (the ABI's rule:
 one thread at a time per context); kfuse.torch keeps one per (device, thread).
 """
+import struct
 import threading
 
 from kfuse._kfuse_cffi import ffi, lib
@@ -260,27 +261,77 @@ class TensorRef:
             self.ptr, self.dtype, self.shape, self.strides)
 
 
+# kf_tensor as a struct.Struct (data, dtype, ndim, shape[], strides[]): one pack_into writes a
+# whole tensor; None where the compiler laid the struct out otherwise (then field by field).
+TENSOR_FMT = "Pii%dq%dq" % (_MAXD, _MAXD)
+_TENSOR_STRUCT = struct.Struct("@" + TENSOR_FMT)
+if (_TENSOR_STRUCT.size != ffi.sizeof("kf_tensor")
+        or ffi.offsetof("kf_tensor", "shape") != struct.calcsize("@Pii")):  # pragma: no cover
+    _TENSOR_STRUCT = None
+_TENSOR_PTR = ffi.typeof("kf_tensor *")
+
+
 def _fill_tensor(t, obj, name="tensor"):
-    """Writes `obj` (anything tensor_values() takes) into the kf_tensor cdata `t`. The caller
-    holds obj until the C call returns."""
+    """Writes `obj` (anything tensor_values() takes) into the kf_tensor cdata `t`, every field
+    (the zeros past ndim too: a plan's structs are reused). The caller holds obj until the C call
+    returns."""
     v = tensor_values(obj, name)
+    if _TENSOR_STRUCT is not None:
+        _TENSOR_STRUCT.pack_into(
+            ffi.buffer(t if ffi.typeof(t) is _TENSOR_PTR else ffi.addressof(t)), 0, *v)
+        return
     t.data = ffi.cast("void *", v[0])
     t.dtype = v[1]
     t.ndim = v[2]
-    for i in range(min(v[2], _MAXD)):
+    for i in range(_MAXD):
         t.shape[i] = v[3 + i]
         t.strides[i] = v[3 + _MAXD + i]
 
 
-def _tensor_array(objs, name="weights"):
-    """A kf_tensor[len(objs)] array (or NULL for None). The caller holds objs (a list or tuple)
-    until the C call returns."""
+def _tensor_array(objs, name="weights", cache=None):
+    """A kf_tensor[len(objs)] array (or NULL for None): made once per (name, length) and kept in
+    the dict `cache` when one is given (a plan's: used by one thread at a time), else new; every
+    entry rewritten. The caller holds objs (a list or tuple) until the C call returns."""
     if objs is None:
         return ffi.NULL, 0
-    arr = ffi.new("kf_tensor[]", max(len(objs), 1))
+    key = (name, len(objs))
+    entry = None if cache is None else cache.get(key)
+    if entry is None:
+        arr = ffi.new("kf_tensor[]", max(len(objs), 1))
+        entry = (arr, ffi.buffer(arr))
+        if cache is not None:
+            cache[key] = entry
+    arr, buf = entry
     for i, r in enumerate(objs):
-        _fill_tensor(arr[i], r, "%s[%d]" % (name, i))
+        if _TENSOR_STRUCT is not None:
+            _TENSOR_STRUCT.pack_into(buf, i * _TENSOR_STRUCT.size,
+                                     *tensor_values(r, "%s[%d]" % (name, i)))
+        else:  # pragma: no cover
+            _fill_tensor(arr[i], r, "%s[%d]" % (name, i))
     return arr, len(objs)
+
+
+class _ArgStruct:
+    """An argument struct made and initialised once (its defaults by `init`) and refilled per
+    call: a plan is used by one thread at a time, and every call rewrites each field it uses.
+    put() writes a kf_tensor field with one struct.pack_into at the field's offset."""
+
+    __slots__ = ("args", "buf", "offsets")
+
+    def __init__(self, ctype, init):
+        self.args = ffi.new(ctype + " *")
+        init(self.args)
+        self.buf = ffi.buffer(self.args)
+        self.offsets = {name: ffi.offsetof(ctype, name) for name, f in ffi.typeof(ctype).fields
+                        if f.type is _TENSOR_PTR.item}
+
+    def put(self, field, obj):
+        """Writes `obj` (anything tensor_values() takes) into the kf_tensor `field`. The caller
+        holds obj until the C call returns."""
+        if _TENSOR_STRUCT is not None:
+            _TENSOR_STRUCT.pack_into(self.buf, self.offsets[field], *tensor_values(obj, field))
+        else:  # pragma: no cover
+            _fill_tensor(getattr(self.args, field), obj, field)
 
 
 def _buffer(buf, name="buffer"):
@@ -301,15 +352,17 @@ def _buffer(buf, name="buffer"):
     return ffi.cast("void *", int(ptr)), int(nbytes)
 
 
-def _fill_inputs(args, x, h0, weights, lengths, dropout_seed, dropout_offset):
-    """The fields kf_rnn_forward_args and kf_rnn_backward_args share (same names in both). Returns
-    the weight array, which the caller keeps alive (with the tensors) until the C call returns."""
-    _fill_tensor(args.x, x, "x")
-    _fill_tensor(args.h0, h0, "h0")
-    warr, nw = _tensor_array(weights, "weights")
+def _fill_inputs(st, x, h0, weights, lengths, dropout_seed, dropout_offset, cache=None):
+    """The fields kf_rnn_forward_args and kf_rnn_backward_args share (same names in both), into
+    the _ArgStruct `st`. Returns the weight array, which the caller keeps alive (with the tensors)
+    until the C call returns (`cache`: as for _tensor_array)."""
+    st.put("x", x)
+    st.put("h0", h0)
+    warr, nw = _tensor_array(weights, "weights", cache)
+    args = st.args
     args.weights = warr
     args.num_weights = nw
-    _fill_tensor(args.lengths, lengths, "lengths")
+    st.put("lengths", lengths)
     args.dropout_seed = int(dropout_seed)
     args.dropout_offset = int(dropout_offset)
     return warr
@@ -440,6 +493,14 @@ class RnnPlan:
         self.gamma = float(gamma)
         self.dtype = int(dtype)
         self.weight_info = self._weight_info()
+        self._args = {}  # argument structs and weight arrays, refilled per call (_arg_struct)
+        self._sizes = {}  # (T, B, training) -> workspace_size()
+
+    def _arg_struct(self, ctype, init):
+        st = self._args.get(ctype)
+        if st is None:
+            st = self._args[ctype] = _ArgStruct(ctype, init)
+        return st
 
     def _weight_info(self):
         count = ffi.new("int32_t *")
@@ -462,7 +523,15 @@ class RnnPlan:
         return [n for n, _ in self.weight_info]
 
     def workspace_size(self, T, B, training=False):
-        """(workspace_bytes, reserve_bytes) for T steps of B samples (kf_rnn_workspace_size)."""
+        """(workspace_bytes, reserve_bytes) for T steps of B samples (kf_rnn_workspace_size; a
+        pure function of the plan and its arguments, remembered per (T, B, training))."""
+        key = (int(T), int(B), bool(training))
+        sizes = self._sizes.get(key)
+        if sizes is None:
+            sizes = self._sizes[key] = self._workspace_size(*key)
+        return sizes
+
+    def _workspace_size(self, T, B, training):
         ws = ffi.new("size_t *")
         rs = ffi.new("size_t *")
         mode = lib.KF_MODE_TRAINING if training else lib.KF_MODE_INFERENCE
@@ -476,12 +545,13 @@ class RnnPlan:
         arrays (or raw (ptr, nbytes) pairs) or None. Every object given is held until the call
         returns. Releases the GIL."""
         weights = None if weights is None else tuple(weights)
-        args = ffi.new("kf_rnn_forward_args *")
-        lib.kf_rnn_forward_args_init(args)
+        st = self._arg_struct("kf_rnn_forward_args", lib.kf_rnn_forward_args_init)
         # `keep` holds the weight array alive until the call returns
-        keep = _fill_inputs(args, x, h0, weights, lengths, dropout_seed, dropout_offset)
-        _fill_tensor(args.y, y, "y")
-        _fill_tensor(args.hn, hn, "hn")
+        keep = _fill_inputs(st, x, h0, weights, lengths, dropout_seed, dropout_offset,
+                            self._args)
+        st.put("y", y)
+        st.put("hn", hn)
+        args = st.args
         ws, ws_bytes = _buffer(workspace, "workspace")
         rs, rs_bytes = _buffer(reserve, "reserve")
         mode = lib.KF_MODE_TRAINING if training else lib.KF_MODE_INFERENCE
@@ -496,15 +566,14 @@ class RnnPlan:
         the GIL."""
         weights = None if weights is None else tuple(weights)
         dweights = None if dweights is None else tuple(dweights)
-        args = ffi.new("kf_rnn_backward_args *")
-        lib.kf_rnn_backward_args_init(args)
+        st = self._arg_struct("kf_rnn_backward_args", lib.kf_rnn_backward_args_init)
         # `keep` holds the weight array alive until the call returns
-        keep = _fill_inputs(args, x, h0, weights, lengths, dropout_seed, dropout_offset)
-        _fill_tensor(args.dy, dy, "dy")
-        _fill_tensor(args.dhn, dhn, "dhn")
-        _fill_tensor(args.dx, dx, "dx")
-        _fill_tensor(args.dh0, dh0, "dh0")
-        dwarr, ndw = _tensor_array(dweights, "dweights")
+        keep = _fill_inputs(st, x, h0, weights, lengths, dropout_seed, dropout_offset,
+                            self._args)
+        for field, t in (("dy", dy), ("dhn", dhn), ("dx", dx), ("dh0", dh0)):
+            st.put(field, t)
+        args = st.args
+        dwarr, ndw = _tensor_array(dweights, "dweights", self._args)
         args.dweights = dwarr
         args.num_dweights = ndw
         ws, ws_bytes = _buffer(workspace, "workspace")
@@ -525,13 +594,14 @@ class RnnPlan:
 _tls = threading.local()
 
 
-def thread_context(device="cpu", device_index=0):
-    """The calling thread's cached Context for (device, device_index), made on first use."""
+def thread_context(device="cpu", device_index=0, num_threads=0):
+    """The calling thread's cached Context for (device, device_index, num_threads), made on first
+    use (num_threads: the CPU threads a call may use, 0 = every online core)."""
     cache = getattr(_tls, "contexts", None)
     if cache is None:
         cache = _tls.contexts = {}
-    key = (device, int(device_index))
+    key = (device, int(device_index), int(num_threads))
     ctx = cache.get(key)
     if ctx is None:
-        ctx = cache[key] = Context(device, device_index=device_index)
+        ctx = cache[key] = Context(device, device_index=device_index, num_threads=num_threads)
     return ctx

@@ -57,6 +57,13 @@ def _pair(v, name, owner="kfuse.KanConv2dPlan"):
     return int(v), int(v)
 
 
+def conv_output_hw(height, width, kernel_size, stride, padding, dilation):
+    """(Ho, Wo) of a 2-D convolution as torch.nn.Conv2d computes them, from (h, w) pairs."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel_size, stride, padding, dilation
+    return ((height + 2 * ph - dh * (kh - 1) - 1) // sh + 1,
+            (width + 2 * pw - dw * (kw - 1) - 1) // sw + 1)
+
+
 class _KanPlan:
     """What KanLinearPlan and KanConv2dPlan share: the kf_kan_<layer>_* calls that differ only
     by prefix, the parameter layout over F features, and the plan's lifetime."""
@@ -87,6 +94,7 @@ class _KanPlan:
         self.spline_order = int(spline_order)
         self.standalone_scale = bool(standalone_scale)
         self.dtype = int(dtype)
+        self._args = {}  # argument structs, refilled per call (sklinear._fill_args)
 
     @property
     def num_coeffs(self):
@@ -150,9 +158,9 @@ class _KanPlan:
         until the call returns. `workspace` is a uint8 tensor or array, a raw (ptr, nbytes) pair
         or None (the context's arena). Releases the GIL."""
         p = self._prefix
-        args = _fill_args(p + "_forward_args", getattr(lib, p + "_forward_args_init"),
-                          self._structs[0], _FWD_FIELDS,
-                          (x, grid, base_weight, spline_weight, spline_scaler, y))
+        args = _fill_args(self._args, p + "_forward_args",
+                          getattr(lib, p + "_forward_args_init"), self._structs[0],
+                          _FWD_FIELDS, (x, grid, base_weight, spline_weight, spline_scaler, y))
         ws, ws_bytes = _buffer(workspace, "workspace")
         check(getattr(lib, p + "_forward")(self._ptr, args, ws, ws_bytes))
 
@@ -164,10 +172,10 @@ class _KanPlan:
         (its work is skipped). The grid gets no gradient. Tensors as for forward(). Releases
         the GIL."""
         p = self._prefix
-        args = _fill_args(p + "_backward_args", getattr(lib, p + "_backward_args_init"),
-                          self._structs[1], _BWD_FIELDS,
-                          (x, grid, base_weight, spline_weight, spline_scaler, dy, dx,
-                           dbase_weight, dspline_weight, dspline_scaler))
+        args = _fill_args(self._args, p + "_backward_args",
+                          getattr(lib, p + "_backward_args_init"), self._structs[1],
+                          _BWD_FIELDS, (x, grid, base_weight, spline_weight, spline_scaler, dy,
+                                        dx, dbase_weight, dspline_weight, dspline_scaler))
         ws, ws_bytes = _buffer(workspace, "workspace")
         grad_mode = lib.KF_GRAD_ACCUMULATE if accumulate else lib.KF_GRAD_OVERWRITE
         check(getattr(lib, p + "_backward")(self._ptr, grad_mode, args, ws, ws_bytes))
@@ -267,10 +275,8 @@ class KanConv2dPlan(_KanPlan):
     def output_hw(self, height, width):
         """(Ho, Wo) = ((H + 2 ph - dh (kh - 1) - 1) // sh + 1, likewise for W), as
         torch.nn.Conv2d; values below 1 mean the image is smaller than the kernel's reach."""
-        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = (self.kernel_size, self.stride, self.padding,
-                                                  self.dilation)
-        return ((height + 2 * ph - dh * (kh - 1) - 1) // sh + 1,
-                (width + 2 * pw - dw * (kw - 1) - 1) // sw + 1)
+        return conv_output_hw(height, width, self.kernel_size, self.stride, self.padding,
+                              self.dilation)
 
     def output_shape(self, x_shape):
         """y's shape [B, C_out, Ho, Wo] (or [C_out, Ho, Wo]) for x [B, C_in, H, W] (or

@@ -26,7 +26,7 @@ elsewhere in the package).
 import struct
 
 from kfuse._lowlevel import (  # noqa: F401  (tensor_values: re-exported, its 1.1 home)
-    DTYPE_F32, _buffer, _fill_tensor, check, ffi, lib, tensor_values,
+    DTYPE_F32, TENSOR_FMT, _buffer, _converters, _fill_tensor, check, ffi, lib, tensor_values,
 )
 
 __all__ = ["SkLinearPlan", "PARAM_NAMES"]
@@ -34,8 +34,7 @@ __all__ = ["SkLinearPlan", "PARAM_NAMES"]
 # Panther's parameter and buffer names, in its state_dict order (parameters, then buffers).
 PARAM_NAMES = ("S1s", "S2s", "bias", "U1s", "U2s")
 
-_MAXD = lib.KF_MAX_DIMS
-_TENSOR_FMT = "Pii%dq%dq" % (_MAXD, _MAXD)  # data, dtype, ndim, shape[], strides[]
+_TENSOR_FMT = TENSOR_FMT  # data, dtype, ndim, shape[], strides[]
 _FWD_FIELDS = ("x", "S1s", "S2s", "U1s", "U2s", "bias", "y")
 _BWD_FIELDS = ("x", "S1s", "S2s", "U1s", "U2s", "dy", "dx", "dS1s", "dS2s", "dbias")
 
@@ -56,23 +55,23 @@ _FWD_STRUCT = _packed_layout("kf_sklinear_forward_args", _FWD_FIELDS)
 _BWD_STRUCT = _packed_layout("kf_sklinear_backward_args", _BWD_FIELDS)
 
 
-_PTR_TYPES = {}  # struct name -> (its pointer ctype, its size): parsed once
-
-
-def _fill_args(ctype, init, st, fields, refs):
-    """A new `ctype` struct, its defaults written by `init`, describing the tensors `refs`
-    (anything kfuse._lowlevel.tensor_values takes) in `fields` order. The caller holds `refs`
-    until the C call returns."""
-    ptype = _PTR_TYPES.get(ctype)
-    if ptype is None:
-        ptype = _PTR_TYPES[ctype] = (ffi.typeof(ctype + " *"), ffi.sizeof(ctype))
-    args = ffi.new(ptype[0])
-    init(args)
+def _fill_args(cache, ctype, init, st, fields, refs):
+    """The plan's `ctype` struct (made once, its defaults written by `init`, and kept in the
+    plan's dict `cache`: a plan is used by one thread at a time, so refilling it is safe),
+    describing the tensors `refs` (anything kfuse._lowlevel.tensor_values takes) in `fields`
+    order. The caller holds `refs` until the C call returns."""
+    entry = cache.get(ctype)
+    if entry is None:
+        args = ffi.new(ctype + " *")
+        init(args)
+        entry = cache[ctype] = (args, ffi.buffer(args), ffi.sizeof(ctype))
+    args, buf, size = entry
     if st is not None:
-        values = [ptype[1]]  # struct_size, as init wrote it
+        values = [size]  # struct_size, as init wrote it
         for f, r in zip(fields, refs):
-            values += tensor_values(r, f)
-        st.pack_into(ffi.buffer(args), 0, *values)
+            conv = _converters.get(type(r))  # tensor_values(r, f), its lookup inlined
+            values += conv(r) if conv is not None else tensor_values(r, f)
+        st.pack_into(buf, 0, *values)
     else:  # pragma: no cover - a compiler laying the struct out with padding
         for f, r in zip(fields, refs):
             _fill_tensor(getattr(args, f), r, f)
@@ -111,6 +110,7 @@ class SkLinearPlan:
         self.low_rank = int(low_rank)
         self.bias = bool(bias)
         self.dtype = int(dtype)
+        self._args = {}  # argument structs, refilled per call (_fill_args)
 
     @property
     def param_info(self):
@@ -145,8 +145,8 @@ class SkLinearPlan:
         arrays, TensorRefs or raw (ptr, kf_dtype, shape, strides) tuples, None = absent; each is
         held until the call returns. `workspace` is a uint8 tensor or array, a raw (ptr, nbytes)
         pair or None (the context's arena). Releases the GIL."""
-        args = _fill_args("kf_sklinear_forward_args", lib.kf_sklinear_forward_args_init,
-                          _FWD_STRUCT, _FWD_FIELDS,
+        args = _fill_args(self._args, "kf_sklinear_forward_args",
+                          lib.kf_sklinear_forward_args_init, _FWD_STRUCT, _FWD_FIELDS,
                           (x, S1s, S2s, U1s, U2s, bias, y))
         ws, ws_bytes = _buffer(workspace, "workspace")
         check(lib.kf_sklinear_forward(self._ptr, args, ws, ws_bytes))
@@ -156,8 +156,8 @@ class SkLinearPlan:
         """kf_sklinear_backward: dx (always overwritten), dS1s, dS2s, dbias (written, or added
         to with accumulate=True); each output may be None. Tensors as for forward(). Releases
         the GIL."""
-        args = _fill_args("kf_sklinear_backward_args", lib.kf_sklinear_backward_args_init,
-                          _BWD_STRUCT, _BWD_FIELDS,
+        args = _fill_args(self._args, "kf_sklinear_backward_args",
+                          lib.kf_sklinear_backward_args_init, _BWD_STRUCT, _BWD_FIELDS,
                           (x, S1s, S2s, U1s, U2s, dy, dx, dS1s, dS2s, dbias))
         ws, ws_bytes = _buffer(workspace, "workspace")
         grad_mode = lib.KF_GRAD_ACCUMULATE if accumulate else lib.KF_GRAD_OVERWRITE

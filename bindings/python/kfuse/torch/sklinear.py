@@ -1,0 +1,224 @@
+"""kfuse.torch.SKLinear, the drop-in for panther.nn.SKLinear, and its operators
+kfuse::sklinear / kfuse::sklinear_backward."""
+import warnings
+
+import torch
+from torch import nn
+
+from kfuse._lowlevel import dtype_code, lib
+from kfuse.torch._common import (
+    Op, check_devices, check_rank, device_guard, empty_grad, plan, workspace,
+)
+
+__all__ = ["SKLinear", "sklinear_function"]
+
+_MAX_DIMS = lib.KF_MAX_DIMS  # a plain int (torch.compile cannot guard on the cffi lib object)
+
+
+# ---- kernels -----------------------------------------------------------------------------------
+
+def _key(S1s, S2s, has_bias):
+    """The plan key from the parameters' shapes: S1s [L, in, k], S2s [L, k, out]."""
+    s1, s2 = S1s.shape, S2s.shape
+    if len(s1) != 3 or len(s2) != 3:
+        check_rank("S1s", S1s, 3, "[num_terms, in_features, low_rank]")
+        check_rank("S2s", S2s, 3, "[num_terms, low_rank, out_features]")
+    return ("sklinear", s1[1], s2[2], s1[0], s1[2], has_bias, dtype_code(S1s.dtype))
+
+
+_NAMES = ("S1s", "S2s", "U1s", "U2s", "bias")
+
+
+def _rows(x):
+    return x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
+
+
+def _forward_impl(x, S1s, S2s, U1s, U2s, bias):
+    """y [..., out] from x [..., in] through kf_sklinear_forward."""
+    key = _key(S1s, S2s, bias is not None)
+    check_devices("SKLinear", x, _NAMES, (S1s, S2s, U1s, U2s, bias))
+    x, S1s, S2s, U1s, U2s = (x.contiguous(), S1s.contiguous(), S2s.contiguous(),
+                             U1s.contiguous(), U2s.contiguous())
+    bias = None if bias is None else bias.contiguous()
+    device = x.device
+    with device_guard(device):
+        p = plan(key, device)
+        if x.dim() == 0:  # the library reports it
+            p.forward(x, S1s, S2s, U1s, U2s, None, bias=bias)
+        y = x.new_empty(x.shape[:-1] + (p.out_features,))
+        N = _rows(x)
+        # an empty batch of the right width: y is empty (the library takes N >= 1)
+        if N > 0 or x.dim() < 2 or x.shape[-1] != p.in_features:
+            p.forward(x, S1s, S2s, U1s, U2s, y, bias=bias, workspace=workspace(p, device, N))
+    return y
+
+
+def _forward_fake(x, S1s, S2s, U1s, U2s, bias):
+    check_rank("S2s", S2s, 3, "[num_terms, low_rank, out_features]")
+    if x.dim() == 0:
+        raise ValueError("kfuse: x must be [..., in_features], got a 0-d tensor")
+    return x.new_empty(x.shape[:-1] + (S2s.shape[2],))
+
+
+def _backward_impl(dy, x, S1s, S2s, U1s, U2s, has_bias, output_mask):
+    """(dx, dS1s, dS2s, dbias) through kf_sklinear_backward; an output not in output_mask is an
+    empty tensor."""
+    key = _key(S1s, S2s, has_bias)
+    need_dx, need_d1, need_d2, need_db = output_mask
+    dx = empty_grad(x, need_dx)
+    dS1s = empty_grad(S1s, need_d1)
+    dS2s = empty_grad(S2s, need_d2)
+    dbias = (torch.empty(S2s.shape[-1], dtype=S2s.dtype, device=S2s.device) if need_db
+             else S2s.new_empty((0,)))
+    device = x.device
+    N = _rows(x)
+    if N == 0:  # an empty batch (forward checked its shape): nothing flows back
+        for t, need in ((dS1s, need_d1), (dS2s, need_d2), (dbias, need_db)):
+            if need:
+                t.zero_()
+        return dx, dS1s, dS2s, dbias
+    with device_guard(device):
+        p = plan(key, device)
+        p.backward(x.contiguous(), S1s.contiguous(), S2s.contiguous(), U1s.contiguous(),
+                   U2s.contiguous(), dy.contiguous(), dx=dx if need_dx else None,
+                   dS1s=dS1s if need_d1 else None, dS2s=dS2s if need_d2 else None,
+                   dbias=dbias if need_db else None, workspace=workspace(p, device, N))
+    return dx, dS1s, dS2s, dbias
+
+
+def _backward_fake(dy, x, S1s, S2s, U1s, U2s, has_bias, output_mask):
+    need_dx, need_d1, need_d2, need_db = output_mask
+    return (empty_grad(x, need_dx), empty_grad(S1s, need_d1), empty_grad(S2s, need_d2),
+            S2s.new_empty((S2s.shape[-1],) if need_db else (0,)))
+
+
+def _setup_context(ctx, inputs, output):
+    x, S1s, S2s, U1s, U2s, bias = inputs
+    ctx.has_bias = bias is not None
+    ctx.save_for_backward(x, S1s, S2s, U1s, U2s)
+
+
+def _backward(ctx, dy):
+    x, S1s, S2s, U1s, U2s = ctx.saved_tensors
+    need = ctx.needs_input_grad  # x, S1s, S2s, U1s, U2s, bias
+    mask = [bool(need[0]), bool(need[1]), bool(need[2]), bool(ctx.has_bias and need[5])]
+    if dy is None or not any(mask):
+        return None, None, None, None, None, None
+    dx, dS1s, dS2s, dbias = sklinear_backward(dy, x, S1s, S2s, U1s, U2s, ctx.has_bias, mask)
+    return (dx if mask[0] else None, dS1s if mask[1] else None, dS2s if mask[2] else None,
+            None, None, dbias if mask[3] else None)
+
+
+sklinear_backward = Op(
+    "sklinear_backward",
+    "(Tensor dy, Tensor x, Tensor S1s, Tensor S2s, Tensor U1s, Tensor U2s, bool has_bias, "
+    "bool[] output_mask) -> (Tensor, Tensor, Tensor, Tensor)",
+    _backward_impl, _backward_fake)
+
+sklinear = Op(
+    "sklinear",
+    "(Tensor x, Tensor S1s, Tensor S2s, Tensor U1s, Tensor U2s, Tensor? bias) -> Tensor",
+    _forward_impl, _forward_fake, _setup_context, _backward, feature_dims=1)
+
+
+def sklinear_function(x, S1s, S2s, U1s, U2s, bias=None):
+    """Differentiable kfuse SKLinear call (the operator kfuse::sklinear): y [..., out] from
+    x [..., in]. Gradients flow to x, S1s, S2s and bias; U1s and U2s get none (fixed
+    sketches)."""
+    return sklinear(x, S1s, S2s, U1s, U2s, bias)
+
+
+# ---- module ------------------------------------------------------------------------------------
+
+class SKLinear(nn.Module):
+    """Drop-in for panther.nn.SKLinear: SKLinear(in_features, out_features, num_terms, low_rank,
+    W_init=None, bias=True, dtype=None, device=None).
+
+    Same parameters and buffers as Panther's (learnable S1s [L, in, k], S2s [L, k, out] and bias
+    [out] (or None); fixed sketch buffers U1s [L, k, out] and U2s [L, in, k]), so
+    load_state_dict(strict=True) works both ways; same warning when the sketch has more
+    parameters than the dense layer (2Lk(in+out) > in*out); same forward: x [..., in] with any
+    leading dims -> [..., out], a 1-D x gives a 1-D y:
+
+        y = 1/(2L) sum_i [ (x S1s[i]) U1s[i] + (x U2s[i]) S2s[i] ] + bias
+
+    computed by kfuse as two GEMMs through the rank-2Lk bottleneck (the operator kfuse::sklinear).
+    Initialisation is Panther's (sign sketches with entries +-1/sqrt(k); S1s[i] = W U1s[i]^T,
+    S2s[i] = U2s[i]^T W with W = W_init^T or Kaiming-uniform; bias U(-1/sqrt(out), 1/sqrt(out)))
+    drawn by the library from a seed taken from torch's default generator, so torch.manual_seed()
+    makes it repeatable (the values differ from Panther's own draws). float32 only: another dtype
+    raises kfuse.Unsupported at construction. Panther's class attributes (WARNING_MSG_FC,
+    WARNING_MSG_TC, WARNING_MSG_BATCH) are here with its texts; the tensor-core warnings are not
+    raised: they describe a limit of Panther's CUDA kernels that kfuse does not have."""
+
+    __constants__ = ["in_features", "out_features", "num_terms", "low_rank"]
+    WARNING_MSG_TC = (
+        "Tensor Core not utilized. Ensure 'in_features', 'out_features', "
+        "and 'low_rank' are multiples of 16 (current: {}, {}, {})."
+    )
+    WARNING_MSG_BATCH = (
+        "Batch size {} is not a multiple of 16. Tensor Core optimizations disabled."
+    )
+    WARNING_MSG_FC = (
+        "The sketching layer uses more parameters than a fully connected layer. "
+        "Consider reducing 'num_terms' or 'low_rank' for efficiency."
+    )
+
+    def __init__(self, in_features, out_features, num_terms, low_rank, W_init=None, bias=True,
+                 dtype=None, device=None):
+        factory_kwargs = {"dtype": dtype, "device": device}
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.num_terms = num_terms
+        self.low_rank = low_rank
+        dtype = dtype if dtype is not None else torch.get_default_dtype()
+        # Descriptor checks are the library's (made and cached on the CPU context).
+        p = plan(self._key(dtype, bias), torch.device("cpu"))
+        if p.param_ratio > 1.0:
+            warnings.warn(self.WARNING_MSG_FC, category=UserWarning, stacklevel=2)
+        L, k = num_terms, low_rank
+        # Panther registers the buffers first, then S1s, S2s, bias.
+        self.register_buffer("U1s", torch.empty((L, k, out_features), **factory_kwargs))
+        self.register_buffer("U2s", torch.empty((L, in_features, k), **factory_kwargs))
+        self.S1s = nn.Parameter(torch.empty((L, in_features, k), **factory_kwargs))
+        self.S2s = nn.Parameter(torch.empty((L, k, out_features), **factory_kwargs))
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features, **factory_kwargs))
+        else:
+            self.register_parameter("bias", None)
+        self._init_parameters(W_init)
+
+    def _key(self, dtype, bias):
+        return ("sklinear", self.in_features, self.out_features, self.num_terms, self.low_rank,
+                bool(bias), dtype_code(dtype))
+
+    @torch.no_grad()
+    def _init_parameters(self, W_init=None):
+        seed = int(torch.randint(0, 2 ** 62, (1,), dtype=torch.int64).item())
+        device = self.S1s.device
+        if device.type == "meta":
+            return  # nothing to fill
+        if W_init is not None:
+            W_init = W_init.detach().to(device=device, dtype=self.S1s.dtype).contiguous()
+        with device_guard(device):
+            p = plan(self._key(self.S1s.dtype, self.bias is not None), device)
+            p.init_params(seed, self.S1s, self.S2s, self.U1s, self.U2s, bias=self.bias,
+                          W_init=W_init)
+
+    def forward(self, h_in):
+        # x [..., in] -> y [..., out]; the library takes up to KF_MAX_DIMS dims as they are
+        # (a 1-D x is one row and gives a 1-D y, as in Panther), more are flattened here.
+        # Parameters by attribute, so that functional_call and parametrizations give theirs.
+        x = h_in
+        if x.dim() > _MAX_DIMS and x.shape[-1] > 0:
+            lead = x.shape[:-1]
+            y = sklinear(x.reshape(-1, x.shape[-1]), self.S1s, self.S2s, self.U1s, self.U2s,
+                         self.bias)
+            return y.view(*lead, y.shape[-1])
+        return sklinear(x, self.S1s, self.S2s, self.U1s, self.U2s, self.bias)
+
+    def extra_repr(self):
+        return "in_features={}, out_features={}, num_terms={}, low_rank={}, bias={}".format(
+            self.in_features, self.out_features, self.num_terms, self.low_rank,
+            self.bias is not None)
