@@ -5,7 +5,8 @@
 #      ${KFUSE_TORCH2_VENV:-$HOME/.cache/kfuse/venv-torch2}: outside the repository, so that fresh
 #      clones on this machine reuse it. Made on first use with PyPI's current torch (the default
 #      wheel is the CUDA build: ~5 GB, some minutes the first time; pip's cache is kept), numpy,
-#      cffi, pytest (test-python.sh adds scikit-build-core); reused while `import torch` works there. A lock serialises concurrent setups.
+#      cffi, pytest (test-python.sh adds scikit-build-core); reused while `import torch` works
+#      there. A lock serialises concurrent setups.
 #   2. scripts/test-python.sh with KFUSE_VENV pointing at it: the C library (build/main, or
 #      KFUSE_LIBRARY_DIR), `pip install bindings/python`, pytest tests/python (opcheck, compile,
 #      export, vmap tests run here; they skip on torch < 2.4). Exits non-zero on any failure and

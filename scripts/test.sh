@@ -7,7 +7,8 @@
 #   4. the ABI check: abidiff of the built library against abi/kfuse.abi,
 #   5. a C consumer of every form: installed (find_package, pkg-config), build tree,
 #      add_subdirectory; shared and static (scripts/test-c-consumers.sh),
-#   6. the Python package (cffi; pytest against torch and float64 references), and as users get it:
+#   6. the Python package (cffi; pytest against torch and float64 references) on Debian's torch 1.13
+#      and on PyPI's torch 2.x (a venv kept in ~/.cache/kfuse), and as users get it:
 #      sdist -> wheel (scikit-build-core builds libkfuse) -> moved -> fresh venv -> forward,
 #   7. the sanitizer lane over the bindings: the Python tests against an ASan+UBSan libkfuse (GEMM
 #      operands checked too), the Rust tests under valgrind (scripts/test-sanitize-bindings.sh),
@@ -73,6 +74,9 @@ bash scripts/test-c-consumers.sh build/valgrind
 
 stage "Python package (scripts/test-python.sh)"
 KFUSE_LIBRARY_DIR="$ROOT/build/main" bash scripts/test-python.sh
+
+stage "Python package on torch 2.x from PyPI (scripts/test-python-torch2.sh)"
+KFUSE_LIBRARY_DIR="$ROOT/build/main" bash scripts/test-python-torch2.sh
 
 stage "the Python package as users install it (scripts/test-python-wheel.sh)"
 bash scripts/test-python-wheel.sh

@@ -344,7 +344,11 @@ DDP_WORKER = textwrap.dedent("""
     assert all(torch.equal(gathered[0], t) for t in gathered), "parameters differ across ranks"
     assert moved > 0, "a parameter did not train"
     dist.destroy_process_group()
-    print("rank", rank, "ok")
+    print("rank", rank, "ok", flush=True)
+    # torch 2.15's gloo teardown aborts now and then at interpreter exit ("terminate called
+    # without an active exception"), with torch.nn layers alone too (1 run in 8 here): every
+    # check is done, so skip that teardown.
+    os._exit(0)
 """)
 
 
