@@ -1,4 +1,4 @@
-/* CPU backend of the KAN linear layer (notation of capi/src/kan_internal.h; math in
+/* CPU backend of the KAN linear layer (notation of core/kan_backend.h; math in
  * docs/ops/kan.md): OpenBLAS from the context's own threads, no allocation.
  *
  * The layer is one product y = A W^T over the combined operand A [N, K] (per feature: SiLU(x)
@@ -28,9 +28,9 @@
  * y and dy are the columns [p0, p0 + rows) of the image's [out, Ho Wo] plane, so the GEMMs take
  * them transposed; and dx is a scatter-add over the patches, so one thread owns each image's dx
  * (zeroed first, then summed over the image's blocks in order: deterministic). */
-#include "kan_internal.h"
-
 #include "blas.h"
+#include "cpu_backend.h"
+#include "host.h"
 #include "team.h"
 
 #include <float.h>
@@ -111,7 +111,7 @@ static kan_geom kan_geom_of(const struct kf_kan_linear_plan *p, int64_t N,
     return g;
 }
 
-size_t kf__cpu_kan_workspace(const struct kf_kan_linear_plan *p, int64_t N,
+static size_t kan_workspace(const struct kf_kan_linear_plan *p, int64_t N,
                              const kf__kan_patches *patches) {
     return kan_geom_of(p, N, patches).bytes;
 }
@@ -188,17 +188,6 @@ static void kan_gather_rows(const float *x, int64_t in, int64_t rows, int64_t f0
             for (int64_t r = 0; r < 8; ++r) xT[(i - f0) * rows + n + r] = x[(n + r) * in + i];
     for (; n < rows; ++n)
         for (int64_t i = f0; i < f1; ++i) xT[(i - f0) * rows + n] = x[n * in + i];
-}
-
-void kf__kan_patch_offsets(const kf__kan_patches *P, int64_t pos, int64_t p0, int64_t rows,
-                           int64_t *off) {
-    const int64_t i = pos / P->kw, j = pos % P->kw;
-    int64_t oh = p0 / P->Wo, ow = p0 % P->Wo;
-    for (int64_t r = 0; r < rows; ++r) {
-        const int64_t ih = oh * P->sh - P->ph + i * P->dh, iw = ow * P->sw - P->pw + j * P->dw;
-        off[r] = ih >= 0 && ih < P->H && iw >= 0 && iw < P->W ? ih * P->W + iw : -1;
-        if (++ow == P->Wo) ow = 0, ++oh;
-    }
 }
 
 /* Block k's offsets for every kernel position: tab[pos * rows + r] (kf__kan_patch_offsets). A
@@ -399,7 +388,7 @@ static void kan_fwd_team(void *arg, int tid, int nth) {
     }
 }
 
-kf_status kf__cpu_kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
+static kf_status kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
     kan_fwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N, c->patches)};
     kf__cpu_team(call.g.team, kan_fwd_team, &call);
     return KF_OK;
@@ -524,22 +513,10 @@ static void kan_bwd_team(void *arg, int tid, int nth) {
     }
 }
 
-kf_status kf__cpu_kan_backward(kf_context *ctx, const kf__kan_bwd *c) {
+static kf_status kan_backward(kf_context *ctx, const kf__kan_bwd *c) {
     kan_bwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N, c->patches)};
     kf__cpu_team(call.g.team, kan_bwd_team, &call);
     return KF_OK;
 }
 
-/* ---- initial grid --------------------------------------------------------------------------- */
-
-void kf__kan_uniform_grid_host(const struct kf_kan_linear_plan *p, float lo, float hi,
-                               float *grid) {
-    /* torch: arange(-k, G + k + 1) * h + lo in float32, h = (hi - lo) / G a Python float. */
-    const float h = (float)(((double)hi - (double)lo) / (double)p->G);
-    for (int64_t j = 0; j < p->nk; ++j) {
-        const float prod = (float)(j - p->k) * h;
-        grid[j] = prod + lo;
-    }
-    for (int64_t i = 1; i < p->in; ++i)
-        memcpy(grid + i * p->nk, grid, (size_t)p->nk * sizeof(float));
-}
+const kf__kan_ops kf__cpu_kan_ops = {NULL, kan_workspace, kan_forward, kan_backward};

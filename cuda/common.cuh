@@ -8,7 +8,7 @@
 #ifndef KF_CUDA_COMMON_CUH
 #define KF_CUDA_COMMON_CUH
 
-#include "internal.h"
+#include "core.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>

@@ -1,6 +1,6 @@
 // KANLinear (efficient-kan) and KANConv2d (unfold + KANLinear) on CUDA: forward and backward as
 // tiled GEMMs over the combined operand A [N, K] and the combined weight W [out, K], K = in * cw,
-// cw = C + 1 (notation and records: capi/src/kan_internal.h; math: docs/ops/kan.md). A is never
+// cw = C + 1 (notation and records: core/kan_backend.h; math: docs/ops/kan.md). A is never
 // stored: every tile of it is generated in the operand-load stage of the GEMM that consumes it,
 // from x and the knots. Row-major throughout; fp32 operands and accumulation; no atomics, every sum
 // in a fixed order; no allocation, no synchronisation, no host reads of device data: everything
@@ -75,7 +75,7 @@
 // partials, dXcol (used by kan_dx and kan_col2im, all before kan_dw in stream order) and the dW
 // partials are never live at the same time.
 #include "common.cuh"
-#include "kan_internal.h"
+#include "cuda_backend.cuh"
 
 #include <float.h>
 
@@ -615,30 +615,6 @@ unsigned stride_blocks(int64_t E) {
     return (unsigned)(b < 1 ? 1 : b > 8192 ? 8192 : b);
 }
 
-kf_status check_order(const struct kf_kan_linear_plan *p, const char *fn) {
-    if (p->k > kMaxOrder)
-        return kf__error(KF_ERR_UNSUPPORTED, fn,
-                         "spline_order = %d: the CUDA backend supports spline orders up to %d",
-                         (int)p->k, kMaxOrder);
-    return KF_OK;
-}
-
-// The front end's records are trusted, but a patch count that disagrees with the geometry
-// would index out of bounds: refuse it as a bug rather than run.
-kf_status check_patches(const char *fn, int64_t N, const kf__kan_patches *pt,
-                        const struct kf_kan_linear_plan *p) {
-    if (!pt) return KF_OK;
-    if (pt->B < 1 || pt->Cin < 1 || pt->H < 1 || pt->W < 1 || pt->Ho < 1 || pt->Wo < 1 ||
-        pt->kh < 1 || pt->kw < 1 || pt->sh < 1 || pt->sw < 1 || pt->ph < 0 || pt->pw < 0 ||
-        pt->dh < 1 || pt->dw < 1 || N != pt->B * pt->Ho * pt->Wo ||
-        p->in != pt->Cin * pt->kh * pt->kw)
-        return kf__error(KF_ERR_INTERNAL, fn,
-                         "inconsistent KANConv2d record (N = %lld, B = %lld, Ho = %lld, "
-                         "Wo = %lld, in = %lld)",
-                         (long long)N, (long long)pt->B, (long long)pt->Ho, (long long)pt->Wo,
-                         (long long)p->in);
-    return KF_OK;
-}
 
 kf_status launch_prep(kf_context *ctx, const char *fn, const Prob &P, const float *base,
                       const float *spline, const float *scaler, void *ws, const Layout &l,
@@ -718,18 +694,28 @@ kf_status backward_km(kf_context *ctx, const char *fn, const Layout &l, const Pr
 
 } // namespace
 
-extern "C" size_t kf__cuda_kan_workspace(const struct kf_kan_linear_plan *p, int64_t N,
+namespace {
+
+// Spline orders beyond kMaxOrder are refused at plan creation: the basis window is unrolled up
+// to that bound.
+kf_status kan_supports(const struct kf_kan_linear_plan *p, const char *fn) {
+    if (p->k > kMaxOrder)
+        return kf__error(KF_ERR_UNSUPPORTED, fn,
+                         "desc->spline_order = %d: the CUDA backend supports spline orders up to "
+                         "%d", (int)p->k, kMaxOrder);
+    return KF_OK;
+}
+
+size_t kan_workspace(const struct kf_kan_linear_plan *p, int64_t N,
                                          const kf__kan_patches *patches) {
     return make_layout(p, N, patches).bytes;
 }
 
-extern "C" kf_status kf__cuda_kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
+kf_status kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
     const kf__kan_patches *pt = c->patches;
     const char *fn = pt ? "kf_kan_conv2d_forward" : "kf_kan_linear_forward";
     const struct kf_kan_linear_plan *p = c->plan;
-    KF_TRY(check_order(p, fn));
     if (c->N <= 0) return KF_OK;
-    KF_TRY(check_patches(fn, c->N, pt, p));
     const Layout l = make_layout(p, c->N, pt);
     KF__CUDA_TRY(fn, cudaSetDevice(ctx->device_index));
     Prob P = make_prob(p, c->N, pt, c->x, c->grid, c->ws);
@@ -744,16 +730,14 @@ extern "C" kf_status kf__cuda_kan_forward(kf_context *ctx, const kf__kan_fwd *c)
     return forward_km<kMaxOrder, false>(ctx, fn, l, P, c->y, part);
 }
 
-extern "C" kf_status kf__cuda_kan_backward(kf_context *ctx, const kf__kan_bwd *c) {
+kf_status kan_backward(kf_context *ctx, const kf__kan_bwd *c) {
     const kf__kan_patches *pt = c->patches;
     const char *fn = pt ? "kf_kan_conv2d_backward" : "kf_kan_linear_backward";
     const struct kf_kan_linear_plan *p = c->plan;
-    KF_TRY(check_order(p, fn));
     if (c->dx == nullptr && c->dbase == nullptr && c->dspline == nullptr &&
         c->dscaler == nullptr)
         return KF_OK;
     if (c->N <= 0) return KF_OK;
-    KF_TRY(check_patches(fn, c->N, pt, p));
     const Layout l = make_layout(p, c->N, pt);
     KF__CUDA_TRY(fn, cudaSetDevice(ctx->device_index));
     Prob P = make_prob(p, c->N, pt, c->x, c->grid, c->ws);
@@ -767,3 +751,8 @@ extern "C" kf_status kf__cuda_kan_backward(kf_context *ctx, const kf__kan_bwd *c
     if (p->k <= 3) return backward_km<3, false>(ctx, fn, l, P, c, part);
     return backward_km<kMaxOrder, false>(ctx, fn, l, P, c, part);
 }
+
+} // namespace
+
+extern "C" const kf__kan_ops kf__cuda_kan_ops = {kan_supports, kan_workspace, kan_forward,
+                                                  kan_backward};

@@ -1,5 +1,5 @@
 // SKLinear (Panther's sketched linear layer) on CUDA: forward and backward through the 2r-wide
-// bottleneck, r = L*k (math: DESIGN.md; notation and records: capi/src/sklinear_internal.h).
+// bottleneck, r = L*k (math: DESIGN.md; notation and records: core/sklinear_backend.h).
 // Row-major throughout; fp32 operands and fp32 accumulation; no atomics, every sum in a fixed
 // order; no allocation, no synchronisation, no host reads of device data: everything is enqueued
 // on ctx->stream (graph-capturable).
@@ -57,7 +57,7 @@
 //   backward                    Pdz * N * 2r * 4 + Pz2 * N * r * 4
 //                               + (Pw > 1 ? Pw * (r * in + r * out + out) * 4 : 0).
 #include "common.cuh"
-#include "sklinear_internal.h"
+#include "cuda_backend.cuh"
 
 namespace {
 
@@ -644,12 +644,14 @@ PartJob no_part() {
 
 } // namespace
 
-extern "C" size_t kf__cuda_skl_workspace(const struct kf_sklinear_plan *p, int64_t N) {
+namespace {
+
+size_t skl_workspace(const struct kf_sklinear_plan *p, int64_t N) {
     const Layout l = make_layout(p, N);
     return l.fwd_bytes > l.bwd_bytes ? l.fwd_bytes : l.bwd_bytes;
 }
 
-extern "C" kf_status kf__cuda_skl_forward(kf_context *ctx, const kf__skl_fwd *c) {
+kf_status skl_forward(kf_context *ctx, const kf__skl_fwd *c) {
     static const char fn[] = "kf_sklinear_forward";
     const Layout l = make_layout(c->plan, c->N);
     if (c->N <= 0) return KF_OK;
@@ -677,7 +679,7 @@ extern "C" kf_status kf__cuda_skl_forward(kf_context *ctx, const kf__skl_fwd *c)
     return KF_OK;
 }
 
-extern "C" kf_status kf__cuda_skl_backward(kf_context *ctx, const kf__skl_bwd *c) {
+kf_status skl_backward(kf_context *ctx, const kf__skl_bwd *c) {
     static const char fn[] = "kf_sklinear_backward";
     if (c->dx == nullptr && c->dS1 == nullptr && c->dS2 == nullptr && c->db == nullptr)
         return KF_OK;
@@ -737,3 +739,8 @@ extern "C" kf_status kf__cuda_skl_backward(kf_context *ctx, const kf__skl_bwd *c
     }
     return KF_OK;
 }
+
+} // namespace
+
+extern "C" const kf__skl_ops kf__cuda_skl_ops = {nullptr, skl_workspace, skl_forward,
+                                                  skl_backward};

@@ -2,7 +2,7 @@
  * KAN product of capi/src/kan_linear.c over the patches of x (kf__kan_patches): this file checks
  * the convolution's own arguments (kernel geometry, image shapes) and hands the backends the same
  * records as KANLinear, with `patches` set. */
-#include "kan_internal.h"
+#include "kan_front.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -133,7 +133,7 @@ KF_API kf_status kf_kan_conv2d_workspace_size(const kf_kan_conv2d_plan *plan, in
     int64_t N = 0;
     KF_TRY(kf__kan_conv_geom(__func__, plan, "batch", batch, "height", height, "width", width, &g,
                              &N));
-    if (workspace_bytes) *workspace_bytes = kf__kan_workspace(&plan->lin, N, &g);
+    if (workspace_bytes) *workspace_bytes = plan->lin.ops->workspace(&plan->lin, N, &g);
     return KF_OK;
 }
 

@@ -16,7 +16,7 @@
  * The bases here are a float64 Cox-de Boor evaluator of their own (the fit's precision), with
  * the library's conventions: half-open knot intervals, 0 outside [t_0, t_last), and a term over a
  * knot span narrower than FLT_MIN counts as 0. */
-#include "kan_internal.h"
+#include "host.h"
 
 #include "blas.h"
 
