@@ -75,6 +75,7 @@
 // partials, dXcol (used by kan_dx and kan_col2im, all before kan_dw in stream order) and the dW
 // partials are never live at the same time.
 #include "common.cuh"
+#include "bspline.h"
 #include "cuda_backend.cuh"
 
 #include <float.h>
@@ -156,45 +157,6 @@ __device__ __forceinline__ void zero(float (&acc)[4][4]) {
         for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
 }
 
-// The order-q bases of one feature at x that can be non-zero: Nw[r] = B_{j-q+r, q}(x), r = 0..q,
-// where j is the knot interval t_j <= x < t_{j+1}; returns j, or -1 (every basis 0) when x is
-// outside [t_0, t_{nk-1}), NaN, or (a decreasing grid, unspecified) no interval holds it.
-// t: the feature's nk knots; inv: its reciprocal table [k][nk] (row p-1 for order p).
-template <int KM>
-__device__ __forceinline__ int64_t window(const float *t, const float *inv, int64_t nk, int q,
-                                          float x, float (&Nw)[KM + 1]) {
-#pragma unroll
-    for (int r = 0; r <= KM; ++r) Nw[r] = 0.0f;
-    if (!(x >= t[0] && x < t[nk - 1])) return -1;
-    int64_t lo = 0, hi = nk - 2; // the largest j <= nk - 2 with t_j <= x
-    while (lo < hi) {
-        const int64_t mid = (lo + hi + 1) / 2;
-        if (t[mid] <= x) lo = mid;
-        else hi = mid - 1;
-    }
-    const int64_t j = lo;
-    if (!(t[j] <= x && x < t[j + 1])) return -1;
-    Nw[0] = 1.0f;
-#pragma unroll
-    for (int p = 1; p <= KM; ++p) {
-        if (p > q) break;
-        const float *ip = inv + (int64_t)(p - 1) * nk;
-        // Descending r: new[r] reads old[r - 1] (B_{m,p-1}) and old[r] (B_{m+1,p-1}).
-#pragma unroll
-        for (int r = p; r >= 0; --r) {
-            const int64_t m = j - p + r;
-            float v = 0.0f;
-            if (m >= 0 && m + p + 1 < nk) {
-                const float b0 = r >= 1 ? Nw[r - 1] : 0.0f;
-                const float b1 = r <= p - 1 ? Nw[r] : 0.0f;
-                v = (x - t[m]) * ip[m] * b0 + (t[m + p + 1] - x) * ip[m + 1] * b1;
-            }
-            Nw[r] = v;
-        }
-    }
-    return j;
-}
-
 // Columns [c_lo, c_hi) (all of feature f) of A's row n into dst[(c - k0) * stride]:
 // SiLU(x) for the feature's first column, its bases for the others. n < 0: zeros (padding row).
 template <int KM, bool CONV>
@@ -206,7 +168,8 @@ __device__ __forceinline__ void gen_cols(const Prob &P, int64_t n, int64_t f, in
     const float xv = xval<CONV>(P, n, f);
     if (c_lo == base) dst[(base - k0) * stride] = xv / (1.0f + expf(-xv));
     float Nw[KM + 1];
-    const int64_t j = window<KM>(P.grid + f * P.nk, P.inv + f * P.k * P.nk, P.nk, P.k, xv, Nw);
+    const int64_t j =
+        kf__bspline_window<KM>(P.grid + f * P.nk, P.inv + f * P.k * P.nk, P.nk, P.k, xv, Nw);
     if (j < 0) return;
 #pragma unroll
     for (int r = 0; r <= KM; ++r) {
@@ -232,7 +195,7 @@ __device__ __forceinline__ float dx_part(const Prob &P, int64_t n, int64_t f, in
     if (k == 0) return s;
     const float *fi = P.inv + f * k * P.nk, *ik = fi + (int64_t)(k - 1) * P.nk;
     float Nw[KM + 1];
-    const int64_t j = window<KM>(P.grid + f * P.nk, fi, P.nk, k - 1, xv, Nw);
+    const int64_t j = kf__bspline_window<KM>(P.grid + f * P.nk, fi, P.nk, k - 1, xv, Nw);
     if (j < 0) return s;
     const float kf = (float)k;
 #pragma unroll
