@@ -55,7 +55,7 @@ static inline bool kf__add_size(size_t a, size_t b, size_t *out) {
     return !__builtin_add_overflow(a, b, out);
 }
 /* Rounds up to the granule every sub-buffer of a workspace or reserve is aligned to. */
-#define KF__ALIGN 64u
+#define KF__ALIGN ((unsigned)KF_ALIGN_BYTES)
 static inline size_t kf__align_up(size_t n) { return (n + (KF__ALIGN - 1)) & ~(size_t)(KF__ALIGN - 1); }
 
 /* Checks that a struct handed in by the caller has a usable struct_size: at least `min_size`

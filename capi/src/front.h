@@ -31,6 +31,20 @@ kf_status kf__check_row_tensor(const kf_context *ctx, const char *fn, const char
                                int64_t *rows);
 size_t kf__dtype_bytes(int32_t dtype);
 
+/* ---- parameter lists (params.c) ---------------------------------------------------------
+ * One tensor of a layer's state, for the *_param_count / *_param_info calls: the reference's
+ * state_dict key (a string literal), rank and shape. */
+typedef struct kf__param {
+    const char *name;
+    int32_t ndim;
+    int64_t shape[3];
+} kf__param;
+
+/* Writes entry `index` of params [count] to the optional outputs after checking the index
+ * (message under `fn`). */
+kf_status kf__param_info(const char *fn, const kf__param *params, int32_t count, int32_t index,
+                         const char **name, int32_t *ndim, int64_t *shape);
+
 #ifdef __cplusplus
 }
 #endif

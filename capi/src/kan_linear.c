@@ -106,6 +106,34 @@ KF_API kf_status kf_kan_linear_plan_create(kf_context *ctx, const kf_kan_linear_
 
 KF_API void kf_kan_linear_plan_destroy(kf_kan_linear_plan *plan) { free(plan); }
 
+int32_t kf__kan_params(const struct kf_kan_linear_plan *p, kf__param *out) {
+    const kf__param all[4] = {{"grid", 2, {p->in, p->nk, 0}},
+                              {"base_weight", 2, {p->out, p->in, 0}},
+                              {"spline_weight", 3, {p->out, p->in, p->C}},
+                              {"spline_scaler", 2, {p->out, p->in, 0}}};
+    const int32_t n = p->scaled ? 4 : 3;
+    for (int32_t i = 0; i < n; ++i) out[i] = all[i];
+    return n;
+}
+
+KF_API kf_status kf_kan_linear_param_count(const kf_kan_linear_plan *plan, int32_t *count) {
+    kf__clear_error();
+    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
+    KF_CHECK(count != NULL, KF_ERR_INVALID_ARGUMENT, "count is NULL");
+    kf__param ps[4];
+    *count = kf__kan_params(plan, ps);
+    return KF_OK;
+}
+
+KF_API kf_status kf_kan_linear_param_info(const kf_kan_linear_plan *plan, int32_t index,
+                                          const char **name, int32_t *ndim, int64_t *shape) {
+    kf__clear_error();
+    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
+    kf__param ps[4];
+    const int32_t n = kf__kan_params(plan, ps);
+    return kf__param_info(__func__, ps, n, index, name, ndim, shape);
+}
+
 /* N within limits and every size derived from it representable: the row tensors hold
  * N * (in + out) floats (checked in doubles, for headroom). */
 kf_status kf__kan_check_rows(const char *fn, const struct kf_kan_linear_plan *p, int64_t N) {

@@ -211,6 +211,24 @@ static kf_status kf__rnn_check_extent(const char *fn, const kf_rnn_plan *p, int6
     return KF_OK;
 }
 
+KF_API kf_status kf_rnn_output_shapes(const kf_rnn_plan *plan, int64_t T, int64_t B,
+                                      int64_t *y_shape, int64_t *hn_shape) {
+    kf__clear_error();
+    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
+    KF_TRY(kf__rnn_check_extent(__func__, plan, T, B));
+    if (y_shape) {
+        y_shape[0] = plan->batch_first ? B : T;
+        y_shape[1] = plan->batch_first ? T : B;
+        y_shape[2] = (int64_t)plan->D * plan->H;
+    }
+    if (hn_shape) {
+        hn_shape[0] = (int64_t)plan->L * plan->D;
+        hn_shape[1] = B;
+        hn_shape[2] = plan->H;
+    }
+    return KF_OK;
+}
+
 static kf_status kf__check_mode(const char *fn, kf_mode mode) {
     KF_CHECK_FN(fn, mode == KF_MODE_INFERENCE || mode == KF_MODE_TRAINING,
                 KF_ERR_INVALID_ARGUMENT, "mode = %d, expected KF_MODE_INFERENCE (1) or "

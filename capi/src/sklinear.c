@@ -107,6 +107,37 @@ KF_API kf_status kf_sklinear_param_ratio(const kf_sklinear_plan *plan, double *r
     return KF_OK;
 }
 
+/* Panther's state: S1s, S2s, U1s, U2s and (with a bias) bias; returns the count. */
+static int32_t kf__skl_params(const kf_sklinear_plan *p, kf__param *out) {
+    const int64_t L = p->L, k = p->k;
+    const kf__param all[5] = {{"S1s", 3, {L, p->in, k}},
+                              {"S2s", 3, {L, k, p->out}},
+                              {"U1s", 3, {L, k, p->out}},
+                              {"U2s", 3, {L, p->in, k}},
+                              {"bias", 1, {p->out, 0, 0}}};
+    const int32_t n = p->has_bias ? 5 : 4;
+    for (int32_t i = 0; i < n; ++i) out[i] = all[i];
+    return n;
+}
+
+KF_API kf_status kf_sklinear_param_count(const kf_sklinear_plan *plan, int32_t *count) {
+    kf__clear_error();
+    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
+    KF_CHECK(count != NULL, KF_ERR_INVALID_ARGUMENT, "count is NULL");
+    kf__param ps[5];
+    *count = kf__skl_params(plan, ps);
+    return KF_OK;
+}
+
+KF_API kf_status kf_sklinear_param_info(const kf_sklinear_plan *plan, int32_t index,
+                                        const char **name, int32_t *ndim, int64_t *shape) {
+    kf__clear_error();
+    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
+    kf__param ps[5];
+    const int32_t n = kf__skl_params(plan, ps);
+    return kf__param_info(__func__, ps, n, index, name, ndim, shape);
+}
+
 /* N within limits and every size the backends derive from it representable: their buffers are
  * bounded by N * (in + out + 4r) + (in + out) * 4r floats. */
 static kf_status kf__skl_check_rows(const char *fn, const kf_sklinear_plan *p, int64_t N) {
