@@ -3,7 +3,6 @@
 #include "backend.h"
 
 #include <stdlib.h>
-#include <unistd.h>
 
 KF_API void kf_context_desc_init(kf_context_desc *desc) {
     if (desc == NULL) return;
@@ -11,11 +10,6 @@ KF_API void kf_context_desc_init(kf_context_desc *desc) {
     d.struct_size = sizeof d;
     d.device_type = KF_DEVICE_CPU;
     *desc = d;
-}
-
-static int32_t kf__online_cores(void) {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n >= 1 && n <= 4096 ? (int32_t)n : 1;
 }
 
 KF_API kf_status kf_context_create(const kf_context_desc *desc, kf_context **out) {
@@ -32,7 +26,7 @@ KF_API kf_status kf_context_create(const kf_context_desc *desc, kf_context **out
              KF_ERR_INVALID_ARGUMENT, "desc->device_index = %d, expected 0 for the CPU",
              (int)desc->device_index);
     KF_CHECK(desc->num_threads >= 0 && desc->num_threads <= 4096, KF_ERR_INVALID_ARGUMENT,
-             "desc->num_threads = %d, expected 0 (all cores) .. 4096", (int)desc->num_threads);
+             "desc->num_threads = %d, expected 0 (the default) .. 4096", (int)desc->num_threads);
     KF_CHECK((desc->flags & ~KF_CONTEXT_FIXED_ARENA) == 0, KF_ERR_INVALID_ARGUMENT,
              "desc->flags = 0x%x has unknown bits 0x%x", desc->flags,
              desc->flags & ~KF_CONTEXT_FIXED_ARENA);
@@ -45,7 +39,7 @@ KF_API kf_status kf_context_create(const kf_context_desc *desc, kf_context **out
     ctx->backend = backend;
     ctx->device_type = desc->device_type;
     ctx->device_index = desc->device_index;
-    ctx->num_threads = desc->num_threads > 0 ? desc->num_threads : kf__online_cores();
+    ctx->num_threads = desc->num_threads > 0 ? desc->num_threads : kf__default_threads();
     ctx->flags = desc->flags;
     kf_status s = backend->init(ctx, __func__);
     if (s != KF_OK) {

@@ -81,6 +81,9 @@ struct kf_context {
     size_t smem_optin_bytes;   /* opt-in shared memory per block */
 };
 
+/* The thread count of a context created with num_threads = 0 (threads.c; kfuse.h). */
+int32_t kf__default_threads(void);
+
 /* Makes sure the arena holds `bytes` (growing it unless KF_CONTEXT_FIXED_ARENA) and returns it.
  * A zero-byte request returns NULL with KF_OK. */
 kf_status kf__arena_acquire(kf_context *ctx, const char *fn, size_t bytes, void **out);

@@ -135,7 +135,11 @@ typedef struct kf_context_desc {
     size_t struct_size;  /* sizeof(kf_context_desc) as the caller compiled it */
     int32_t device_type; /* a kf_device_type; default KF_DEVICE_CPU */
     int32_t device_index;/* CUDA device ordinal; default 0; must be 0 for the CPU */
-    int32_t num_threads; /* CPU threads a call may use; 0 (default) = number of online cores */
+    int32_t num_threads; /* CPU threads a call may use, 1..4096; 0 (default) = the CPUs this
+                            process may use when the context is created: the smallest of
+                            omp_get_max_threads() (OMP_NUM_THREADS), the CPUs of its affinity
+                            mask (sched_getaffinity) and, where a cgroup v2 CPU quota is set
+                            (/sys/fs/cgroup/cpu.max), that quota rounded up; at least 1 */
     uint32_t flags;      /* KF_CONTEXT_*; unknown bits are rejected */
     size_t arena_bytes;  /* arena allocated at creation; default 0 (grown on first need) */
     /* appended in later versions below this line; never reorder or remove */

@@ -173,7 +173,11 @@ pub struct kf_context_desc {
     pub device_type: i32,
     #[doc = " CUDA device ordinal; default 0; must be 0 for the CPU"]
     pub device_index: i32,
-    #[doc = " CPU threads a call may use; 0 (default) = number of online cores"]
+    #[doc = " CPU threads a call may use, 1..4096; 0 (default) = the CPUs this"]
+    #[doc = "process may use when the context is created: the smallest of"]
+    #[doc = "omp_get_max_threads() (OMP_NUM_THREADS), the CPUs of its affinity"]
+    #[doc = "mask (sched_getaffinity) and, where a cgroup v2 CPU quota is set"]
+    #[doc = "(/sys/fs/cgroup/cpu.max), that quota rounded up; at least 1"]
     pub num_threads: i32,
     #[doc = " KF_CONTEXT_*; unknown bits are rejected"]
     pub flags: u32,
