@@ -1,4 +1,4 @@
-//! Plumbing shared by the one-call layers (`kan`, `sklinear`):
+//! Plumbing shared by the layers (`rnn`, `kan`, `sklinear`):
 //! structs as their `*_init` functions fill them, plan creation, workspace queries and the raw
 //! tensors of optional views.
 use crate::context::Context;
