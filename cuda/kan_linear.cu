@@ -62,13 +62,13 @@
 //             d base_weight, d spline_weight (* scaler) and d spline_scaler (sum over c in order),
 //             written or accumulated.
 //
-// Split counts are a pure function of the shape (so is the workspace): enough splits that a grid
-// has about kTargetBlocks blocks, at least kMinSplit of the reduction per split, at most
-// kMaxSplits. Workspace (bytes, each buffer rounded up to 64), a pure function of (plan, N,
-// patches):
+// Split counts are a function of the shape and the device's SM count S (so is the workspace):
+// enough splits that a grid fills about one wave (kf__wave_blocks), at least kMinSplit of the
+// reduction per split, at most kMaxSplits. Workspace (bytes, each buffer rounded up to 64), a
+// function of (plan, N, patches, S):
 //     4 out K  +  4 in k nk  +  max( Pf > 1 ? 4 Pf N out : 0 ,  4 Pw out K ,  4 Bg Ho Wo in )
-// (Pf > 1 only when ceil(N/64) ceil(out/64) < 128, Pw > 1 only when the dW tiles are fewer than
-// 128: neither term grows with N past those points, except 4 Pw out K through Pw <= 64.) The last
+// (Pf > 1 only when ceil(N/64) ceil(out/64) < S, Pw > 1 only when the dW tiles are fewer than
+// S: neither term grows with N past those points, except 4 Pw out K through Pw <= 64.) The last
 // term is KANConv2d's dXcol only (0 for KANLinear), with N = B Ho Wo, in = Cin kh kw and
 // Bg = min(B, max(1, floor(2^24 / (Ho Wo in)))) images per group: at most 2^24 floats (64 MiB),
 // or one image's when that is larger. The three buffers of the max share one region: the forward
@@ -86,7 +86,6 @@ constexpr int kThreads = 256;          // every kernel: 8 warps
 constexpr int kT = 64;                 // tile rows, tile columns, stage depth
 constexpr int kLd = kT + 1;            // shared row length
 constexpr int kFBMax = kT / 2;         // features per dx group at most (cw >= 2)
-constexpr int64_t kTargetBlocks = 128; // blocks a split grid aims for
 constexpr int64_t kMinSplit = 256;     // at least this much reduction per split
 constexpr int64_t kMaxSplits = 64;     // at most this many partials to sum
 constexpr int kMaxOrder = 15;          // spline orders beyond this are refused
@@ -511,9 +510,11 @@ __global__ void __launch_bounds__(kThreads) kan_fold(Prob P, Fold F) {
 
 // ---- host side --------------------------------------------------------------------------------
 
-// Splits `units` of reduction for a grid of `jobs` blocks per split (kf__split_of).
-kf__split split_of(int64_t units, int64_t jobs, int64_t minper, int64_t align) {
-    return kf__split_of(units, jobs, minper, align, kTargetBlocks, kMaxSplits);
+// Splits `units` of reduction for a grid of `jobs` blocks per split, aiming at one wave of the
+// plan's device (kf__split_of).
+kf__split split_of(const struct kf_kan_linear_plan *p, int64_t units, int64_t jobs,
+                   int64_t minper, int64_t align) {
+    return kf__split_of(units, jobs, minper, align, kf__wave_blocks(p->ctx), kMaxSplits);
 }
 
 // Everything derived from (plan, N, patches): tilings, splits, workspace offsets.
@@ -534,8 +535,8 @@ Layout make_layout(const struct kf_kan_linear_plan *p, int64_t N, const kf__kan_
     if (l.FB > p->in) l.FB = p->in;
     l.tpg = cw <= kT ? 1 : kf__ceil_div(cw, kT);
     l.groups = kf__ceil_div(p->in, l.FB);
-    l.f = split_of(p->in, l.rt * l.ot, kf__ceil_div(kMinSplit, cw), 1);
-    l.w = split_of(N, l.ot * l.groups * l.tpg, kMinSplit, kT);
+    l.f = split_of(p, p->in, l.rt * l.ot, kf__ceil_div(kMinSplit, cw), 1);
+    l.w = split_of(p, N, l.ot * l.groups * l.tpg, kMinSplit, kT);
     l.off_inv = kf__sat_floats(p->out, p->K, 1);
     l.off_part = kf__sat_add(l.off_inv, kf__sat_floats(p->in, p->k, p->nk));
     const size_t fwd = l.f.P > 1 ? kf__sat_floats(l.f.P, N, p->out) : 0;
