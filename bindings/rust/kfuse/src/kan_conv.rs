@@ -245,18 +245,26 @@ kan_raw_impl!(KanConv2dDesc, "KanConv2dPlan", plan: kf_kan_conv2d_plan,
 pub type KanConv2dPlan<'ctx> = KanPlan<'ctx, KanConv2dDesc>;
 
 impl<'ctx> KanConv2dPlan<'ctx> {
-    /// `(Ho, Wo)` for an image of `h x w` (as [`KanConv2dDesc::output_size`]).
+    /// `(Ho, Wo)` for an image of `h x w`, as the library forms them (`kf_kan_conv2d_output_size`,
+    /// torch.nn.Conv2d's formula); `None` for an image it refuses (an empty output, an extent
+    /// out of range).
     pub fn output_size(&self, h: usize, w: usize) -> Option<(usize, usize)> {
-        self.desc().output_size(h, w)
+        let (mut ho, mut wo) = (0i64, 0i64);
+        // SAFETY: valid plan and out-pointers.
+        let st =
+            unsafe { sys::kf_kan_conv2d_output_size(self.as_raw(), sat64(h), sat64(w), &mut ho, &mut wo) };
+        check(st).ok()?;
+        Some((ho as usize, wo as usize))
     }
     /// Shape of x for `b` images of `h x w`, `[b, C_in, h, w]` (as [`KanConv2dDesc::x_shape`]).
     pub fn x_shape(&self, b: usize, h: usize, w: usize) -> [usize; 4] {
         self.desc().x_shape(b, h, w)
     }
-    /// Shape of y for `b` images of `h x w`, `[b, C_out, Ho, Wo]` (as
-    /// [`KanConv2dDesc::y_shape`]).
+    /// Shape of y for `b` images of `h x w`, `[b, C_out, Ho, Wo]` with the library's
+    /// [`output_size`](Self::output_size) (0, 0 where it is `None`: the library then refuses x).
     pub fn y_shape(&self, b: usize, h: usize, w: usize) -> [usize; 4] {
-        self.desc().y_shape(b, h, w)
+        let (ho, wo) = self.output_size(h, w).unwrap_or((0, 0));
+        [b, self.desc().out_channels, ho, wo]
     }
 
     /// Bytes of scratch that forward and backward need for `batch` images of `height x width`
