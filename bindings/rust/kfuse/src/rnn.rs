@@ -431,7 +431,7 @@ impl<'a> BackwardArgs<'a> {
     }
 }
 
-/// What a training forward leaves for backward: an owned, 64-byte aligned host buffer (the
+/// What a training forward leaves for backward: an owned, `KF_ALIGN_BYTES`-aligned host buffer (the
 /// cuDNN reserveSpace model). Returned by [`RnnPlan::forward`] in [`Mode::Training`], borrowed by
 /// [`RnnPlan::backward`]; [`RnnPlan::forward_into`] reuses one across steps without allocating.
 #[derive(Debug)]
@@ -716,7 +716,7 @@ impl<'ctx> RnnPlan<'ctx> {
                 reserve.ensure(need)?;
             }
         }
-        // SAFETY: the reserve is host memory of `capacity` bytes, 64-byte aligned, on a CPU context.
+        // SAFETY: the reserve is host memory of `capacity` bytes, `KF_ALIGN_BYTES`-aligned, on a CPU context.
         unsafe {
             self.forward_impl(
                 CALL,
@@ -767,7 +767,7 @@ impl<'ctx> RnnPlan<'ctx> {
     ///
     /// # Safety
     /// `workspace` and `reserve` must be null or point to at least `workspace_bytes` /
-    /// `reserve_bytes` writable bytes on the context's device, 64-byte aligned, not used by anyone
+    /// `reserve_bytes` writable bytes on the context's device, `KF_ALIGN_BYTES`-aligned, not used by anyone
     /// else until the call's work has finished (on CUDA: on the context's stream).
     pub unsafe fn forward_raw(
         &mut self,

@@ -419,7 +419,7 @@ impl<'ctx> SkLinearPlan<'ctx> {
     ///
     /// # Safety
     /// `workspace` must be null or point to at least `workspace_bytes` writable bytes on the
-    /// context's device, 64-byte aligned, not used by anyone else until the call's work has
+    /// context's device, `KF_ALIGN_BYTES`-aligned, not used by anyone else until the call's work has
     /// finished (on CUDA: on the context's stream).
     pub unsafe fn forward_raw(
         &mut self,
