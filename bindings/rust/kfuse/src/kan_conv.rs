@@ -17,7 +17,7 @@
 //! `[C_out, Ho, Wo]`). Neither the patches nor the bases are stored for the batch.
 use crate::error::{check, Result};
 use crate::kan::{kan_raw_impl, spline_options, KanLayer, KanLinearDesc, KanPlan};
-use crate::layer::init_with;
+use crate::layer::{self, init_with};
 use kfuse_sys as sys;
 
 /// Saturating `usize` to `i64`, so that the library rejects an out-of-range value itself.
@@ -123,21 +123,12 @@ impl KanConv2dDesc {
         self.in_channels * self.kernel.0 as usize * self.kernel.1 as usize
     }
 
-    /// `(Ho, Wo)` for an image of `h x w`, as the header defines them:
-    /// `Ho = (h + 2 ph - dh (kh - 1) - 1) / sh + 1` and `Wo` likewise; `None` where the padded
-    /// image is smaller than the dilated kernel (or the geometry is degenerate: a zero kernel,
-    /// stride or dilation), which the library refuses.
+    /// `(Ho, Wo)` for an image of `h x w`, as the library forms them
+    /// ([`KanConv2dPlan::output_size`], torch.nn.Conv2d's formula); `None` where the library
+    /// refuses the image or the descriptor (an image smaller than the dilated kernel, a zero
+    /// kernel, stride or dilation).
     pub fn output_size(&self, h: usize, w: usize) -> Option<(usize, usize)> {
-        fn out(n: usize, k: u32, s: u32, p: u32, d: u32) -> Option<usize> {
-            if s == 0 || d == 0 {
-                return None;
-            }
-            let span = (d as usize).checked_mul((k as usize).checked_sub(1)?)?.checked_add(1)?;
-            let padded = n.checked_add(2 * p as usize)?;
-            Some(padded.checked_sub(span)? / s as usize + 1)
-        }
-        let (k, s, p, d) = (self.kernel, self.stride, self.padding, self.dilation);
-        Some((out(h, k.0, s.0, p.0, d.0)?, out(w, k.1, s.1, p.1, d.1)?))
+        layer::on_shape_context(|ctx| KanConv2dPlan::new(ctx, self).ok()?.output_size(h, w))
     }
 
     /// Shape of x (and dx) for `b` images of `h x w`: `[b, C_in, h, w]` (the 4-D form; one image

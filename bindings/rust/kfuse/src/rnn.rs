@@ -6,12 +6,11 @@ use crate::layer;
 use crate::tensor::{absent, Tensor, TensorMut};
 use kfuse_sys as sys;
 use std::alloc::{self, Layout};
-use std::ffi::{c_void, CStr};
+use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-const MAX_DIMS: usize = sys::KF_MAX_DIMS as usize;
 /// Alignment of the reserve buffers this crate allocates (the library's own rule).
 const RESERVE_ALIGN: usize = sys::KF_ALIGN_BYTES as usize;
 
@@ -568,25 +567,7 @@ impl<'ctx> RnnPlan<'ctx> {
     }
 
     fn query_weight_info(&self) -> Result<Vec<WeightInfo>> {
-        let mut count = 0i32;
-        // SAFETY: valid plan and out-pointer.
-        check(unsafe { sys::kf_rnn_weight_count(self.raw.as_ptr(), &mut count) })?;
-        let mut out = Vec::with_capacity(count.max(0) as usize);
-        for i in 0..count {
-            let mut name: *const std::os::raw::c_char = ptr::null();
-            let mut ndim = 0i32;
-            let mut shape = [0i64; MAX_DIMS];
-            // SAFETY: shape has room for KF_MAX_DIMS entries; name is valid while the plan lives
-            // and is copied at once.
-            check(unsafe {
-                sys::kf_rnn_weight_info(self.raw.as_ptr(), i, &mut name, &mut ndim, shape.as_mut_ptr())
-            })?;
-            let name = unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned();
-            let shape =
-                shape[..ndim.clamp(0, MAX_DIMS as i32) as usize].iter().map(|&s| s as usize).collect();
-            out.push(WeightInfo { name, shape });
-        }
-        Ok(out)
+        layer::param_list(self.raw.as_ptr(), sys::kf_rnn_weight_count, sys::kf_rnn_weight_info)
     }
 
     /// The descriptor the plan was made from.
