@@ -1,4 +1,4 @@
-/* CPU backend of the KAN linear layer (notation of capi/src/kan_internal.h; math in
+/* CPU backend of the KAN linear layer (notation of core/kan_backend.h; math in
  * docs/ops/kan.md): OpenBLAS from the context's own threads, no allocation.
  *
  * The layer is one product y = A W^T over the combined operand A [N, K] (per feature: SiLU(x)
@@ -28,9 +28,10 @@
  * y and dy are the columns [p0, p0 + rows) of the image's [out, Ho Wo] plane, so the GEMMs take
  * them transposed; and dx is a scatter-add over the patches, so one thread owns each image's dx
  * (zeroed first, then summed over the image's blocks in order: deterministic). */
-#include "kan_internal.h"
-
 #include "blas.h"
+#include "bspline.h"
+#include "cpu_backend.h"
+#include "host.h"
 #include "team.h"
 
 #include <float.h>
@@ -111,7 +112,7 @@ static kan_geom kan_geom_of(const struct kf_kan_linear_plan *p, int64_t N,
     return g;
 }
 
-size_t kf__cpu_kan_workspace(const struct kf_kan_linear_plan *p, int64_t N,
+static size_t kan_workspace(const struct kf_kan_linear_plan *p, int64_t N,
                              const kf__kan_patches *patches) {
     return kan_geom_of(p, N, patches).bytes;
 }
@@ -153,23 +154,13 @@ static void kan_pack_w(const struct kf_kan_linear_plan *p, const float *base, co
         }
 }
 
-/* Features [i0, i1) of inv [in, k, nk]: inv[i][p-1][m] = 1 / (t[m+p] - t[m]) for the order-p
- * recurrence (p = 1..k, m = 0..nk-1-p), and 0 for a zero-width span: the reference's 0/0 terms
- * count as 0 (kfuse.h). Spans narrower than FLT_MIN, whose reciprocal would overflow, count as
- * zero width too. */
+KF__BSPLINE_DEFINE(float, f)
+
+/* Features [i0, i1) of inv [in, k, nk]: each feature's reciprocal table (common/bspline.h). */
 static void kan_inv_table(const struct kf_kan_linear_plan *p, const float *grid, float *inv,
                           int64_t i0, int64_t i1) {
-    const int64_t nk = p->nk;
-    for (int64_t i = i0; i < i1; ++i) {
-        const float *t = grid + i * nk;
-        for (int64_t q = 1; q <= p->k; ++q) {
-            float *r = inv + (i * p->k + q - 1) * nk;
-            for (int64_t m = 0; m < nk; ++m) {
-                const float d = m + q < nk ? t[m + q] - t[m] : 0.0f;
-                r[m] = d >= FLT_MIN ? 1.0f / d : 0.0f;
-            }
-        }
-    }
+    for (int64_t i = i0; i < i1; ++i)
+        kf__bspline_inv_f(grid + i * p->nk, p->nk, p->k, inv + i * p->k * p->nk);
 }
 
 /* ---- bases, vectorised over rows ------------------------------------------------------------
@@ -188,17 +179,6 @@ static void kan_gather_rows(const float *x, int64_t in, int64_t rows, int64_t f0
             for (int64_t r = 0; r < 8; ++r) xT[(i - f0) * rows + n + r] = x[(n + r) * in + i];
     for (; n < rows; ++n)
         for (int64_t i = f0; i < f1; ++i) xT[(i - f0) * rows + n] = x[n * in + i];
-}
-
-void kf__kan_patch_offsets(const kf__kan_patches *P, int64_t pos, int64_t p0, int64_t rows,
-                           int64_t *off) {
-    const int64_t i = pos / P->kw, j = pos % P->kw;
-    int64_t oh = p0 / P->Wo, ow = p0 % P->Wo;
-    for (int64_t r = 0; r < rows; ++r) {
-        const int64_t ih = oh * P->sh - P->ph + i * P->dh, iw = ow * P->sw - P->pw + j * P->dw;
-        off[r] = ih >= 0 && ih < P->H && iw >= 0 && iw < P->W ? ih * P->W + iw : -1;
-        if (++ow == P->Wo) ow = 0, ++oh;
-    }
 }
 
 /* Block k's offsets for every kernel position: tab[pos * rows + r] (kf__kan_patch_offsets). A
@@ -291,47 +271,6 @@ static void kan_exp_neg_rows(const float *restrict x, int64_t rows, float *restr
     }
 }
 
-/* The order-q bases of one feature at every x[n], by the Cox-de Boor recurrence over all indices
- * (as the reference, not a local window: every term is computed, none is branched around):
- *     B_{j,0}(x) = [t_j <= x < t_{j+1}]                                   j = 0..nk-2
- *     B_{j,p}(x) = (x - t_j) inv_p[j] B_{j,p-1}(x) + (t_{j+p+1} - x) inv_p[j+1] B_{j+1,p-1}(x)
- * with inv_p[m] = 1 / (t_{m+p} - t_m), 0 for a zero-width span (whose basis is 0 anyway, so the
- * term is 0 instead of the reference's 0/0). Orders below q go to S [nk-1, rows], in place
- * (ascending j reads B_{j+1,p-1} before it is overwritten); order q, nk-1-q rows, goes to dst
- * (row stride rows; dst may be S). x [rows] is scratch for the arguments. */
-static void kan_bases_rows(const float *t, const float *inv, int64_t nk, int64_t q,
-                           const float *restrict x0, int64_t rows, float *restrict x, float *S,
-                           float *dst) {
-    /* Every basis is 0 outside [t_0, t_{nk-1}) (and at its right end): x is moved to the right
-     * end there, which keeps the bases 0 while keeping (x - t) inv finite; far out it would
-     * overflow and make 0 * inf = NaN (as efficient-kan does in float32 for |x| near 1e38). */
-    const float first = t[0], last = t[nk - 1];
-    for (int64_t n = 0; n < rows; ++n) x[n] = (x0[n] >= first && x0[n] < last) ? x0[n] : last;
-    float *o0 = q == 0 ? dst : S;
-    for (int64_t j = 0; j + 1 < nk; ++j) {
-        const float lo = t[j], hi = t[j + 1];
-        float *restrict b = o0 + j * rows;
-        for (int64_t n = 0; n < rows; ++n) b[n] = (x[n] >= lo && x[n] < hi) ? 1.0f : 0.0f;
-    }
-    for (int64_t p = 1; p <= q; ++p) {
-        const float *ip = inv + (p - 1) * nk;
-        float *out = p == q ? dst : S;
-        for (int64_t j = 0; j + p + 1 < nk; ++j) {
-            const float tl = t[j], tr = t[j + p + 1], il = ip[j], ir = ip[j + 1];
-            const float *restrict b1 = S + (j + 1) * rows;
-            float *restrict d = out + j * rows;
-            if (out == S) { /* in place: B_{j,p-1} is d itself */
-                for (int64_t n = 0; n < rows; ++n)
-                    d[n] = (x[n] - tl) * il * d[n] + (tr - x[n]) * ir * b1[n];
-            } else {
-                const float *restrict b0 = S + j * rows;
-                for (int64_t n = 0; n < rows; ++n)
-                    d[n] = (x[n] - tl) * il * b0[n] + (tr - x[n]) * ir * b1[n];
-            }
-        }
-    }
-}
-
 /* The tile A^T [(f1-f0)*cw, rows] of features [f0, f1) at x^T: per feature the rows
  * SiLU(x), B_0(x) .. B_{C-1}(x) (bases 0 outside the grid). */
 static void kan_tile(const struct kf_kan_linear_plan *p, const float *grid, const float *inv,
@@ -343,7 +282,8 @@ static void kan_tile(const struct kf_kan_linear_plan *p, const float *grid, cons
         float *restrict a = tile + (i - f0) * cw * rows;
         kan_exp_neg_rows(x, rows, a);
         for (int64_t n = 0; n < rows; ++n) a[n] = x[n] / (1.0f + a[n]); /* SiLU */
-        kan_bases_rows(grid + i * nk, inv + i * p->k * nk, nk, p->k, x, rows, xb, S, a + rows);
+        kf__bspline_rows_f(grid + i * nk, inv + i * p->k * nk, nk, p->k, x, rows, xb, S,
+                           a + rows);
     }
 }
 
@@ -399,7 +339,7 @@ static void kan_fwd_team(void *arg, int tid, int nth) {
     }
 }
 
-kf_status kf__cpu_kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
+static kf_status kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
     kan_fwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N, c->patches)};
     kf__cpu_team(call.g.team, kan_fwd_team, &call);
     return KF_OK;
@@ -425,7 +365,7 @@ static void kan_dx(const struct kf_kan_linear_plan *p, const float *grid, const 
         }
         if (k == 0) continue;
         const float *fi = inv + i * k * nk, *ik = fi + (k - 1) * nk;
-        kan_bases_rows(grid + i * nk, fi, nk, k - 1, x, rows, xb, S, S);
+        kf__bspline_rows_f(grid + i * nk, fi, nk, k - 1, x, rows, xb, S, S);
         for (int64_t c = 0; c < C; ++c) {
             const float a = (float)k * ik[c], b = (float)k * ik[c + 1];
             const float *restrict dc = d0 + (1 + c) * rows, *restrict s0 = S + c * rows,
@@ -524,22 +464,10 @@ static void kan_bwd_team(void *arg, int tid, int nth) {
     }
 }
 
-kf_status kf__cpu_kan_backward(kf_context *ctx, const kf__kan_bwd *c) {
+static kf_status kan_backward(kf_context *ctx, const kf__kan_bwd *c) {
     kan_bwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N, c->patches)};
     kf__cpu_team(call.g.team, kan_bwd_team, &call);
     return KF_OK;
 }
 
-/* ---- initial grid --------------------------------------------------------------------------- */
-
-void kf__kan_uniform_grid_host(const struct kf_kan_linear_plan *p, float lo, float hi,
-                               float *grid) {
-    /* torch: arange(-k, G + k + 1) * h + lo in float32, h = (hi - lo) / G a Python float. */
-    const float h = (float)(((double)hi - (double)lo) / (double)p->G);
-    for (int64_t j = 0; j < p->nk; ++j) {
-        const float prod = (float)(j - p->k) * h;
-        grid[j] = prod + lo;
-    }
-    for (int64_t i = 1; i < p->in; ++i)
-        memcpy(grid + i * p->nk, grid, (size_t)p->nk * sizeof(float));
-}
+const kf__kan_ops kf__cpu_kan_ops = {NULL, kan_workspace, kan_forward, kan_backward};

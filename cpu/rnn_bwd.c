@@ -9,7 +9,7 @@
  *  (2) after a barrier, weight gradients as whole-sequence GEMMs over all T*B rows, split across
  *      threads by output rows (deterministic, no atomics), bias sums in double, and
  *      dX = dG_x W3, which is the next-lower layer's d(output).
- * Dropout masks are recomputed from the counter (rnn_internal.h). Nothing is allocated. */
+ * Dropout masks are recomputed from the counter (core/rnn_backend.h). Nothing is allocated. */
 #include "blas.h"
 #include "rnn_cpu.h"
 

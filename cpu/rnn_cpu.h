@@ -33,11 +33,17 @@
 #define KF_CPU_RNN_CPU_H
 
 #include "counter_rng.h"
-#include "rnn_internal.h"
+#include "cpu_backend.h"
 #include "team.h"
 
 #include <math.h>
 #include <string.h>
+
+/* The op table's entries (cpu/rnn_layout.c, rnn_fwd.c, rnn_bwd.c). */
+void kf__cpu_rnn_sizes(const struct kf_rnn_plan *p, int64_t T, int64_t B, bool training,
+                       size_t *ws_bytes, size_t *reserve_bytes);
+kf_status kf__cpu_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c);
+kf_status kf__cpu_rnn_backward(kf_context *ctx, const kf__rnn_bwd *c);
 #ifdef __FMA__
 #include <immintrin.h>
 #endif
@@ -96,7 +102,7 @@ void kf__rnn_cpu_pack(const kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p,
                       const float *const *w, void *ws, bool bwd, int tid, int nth);
 
 /* Dropout between layers: element j of row (t, b) of layer l's output has counter
- * base + ((l*T + t)*B + b)*D*H + j (rnn_internal.h). */
+ * base + ((l*T + t)*B + b)*D*H + j (core/rnn_backend.h). */
 typedef struct kf__rnn_drop {
     bool on;
     float p, scale;

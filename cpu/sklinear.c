@@ -1,5 +1,5 @@
 /* CPU backend of the sketched linear layer: two GEMMs through the 2r-wide bottleneck (notation
- * of capi/src/sklinear_internal.h), OpenBLAS from the context's own threads, no allocation.
+ * of core/sklinear_backend.h), OpenBLAS from the context's own threads, no allocation.
  *
  * The first-stage operand W1 = [S1_1..S1_L | U2_1..U2_L] is packed [in, 2r] into the
  * workspace (the terms interleave in memory, so no single matrix view exists), making the first
@@ -10,7 +10,7 @@
  * parameters for the reductions over rows (dS1s, dS2s, dbias). Blocks go round-robin to the
  * threads; every element has one writer, and since the blocks (hence every BLAS call) depend on
  * the shape alone, the bits do not depend on the thread count. */
-#include "sklinear_internal.h"
+#include "cpu_backend.h"
 
 #include "blas.h"
 #include "team.h"
@@ -55,7 +55,7 @@ static skl_layout skl_layout_of(const struct kf_sklinear_plan *p, int64_t N) {
     return lo;
 }
 
-size_t kf__cpu_skl_workspace(const struct kf_sklinear_plan *p, int64_t N) {
+static size_t skl_workspace(const struct kf_sklinear_plan *p, int64_t N) {
     return skl_layout_of(p, N).bytes;
 }
 
@@ -107,7 +107,7 @@ static void skl_fwd_team(void *arg, int tid, int nth) {
     }
 }
 
-kf_status kf__cpu_skl_forward(kf_context *ctx, const kf__skl_fwd *c) {
+static kf_status skl_forward(kf_context *ctx, const kf__skl_fwd *c) {
     skl_fwd_call call = {.c = c, .lo = skl_layout_of(c->plan, c->N)};
     kf__cpu_team(skl_team_size(ctx, c->plan, c->N), skl_fwd_team, &call);
     return KF_OK;
@@ -167,8 +167,10 @@ static void skl_bwd_team(void *arg, int tid, int nth) {
     }
 }
 
-kf_status kf__cpu_skl_backward(kf_context *ctx, const kf__skl_bwd *c) {
+static kf_status skl_backward(kf_context *ctx, const kf__skl_bwd *c) {
     skl_bwd_call call = {.c = c, .lo = skl_layout_of(c->plan, c->N)};
     kf__cpu_team(skl_team_size(ctx, c->plan, c->N), skl_bwd_team, &call);
     return KF_OK;
 }
+
+const kf__skl_ops kf__cpu_skl_ops = {NULL, skl_workspace, skl_forward, skl_backward};

@@ -8,7 +8,7 @@
 #ifndef KF_CUDA_COMMON_CUH
 #define KF_CUDA_COMMON_CUH
 
-#include "internal.h"
+#include "core.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -91,9 +91,16 @@ struct kf__split {
     int64_t P, per;
 };
 
+// Blocks in one wave of the context's device at the one block per SM that the split kernels'
+// register use allows: the SM count queried once at context creation (core.h).
+static inline int64_t kf__wave_blocks(const kf_context *ctx) {
+    return ctx->sm_count >= 1 ? ctx->sm_count : 1;
+}
+
 // The split for a grid of `jobs` blocks per range: enough ranges to reach `target` blocks, at
 // least `minper` units per range and at most `maxp` ranges, boundaries at multiples of `align`.
-// A function of the shape only, so workspace sizes and result bits are the same on every GPU.
+// A function of the shape and `target` only: with target = kf__wave_blocks(ctx), workspace sizes
+// and result bits are the same on every GPU with that many SMs, not across models.
 static inline kf__split kf__split_of(int64_t units, int64_t jobs, int64_t minper, int64_t align,
                                      int64_t target, int64_t maxp) {
     if (units <= 0) return kf__split{1, 1};

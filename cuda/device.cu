@@ -1,9 +1,11 @@
-// CUDA device services behind kf_context (internal.h): device selection, the cuBLAS handle, the
-// stream, device memory for the arena, and synchronisation. The context's stream starts as the
+// CUDA device services behind kf_context (core/backend.h): device selection and its properties,
+// the cuBLAS handle, the stream, device memory for the arena, and synchronisation. The context's stream starts as the
 // legacy default stream (NULL) until kf_context_set_stream() replaces it.
-#include "common.cuh"
+#include "cuda_backend.cuh"
 
-extern "C" kf_status kf__cuda_context_init(kf_context *ctx, const char *fn) {
+namespace {
+
+kf_status cuda_init(kf_context *ctx, const char *fn) {
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess)
@@ -19,6 +21,14 @@ extern "C" kf_status kf__cuda_context_init(kf_context *ctx, const char *fn) {
     if (e != cudaSuccess)
         return kf__error(KF_ERR_BACKEND_UNAVAILABLE, fn, "cudaSetDevice(%d) failed: %s (%s)",
                          (int)ctx->device_index, cudaGetErrorName(e), cudaGetErrorString(e));
+    // Properties the kernels' launch plans read, queried once here rather than per call.
+    int sms = 0, smem_optin = 0;
+    KF__CUDA_TRY(fn, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
+                                            ctx->device_index));
+    KF__CUDA_TRY(fn, cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                            ctx->device_index));
+    ctx->sm_count = sms;
+    ctx->smem_optin_bytes = (size_t)smem_optin;
     cublasHandle_t h = NULL;
     cublasStatus_t s = cublasCreate(&h);
     if (s == CUBLAS_STATUS_ALLOC_FAILED)
@@ -38,14 +48,14 @@ extern "C" kf_status kf__cuda_context_init(kf_context *ctx, const char *fn) {
     return KF_OK;
 }
 
-extern "C" void kf__cuda_context_release(kf_context *ctx) {
+void cuda_release(kf_context *ctx) {
     if (ctx->blas != NULL) {
         cublasDestroy((cublasHandle_t)ctx->blas);
         ctx->blas = NULL;
     }
 }
 
-extern "C" kf_status kf__cuda_set_stream(kf_context *ctx, const char *fn, void *stream) {
+kf_status cuda_set_stream(kf_context *ctx, const char *fn, void *stream) {
     KF__CUDA_TRY(fn, cudaSetDevice(ctx->device_index));
     KF_TRY(kf__cublas_check(cublasSetStream(kf__blas(ctx), (cudaStream_t)stream), fn,
                             "cublasSetStream"));
@@ -53,7 +63,7 @@ extern "C" kf_status kf__cuda_set_stream(kf_context *ctx, const char *fn, void *
     return KF_OK;
 }
 
-extern "C" kf_status kf__cuda_malloc(kf_context *ctx, const char *fn, size_t bytes, void **out) {
+kf_status cuda_alloc(kf_context *ctx, const char *fn, size_t bytes, void **out) {
     *out = NULL;
     if (bytes == 0) return KF_OK;
     KF__CUDA_TRY(fn, cudaSetDevice(ctx->device_index));
@@ -69,13 +79,13 @@ extern "C" kf_status kf__cuda_malloc(kf_context *ctx, const char *fn, size_t byt
     return KF_OK;
 }
 
-extern "C" void kf__cuda_free(kf_context *ctx, void *p) {
+void cuda_free(kf_context *ctx, void *p) {
     if (p == NULL) return;
     (void)cudaSetDevice(ctx->device_index);
     (void)cudaFree(p);
 }
 
-extern "C" kf_status kf__cuda_synchronize(kf_context *ctx, const char *fn) {
+kf_status cuda_synchronize(kf_context *ctx, const char *fn) {
     KF__CUDA_TRY(fn, cudaStreamSynchronize(kf__stream(ctx)));
     // An asynchronous error from earlier work that the stream wait itself did not surface.
     KF__CUDA_TRY(fn, cudaGetLastError());
@@ -84,7 +94,7 @@ extern "C" kf_status kf__cuda_synchronize(kf_context *ctx, const char *fn) {
 
 // Synchronous copy between host memory and memory of the context's device, ordered after the
 // work already queued on its stream. For setup calls only (kf_sklinear_init_params): it waits.
-extern "C" kf_status kf__cuda_copy(kf_context *ctx, const char *fn, void *dst, const void *src,
+kf_status cuda_copy(kf_context *ctx, const char *fn, void *dst, const void *src,
                                    size_t bytes, bool to_device) {
     if (bytes == 0) return KF_OK;
     KF__CUDA_TRY(fn, cudaSetDevice(ctx->device_index));
@@ -99,7 +109,7 @@ extern "C" kf_status kf__cuda_copy(kf_context *ctx, const char *fn, void *dst, c
 // memory. Host memory (pageable or pinned) and another device's memory are rejected before any
 // launch, so a mixed-up pointer is a status rather than an illegal-address fault later. A pure
 // attribute query: no synchronisation, no allocation.
-extern "C" kf_status kf__cuda_check_pointer(const kf_context *ctx, const char *fn, const char *arg,
+kf_status cuda_check_pointer(const kf_context *ctx, const char *fn, const char *arg,
                                            const void *p) {
     cudaPointerAttributes a;
     cudaError_t e = cudaPointerGetAttributes(&a, p);
@@ -120,3 +130,11 @@ extern "C" kf_status kf__cuda_check_pointer(const kf_context *ctx, const char *f
                          arg, p, a.device, (int)ctx->device_index);
     return KF_OK;
 }
+
+} // namespace
+
+extern "C" const kf__backend kf__cuda_backend = {
+    cuda_init,         cuda_release,       cuda_set_stream, cuda_alloc,
+    cuda_free,         cuda_synchronize,   cuda_check_pointer, cuda_copy,
+    false,             &kf__cuda_rnn_ops,  &kf__cuda_skl_ops,  &kf__cuda_kan_ops,
+};

@@ -1,6 +1,6 @@
 // KANLinear (efficient-kan) and KANConv2d (unfold + KANLinear) on CUDA: forward and backward as
 // tiled GEMMs over the combined operand A [N, K] and the combined weight W [out, K], K = in * cw,
-// cw = C + 1 (notation and records: capi/src/kan_internal.h; math: docs/ops/kan.md). A is never
+// cw = C + 1 (notation and records: core/kan_backend.h; math: docs/ops/kan.md). A is never
 // stored: every tile of it is generated in the operand-load stage of the GEMM that consumes it,
 // from x and the knots. Row-major throughout; fp32 operands and accumulation; no atomics, every sum
 // in a fixed order; no allocation, no synchronisation, no host reads of device data: everything
@@ -62,20 +62,21 @@
 //             d base_weight, d spline_weight (* scaler) and d spline_scaler (sum over c in order),
 //             written or accumulated.
 //
-// Split counts are a pure function of the shape (so is the workspace): enough splits that a grid
-// has about kTargetBlocks blocks, at least kMinSplit of the reduction per split, at most
-// kMaxSplits. Workspace (bytes, each buffer rounded up to 64), a pure function of (plan, N,
-// patches):
+// Split counts are a function of the shape and the device's SM count S (so is the workspace):
+// enough splits that a grid fills about one wave (kf__wave_blocks), at least kMinSplit of the
+// reduction per split, at most kMaxSplits. Workspace (bytes, each buffer rounded up to 64), a
+// function of (plan, N, patches, S):
 //     4 out K  +  4 in k nk  +  max( Pf > 1 ? 4 Pf N out : 0 ,  4 Pw out K ,  4 Bg Ho Wo in )
-// (Pf > 1 only when ceil(N/64) ceil(out/64) < 128, Pw > 1 only when the dW tiles are fewer than
-// 128: neither term grows with N past those points, except 4 Pw out K through Pw <= 64.) The last
+// (Pf > 1 only when ceil(N/64) ceil(out/64) < S, Pw > 1 only when the dW tiles are fewer than
+// S: neither term grows with N past those points, except 4 Pw out K through Pw <= 64.) The last
 // term is KANConv2d's dXcol only (0 for KANLinear), with N = B Ho Wo, in = Cin kh kw and
 // Bg = min(B, max(1, floor(2^24 / (Ho Wo in)))) images per group: at most 2^24 floats (64 MiB),
 // or one image's when that is larger. The three buffers of the max share one region: the forward
 // partials, dXcol (used by kan_dx and kan_col2im, all before kan_dw in stream order) and the dW
 // partials are never live at the same time.
 #include "common.cuh"
-#include "kan_internal.h"
+#include "bspline.h"
+#include "cuda_backend.cuh"
 
 #include <float.h>
 
@@ -85,7 +86,6 @@ constexpr int kThreads = 256;          // every kernel: 8 warps
 constexpr int kT = 64;                 // tile rows, tile columns, stage depth
 constexpr int kLd = kT + 1;            // shared row length
 constexpr int kFBMax = kT / 2;         // features per dx group at most (cw >= 2)
-constexpr int64_t kTargetBlocks = 128; // blocks a split grid aims for
 constexpr int64_t kMinSplit = 256;     // at least this much reduction per split
 constexpr int64_t kMaxSplits = 64;     // at most this many partials to sum
 constexpr int kMaxOrder = 15;          // spline orders beyond this are refused
@@ -156,45 +156,6 @@ __device__ __forceinline__ void zero(float (&acc)[4][4]) {
         for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
 }
 
-// The order-q bases of one feature at x that can be non-zero: Nw[r] = B_{j-q+r, q}(x), r = 0..q,
-// where j is the knot interval t_j <= x < t_{j+1}; returns j, or -1 (every basis 0) when x is
-// outside [t_0, t_{nk-1}), NaN, or (a decreasing grid, unspecified) no interval holds it.
-// t: the feature's nk knots; inv: its reciprocal table [k][nk] (row p-1 for order p).
-template <int KM>
-__device__ __forceinline__ int64_t window(const float *t, const float *inv, int64_t nk, int q,
-                                          float x, float (&Nw)[KM + 1]) {
-#pragma unroll
-    for (int r = 0; r <= KM; ++r) Nw[r] = 0.0f;
-    if (!(x >= t[0] && x < t[nk - 1])) return -1;
-    int64_t lo = 0, hi = nk - 2; // the largest j <= nk - 2 with t_j <= x
-    while (lo < hi) {
-        const int64_t mid = (lo + hi + 1) / 2;
-        if (t[mid] <= x) lo = mid;
-        else hi = mid - 1;
-    }
-    const int64_t j = lo;
-    if (!(t[j] <= x && x < t[j + 1])) return -1;
-    Nw[0] = 1.0f;
-#pragma unroll
-    for (int p = 1; p <= KM; ++p) {
-        if (p > q) break;
-        const float *ip = inv + (int64_t)(p - 1) * nk;
-        // Descending r: new[r] reads old[r - 1] (B_{m,p-1}) and old[r] (B_{m+1,p-1}).
-#pragma unroll
-        for (int r = p; r >= 0; --r) {
-            const int64_t m = j - p + r;
-            float v = 0.0f;
-            if (m >= 0 && m + p + 1 < nk) {
-                const float b0 = r >= 1 ? Nw[r - 1] : 0.0f;
-                const float b1 = r <= p - 1 ? Nw[r] : 0.0f;
-                v = (x - t[m]) * ip[m] * b0 + (t[m + p + 1] - x) * ip[m + 1] * b1;
-            }
-            Nw[r] = v;
-        }
-    }
-    return j;
-}
-
 // Columns [c_lo, c_hi) (all of feature f) of A's row n into dst[(c - k0) * stride]:
 // SiLU(x) for the feature's first column, its bases for the others. n < 0: zeros (padding row).
 template <int KM, bool CONV>
@@ -206,7 +167,8 @@ __device__ __forceinline__ void gen_cols(const Prob &P, int64_t n, int64_t f, in
     const float xv = xval<CONV>(P, n, f);
     if (c_lo == base) dst[(base - k0) * stride] = xv / (1.0f + expf(-xv));
     float Nw[KM + 1];
-    const int64_t j = window<KM>(P.grid + f * P.nk, P.inv + f * P.k * P.nk, P.nk, P.k, xv, Nw);
+    const int64_t j =
+        kf__bspline_window<KM>(P.grid + f * P.nk, P.inv + f * P.k * P.nk, P.nk, P.k, xv, Nw);
     if (j < 0) return;
 #pragma unroll
     for (int r = 0; r <= KM; ++r) {
@@ -232,7 +194,7 @@ __device__ __forceinline__ float dx_part(const Prob &P, int64_t n, int64_t f, in
     if (k == 0) return s;
     const float *fi = P.inv + f * k * P.nk, *ik = fi + (int64_t)(k - 1) * P.nk;
     float Nw[KM + 1];
-    const int64_t j = window<KM>(P.grid + f * P.nk, fi, P.nk, k - 1, xv, Nw);
+    const int64_t j = kf__bspline_window<KM>(P.grid + f * P.nk, fi, P.nk, k - 1, xv, Nw);
     if (j < 0) return s;
     const float kf = (float)k;
 #pragma unroll
@@ -548,9 +510,11 @@ __global__ void __launch_bounds__(kThreads) kan_fold(Prob P, Fold F) {
 
 // ---- host side --------------------------------------------------------------------------------
 
-// Splits `units` of reduction for a grid of `jobs` blocks per split (kf__split_of).
-kf__split split_of(int64_t units, int64_t jobs, int64_t minper, int64_t align) {
-    return kf__split_of(units, jobs, minper, align, kTargetBlocks, kMaxSplits);
+// Splits `units` of reduction for a grid of `jobs` blocks per split, aiming at one wave of the
+// plan's device (kf__split_of).
+kf__split split_of(const struct kf_kan_linear_plan *p, int64_t units, int64_t jobs,
+                   int64_t minper, int64_t align) {
+    return kf__split_of(units, jobs, minper, align, kf__wave_blocks(p->ctx), kMaxSplits);
 }
 
 // Everything derived from (plan, N, patches): tilings, splits, workspace offsets.
@@ -571,8 +535,8 @@ Layout make_layout(const struct kf_kan_linear_plan *p, int64_t N, const kf__kan_
     if (l.FB > p->in) l.FB = p->in;
     l.tpg = cw <= kT ? 1 : kf__ceil_div(cw, kT);
     l.groups = kf__ceil_div(p->in, l.FB);
-    l.f = split_of(p->in, l.rt * l.ot, kf__ceil_div(kMinSplit, cw), 1);
-    l.w = split_of(N, l.ot * l.groups * l.tpg, kMinSplit, kT);
+    l.f = split_of(p, p->in, l.rt * l.ot, kf__ceil_div(kMinSplit, cw), 1);
+    l.w = split_of(p, N, l.ot * l.groups * l.tpg, kMinSplit, kT);
     l.off_inv = kf__sat_floats(p->out, p->K, 1);
     l.off_part = kf__sat_add(l.off_inv, kf__sat_floats(p->in, p->k, p->nk));
     const size_t fwd = l.f.P > 1 ? kf__sat_floats(l.f.P, N, p->out) : 0;
@@ -615,30 +579,6 @@ unsigned stride_blocks(int64_t E) {
     return (unsigned)(b < 1 ? 1 : b > 8192 ? 8192 : b);
 }
 
-kf_status check_order(const struct kf_kan_linear_plan *p, const char *fn) {
-    if (p->k > kMaxOrder)
-        return kf__error(KF_ERR_UNSUPPORTED, fn,
-                         "spline_order = %d: the CUDA backend supports spline orders up to %d",
-                         (int)p->k, kMaxOrder);
-    return KF_OK;
-}
-
-// The front end's records are trusted, but a patch count that disagrees with the geometry
-// would index out of bounds: refuse it as a bug rather than run.
-kf_status check_patches(const char *fn, int64_t N, const kf__kan_patches *pt,
-                        const struct kf_kan_linear_plan *p) {
-    if (!pt) return KF_OK;
-    if (pt->B < 1 || pt->Cin < 1 || pt->H < 1 || pt->W < 1 || pt->Ho < 1 || pt->Wo < 1 ||
-        pt->kh < 1 || pt->kw < 1 || pt->sh < 1 || pt->sw < 1 || pt->ph < 0 || pt->pw < 0 ||
-        pt->dh < 1 || pt->dw < 1 || N != pt->B * pt->Ho * pt->Wo ||
-        p->in != pt->Cin * pt->kh * pt->kw)
-        return kf__error(KF_ERR_INTERNAL, fn,
-                         "inconsistent KANConv2d record (N = %lld, B = %lld, Ho = %lld, "
-                         "Wo = %lld, in = %lld)",
-                         (long long)N, (long long)pt->B, (long long)pt->Ho, (long long)pt->Wo,
-                         (long long)p->in);
-    return KF_OK;
-}
 
 kf_status launch_prep(kf_context *ctx, const char *fn, const Prob &P, const float *base,
                       const float *spline, const float *scaler, void *ws, const Layout &l,
@@ -718,18 +658,28 @@ kf_status backward_km(kf_context *ctx, const char *fn, const Layout &l, const Pr
 
 } // namespace
 
-extern "C" size_t kf__cuda_kan_workspace(const struct kf_kan_linear_plan *p, int64_t N,
+namespace {
+
+// Spline orders beyond kMaxOrder are refused at plan creation: the basis window is unrolled up
+// to that bound.
+kf_status kan_supports(const struct kf_kan_linear_plan *p, const char *fn) {
+    if (p->k > kMaxOrder)
+        return kf__error(KF_ERR_UNSUPPORTED, fn,
+                         "desc->spline_order = %d: the CUDA backend supports spline orders up to "
+                         "%d", (int)p->k, kMaxOrder);
+    return KF_OK;
+}
+
+size_t kan_workspace(const struct kf_kan_linear_plan *p, int64_t N,
                                          const kf__kan_patches *patches) {
     return make_layout(p, N, patches).bytes;
 }
 
-extern "C" kf_status kf__cuda_kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
+kf_status kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
     const kf__kan_patches *pt = c->patches;
     const char *fn = pt ? "kf_kan_conv2d_forward" : "kf_kan_linear_forward";
     const struct kf_kan_linear_plan *p = c->plan;
-    KF_TRY(check_order(p, fn));
     if (c->N <= 0) return KF_OK;
-    KF_TRY(check_patches(fn, c->N, pt, p));
     const Layout l = make_layout(p, c->N, pt);
     KF__CUDA_TRY(fn, cudaSetDevice(ctx->device_index));
     Prob P = make_prob(p, c->N, pt, c->x, c->grid, c->ws);
@@ -744,16 +694,14 @@ extern "C" kf_status kf__cuda_kan_forward(kf_context *ctx, const kf__kan_fwd *c)
     return forward_km<kMaxOrder, false>(ctx, fn, l, P, c->y, part);
 }
 
-extern "C" kf_status kf__cuda_kan_backward(kf_context *ctx, const kf__kan_bwd *c) {
+kf_status kan_backward(kf_context *ctx, const kf__kan_bwd *c) {
     const kf__kan_patches *pt = c->patches;
     const char *fn = pt ? "kf_kan_conv2d_backward" : "kf_kan_linear_backward";
     const struct kf_kan_linear_plan *p = c->plan;
-    KF_TRY(check_order(p, fn));
     if (c->dx == nullptr && c->dbase == nullptr && c->dspline == nullptr &&
         c->dscaler == nullptr)
         return KF_OK;
     if (c->N <= 0) return KF_OK;
-    KF_TRY(check_patches(fn, c->N, pt, p));
     const Layout l = make_layout(p, c->N, pt);
     KF__CUDA_TRY(fn, cudaSetDevice(ctx->device_index));
     Prob P = make_prob(p, c->N, pt, c->x, c->grid, c->ws);
@@ -767,3 +715,8 @@ extern "C" kf_status kf__cuda_kan_backward(kf_context *ctx, const kf__kan_bwd *c
     if (p->k <= 3) return backward_km<3, false>(ctx, fn, l, P, c, part);
     return backward_km<kMaxOrder, false>(ctx, fn, l, P, c, part);
 }
+
+} // namespace
+
+extern "C" const kf__kan_ops kf__cuda_kan_ops = {kan_supports, kan_workspace, kan_forward,
+                                                  kan_backward};

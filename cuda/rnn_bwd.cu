@@ -539,12 +539,7 @@ extern "C" kf_status kf__cuda_rnn_backward(kf_context *ctx, const kf__rnn_bwd *c
     int64_t xts, xbs; // the user's row strides of x, y, dy, dx
     kf__rnn_row_strides(p, 0, T, B, &xts, &xbs);
     const unsigned grid = kf__blocks(B * H, kThreads);
-    int dev_sms = 0, smem_optin = 0;
-    KF__CUDA_TRY(fn, cudaDeviceGetAttribute(&dev_sms, cudaDevAttrMultiProcessorCount,
-                                            ctx->device_index));
-    KF__CUDA_TRY(fn, cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
-                                            ctx->device_index));
-    const int BB = bwd_persistent_rows((int)H, B, dev_sms, (size_t)smem_optin);
+    const int BB = bwd_persistent_rows((int)H, B, ctx->sm_count, ctx->smem_optin_bytes);
 
     for (int64_t l = L - 1; l >= 0; --l) {
         const int64_t Il = kf__rnn_layer_input(p, (int32_t)l);

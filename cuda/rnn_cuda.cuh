@@ -30,7 +30,7 @@
 #define KF_RNN_CUDA_CUH
 
 #include "common.cuh"
-#include "rnn_internal.h"
+#include "cuda_backend.cuh"
 
 // Row chunks of the two-pass column sums of backward (bias and epsilon gradients).
 #define KF__RNN_RED_CHUNKS 512
@@ -184,6 +184,12 @@ static __device__ __forceinline__ void kf__slice_matvec(const float *src, int ld
 #pragma unroll
     for (int bb = 0; bb < BB; ++bb) *(float4 *)&red[(s * BB + bb) * ld_red + 4 * cg] = acc[bb];
 }
+
+// The op table's entries (rnn_fwd.cu, rnn_bwd.cu).
+extern "C" void kf__cuda_rnn_sizes(const struct kf_rnn_plan *p, int64_t T, int64_t B,
+                                   bool training, size_t *ws_bytes, size_t *reserve_bytes);
+extern "C" kf_status kf__cuda_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c);
+extern "C" kf_status kf__cuda_rnn_backward(kf_context *ctx, const kf__rnn_bwd *c);
 
 // Forms wt [H, 3H] = Wrec^T of cell (l, d) on the stream (rnn_fwd.cu); backward reuses it.
 kf_status kf__cuda_rnn_prep_wt(kf_context *ctx, const char *fn, const struct kf_rnn_plan *p,

@@ -1,4 +1,4 @@
-// GRU and A-GRU forward (math: DESIGN.md; layouts: capi/src/rnn_internal.h, cuda/rnn_cuda.cuh).
+// GRU and A-GRU forward (math: DESIGN.md; layouts: core/rnn_backend.h, cuda/rnn_cuda.cuh).
 // B batch, T steps, I input, H hidden; row-major, last dimension fastest.
 //
 // Per layer-direction: one cuBLAS GEMM projects the input of all T*B rows (gx = X W^T, bias added
@@ -663,12 +663,7 @@ extern "C" kf_status kf__cuda_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c)
     float *wt = kf__at<float>(ws, lay.wt), *gx = kf__at<float>(ws, lay.gx);
     float *hbuf[2] = {kf__at<float>(ws, lay.h[0]), kf__at<float>(ws, lay.h[1])};
 
-    int dev_sms = 0, smem_optin = 0;
-    KF__CUDA_TRY(fn, cudaDeviceGetAttribute(&dev_sms, cudaDevAttrMultiProcessorCount,
-                                            ctx->device_index));
-    KF__CUDA_TRY(fn, cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
-                                            ctx->device_index));
-    const int BB = persistent_rows((int)H, B, dev_sms, (size_t)smem_optin);
+    const int BB = persistent_rows((int)H, B, ctx->sm_count, ctx->smem_optin_bytes);
 
     int64_t xts, xbs; // row strides of x and y (the user's layout)
     kf__rnn_row_strides(p, 0, T, B, &xts, &xbs);
@@ -739,3 +734,6 @@ extern "C" kf_status kf__cuda_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c)
     }
     return KF_OK;
 }
+
+extern "C" const kf__rnn_ops kf__cuda_rnn_ops = {nullptr, kf__cuda_rnn_sizes,
+                                                  kf__cuda_rnn_forward, kf__cuda_rnn_backward};

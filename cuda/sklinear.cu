@@ -1,5 +1,5 @@
 // SKLinear (Panther's sketched linear layer) on CUDA: forward and backward through the 2r-wide
-// bottleneck, r = L*k (math: DESIGN.md; notation and records: capi/src/sklinear_internal.h).
+// bottleneck, r = L*k (math: DESIGN.md; notation and records: core/sklinear_backend.h).
 // Row-major throughout; fp32 operands and fp32 accumulation; no atomics, every sum in a fixed
 // order; no allocation, no synchronisation, no host reads of device data: everything is enqueued
 // on ctx->stream (graph-capturable).
@@ -48,23 +48,22 @@
 //  3. skl_wreduce sums them in chunk order and writes or accumulates dS1s, dS2s, dbias.
 //     With Pw = 1 (N <= 256 always) step 2 writes or accumulates them directly.
 //
-// Split counts are a pure function of the shape (independent of the device, so the workspace
-// size is too, and the bits do not depend on the GPU): enough splits that a grid has about
-// kTargetBlocks blocks (one wave on an A100/H100 at the one block per SM that these kernels'
-// 170-240 registers per thread allow), at least kMinSplit of K per split, at most kMaxSplits.
+// Split counts are a function of the shape and the device's SM count (so are the workspace size
+// and the bits: the same on every GPU with that many SMs): enough splits that a grid fills about
+// one wave, kf__wave_blocks (one block per SM is what these kernels' 170-240 registers per
+// thread allow), at least kMinSplit of K per split, at most kMaxSplits.
 // Workspace (bytes, each buffer 64-byte aligned), the larger of
 //   forward  (split path only)  Pf * N * 2r * 4
 //   backward                    Pdz * N * 2r * 4 + Pz2 * N * r * 4
 //                               + (Pw > 1 ? Pw * (r * in + r * out + out) * 4 : 0).
 #include "common.cuh"
-#include "sklinear_internal.h"
+#include "cuda_backend.cuh"
 
 namespace {
 
 constexpr int kThreads = 256;            // every kernel: 8 warps
 constexpr int kBM = 16;                  // rows of every block tile
 constexpr int kWide = 256;               // columns of a CW = 8 tile (y, dx, dS1s, dS2s tiles)
-constexpr int64_t kTargetBlocks = 128;   // blocks a split-K grid aims for (see above)
 constexpr int64_t kMinSplit = 256;       // at least this much K per split
 constexpr int64_t kMaxSplits = 64;       // at most this many partials to sum
 constexpr int64_t kSplitAlign = 128;     // split boundaries at multiples of the largest BK
@@ -528,9 +527,9 @@ __global__ void __launch_bounds__(kThreads) skl_wreduce(Net a, BwdJobs b) {
 
 int cw_for(int64_t cols) { return cols <= 32 ? 1 : cols <= 64 ? 2 : cols <= 128 ? 4 : 8; }
 
-// Splits of K for a grid that has `jobs` blocks per split.
-kf__split split_k(int64_t K, int64_t jobs) {
-    return kf__split_of(K, jobs, kMinSplit, kSplitAlign, kTargetBlocks, kMaxSplits);
+// Splits of K for a grid that has `jobs` blocks per split, aiming at `target` blocks.
+kf__split split_k(int64_t K, int64_t jobs, int64_t target) {
+    return kf__split_of(K, jobs, kMinSplit, kSplitAlign, target, kMaxSplits);
 }
 
 // Everything derived from (plan, N): paths, tilings, splits, workspace offsets.
@@ -549,6 +548,7 @@ struct Layout {
 
 Layout make_layout(const struct kf_sklinear_plan *p, int64_t N) {
     Layout l = {};
+    const int64_t target = kf__wave_blocks(p->ctx);
     l.N = N; l.in = p->in; l.out = p->out; l.r = p->r; l.R = 2 * p->r;
     l.rt = kf__ceil_div(N, kBM);
     l.rtr = kf__ceil_div(l.r, kBM);
@@ -561,13 +561,13 @@ Layout make_layout(const struct kf_sklinear_plan *p, int64_t N) {
     l.fused = l.R <= 256 && l.in * l.bn <= kFusedMaxW1;
     l.rc_f = kf__ceil_div(l.R, l.bn);
     if (l.fused) {
-        int64_t cpb = l.rt * l.ct_out / kTargetBlocks;
+        int64_t cpb = l.rt * l.ct_out / target;
         l.cpb = cpb < 1 ? 1 : cpb > l.ct_out ? l.ct_out : cpb;
         l.groups = kf__ceil_div(l.ct_out, l.cpb);
         l.fz = kf__split{1, l.in};
         l.fwd_bytes = 0;
     } else {
-        l.fz = split_k(l.in, l.rt * l.rc_f);
+        l.fz = split_k(l.in, l.rt * l.rc_f, target);
         l.fwd_bytes = kf__sat_floats(l.fz.P, N, l.R);
     }
 
@@ -575,9 +575,9 @@ Layout make_layout(const struct kf_sklinear_plan *p, int64_t N) {
     l.rc_dz = kf__ceil_div(l.R, l.bn);
     l.rc_z2 = kf__ceil_div(l.r, l.bn);
     // dZ and Z2 share one grid: each aims for half of it.
-    l.dz = split_k(l.out, 2 * l.rt * l.rc_dz);
-    l.z2 = split_k(l.in, 2 * l.rt * l.rc_z2);
-    l.w = split_k(N, l.rtr * (l.ct_in + l.ct_out));
+    l.dz = split_k(l.out, 2 * l.rt * l.rc_dz, target);
+    l.z2 = split_k(l.in, 2 * l.rt * l.rc_z2, target);
+    l.w = split_k(N, l.rtr * (l.ct_in + l.ct_out), target);
     size_t o = kf__sat_floats(l.dz.P, N, l.R);
     l.off_z2 = o;
     o = kf__sat_add(o, kf__sat_floats(l.z2.P, N, l.r));
@@ -644,12 +644,14 @@ PartJob no_part() {
 
 } // namespace
 
-extern "C" size_t kf__cuda_skl_workspace(const struct kf_sklinear_plan *p, int64_t N) {
+namespace {
+
+size_t skl_workspace(const struct kf_sklinear_plan *p, int64_t N) {
     const Layout l = make_layout(p, N);
     return l.fwd_bytes > l.bwd_bytes ? l.fwd_bytes : l.bwd_bytes;
 }
 
-extern "C" kf_status kf__cuda_skl_forward(kf_context *ctx, const kf__skl_fwd *c) {
+kf_status skl_forward(kf_context *ctx, const kf__skl_fwd *c) {
     static const char fn[] = "kf_sklinear_forward";
     const Layout l = make_layout(c->plan, c->N);
     if (c->N <= 0) return KF_OK;
@@ -677,7 +679,7 @@ extern "C" kf_status kf__cuda_skl_forward(kf_context *ctx, const kf__skl_fwd *c)
     return KF_OK;
 }
 
-extern "C" kf_status kf__cuda_skl_backward(kf_context *ctx, const kf__skl_bwd *c) {
+kf_status skl_backward(kf_context *ctx, const kf__skl_bwd *c) {
     static const char fn[] = "kf_sklinear_backward";
     if (c->dx == nullptr && c->dS1 == nullptr && c->dS2 == nullptr && c->db == nullptr)
         return KF_OK;
@@ -737,3 +739,8 @@ extern "C" kf_status kf__cuda_skl_backward(kf_context *ctx, const kf__skl_bwd *c
     }
     return KF_OK;
 }
+
+} // namespace
+
+extern "C" const kf__skl_ops kf__cuda_skl_ops = {nullptr, skl_workspace, skl_forward,
+                                                  skl_backward};

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prints the OpenBLAS core types (OPENBLAS_CORETYPE values) this CPU can run whose GEMM kernels
 # differ, one per line: the AVX2 ones (Haswell, Zen) on any x86-64-v3 CPU, and SkylakeX, the
-# AVX-512 one whose small-matrix path the library must steer around (cpu/blas.c), where the CPU
+# AVX-512 one whose small-matrix path the library must steer around (host/blas.c), where the CPU
 # has AVX-512. (OpenBLAS 0.3.21 auto-detects Cooperlake on AVX-512-BF16 CPUs but cannot be forced
 # to it; its sgemm kernels are SkylakeX's.) Nothing on other architectures.
 #   scripts/openblas-cores.sh [--check LIB_USER]   with --check, also proves that the static

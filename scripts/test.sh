@@ -38,7 +38,7 @@ ctest --test-dir build/main --output-on-failure -j1
 stage "C tests under each OpenBLAS core type this CPU can run (scripts/openblas-cores.sh)"
 # The run above used the core OpenBLAS picked for this CPU. These runs force each other one, so
 # one machine proves both the AVX2 kernels and (where the CPU has AVX-512) the AVX-512 ones, whose
-# small-matrix path allocates unless cpu/blas.c steers around it (test_arena guards that).
+# small-matrix path allocates unless host/blas.c steers around it (test_arena guards that).
 cores=$(bash scripts/openblas-cores.sh --check build/main/tests/test_header_c99)
 for core in $cores; do
   echo "OPENBLAS_CORETYPE=$core"

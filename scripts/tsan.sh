@@ -20,10 +20,10 @@ cc=$(command -v clang || command -v clang-14)
 blas_inc=/usr/include/$(gcc -dumpmachine)/openblas-pthread
 blas_lib=/usr/lib/$(gcc -dumpmachine)/openblas-pthread/libopenblas.a
 flags=(-std=c11 -O1 -g -fsanitize=thread -fno-omit-frame-pointer -fopenmp -march=x86-64-v3
-       -DKF_BUILDING_LIBRARY -DKF_STATIC -I"$root/capi/include" -I"$root/capi/src" -I"$root/common"
+       -DKF_BUILDING_LIBRARY -DKF_STATIC -I"$root/capi/include" -I"$root/core" -I"$root/host" -I"$root/common"
        -I"$blas_inc" -Wno-pass-failed)
 objs=()
-for src in "$root"/capi/src/*.c "$root"/cpu/*.c; do
+for src in "$root"/capi/src/*.c "$root"/core/*.c "$root"/host/*.c "$root"/cpu/*.c; do
   obj="$build/$(basename "$(dirname "$src")")_$(basename "$src" .c).o"
   "$cc" "${flags[@]}" -c "$src" -o "$obj"
   objs+=("$obj")

@@ -1,8 +1,8 @@
 /*
  * kfuse.h: the one public header of kfuse, the stable C ABI.
  *
- * kfuse is a library of fused CPU and CUDA kernels for structured neural layers (GRU, A-GRU,
- * and later SKLinear and KAN layers). This header is valid C99 and C++ and includes no CUDA
+ * kfuse is a library of fused CPU and CUDA kernels for structured neural layers: GRU and A-GRU,
+ * SKLinear (Panther's sketched linear layer), KANLinear and KANConv2d (efficient-kan). This header is valid C99 and C++ and includes no CUDA
  * header: a CUDA stream is passed as `void *` (a cudaStream_t).
  *
  * Conventions, stated once (they hold for every function unless its comment says otherwise):
@@ -53,7 +53,7 @@ extern "C" {
 
 /* ---- version (the build reads these three lines to form the SONAME and package version) - */
 #define KF_VERSION_MAJOR 1
-#define KF_VERSION_MINOR 2
+#define KF_VERSION_MINOR 3
 #define KF_VERSION_PATCH 0
 /* The ABI generation; equals KF_VERSION_MAJOR. */
 #define KF_ABI_VERSION KF_VERSION_MAJOR
@@ -90,6 +90,9 @@ KF_API const char *kf_last_error_message(void);
 
 /* ---- tensors --------------------------------------------------------------------------- */
 #define KF_MAX_DIMS 6
+/* The alignment, in bytes, of every workspace and reserve a caller passes (and of the arena's
+ * memory). Since 1.3. */
+#define KF_ALIGN_BYTES 64
 
 typedef enum kf_dtype {
     KF_DTYPE_F32 = 1, /* IEEE binary32: the only dtype of 1.0's ops */
@@ -132,7 +135,11 @@ typedef struct kf_context_desc {
     size_t struct_size;  /* sizeof(kf_context_desc) as the caller compiled it */
     int32_t device_type; /* a kf_device_type; default KF_DEVICE_CPU */
     int32_t device_index;/* CUDA device ordinal; default 0; must be 0 for the CPU */
-    int32_t num_threads; /* CPU threads a call may use; 0 (default) = number of online cores */
+    int32_t num_threads; /* CPU threads a call may use, 1..4096; 0 (default) = the CPUs this
+                            process may use when the context is created: the smallest of
+                            omp_get_max_threads() (OMP_NUM_THREADS), the CPUs of its affinity
+                            mask (sched_getaffinity) and, where a cgroup v2 CPU quota is set
+                            (/sys/fs/cgroup/cpu.max), that quota rounded up; at least 1 */
     uint32_t flags;      /* KF_CONTEXT_*; unknown bits are rejected */
     size_t arena_bytes;  /* arena allocated at creation; default 0 (grown on first need) */
     /* appended in later versions below this line; never reorder or remove */
@@ -250,6 +257,13 @@ KF_API kf_status kf_rnn_weight_count(const kf_rnn_plan *plan, int32_t *count);
 KF_API kf_status kf_rnn_weight_info(const kf_rnn_plan *plan, int32_t index, const char **name,
                                     int32_t *ndim, int64_t *shape);
 
+/* The shapes of the outputs of T steps of B samples: y_shape[3] = [T, B, D*H] ([B, T, D*H] with
+ * KF_RNN_BATCH_FIRST) and hn_shape[3] = [L*D, B, H]. Either may be NULL. @return KF_OK, or
+ * KF_ERR_INVALID_ARGUMENT (NULL plan; T or B outside 1..2^31-1, or too large to address).
+ * Since 1.3. */
+KF_API kf_status kf_rnn_output_shapes(const kf_rnn_plan *plan, int64_t T, int64_t B,
+                                      int64_t *y_shape, int64_t *hn_shape);
+
 /* Bytes of scratch workspace that kf_rnn_forward() (in `mode`) and kf_rnn_backward() need for T
  * steps of B samples, and bytes of reserve that a KF_MODE_TRAINING forward writes and backward
  * reads (0 in KF_MODE_INFERENCE). `workspace_bytes` covers both calls. Either pointer may be NULL.
@@ -280,11 +294,11 @@ typedef struct kf_rnn_forward_args {
 KF_API void kf_rnn_forward_args_init(kf_rnn_forward_args *args);
 
 /* Runs the stacked layer over the whole sequence. T and B are read from args->x.
- * `workspace` (`workspace_bytes` of it, on the context's device, 64-byte aligned) may be NULL with
- * 0 bytes, in which case the context's arena serves. In KF_MODE_TRAINING `reserve` (64-byte
- * aligned, on the context's device) must hold the reserve_bytes that kf_rnn_workspace_size() gave
- * and must be passed unchanged to the backward call for the same inputs; in KF_MODE_INFERENCE it
- * may be NULL.
+ * `workspace` (`workspace_bytes` of it, on the context's device, KF_ALIGN_BYTES-aligned) may be
+ * NULL with 0 bytes, in which case the context's arena serves. In KF_MODE_TRAINING `reserve`
+ * (KF_ALIGN_BYTES-aligned, on the context's device) must hold the reserve_bytes that
+ * kf_rnn_workspace_size() gave and must be passed unchanged to the backward call for the same
+ * inputs; in KF_MODE_INFERENCE it may be NULL.
  * @return KF_OK; KF_ERR_INVALID_ARGUMENT (message names the argument); KF_ERR_WORKSPACE_TOO_SMALL;
  * KF_ERR_OUT_OF_MEMORY (arena growth); KF_ERR_DEVICE. Since 1.0. */
 KF_API kf_status kf_rnn_forward(kf_rnn_plan *plan, kf_mode mode, const kf_rnn_forward_args *args,
@@ -364,6 +378,18 @@ KF_API void kf_sklinear_plan_destroy(kf_sklinear_plan *plan);
 /* 2Lk(in+out) / (in*out): the sketched layer's parameter count over the dense layer's. Above 1
  * the sketch holds more parameters than the Linear it replaces (Panther warns then). Since 1.1. */
 KF_API kf_status kf_sklinear_param_ratio(const kf_sklinear_plan *plan, double *ratio);
+
+/* The number of tensors of the layer's state (Panther's state_dict): 5, or 4 without a bias.
+ * Since 1.3. */
+KF_API kf_status kf_sklinear_param_count(const kf_sklinear_plan *plan, int32_t *count);
+
+/* Name (Panther's state_dict key; static storage), rank and shape of tensor `index` in the order
+ * S1s [L, in, k], S2s [L, k, out], U1s [L, k, out], U2s [L, in, k], bias [out] (when the plan has
+ * one), as kf_rnn_weight_info() (`name`, `ndim`, `shape` may each be NULL; `shape` has room for
+ * KF_MAX_DIMS entries). @return KF_OK, or KF_ERR_INVALID_ARGUMENT (NULL plan, index out of
+ * range). Since 1.3. */
+KF_API kf_status kf_sklinear_param_info(const kf_sklinear_plan *plan, int32_t index,
+                                        const char **name, int32_t *ndim, int64_t *shape);
 
 /* Bytes of scratch workspace kf_sklinear_forward() and kf_sklinear_backward() need for N rows
  * (the product of x's leading dims). Pure. Since 1.1. */
@@ -463,8 +489,10 @@ typedef struct kf_kan_linear_desc {
 KF_API void kf_kan_linear_desc_init(kf_kan_linear_desc *desc);
 
 /* Creates a plan bound to `ctx` (which must outlive it). @return KF_OK and *out,
- * KF_ERR_INVALID_ARGUMENT (message names the field), KF_ERR_UNSUPPORTED, KF_ERR_OUT_OF_MEMORY.
- * On failure *out is set to NULL (when `out` is not NULL). Since 1.1. */
+ * KF_ERR_INVALID_ARGUMENT (message names the field), KF_ERR_UNSUPPORTED (a dtype other than
+ * KF_DTYPE_F32; on a CUDA context a spline_order above 15: since 1.3 reported here, before 1.3 by
+ * forward and backward), KF_ERR_OUT_OF_MEMORY. On failure *out is set to NULL (when `out` is not
+ * NULL). Since 1.1. */
 KF_API kf_status kf_kan_linear_plan_create(kf_context *ctx, const kf_kan_linear_desc *desc,
                                            kf_kan_linear_plan **out);
 
@@ -475,6 +503,17 @@ KF_API void kf_kan_linear_plan_destroy(kf_kan_linear_plan *plan);
  * rows. Bounded by tiles, not by N times the bases. Pure. Since 1.1. */
 KF_API kf_status kf_kan_linear_workspace_size(const kf_kan_linear_plan *plan, int64_t N,
                                               size_t *workspace_bytes);
+
+/* The number of tensors of the layer's state (efficient-kan's state_dict): 4, or 3 without a
+ * spline_scaler (standalone_scale = 0). Since 1.3. */
+KF_API kf_status kf_kan_linear_param_count(const kf_kan_linear_plan *plan, int32_t *count);
+
+/* Name (efficient-kan's state_dict key; static storage), rank and shape of tensor `index` in the
+ * order grid [in, G+2k+1], base_weight [out, in], spline_weight [out, in, G+k], spline_scaler
+ * [out, in] (when the plan has one), as kf_rnn_weight_info(). @return KF_OK, or
+ * KF_ERR_INVALID_ARGUMENT (NULL plan, index out of range). Since 1.3. */
+KF_API kf_status kf_kan_linear_param_info(const kf_kan_linear_plan *plan, int32_t index,
+                                          const char **name, int32_t *ndim, int64_t *shape);
 
 /* Writes efficient-kan's initial knots into `grid` [in, G + 2k + 1] (memory of the context's
  * device): grid[i][j] = lo + (j - k) * (hi - lo) / G for every feature. Since 1.1. */
@@ -498,8 +537,7 @@ KF_API void kf_kan_linear_forward_args_init(kf_kan_linear_forward_args *args);
  * grid that decreases along a row is rejected on CPU contexts (KF_ERR_INVALID_ARGUMENT); on
  * CUDA contexts, where reading it would need a synchronisation, it gives unspecified values.
  * @return KF_OK; KF_ERR_INVALID_ARGUMENT (message names the argument);
- * KF_ERR_WORKSPACE_TOO_SMALL; KF_ERR_OUT_OF_MEMORY; KF_ERR_UNSUPPORTED (CUDA contexts:
- * spline_order above 15); KF_ERR_DEVICE. Since 1.1. */
+ * KF_ERR_WORKSPACE_TOO_SMALL; KF_ERR_OUT_OF_MEMORY; KF_ERR_DEVICE. Since 1.1. */
 KF_API kf_status kf_kan_linear_forward(kf_kan_linear_plan *plan,
                                        const kf_kan_linear_forward_args *args, void *workspace,
                                        size_t workspace_bytes);
@@ -574,6 +612,21 @@ KF_API void kf_kan_conv2d_plan_destroy(kf_kan_conv2d_plan *plan);
 KF_API kf_status kf_kan_conv2d_workspace_size(const kf_kan_conv2d_plan *plan, int64_t batch,
                                               int64_t height, int64_t width,
                                               size_t *workspace_bytes);
+
+/* The per-patch layer's tensors, as kf_kan_linear_param_count() and kf_kan_linear_param_info()
+ * with in = in_channels * kernel_h * kernel_w. Since 1.3. */
+KF_API kf_status kf_kan_conv2d_param_count(const kf_kan_conv2d_plan *plan, int32_t *count);
+KF_API kf_status kf_kan_conv2d_param_info(const kf_kan_conv2d_plan *plan, int32_t index,
+                                          const char **name, int32_t *ndim, int64_t *shape);
+
+/* The output extent of a height x width image, as torch.nn.Conv2d forms it:
+ * out = (in + 2 pad - dilation (kernel - 1) - 1) / stride + 1 per dimension; y is
+ * [batch, out_channels, out_height, out_width] (or without batch for a 3-D x). Either output
+ * may be NULL. @return KF_OK, or KF_ERR_INVALID_ARGUMENT (NULL plan; an extent outside
+ * 1..2^31-1 or one whose output would be empty). Since 1.3. */
+KF_API kf_status kf_kan_conv2d_output_size(const kf_kan_conv2d_plan *plan, int64_t height,
+                                           int64_t width, int64_t *out_height,
+                                           int64_t *out_width);
 
 /* Writes efficient-kan's initial knots into `grid` [F, G + 2k + 1], as
  * kf_kan_linear_uniform_grid() does for F features. Since 1.2. */

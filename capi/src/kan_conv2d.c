@@ -2,7 +2,7 @@
  * KAN product of capi/src/kan_linear.c over the patches of x (kf__kan_patches): this file checks
  * the convolution's own arguments (kernel geometry, image shapes) and hands the backends the same
  * records as KANLinear, with `patches` set. */
-#include "kan_internal.h"
+#include "kan_front.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -133,7 +133,39 @@ KF_API kf_status kf_kan_conv2d_workspace_size(const kf_kan_conv2d_plan *plan, in
     int64_t N = 0;
     KF_TRY(kf__kan_conv_geom(__func__, plan, "batch", batch, "height", height, "width", width, &g,
                              &N));
-    if (workspace_bytes) *workspace_bytes = kf__kan_workspace(&plan->lin, N, &g);
+    if (workspace_bytes) *workspace_bytes = plan->lin.ops->workspace(&plan->lin, N, &g);
+    return KF_OK;
+}
+
+KF_API kf_status kf_kan_conv2d_param_count(const kf_kan_conv2d_plan *plan, int32_t *count) {
+    kf__clear_error();
+    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
+    KF_CHECK(count != NULL, KF_ERR_INVALID_ARGUMENT, "count is NULL");
+    kf__param ps[4];
+    *count = kf__kan_params(&plan->lin, ps);
+    return KF_OK;
+}
+
+KF_API kf_status kf_kan_conv2d_param_info(const kf_kan_conv2d_plan *plan, int32_t index,
+                                          const char **name, int32_t *ndim, int64_t *shape) {
+    kf__clear_error();
+    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
+    kf__param ps[4];
+    const int32_t n = kf__kan_params(&plan->lin, ps);
+    return kf__param_info(__func__, ps, n, index, name, ndim, shape);
+}
+
+KF_API kf_status kf_kan_conv2d_output_size(const kf_kan_conv2d_plan *plan, int64_t height,
+                                           int64_t width, int64_t *out_height,
+                                           int64_t *out_width) {
+    kf__clear_error();
+    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
+    kf__kan_patches g;
+    int64_t N = 0;
+    KF_TRY(kf__kan_conv_geom(__func__, plan, "batch", 1, "height", height, "width", width, &g,
+                             &N));
+    if (out_height) *out_height = g.Ho;
+    if (out_width) *out_width = g.Wo;
     return KF_OK;
 }
 

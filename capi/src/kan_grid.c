@@ -1,9 +1,10 @@
 /* Front end of the KAN grid update (efficient-kan's update_grid; kfuse.h): validate -> stage ->
- * compute on the host (cpu/kan_grid.c) -> write. Not a hot path: it allocates host memory and,
+ * compute on the host (host/kan_grid.c) -> write. Not a hot path: it allocates host memory and,
  * on a CUDA context, copies x, grid and spline_weight to the host and the results back,
  * synchronising with the context's stream (as kf_sklinear_init_params does). grid and
  * spline_weight are written only once everything has succeeded. */
-#include "kan_internal.h"
+#include "host.h"
+#include "kan_front.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -51,18 +52,27 @@ static kf_status kan_check_finite(const char *fn, const char *arg, const kf_tens
     return KF_OK;
 }
 
-/* The value checks on host copies, then the host algorithm into new_grid / new_spline. */
-static kf_status kan_update_host(const char *fn, const struct kf_kan_linear_plan *p,
-                                 const kf_kan_update_grid_args *args, int64_t N,
-                                 const kf__kan_patches *patches, const float *x, size_t nx,
-                                 const float *grid, const float *spline, float *new_grid,
-                                 float *new_spline) {
-    KF_TRY(kf__kan_check_grid_host(p, fn, "args->grid", grid));
-    KF_TRY(kan_check_finite(fn, "args->x", &args->x, x, nx, "finite samples"));
-    KF_TRY(kan_check_finite(fn, "args->spline_weight", &args->spline_weight, spline,
+/* An update on host copies (kf__stage_run's buffers x, grid, spline_weight, new grid, new
+ * spline_weight): the value checks, then the host algorithm. */
+typedef struct kan_update_call {
+    const char *fn;
+    const struct kf_kan_linear_plan *p;
+    const kf_kan_update_grid_args *args;
+    int64_t N;
+    const kf__kan_patches *patches;
+    size_t nx;
+} kan_update_call;
+
+static kf_status kan_update_staged(void *arg, const kf__stage *b) {
+    const kan_update_call *c = arg;
+    const struct kf_kan_linear_plan *p = c->p;
+    const float *x = b[0].host, *grid = b[1].host, *spline = b[2].host;
+    KF_TRY(kf__kan_check_grid_host(p, c->fn, "args->grid", grid));
+    KF_TRY(kan_check_finite(c->fn, "args->x", &c->args->x, x, c->nx, "finite samples"));
+    KF_TRY(kan_check_finite(c->fn, "args->spline_weight", &c->args->spline_weight, spline,
                             (size_t)(p->out * p->in * p->C), "finite coefficients"));
-    return kf__kan_update_grid_host(fn, p, N, patches, x, grid, spline, args->margin,
-                                    args->grid_eps, new_grid, new_spline);
+    return kf__kan_update_grid_host(c->fn, p, c->N, c->patches, x, grid, spline, c->args->margin,
+                                    c->args->grid_eps, b[3].host, b[4].host);
 }
 
 /* Shared by both layers once x has been checked (N rows or patches, nx elements): the scalars,
@@ -76,43 +86,19 @@ static kf_status kan_update_grid(const char *fn, const struct kf_kan_linear_plan
                             &present));
     KF_TRY(kf__check_tensor(p->ctx, fn, "args->spline_weight", &args->spline_weight,
                             KF_DTYPE_F32, 3, oic, false, &present));
-    const size_t ng = (size_t)(p->in * p->nk), ns = (size_t)(p->out * p->in * p->C);
-    float *grid = args->grid.data, *spline = args->spline_weight.data;
-    if (p->ctx->device_type == KF_DEVICE_CPU) {
-        float *res = malloc((ng + ns) * sizeof *res);
-        KF_CHECK_FN(fn, res != NULL, KF_ERR_OUT_OF_MEMORY,
-                    "cannot allocate %zu bytes for the new grid and spline_weight",
-                    (ng + ns) * sizeof *res);
-        kf_status s = kan_update_host(fn, p, args, N, patches, args->x.data, nx, grid, spline,
-                                      res, res + ng);
-        if (s == KF_OK) {
-            memcpy(grid, res, ng * sizeof *res);
-            memcpy(spline, res + ng, ns * sizeof *res);
-        }
-        free(res);
-        return s;
-    }
-#ifdef KF_HAVE_CUDA
-    /* Host staging: x, grid, spline_weight, then the new grid and spline_weight. */
-    size_t total;
-    bool ok = kf__add_size(nx, 2 * ng, &total) && kf__add_size(total, 2 * ns, &total) &&
-              kf__mul_size(total, sizeof(float), &total);
-    KF_CHECK_FN(fn, ok, KF_ERR_OUT_OF_MEMORY, "the host staging does not fit in memory");
-    float *hx = malloc(total);
-    KF_CHECK_FN(fn, hx != NULL, KF_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of host staging",
-                total);
-    float *hg = hx + nx, *hs = hg + ng, *ng_ = hs + ns, *ns_ = ng_ + ng;
-    kf_status s = kf__cuda_copy(p->ctx, fn, hx, args->x.data, nx * sizeof(float), false);
-    if (s == KF_OK) s = kf__cuda_copy(p->ctx, fn, hg, grid, ng * sizeof(float), false);
-    if (s == KF_OK) s = kf__cuda_copy(p->ctx, fn, hs, spline, ns * sizeof(float), false);
-    if (s == KF_OK) s = kan_update_host(fn, p, args, N, patches, hx, nx, hg, hs, ng_, ns_);
-    if (s == KF_OK) s = kf__cuda_copy(p->ctx, fn, grid, ng_, ng * sizeof(float), true);
-    if (s == KF_OK) s = kf__cuda_copy(p->ctx, fn, spline, ns_, ns * sizeof(float), true);
-    free(hx);
-    return s;
-#else
-    return kf__error(KF_ERR_UNSUPPORTED, fn, "this build has no CUDA backend");
-#endif
+    const size_t ng = (size_t)(p->in * p->nk) * sizeof(float),
+                 ns = (size_t)(p->out * p->in * p->C) * sizeof(float);
+    size_t xb;
+    KF_CHECK_FN(fn, kf__mul_size(nx, sizeof(float), &xb), KF_ERR_OUT_OF_MEMORY,
+                "the host staging does not fit in memory");
+    /* x, grid, spline_weight in; the new grid and spline_weight fresh, over the old ones. */
+    kf__stage bufs[5] = {{args->x.data, xb, KF__STAGE_IN, NULL},
+                         {args->grid.data, ng, KF__STAGE_IN, NULL},
+                         {args->spline_weight.data, ns, KF__STAGE_IN, NULL},
+                         {args->grid.data, ng, KF__STAGE_OUT_FRESH, NULL},
+                         {args->spline_weight.data, ns, KF__STAGE_OUT_FRESH, NULL}};
+    kan_update_call call = {fn, p, args, N, patches, nx};
+    return kf__stage_run(p->ctx, fn, bufs, 5, kan_update_staged, &call);
 }
 
 /* margin finite >= 0 and grid_eps in [0, 1] (NaN fails both). */

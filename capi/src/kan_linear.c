@@ -1,7 +1,9 @@
 /* Front end of the KAN linear layer (efficient-kan's KANLinear): validate -> size -> dispatch. No
  * math here beyond the grid check and the uniform grid's staging; the backends receive records
  * whose every pointer, extent and buffer size has been checked. */
-#include "kan_internal.h"
+#include "backend.h"
+#include "host.h"
+#include "kan_front.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -65,6 +67,7 @@ kf_status kf__kan_plan_init(const char *fn, kf_context *ctx, int64_t in, int64_t
                 "spline_order + 1) must be <= %d and its weights addressable)", (int)G, (int)k,
                 in, out, KF__KAN_MAX_EXTENT);
     p->ctx = ctx;
+    p->ops = ctx->backend->kan;
     p->in = in;
     p->out = out;
     p->G = G;
@@ -74,7 +77,7 @@ kf_status kf__kan_plan_init(const char *fn, kf_context *ctx, int64_t in, int64_t
     p->cw = cw;
     p->K = K;
     p->scaled = standalone_scale == 1;
-    return KF_OK;
+    return p->ops->supports ? p->ops->supports(p, fn) : KF_OK;
 }
 
 KF_API kf_status kf_kan_linear_plan_create(kf_context *ctx, const kf_kan_linear_desc *desc,
@@ -103,6 +106,34 @@ KF_API kf_status kf_kan_linear_plan_create(kf_context *ctx, const kf_kan_linear_
 
 KF_API void kf_kan_linear_plan_destroy(kf_kan_linear_plan *plan) { free(plan); }
 
+int32_t kf__kan_params(const struct kf_kan_linear_plan *p, kf__param *out) {
+    const kf__param all[4] = {{"grid", 2, {p->in, p->nk, 0}},
+                              {"base_weight", 2, {p->out, p->in, 0}},
+                              {"spline_weight", 3, {p->out, p->in, p->C}},
+                              {"spline_scaler", 2, {p->out, p->in, 0}}};
+    const int32_t n = p->scaled ? 4 : 3;
+    for (int32_t i = 0; i < n; ++i) out[i] = all[i];
+    return n;
+}
+
+KF_API kf_status kf_kan_linear_param_count(const kf_kan_linear_plan *plan, int32_t *count) {
+    kf__clear_error();
+    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
+    KF_CHECK(count != NULL, KF_ERR_INVALID_ARGUMENT, "count is NULL");
+    kf__param ps[4];
+    *count = kf__kan_params(plan, ps);
+    return KF_OK;
+}
+
+KF_API kf_status kf_kan_linear_param_info(const kf_kan_linear_plan *plan, int32_t index,
+                                          const char **name, int32_t *ndim, int64_t *shape) {
+    kf__clear_error();
+    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
+    kf__param ps[4];
+    const int32_t n = kf__kan_params(plan, ps);
+    return kf__param_info(__func__, ps, n, index, name, ndim, shape);
+}
+
 /* N within limits and every size derived from it representable: the row tensors hold
  * N * (in + out) floats (checked in doubles, for headroom). */
 kf_status kf__kan_check_rows(const char *fn, const struct kf_kan_linear_plan *p, int64_t N) {
@@ -116,20 +147,12 @@ kf_status kf__kan_check_rows(const char *fn, const struct kf_kan_linear_plan *p,
     return KF_OK;
 }
 
-size_t kf__kan_workspace(const struct kf_kan_linear_plan *p, int64_t N,
-                         const kf__kan_patches *patches) {
-#ifdef KF_HAVE_CUDA
-    if (p->ctx->device_type == KF_DEVICE_CUDA) return kf__cuda_kan_workspace(p, N, patches);
-#endif
-    return kf__cpu_kan_workspace(p, N, patches);
-}
-
 KF_API kf_status kf_kan_linear_workspace_size(const kf_kan_linear_plan *plan, int64_t N,
                                               size_t *workspace_bytes) {
     kf__clear_error();
     KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
     KF_TRY(kf__kan_check_rows(__func__, plan, N));
-    if (workspace_bytes) *workspace_bytes = kf__kan_workspace(plan, N, NULL);
+    if (workspace_bytes) *workspace_bytes = plan->ops->workspace(plan, N, NULL);
     return KF_OK;
 }
 
@@ -167,9 +190,9 @@ kf_status kf__kan_check_params(const struct kf_kan_linear_plan *p, const char *f
     int64_t ss[2] = {p->out, p->in};
     KF_TRY(kf__check_tensor(p->ctx, fn, "args->spline_scaler", scaler, KF_DTYPE_F32, 2, ss,
                             !p->scaled, &present));
-    /* The knots are read on CPU contexts only: on a CUDA context that would need a
-     * synchronisation (kfuse.h leaves such a grid's result unspecified). */
-    if (p->ctx->device_type == KF_DEVICE_CPU)
+    /* The knots are read where the device's memory is host memory only: elsewhere that would
+     * need a synchronisation (kfuse.h leaves such a grid's result unspecified on CUDA). */
+    if (p->ctx->backend->host_memory)
         KF_TRY(kf__kan_check_grid_host(p, fn, "args->grid", grid->data));
     *g = grid->data, *bw = base->data, *sw = spline->data;
     *sc = present ? scaler->data : NULL;
@@ -199,25 +222,19 @@ kf_status kf__kan_check_grads(const struct kf_kan_linear_plan *p, const char *fn
 kf_status kf__kan_run_forward(const char *fn, kf__kan_fwd *c, void *workspace,
                               size_t workspace_bytes) {
     kf_context *ctx = c->plan->ctx;
-    size_t need = kf__kan_workspace(c->plan, c->N, c->patches);
+    size_t need = c->plan->ops->workspace(c->plan, c->N, c->patches);
     KF_TRY(kf__workspace_select(ctx, fn, workspace, workspace_bytes, need, &c->ws));
     c->ws_bytes = need;
-#ifdef KF_HAVE_CUDA
-    if (ctx->device_type == KF_DEVICE_CUDA) return kf__cuda_kan_forward(ctx, c);
-#endif
-    return kf__cpu_kan_forward(ctx, c);
+    return c->plan->ops->forward(ctx, c);
 }
 
 kf_status kf__kan_run_backward(const char *fn, kf__kan_bwd *c, void *workspace,
                                size_t workspace_bytes) {
     kf_context *ctx = c->plan->ctx;
-    size_t need = kf__kan_workspace(c->plan, c->N, c->patches);
+    size_t need = c->plan->ops->workspace(c->plan, c->N, c->patches);
     KF_TRY(kf__workspace_select(ctx, fn, workspace, workspace_bytes, need, &c->ws));
     c->ws_bytes = need;
-#ifdef KF_HAVE_CUDA
-    if (ctx->device_type == KF_DEVICE_CUDA) return kf__cuda_kan_backward(ctx, c);
-#endif
-    return kf__cpu_kan_backward(ctx, c);
+    return c->plan->ops->backward(ctx, c);
 }
 
 KF_API kf_status kf_kan_linear_forward(kf_kan_linear_plan *plan,
@@ -271,6 +288,17 @@ KF_API kf_status kf_kan_linear_backward(kf_kan_linear_plan *plan, kf_grad_mode g
 
 /* ---- initial grid -------------------------------------------------------------------------- */
 
+typedef struct kf__kan_grid_call {
+    const struct kf_kan_linear_plan *plan;
+    float lo, hi;
+} kf__kan_grid_call;
+
+static kf_status kf__kan_uniform_grid_staged(void *arg, const kf__stage *b) {
+    const kf__kan_grid_call *c = arg;
+    kf__kan_uniform_grid_host(c->plan, c->lo, c->hi, b[0].host);
+    return KF_OK;
+}
+
 kf_status kf__kan_uniform_grid(const char *fn, const struct kf_kan_linear_plan *plan, float lo,
                                float hi, kf_tensor *grid) {
     KF_CHECK_FN(fn, grid != NULL, KF_ERR_INVALID_ARGUMENT, "grid is NULL");
@@ -280,22 +308,10 @@ kf_status kf__kan_uniform_grid(const char *fn, const struct kf_kan_linear_plan *
     bool present;
     int64_t gs[2] = {plan->in, plan->nk};
     KF_TRY(kf__check_tensor(plan->ctx, fn, "grid", grid, KF_DTYPE_F32, 2, gs, false, &present));
-    if (plan->ctx->device_type == KF_DEVICE_CPU) {
-        kf__kan_uniform_grid_host(plan, lo, hi, grid->data);
-        return KF_OK;
-    }
-#ifdef KF_HAVE_CUDA
-    size_t bytes = (size_t)(plan->in * plan->nk) * sizeof(float);
-    float *host = malloc(bytes);
-    KF_CHECK_FN(fn, host != NULL, KF_ERR_OUT_OF_MEMORY,
-                "cannot allocate %zu bytes of host staging", bytes);
-    kf__kan_uniform_grid_host(plan, lo, hi, host);
-    kf_status s = kf__cuda_copy(plan->ctx, fn, grid->data, host, bytes, true);
-    free(host);
-    return s;
-#else
-    return kf__error(KF_ERR_UNSUPPORTED, fn, "this build has no CUDA backend");
-#endif
+    kf__stage buf = {grid->data, (size_t)(plan->in * plan->nk) * sizeof(float), KF__STAGE_OUT,
+                     NULL};
+    kf__kan_grid_call call = {plan, lo, hi};
+    return kf__stage_run(plan->ctx, fn, &buf, 1, kf__kan_uniform_grid_staged, &call);
 }
 
 KF_API kf_status kf_kan_linear_uniform_grid(const kf_kan_linear_plan *plan, float lo, float hi,

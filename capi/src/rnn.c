@@ -1,6 +1,8 @@
 /* Front end of the recurrent layer (GRU, A-GRU): validate -> size -> dispatch. No math here; the
  * backends receive records whose every pointer, extent and buffer size has been checked. */
-#include "rnn_internal.h"
+#include "backend.h"
+#include "front.h"
+#include "rnn_backend.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -112,6 +114,7 @@ KF_API kf_status kf_rnn_plan_create(kf_context *ctx, const kf_rnn_desc *desc, kf
     kf_rnn_plan *p = calloc(1, sizeof *p);
     KF_CHECK(p != NULL, KF_ERR_OUT_OF_MEMORY, "cannot allocate the plan");
     p->ctx = ctx;
+    p->ops = ctx->backend->rnn;
     p->cell = desc->cell;
     p->L = desc->num_layers;
     p->D = (desc->flags & KF_RNN_BIDIRECTIONAL) ? 2 : 1;
@@ -122,6 +125,11 @@ KF_API kf_status kf_rnn_plan_create(kf_context *ctx, const kf_rnn_desc *desc, kf
     p->gamma = desc->gamma;
     p->nw = p->cell == KF_RNN_GRU ? KF__GRU_NW : KF__AGRU_NW;
     p->num_weights = p->L * p->D * p->nw;
+    kf_status s = p->ops->supports ? p->ops->supports(p, __func__) : KF_OK;
+    if (s != KF_OK) {
+        free(p);
+        return s;
+    }
 
     /* Names: measure, then fill one block holding the pointer table and the strings. */
     size_t text = 0;
@@ -203,15 +211,22 @@ static kf_status kf__rnn_check_extent(const char *fn, const kf_rnn_plan *p, int6
     return KF_OK;
 }
 
-static void kf__rnn_sizes(const kf_rnn_plan *p, int64_t T, int64_t B, bool training, size_t *ws,
-                          size_t *rs) {
-#ifdef KF_HAVE_CUDA
-    if (p->ctx->device_type == KF_DEVICE_CUDA) {
-        kf__cuda_rnn_sizes(p, T, B, training, ws, rs);
-        return;
+KF_API kf_status kf_rnn_output_shapes(const kf_rnn_plan *plan, int64_t T, int64_t B,
+                                      int64_t *y_shape, int64_t *hn_shape) {
+    kf__clear_error();
+    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
+    KF_TRY(kf__rnn_check_extent(__func__, plan, T, B));
+    if (y_shape) {
+        y_shape[0] = plan->batch_first ? B : T;
+        y_shape[1] = plan->batch_first ? T : B;
+        y_shape[2] = (int64_t)plan->D * plan->H;
     }
-#endif
-    kf__cpu_rnn_sizes(p, T, B, training, ws, rs);
+    if (hn_shape) {
+        hn_shape[0] = (int64_t)plan->L * plan->D;
+        hn_shape[1] = B;
+        hn_shape[2] = plan->H;
+    }
+    return KF_OK;
 }
 
 static kf_status kf__check_mode(const char *fn, kf_mode mode) {
@@ -228,7 +243,7 @@ KF_API kf_status kf_rnn_workspace_size(const kf_rnn_plan *plan, int64_t T, int64
     KF_TRY(kf__check_mode(__func__, mode));
     KF_TRY(kf__rnn_check_extent(__func__, plan, T, B));
     size_t ws = 0, rs = 0;
-    kf__rnn_sizes(plan, T, B, mode == KF_MODE_TRAINING, &ws, &rs);
+    plan->ops->sizes(plan, T, B, mode == KF_MODE_TRAINING, &ws, &rs);
     if (workspace_bytes) *workspace_bytes = ws;
     if (reserve_bytes) *reserve_bytes = mode == KF_MODE_TRAINING ? rs : 0;
     return KF_OK;
@@ -318,7 +333,7 @@ KF_API kf_status kf_rnn_forward(kf_rnn_plan *plan, kf_mode mode, const kf_rnn_fo
 
     bool training = mode == KF_MODE_TRAINING;
     size_t ws_need = 0, rs_need = 0;
-    kf__rnn_sizes(plan, in.T, in.B, training, &ws_need, &rs_need);
+    plan->ops->sizes(plan, in.T, in.B, training, &ws_need, &rs_need);
     if (training) {
         KF_CHECK(reserve != NULL || rs_need == 0, KF_ERR_INVALID_ARGUMENT,
                  "reserve is NULL in KF_MODE_TRAINING (needs %zu bytes)", rs_need);
@@ -339,10 +354,7 @@ KF_API kf_status kf_rnn_forward(kf_rnn_plan *plan, kf_mode mode, const kf_rnn_fo
         .ws_bytes = ws_need, .reserve = training ? reserve : NULL,
         .reserve_bytes = training ? rs_need : 0,
     };
-#ifdef KF_HAVE_CUDA
-    if (plan->ctx->device_type == KF_DEVICE_CUDA) return kf__cuda_rnn_forward(plan->ctx, &c);
-#endif
-    return kf__cpu_rnn_forward(plan->ctx, &c);
+    return plan->ops->forward(plan->ctx, &c);
 }
 
 KF_API kf_status kf_rnn_backward(kf_rnn_plan *plan, kf_grad_mode grad_mode,
@@ -401,7 +413,7 @@ KF_API kf_status kf_rnn_backward(kf_rnn_plan *plan, kf_grad_mode grad_mode,
     }
 
     size_t ws_need = 0, rs_need = 0;
-    kf__rnn_sizes(plan, in.T, in.B, true, &ws_need, &rs_need);
+    plan->ops->sizes(plan, in.T, in.B, true, &ws_need, &rs_need);
     KF_CHECK(reserve != NULL || rs_need == 0, KF_ERR_INVALID_ARGUMENT,
              "reserve is NULL (backward reads the %zu-byte reserve a training forward wrote)",
              rs_need);
@@ -419,8 +431,5 @@ KF_API kf_status kf_rnn_backward(kf_rnn_plan *plan, kf_grad_mode grad_mode,
         .accumulate = grad_mode == KF_GRAD_ACCUMULATE, .ws = ws, .ws_bytes = ws_need,
         .reserve = reserve, .reserve_bytes = rs_need,
     };
-#ifdef KF_HAVE_CUDA
-    if (plan->ctx->device_type == KF_DEVICE_CUDA) return kf__cuda_rnn_backward(plan->ctx, &c);
-#endif
-    return kf__cpu_rnn_backward(plan->ctx, &c);
+    return plan->ops->backward(plan->ctx, &c);
 }

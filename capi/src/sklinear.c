@@ -1,7 +1,10 @@
 /* Front end of the sketched linear layer (SKLinear): validate -> size -> dispatch. No math here
  * beyond the initialisation's staging; the backends receive records whose every pointer, extent
  * and buffer size has been checked. */
-#include "sklinear_internal.h"
+#include "backend.h"
+#include "front.h"
+#include "host.h"
+#include "sklinear_backend.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -77,12 +80,18 @@ KF_API kf_status kf_sklinear_plan_create(kf_context *ctx, const kf_sklinear_desc
     kf_sklinear_plan *p = calloc(1, sizeof *p);
     KF_CHECK(p != NULL, KF_ERR_OUT_OF_MEMORY, "cannot allocate the plan");
     p->ctx = ctx;
+    p->ops = ctx->backend->skl;
     p->in = desc->in_features;
     p->out = desc->out_features;
     p->L = desc->num_terms;
     p->k = desc->low_rank;
     p->r = r;
     p->has_bias = desc->bias == 1;
+    kf_status s = p->ops->supports ? p->ops->supports(p, __func__) : KF_OK;
+    if (s != KF_OK) {
+        free(p);
+        return s;
+    }
     *out = p;
     return KF_OK;
 }
@@ -98,6 +107,37 @@ KF_API kf_status kf_sklinear_param_ratio(const kf_sklinear_plan *plan, double *r
     return KF_OK;
 }
 
+/* Panther's state: S1s, S2s, U1s, U2s and (with a bias) bias; returns the count. */
+static int32_t kf__skl_params(const kf_sklinear_plan *p, kf__param *out) {
+    const int64_t L = p->L, k = p->k;
+    const kf__param all[5] = {{"S1s", 3, {L, p->in, k}},
+                              {"S2s", 3, {L, k, p->out}},
+                              {"U1s", 3, {L, k, p->out}},
+                              {"U2s", 3, {L, p->in, k}},
+                              {"bias", 1, {p->out, 0, 0}}};
+    const int32_t n = p->has_bias ? 5 : 4;
+    for (int32_t i = 0; i < n; ++i) out[i] = all[i];
+    return n;
+}
+
+KF_API kf_status kf_sklinear_param_count(const kf_sklinear_plan *plan, int32_t *count) {
+    kf__clear_error();
+    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
+    KF_CHECK(count != NULL, KF_ERR_INVALID_ARGUMENT, "count is NULL");
+    kf__param ps[5];
+    *count = kf__skl_params(plan, ps);
+    return KF_OK;
+}
+
+KF_API kf_status kf_sklinear_param_info(const kf_sklinear_plan *plan, int32_t index,
+                                        const char **name, int32_t *ndim, int64_t *shape) {
+    kf__clear_error();
+    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
+    kf__param ps[5];
+    const int32_t n = kf__skl_params(plan, ps);
+    return kf__param_info(__func__, ps, n, index, name, ndim, shape);
+}
+
 /* N within limits and every size the backends derive from it representable: their buffers are
  * bounded by N * (in + out + 4r) + (in + out) * 4r floats. */
 static kf_status kf__skl_check_rows(const char *fn, const kf_sklinear_plan *p, int64_t N) {
@@ -111,19 +151,12 @@ static kf_status kf__skl_check_rows(const char *fn, const kf_sklinear_plan *p, i
     return KF_OK;
 }
 
-static size_t kf__skl_workspace(const kf_sklinear_plan *p, int64_t N) {
-#ifdef KF_HAVE_CUDA
-    if (p->ctx->device_type == KF_DEVICE_CUDA) return kf__cuda_skl_workspace(p, N);
-#endif
-    return kf__cpu_skl_workspace(p, N);
-}
-
 KF_API kf_status kf_sklinear_workspace_size(const kf_sklinear_plan *plan, int64_t N,
                                             size_t *workspace_bytes) {
     kf__clear_error();
     KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
     KF_TRY(kf__skl_check_rows(__func__, plan, N));
-    if (workspace_bytes) *workspace_bytes = kf__skl_workspace(plan, N);
+    if (workspace_bytes) *workspace_bytes = plan->ops->workspace(plan, N);
     return KF_OK;
 }
 
@@ -174,13 +207,10 @@ KF_API kf_status kf_sklinear_forward(kf_sklinear_plan *plan, const kf_sklinear_f
     c.bias = bias;
     KF_TRY(kf__check_row_tensor(plan->ctx, __func__, "args->y", &args->y, args->x.ndim, xs,
                                      plan->out, false, ys, &present, NULL));
-    size_t need = kf__skl_workspace(plan, N);
+    size_t need = plan->ops->workspace(plan, N);
     KF_TRY(kf__workspace_select(plan->ctx, __func__, workspace, workspace_bytes, need, &c.ws));
     c.ws_bytes = need;
-#ifdef KF_HAVE_CUDA
-    if (plan->ctx->device_type == KF_DEVICE_CUDA) return kf__cuda_skl_forward(plan->ctx, &c);
-#endif
-    return kf__cpu_skl_forward(plan->ctx, &c);
+    return plan->ops->forward(plan->ctx, &c);
 }
 
 KF_API kf_status kf_sklinear_backward(kf_sklinear_plan *plan, kf_grad_mode grad_mode,
@@ -214,22 +244,25 @@ KF_API kf_status kf_sklinear_backward(kf_sklinear_plan *plan, kf_grad_mode grad_
                             k_out, true, &present));
     c.dS2 = present ? args->dS2s.data : NULL;
     KF_TRY(kf__skl_check_bias(plan, __func__, "args->dbias", &args->dbias, true, &c.db));
-    size_t need = kf__skl_workspace(plan, N);
+    size_t need = plan->ops->workspace(plan, N);
     KF_TRY(kf__workspace_select(plan->ctx, __func__, workspace, workspace_bytes, need, &c.ws));
     c.ws_bytes = need;
-#ifdef KF_HAVE_CUDA
-    if (plan->ctx->device_type == KF_DEVICE_CUDA) return kf__cuda_skl_backward(plan->ctx, &c);
-#endif
-    return kf__cpu_skl_backward(plan->ctx, &c);
+    return plan->ops->backward(plan->ctx, &c);
 }
 
 /* ---- initialisation ------------------------------------------------------------------------ */
 
-/* Host staging for a CUDA context: one block holding W_init (if given) and the outputs. */
-typedef struct kf__skl_stage {
-    size_t n_w, n_ik, n_ko, n_b; /* element counts of W_init, S1s/U2s, S2s/U1s, bias */
-    float *block;
-} kf__skl_stage;
+/* The host algorithm on the staged buffers W_init, S1s, S2s, U1s, U2s, bias. */
+typedef struct kf__skl_init_call {
+    const kf_sklinear_plan *plan;
+    uint64_t seed;
+} kf__skl_init_call;
+
+static kf_status kf__skl_init_staged(void *arg, const kf__stage *b) {
+    const kf__skl_init_call *c = arg;
+    return kf__skl_init_host(c->plan, "kf_sklinear_init_params", c->seed, b[0].host, b[1].host,
+                             b[2].host, b[3].host, b[4].host, b[5].host);
+}
 
 KF_API kf_status kf_sklinear_init_params(kf_sklinear_plan *plan,
                                          const kf_sklinear_init_args *args) {
@@ -247,40 +280,15 @@ KF_API kf_status kf_sklinear_init_params(kf_sklinear_plan *plan,
     float *bias = NULL;
     KF_TRY(kf__skl_check_bias(plan, __func__, "args->bias", &args->bias, false, &bias));
     /* The outputs are written through the tensors the caller handed in (checked above). */
-    float *oS1 = args->S1s.data, *oS2 = args->S2s.data, *oU1 = args->U1s.data,
-          *oU2 = args->U2s.data;
-    if (plan->ctx->device_type == KF_DEVICE_CPU) {
-        return kf__skl_init_host(plan, __func__, args->seed, W, oS1, oS2, oU1, oU2, bias);
-    }
-#ifdef KF_HAVE_CUDA
-    kf__skl_stage st = {
-        .n_w = W ? (size_t)(plan->in * plan->out) : 0,
-        .n_ik = (size_t)(plan->r * plan->in),
-        .n_ko = (size_t)(plan->r * plan->out),
-        .n_b = bias ? (size_t)plan->out : 0,
-    };
-    size_t total = st.n_w + 2 * st.n_ik + 2 * st.n_ko + st.n_b;
-    st.block = malloc(total * sizeof(float));
-    KF_CHECK(st.block != NULL, KF_ERR_OUT_OF_MEMORY,
-             "cannot allocate %zu bytes of host staging", total * sizeof(float));
-    float *hW = st.block, *hS1 = hW + st.n_w, *hU2 = hS1 + st.n_ik, *hS2 = hU2 + st.n_ik,
-          *hU1 = hS2 + st.n_ko, *hb = hU1 + st.n_ko;
-    kf_status s = W ? kf__cuda_copy(plan->ctx, __func__, hW, W, st.n_w * sizeof(float), false)
-                    : KF_OK;
-    if (s == KF_OK)
-        s = kf__skl_init_host(plan, __func__, args->seed, W ? hW : NULL, hS1, hS2, hU1, hU2,
-                              bias ? hb : NULL);
-    if (s == KF_OK) {
-        const struct { float *dst; const float *src; size_t n; } out[5] = {
-            {oS1, hS1, st.n_ik}, {oU2, hU2, st.n_ik}, {oS2, hS2, st.n_ko}, {oU1, hU1, st.n_ko},
-            {bias, hb, st.n_b}};
-        for (int i = 0; i < 5 && s == KF_OK; ++i)
-            s = kf__cuda_copy(plan->ctx, __func__, out[i].dst, out[i].src,
-                              out[i].n * sizeof(float), true);
-    }
-    free(st.block);
-    return s;
-#else
-    return kf__error(KF_ERR_UNSUPPORTED, __func__, "this build has no CUDA backend");
-#endif
+    const size_t ik = (size_t)(plan->r * plan->in) * sizeof(float),
+                 ko = (size_t)(plan->r * plan->out) * sizeof(float);
+    kf__stage bufs[6] = {
+        {(void *)W, W ? (size_t)(plan->in * plan->out) * sizeof(float) : 0, KF__STAGE_IN, NULL},
+        {args->S1s.data, ik, KF__STAGE_OUT, NULL},
+        {args->S2s.data, ko, KF__STAGE_OUT, NULL},
+        {args->U1s.data, ko, KF__STAGE_OUT, NULL},
+        {args->U2s.data, ik, KF__STAGE_OUT, NULL},
+        {bias, bias ? (size_t)plan->out * sizeof(float) : 0, KF__STAGE_OUT, NULL}};
+    kf__skl_init_call call = {plan, args->seed};
+    return kf__stage_run(plan->ctx, __func__, bufs, 6, kf__skl_init_staged, &call);
 }

@@ -1,5 +1,5 @@
 /* Tensor views: construction and the one validation routine every front end uses. */
-#include "internal.h"
+#include "front.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -52,17 +52,6 @@ KF_API kf_status kf_tensor_init(kf_tensor *t, void *data, kf_dtype dtype, int32_
         if (shape[i] > 0 && __builtin_mul_overflow(stride, shape[i], &stride)) stride = INT64_MAX;
     }
     *t = v;
-    return KF_OK;
-}
-
-kf_status kf__check_device_memory(const kf_context *ctx, const char *fn, const char *arg,
-                                  const void *p) {
-#ifdef KF_HAVE_CUDA
-    if (ctx->device_type == KF_DEVICE_CUDA && p != NULL)
-        return kf__cuda_check_pointer(ctx, fn, arg, p);
-#else
-    (void)ctx, (void)fn, (void)arg, (void)p;
-#endif
     return KF_OK;
 }
 

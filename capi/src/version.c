@@ -1,6 +1,6 @@
 /* Run-time version: the numbers come from kfuse.h, the single source of truth (the build also
  * parses them from there for the SONAME and package version). */
-#include "internal.h"
+#include "front.h"
 
 #define KF__STR2(x) #x
 #define KF__STR(x) KF__STR2(x)

@@ -12,7 +12,7 @@
  *  h0, hn, dh0, dhn  [L*D, B, H], index l*D + d
  *  weights           kfuse's canonical order (ref_rnn_weight_desc() gives names and shapes)
  * Semantics: dropout after every layer but the last when cfg.training and cfg.dropout > 0, with the
- * counter formula of capi/src/rnn_internal.h (mask function from common/counter_rng.h); variable
+ * counter formula of core/rnn_backend.h (mask function from common/counter_rng.h); variable
  * lengths as torch's packed sequences (t >= len[b]: state unchanged, y = 0; the reverse direction
  * starts at len[b]-1). NULL h0 = zeros; NULL lengths = all T.
  *

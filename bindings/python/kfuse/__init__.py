@@ -21,7 +21,8 @@ from kfuse._lowlevel import (  # noqa: F401
 from kfuse.sklinear import SkLinearPlan  # noqa: F401
 from kfuse.kan import KanConv2dPlan, KanLinearPlan  # noqa: F401
 
-__version__ = "1.2.0"
+# The version of the library this package runs on (kfuse.h is its one source).
+__version__ = version_string()
 
 
 def __getattr__(name):

@@ -4,11 +4,12 @@
 // Do not edit: change the header, rerun generate.sh, commit the result.
 
 pub const KF_VERSION_MAJOR: u32 = 1;
-pub const KF_VERSION_MINOR: u32 = 2;
+pub const KF_VERSION_MINOR: u32 = 3;
 pub const KF_VERSION_PATCH: u32 = 0;
 pub const KF_ABI_VERSION: u32 = 1;
-pub const KF_VERSION_NUMBER: u32 = 10200;
+pub const KF_VERSION_NUMBER: u32 = 10300;
 pub const KF_MAX_DIMS: u32 = 6;
+pub const KF_ALIGN_BYTES: u32 = 64;
 pub const KF_CONTEXT_FIXED_ARENA: u32 = 1;
 pub const KF_RNN_BATCH_FIRST: u32 = 1;
 pub const KF_RNN_BIDIRECTIONAL: u32 = 2;
@@ -172,7 +173,11 @@ pub struct kf_context_desc {
     pub device_type: i32,
     #[doc = " CUDA device ordinal; default 0; must be 0 for the CPU"]
     pub device_index: i32,
-    #[doc = " CPU threads a call may use; 0 (default) = number of online cores"]
+    #[doc = " CPU threads a call may use, 1..4096; 0 (default) = the CPUs this"]
+    #[doc = "process may use when the context is created: the smallest of"]
+    #[doc = "omp_get_max_threads() (OMP_NUM_THREADS), the CPUs of its affinity"]
+    #[doc = "mask (sched_getaffinity) and, where a cgroup v2 CPU quota is set"]
+    #[doc = "(/sys/fs/cgroup/cpu.max), that quota rounded up; at least 1"]
     pub num_threads: i32,
     #[doc = " KF_CONTEXT_*; unknown bits are rejected"]
     pub flags: u32,
@@ -511,6 +516,19 @@ extern "C" {
     ) -> kf_status;
 }
 extern "C" {
+    #[doc = " The shapes of the outputs of T steps of B samples: y_shape[3] = [T, B, D*H] ([B, T, D*H] with"]
+    #[doc = " KF_RNN_BATCH_FIRST) and hn_shape[3] = [L*D, B, H]. Either may be NULL. @return KF_OK, or"]
+    #[doc = " KF_ERR_INVALID_ARGUMENT (NULL plan; T or B outside 1..2^31-1, or too large to address)."]
+    #[doc = " Since 1.3."]
+    pub fn kf_rnn_output_shapes(
+        plan: *const kf_rnn_plan,
+        T: i64,
+        B: i64,
+        y_shape: *mut i64,
+        hn_shape: *mut i64,
+    ) -> kf_status;
+}
+extern "C" {
     #[doc = " Bytes of scratch workspace that kf_rnn_forward() (in `mode`) and kf_rnn_backward() need for T"]
     #[doc = " steps of B samples, and bytes of reserve that a KF_MODE_TRAINING forward writes and backward"]
     #[doc = " reads (0 in KF_MODE_INFERENCE). `workspace_bytes` covers both calls. Either pointer may be NULL."]
@@ -706,11 +724,11 @@ extern "C" {
 }
 extern "C" {
     #[doc = " Runs the stacked layer over the whole sequence. T and B are read from args->x."]
-    #[doc = " `workspace` (`workspace_bytes` of it, on the context's device, 64-byte aligned) may be NULL with"]
-    #[doc = " 0 bytes, in which case the context's arena serves. In KF_MODE_TRAINING `reserve` (64-byte"]
-    #[doc = " aligned, on the context's device) must hold the reserve_bytes that kf_rnn_workspace_size() gave"]
-    #[doc = " and must be passed unchanged to the backward call for the same inputs; in KF_MODE_INFERENCE it"]
-    #[doc = " may be NULL."]
+    #[doc = " `workspace` (`workspace_bytes` of it, on the context's device, KF_ALIGN_BYTES-aligned) may be"]
+    #[doc = " NULL with 0 bytes, in which case the context's arena serves. In KF_MODE_TRAINING `reserve`"]
+    #[doc = " (KF_ALIGN_BYTES-aligned, on the context's device) must hold the reserve_bytes that"]
+    #[doc = " kf_rnn_workspace_size() gave and must be passed unchanged to the backward call for the same"]
+    #[doc = " inputs; in KF_MODE_INFERENCE it may be NULL."]
     #[doc = " @return KF_OK; KF_ERR_INVALID_ARGUMENT (message names the argument); KF_ERR_WORKSPACE_TOO_SMALL;"]
     #[doc = " KF_ERR_OUT_OF_MEMORY (arena growth); KF_ERR_DEVICE. Since 1.0."]
     pub fn kf_rnn_forward(
@@ -1126,6 +1144,25 @@ extern "C" {
     #[doc = " 2Lk(in+out) / (in*out): the sketched layer's parameter count over the dense layer's. Above 1"]
     #[doc = " the sketch holds more parameters than the Linear it replaces (Panther warns then). Since 1.1."]
     pub fn kf_sklinear_param_ratio(plan: *const kf_sklinear_plan, ratio: *mut f64) -> kf_status;
+}
+extern "C" {
+    #[doc = " The number of tensors of the layer's state (Panther's state_dict): 5, or 4 without a bias."]
+    #[doc = " Since 1.3."]
+    pub fn kf_sklinear_param_count(plan: *const kf_sklinear_plan, count: *mut i32) -> kf_status;
+}
+extern "C" {
+    #[doc = " Name (Panther's state_dict key; static storage), rank and shape of tensor `index` in the order"]
+    #[doc = " S1s [L, in, k], S2s [L, k, out], U1s [L, k, out], U2s [L, in, k], bias [out] (when the plan has"]
+    #[doc = " one), as kf_rnn_weight_info() (`name`, `ndim`, `shape` may each be NULL; `shape` has room for"]
+    #[doc = " KF_MAX_DIMS entries). @return KF_OK, or KF_ERR_INVALID_ARGUMENT (NULL plan, index out of"]
+    #[doc = " range). Since 1.3."]
+    pub fn kf_sklinear_param_info(
+        plan: *const kf_sklinear_plan,
+        index: i32,
+        name: *mut *const ::std::os::raw::c_char,
+        ndim: *mut i32,
+        shape: *mut i64,
+    ) -> kf_status;
 }
 extern "C" {
     #[doc = " Bytes of scratch workspace kf_sklinear_forward() and kf_sklinear_backward() need for N rows"]
@@ -1743,8 +1780,10 @@ extern "C" {
 }
 extern "C" {
     #[doc = " Creates a plan bound to `ctx` (which must outlive it). @return KF_OK and *out,"]
-    #[doc = " KF_ERR_INVALID_ARGUMENT (message names the field), KF_ERR_UNSUPPORTED, KF_ERR_OUT_OF_MEMORY."]
-    #[doc = " On failure *out is set to NULL (when `out` is not NULL). Since 1.1."]
+    #[doc = " KF_ERR_INVALID_ARGUMENT (message names the field), KF_ERR_UNSUPPORTED (a dtype other than"]
+    #[doc = " KF_DTYPE_F32; on a CUDA context a spline_order above 15: since 1.3 reported here, before 1.3 by"]
+    #[doc = " forward and backward), KF_ERR_OUT_OF_MEMORY. On failure *out is set to NULL (when `out` is not"]
+    #[doc = " NULL). Since 1.1."]
     pub fn kf_kan_linear_plan_create(
         ctx: *mut kf_context,
         desc: *const kf_kan_linear_desc,
@@ -1762,6 +1801,24 @@ extern "C" {
         plan: *const kf_kan_linear_plan,
         N: i64,
         workspace_bytes: *mut usize,
+    ) -> kf_status;
+}
+extern "C" {
+    #[doc = " The number of tensors of the layer's state (efficient-kan's state_dict): 4, or 3 without a"]
+    #[doc = " spline_scaler (standalone_scale = 0). Since 1.3."]
+    pub fn kf_kan_linear_param_count(plan: *const kf_kan_linear_plan, count: *mut i32) -> kf_status;
+}
+extern "C" {
+    #[doc = " Name (efficient-kan's state_dict key; static storage), rank and shape of tensor `index` in the"]
+    #[doc = " order grid [in, G+2k+1], base_weight [out, in], spline_weight [out, in, G+k], spline_scaler"]
+    #[doc = " [out, in] (when the plan has one), as kf_rnn_weight_info(). @return KF_OK, or"]
+    #[doc = " KF_ERR_INVALID_ARGUMENT (NULL plan, index out of range). Since 1.3."]
+    pub fn kf_kan_linear_param_info(
+        plan: *const kf_kan_linear_plan,
+        index: i32,
+        name: *mut *const ::std::os::raw::c_char,
+        ndim: *mut i32,
+        shape: *mut i64,
     ) -> kf_status;
 }
 extern "C" {
@@ -1918,8 +1975,7 @@ extern "C" {
     #[doc = " grid that decreases along a row is rejected on CPU contexts (KF_ERR_INVALID_ARGUMENT); on"]
     #[doc = " CUDA contexts, where reading it would need a synchronisation, it gives unspecified values."]
     #[doc = " @return KF_OK; KF_ERR_INVALID_ARGUMENT (message names the argument);"]
-    #[doc = " KF_ERR_WORKSPACE_TOO_SMALL; KF_ERR_OUT_OF_MEMORY; KF_ERR_UNSUPPORTED (CUDA contexts:"]
-    #[doc = " spline_order above 15); KF_ERR_DEVICE. Since 1.1."]
+    #[doc = " KF_ERR_WORKSPACE_TOO_SMALL; KF_ERR_OUT_OF_MEMORY; KF_ERR_DEVICE. Since 1.1."]
     pub fn kf_kan_linear_forward(
         plan: *mut kf_kan_linear_plan,
         args: *const kf_kan_linear_forward_args,
@@ -2408,6 +2464,34 @@ extern "C" {
         height: i64,
         width: i64,
         workspace_bytes: *mut usize,
+    ) -> kf_status;
+}
+extern "C" {
+    #[doc = " The per-patch layer's tensors, as kf_kan_linear_param_count() and kf_kan_linear_param_info()"]
+    #[doc = " with in = in_channels * kernel_h * kernel_w. Since 1.3."]
+    pub fn kf_kan_conv2d_param_count(plan: *const kf_kan_conv2d_plan, count: *mut i32) -> kf_status;
+}
+extern "C" {
+    pub fn kf_kan_conv2d_param_info(
+        plan: *const kf_kan_conv2d_plan,
+        index: i32,
+        name: *mut *const ::std::os::raw::c_char,
+        ndim: *mut i32,
+        shape: *mut i64,
+    ) -> kf_status;
+}
+extern "C" {
+    #[doc = " The output extent of a height x width image, as torch.nn.Conv2d forms it:"]
+    #[doc = " out = (in + 2 pad - dilation (kernel - 1) - 1) / stride + 1 per dimension; y is"]
+    #[doc = " [batch, out_channels, out_height, out_width] (or without batch for a 3-D x). Either output"]
+    #[doc = " may be NULL. @return KF_OK, or KF_ERR_INVALID_ARGUMENT (NULL plan; an extent outside"]
+    #[doc = " 1..2^31-1 or one whose output would be empty). Since 1.3."]
+    pub fn kf_kan_conv2d_output_size(
+        plan: *const kf_kan_conv2d_plan,
+        height: i64,
+        width: i64,
+        out_height: *mut i64,
+        out_width: *mut i64,
     ) -> kf_status;
 }
 extern "C" {

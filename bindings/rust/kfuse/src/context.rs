@@ -28,7 +28,8 @@ pub struct ContextBuilder {
 }
 
 impl ContextBuilder {
-    /// CPU threads a call may use; 0 (the default) means the number of online cores.
+    /// CPU threads a call may use; 0 (the default) means the CPUs the process may use (kfuse.h:
+    /// OpenMP's limit, the affinity mask and a cgroup CPU quota).
     pub fn with_threads(mut self, threads: u32) -> Self {
         self.desc.num_threads = i32::try_from(threads).unwrap_or(i32::MAX);
         self
@@ -118,7 +119,7 @@ impl Context {
         ContextBuilder { desc, device }
     }
 
-    /// A CPU context with default options (all online cores).
+    /// A CPU context with default options (every CPU the process may use).
     pub fn cpu() -> Result<Context> {
         Context::builder(Device::Cpu).build()
     }

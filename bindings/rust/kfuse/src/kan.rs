@@ -127,21 +127,31 @@ impl KanLinearDesc {
     pub fn y_shape(&self, n: usize) -> [usize; 2] {
         [n, self.out_features]
     }
-    /// Shape of the knots: `[in, G + 2k + 1]`.
+    /// Shape of the knots: `[in, G + 2k + 1]`. The state shapes come from the library
+    /// (`kf_kan_linear_param_info` of a layer like this one with a spline_scaler); all zeros
+    /// for a descriptor it refuses.
     pub fn grid_shape(&self) -> [usize; 2] {
-        [self.in_features, self.num_knots()]
+        self.param_shape("grid")
     }
     /// Shape of base_weight (and its gradient): `[out, in]`.
     pub fn base_weight_shape(&self) -> [usize; 2] {
-        [self.out_features, self.in_features]
+        self.param_shape("base_weight")
     }
     /// Shape of spline_weight (and its gradient): `[out, in, G + k]`.
     pub fn spline_weight_shape(&self) -> [usize; 3] {
-        [self.out_features, self.in_features, self.num_coeffs()]
+        self.param_shape("spline_weight")
     }
     /// Shape of spline_scaler (and its gradient): `[out, in]`.
     pub fn spline_scaler_shape(&self) -> [usize; 2] {
-        [self.out_features, self.in_features]
+        self.param_shape("spline_scaler")
+    }
+    fn param_shape<const R: usize>(&self, name: &str) -> [usize; R] {
+        let list = layer::on_shape_context(|ctx| {
+            let plan = KanPlan::new(ctx, &self.clone().standalone_scale(true)).ok()?;
+            layer::param_list(plan.as_raw(), sys::kf_kan_linear_param_count, sys::kf_kan_linear_param_info)
+                .ok()
+        });
+        layer::shape_of(list, name)
     }
 
     /// The `kf_kan_linear_desc` this describes. Out-of-range values saturate so that the library
@@ -666,7 +676,7 @@ impl<'ctx, L: KanLayer> KanPlan<'ctx, L> {
     ///
     /// # Safety
     /// `workspace` must be null or point to at least `workspace_bytes` writable bytes on the
-    /// context's device, 64-byte aligned, not used by anyone else until the call's work has
+    /// context's device, `KF_ALIGN_BYTES`-aligned, not used by anyone else until the call's work has
     /// finished (on CUDA: on the context's stream).
     pub unsafe fn forward_raw(
         &mut self,

@@ -17,7 +17,7 @@
 //! `[C_out, Ho, Wo]`). Neither the patches nor the bases are stored for the batch.
 use crate::error::{check, Result};
 use crate::kan::{kan_raw_impl, spline_options, KanLayer, KanLinearDesc, KanPlan};
-use crate::layer::init_with;
+use crate::layer::{self, init_with};
 use kfuse_sys as sys;
 
 /// Saturating `usize` to `i64`, so that the library rejects an out-of-range value itself.
@@ -123,21 +123,12 @@ impl KanConv2dDesc {
         self.in_channels * self.kernel.0 as usize * self.kernel.1 as usize
     }
 
-    /// `(Ho, Wo)` for an image of `h x w`, as the header defines them:
-    /// `Ho = (h + 2 ph - dh (kh - 1) - 1) / sh + 1` and `Wo` likewise; `None` where the padded
-    /// image is smaller than the dilated kernel (or the geometry is degenerate: a zero kernel,
-    /// stride or dilation), which the library refuses.
+    /// `(Ho, Wo)` for an image of `h x w`, as the library forms them
+    /// ([`KanConv2dPlan::output_size`], torch.nn.Conv2d's formula); `None` where the library
+    /// refuses the image or the descriptor (an image smaller than the dilated kernel, a zero
+    /// kernel, stride or dilation).
     pub fn output_size(&self, h: usize, w: usize) -> Option<(usize, usize)> {
-        fn out(n: usize, k: u32, s: u32, p: u32, d: u32) -> Option<usize> {
-            if s == 0 || d == 0 {
-                return None;
-            }
-            let span = (d as usize).checked_mul((k as usize).checked_sub(1)?)?.checked_add(1)?;
-            let padded = n.checked_add(2 * p as usize)?;
-            Some(padded.checked_sub(span)? / s as usize + 1)
-        }
-        let (k, s, p, d) = (self.kernel, self.stride, self.padding, self.dilation);
-        Some((out(h, k.0, s.0, p.0, d.0)?, out(w, k.1, s.1, p.1, d.1)?))
+        layer::on_shape_context(|ctx| KanConv2dPlan::new(ctx, self).ok()?.output_size(h, w))
     }
 
     /// Shape of x (and dx) for `b` images of `h x w`: `[b, C_in, h, w]` (the 4-D form; one image
@@ -245,18 +236,26 @@ kan_raw_impl!(KanConv2dDesc, "KanConv2dPlan", plan: kf_kan_conv2d_plan,
 pub type KanConv2dPlan<'ctx> = KanPlan<'ctx, KanConv2dDesc>;
 
 impl<'ctx> KanConv2dPlan<'ctx> {
-    /// `(Ho, Wo)` for an image of `h x w` (as [`KanConv2dDesc::output_size`]).
+    /// `(Ho, Wo)` for an image of `h x w`, as the library forms them (`kf_kan_conv2d_output_size`,
+    /// torch.nn.Conv2d's formula); `None` for an image it refuses (an empty output, an extent
+    /// out of range).
     pub fn output_size(&self, h: usize, w: usize) -> Option<(usize, usize)> {
-        self.desc().output_size(h, w)
+        let (mut ho, mut wo) = (0i64, 0i64);
+        // SAFETY: valid plan and out-pointers.
+        let st =
+            unsafe { sys::kf_kan_conv2d_output_size(self.as_raw(), sat64(h), sat64(w), &mut ho, &mut wo) };
+        check(st).ok()?;
+        Some((ho as usize, wo as usize))
     }
     /// Shape of x for `b` images of `h x w`, `[b, C_in, h, w]` (as [`KanConv2dDesc::x_shape`]).
     pub fn x_shape(&self, b: usize, h: usize, w: usize) -> [usize; 4] {
         self.desc().x_shape(b, h, w)
     }
-    /// Shape of y for `b` images of `h x w`, `[b, C_out, Ho, Wo]` (as
-    /// [`KanConv2dDesc::y_shape`]).
+    /// Shape of y for `b` images of `h x w`, `[b, C_out, Ho, Wo]` with the library's
+    /// [`output_size`](Self::output_size) (0, 0 where it is `None`: the library then refuses x).
     pub fn y_shape(&self, b: usize, h: usize, w: usize) -> [usize; 4] {
-        self.desc().y_shape(b, h, w)
+        let (ho, wo) = self.output_size(h, w).unwrap_or((0, 0));
+        [b, self.desc().out_channels, ho, wo]
     }
 
     /// Bytes of scratch that forward and backward need for `batch` images of `height x width`

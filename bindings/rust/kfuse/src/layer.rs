@@ -1,12 +1,17 @@
-//! Plumbing shared by the one-call layers (`kan`, `sklinear`):
+//! Plumbing shared by the layers (`rnn`, `kan`, `sklinear`):
 //! structs as their `*_init` functions fill them, plan creation, workspace queries and the raw
 //! tensors of optional views.
 use crate::context::Context;
 use crate::error::{check, Error, Result, Status};
+use crate::rnn::WeightInfo;
 use crate::tensor::{absent, Tensor, TensorMut};
 use kfuse_sys as sys;
+use std::ffi::CStr;
 use std::mem::MaybeUninit;
+use std::os::raw::c_char;
 use std::ptr::{self, NonNull};
+
+const MAX_DIMS: usize = sys::KF_MAX_DIMS as usize;
 
 /// A kfuse struct as its `*_init` function fills it (defaults and `struct_size`).
 pub(crate) fn init_with<T>(init: unsafe extern "C" fn(*mut T)) -> T {
@@ -38,6 +43,52 @@ pub(crate) fn workspace_size(
     let mut ws = 0usize;
     check(query(i64::try_from(n).unwrap_or(i64::MAX), &mut ws))?;
     Ok(ws)
+}
+
+/// Name and shape of every state tensor of `plan` as the library lists them: `count` is a
+/// `kf_*_param_count` (or `kf_rnn_weight_count`), `info` the matching `*_info`.
+pub(crate) fn param_list<P>(
+    plan: *const P,
+    count: unsafe extern "C" fn(*const P, *mut i32) -> sys::kf_status,
+    info: unsafe extern "C" fn(*const P, i32, *mut *const c_char, *mut i32, *mut i64) -> sys::kf_status,
+) -> Result<Vec<WeightInfo>> {
+    let mut n = 0i32;
+    // SAFETY: a live plan handle and an out-pointer.
+    check(unsafe { count(plan, &mut n) })?;
+    let mut out = Vec::with_capacity(n.max(0) as usize);
+    for i in 0..n {
+        let mut name: *const c_char = ptr::null();
+        let mut ndim = 0i32;
+        let mut shape = [0i64; MAX_DIMS];
+        // SAFETY: shape has room for KF_MAX_DIMS entries; name is static or lives as long as the
+        // plan, and is copied at once.
+        check(unsafe { info(plan, i, &mut name, &mut ndim, shape.as_mut_ptr()) })?;
+        let name = unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned();
+        let shape = shape[..ndim.clamp(0, MAX_DIMS as i32) as usize].iter().map(|&s| s as usize).collect();
+        out.push(WeightInfo { name, shape });
+    }
+    Ok(out)
+}
+
+thread_local! {
+    /// A CPU context of this thread for the descriptors' shape queries: the library forms every
+    /// shape from a plan, and a plan needs a context (creating either allocates only the handle).
+    static SHAPE_CONTEXT: Option<Context> = Context::cpu().ok();
+}
+
+/// `f` on this thread's shape-query context; `None` when there is none or `f` gives none.
+pub(crate) fn on_shape_context<R>(f: impl FnOnce(&Context) -> Option<R>) -> Option<R> {
+    SHAPE_CONTEXT.with(|c| c.as_ref().and_then(f))
+}
+
+/// The shape of entry `name` of `list` (`[0; R]` when it has none of that rank: a tensor the
+/// layer does not have, or a descriptor the library refused).
+pub(crate) fn shape_of<const R: usize>(list: Option<Vec<WeightInfo>>, name: &str) -> [usize; R] {
+    let mut out = [0usize; R];
+    if let Some(w) = list.iter().flatten().find(|w| w.name == name && w.shape.len() == R) {
+        out.copy_from_slice(&w.shape);
+    }
+    out
 }
 
 /// The number of elements of `shape`.

@@ -2,18 +2,17 @@
 use crate::context::{Context, Device};
 use crate::error::{check, Error, Result, Status};
 use crate::grad::GradMode;
+use crate::layer;
 use crate::tensor::{absent, Tensor, TensorMut};
 use kfuse_sys as sys;
 use std::alloc::{self, Layout};
-use std::ffi::{c_void, CStr};
+use std::ffi::c_void;
 use std::marker::PhantomData;
-use std::mem::MaybeUninit;
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-const MAX_DIMS: usize = sys::KF_MAX_DIMS as usize;
-/// Alignment of the reserve buffers this crate allocates (the library's own alignment rule).
-const RESERVE_ALIGN: usize = 64;
+/// Alignment of the reserve buffers this crate allocates (the library's own rule).
+const RESERVE_ALIGN: usize = sys::KF_ALIGN_BYTES as usize;
 
 /// The recurrent cell of every layer of a plan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -178,12 +177,7 @@ impl RnnDesc {
 }
 
 fn raw_desc_defaults() -> sys::kf_rnn_desc {
-    let mut d = MaybeUninit::<sys::kf_rnn_desc>::zeroed();
-    // SAFETY: init writes every field.
-    unsafe {
-        sys::kf_rnn_desc_init(d.as_mut_ptr());
-        d.assume_init()
-    }
+    layer::init_with(sys::kf_rnn_desc_init)
 }
 
 /// One weight tensor of a plan, in the canonical order: its reference `state_dict` name and its
@@ -305,6 +299,24 @@ impl<'a> WeightGrads<'a> {
     }
 }
 
+/// What forward and backward both read: x, h0, the weights, lengths and the dropout key (a
+/// backward call takes its forward's).
+#[derive(Clone, Copy, Debug)]
+struct Inputs<'a> {
+    x: Tensor<'a>,
+    h0: Option<Tensor<'a>>,
+    weights: Weights<'a>,
+    lengths: Option<Tensor<'a, i32>>,
+    dropout_seed: u64,
+    dropout_offset: u64,
+}
+
+impl<'a> Inputs<'a> {
+    fn new(x: Tensor<'a>, weights: Weights<'a>) -> Self {
+        Inputs { x, h0: None, weights, lengths: None, dropout_seed: 0, dropout_offset: 0 }
+    }
+}
+
 /// Arguments of a forward call (`kf_rnn_forward_args`), borrowing the inputs for `'i` and the
 /// outputs for `'o` (two lifetimes, so that [`BackwardArgs::from_forward`] can keep the inputs
 /// while the outputs are read).
@@ -312,12 +324,7 @@ impl<'a> WeightGrads<'a> {
 /// library; [`RnnPlan::x_shape`] and friends compute them.
 #[derive(Debug)]
 pub struct ForwardArgs<'i, 'o> {
-    x: Tensor<'i>,
-    h0: Option<Tensor<'i>>,
-    weights: Weights<'i>,
-    lengths: Option<Tensor<'i, i32>>,
-    dropout_seed: u64,
-    dropout_offset: u64,
+    inputs: Inputs<'i>,
     y: TensorMut<'o>,
     hn: Option<TensorMut<'o>>,
 }
@@ -325,20 +332,11 @@ pub struct ForwardArgs<'i, 'o> {
 impl<'i, 'o> ForwardArgs<'i, 'o> {
     /// Input `x`, the weights, and output `y` (every step of the last layer).
     pub fn new(x: Tensor<'i>, weights: impl Into<Weights<'i>>, y: TensorMut<'o>) -> Self {
-        ForwardArgs {
-            x,
-            h0: None,
-            weights: weights.into(),
-            lengths: None,
-            dropout_seed: 0,
-            dropout_offset: 0,
-            y,
-            hn: None,
-        }
+        ForwardArgs { inputs: Inputs::new(x, weights.into()), y, hn: None }
     }
     /// Initial state `[L*D, B, H]` (default zeros).
     pub fn h0(mut self, h0: Tensor<'i>) -> Self {
-        self.h0 = Some(h0);
+        self.inputs.h0 = Some(h0);
         self
     }
     /// Output: the last state of every layer and direction, `[L*D, B, H]`.
@@ -348,13 +346,13 @@ impl<'i, 'o> ForwardArgs<'i, 'o> {
     }
     /// Per-sequence lengths `[B]` in 0..=T (default: all T).
     pub fn lengths(mut self, lengths: Tensor<'i, i32>) -> Self {
-        self.lengths = Some(lengths);
+        self.inputs.lengths = Some(lengths);
         self
     }
     /// Key and counter offset of the dropout masks (training with dropout > 0 only).
     pub fn dropout(mut self, seed: u64, offset: u64) -> Self {
-        self.dropout_seed = seed;
-        self.dropout_offset = offset;
+        self.inputs.dropout_seed = seed;
+        self.inputs.dropout_offset = offset;
         self
     }
 }
@@ -363,12 +361,7 @@ impl<'i, 'o> ForwardArgs<'i, 'o> {
 /// dropout key must be the forward's; [`BackwardArgs::from_forward`] copies them.
 #[derive(Debug)]
 pub struct BackwardArgs<'a> {
-    x: Tensor<'a>,
-    h0: Option<Tensor<'a>>,
-    weights: Weights<'a>,
-    lengths: Option<Tensor<'a, i32>>,
-    dropout_seed: u64,
-    dropout_offset: u64,
+    inputs: Inputs<'a>,
     dy: Option<Tensor<'a>>,
     dhn: Option<Tensor<'a>>,
     dx: Option<TensorMut<'a>>,
@@ -380,12 +373,7 @@ impl<'a> BackwardArgs<'a> {
     /// The forward's x and weights; every gradient input and output absent.
     pub fn new(x: Tensor<'a>, weights: impl Into<Weights<'a>>) -> Self {
         BackwardArgs {
-            x,
-            h0: None,
-            weights: weights.into(),
-            lengths: None,
-            dropout_seed: 0,
-            dropout_offset: 0,
+            inputs: Inputs::new(x, weights.into()),
             dy: None,
             dhn: None,
             dx: None,
@@ -395,27 +383,24 @@ impl<'a> BackwardArgs<'a> {
     }
     /// The inputs of `fwd` (x, h0, weights, lengths, dropout key).
     pub fn from_forward(fwd: &ForwardArgs<'a, '_>) -> Self {
-        let mut b = BackwardArgs::new(fwd.x, fwd.weights);
-        b.h0 = fwd.h0;
-        b.lengths = fwd.lengths;
-        b.dropout_seed = fwd.dropout_seed;
-        b.dropout_offset = fwd.dropout_offset;
+        let mut b = BackwardArgs::new(fwd.inputs.x, fwd.inputs.weights);
+        b.inputs = fwd.inputs;
         b
     }
     /// The forward's h0.
     pub fn h0(mut self, h0: Tensor<'a>) -> Self {
-        self.h0 = Some(h0);
+        self.inputs.h0 = Some(h0);
         self
     }
     /// The forward's lengths.
     pub fn lengths(mut self, lengths: Tensor<'a, i32>) -> Self {
-        self.lengths = Some(lengths);
+        self.inputs.lengths = Some(lengths);
         self
     }
     /// The forward's dropout key.
     pub fn dropout(mut self, seed: u64, offset: u64) -> Self {
-        self.dropout_seed = seed;
-        self.dropout_offset = offset;
+        self.inputs.dropout_seed = seed;
+        self.inputs.dropout_offset = offset;
         self
     }
     /// Gradient of the loss w.r.t. y (default zeros).
@@ -445,7 +430,7 @@ impl<'a> BackwardArgs<'a> {
     }
 }
 
-/// What a training forward leaves for backward: an owned, 64-byte aligned host buffer (the
+/// What a training forward leaves for backward: an owned, `KF_ALIGN_BYTES`-aligned host buffer (the
 /// cuDNN reserveSpace model). Returned by [`RnnPlan::forward`] in [`Mode::Training`], borrowed by
 /// [`RnnPlan::backward`]; [`RnnPlan::forward_into`] reuses one across steps without allocating.
 #[derive(Debug)]
@@ -562,11 +547,9 @@ impl<'ctx> RnnPlan<'ctx> {
     /// [`Status::Unsupported`].
     pub fn new(ctx: &'ctx Context, desc: &RnnDesc) -> Result<RnnPlan<'ctx>> {
         let d = desc.to_raw();
-        let mut raw: *mut sys::kf_rnn_plan = ptr::null_mut();
         // SAFETY: valid context handle, descriptor and out-pointer.
-        check(unsafe { sys::kf_rnn_plan_create(ctx.as_raw(), &d, &mut raw) })?;
-        let raw = NonNull::new(raw).ok_or_else(|| {
-            Error::new(Status::Internal, "kf_rnn_plan_create returned KF_OK and NULL".into())
+        let raw = layer::create_plan("kf_rnn_plan_create", |out| unsafe {
+            sys::kf_rnn_plan_create(ctx.as_raw(), &d, out)
         })?;
         let mut plan = RnnPlan {
             raw,
@@ -584,25 +567,7 @@ impl<'ctx> RnnPlan<'ctx> {
     }
 
     fn query_weight_info(&self) -> Result<Vec<WeightInfo>> {
-        let mut count = 0i32;
-        // SAFETY: valid plan and out-pointer.
-        check(unsafe { sys::kf_rnn_weight_count(self.raw.as_ptr(), &mut count) })?;
-        let mut out = Vec::with_capacity(count.max(0) as usize);
-        for i in 0..count {
-            let mut name: *const std::os::raw::c_char = ptr::null();
-            let mut ndim = 0i32;
-            let mut shape = [0i64; MAX_DIMS];
-            // SAFETY: shape has room for KF_MAX_DIMS entries; name is valid while the plan lives
-            // and is copied at once.
-            check(unsafe {
-                sys::kf_rnn_weight_info(self.raw.as_ptr(), i, &mut name, &mut ndim, shape.as_mut_ptr())
-            })?;
-            let name = unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned();
-            let shape =
-                shape[..ndim.clamp(0, MAX_DIMS as i32) as usize].iter().map(|&s| s as usize).collect();
-            out.push(WeightInfo { name, shape });
-        }
-        Ok(out)
+        layer::param_list(self.raw.as_ptr(), sys::kf_rnn_weight_count, sys::kf_rnn_weight_info)
     }
 
     /// The descriptor the plan was made from.
@@ -624,22 +589,40 @@ impl<'ctx> RnnPlan<'ctx> {
 
     /// Shape of x for T steps of B samples: `[T, B, I]`, or `[B, T, I]` batch-first.
     pub fn x_shape(&self, t: usize, b: usize) -> [usize; 3] {
-        self.seq_shape(t, b, self.desc.input_size)
-    }
-    /// Shape of y (and dy): `[T, B, D*H]`, or `[B, T, D*H]` batch-first.
-    pub fn y_shape(&self, t: usize, b: usize) -> [usize; 3] {
-        self.seq_shape(t, b, self.desc.num_directions() * self.desc.hidden_size)
-    }
-    /// Shape of h0, hn and their gradients: `[L*D, B, H]`.
-    pub fn state_shape(&self, b: usize) -> [usize; 3] {
-        [self.desc.num_layers as usize * self.desc.num_directions(), b, self.desc.hidden_size]
-    }
-    fn seq_shape(&self, t: usize, b: usize, w: usize) -> [usize; 3] {
-        if self.desc.batch_first {
-            [b, t, w]
-        } else {
-            [t, b, w]
+        let y = self.y_shape(t, b);
+        if y == [0; 3] {
+            return y;
         }
+        // x has y's layout with I columns.
+        [y[0], y[1], self.desc.input_size]
+    }
+    /// Shape of y (and dy): `[T, B, D*H]`, or `[B, T, D*H]` batch-first, as the library gives it
+    /// (`kf_rnn_output_shapes`); `[0, 0, 0]` for extents it refuses (T or B of 0, or too large),
+    /// which a call then reports by name.
+    pub fn y_shape(&self, t: usize, b: usize) -> [usize; 3] {
+        self.output_shapes(t, b).0
+    }
+    /// Shape of h0, hn and their gradients: `[L*D, B, H]`, as the library gives it; `[0, 0, 0]`
+    /// for a B it refuses.
+    pub fn state_shape(&self, b: usize) -> [usize; 3] {
+        self.output_shapes(1, b).1
+    }
+    fn output_shapes(&self, t: usize, b: usize) -> ([usize; 3], [usize; 3]) {
+        let (mut y, mut hn) = ([0i64; 3], [0i64; 3]);
+        // SAFETY: valid plan; each out-array has the 3 entries the call writes.
+        let st = unsafe {
+            sys::kf_rnn_output_shapes(
+                self.raw.as_ptr(),
+                i64::try_from(t).unwrap_or(i64::MAX),
+                i64::try_from(b).unwrap_or(i64::MAX),
+                y.as_mut_ptr(),
+                hn.as_mut_ptr(),
+            )
+        };
+        if check(st).is_err() {
+            return ([0; 3], [0; 3]);
+        }
+        (y.map(|v| v as usize), hn.map(|v| v as usize))
     }
 
     /// Bytes of scratch and reserve a call on T steps of B samples needs in `mode`.
@@ -704,7 +687,7 @@ impl<'ctx> RnnPlan<'ctx> {
         }
         // Size the reserve from x's shape; if x is malformed, the call below reports it.
         let mut need = 0usize;
-        let xs = args.x.shape();
+        let xs = args.inputs.x.shape();
         if xs.len() == 3 {
             let (t, b) = if self.desc.batch_first { (xs[1], xs[0]) } else { (xs[0], xs[1]) };
             // A failed size query (e.g. T = 0) is left to the forward call, whose message names
@@ -714,7 +697,7 @@ impl<'ctx> RnnPlan<'ctx> {
                 reserve.ensure(need)?;
             }
         }
-        // SAFETY: the reserve is host memory of `capacity` bytes, 64-byte aligned, on a CPU context.
+        // SAFETY: the reserve is host memory of `capacity` bytes, `KF_ALIGN_BYTES`-aligned, on a CPU context.
         unsafe {
             self.forward_impl(
                 CALL,
@@ -765,7 +748,7 @@ impl<'ctx> RnnPlan<'ctx> {
     ///
     /// # Safety
     /// `workspace` and `reserve` must be null or point to at least `workspace_bytes` /
-    /// `reserve_bytes` writable bytes on the context's device, 64-byte aligned, not used by anyone
+    /// `reserve_bytes` writable bytes on the context's device, `KF_ALIGN_BYTES`-aligned, not used by anyone
     /// else until the call's work has finished (on CUDA: on the context's stream).
     pub unsafe fn forward_raw(
         &mut self,
@@ -854,6 +837,20 @@ impl<'ctx> RnnPlan<'ctx> {
         Ok(())
     }
 
+    /// The raw x, h0 and lengths of `inp`, its weights into `wbuf`: the inputs forward and
+    /// backward share, checked in the same order by both.
+    fn fill_inputs(&mut self, call: &str, inp: &Inputs<'_>) -> Result<RawInputs> {
+        let ctx = self.ctx;
+        let x = inp.x.raw(call, "args.x", ctx)?;
+        let h0 = layer::opt_in(&inp.h0, call, "args.h0", ctx)?;
+        self.fill_weights(call, &inp.weights)?;
+        let lengths = match &inp.lengths {
+            Some(l) => l.raw(call, "args.lengths", ctx)?,
+            None => absent(),
+        };
+        Ok(RawInputs { x, h0, lengths })
+    }
+
     #[allow(clippy::too_many_arguments)]
     unsafe fn forward_impl(
         &mut self,
@@ -866,25 +863,15 @@ impl<'ctx> RnnPlan<'ctx> {
         rs_bytes: usize,
     ) -> Result<()> {
         let ctx = self.ctx;
-        let mut a = MaybeUninit::<sys::kf_rnn_forward_args>::zeroed();
-        sys::kf_rnn_forward_args_init(a.as_mut_ptr());
-        let mut a = a.assume_init();
-        a.x = args.x.raw(call, "args.x", ctx)?;
-        if let Some(h0) = &args.h0 {
-            a.h0 = h0.raw(call, "args.h0", ctx)?;
-        }
-        self.fill_weights(call, &args.weights)?;
+        let mut a: sys::kf_rnn_forward_args = layer::init_with(sys::kf_rnn_forward_args_init);
+        let inp = self.fill_inputs(call, &args.inputs)?;
+        (a.x, a.h0, a.lengths) = (inp.x, inp.h0, inp.lengths);
         a.weights = self.wbuf.as_ptr();
         a.num_weights = self.wbuf.len() as i32;
-        if let Some(l) = &args.lengths {
-            a.lengths = l.raw(call, "args.lengths", ctx)?;
-        }
-        a.dropout_seed = args.dropout_seed;
-        a.dropout_offset = args.dropout_offset;
+        a.dropout_seed = args.inputs.dropout_seed;
+        a.dropout_offset = args.inputs.dropout_offset;
         a.y = args.y.raw(call, "args.y", ctx)?;
-        if let Some(hn) = &args.hn {
-            a.hn = hn.raw(call, "args.hn", ctx)?;
-        }
+        a.hn = layer::opt_out(&args.hn, call, "args.hn", ctx)?;
         check(sys::kf_rnn_forward(self.raw.as_ptr(), mode.raw(), &a, ws, ws_bytes, rs, rs_bytes))
     }
 
@@ -900,33 +887,17 @@ impl<'ctx> RnnPlan<'ctx> {
         rs_bytes: usize,
     ) -> Result<()> {
         let ctx = self.ctx;
-        let mut a = MaybeUninit::<sys::kf_rnn_backward_args>::zeroed();
-        sys::kf_rnn_backward_args_init(a.as_mut_ptr());
-        let mut a = a.assume_init();
-        a.x = args.x.raw(call, "args.x", ctx)?;
-        if let Some(h0) = &args.h0 {
-            a.h0 = h0.raw(call, "args.h0", ctx)?;
-        }
-        self.fill_weights(call, &args.weights)?;
+        let mut a: sys::kf_rnn_backward_args = layer::init_with(sys::kf_rnn_backward_args_init);
+        let inp = self.fill_inputs(call, &args.inputs)?;
+        (a.x, a.h0, a.lengths) = (inp.x, inp.h0, inp.lengths);
         a.weights = self.wbuf.as_ptr();
         a.num_weights = self.wbuf.len() as i32;
-        if let Some(l) = &args.lengths {
-            a.lengths = l.raw(call, "args.lengths", ctx)?;
-        }
-        a.dropout_seed = args.dropout_seed;
-        a.dropout_offset = args.dropout_offset;
-        if let Some(t) = &args.dy {
-            a.dy = t.raw(call, "args.dy", ctx)?;
-        }
-        if let Some(t) = &args.dhn {
-            a.dhn = t.raw(call, "args.dhn", ctx)?;
-        }
-        if let Some(t) = &args.dx {
-            a.dx = t.raw(call, "args.dx", ctx)?;
-        }
-        if let Some(t) = &args.dh0 {
-            a.dh0 = t.raw(call, "args.dh0", ctx)?;
-        }
+        a.dropout_seed = args.inputs.dropout_seed;
+        a.dropout_offset = args.inputs.dropout_offset;
+        a.dy = layer::opt_in(&args.dy, call, "args.dy", ctx)?;
+        a.dhn = layer::opt_in(&args.dhn, call, "args.dhn", ctx)?;
+        a.dx = layer::opt_out(&args.dx, call, "args.dx", ctx)?;
+        a.dh0 = layer::opt_out(&args.dh0, call, "args.dh0", ctx)?;
         if let Some(g) = &args.dweights {
             self.fill_dweights(call, g)?;
             a.dweights = self.dwbuf.as_ptr();
@@ -934,6 +905,13 @@ impl<'ctx> RnnPlan<'ctx> {
         }
         check(sys::kf_rnn_backward(self.raw.as_ptr(), grad_mode.raw(), &a, ws, ws_bytes, rs, rs_bytes))
     }
+}
+
+/// The raw tensors of an [`Inputs`] (the weights live in the plan's `wbuf`).
+struct RawInputs {
+    x: sys::kf_tensor,
+    h0: sys::kf_tensor,
+    lengths: sys::kf_tensor,
 }
 
 impl Drop for RnnPlan<'_> {

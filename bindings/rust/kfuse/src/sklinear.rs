@@ -80,25 +80,34 @@ impl SkLinearDesc {
     pub fn y_shape(&self, n: usize) -> [usize; 2] {
         [n, self.out_features]
     }
-    /// Shape of S1s (and dS1s): `[L, in, k]`.
+    /// Shape of S1s (and dS1s): `[L, in, k]`. The state shapes come from the library
+    /// (`kf_sklinear_param_info` of a layer like this one with a bias); all zeros for a
+    /// descriptor it refuses.
     pub fn s1s_shape(&self) -> [usize; 3] {
-        [self.num_terms as usize, self.in_features, self.low_rank as usize]
+        self.param_shape("S1s")
     }
     /// Shape of S2s (and dS2s): `[L, k, out]`.
     pub fn s2s_shape(&self) -> [usize; 3] {
-        [self.num_terms as usize, self.low_rank as usize, self.out_features]
+        self.param_shape("S2s")
     }
     /// Shape of U1s: `[L, k, out]`.
     pub fn u1s_shape(&self) -> [usize; 3] {
-        self.s2s_shape()
+        self.param_shape("U1s")
     }
     /// Shape of U2s: `[L, in, k]`.
     pub fn u2s_shape(&self) -> [usize; 3] {
-        self.s1s_shape()
+        self.param_shape("U2s")
     }
     /// Shape of the bias (and dbias): `[out]`.
     pub fn bias_shape(&self) -> [usize; 1] {
-        [self.out_features]
+        self.param_shape("bias")
+    }
+    fn param_shape<const R: usize>(&self, name: &str) -> [usize; R] {
+        let list = layer::on_shape_context(|ctx| {
+            let plan = SkLinearPlan::new(ctx, &self.clone().bias(true)).ok()?;
+            layer::param_list(plan.as_raw(), sys::kf_sklinear_param_count, sys::kf_sklinear_param_info).ok()
+        });
+        layer::shape_of(list, name)
     }
     /// Shape of a dense `Linear`'s weight, as `W_init` of [`SkLinearPlan::init_params`] takes it:
     /// `[out, in]`.
@@ -419,7 +428,7 @@ impl<'ctx> SkLinearPlan<'ctx> {
     ///
     /// # Safety
     /// `workspace` must be null or point to at least `workspace_bytes` writable bytes on the
-    /// context's device, 64-byte aligned, not used by anyone else until the call's work has
+    /// context's device, `KF_ALIGN_BYTES`-aligned, not used by anyone else until the call's work has
     /// finished (on CUDA: on the context's stream).
     pub unsafe fn forward_raw(
         &mut self,

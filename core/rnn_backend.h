@@ -1,6 +1,7 @@
-/* The recurrent layer's plan and the validated call records the front end (capi/src/rnn.c) hands
- * to a backend (cpu/rnn_*.c, cuda/rnn_*.cu). Backends trust these records: every pointer and
- * extent has been checked, sizes do not overflow, and workspace/reserve are large enough.
+/* The recurrent layer's backend contract: the plan, the validated call records the front end
+ * (capi/src/rnn.c) hands to a backend (cpu/rnn_*.c, cuda/rnn_*.cu), and the op table. Backends
+ * trust these records: every pointer and extent has been checked, sizes do not overflow, and
+ * workspace/reserve are large enough; they do not check them again.
  *
  * Layout conventions every backend follows:
  *  - x is [T, B, I] or, with batch_first, [B, T, I]; element (t, b, i) sits at
@@ -16,10 +17,10 @@
  *    memory layout.
  *  - Variable lengths (packed-sequence semantics of torch): for t >= len[b] the state of sample b
  *    does not change and y(t, b, .) = 0; the reverse direction starts at t = len[b]-1. */
-#ifndef KF_RNN_INTERNAL_H
-#define KF_RNN_INTERNAL_H
+#ifndef KF_CORE_RNN_BACKEND_H
+#define KF_CORE_RNN_BACKEND_H
 
-#include "internal.h"
+#include "core.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -36,8 +37,11 @@ enum {
     KF__AGRU_V_H = 6, KF__AGRU_B_H = 7, KF__AGRU_W_H = 8, KF__AGRU_EPS = 9
 };
 
+struct kf__rnn_ops;
+
 struct kf_rnn_plan {
     kf_context *ctx;
+    const struct kf__rnn_ops *ops; /* the context's backend's, taken at creation */
     int32_t cell;          /* kf_rnn_cell */
     int32_t L, D;          /* layers, directions */
     int64_t I, H;
@@ -90,21 +94,17 @@ typedef struct kf__rnn_bwd {
     const void *reserve; size_t reserve_bytes;
 } kf__rnn_bwd;
 
-/* Backend entry points. *_sizes is pure; forward/backward return KF_OK or set the message. */
-void kf__cpu_rnn_sizes(const struct kf_rnn_plan *p, int64_t T, int64_t B, bool training,
-                       size_t *ws_bytes, size_t *reserve_bytes);
-kf_status kf__cpu_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c);
-kf_status kf__cpu_rnn_backward(kf_context *ctx, const kf__rnn_bwd *c);
-
-#ifdef KF_HAVE_CUDA
-void kf__cuda_rnn_sizes(const struct kf_rnn_plan *p, int64_t T, int64_t B, bool training,
-                        size_t *ws_bytes, size_t *reserve_bytes);
-kf_status kf__cuda_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c);
-kf_status kf__cuda_rnn_backward(kf_context *ctx, const kf__rnn_bwd *c);
-#endif
+/* The op table a backend provides (rules in core/backend.h). */
+typedef struct kf__rnn_ops {
+    kf_status (*supports)(const struct kf_rnn_plan *p, const char *fn);
+    void (*sizes)(const struct kf_rnn_plan *p, int64_t T, int64_t B, bool training,
+                  size_t *ws_bytes, size_t *reserve_bytes);
+    kf_status (*forward)(kf_context *ctx, const kf__rnn_fwd *c);
+    kf_status (*backward)(kf_context *ctx, const kf__rnn_bwd *c);
+} kf__rnn_ops;
 
 #ifdef __cplusplus
 }
 #endif
 
-#endif /* KF_RNN_INTERNAL_H */
+#endif /* KF_CORE_RNN_BACKEND_H */

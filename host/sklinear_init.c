@@ -10,7 +10,7 @@
  * S2s[i] = U2s[i]^T W; bias ~ U(-1/sqrt(out), 1/sqrt(out)). W is never materialised: it is
  * generated (or gathered from W_init) in blocks of rows, and the products are GEMMs over those
  * blocks in a fixed order, in the caller's thread (so the bits are the same on every backend). */
-#include "sklinear_internal.h"
+#include "host.h"
 
 #include "blas.h"
 #include "counter_rng.h"

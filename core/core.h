@@ -1,9 +1,12 @@
-/* Internal declarations shared by the C API front ends and the backends. Not installed.
+/* The neutral core every layer builds on: errors, size arithmetic, the context and its arena,
+ * and host staging. Front ends (capi/src), backends (cpu/, cuda/) and the host library (host/)
+ * include this and the per-op contracts beside it (core/<op>_backend.h); core/ includes none of
+ * them. Not installed. docs/architecture.md draws the layers.
  *
  * Naming: cross-file internal symbols start with kf__; the build hides everything that is not
  * marked KF_API, so none of these is exported. */
-#ifndef KF_INTERNAL_H
-#define KF_INTERNAL_H
+#ifndef KF_CORE_H
+#define KF_CORE_H
 
 #include "kfuse.h"
 
@@ -51,41 +54,19 @@ static inline bool kf__mul_size(size_t a, size_t b, size_t *out) {
 static inline bool kf__add_size(size_t a, size_t b, size_t *out) {
     return !__builtin_add_overflow(a, b, out);
 }
-/* Rounds up to the 64-byte granule every sub-buffer of a workspace or reserve is aligned to. */
-#define KF__ALIGN 64u
+/* Rounds up to the granule every sub-buffer of a workspace or reserve is aligned to. */
+#define KF__ALIGN ((unsigned)KF_ALIGN_BYTES)
 static inline size_t kf__align_up(size_t n) { return (n + (KF__ALIGN - 1)) & ~(size_t)(KF__ALIGN - 1); }
 
 /* Checks that a struct handed in by the caller has a usable struct_size: at least `min_size`
  * (the 1.0 layout) and, when larger than the size this library knows, zero beyond it. */
 kf_status kf__check_struct_size(const char *fn, const char *arg, const void *s, size_t known_size);
 
-/* ---- tensors (tensor.c) ---------------------------------------------------------------- */
-/* Validates `t` as argument `arg` of `fn` for a call on `ctx`: dtype, rank, exact shape (a -1
- * entry accepts any extent >= 1 and reports it through `shape`), row-major contiguity, non-NULL
- * data unless `optional`, alignment to the dtype, and (CUDA contexts) that the data is memory of
- * the context's device. Returns KF_OK with *present set. */
-kf_status kf__check_tensor(const kf_context *ctx, const char *fn, const char *arg,
-                           const kf_tensor *t, kf_dtype dtype, int32_t ndim, int64_t *shape,
-                           bool optional, bool *present);
-/* grad_mode is KF_GRAD_OVERWRITE or KF_GRAD_ACCUMULATE. */
-kf_status kf__check_grad_mode(const char *fn, kf_grad_mode grad_mode);
-
-/* A float32 row tensor [..., width] of a layer whose input has any leading dims: `ndim` < 0
- * takes the tensor's own rank (1..KF_MAX_DIMS) with free leading extents; otherwise the rank is
- * `ndim` and the leading extents must equal `lead` (ndim - 1 of them). `shape` (KF_MAX_DIMS
- * entries) receives the checked shape and *rows the product of the leading extents (at most
- * INT32_MAX: kernels index rows with 32-bit ints); an absent optional tensor gives rows = 0. */
-kf_status kf__check_row_tensor(const kf_context *ctx, const char *fn, const char *arg,
-                               const kf_tensor *t, int32_t ndim, const int64_t *lead,
-                               int64_t width, bool optional, int64_t *shape, bool *present,
-                               int64_t *rows);
-/* For a CUDA context, that `p` (a caller workspace or reserve) is memory of its device. */
-kf_status kf__check_device_memory(const kf_context *ctx, const char *fn, const char *arg,
-                                  const void *p);
-size_t kf__dtype_bytes(int32_t dtype);
-
 /* ---- context (context.c, arena.c) ------------------------------------------------------ */
+struct kf__backend;
+
 struct kf_context {
+    const struct kf__backend *backend; /* chosen once, at creation (core/backend.h) */
     int32_t device_type;  /* kf_device_type */
     int32_t device_index;
     int32_t num_threads;  /* >= 1, resolved at creation */
@@ -95,7 +76,13 @@ struct kf_context {
     void *arena;          /* host or device memory, KF__ALIGN-aligned */
     size_t arena_bytes;
     uint64_t grow_count;
+    /* Device properties, queried once at creation by the backend's init (0 on the CPU). */
+    int32_t sm_count;          /* streaming multiprocessors */
+    size_t smem_optin_bytes;   /* opt-in shared memory per block */
 };
+
+/* The thread count of a context created with num_threads = 0 (threads.c; kfuse.h). */
+int32_t kf__default_threads(void);
 
 /* Makes sure the arena holds `bytes` (growing it unless KF_CONTEXT_FIXED_ARENA) and returns it.
  * A zero-byte request returns NULL with KF_OK. */
@@ -107,23 +94,31 @@ void kf__arena_release_all(kf_context *ctx);
 kf_status kf__workspace_select(kf_context *ctx, const char *fn, void *workspace,
                                size_t workspace_bytes, size_t need, void **out);
 
-#ifdef KF_HAVE_CUDA
-/* CUDA device services (cuda/device.cu). Each returns KF_OK or a status with the message set. */
-kf_status kf__cuda_context_init(kf_context *ctx, const char *fn);
-void kf__cuda_context_release(kf_context *ctx);
-kf_status kf__cuda_set_stream(kf_context *ctx, const char *fn, void *stream);
-kf_status kf__cuda_malloc(kf_context *ctx, const char *fn, size_t bytes, void **out);
-void kf__cuda_free(kf_context *ctx, void *p);
-kf_status kf__cuda_synchronize(kf_context *ctx, const char *fn);
-kf_status kf__cuda_check_pointer(const kf_context *ctx, const char *fn, const char *arg,
-                                 const void *p);
-/* Copies `bytes` host -> device (to_device) or device -> host, then waits for the stream. */
-kf_status kf__cuda_copy(kf_context *ctx, const char *fn, void *dst, const void *src, size_t bytes,
-                        bool to_device);
-#endif
+/* That `p` (a caller workspace or reserve, or tensor data) is memory the context's backend can
+ * read; KF_OK for NULL and on the CPU. */
+kf_status kf__check_device_memory(const kf_context *ctx, const char *fn, const char *arg,
+                                  const void *p);
+
+/* ---- host staging (stage.c) -------------------------------------------------------------
+ * The setup calls (SKLinear's initialisation, the KAN grids) compute on the host whatever the
+ * context's device. kf__stage_run gives `run` a host view of n buffers of the context's memory:
+ * KF__STAGE_IN buffers are read (on a CPU context the data itself; else a host copy),
+ * KF__STAGE_OUT buffers are written (on a CPU context in place; else copied back after `run`
+ * succeeds), KF__STAGE_OUT_FRESH buffers are written to a fresh host buffer that aliases no
+ * input and is copied over `data` only when `run` succeeds, on every device. A buffer with data
+ * NULL stays NULL. Returns run's status, or KF_ERR_OUT_OF_MEMORY / the copy's status. */
+enum { KF__STAGE_IN, KF__STAGE_OUT, KF__STAGE_OUT_FRESH };
+typedef struct kf__stage {
+    void *data;     /* the caller's buffer, memory of the context's device; NULL = absent */
+    size_t bytes;
+    int32_t dir;    /* KF__STAGE_* */
+    void *host;     /* set by kf__stage_run: the view `run` reads or writes */
+} kf__stage;
+kf_status kf__stage_run(kf_context *ctx, const char *fn, kf__stage *bufs, int32_t n,
+                        kf_status (*run)(void *arg, const kf__stage *bufs), void *arg);
 
 #ifdef __cplusplus
 }
 #endif
 
-#endif /* KF_INTERNAL_H */
+#endif /* KF_CORE_H */

@@ -1,9 +1,8 @@
 /* The context: device, stream, BLAS handle and arena. One thread at a time per context; no state
  * is shared between contexts. */
-#include "internal.h"
+#include "backend.h"
 
 #include <stdlib.h>
-#include <unistd.h>
 
 KF_API void kf_context_desc_init(kf_context_desc *desc) {
     if (desc == NULL) return;
@@ -11,11 +10,6 @@ KF_API void kf_context_desc_init(kf_context_desc *desc) {
     d.struct_size = sizeof d;
     d.device_type = KF_DEVICE_CPU;
     *desc = d;
-}
-
-static int32_t kf__online_cores(void) {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n >= 1 && n <= 4096 ? (int32_t)n : 1;
 }
 
 KF_API kf_status kf_context_create(const kf_context_desc *desc, kf_context **out) {
@@ -32,35 +26,31 @@ KF_API kf_status kf_context_create(const kf_context_desc *desc, kf_context **out
              KF_ERR_INVALID_ARGUMENT, "desc->device_index = %d, expected 0 for the CPU",
              (int)desc->device_index);
     KF_CHECK(desc->num_threads >= 0 && desc->num_threads <= 4096, KF_ERR_INVALID_ARGUMENT,
-             "desc->num_threads = %d, expected 0 (all cores) .. 4096", (int)desc->num_threads);
+             "desc->num_threads = %d, expected 0 (the default) .. 4096", (int)desc->num_threads);
     KF_CHECK((desc->flags & ~KF_CONTEXT_FIXED_ARENA) == 0, KF_ERR_INVALID_ARGUMENT,
              "desc->flags = 0x%x has unknown bits 0x%x", desc->flags,
              desc->flags & ~KF_CONTEXT_FIXED_ARENA);
-#ifndef KF_HAVE_CUDA
-    KF_CHECK(desc->device_type != KF_DEVICE_CUDA, KF_ERR_BACKEND_UNAVAILABLE,
+    const kf__backend *backend = kf__backend_for(desc->device_type);
+    KF_CHECK(backend != NULL, KF_ERR_BACKEND_UNAVAILABLE,
              "desc->device_type = KF_DEVICE_CUDA, but this kfuse was built without CUDA");
-#endif
 
     kf_context *ctx = calloc(1, sizeof *ctx);
     KF_CHECK(ctx != NULL, KF_ERR_OUT_OF_MEMORY, "cannot allocate the context");
+    ctx->backend = backend;
     ctx->device_type = desc->device_type;
     ctx->device_index = desc->device_index;
-    ctx->num_threads = desc->num_threads > 0 ? desc->num_threads : kf__online_cores();
+    ctx->num_threads = desc->num_threads > 0 ? desc->num_threads : kf__default_threads();
     ctx->flags = desc->flags;
-#ifdef KF_HAVE_CUDA
-    if (ctx->device_type == KF_DEVICE_CUDA) {
-        kf_status s = kf__cuda_context_init(ctx, __func__);
-        if (s != KF_OK) {
-            free(ctx);
-            return s;
-        }
+    kf_status s = backend->init(ctx, __func__);
+    if (s != KF_OK) {
+        free(ctx);
+        return s;
     }
-#endif
     if (desc->arena_bytes > 0) {
         void *unused;
         uint32_t flags = ctx->flags;
         ctx->flags &= ~KF_CONTEXT_FIXED_ARENA; /* the initial arena is allowed to be allocated */
-        kf_status s = kf__arena_acquire(ctx, __func__, desc->arena_bytes, &unused);
+        s = kf__arena_acquire(ctx, __func__, desc->arena_bytes, &unused);
         ctx->flags = flags;
         if (s != KF_OK) {
             kf_context_destroy(ctx);
@@ -74,9 +64,7 @@ KF_API kf_status kf_context_create(const kf_context_desc *desc, kf_context **out
 KF_API void kf_context_destroy(kf_context *ctx) {
     if (ctx == NULL) return;
     kf__arena_release_all(ctx);
-#ifdef KF_HAVE_CUDA
-    if (ctx->device_type == KF_DEVICE_CUDA) kf__cuda_context_release(ctx);
-#endif
+    ctx->backend->release(ctx);
     free(ctx);
 }
 
@@ -91,16 +79,7 @@ KF_API kf_status kf_context_device_type(const kf_context *ctx, int32_t *device_t
 KF_API kf_status kf_context_set_stream(kf_context *ctx, void *stream) {
     kf__clear_error();
     KF_CHECK(ctx != NULL, KF_ERR_INVALID_ARGUMENT, "ctx is NULL");
-    if (ctx->device_type == KF_DEVICE_CPU) {
-        KF_CHECK(stream == NULL, KF_ERR_INVALID_ARGUMENT,
-                 "stream = %p on a CPU context, expected NULL", stream);
-        return KF_OK;
-    }
-#ifdef KF_HAVE_CUDA
-    return kf__cuda_set_stream(ctx, __func__, stream);
-#else
-    return kf__error(KF_ERR_INTERNAL, __func__, "CUDA context in a CPU-only build");
-#endif
+    return ctx->backend->set_stream(ctx, __func__, stream);
 }
 
 KF_API kf_status kf_context_get_stream(const kf_context *ctx, void **stream) {
@@ -134,8 +113,5 @@ KF_API kf_status kf_context_arena_info(const kf_context *ctx, size_t *arena_byte
 KF_API kf_status kf_context_synchronize(kf_context *ctx) {
     kf__clear_error();
     KF_CHECK(ctx != NULL, KF_ERR_INVALID_ARGUMENT, "ctx is NULL");
-#ifdef KF_HAVE_CUDA
-    if (ctx->device_type == KF_DEVICE_CUDA) return kf__cuda_synchronize(ctx, __func__);
-#endif
-    return KF_OK;
+    return ctx->backend->synchronize(ctx, __func__);
 }

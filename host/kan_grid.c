@@ -13,10 +13,10 @@
  *      X [C, out] = the minimum-norm least-squares solution of B_new X = U by LAPACK's dgelsd
  *      (SVD; rcond = DBL_EPSILON * max(M, C), torch.linalg.lstsq's default), which handles
  *      rank-deficient systems (fewer samples than coefficients, bases no sample touches).
- * The bases here are a float64 Cox-de Boor evaluator of their own (the fit's precision), with
- * the library's conventions: half-open knot intervals, 0 outside [t_0, t_last), and a term over a
- * knot span narrower than FLT_MIN counts as 0. */
-#include "kan_internal.h"
+ * The bases are the library's one evaluator (common/bspline.h) in float64 (the fit's
+ * precision), over all M samples of a feature at once. */
+#include "bspline.h"
+#include "host.h"
 
 #include "blas.h"
 
@@ -51,23 +51,7 @@ static void kan_linspace_idx(int64_t M, int64_t n, int64_t *a) {
     for (int64_t j = 0; j < n; ++j) a[j] = a[j] < 0 ? 0 : a[j] > end ? end : a[j];
 }
 
-/* The C = nk - k - 1 bases of order k at x on the knots t[0 .. nk - 1] into B (float64;
- * `b` is scratch for nk - 1 values). */
-static void kan_bases64(int64_t nk, int64_t k, const double *t, double x, double *b, double *B) {
-    const int64_t C = nk - k - 1;
-    if (!(x >= t[0] && x < t[nk - 1])) {
-        for (int64_t c = 0; c < C; ++c) B[c] = 0.0;
-        return;
-    }
-    for (int64_t j = 0; j + 1 < nk; ++j) b[j] = (x >= t[j] && x < t[j + 1]) ? 1.0 : 0.0;
-    for (int64_t p = 1; p <= k; ++p)
-        for (int64_t j = 0; j + p + 1 < nk; ++j) {
-            const double w1 = t[j + p] - t[j], w2 = t[j + p + 1] - t[j + 1];
-            const double inv1 = w1 >= FLT_MIN ? 1.0 / w1 : 0.0, inv2 = w2 >= FLT_MIN ? 1.0 / w2 : 0.0;
-            b[j] = (x - t[j]) * inv1 * b[j] + (t[j + p + 1] - x) * inv2 * b[j + 1];
-        }
-    memcpy(B, b, (size_t)C * sizeof(double));
-}
+KF__BSPLINE_DEFINE(double, d)
 
 static int kan_cmp_float(const void *a, const void *b) {
     const float u = *(const float *)a, v = *(const float *)b;
@@ -107,22 +91,30 @@ kf_status kf__kan_update_grid_host(const char *fn, const struct kf_kan_linear_pl
     /* Sizes in elements; each buffer fits size_t (checked) and LAPACK's int (M, C, out and
      * ldb * out are within INT32_MAX by the plan's and rows' limits; the products below are
      * checked). */
-    size_t nA, nU, bytes = 0;
-    bool ok = kf__mul_size((size_t)M, (size_t)C, &nA) && kf__mul_size((size_t)ldb, (size_t)out, &nU);
+    size_t nA, nU, nS, bytes = 0;
+    bool ok = kf__mul_size((size_t)M, (size_t)C, &nA) &&
+              kf__mul_size((size_t)ldb, (size_t)out, &nU) &&
+              kf__mul_size((size_t)M, (size_t)(nk - 1), &nS);
     KF_CHECK_FN(fn, ok, KF_ERR_OUT_OF_MEMORY, "the fit of %" PRId64 " samples is too large", M);
     float *s = malloc((size_t)M * sizeof *s);      /* samples, then sorted */
     float *v = malloc((size_t)M * sizeof *v);      /* samples in row order */
     int64_t *aidx = malloc((size_t)(p->G + 1) * sizeof *aidx);
     int64_t *off = patches ? malloc((size_t)HoWo * sizeof *off) : NULL;
     double *t_old = malloc((size_t)nk * sizeof *t_old), *t_new = malloc((size_t)nk * sizeof *t_new);
-    double *scratch = malloc((size_t)nk * sizeof *scratch), *bo = malloc((size_t)C * sizeof *bo);
+    /* The bases of every sample, basis-major: Bo [C, M] on the old knots and A [C, M] on the
+     * new ones (that is A [M, C] column-major, as dgelsd takes it); S [nk - 1, M], xs [M] and
+     * inv [k, nk] are the evaluator's scratch. */
+    double *S = malloc(nS * sizeof *S), *xs = malloc((size_t)M * sizeof *xs);
+    double *inv = malloc((size_t)(k > 0 ? k * nk : 1) * sizeof *inv);
+    double *xd = malloc((size_t)M * sizeof *xd);
+    double *Bo = malloc(nA * sizeof *Bo);
     double *A = malloc(nA * sizeof *A), *U = malloc(nU * sizeof *U);
     double *sv = malloc((size_t)mn * sizeof *sv);
     double *work = NULL;
     int *iwork = NULL;
     kf_status st = KF_OK;
-    if (!s || !v || !aidx || (patches && !off) || !t_old || !t_new || !scratch || !bo || !A ||
-        !U || !sv) {
+    if (!s || !v || !aidx || (patches && !off) || !t_old || !t_new || !S || !xs || !inv || !xd ||
+        !Bo || !A || !U || !sv) {
         st = kf__error(KF_ERR_OUT_OF_MEMORY, fn, "cannot allocate the host buffers of the fit of "
                        "%" PRId64 " samples", M);
         goto done;
@@ -180,17 +172,18 @@ kf_status kf__kan_update_grid_host(const char *fn, const struct kf_kan_linear_pl
         if (ldb > M)
             for (int64_t o = 0; o < out; ++o)
                 memset(U + o * ldb + M, 0, (size_t)(ldb - M) * sizeof *U);
-        for (int64_t m = 0; m < M; ++m) {
-            const double xm = (double)v[m];
-            kan_bases64(nk, k, t_old, xm, scratch, bo);
-            for (int64_t o = 0; o < out; ++o) {
-                const float *w = spline + (o * in + i) * C;
+        for (int64_t m = 0; m < M; ++m) xd[m] = (double)v[m];
+        kf__bspline_inv_d(t_old, nk, k, inv);
+        kf__bspline_rows_d(t_old, inv, nk, k, xd, M, xs, S, Bo);
+        kf__bspline_inv_d(t_new, nk, k, inv);
+        kf__bspline_rows_d(t_new, inv, nk, k, xd, M, xs, S, A);
+        for (int64_t o = 0; o < out; ++o) {
+            const float *w = spline + (o * in + i) * C;
+            for (int64_t m = 0; m < M; ++m) {
                 double acc = 0.0;
-                for (int64_t c = 0; c < C; ++c) acc += bo[c] * (double)w[c];
+                for (int64_t c = 0; c < C; ++c) acc += Bo[c * M + m] * (double)w[c];
                 U[m + o * ldb] = acc;
             }
-            kan_bases64(nk, k, t_new, xm, scratch, bo);
-            for (int64_t c = 0; c < C; ++c) A[m + c * M] = bo[c];
         }
         dgelsd_(&im, &ic, &iout, A, &im, U, &ildb, sv, &rcond, &rank, work, &lwork, iwork, &info);
         if (info != 0) {
@@ -204,7 +197,8 @@ kf_status kf__kan_update_grid_host(const char *fn, const struct kf_kan_linear_pl
         }
     }
 done:
-    free(s), free(v), free(aidx), free(off), free(t_old), free(t_new), free(scratch), free(bo);
+    free(s), free(v), free(aidx), free(off), free(t_old), free(t_new), free(S), free(xs);
+    free(inv), free(xd), free(Bo);
     free(A), free(U), free(sv), free(work), free(iwork);
     return st;
 }

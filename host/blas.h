@@ -1,8 +1,9 @@
-/* The BLAS and LAPACK the CPU backend calls: the threaded OpenBLAS linked statically into the
- * library, pinned to one thread (cpu/blas.c), so every call runs entirely in the calling thread
- * and OpenBLAS never wakes its own workers against the library's. */
-#ifndef KF_CPU_BLAS_H
-#define KF_CPU_BLAS_H
+/* The BLAS and LAPACK the host code calls (the CPU backend and the host library): the threaded
+ * OpenBLAS linked statically into the library, pinned to one thread (host/blas.c), so every call
+ * runs entirely in the calling thread and OpenBLAS never wakes its own workers against the
+ * library's. */
+#ifndef KF_HOST_BLAS_H
+#define KF_HOST_BLAS_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -23,4 +24,4 @@ void dgelsd_(const int *m, const int *n, const int *nrhs, double *a, const int *
              const int *ldb, double *s, const double *rcond, int *rank, double *work,
              const int *lwork, int *iwork, int *info);
 
-#endif /* KF_CPU_BLAS_H */
+#endif /* KF_HOST_BLAS_H */

@@ -1,35 +1,9 @@
 /* The context's arena: one block of host or device memory that serves every call's scratch when
  * the caller lends none. It only grows (to the largest request seen), so a loop of calls of the
  * same shapes allocates once and then never again; grow_count makes that observable. */
-#include "internal.h"
+#include "backend.h"
 
 #include <stdlib.h>
-
-static kf_status kf__raw_alloc(kf_context *ctx, const char *fn, size_t bytes, void **out) {
-#ifdef KF_HAVE_CUDA
-    if (ctx->device_type == KF_DEVICE_CUDA) return kf__cuda_malloc(ctx, fn, bytes, out);
-#endif
-    (void)ctx;
-    /* kf__align_up() would wrap to 0 for the last KF__ALIGN-1 sizes (reliability: fuzz_rnn). */
-    KF_CHECK_FN(fn, bytes <= SIZE_MAX - (KF__ALIGN - 1), KF_ERR_OUT_OF_MEMORY,
-                "cannot allocate an arena of %zu bytes", bytes);
-    *out = aligned_alloc(KF__ALIGN, kf__align_up(bytes));
-    KF_CHECK_FN(fn, *out != NULL, KF_ERR_OUT_OF_MEMORY, "cannot allocate an arena of %zu bytes",
-                bytes);
-    return KF_OK;
-}
-
-static void kf__raw_free(kf_context *ctx, void *p) {
-    if (p == NULL) return;
-#ifdef KF_HAVE_CUDA
-    if (ctx->device_type == KF_DEVICE_CUDA) {
-        kf__cuda_free(ctx, p);
-        return;
-    }
-#endif
-    (void)ctx;
-    free(p);
-}
 
 kf_status kf__arena_acquire(kf_context *ctx, const char *fn, size_t bytes, void **out) {
     *out = NULL;
@@ -38,14 +12,11 @@ kf_status kf__arena_acquire(kf_context *ctx, const char *fn, size_t bytes, void 
         KF_CHECK_FN(fn, !(ctx->flags & KF_CONTEXT_FIXED_ARENA), KF_ERR_WORKSPACE_TOO_SMALL,
                     "the call needs %zu bytes of workspace, the fixed arena holds %zu "
                     "(kf_context_reserve() it, or pass a workspace)", bytes, ctx->arena_bytes);
-#ifdef KF_HAVE_CUDA
         /* Work already enqueued may still read the old block. */
-        if (ctx->device_type == KF_DEVICE_CUDA && ctx->arena != NULL)
-            KF_TRY(kf__cuda_synchronize(ctx, fn));
-#endif
+        if (ctx->arena != NULL) KF_TRY(ctx->backend->synchronize(ctx, fn));
         void *fresh;
-        KF_TRY(kf__raw_alloc(ctx, fn, bytes, &fresh));
-        kf__raw_free(ctx, ctx->arena);
+        KF_TRY(ctx->backend->alloc(ctx, fn, bytes, &fresh));
+        ctx->backend->free(ctx, ctx->arena);
         ctx->arena = fresh;
         ctx->arena_bytes = bytes;
         ctx->grow_count++;
@@ -55,11 +26,8 @@ kf_status kf__arena_acquire(kf_context *ctx, const char *fn, size_t bytes, void 
 }
 
 void kf__arena_release_all(kf_context *ctx) {
-#ifdef KF_HAVE_CUDA
-    if (ctx->device_type == KF_DEVICE_CUDA && ctx->arena != NULL)
-        (void)kf__cuda_synchronize(ctx, "kf_context_destroy");
-#endif
-    kf__raw_free(ctx, ctx->arena);
+    if (ctx->arena != NULL) (void)ctx->backend->synchronize(ctx, "kf_context_destroy");
+    ctx->backend->free(ctx, ctx->arena);
     ctx->arena = NULL;
     ctx->arena_bytes = 0;
 }
@@ -79,4 +47,10 @@ kf_status kf__workspace_select(kf_context *ctx, const char *fn, void *workspace,
     KF_TRY(kf__check_device_memory(ctx, fn, "workspace", workspace));
     *out = workspace;
     return KF_OK;
+}
+
+kf_status kf__check_device_memory(const kf_context *ctx, const char *fn, const char *arg,
+                                  const void *p) {
+    if (p == NULL || ctx->backend->host_memory) return KF_OK;
+    return ctx->backend->check_pointer(ctx, fn, arg, p);
 }

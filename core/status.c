@@ -1,7 +1,7 @@
 /* Status codes, their static strings, and the thread-local detail message (SQLite's errstr /
  * errmsg split): kf_status_string() is static text, kf_last_error_message() is the latest
  * failure's detail on this thread, cleared by every successful public call. */
-#include "internal.h"
+#include "core.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -1,0 +1,131 @@
+/* The B-spline basis, written once (docs/ops/kan.md): the Cox-de Boor recurrence with kfuse's
+ * conventions, half-open knot intervals, every basis 0 outside [t_0, t_{nk-1}) (and for NaN),
+ * and a term over a knot span narrower than FLT_MIN counted as 0 (the reference's 0/0):
+ *     B_{j,0}(x) = [t_j <= x < t_{j+1}]                                   j = 0..nk-2
+ *     B_{j,p}(x) = (x - t_j) inv_p[j] B_{j,p-1}(x) + (t_{j+p+1} - x) inv_p[j+1] B_{j+1,p-1}(x)
+ * with inv_p[m] = 1 / (t_{m+p} - t_m), 0 for a span narrower than FLT_MIN.
+ *
+ * Two forms of the one recurrence, in the one header every backend includes:
+ *  - KF__BSPLINE_DEFINE(T, suffix): for C and C++, the CPU float kernels (cpu/kan_linear.c) and
+ *    the float64 grid refit (host/kan_grid.c): the reciprocal table of one feature and the bases
+ *    of one feature at many points, vectorised over the points;
+ *  - kf__bspline_window<KM> (C++ and CUDA only): the bases of one point that can be non-zero, in
+ *    registers (cuda/kan_linear.cu).
+ * tests/cxx/test_bspline.cpp holds the window equal to the vectorised form on the CPU. */
+#ifndef KF_BSPLINE_H
+#define KF_BSPLINE_H
+
+#include <float.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+#define KF__RESTRICT __restrict__
+#else
+#define KF__RESTRICT restrict
+#endif
+
+/* Defines, for element type T:
+ *
+ * kf__bspline_inv_<suffix>(t, nk, k, inv): the reciprocal table inv [k, nk] of knots t[0..nk-1]:
+ *   inv[(p-1) nk + m] = inv_p[m] for p = 1..k, m = 0..nk-1 (0 where m + p >= nk).
+ *
+ * kf__bspline_rows_<suffix>(t, inv, nk, q, x0, rows, x, S, dst): the order-q bases of one feature
+ *   at x0[0..rows), computed over all indices as the reference does (no local window, no branch):
+ *   dst [nk-1-q, rows] (row stride `rows`), B_c at point n in dst[c rows + n]. Orders below q go
+ *   to the scratch S [nk-1, rows], in place (ascending j reads B_{j+1,p-1} before it is
+ *   overwritten); dst may be S. x [rows] is scratch: points outside the grid are moved to its
+ *   right end, which keeps every basis 0 while keeping (x - t) inv finite (far out it would
+ *   overflow and make 0 * inf = NaN, as efficient-kan does in float32 for |x| near 1e38). */
+#define KF__BSPLINE_DEFINE(T, suffix)                                                             \
+    static inline void kf__bspline_inv_##suffix(const T *t, int64_t nk, int64_t k, T *inv) {    \
+        for (int64_t p = 1; p <= k; ++p)                                                         \
+            for (int64_t m = 0; m < nk; ++m) {                                                   \
+                const T d = m + p < nk ? t[m + p] - t[m] : (T)0;                                 \
+                inv[(p - 1) * nk + m] = d >= (T)FLT_MIN ? (T)1 / d : (T)0;                       \
+            }                                                                                    \
+    }                                                                                            \
+    static inline void kf__bspline_rows_##suffix(const T *t, const T *inv, int64_t nk, int64_t q, \
+                                                 const T *KF__RESTRICT x0, int64_t rows,         \
+                                                 T *KF__RESTRICT x, T *S, T *dst) {              \
+        const T first = t[0], last = t[nk - 1];                                                  \
+        for (int64_t n = 0; n < rows; ++n)                                                       \
+            x[n] = (x0[n] >= first && x0[n] < last) ? x0[n] : last;                              \
+        T *o0 = q == 0 ? dst : S;                                                                \
+        for (int64_t j = 0; j + 1 < nk; ++j) {                                                   \
+            const T lo = t[j], hi = t[j + 1];                                                    \
+            T *KF__RESTRICT b = o0 + j * rows;                                                   \
+            for (int64_t n = 0; n < rows; ++n) b[n] = (x[n] >= lo && x[n] < hi) ? (T)1 : (T)0;   \
+        }                                                                                        \
+        for (int64_t p = 1; p <= q; ++p) {                                                       \
+            const T *ip = inv + (p - 1) * nk;                                                    \
+            T *out = p == q ? dst : S;                                                           \
+            for (int64_t j = 0; j + p + 1 < nk; ++j) {                                           \
+                const T tl = t[j], tr = t[j + p + 1], il = ip[j], ir = ip[j + 1];                \
+                const T *KF__RESTRICT b1 = S + (j + 1) * rows;                                   \
+                T *KF__RESTRICT d = out + j * rows;                                              \
+                if (out == S) { /* in place: B_{j,p-1} is d itself */                            \
+                    for (int64_t n = 0; n < rows; ++n)                                           \
+                        d[n] = (x[n] - tl) * il * d[n] + (tr - x[n]) * ir * b1[n];               \
+                } else {                                                                         \
+                    const T *KF__RESTRICT b0 = S + j * rows;                                     \
+                    for (int64_t n = 0; n < rows; ++n)                                           \
+                        d[n] = (x[n] - tl) * il * b0[n] + (tr - x[n]) * ir * b1[n];              \
+                }                                                                                \
+            }                                                                                    \
+        }                                                                                        \
+    }
+
+#ifdef __cplusplus
+#if defined(__CUDACC__)
+#define KF__BSPLINE_HD __host__ __device__ __forceinline__
+#else
+#define KF__BSPLINE_HD inline
+#endif
+#if defined(__CUDA_ARCH__) /* the device pass; host compilers do not know the pragma */
+#define KF__BSPLINE_UNROLL _Pragma("unroll")
+#else
+#define KF__BSPLINE_UNROLL
+#endif
+
+/* The order-q bases of one feature at x that can be non-zero: Nw[r] = B_{j-q+r, q}(x),
+ * r = 0..q, where j is the knot interval t_j <= x < t_{j+1}; returns j, or -1 (every basis 0)
+ * when x is outside [t_0, t_{nk-1}), NaN, or (a decreasing grid, unspecified) no interval holds
+ * it. t: the feature's nk knots; inv: its reciprocal table (kf__bspline_inv_*). The window is
+ * unrolled up to the bound KM >= q, so it lives in registers on a GPU. */
+template <int KM>
+KF__BSPLINE_HD int64_t kf__bspline_window(const float *t, const float *inv, int64_t nk, int q,
+                                          float x, float (&Nw)[KM + 1]) {
+KF__BSPLINE_UNROLL
+    for (int r = 0; r <= KM; ++r) Nw[r] = 0.0f;
+    if (!(x >= t[0] && x < t[nk - 1])) return -1;
+    int64_t lo = 0, hi = nk - 2; // the largest j <= nk - 2 with t_j <= x
+    while (lo < hi) {
+        const int64_t mid = (lo + hi + 1) / 2;
+        if (t[mid] <= x) lo = mid;
+        else hi = mid - 1;
+    }
+    const int64_t j = lo;
+    if (!(t[j] <= x && x < t[j + 1])) return -1;
+    Nw[0] = 1.0f;
+KF__BSPLINE_UNROLL
+    for (int p = 1; p <= KM; ++p) {
+        if (p > q) break;
+        const float *ip = inv + (int64_t)(p - 1) * nk;
+        // Descending r: new[r] reads old[r - 1] (B_{m,p-1}) and old[r] (B_{m+1,p-1}).
+KF__BSPLINE_UNROLL
+        for (int r = p; r >= 0; --r) {
+            const int64_t m = j - p + r;
+            float v = 0.0f;
+            if (m >= 0 && m + p + 1 < nk) {
+                const float b0 = r >= 1 ? Nw[r - 1] : 0.0f;
+                const float b1 = r <= p - 1 ? Nw[r] : 0.0f;
+                v = (x - t[m]) * ip[m] * b0 + (t[m + p + 1] - x) * ip[m + 1] * b1;
+            }
+            Nw[r] = v;
+        }
+    }
+    return j;
+}
+#endif /* __cplusplus */
+
+#endif /* KF_BSPLINE_H */

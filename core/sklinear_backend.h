@@ -1,0 +1,63 @@
+/* The sketched linear layer's backend contract: the plan, the validated call records the front
+ * end (capi/src/sklinear.c) hands to a backend (cpu/sklinear.c, cuda/sklinear.cu), and the op
+ * table. Backends trust these records: every pointer and extent has been checked and the
+ * workspace is large enough.
+ *
+ * Notation (kfuse.h): N rows, in, out, L terms of rank k, r = L*k. Tensors are row-major:
+ * x [N, in], y and dy [N, out], S1s and U2s [L, in, k], S2s and U1s [L, k, out], bias [out].
+ * The bottleneck Z [N, 2r] has column j < r = term j/k, column c = j%k of x S1s, and column
+ * r + j the same of x U2s; y = (Z[:, :r] U1 + Z[:, r:] S2) / (2L) + bias where U1 and S2 are
+ * U1s and S2s read as [r, out] matrices (their natural layout). */
+#ifndef KF_CORE_SKLINEAR_BACKEND_H
+#define KF_CORE_SKLINEAR_BACKEND_H
+
+#include "core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct kf__skl_ops;
+
+struct kf_sklinear_plan {
+    kf_context *ctx;
+    const struct kf__skl_ops *ops; /* the context's backend's, taken at creation */
+    int64_t in, out;
+    int32_t L, k;
+    int64_t r;      /* L * k */
+    bool has_bias;
+};
+
+typedef struct kf__skl_fwd {
+    const struct kf_sklinear_plan *plan;
+    int64_t N;
+    const float *x, *S1, *S2, *U1, *U2;
+    const float *bias;        /* NULL: the plan has none */
+    float *y;
+    void *ws; size_t ws_bytes;
+} kf__skl_fwd;
+
+typedef struct kf__skl_bwd {
+    const struct kf_sklinear_plan *plan;
+    int64_t N;
+    const float *x, *S1, *S2, *U1, *U2;
+    const float *dy;
+    float *dx, *dS1, *dS2, *db; /* each NULL = not wanted */
+    bool accumulate;            /* add into dS1, dS2, db instead of overwriting (dx: always
+                                   overwritten) */
+    void *ws; size_t ws_bytes;
+} kf__skl_bwd;
+
+/* The op table a backend provides (rules in core/backend.h). */
+typedef struct kf__skl_ops {
+    kf_status (*supports)(const struct kf_sklinear_plan *p, const char *fn);
+    size_t (*workspace)(const struct kf_sklinear_plan *p, int64_t N);
+    kf_status (*forward)(kf_context *ctx, const kf__skl_fwd *c);
+    kf_status (*backward)(kf_context *ctx, const kf__skl_bwd *c);
+} kf__skl_ops;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KF_CORE_SKLINEAR_BACKEND_H */

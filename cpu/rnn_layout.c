@@ -1,0 +1,192 @@
+/* The CPU recurrent backend's layout and the helpers its forward and backward share
+ * (cpu/rnn_cpu.h): workspace and reserve sizes, weight views and packing, the dropout row. */
+#include "rnn_cpu.h"
+
+static size_t fbytes(int64_t n) { return kf__align_up((size_t)n * sizeof(float)); }
+
+static size_t agru_pack_bytes(int64_t in, int64_t H) { return fbytes(3 * H * in) + fbytes(3 * H); }
+
+/* Floats of the panels of a product with K rows (kf__mk). */
+static int64_t panel_floats(int ng, int nv, int64_t K, int64_t hc) {
+    return kf__num_panels(ng, nv, hc) * K * nv * 8;
+}
+
+void kf__rnn_cpu_layout_init(kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p, int64_t T,
+                             int64_t B, bool training) {
+    memset(lo, 0, sizeof *lo);
+    int64_t H = p->H, D = p->D, N = T * B;
+    int64_t nt = p->ctx->num_threads > 0 ? p->ctx->num_threads : 1;
+    lo->T = T, lo->B = B, lo->N = N, lo->H = H, lo->D = D;
+    lo->ts = p->batch_first ? 1 : B;
+    lo->bs = p->batch_first ? T : 1;
+    lo->ns = (int32_t)(nt < B ? nt : B);
+    lo->nbmax = (B + lo->ns - 1) / lo->ns;
+    lo->agru = p->cell == KF_RNN_AGRU;
+    lo->ng = lo->agru ? 3 : 4;
+
+    size_t off = 0;
+    if (lo->agru) {
+        lo->pack_first = agru_pack_bytes(p->I, H);
+        lo->pack_stride = agru_pack_bytes(D * H, H);
+        off = lo->pack_first + (size_t)(p->L - 1) * lo->pack_stride;
+    }
+    /* pk[0]: forward gated (3 gates, GRU; 2, A-GRU) or backward plain with K = 3H / 2H;
+     * pk[1] (A-GRU): A or A^T, [H, H] either way */
+    const int ngr = lo->agru ? 2 : 3;
+    lo->rec = off;
+    lo->rec_pk1 = fbytes(panel_floats(ngr, ngr, H, H) > panel_floats(1, 2, ngr * H, H)
+                             ? panel_floats(ngr, ngr, H, H)
+                             : panel_floats(1, 2, ngr * H, H));
+    lo->rec_bytes = lo->rec_pk1 + (lo->agru ? fbytes(panel_floats(1, 2, H, H)) : 0);
+    off += (size_t)(p->L * D) * lo->rec_bytes;
+    for (int i = 0; i < 2; i++) {
+        lo->big[i] = off;
+        off += fbytes(N * 3 * H);
+    }
+    for (int i = 0; i < 2; i++) {
+        lo->seq[i] = off;
+        off += p->L > 1 ? fbytes(N * D * H) : 0;
+    }
+    lo->slice0 = off;
+    lo->slice_bytes = 3 * fbytes(lo->nbmax * H);
+    off += (size_t)lo->ns * lo->slice_bytes;
+    lo->gmat = off;
+    off += lo->agru ? fbytes(H * H) : 0;
+    lo->epsacc = off;
+    off += lo->agru ? kf__align_up((size_t)lo->ns * sizeof(double)) : 0;
+    lo->ws_bytes = off;
+
+    lo->hp_bytes = fbytes(N * H);
+    lo->cell_bytes = lo->hp_bytes + fbytes(N * lo->ng * H);
+    lo->out0 = (size_t)(p->L * D) * lo->cell_bytes;
+    lo->out_bytes = fbytes(N * D * H);
+    lo->reserve_bytes = training ? lo->out0 + (size_t)(p->L - 1) * lo->out_bytes : 0;
+}
+
+void kf__cpu_rnn_sizes(const struct kf_rnn_plan *p, int64_t T, int64_t B, bool training,
+                       size_t *ws_bytes, size_t *reserve_bytes) {
+    kf__rnn_cpu_layout lo;
+    kf__rnn_cpu_layout_init(&lo, p, T, B, training);
+    *ws_bytes = lo.ws_bytes;
+    *reserve_bytes = lo.reserve_bytes;
+}
+
+static size_t pack_offset(const kf__rnn_cpu_layout *lo, int32_t l) {
+    return l ? lo->pack_first + (size_t)(l - 1) * lo->pack_stride : 0;
+}
+
+kf__rnn_cell kf__rnn_cpu_cell(const kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p,
+                              const float *const *w, void *ws, int32_t l, int32_t d) {
+    const float *const *cw = w + (size_t)(l * p->D + d) * (size_t)p->nw;
+    int64_t H = p->H, in = kf__rnn_layer_input(p, l);
+    kf__rnn_cell c = {.in = in, .eps = 1.0f};
+    const char *rec = (const char *)ws + lo->rec + (size_t)(l * p->D + d) * lo->rec_bytes;
+    c.pk[0] = (const float *)rec;
+    c.pk[1] = (const float *)(rec + lo->rec_pk1);
+    if (!lo->agru) {
+        c.w3 = cw[KF__GRU_W_IH];
+        c.b3 = cw[KF__GRU_B_IH];
+        c.brec = cw[KF__GRU_B_HH];
+        return c;
+    }
+    const char *base = (const char *)ws + pack_offset(lo, l);
+    c.w3 = (const float *)base;
+    c.b3 = (const float *)(base + fbytes(3 * H * in));
+    c.eps = *cw[KF__AGRU_EPS];
+    return c;
+}
+
+/* A recurrent product's B [K, N = ng*hc] as a view of the caller's weights: M is the matrix of
+ * up to 3 row blocks of [H, H] (blk[g] = rows gH..gH+H), B = M^T (trans) or M; with skew,
+ * M = S - S^T - gamma I for S = blk[0] (A-GRU's A, built while packing). */
+typedef struct pack_spec {
+    const float *blk[3];
+    bool trans, skew;
+    int ng, nv;
+    int64_t K;
+} pack_spec;
+
+static float spec_at(const pack_spec *ps, int64_t H, float gamma, int64_t k, int64_t n) {
+    const int64_t r = ps->trans ? n : k, c = ps->trans ? k : n;
+    const float *m = ps->blk[r / H];
+    float v = m[(r % H) * H + c];
+    if (ps->skew) v -= m[c * H + r] + (r == c ? gamma : 0.0f);
+    return v;
+}
+
+/* Panel p of `ps` into dst (layout: kf__mk in rnn_cpu.h; columns past H are zeros). */
+static void pack_panel(const pack_spec *ps, int64_t H, float gamma, int64_t p, float *dst) {
+    const int w = ps->nv * 8;
+    dst += p * ps->K * w;
+    for (int v = 0; v < ps->nv; v++) {
+        const int64_t j0 = kf__panel_col(ps->ng, ps->nv, p, v), n0 = (ps->ng > 1 ? v : 0) * H;
+        for (int cc = 0; cc < 8; cc++)
+            for (int64_t k = 0; k < ps->K; k++)
+                dst[k * w + v * 8 + cc] =
+                    j0 + cc < H ? spec_at(ps, H, gamma, k, n0 + j0 + cc) : 0.0f;
+    }
+}
+
+/* The recurrent products of cell (l, d), pk[0] and pk[1] (notation of rnn_bwd.c / rnn_fwd.c):
+ * forward GRU  h W_hh^T (gates r, z, n side by side); A-GRU h [U_z; U_r]^T (z, r), q A^T;
+ * backward GRU dG_h W_hh (K = 3H); A-GRU [da_z, da_r] [U_z; U_r] (K = 2H), da_d A. */
+static int cell_specs(const kf__rnn_cpu_layout *lo, const float *const *cw, bool bwd,
+                      pack_spec *ps) {
+    const int64_t H = lo->H;
+    if (!lo->agru) {
+        const float *whh = cw[KF__GRU_W_HH];
+        ps[0] = (pack_spec){{whh, whh + H * H, whh + 2 * H * H}, !bwd, false, bwd ? 1 : 3,
+                            bwd ? 2 : 3, bwd ? 3 * H : H};
+        return 1;
+    }
+    ps[0] = (pack_spec){{cw[KF__AGRU_U_Z], cw[KF__AGRU_U_R]}, !bwd, false, bwd ? 1 : 2, 2,
+                        bwd ? 2 * H : H};
+    ps[1] = (pack_spec){{cw[KF__AGRU_W_H]}, !bwd, true, 1, 2, H};
+    return 2;
+}
+
+/* Work items are whole panels of every cell's products, and rows of the A-GRU W3 / b3 copy. */
+void kf__rnn_cpu_pack(const kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p,
+                      const float *const *w, void *ws, bool bwd, int tid, int nth) {
+    const int64_t H = p->H;
+    for (int32_t c = 0; c < p->L * p->D; c++) {
+        kf__rnn_cell cell = kf__rnn_cpu_cell(lo, p, w, ws, c / p->D, c % p->D);
+        pack_spec ps[2];
+        const int n = cell_specs(lo, w + (size_t)c * (size_t)p->nw, bwd, ps);
+        for (int i = 0; i < n; i++) {
+            int64_t p0, p1;
+            kf__part(kf__num_panels(ps[i].ng, ps[i].nv, H), nth, tid, &p0, &p1);
+            for (int64_t pi = p0; pi < p1; pi++)
+                pack_panel(&ps[i], H, p->gamma, pi, (float *)cell.pk[i]);
+        }
+    }
+    if (!lo->agru) return;
+    for (int32_t l = 0; l < p->L; l++) {
+        const float *const *cw = w + (size_t)l * (size_t)p->nw;
+        kf__rnn_cell c = kf__rnn_cpu_cell(lo, p, w, ws, l, 0);
+        float *w3 = (float *)c.w3, *b3 = (float *)c.b3;
+        const float *wx[3] = {cw[KF__AGRU_W_Z], cw[KF__AGRU_W_R], cw[KF__AGRU_V_H]};
+        const float *bx[3] = {cw[KF__AGRU_B_Z], cw[KF__AGRU_B_R], cw[KF__AGRU_B_H]};
+        int64_t lo_i, hi_i;
+        kf__part(3 * H, nth, tid, &lo_i, &hi_i);
+        for (int64_t i = lo_i; i < hi_i; i++) {
+            memcpy(w3 + i * c.in, wx[i / H] + (i % H) * c.in, (size_t)c.in * sizeof(float));
+            b3[i] = bx[i / H][i % H];
+        }
+    }
+}
+
+void kf__rnn_cpu_drop_row(float *restrict dst, const float *restrict src, int64_t n,
+                          const kf__rnn_drop *dr, uint64_t c0) {
+    if (!src) {
+        memset(dst, 0, (size_t)n * sizeof(float));
+    } else if (!dr->on) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+    } else {
+        for (int64_t j = 0; j < n; j++)
+            dst[j] = kf__dropout_keep(dr->seed, c0 + (uint64_t)j, dr->p) ? src[j] * dr->scale : 0.0f;
+    }
+}
+
+const kf__rnn_ops kf__cpu_rnn_ops = {NULL, kf__cpu_rnn_sizes, kf__cpu_rnn_forward,
+                                     kf__cpu_rnn_backward};
