@@ -43,6 +43,15 @@
 //! # Ok::<(), kfuse::Error>(())
 //! ```
 //!
+//! `use kfuse::*` leaves std's `Result` as it is (this crate's alias is
+//! [`error::Result`]):
+//!
+//! ```
+//! use kfuse::*;
+//! fn parse(s: &str) -> Result<i32, std::num::ParseIntError> { s.parse() }
+//! assert_eq!(parse("7"), Ok(7));
+//! ```
+//!
 //! # Threads and lifetimes, checked at compile time
 //!
 //! A context is `Send` but not `Sync`:
@@ -85,7 +94,7 @@
 //! There is no `tch` feature yet: no `tch` crate can be had offline here (see the crate README).
 
 mod context;
-mod error;
+pub mod error;
 mod grad;
 mod kan;
 mod kan_conv;
@@ -95,7 +104,9 @@ mod sklinear;
 mod tensor;
 
 pub use context::{ArenaInfo, Context, ContextBuilder, Device};
-pub use error::{Error, Result, Status};
+// `Result` stays at kfuse::error::Result: re-exported here it would shadow std's through
+// `use kfuse::*`.
+pub use error::{Error, Status};
 pub use grad::GradMode;
 pub use kan::{
     KanBackwardArgs, KanForwardArgs, KanHostParams, KanLayer, KanLinearDesc, KanLinearPlan, KanParams,
