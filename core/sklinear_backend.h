@@ -7,7 +7,11 @@
  * x [N, in], y and dy [N, out], S1s and U2s [L, in, k], S2s and U1s [L, k, out], bias [out].
  * The bottleneck Z [N, 2r] has column j < r = term j/k, column c = j%k of x S1s, and column
  * r + j the same of x U2s; y = (Z[:, :r] U1 + Z[:, r:] S2) / (2L) + bias where U1 and S2 are
- * U1s and S2s read as [r, out] matrices (their natural layout). */
+ * U1s and S2s read as [r, out] matrices (their natural layout).
+ *
+ * Every tensor of a call has the plan's dtype (KF_DTYPE_F32, or KF_DTYPE_F64 where the backend's
+ * supports() accepts it): the records carry untyped pointers that the backend reads as that
+ * type. */
 #ifndef KF_CORE_SKLINEAR_BACKEND_H
 #define KF_CORE_SKLINEAR_BACKEND_H
 
@@ -26,23 +30,24 @@ struct kf_sklinear_plan {
     int32_t L, k;
     int64_t r;      /* L * k */
     bool has_bias;
+    kf_dtype dtype; /* of every parameter, input and output */
 };
 
 typedef struct kf__skl_fwd {
     const struct kf_sklinear_plan *plan;
     int64_t N;
-    const float *x, *S1, *S2, *U1, *U2;
-    const float *bias;        /* NULL: the plan has none */
-    float *y;
+    const void *x, *S1, *S2, *U1, *U2;
+    const void *bias;         /* NULL: the plan has none */
+    void *y;
     void *ws; size_t ws_bytes;
 } kf__skl_fwd;
 
 typedef struct kf__skl_bwd {
     const struct kf_sklinear_plan *plan;
     int64_t N;
-    const float *x, *S1, *S2, *U1, *U2;
-    const float *dy;
-    float *dx, *dS1, *dS2, *db; /* each NULL = not wanted */
+    const void *x, *S1, *S2, *U1, *U2;
+    const void *dy;
+    void *dx, *dS1, *dS2, *db;  /* each NULL = not wanted */
     bool accumulate;            /* add into dS1, dS2, db instead of overwriting (dx: always
                                    overwritten) */
     void *ws; size_t ws_bytes;

@@ -9,7 +9,11 @@
  * Work is split into fixed blocks: rows of x for the row-wise products, columns of the
  * parameters for the reductions over rows (dS1s, dS2s, dbias). Blocks go round-robin to the
  * threads; every element has one writer, and since the blocks (hence every BLAS call) depend on
- * the shape alone, the bits do not depend on the thread count. */
+ * the shape alone, the bits do not depend on the thread count.
+ *
+ * One implementation for both dtypes: KF__SKL_CPU_DEFINE(T, X) below defines the team functions
+ * for element type T with the BLAS prefix X (s: float32, d: float64); the op picks them by the
+ * plan's dtype. */
 #include "cpu_backend.h"
 
 #include "blas.h"
@@ -46,12 +50,13 @@ typedef struct skl_layout {
 
 static skl_layout skl_layout_of(const struct kf_sklinear_plan *p, int64_t N) {
     skl_layout lo;
-    size_t z = kf__align_up((size_t)(N * 2 * p->r) * sizeof(float));
+    const size_t e = p->dtype == KF_DTYPE_F64 ? sizeof(double) : sizeof(float);
+    size_t z = kf__align_up((size_t)(N * 2 * p->r) * e);
     lo.w1 = 0;
-    lo.z = lo.w1 + kf__align_up((size_t)(p->in * 2 * p->r) * sizeof(float));
+    lo.z = lo.w1 + kf__align_up((size_t)(p->in * 2 * p->r) * e);
     lo.dz = lo.z + z;
     lo.dw1 = lo.dz + z;
-    lo.bytes = lo.dw1 + kf__align_up((size_t)(p->in * p->r) * sizeof(float));
+    lo.bytes = lo.dw1 + kf__align_up((size_t)(p->in * p->r) * e);
     return lo;
 }
 
@@ -59,22 +64,11 @@ static size_t skl_workspace(const struct kf_sklinear_plan *p, int64_t N) {
     return skl_layout_of(p, N).bytes;
 }
 
-static float *skl_at(void *ws, size_t off) { return (float *)(void *)((char *)ws + off); }
+static void *skl_at(void *ws, size_t off) { return (char *)ws + off; }
 
 static int32_t skl_team_size(const kf_context *ctx, const struct kf_sklinear_plan *p, int64_t N) {
     double flops = (double)N * (double)(p->in + p->out) * 2.0 * (double)p->r;
     return flops < KF__SKL_TEAM_MIN_FLOPS ? 1 : ctx->num_threads;
-}
-
-/* Rows [a0, a1) of W1 = [S1_1..S1_L | U2_1..U2_L] (element (a, j): term j / k, column j % k). */
-static void skl_pack_w1(const struct kf_sklinear_plan *p, const float *S1, const float *U2,
-                        float *W1, int64_t a0, int64_t a1) {
-    const int64_t in = p->in, k = p->k, r = p->r;
-    for (int64_t a = a0; a < a1; ++a)
-        for (int64_t i = 0; i < p->L; ++i) {
-            memcpy(W1 + a * 2 * r + i * k, S1 + (i * in + a) * k, (size_t)k * sizeof(float));
-            memcpy(W1 + a * 2 * r + r + i * k, U2 + (i * in + a) * k, (size_t)k * sizeof(float));
-        }
 }
 
 typedef struct skl_fwd_call {
@@ -82,94 +76,120 @@ typedef struct skl_fwd_call {
     skl_layout lo;
 } skl_fwd_call;
 
-static void skl_fwd_team(void *arg, int tid, int nth) {
-    const kf__skl_fwd *c = ((const skl_fwd_call *)arg)->c;
-    const skl_layout *lo = &((const skl_fwd_call *)arg)->lo;
-    const struct kf_sklinear_plan *p = c->plan;
-    const int64_t in = p->in, out = p->out, r = p->r;
-    float *W1 = skl_at(c->ws, lo->w1), *Z = skl_at(c->ws, lo->z);
-    int64_t a0, a1, n0, n1;
-    kf__cpu_share(in, tid, nth, &a0, &a1);
-    skl_pack_w1(p, c->S1, c->U2, W1, a0, a1);
-#pragma omp barrier
-    const float s = 1.0f / (2.0f * (float)p->L);
-    for (int64_t b = tid; skl_block(c->N, KF__SKL_ROWS, b, &n0, &n1); b += nth) {
-        const int64_t rows = n1 - n0;
-        float *y = c->y + n0 * out, *z = Z + n0 * 2 * r;
-        kf__sgemm(false, false, rows, 2 * r, in, 1.0f, c->x + n0 * in, in, W1, 2 * r, 0.0f, z,
-                  2 * r);
-        if (c->bias)
-            for (int64_t n = 0; n < rows; ++n)
-                memcpy(y + n * out, c->bias, (size_t)out * sizeof(float));
-        kf__sgemm(false, false, rows, out, r, s, z, 2 * r, c->U1, out, c->bias ? 1.0f : 0.0f, y,
-                  out);
-        kf__sgemm(false, false, rows, out, r, s, z + r, 2 * r, c->S2, out, 1.0f, y, out);
-    }
-}
-
-static kf_status skl_forward(kf_context *ctx, const kf__skl_fwd *c) {
-    skl_fwd_call call = {.c = c, .lo = skl_layout_of(c->plan, c->N)};
-    kf__cpu_team(skl_team_size(ctx, c->plan, c->N), skl_fwd_team, &call);
-    return KF_OK;
-}
-
 typedef struct skl_bwd_call {
     const kf__skl_bwd *c;
     skl_layout lo;
 } skl_bwd_call;
 
-static void skl_bwd_team(void *arg, int tid, int nth) {
-    const kf__skl_bwd *c = ((const skl_bwd_call *)arg)->c;
-    const skl_layout *lo = &((const skl_bwd_call *)arg)->lo;
-    const struct kf_sklinear_plan *p = c->plan;
-    const int64_t in = p->in, out = p->out, r = p->r, k = p->k, N = c->N;
-    const float s = 1.0f / (2.0f * (float)p->L), beta = c->accumulate ? 1.0f : 0.0f;
-    float *W1 = skl_at(c->ws, lo->w1), *Z = skl_at(c->ws, lo->z), *dZ = skl_at(c->ws, lo->dz),
-          *dW1 = skl_at(c->ws, lo->dw1);
-    int64_t a0, a1, n0, n1, o0, o1;
-    kf__cpu_share(in, tid, nth, &a0, &a1);
-    skl_pack_w1(p, c->S1, c->U2, W1, a0, a1);
-#pragma omp barrier
-    /* Row-wise: the recomputed second half of Z (for dS2), dZ, dx. */
-    for (int64_t b = tid; skl_block(N, KF__SKL_ROWS, b, &n0, &n1); b += nth) {
-        const int64_t rows = n1 - n0;
-        const float *dy = c->dy + n0 * out;
-        float *dz = dZ + n0 * 2 * r;
-        if (c->dS2)
-            kf__sgemm(false, false, rows, r, in, 1.0f, c->x + n0 * in, in, W1 + r, 2 * r, 0.0f,
-                      Z + n0 * 2 * r + r, 2 * r);
-        kf__sgemm(false, true, rows, r, out, s, dy, out, c->U1, out, 0.0f, dz, 2 * r);
-        kf__sgemm(false, true, rows, r, out, s, dy, out, c->S2, out, 0.0f, dz + r, 2 * r);
-        if (c->dx)
-            kf__sgemm(false, true, rows, in, 2 * r, 1.0f, dz, 2 * r, W1, 2 * r, 0.0f,
-                      c->dx + n0 * in, in);
+/* For element type T, BLAS prefix X:
+ *  skl_pack_w1_X: rows [a0, a1) of W1 = [S1_1..S1_L | U2_1..U2_L] (element (a, j): term j / k,
+ *    column j % k);
+ *  skl_fwd_team_X, skl_bwd_team_X: one thread's share of forward and backward. */
+#define KF__SKL_CPU_DEFINE(T, X)                                                                  \
+    static void skl_pack_w1_##X(const struct kf_sklinear_plan *p, const T *S1, const T *U2,      \
+                                T *W1, int64_t a0, int64_t a1) {                                 \
+        const int64_t in = p->in, k = p->k, r = p->r;                                            \
+        for (int64_t a = a0; a < a1; ++a)                                                        \
+            for (int64_t i = 0; i < p->L; ++i) {                                                 \
+                memcpy(W1 + a * 2 * r + i * k, S1 + (i * in + a) * k, (size_t)k * sizeof(T));   \
+                memcpy(W1 + a * 2 * r + r + i * k, U2 + (i * in + a) * k,                        \
+                       (size_t)k * sizeof(T));                                                   \
+            }                                                                                    \
+    }                                                                                            \
+                                                                                                 \
+    static void skl_fwd_team_##X(void *arg, int tid, int nth) {                                  \
+        const kf__skl_fwd *c = ((const skl_fwd_call *)arg)->c;                                   \
+        const skl_layout *lo = &((const skl_fwd_call *)arg)->lo;                                 \
+        const struct kf_sklinear_plan *p = c->plan;                                              \
+        const int64_t in = p->in, out = p->out, r = p->r;                                        \
+        const T *x = c->x, *U1 = c->U1, *S2 = c->S2, *bias = c->bias;                            \
+        T *Y = c->y;                                                                             \
+        T *W1 = skl_at(c->ws, lo->w1), *Z = skl_at(c->ws, lo->z);                               \
+        int64_t a0, a1, n0, n1;                                                                  \
+        kf__cpu_share(in, tid, nth, &a0, &a1);                                                   \
+        skl_pack_w1_##X(p, c->S1, c->U2, W1, a0, a1);                                            \
+        _Pragma("omp barrier")                                                                   \
+        const T s = (T)1 / ((T)2 * (T)p->L);                                                     \
+        for (int64_t b = tid; skl_block(c->N, KF__SKL_ROWS, b, &n0, &n1); b += nth) {            \
+            const int64_t rows = n1 - n0;                                                        \
+            T *y = Y + n0 * out, *z = Z + n0 * 2 * r;                                            \
+            kf__##X##gemm(false, false, rows, 2 * r, in, 1, x + n0 * in, in, W1, 2 * r, 0, z,    \
+                          2 * r);                                                                \
+            if (bias)                                                                            \
+                for (int64_t n = 0; n < rows; ++n)                                               \
+                    memcpy(y + n * out, bias, (size_t)out * sizeof(T));                          \
+            kf__##X##gemm(false, false, rows, out, r, s, z, 2 * r, U1, out, bias ? 1 : 0, y,     \
+                          out);                                                                  \
+            kf__##X##gemm(false, false, rows, out, r, s, z + r, 2 * r, S2, out, 1, y, out);      \
+        }                                                                                        \
+    }                                                                                            \
+                                                                                                 \
+    static void skl_bwd_team_##X(void *arg, int tid, int nth) {                                  \
+        const kf__skl_bwd *c = ((const skl_bwd_call *)arg)->c;                                   \
+        const skl_layout *lo = &((const skl_bwd_call *)arg)->lo;                                 \
+        const struct kf_sklinear_plan *p = c->plan;                                              \
+        const int64_t in = p->in, out = p->out, r = p->r, k = p->k, N = c->N;                    \
+        const T s = (T)1 / ((T)2 * (T)p->L), beta = c->accumulate ? 1 : 0;                       \
+        const T *x = c->x, *U1 = c->U1, *S2 = c->S2, *DY = c->dy;                                \
+        T *dX = c->dx, *dS1 = c->dS1, *dS2 = c->dS2, *db = c->db;                                \
+        T *W1 = skl_at(c->ws, lo->w1), *Z = skl_at(c->ws, lo->z), *dZ = skl_at(c->ws, lo->dz),   \
+          *dW1 = skl_at(c->ws, lo->dw1);                                                         \
+        int64_t a0, a1, n0, n1, o0, o1;                                                          \
+        kf__cpu_share(in, tid, nth, &a0, &a1);                                                   \
+        skl_pack_w1_##X(p, c->S1, c->U2, W1, a0, a1);                                            \
+        _Pragma("omp barrier")                                                                   \
+        /* Row-wise: the recomputed second half of Z (for dS2), dZ, dx. */                       \
+        for (int64_t b = tid; skl_block(N, KF__SKL_ROWS, b, &n0, &n1); b += nth) {               \
+            const int64_t rows = n1 - n0;                                                        \
+            const T *dy = DY + n0 * out;                                                         \
+            T *dz = dZ + n0 * 2 * r;                                                             \
+            if (dS2)                                                                             \
+                kf__##X##gemm(false, false, rows, r, in, 1, x + n0 * in, in, W1 + r, 2 * r, 0,   \
+                              Z + n0 * 2 * r + r, 2 * r);                                        \
+            kf__##X##gemm(false, true, rows, r, out, s, dy, out, U1, out, 0, dz, 2 * r);         \
+            kf__##X##gemm(false, true, rows, r, out, s, dy, out, S2, out, 0, dz + r, 2 * r);     \
+            if (dX)                                                                              \
+                kf__##X##gemm(false, true, rows, in, 2 * r, 1, dz, 2 * r, W1, 2 * r, 0,          \
+                              dX + n0 * in, in);                                                 \
+        }                                                                                        \
+        _Pragma("omp barrier")                                                                   \
+        /* Column-wise reductions over the N rows: dS2 and dbias by output column, dS1 by input  \
+         * row. */                                                                               \
+        for (int64_t b = tid; skl_block(out, skl_cols(out), b, &o0, &o1); b += nth) {            \
+            if (dS2)                                                                             \
+                kf__##X##gemm(true, false, r, o1 - o0, N, s, Z + r, 2 * r, DY + o0, out, beta,   \
+                              dS2 + o0, out);                                                    \
+            for (int64_t o = o0; db && o < o1; ++o) {                                            \
+                double acc = 0.0;                                                                \
+                for (int64_t n = 0; n < N; ++n) acc += DY[n * out + o];                          \
+                db[o] = c->accumulate ? (T)(db[o] + acc) : (T)acc;                               \
+            }                                                                                    \
+        }                                                                                        \
+        for (int64_t b = tid; dS1 && skl_block(in, skl_cols(in), b, &a0, &a1); b += nth) {       \
+            kf__##X##gemm(true, false, a1 - a0, r, N, 1, x + a0, in, dZ, 2 * r, 0, dW1 + a0 * r, \
+                          r);                                                                    \
+            for (int64_t a = a0; a < a1; ++a)                                                    \
+                for (int64_t j = 0; j < r; ++j) {                                                \
+                    T *d = dS1 + (j / k * in + a) * k + j % k;                                   \
+                    *d = c->accumulate ? *d + dW1[a * r + j] : dW1[a * r + j];                   \
+                }                                                                                \
+        }                                                                                        \
     }
-#pragma omp barrier
-    /* Column-wise reductions over the N rows: dS2 and dbias by output column, dS1 by input row. */
-    for (int64_t b = tid; skl_block(out, skl_cols(out), b, &o0, &o1); b += nth) {
-        if (c->dS2)
-            kf__sgemm(true, false, r, o1 - o0, N, s, Z + r, 2 * r, c->dy + o0, out, beta,
-                      c->dS2 + o0, out);
-        for (int64_t o = o0; c->db && o < o1; ++o) {
-            double acc = 0.0;
-            for (int64_t n = 0; n < N; ++n) acc += c->dy[n * out + o];
-            c->db[o] = c->accumulate ? (float)(c->db[o] + acc) : (float)acc;
-        }
-    }
-    for (int64_t b = tid; c->dS1 && skl_block(in, skl_cols(in), b, &a0, &a1); b += nth) {
-        kf__sgemm(true, false, a1 - a0, r, N, 1.0f, c->x + a0, in, dZ, 2 * r, 0.0f,
-                  dW1 + a0 * r, r);
-        for (int64_t a = a0; a < a1; ++a)
-            for (int64_t j = 0; j < r; ++j) {
-                float *d = c->dS1 + (j / k * in + a) * k + j % k;
-                *d = c->accumulate ? *d + dW1[a * r + j] : dW1[a * r + j];
-            }
-    }
+
+KF__SKL_CPU_DEFINE(float, s)
+KF__SKL_CPU_DEFINE(double, d)
+
+static kf_status skl_forward(kf_context *ctx, const kf__skl_fwd *c) {
+    skl_fwd_call call = {.c = c, .lo = skl_layout_of(c->plan, c->N)};
+    kf__cpu_team(skl_team_size(ctx, c->plan, c->N),
+                 c->plan->dtype == KF_DTYPE_F64 ? skl_fwd_team_d : skl_fwd_team_s, &call);
+    return KF_OK;
 }
 
 static kf_status skl_backward(kf_context *ctx, const kf__skl_bwd *c) {
     skl_bwd_call call = {.c = c, .lo = skl_layout_of(c->plan, c->N)};
-    kf__cpu_team(skl_team_size(ctx, c->plan, c->N), skl_bwd_team, &call);
+    kf__cpu_team(skl_team_size(ctx, c->plan, c->N),
+                 c->plan->dtype == KF_DTYPE_F64 ? skl_bwd_team_d : skl_bwd_team_s, &call);
     return KF_OK;
 }
 

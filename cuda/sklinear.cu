@@ -593,13 +593,17 @@ Layout make_layout(const struct kf_sklinear_plan *p, int64_t N) {
     return l;
 }
 
-Net make_net(const struct kf_sklinear_plan *p, int64_t N, const float *x, const float *S1,
-             const float *S2, const float *U1, const float *U2) {
+Net make_net(const struct kf_sklinear_plan *p, int64_t N, const void *x, const void *S1,
+             const void *S2, const void *U1, const void *U2) {
     Net a;
     a.N = N; a.in = p->in; a.out = p->out;
     a.r = (int)p->r; a.R = (int)(2 * p->r); a.k = p->k;
     a.inv = (float)(1.0 / (2.0 * (double)p->L));
-    a.x = x; a.S1 = S1; a.S2 = S2; a.U1 = U1; a.U2 = U2;
+    a.x = static_cast<const float *>(x);
+    a.S1 = static_cast<const float *>(S1);
+    a.S2 = static_cast<const float *>(S2);
+    a.U1 = static_cast<const float *>(U1);
+    a.U2 = static_cast<const float *>(U2);
     return a;
 }
 
@@ -646,6 +650,15 @@ PartJob no_part() {
 
 namespace {
 
+// Float32 only: a float64 plan is refused at creation.
+kf_status skl_supports(const struct kf_sklinear_plan *p, const char *fn) {
+    if (p->dtype != KF_DTYPE_F32)
+        return kf__error(KF_ERR_UNSUPPORTED, fn,
+                         "desc->dtype = %d: the CUDA backend implements only KF_DTYPE_F32 (1)",
+                         (int)p->dtype);
+    return KF_OK;
+}
+
 size_t skl_workspace(const struct kf_sklinear_plan *p, int64_t N) {
     const Layout l = make_layout(p, N);
     return l.fwd_bytes > l.bwd_bytes ? l.fwd_bytes : l.bwd_bytes;
@@ -657,12 +670,14 @@ kf_status skl_forward(kf_context *ctx, const kf__skl_fwd *c) {
     if (c->N <= 0) return KF_OK;
     KF__CUDA_TRY(fn, cudaSetDevice(ctx->device_index));
     const Net a = make_net(c->plan, c->N, c->x, c->S1, c->S2, c->U1, c->U2);
+    const float *bias = static_cast<const float *>(c->bias);
+    float *y = static_cast<float *>(c->y);
     if (l.fused) {
         switch (l.cw) {
-        case 1: return launch_fused<1>(ctx, fn, l, a, c->bias, c->y);
-        case 2: return launch_fused<2>(ctx, fn, l, a, c->bias, c->y);
-        case 4: return launch_fused<4>(ctx, fn, l, a, c->bias, c->y);
-        default: return launch_fused<8>(ctx, fn, l, a, c->bias, c->y);
+        case 1: return launch_fused<1>(ctx, fn, l, a, bias, y);
+        case 2: return launch_fused<2>(ctx, fn, l, a, bias, y);
+        case 4: return launch_fused<4>(ctx, fn, l, a, bias, y);
+        default: return launch_fused<8>(ctx, fn, l, a, bias, y);
         }
     }
     float *part = kf__at<float>(c->ws, 0);
@@ -674,7 +689,7 @@ kf_status skl_forward(kf_context *ctx, const kf__skl_fwd *c) {
     KF_TRY(run_zpart(ctx, fn, l.cw, a, nullptr, px, no_part()));
     unsigned g = 0;
     KF_TRY(kf__grid_of(fn, l.rt * l.ct_out, &g));
-    skl_fwd_y<<<g, kThreads, 0, kf__stream(ctx)>>>(a, part, l.fz.P, c->bias, c->y, l.ct_out);
+    skl_fwd_y<<<g, kThreads, 0, kf__stream(ctx)>>>(a, part, l.fz.P, bias, y, l.ct_out);
     KF__CUDA_LAUNCH_CHECK(fn, "skl_fwd_y");
     return KF_OK;
 }
@@ -686,6 +701,7 @@ kf_status skl_backward(kf_context *ctx, const kf__skl_bwd *c) {
     const Layout l = make_layout(c->plan, c->N);
     KF__CUDA_TRY(fn, cudaSetDevice(ctx->device_index));
     const Net a = make_net(c->plan, c->N, c->x, c->S1, c->S2, c->U1, c->U2);
+    const float *dy = static_cast<const float *>(c->dy);
     const bool need_dz = c->dx != nullptr || c->dS1 != nullptr, need_z2 = c->dS2 != nullptr;
 
     // 1. Partials of Z2 = x U2 and dZ = dy W2^T / (2L).
@@ -702,7 +718,7 @@ kf_status skl_backward(kf_context *ctx, const kf__skl_bwd *c) {
         pd.ncols = (int)l.R; pd.col_base = 0; pd.scale = a.inv;
         pd.part = kf__at<float>(c->ws, 0);
     }
-    if (l.N > 0) KF_TRY(run_zpart(ctx, fn, l.cw, a, c->dy, px, pd));
+    if (l.N > 0) KF_TRY(run_zpart(ctx, fn, l.cw, a, dy, px, pd));
 
     // 2. dx, dS1s, dS2s, dbias tiles.
     BwdJobs b = {};
@@ -711,7 +727,10 @@ kf_status skl_backward(kf_context *ctx, const kf__skl_bwd *c) {
     b.Pdz = l.dz.P; b.Pz2 = l.z2.P;
     b.dz = kf__at<float>(c->ws, 0);
     b.z2 = need_z2 ? kf__at<float>(c->ws, l.off_z2) : nullptr;
-    b.dx = c->dx; b.dS1 = c->dS1; b.dS2 = c->dS2; b.db = c->db;
+    b.dx = static_cast<float *>(c->dx);
+    b.dS1 = static_cast<float *>(c->dS1);
+    b.dS2 = static_cast<float *>(c->dS2);
+    b.db = static_cast<float *>(c->db);
     if (l.w.P > 1) {
         b.w1p = kf__at<float>(c->ws, l.off_w1);
         b.w2p = kf__at<float>(c->ws, l.off_w2);
@@ -724,7 +743,7 @@ kf_status skl_backward(kf_context *ctx, const kf__skl_bwd *c) {
     unsigned g = 0;
     KF_TRY(kf__grid_of(fn, b.n_dx + b.n_s1 + b.n_s2, &g));
     if (g > 0) {
-        skl_bwd_main<<<g, kThreads, 0, kf__stream(ctx)>>>(a, c->dy, b);
+        skl_bwd_main<<<g, kThreads, 0, kf__stream(ctx)>>>(a, dy, b);
         KF__CUDA_LAUNCH_CHECK(fn, "skl_bwd_main");
     }
 
@@ -742,5 +761,5 @@ kf_status skl_backward(kf_context *ctx, const kf__skl_bwd *c) {
 
 } // namespace
 
-extern "C" const kf__skl_ops kf__cuda_skl_ops = {nullptr, skl_workspace, skl_forward,
+extern "C" const kf__skl_ops kf__cuda_skl_ops = {skl_supports, skl_workspace, skl_forward,
                                                   skl_backward};

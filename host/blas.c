@@ -17,54 +17,61 @@ void kf__blas_init(void) { pthread_once(&blas_once, blas_single_thread); }
  * products with m * n * k above it). */
 #define KF__OPENBLAS_SMALL_MNK 1.0e6
 
-/* C[:, 0:n] = alpha * A B + beta * C for n < 16 columns (row-major, neither operand transposed),
- * one row of C at a time in registers. */
-static void sgemm_nn_narrow(int64_t m, int64_t n, int64_t k, float alpha, const float *a,
-                            int64_t lda, const float *b, int64_t ldb, float beta, float *c,
-                            int64_t ldc) {
-    for (int64_t i = 0; i < m; i++) {
-        float acc[16] = {0};
-        const float *ai = a + i * lda;
-        for (int64_t p = 0; p < k; p++) {
-            const float s = ai[p];
-            const float *bp = b + p * ldb;
-            for (int64_t j = 0; j < n; j++) acc[j] += s * bp[j];
-        }
-        float *ci = c + i * ldc;
-        for (int64_t j = 0; j < n; j++)
-            ci[j] = beta == 0.0f ? alpha * acc[j] : alpha * acc[j] + beta * ci[j];
-    }
-}
-
 /* CBLAS takes int extents: callers pass extents and leading dimensions below INT_MAX.
  *
  * No allocation per call, on every x86-64 kind. OpenBLAS's AVX-512 cores (SkylakeX, Cooperlake,
  * which it picks at run time on such CPUs, Intel and AMD Zen 4 alike) send products with
- * m * n * k <= 1e6 to "small-matrix" kernels, and the one for a row-major product with neither
- * operand transposed (its column-major NN kernel, whose M is our n) mallocs and frees a buffer on
- * every call when n % 16 is 1..8 and k >= 32 (checked against 0.3.21's source and its archive:
- * no other small kernel calls malloc). Such a product is split: the columns up to the last
- * multiple of 16 go to OpenBLAS (that kernel then never reaches its buffered tail), and the at
- * most 15 columns left are computed here. The split is made on every core type, so results do not
- * depend on which one OpenBLAS picked, and scripts/test.sh runs the C tests under each core type
- * the machine can run (OPENBLAS_CORETYPE), the allocation test among them. */
-void kf__sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
-               int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
-    if (m <= 0 || n <= 0) return;
-    if (k <= 0) {
-        /* BLAS would do this too, but some builds read A/B even when k == 0. */
-        for (int64_t i = 0; i < m; i++)
-            for (int64_t j = 0; j < n; j++)
-                c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
-        return;
+ * m * n * k <= 1e6 to "small-matrix" kernels, and the ones for a row-major product with neither
+ * operand transposed (their column-major NN kernels, whose M is our n) malloc and free a buffer on
+ * every call for a ragged tail of n: sgemm's when n % 16 is 1..8 and k >= 32, dgemm's when
+ * n % 8 is 1..4 and k >= 16 (checked against 0.3.21's source and its archive: no other small
+ * kernel calls malloc). Such a product is split: the columns up to the last multiple of W (16
+ * floats, 8 doubles: one AVX-512 vector) go to OpenBLAS (that kernel then never reaches its
+ * buffered tail), and the fewer than W columns left are computed here, one row of C at a time in
+ * registers. The split is made on every core type, so results do not depend on which one
+ * OpenBLAS picked, and scripts/test.sh runs the C tests under each core type the machine can run
+ * (OPENBLAS_CORETYPE), the allocation test among them.
+ *
+ * One definition for both element types: T the type, X the BLAS prefix (s, d), W as above. */
+#define KF__GEMM_DEFINE(T, X, W)                                                                  \
+    static void X##gemm_nn_narrow(int64_t m, int64_t n, int64_t k, T alpha, const T *a,          \
+                                  int64_t lda, const T *b, int64_t ldb, T beta, T *c,            \
+                                  int64_t ldc) {                                                 \
+        for (int64_t i = 0; i < m; i++) {                                                        \
+            T acc[W] = {0};                                                                      \
+            const T *ai = a + i * lda;                                                           \
+            for (int64_t p = 0; p < k; p++) {                                                    \
+                const T s = ai[p];                                                               \
+                const T *bp = b + p * ldb;                                                       \
+                for (int64_t j = 0; j < n; j++) acc[j] += s * bp[j];                             \
+            }                                                                                    \
+            T *ci = c + i * ldc;                                                                 \
+            for (int64_t j = 0; j < n; j++)                                                      \
+                ci[j] = beta == (T)0 ? alpha * acc[j] : alpha * acc[j] + beta * ci[j];           \
+        }                                                                                        \
+    }                                                                                            \
+    void kf__##X##gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T *a,   \
+                       int64_t lda, const T *b, int64_t ldb, T beta, T *c, int64_t ldc) {        \
+        if (m <= 0 || n <= 0) return;                                                            \
+        if (k <= 0) {                                                                            \
+            /* BLAS would do this too, but some builds read A/B even when k == 0. */             \
+            for (int64_t i = 0; i < m; i++)                                                      \
+                for (int64_t j = 0; j < n; j++)                                                  \
+                    c[i * ldc + j] = beta == (T)0 ? (T)0 : beta * c[i * ldc + j];                \
+            return;                                                                              \
+        }                                                                                        \
+        kf__blas_init();                                                                         \
+        int64_t nb = n; /* the columns OpenBLAS computes */                                      \
+        if (!ta && !tb && n % (W) != 0 &&                                                        \
+            (double)m * (double)n * (double)k <= KF__OPENBLAS_SMALL_MNK) {                       \
+            nb = n - n % (W);                                                                    \
+            X##gemm_nn_narrow(m, n - nb, k, alpha, a, lda, b + nb, ldb, beta, c + nb, ldc);      \
+            if (nb == 0) return;                                                                 \
+        }                                                                                        \
+        cblas_##X##gemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,                           \
+                        tb ? CblasTrans : CblasNoTrans, (int)m, (int)nb, (int)k, alpha, a,       \
+                        (int)lda, b, (int)ldb, beta, c, (int)ldc);                               \
     }
-    kf__blas_init();
-    int64_t nb = n; /* the columns OpenBLAS computes */
-    if (!ta && !tb && n % 16 != 0 && (double)m * (double)n * (double)k <= KF__OPENBLAS_SMALL_MNK) {
-        nb = n - n % 16;
-        sgemm_nn_narrow(m, n - nb, k, alpha, a, lda, b + nb, ldb, beta, c + nb, ldc);
-        if (nb == 0) return;
-    }
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                (int)m, (int)nb, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
-}
+
+KF__GEMM_DEFINE(float, s, 16)
+KF__GEMM_DEFINE(double, d, 8)

@@ -13,9 +13,12 @@
  * An empty product (m, n or k == 0) only scales C by beta (beta == 0 writes zeros). */
 void kf__sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+/* The same in float64. */
+void kf__dgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double *a,
+               int64_t lda, const double *b, int64_t ldb, double beta, double *c, int64_t ldc);
 
-/* Pins OpenBLAS to one thread, once per process. kf__sgemm calls it; call it before any other
- * BLAS or LAPACK routine. */
+/* Pins OpenBLAS to one thread, once per process. kf__sgemm and kf__dgemm call it; call it
+ * before any other BLAS or LAPACK routine. */
 void kf__blas_init(void);
 
 /* LAPACK's minimum-norm least squares by SVD (Fortran symbol, column-major; see its reference

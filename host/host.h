@@ -12,11 +12,12 @@
 extern "C" {
 #endif
 
-/* Panther's initialisation (host/sklinear_init.c). W_init [out, in] or NULL; bias NULL when the
- * plan has none. KF_OK or KF_ERR_OUT_OF_MEMORY (host scratch), message under `fn`. */
+/* Panther's initialisation (host/sklinear_init.c), every tensor of the plan's dtype. W_init
+ * [out, in] or NULL; bias NULL when the plan has none. KF_OK or KF_ERR_OUT_OF_MEMORY (host
+ * scratch), message under `fn`. */
 kf_status kf__skl_init_host(const struct kf_sklinear_plan *p, const char *fn, uint64_t seed,
-                            const float *W_init, float *S1, float *S2, float *U1, float *U2,
-                            float *bias);
+                            const void *W_init, void *S1, void *S2, void *U1, void *U2,
+                            void *bias);
 
 /* off[r] = the offset in one channel plane [H, W] of kernel position pos = i kw + j of the patch
  * at output pixel p0 + r of an image (rows consecutive pixels, p0 + rows <= Ho Wo), or -1 where

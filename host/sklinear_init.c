@@ -9,7 +9,8 @@
  * (torch's fan_in of an [in, out] tensor is out, so the bound is 1/sqrt(out)); S1s[i] = W U1s[i]^T,
  * S2s[i] = U2s[i]^T W; bias ~ U(-1/sqrt(out), 1/sqrt(out)). W is never materialised: it is
  * generated (or gathered from W_init) in blocks of rows, and the products are GEMMs over those
- * blocks in a fixed order, in the caller's thread (so the bits are the same on every backend). */
+ * blocks in a fixed order, in the caller's thread (so the bits are the same on every backend).
+ * A float64 plan takes the same draws (uniforms of 24 bits) and computes in float64. */
 #include "host.h"
 
 #include "blas.h"
@@ -26,52 +27,68 @@ enum { KF__SKL_RNG_U1 = 1, KF__SKL_RNG_U2 = 2, KF__SKL_RNG_W = 3, KF__SKL_RNG_BI
 static uint64_t kf__skl_counter(uint64_t stream, uint64_t index) { return (stream << 56) ^ index; }
 
 /* Uniform in [-bound, bound). */
-static float kf__skl_uniform(uint64_t seed, uint64_t stream, uint64_t index, float bound) {
-    return (2.0f * kf__uniform(seed, kf__skl_counter(stream, index)) - 1.0f) * bound;
+static double kf__skl_uniform(uint64_t seed, uint64_t stream, uint64_t index, double bound) {
+    return (2.0 * (double)kf__uniform(seed, kf__skl_counter(stream, index)) - 1.0) * bound;
 }
 
-static float kf__skl_sign(uint64_t seed, uint64_t stream, uint64_t index, float scale) {
-    return kf__uniform(seed, kf__skl_counter(stream, index)) < 0.5f ? -scale : scale;
+static bool kf__skl_negative(uint64_t seed, uint64_t stream, uint64_t index) {
+    return kf__uniform(seed, kf__skl_counter(stream, index)) < 0.5f;
 }
+
+/* Element (a, j) of S1 and U2 read as [in, r] (j = i*k + c) sits at (i*in + a)*k + c. */
+#define KF__SKL_IK(a, j) (((j) / k * in + (a)) * k + (j) % k)
+
+/* kf__skl_init_<X>: the algorithm for element type T (X the BLAS prefix, s or d). */
+#define KF__SKL_INIT_DEFINE(T, X)                                                                 \
+    static kf_status kf__skl_init_##X(const struct kf_sklinear_plan *p, const char *fn,          \
+                                      uint64_t seed, const T *W_init, T *S1, T *S2, T *U1,       \
+                                      T *U2, T *bias) {                                          \
+        const int64_t in = p->in, out = p->out, k = p->k, r = p->r;                              \
+        const T scale = (T)1 / (T)sqrt((T)k), bound = (T)1 / (T)sqrt((T)out);            \
+        /* A block of W's rows, and that block's rows of S1 and of U2 as [rows, r] matrices. */  \
+        T *wb = malloc((size_t)(KF__SKL_INIT_ROWS * out) * sizeof *wb);                          \
+        T *s1b = malloc((size_t)(KF__SKL_INIT_ROWS * r) * sizeof *s1b);                          \
+        T *u2b = malloc((size_t)(KF__SKL_INIT_ROWS * r) * sizeof *u2b);                          \
+        if (!wb || !s1b || !u2b) {                                                               \
+            free(wb), free(s1b), free(u2b);                                                      \
+            return kf__error(KF_ERR_OUT_OF_MEMORY, fn, "cannot allocate %zu bytes of host "      \
+                             "scratch", (size_t)(KF__SKL_INIT_ROWS * (out + 2 * r)) * sizeof(T)); \
+        }                                                                                        \
+        for (int64_t e = 0; e < r * out; ++e)                                                    \
+            U1[e] = kf__skl_negative(seed, KF__SKL_RNG_U1, (uint64_t)e) ? -scale : scale;        \
+        for (int64_t e = 0; e < r * in; ++e)                                                     \
+            U2[e] = kf__skl_negative(seed, KF__SKL_RNG_U2, (uint64_t)e) ? -scale : scale;        \
+        if (bias)                                                                                \
+            for (int64_t o = 0; o < out; ++o)                                                    \
+                bias[o] = (T)kf__skl_uniform(seed, KF__SKL_RNG_BIAS, (uint64_t)o, bound);        \
+        for (int64_t a0 = 0; a0 < in; a0 += KF__SKL_INIT_ROWS) {                                 \
+            const int64_t rows = in - a0 < KF__SKL_INIT_ROWS ? in - a0 : KF__SKL_INIT_ROWS;      \
+            for (int64_t a = 0; a < rows; ++a)                                                   \
+                for (int64_t o = 0; o < out; ++o)                                                \
+                    wb[a * out + o] =                                                            \
+                        W_init ? W_init[o * in + a0 + a]                                         \
+                               : (T)kf__skl_uniform(seed, KF__SKL_RNG_W,                         \
+                                                    (uint64_t)((a0 + a) * out + o), bound);      \
+            /* S1 rows = W rows U1^T; S2 += (U2 rows)^T W rows, blocks in a fixed order. */      \
+            kf__##X##gemm(false, true, rows, r, out, 1, wb, out, U1, out, 0, s1b, r);            \
+            for (int64_t a = 0; a < rows; ++a)                                                   \
+                for (int64_t j = 0; j < r; ++j) {                                                \
+                    S1[KF__SKL_IK(a0 + a, j)] = s1b[a * r + j];                                  \
+                    u2b[a * r + j] = U2[KF__SKL_IK(a0 + a, j)];                                  \
+                }                                                                                \
+            kf__##X##gemm(true, false, r, out, rows, 1, u2b, r, wb, out, a0 ? 1 : 0, S2, out);   \
+        }                                                                                        \
+        free(wb), free(s1b), free(u2b);                                                          \
+        return KF_OK;                                                                            \
+    }
+
+KF__SKL_INIT_DEFINE(float, s)
+KF__SKL_INIT_DEFINE(double, d)
+#undef KF__SKL_IK
 
 kf_status kf__skl_init_host(const struct kf_sklinear_plan *p, const char *fn, uint64_t seed,
-                            const float *W_init, float *S1, float *S2, float *U1, float *U2,
-                            float *bias) {
-    const int64_t in = p->in, out = p->out, k = p->k, r = p->r;
-    const float scale = 1.0f / sqrtf((float)k), bound = 1.0f / sqrtf((float)out);
-    /* A block of W's rows, and that block's rows of S1 and of U2 as [rows, r] matrices. */
-    float *wb = malloc((size_t)(KF__SKL_INIT_ROWS * out) * sizeof *wb);
-    float *s1b = malloc((size_t)(KF__SKL_INIT_ROWS * r) * sizeof *s1b);
-    float *u2b = malloc((size_t)(KF__SKL_INIT_ROWS * r) * sizeof *u2b);
-    if (!wb || !s1b || !u2b) {
-        free(wb), free(s1b), free(u2b);
-        return kf__error(KF_ERR_OUT_OF_MEMORY, fn, "cannot allocate %zu bytes of host scratch",
-                         (size_t)(KF__SKL_INIT_ROWS * (out + 2 * r)) * sizeof(float));
-    }
-    for (int64_t e = 0; e < r * out; ++e) U1[e] = kf__skl_sign(seed, KF__SKL_RNG_U1, (uint64_t)e, scale);
-    for (int64_t e = 0; e < r * in; ++e) U2[e] = kf__skl_sign(seed, KF__SKL_RNG_U2, (uint64_t)e, scale);
-    if (bias)
-        for (int64_t o = 0; o < out; ++o)
-            bias[o] = kf__skl_uniform(seed, KF__SKL_RNG_BIAS, (uint64_t)o, bound);
-    /* Element (a, j) of S1 and U2 read as [in, r] (j = i*k + c) sits at (i*in + a)*k + c. */
-#define KF__SKL_IK(a, j) (((j) / k * in + (a)) * k + (j) % k)
-    for (int64_t a0 = 0; a0 < in; a0 += KF__SKL_INIT_ROWS) {
-        const int64_t rows = in - a0 < KF__SKL_INIT_ROWS ? in - a0 : KF__SKL_INIT_ROWS;
-        for (int64_t a = 0; a < rows; ++a)
-            for (int64_t o = 0; o < out; ++o)
-                wb[a * out + o] = W_init ? W_init[o * in + a0 + a]
-                                         : kf__skl_uniform(seed, KF__SKL_RNG_W,
-                                                           (uint64_t)((a0 + a) * out + o), bound);
-        /* S1 rows = W rows U1^T; S2 += (U2 rows)^T W rows, blocks in a fixed order. */
-        kf__sgemm(false, true, rows, r, out, 1.0f, wb, out, U1, out, 0.0f, s1b, r);
-        for (int64_t a = 0; a < rows; ++a)
-            for (int64_t j = 0; j < r; ++j) {
-                S1[KF__SKL_IK(a0 + a, j)] = s1b[a * r + j];
-                u2b[a * r + j] = U2[KF__SKL_IK(a0 + a, j)];
-            }
-        kf__sgemm(true, false, r, out, rows, 1.0f, u2b, r, wb, out, a0 ? 1.0f : 0.0f, S2, out);
-    }
-#undef KF__SKL_IK
-    free(wb), free(s1b), free(u2b);
-    return KF_OK;
+                            const void *W_init, void *S1, void *S2, void *U1, void *U2,
+                            void *bias) {
+    return p->dtype == KF_DTYPE_F64 ? kf__skl_init_d(p, fn, seed, W_init, S1, S2, U1, U2, bias)
+                                    : kf__skl_init_s(p, fn, seed, W_init, S1, S2, U1, U2, bias);
 }

@@ -357,7 +357,8 @@ typedef struct kf_sklinear_desc {
     int32_t num_terms;    /* L >= 1; no default (0) */
     int32_t low_rank;     /* k >= 1; no default (0) */
     int32_t bias;         /* 1 (default): a bias [out] is added; 0: none */
-    int32_t dtype;        /* kf_dtype of every tensor; default (and only) KF_DTYPE_F32 */
+    int32_t dtype;        /* kf_dtype of every tensor: KF_DTYPE_F32 (default), or KF_DTYPE_F64
+                             on the CPU backend (since 1.3; KF_ERR_UNSUPPORTED on CUDA) */
     /* appended in later versions below this line; never reorder or remove */
 } kf_sklinear_desc;
 

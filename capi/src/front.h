@@ -29,6 +29,11 @@ kf_status kf__check_row_tensor(const kf_context *ctx, const char *fn, const char
                                const kf_tensor *t, int32_t ndim, const int64_t *lead,
                                int64_t width, bool optional, int64_t *shape, bool *present,
                                int64_t *rows);
+/* The same for a row tensor of `dtype`. */
+kf_status kf__check_rows_of(const kf_context *ctx, const char *fn, const char *arg,
+                            const kf_tensor *t, kf_dtype dtype, int32_t ndim, const int64_t *lead,
+                            int64_t width, bool optional, int64_t *shape, bool *present,
+                            int64_t *rows);
 size_t kf__dtype_bytes(int32_t dtype);
 
 /* ---- parameter lists (params.c) ---------------------------------------------------------

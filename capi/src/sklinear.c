@@ -67,9 +67,10 @@ KF_API kf_status kf_sklinear_plan_create(kf_context *ctx, const kf_sklinear_desc
              "is 2 * num_terms * low_rank wide)", r, KF__SKL_MAX_EXTENT / 2);
     KF_CHECK(desc->bias == 0 || desc->bias == 1, KF_ERR_INVALID_ARGUMENT,
              "desc->bias = %d, expected 0 or 1", (int)desc->bias);
-    KF_CHECK(desc->dtype == KF_DTYPE_F32, KF_ERR_UNSUPPORTED,
-             "desc->dtype = %d, only KF_DTYPE_F32 (1) is implemented", (int)desc->dtype);
-    /* Every parameter must be addressable: r * max(in, out) floats. */
+    KF_CHECK(desc->dtype == KF_DTYPE_F32 || desc->dtype == KF_DTYPE_F64, KF_ERR_UNSUPPORTED,
+             "desc->dtype = %d, only KF_DTYPE_F32 (1) and KF_DTYPE_F64 (2) are implemented",
+             (int)desc->dtype);
+    /* Every parameter must be addressable: r * max(in, out) elements of up to 8 bytes. */
     size_t biggest;
     int64_t wide = desc->in_features > desc->out_features ? desc->in_features
                                                           : desc->out_features;
@@ -87,6 +88,7 @@ KF_API kf_status kf_sklinear_plan_create(kf_context *ctx, const kf_sklinear_desc
     p->k = desc->low_rank;
     p->r = r;
     p->has_bias = desc->bias == 1;
+    p->dtype = (kf_dtype)desc->dtype;
     kf_status s = p->ops->supports ? p->ops->supports(p, __func__) : KF_OK;
     if (s != KF_OK) {
         free(p);
@@ -139,7 +141,7 @@ KF_API kf_status kf_sklinear_param_info(const kf_sklinear_plan *plan, int32_t in
 }
 
 /* N within limits and every size the backends derive from it representable: their buffers are
- * bounded by N * (in + out + 4r) + (in + out) * 4r floats. */
+ * bounded by N * (in + out + 4r) + (in + out) * 4r elements of up to 8 bytes. */
 static kf_status kf__skl_check_rows(const char *fn, const kf_sklinear_plan *p, int64_t N) {
     KF_CHECK_FN(fn, N >= 1 && N <= KF__SKL_MAX_EXTENT, KF_ERR_INVALID_ARGUMENT,
                 "N = %" PRId64 " rows, expected 1..%d", N, KF__SKL_MAX_EXTENT);
@@ -164,26 +166,26 @@ KF_API kf_status kf_sklinear_workspace_size(const kf_sklinear_plan *plan, int64_
 static kf_status kf__skl_check_params(const kf_sklinear_plan *p, const char *fn,
                                       const kf_tensor *S1s, const kf_tensor *S2s,
                                       const kf_tensor *U1s, const kf_tensor *U2s,
-                                      const float **S1, const float **S2, const float **U1,
-                                      const float **U2) {
+                                      const void **S1, const void **S2, const void **U1,
+                                      const void **U2) {
     bool present;
     int64_t in_k[3] = {p->L, p->in, p->k}, k_out[3] = {p->L, p->k, p->out};
-    KF_TRY(kf__check_tensor(p->ctx, fn, "args->S1s", S1s, KF_DTYPE_F32, 3, in_k, false, &present));
-    KF_TRY(kf__check_tensor(p->ctx, fn, "args->S2s", S2s, KF_DTYPE_F32, 3, k_out, false, &present));
-    KF_TRY(kf__check_tensor(p->ctx, fn, "args->U1s", U1s, KF_DTYPE_F32, 3, k_out, false, &present));
-    KF_TRY(kf__check_tensor(p->ctx, fn, "args->U2s", U2s, KF_DTYPE_F32, 3, in_k, false, &present));
+    KF_TRY(kf__check_tensor(p->ctx, fn, "args->S1s", S1s, p->dtype, 3, in_k, false, &present));
+    KF_TRY(kf__check_tensor(p->ctx, fn, "args->S2s", S2s, p->dtype, 3, k_out, false, &present));
+    KF_TRY(kf__check_tensor(p->ctx, fn, "args->U1s", U1s, p->dtype, 3, k_out, false, &present));
+    KF_TRY(kf__check_tensor(p->ctx, fn, "args->U2s", U2s, p->dtype, 3, in_k, false, &present));
     *S1 = S1s->data, *S2 = S2s->data, *U1 = U1s->data, *U2 = U2s->data;
     return KF_OK;
 }
 
 /* The bias (or its gradient): present exactly when the plan has one (a gradient may be absent). */
 static kf_status kf__skl_check_bias(const kf_sklinear_plan *p, const char *fn, const char *arg,
-                                    const kf_tensor *t, bool optional, float **out) {
+                                    const kf_tensor *t, bool optional, void **out) {
     bool present;
     KF_CHECK_FN(fn, p->has_bias || t->data == NULL, KF_ERR_INVALID_ARGUMENT,
                 "%s is given but the plan has no bias (desc->bias = 0)", arg);
     int64_t s[1] = {p->out};
-    KF_TRY(kf__check_tensor(p->ctx, fn, arg, t, KF_DTYPE_F32, 1, s, optional || !p->has_bias,
+    KF_TRY(kf__check_tensor(p->ctx, fn, arg, t, p->dtype, 1, s, optional || !p->has_bias,
                             &present));
     *out = present ? t->data : NULL;
     return KF_OK;
@@ -196,17 +198,17 @@ KF_API kf_status kf_sklinear_forward(kf_sklinear_plan *plan, const kf_sklinear_f
     KF_TRY(kf__check_struct_size(__func__, "args", args, sizeof(kf_sklinear_forward_args)));
     int64_t xs[KF_MAX_DIMS], ys[KF_MAX_DIMS], N;
     bool present;
-    KF_TRY(kf__check_row_tensor(plan->ctx, __func__, "args->x", &args->x, -1, NULL, plan->in,
-                                     false, xs, &present, &N));
+    KF_TRY(kf__check_rows_of(plan->ctx, __func__, "args->x", &args->x, plan->dtype, -1, NULL,
+                             plan->in, false, xs, &present, &N));
     KF_TRY(kf__skl_check_rows(__func__, plan, N));
     kf__skl_fwd c = {.plan = plan, .N = N, .x = args->x.data, .y = args->y.data};
     KF_TRY(kf__skl_check_params(plan, __func__, &args->S1s, &args->S2s, &args->U1s, &args->U2s,
                                 &c.S1, &c.S2, &c.U1, &c.U2));
-    float *bias = NULL;
+    void *bias = NULL;
     KF_TRY(kf__skl_check_bias(plan, __func__, "args->bias", &args->bias, false, &bias));
     c.bias = bias;
-    KF_TRY(kf__check_row_tensor(plan->ctx, __func__, "args->y", &args->y, args->x.ndim, xs,
-                                     plan->out, false, ys, &present, NULL));
+    KF_TRY(kf__check_rows_of(plan->ctx, __func__, "args->y", &args->y, plan->dtype,
+                             args->x.ndim, xs, plan->out, false, ys, &present, NULL));
     size_t need = plan->ops->workspace(plan, N);
     KF_TRY(kf__workspace_select(plan->ctx, __func__, workspace, workspace_bytes, need, &c.ws));
     c.ws_bytes = need;
@@ -222,25 +224,25 @@ KF_API kf_status kf_sklinear_backward(kf_sklinear_plan *plan, kf_grad_mode grad_
     KF_TRY(kf__check_struct_size(__func__, "args", args, sizeof(kf_sklinear_backward_args)));
     int64_t xs[KF_MAX_DIMS], s[KF_MAX_DIMS], N;
     bool present;
-    KF_TRY(kf__check_row_tensor(plan->ctx, __func__, "args->x", &args->x, -1, NULL, plan->in,
-                                     false, xs, &present, &N));
+    KF_TRY(kf__check_rows_of(plan->ctx, __func__, "args->x", &args->x, plan->dtype, -1, NULL,
+                             plan->in, false, xs, &present, &N));
     KF_TRY(kf__skl_check_rows(__func__, plan, N));
     kf__skl_bwd c = {.plan = plan, .N = N, .x = args->x.data,
                      .accumulate = grad_mode == KF_GRAD_ACCUMULATE};
     KF_TRY(kf__skl_check_params(plan, __func__, &args->S1s, &args->S2s, &args->U1s, &args->U2s,
                                 &c.S1, &c.S2, &c.U1, &c.U2));
     int32_t nd = args->x.ndim;
-    KF_TRY(kf__check_row_tensor(plan->ctx, __func__, "args->dy", &args->dy, nd, xs, plan->out,
-                                     false, s, &present, NULL));
+    KF_TRY(kf__check_rows_of(plan->ctx, __func__, "args->dy", &args->dy, plan->dtype, nd, xs,
+                             plan->out, false, s, &present, NULL));
     c.dy = args->dy.data;
-    KF_TRY(kf__check_row_tensor(plan->ctx, __func__, "args->dx", &args->dx, nd, xs, plan->in,
-                                     true, s, &present, NULL));
+    KF_TRY(kf__check_rows_of(plan->ctx, __func__, "args->dx", &args->dx, plan->dtype, nd, xs,
+                             plan->in, true, s, &present, NULL));
     c.dx = present ? args->dx.data : NULL;
     int64_t in_k[3] = {plan->L, plan->in, plan->k}, k_out[3] = {plan->L, plan->k, plan->out};
-    KF_TRY(kf__check_tensor(plan->ctx, __func__, "args->dS1s", &args->dS1s, KF_DTYPE_F32, 3, in_k,
+    KF_TRY(kf__check_tensor(plan->ctx, __func__, "args->dS1s", &args->dS1s, plan->dtype, 3, in_k,
                             true, &present));
     c.dS1 = present ? args->dS1s.data : NULL;
-    KF_TRY(kf__check_tensor(plan->ctx, __func__, "args->dS2s", &args->dS2s, KF_DTYPE_F32, 3,
+    KF_TRY(kf__check_tensor(plan->ctx, __func__, "args->dS2s", &args->dS2s, plan->dtype, 3,
                             k_out, true, &present));
     c.dS2 = present ? args->dS2s.data : NULL;
     KF_TRY(kf__skl_check_bias(plan, __func__, "args->dbias", &args->dbias, true, &c.db));
@@ -271,24 +273,24 @@ KF_API kf_status kf_sklinear_init_params(kf_sklinear_plan *plan,
     KF_TRY(kf__check_struct_size(__func__, "args", args, sizeof(kf_sklinear_init_args)));
     bool present;
     int64_t ws[2] = {plan->out, plan->in};
-    KF_TRY(kf__check_tensor(plan->ctx, __func__, "args->W_init", &args->W_init, KF_DTYPE_F32, 2,
+    KF_TRY(kf__check_tensor(plan->ctx, __func__, "args->W_init", &args->W_init, plan->dtype, 2,
                             ws, true, &present));
-    const float *W = present ? args->W_init.data : NULL;
-    const float *S1, *S2, *U1, *U2;
+    const void *W = present ? args->W_init.data : NULL;
+    const void *S1, *S2, *U1, *U2;
     KF_TRY(kf__skl_check_params(plan, __func__, &args->S1s, &args->S2s, &args->U1s, &args->U2s,
                                 &S1, &S2, &U1, &U2));
-    float *bias = NULL;
+    void *bias = NULL;
     KF_TRY(kf__skl_check_bias(plan, __func__, "args->bias", &args->bias, false, &bias));
     /* The outputs are written through the tensors the caller handed in (checked above). */
-    const size_t ik = (size_t)(plan->r * plan->in) * sizeof(float),
-                 ko = (size_t)(plan->r * plan->out) * sizeof(float);
+    const size_t e = kf__dtype_bytes(plan->dtype), ik = (size_t)(plan->r * plan->in) * e,
+                 ko = (size_t)(plan->r * plan->out) * e;
     kf__stage bufs[6] = {
-        {(void *)W, W ? (size_t)(plan->in * plan->out) * sizeof(float) : 0, KF__STAGE_IN, NULL},
+        {(void *)W, W ? (size_t)(plan->in * plan->out) * e : 0, KF__STAGE_IN, NULL},
         {args->S1s.data, ik, KF__STAGE_OUT, NULL},
         {args->S2s.data, ko, KF__STAGE_OUT, NULL},
         {args->U1s.data, ko, KF__STAGE_OUT, NULL},
         {args->U2s.data, ik, KF__STAGE_OUT, NULL},
-        {bias, bias ? (size_t)plan->out * sizeof(float) : 0, KF__STAGE_OUT, NULL}};
+        {bias, bias ? (size_t)plan->out * e : 0, KF__STAGE_OUT, NULL}};
     kf__skl_init_call call = {plan, args->seed};
     return kf__stage_run(plan->ctx, __func__, bufs, 6, kf__skl_init_staged, &call);
 }

@@ -103,6 +103,14 @@ kf_status kf__check_row_tensor(const kf_context *ctx, const char *fn, const char
                                const kf_tensor *t, int32_t ndim, const int64_t *lead,
                                int64_t width, bool optional, int64_t *shape, bool *present,
                                int64_t *rows) {
+    return kf__check_rows_of(ctx, fn, arg, t, KF_DTYPE_F32, ndim, lead, width, optional, shape,
+                             present, rows);
+}
+
+kf_status kf__check_rows_of(const kf_context *ctx, const char *fn, const char *arg,
+                            const kf_tensor *t, kf_dtype dtype, int32_t ndim, const int64_t *lead,
+                            int64_t width, bool optional, int64_t *shape, bool *present,
+                            int64_t *rows) {
     *present = false;
     if (rows) *rows = 0;
     if (t->data == NULL && optional) return KF_OK;
@@ -113,7 +121,7 @@ kf_status kf__check_row_tensor(const kf_context *ctx, const char *fn, const char
     }
     for (int32_t i = 0; i + 1 < ndim; ++i) shape[i] = lead ? lead[i] : -1;
     shape[ndim - 1] = width;
-    KF_TRY(kf__check_tensor(ctx, fn, arg, t, KF_DTYPE_F32, ndim, shape, optional, present));
+    KF_TRY(kf__check_tensor(ctx, fn, arg, t, dtype, ndim, shape, optional, present));
     int64_t n = 1;
     for (int32_t i = 0; i + 1 < ndim; ++i)
         KF_CHECK_FN(fn, !__builtin_mul_overflow(n, shape[i], &n) && n <= INT32_MAX,

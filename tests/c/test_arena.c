@@ -459,6 +459,63 @@ static void steady_state(const char *label, ref_rnn_cfg c) {
 
 Test(arena, steady_state_gru) { steady_state("GRU L=2 D=2 dropout lengths", gru_cfg()); }
 
+/* SKLinear in float64: out = 20 (20 % 8 = 4) with k = 16 and r = 32 sends its row-major products
+ * through OpenBLAS's dgemm small-matrix path on AVX-512 cores, whose kernel for a ragged tail of
+ * 1..4 columns mallocs (host/blas.c splits such products): forward and backward allocate nothing
+ * once warm. */
+Test(arena, steady_state_sklinear_f64) {
+    const int64_t N = 6, in = 24, out = 20, L = 2, k = 16, nik = L * in * k, nko = L * k * out;
+    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 2);
+    kf_sklinear_desc d;
+    kf_sklinear_desc_init(&d);
+    d.in_features = in, d.out_features = out, d.num_terms = (int32_t)L, d.low_rank = (int32_t)k;
+    d.dtype = KF_DTYPE_F64;
+    kf_sklinear_plan *plan = NULL;
+    KF_OK_(kf_sklinear_plan_create(ctx, &d, &plan));
+    ref_rng r;
+    ref_rng_seed(&r, 21);
+    const int64_t n[9] = {N * in, nik, nko, nko, nik, out, N * out, N * in, nik};
+    double *b[9];
+    for (int i = 0; i < 9; ++i) {
+        b[i] = malloc((size_t)n[i] * sizeof(double));
+        for (int64_t e = 0; e < n[i]; ++e) b[i][e] = ref_rng_uniform(&r, -0.5, 0.5);
+    }
+    kf_sklinear_forward_args f;
+    kf_sklinear_forward_args_init(&f);
+    f.x = tens(b[0], KF_DTYPE_F64, 2, (int64_t[]){N, in});
+    f.S1s = tens(b[1], KF_DTYPE_F64, 3, (int64_t[]){L, in, k});
+    f.S2s = tens(b[2], KF_DTYPE_F64, 3, (int64_t[]){L, k, out});
+    f.U1s = tens(b[3], KF_DTYPE_F64, 3, (int64_t[]){L, k, out});
+    f.U2s = tens(b[4], KF_DTYPE_F64, 3, (int64_t[]){L, in, k});
+    f.bias = tens(b[5], KF_DTYPE_F64, 1, (int64_t[]){out});
+    f.y = tens(b[6], KF_DTYPE_F64, 2, (int64_t[]){N, out});
+    kf_sklinear_backward_args g;
+    kf_sklinear_backward_args_init(&g);
+    g.x = f.x, g.S1s = f.S1s, g.S2s = f.S2s, g.U1s = f.U1s, g.U2s = f.U2s;
+    g.dy = f.y;
+    g.dx = tens(b[7], KF_DTYPE_F64, 2, (int64_t[]){N, in});
+    g.dS1s = tens(b[8], KF_DTYPE_F64, 3, (int64_t[]){L, in, k});
+    KF_OK_(kf_sklinear_forward(plan, &f, NULL, 0));
+    KF_OK_(kf_sklinear_backward(plan, KF_GRAD_OVERWRITE, &g, NULL, 0));
+    kf_status st[8];
+    long allocs, frees;
+    window_open();
+    for (int rep = 0; rep < 4; ++rep) {
+        st[2 * rep] = kf_sklinear_forward(plan, &f, NULL, 0);
+        st[2 * rep + 1] = kf_sklinear_backward(plan, KF_GRAD_OVERWRITE, &g, NULL, 0);
+    }
+    window_close(&allocs, &frees);
+    for (int i = 0; i < 8; ++i)
+        cr_expect(st[i] == KF_OK, "call %d: %s", i, kf_status_string(st[i]));
+    cr_expect(!counting_applies() || allocs == 0,
+              "SKLinear f64: %ld allocations in 4 steady-state rounds, from:%s", allocs,
+              callers_text(allocs));
+    cr_expect(!counting_applies() || frees == 0, "SKLinear f64: %ld frees", frees);
+    for (int i = 0; i < 9; ++i) free(b[i]);
+    kf_sklinear_plan_destroy(plan);
+    kf_context_destroy(ctx);
+}
+
 Test(arena, steady_state_agru) {
     steady_state("A-GRU L=2 dropout lengths batch_first", agru_cfg());
 }

@@ -4,7 +4,8 @@
  * for y, dx, dS1s, dS2s, dbias, and for accumulation. Shapes cover both forward paths (the fused
  * one-kernel path for small in*2r and the split-K path for large `in`), 2Lk above 256, odd sizes,
  * batch 1. Also: initialisation on a CUDA context gives the CPU context's bits; a forward
- * captured in a CUDA graph on a user stream replays to the eager result.
+ * captured in a CUDA graph on a user stream replays to the eager result; float64 is refused at
+ * plan creation.
  *
  * Without a CUDA build, or with no usable device (KF_ERR_BACKEND_UNAVAILABLE), every test skips. */
 #include <criterion/criterion.h>
@@ -174,6 +175,19 @@ Test(sklinear_cuda, init_matches_cpu) {
     }
     kf_context_destroy(ctx[0]);
     kf_context_destroy(ctx[1]);
+}
+
+/* Float64 is a CPU dtype for now: a CUDA context refuses it at plan creation, naming the field. */
+Test(sklinear_cuda, float64_unsupported) {
+    kf_context *ctx = make_ctx(KF_DEVICE_CUDA, 0); /* skips without a usable device */
+    kf_sklinear_desc d;
+    kf_sklinear_desc_init(&d);
+    d.in_features = 8, d.out_features = 8, d.num_terms = 1, d.low_rank = 2;
+    d.dtype = KF_DTYPE_F64;
+    kf_sklinear_plan *plan = NULL;
+    EXPECT_FAIL(kf_sklinear_plan_create(ctx, &d, &plan), KF_ERR_UNSUPPORTED, "desc->dtype");
+    cr_expect(plan == NULL);
+    kf_context_destroy(ctx);
 }
 
 Test(sklinear_cuda, graph_capture_replays_forward) {

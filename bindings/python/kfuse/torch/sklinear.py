@@ -146,8 +146,9 @@ class SKLinear(nn.Module):
     Initialisation is Panther's (sign sketches with entries +-1/sqrt(k); S1s[i] = W U1s[i]^T,
     S2s[i] = U2s[i]^T W with W = W_init^T or Kaiming-uniform; bias U(-1/sqrt(out), 1/sqrt(out)))
     drawn by the library from a seed taken from torch's default generator, so torch.manual_seed()
-    makes it repeatable (the values differ from Panther's own draws). float32 only: another dtype
-    raises kfuse.Unsupported at construction. Panther's class attributes (WARNING_MSG_FC,
+    makes it repeatable (the values differ from Panther's own draws). The dtype is the
+    parameters': float32, or float64 on the CPU; another dtype (or float64 on a CUDA device)
+    raises kfuse.Unsupported at construction with the library's message. Panther's class attributes (WARNING_MSG_FC,
     WARNING_MSG_TC, WARNING_MSG_BATCH) are here with its texts; the tensor-core warnings are not
     raised: they describe a limit of Panther's CUDA kernels that kfuse does not have."""
 

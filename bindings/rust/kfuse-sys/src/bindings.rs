@@ -1020,7 +1020,8 @@ pub struct kf_sklinear_desc {
     pub low_rank: i32,
     #[doc = " 1 (default): a bias [out] is added; 0: none"]
     pub bias: i32,
-    #[doc = " kf_dtype of every tensor; default (and only) KF_DTYPE_F32"]
+    #[doc = " kf_dtype of every tensor: KF_DTYPE_F32 (default), or KF_DTYPE_F64"]
+    #[doc = "on the CPU backend (since 1.3; KF_ERR_UNSUPPORTED on CUDA)"]
     pub dtype: i32,
 }
 #[test]
