@@ -25,7 +25,10 @@ library's, and a failing status becomes a KfuseError subclass with the library's
 GIL is released during each C call. The numpy front end is kfuse.numpy.kan_linear_*; the PyTorch
 drop-ins are kfuse.torch.KANLinear and kfuse.torch.KANConv2d.
 """
-from kfuse._lowlevel import DTYPE_F32, _buffer, _fill_tensor, check, ffi, lib
+from kfuse._lowlevel import (
+    DTYPE_F32, InvalidArgument, _buffer, _fill_tensor, check, ffi, lib, param_list,
+    remembered,
+)
 from kfuse.sklinear import _fill_args, _packed_layout
 
 __all__ = ["KanLinearPlan", "KanConv2dPlan", "PARAM_NAMES"]
@@ -55,13 +58,6 @@ def _pair(v, name, owner="kfuse.KanConv2dPlan"):
             raise ValueError("%s: %s must be an int or a pair of ints, got %r" % (owner, name, v))
         return int(v[0]), int(v[1])
     return int(v), int(v)
-
-
-def conv_output_hw(height, width, kernel_size, stride, padding, dilation):
-    """(Ho, Wo) of a 2-D convolution as torch.nn.Conv2d computes them, from (h, w) pairs."""
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel_size, stride, padding, dilation
-    return ((height + 2 * ph - dh * (kh - 1) - 1) // sh + 1,
-            (width + 2 * pw - dw * (kw - 1) - 1) // sw + 1)
 
 
 class _KanPlan:
@@ -95,27 +91,23 @@ class _KanPlan:
         self.standalone_scale = bool(standalone_scale)
         self.dtype = int(dtype)
         self._args = {}  # argument structs, refilled per call (sklinear._fill_args)
+        # [(name, shape), ...] of the layer's tensors (kf_kan_<layer>_param_info) in
+        # efficient-kan's state_dict order: base_weight, spline_weight, spline_scaler when the
+        # plan has a standalone scale, then the grid buffer
+        self.param_info = param_list(getattr(lib, p + "_param_count"),
+                                     getattr(lib, p + "_param_info"), self._ptr, PARAM_NAMES)
+        self._shapes = dict(self.param_info)
 
     @property
     def num_coeffs(self):
-        """C = G + k coefficients per (output, input feature) pair."""
-        return self.grid_size + self.spline_order
+        """C = G + k coefficients per (output, input feature) pair (the library's shape of
+        spline_weight)."""
+        return self._shapes["spline_weight"][2]
 
     @property
     def num_knots(self):
-        """G + 2k + 1 knots per input feature."""
-        return self.grid_size + 2 * self.spline_order + 1
-
-    @property
-    def param_info(self):
-        """[(name, shape), ...] of the layer's tensors in efficient-kan's state_dict order
-        (base_weight, spline_weight, spline_scaler when the plan has a standalone scale, then the
-        grid buffer), over F = in_features features."""
-        i, o = self.in_features, self.out_features
-        shapes = {"base_weight": (o, i), "spline_weight": (o, i, self.num_coeffs),
-                  "spline_scaler": (o, i), "grid": (i, self.num_knots)}
-        return [(n, shapes[n]) for n in PARAM_NAMES
-                if n != "spline_scaler" or self.standalone_scale]
+        """G + 2k + 1 knots per input feature (the library's shape of the grid)."""
+        return self._shapes["grid"][1]
 
     @property
     def param_names(self):
@@ -269,14 +261,21 @@ class KanConv2dPlan(_KanPlan):
         self.stride = (sh, sw)
         self.padding = (ph, pw)
         self.dilation = (dh, dw)
-        self.in_features = self.in_channels * kh * kw   # F
+        self.in_features = self._shapes["grid"][0]   # F = in_channels * kh * kw
         self.out_features = self.out_channels
+        self._hw = {}  # (height, width) -> output_hw()
 
     def output_hw(self, height, width):
-        """(Ho, Wo) = ((H + 2 ph - dh (kh - 1) - 1) // sh + 1, likewise for W), as
-        torch.nn.Conv2d; values below 1 mean the image is smaller than the kernel's reach."""
-        return conv_output_hw(height, width, self.kernel_size, self.stride, self.padding,
-                              self.dilation)
+        """(Ho, Wo) of a height x width image, as torch.nn.Conv2d forms them
+        (kf_kan_conv2d_output_size; remembered per (height, width)). An image smaller than the
+        kernel's reach raises InvalidArgument naming the extent."""
+        return remembered(self._hw, (int(height), int(width)), self._output_hw)
+
+    def _output_hw(self, height, width):
+        ho = ffi.new("int64_t *")
+        wo = ffi.new("int64_t *")
+        check(lib.kf_kan_conv2d_output_size(self._ptr, height, width, ho, wo))
+        return int(ho[0]), int(wo[0])
 
     def output_shape(self, x_shape):
         """y's shape [B, C_out, Ho, Wo] (or [C_out, Ho, Wo]) for x [B, C_in, H, W] (or
@@ -284,8 +283,9 @@ class KanConv2dPlan(_KanPlan):
         x_shape = tuple(x_shape)
         if len(x_shape) not in (3, 4):
             return None
-        ho, wo = self.output_hw(x_shape[-2], x_shape[-1])
-        if ho < 1 or wo < 1:
+        try:
+            ho, wo = self.output_hw(x_shape[-2], x_shape[-1])
+        except InvalidArgument:
             return None
         return x_shape[:-3] + (self.out_channels, ho, wo)
 

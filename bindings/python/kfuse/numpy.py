@@ -63,20 +63,18 @@ def _weights(plan, weights):
     return [as_array(w) for w in weights]
 
 
-def _y_hn_shapes(plan, x):
-    # Output allocation only (the library checks x itself): y is [T, B, D*H] ([B, T, D*H]
-    # batch-first), hn [L*D, B, H]. For an x that is not 3-D the library reports the error.
-    D, H = plan.num_directions, plan.hidden_size
-    if x.ndim != 3:
-        return None, None
-    B = x.shape[0] if plan.batch_first else x.shape[1]
-    return (x.shape[0], x.shape[1], D * H), (plan.num_layers * D, B, H)
-
-
 def _seq_dims(plan, x):
     if x.ndim != 3:
         return 1, 1
     return (x.shape[1], x.shape[0]) if plan.batch_first else (x.shape[0], x.shape[1])
+
+
+def _y_hn_shapes(plan, x):
+    # Output allocation only (the library checks x itself): the library's shapes of y and hn
+    # (kf_rnn_output_shapes). For an x that is not 3-D the library reports the error.
+    if x.ndim != 3:
+        return None, None
+    return plan.output_shapes(*_seq_dims(plan, x))
 
 
 def rnn_forward(plan, x, weights, h0=None, lengths=None, training=False, dropout_seed=0,
@@ -86,7 +84,8 @@ def rnn_forward(plan, x, weights, h0=None, lengths=None, training=False, dropout
     weights: sequence of arrays in the canonical order (plan.weight_info), or a mapping from the
     reference state_dict names. h0: optional [L*D, B, H]. lengths: optional int32 [B].
     training: KF_MODE_TRAINING (dropout applied, reserve written for rnn_backward).
-    workspace: optional caller scratch (a uint8 array, 64-byte aligned); None = context arena.
+    workspace: optional caller scratch (a uint8 array, KF_ALIGN_BYTES-aligned: aligned_empty);
+    None = context arena.
     Returns (y, hn, reserve): reserve is None in inference; in training pass it to rnn_backward
     with the same inputs."""
     x = as_array(x)

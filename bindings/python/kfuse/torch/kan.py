@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from kfuse._lowlevel import dtype_code
-from kfuse.kan import _pair, conv_output_hw
+from kfuse.kan import _pair
 from kfuse.torch._common import (
     Op, check_devices, check_rank, device_guard, empty_grad, plan, workspace,
 )
@@ -69,10 +69,13 @@ def _forward_impl(geometry, x, grid, base_weight, spline_weight, spline_scaler):
 def _forward_fake(geometry, x, grid, base_weight, spline_weight, spline_scaler):
     out = spline_weight.shape[0]
     if geometry:
-        _, kh, kw, sh, sw, ph, pw, dh, dw = geometry
         if x.dim() in (3, 4):
-            ho, wo = conv_output_hw(x.shape[-2], x.shape[-1], (kh, kw), (sh, sw), (ph, pw),
-                                    (dh, dw))
+            # the library's output size (kf_kan_conv2d_output_size) takes concrete sizes: under
+            # symbolic shapes the plan's sizes and the image's H and W are specialised (int())
+            key = tuple(int(v) if isinstance(v, torch.SymInt) else v
+                        for v in _key(geometry, grid, spline_weight, spline_scaler is not None))
+            ho, wo = plan(key, torch.device("cpu")).output_hw(int(x.shape[-2]),
+                                                              int(x.shape[-1]))
             return x.new_empty(x.shape[:-3] + (out, ho, wo))
     elif x.dim() >= 1:
         return x.new_empty(x.shape[:-1] + (out,))
@@ -232,17 +235,16 @@ class _KANLayer(nn.Module):
         self._plan_shape = tuple(plan_shape)
         self.enable_standalone_scale_spline = enable_standalone_scale_spline
         pdtype = dtype if dtype is not None else torch.get_default_dtype()
-        # Descriptor checks are the library's (made and cached on the CPU context).
-        plan(self._key(pdtype), torch.device("cpu"))
-        nk = grid_size + 2 * spline_order + 1
-        self.register_buffer("grid", torch.empty((in_features, nk), **factory_kwargs))
+        # Descriptor checks are the library's (made and cached on the CPU context), and so are
+        # the tensors' shapes (kf_kan_<layer>_param_info).
+        shapes = dict(plan(self._key(pdtype), torch.device("cpu")).param_info)
+        self.register_buffer("grid", torch.empty(shapes["grid"], **factory_kwargs))
         self._init_grid(grid_range[0], grid_range[1])
-        self.base_weight = nn.Parameter(torch.empty((out_features, in_features),
-                                                    **factory_kwargs))
-        self.spline_weight = nn.Parameter(torch.empty(
-            (out_features, in_features, grid_size + spline_order), **factory_kwargs))
+        self.base_weight = nn.Parameter(torch.empty(shapes["base_weight"], **factory_kwargs))
+        self.spline_weight = nn.Parameter(torch.empty(shapes["spline_weight"],
+                                                      **factory_kwargs))
         if enable_standalone_scale_spline:
-            self.spline_scaler = nn.Parameter(torch.empty((out_features, in_features),
+            self.spline_scaler = nn.Parameter(torch.empty(shapes["spline_scaler"],
                                                           **factory_kwargs))
         self.scale_noise = scale_noise
         self.scale_base = scale_base
@@ -292,9 +294,11 @@ class _KANLayer(nn.Module):
                              % (type(self).__name__, what, self.in_features, tuple(x.shape)))
 
     def b_splines(self, x):
-        """efficient-kan's b_splines: the bases [batch, in, G + k] of x [batch, in] on the
-        current grid (materialised; computed in float64 with kfuse's conventions, returned in
-        x's dtype)."""
+        """efficient-kan's b_splines (kept for API compatibility): the bases [batch, in, G + k]
+        of x [batch, in] on the current grid (materialised; computed in float64 with kfuse's
+        conventions, returned in x's dtype). The bases forward, backward and update_grid use are
+        the library's own (common/bspline.h, inside the kernels); this materialised form is for
+        callers of efficient-kan's API and for curve2coeff."""
         self._check_x(x, "b_splines")
         return _kan_bases(x.double(), self.grid.double(), self.spline_order).to(x.dtype)
 
