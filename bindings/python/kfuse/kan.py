@@ -11,7 +11,8 @@ GEMM), its kf_kan_conv2d_* part.
                          (efficient-kan's state_dict order: parameters, then the grid buffer;
                          F = in_features, or in_channels * kh * kw for the convolution)
     plan.uniform_grid(lo, hi, grid)
-    plan.update_grid(x, grid, spline_weight, margin=0.01, grid_eps=0.02)
+    plan.update_grid(x, grid, spline_weight, margin=0.01, grid_eps=0.02,
+                     quantile_rule=QUANTILES_TORCH1)
     plan.output_shape(x_shape)                     y's shape for an x of that shape
     plan.workspace_size(N) / plan.workspace_size(batch, height, width)
     plan.forward(x, grid, base_weight, spline_weight, y, spline_scaler=None)
@@ -31,7 +32,13 @@ from kfuse._lowlevel import (
 )
 from kfuse.sklinear import _fill_args, _packed_layout
 
-__all__ = ["KanLinearPlan", "KanConv2dPlan", "PARAM_NAMES"]
+__all__ = ["KanLinearPlan", "KanConv2dPlan", "PARAM_NAMES", "QUANTILES_TORCH1",
+           "QUANTILES_TORCH2"]
+
+# update_grid's quantile indices as torch 1.13's or torch 2.x's int64 linspace picks them
+# (kf_kan_quantile_rule).
+QUANTILES_TORCH1 = lib.KF_KAN_QUANTILES_TORCH1
+QUANTILES_TORCH2 = lib.KF_KAN_QUANTILES_TORCH2
 
 # efficient-kan's parameter and buffer names, in its state_dict order (parameters, then buffers).
 PARAM_NAMES = ("base_weight", "spline_weight", "spline_scaler", "grid")
@@ -122,12 +129,15 @@ class _KanPlan:
         _fill_tensor(t, grid, "grid")
         check(getattr(lib, self._prefix + "_uniform_grid")(self._ptr, float(lo), float(hi), t))
 
-    def update_grid(self, x, grid, spline_weight, margin=0.01, grid_eps=0.02):
+    def update_grid(self, x, grid, spline_weight, margin=0.01, grid_eps=0.02,
+                    quantile_rule=QUANTILES_TORCH1):
         """kf_kan_<layer>_update_grid (efficient-kan's update_grid): new knots in `grid` from the
         samples x (as forward takes it; for the convolution, its patches) and `spline_weight`
         refitted in float64 so that its splines on the new knots reproduce, on the samples, those
         on the old ones (minimum-norm least squares by SVD). Both are written in place, and only
-        on success. Not a hot path: it synchronises and computes on the host. Tensors as for
+        on success. `quantile_rule` (QUANTILES_TORCH1 or QUANTILES_TORCH2) picks whose torch's
+        int64 linspace gives the quantile indices, as efficient-kan gets them from the torch it
+        runs on. Not a hot path: it synchronises and computes on the host. Tensors as for
         forward()."""
         args = ffi.new("kf_kan_update_grid_args *")
         lib.kf_kan_update_grid_args_init(args)
@@ -135,6 +145,7 @@ class _KanPlan:
             _fill_tensor(getattr(args, field), t, field)
         args.margin = float(margin)
         args.grid_eps = float(grid_eps)
+        args.quantile_rule = int(quantile_rule)
         check(getattr(lib, self._prefix + "_update_grid")(self._ptr, args))
 
     def _workspace_bytes(self, *dims):

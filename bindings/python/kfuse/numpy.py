@@ -27,6 +27,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from kfuse._lowlevel import ALIGN_BYTES, TensorRef
+from kfuse.kan import QUANTILES_TORCH1
 
 __all__ = ["rnn_forward", "rnn_backward", "sklinear_init", "sklinear_forward",
            "sklinear_backward", "kan_uniform_grid", "kan_forward", "kan_backward",
@@ -257,12 +258,14 @@ def kan_forward(plan, x, params, workspace=None):
     return y
 
 
-def kan_update_grid(plan, x, params, margin=0.01, grid_eps=0.02):
+def kan_update_grid(plan, x, params, margin=0.01, grid_eps=0.02,
+                    quantile_rule=QUANTILES_TORCH1):
     """efficient-kan's update_grid through kf_kan_<layer>_update_grid: returns new float32 arrays
     (grid, spline_weight), the knots placed on the samples x (x's rows, or the patches of x for
     KANConv2d) and the coefficients refitted so that the splines on them reproduce, on the
     samples, the old ones (float64 minimum-norm least squares). params as for kan_forward (grid
-    and spline_weight are read, not written)."""
+    and spline_weight are read, not written). quantile_rule: kfuse.kan.QUANTILES_TORCH1 (torch
+    1.13's quantile indices) or QUANTILES_TORCH2 (torch 2.x's)."""
     x = as_array(x)
     p = _kan_params(plan, params)
     # copies to write (their dtype kept: the library checks it)
@@ -270,7 +273,7 @@ def kan_update_grid(plan, x, params, margin=0.01, grid_eps=0.02):
     spline_weight = (None if p["spline_weight"] is None
                      else np.array(p["spline_weight"], order="C", copy=True))
     plan.update_grid(tensor_ref(x), tensor_ref(grid), tensor_ref(spline_weight), margin=margin,
-                     grid_eps=grid_eps)
+                     grid_eps=grid_eps, quantile_rule=quantile_rule)
     return grid, spline_weight
 
 

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from kfuse._lowlevel import dtype_code
-from kfuse.kan import _pair
+from kfuse.kan import QUANTILES_TORCH1, QUANTILES_TORCH2, _pair
 from kfuse.torch._common import (
     Op, check_devices, check_rank, device_guard, empty_grad, plan, workspace,
 )
@@ -15,6 +15,9 @@ from kfuse.torch._common import (
 __all__ = ["KANLinear", "KANConv2d", "kan_linear_function", "kan_conv2d_function"]
 
 _LAYERS = {"kan_linear": "KANLinear", "kan_conv2d": "KANConv2d"}
+# efficient-kan's update_grid takes its quantile indices from this torch's int64 linspace
+_QUANTILE_RULE = (QUANTILES_TORCH2 if int(torch.__version__.split(".")[0]) >= 2
+                  else QUANTILES_TORCH1)
 _TENSORS = ("grid", "base_weight", "spline_weight", "spline_scaler")
 
 
@@ -354,7 +357,9 @@ class _KANLayer(nn.Module):
         kf_kan_conv2d_update_grid, the one implementation every front end shares): per feature,
         new knots grid_eps * uniform + (1 - grid_eps) * quantiles of the samples (G + 1 of them,
         the uniform ones on [min - margin, max + margin]) extended by k uniform steps each side,
-        formed in float32 exactly as efficient-kan forms them with torch; then spline_weight is
+        formed in float32 exactly as efficient-kan forms them with the torch in use (whose
+        int64 linspace picks the quantile indices: torch 1.13's and 2.x's differ); then
+        spline_weight is
         refitted in float64 (minimum-norm least squares by SVD, which does not fail where
         efficient-kan's float32 lstsq does) so that the splines on the new knots reproduce, on
         the samples, the splines on the old knots. The samples are the rows of x [batch, in]
@@ -378,7 +383,8 @@ class _KANLayer(nn.Module):
         device = x.device
         with device_guard(device):
             plan(self._key(w.dtype), device).update_grid(x, g, w, margin=margin,
-                                                         grid_eps=self.grid_eps)
+                                                         grid_eps=self.grid_eps,
+                                                         quantile_rule=_QUANTILE_RULE)
         if g is not grid:
             grid.copy_(g)
         if w is not sw:
