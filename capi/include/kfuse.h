@@ -524,7 +524,9 @@ typedef struct kf_kan_linear_forward_args {
     size_t struct_size;     /* sizeof(kf_kan_linear_forward_args) as the caller compiled it */
     kf_tensor x;            /* [..., in], rank 1..KF_MAX_DIMS */
     kf_tensor grid;         /* [in, G + 2k + 1], non-decreasing along each row */
-    kf_tensor base_weight;  /* [out, in] */
+    kf_tensor base_weight;  /* [out, in]; since 1.3 optional: absent = no base term (y is the
+                               spline branch alone, as when another activation's base branch is
+                               computed by the caller) */
     kf_tensor spline_weight;/* [out, in, G + k] */
     kf_tensor spline_scaler;/* [out, in]: required with standalone_scale, absent otherwise */
     kf_tensor y;            /* out [..., out]: x's leading dims */
@@ -547,7 +549,8 @@ typedef struct kf_kan_linear_backward_args {
     kf_tensor x, grid, base_weight, spline_weight, spline_scaler; /* the forward's */
     kf_tensor dy;            /* [..., out]: gradient of the loss w.r.t. y */
     kf_tensor dx;            /* optional out, x's shape: always overwritten */
-    kf_tensor dbase_weight;  /* optional out [out, in]: written or accumulated per kf_grad_mode */
+    kf_tensor dbase_weight;  /* optional out [out, in]: written or accumulated per kf_grad_mode;
+                                must be absent when base_weight is */
     kf_tensor dspline_weight;/* optional out [out, in, G + k]: likewise */
     kf_tensor dspline_scaler;/* optional out [out, in] (standalone_scale only): likewise */
 } kf_kan_linear_backward_args;
@@ -637,7 +640,8 @@ typedef struct kf_kan_conv2d_forward_args {
     size_t struct_size;     /* sizeof(kf_kan_conv2d_forward_args) as the caller compiled it */
     kf_tensor x;            /* [B, C_in, H, W] or [C_in, H, W] */
     kf_tensor grid;         /* [F, G + 2k + 1], non-decreasing along each row */
-    kf_tensor base_weight;  /* [C_out, F] */
+    kf_tensor base_weight;  /* [C_out, F]; since 1.3 optional: absent = no base term, as for
+                               kf_kan_linear_forward() */
     kf_tensor spline_weight;/* [C_out, F, G + k] */
     kf_tensor spline_scaler;/* [C_out, F]: required with standalone_scale, absent otherwise */
     kf_tensor y;            /* out [B, C_out, Ho, Wo] (or [C_out, Ho, Wo] for a 3-D x) */
@@ -657,7 +661,8 @@ typedef struct kf_kan_conv2d_backward_args {
     kf_tensor x, grid, base_weight, spline_weight, spline_scaler; /* the forward's */
     kf_tensor dy;            /* y's shape: gradient of the loss w.r.t. y */
     kf_tensor dx;            /* optional out, x's shape: always overwritten */
-    kf_tensor dbase_weight;  /* optional out [C_out, F]: written or accumulated per kf_grad_mode */
+    kf_tensor dbase_weight;  /* optional out [C_out, F]: written or accumulated per kf_grad_mode;
+                                must be absent when base_weight is */
     kf_tensor dspline_weight;/* optional out [C_out, F, G + k]: likewise */
     kf_tensor dspline_scaler;/* optional out [C_out, F] (standalone_scale only): likewise */
 } kf_kan_conv2d_backward_args;

@@ -1,11 +1,11 @@
 /* kf_kan_linear_update_grid / kf_kan_conv2d_update_grid (efficient-kan's update_grid, kfuse.h):
  * the new knots against the formula written out here (with torch's integer linspace, pinned by
  * values taken from torch 1.13; and the quantile indices of each quantile_rule against literal
- * torch 1.13 and torch 2.15 outputs), the refit checked by its optimality conditions in float64 with
- * ref_kan_bases (the residual orthogonal to the new bases; in rank-deficient cases the solution
- * in the row space of the bases: the minimum-norm one), the output kept where the old splines are
- * representable on the new knots, KANConv2d against KANLinear on explicitly unfolded patches,
- * and the argument errors (nothing written). */
+ * torch 1.13 and torch 2.15 outputs), the refit checked by its optimality conditions in float64
+ * with ref_kan_bases (the residual orthogonal to the new bases; in rank-deficient cases the
+ * solution in the row space of the bases: the minimum-norm one), the output kept where the old
+ * splines are representable on the new knots, KANConv2d against KANLinear on explicitly
+ * unfolded patches, and the argument errors (nothing written). */
 #include <criterion/criterion.h>
 
 #include <math.h>

@@ -225,7 +225,7 @@ _KAN_GRADS = ("base_weight", "spline_weight", "spline_scaler")
 def _kan_params(plan, params):
     """{name: array} from a mapping (efficient-kan's state_dict names; extra keys ignored) or a
     sequence in plan.param_names order. A missing name is passed as absent, for the library to
-    report."""
+    report (a missing base_weight: no base term, the spline branch alone)."""
     if not isinstance(params, Mapping):
         params = dict(zip(plan.param_names, params))
     return {n: as_array(params.get(n)) for n in _KAN_NAMES}

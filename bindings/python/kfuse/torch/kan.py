@@ -50,8 +50,8 @@ def _forward_impl(geometry, x, grid, base_weight, spline_weight, spline_scaler):
     layer = _LAYERS[key[0]]
     tensors = (grid, base_weight, spline_weight, spline_scaler)
     check_devices(layer, x, _TENSORS, tensors)
-    x, grid, base_weight, spline_weight = (x.contiguous(), grid.contiguous(),
-                                           base_weight.contiguous(), spline_weight.contiguous())
+    x, grid, spline_weight = x.contiguous(), grid.contiguous(), spline_weight.contiguous()
+    base_weight = None if base_weight is None else base_weight.contiguous()
     spline_scaler = None if spline_scaler is None else spline_scaler.contiguous()
     device = x.device
     with device_guard(device):
@@ -88,9 +88,13 @@ def _forward_fake(geometry, x, grid, base_weight, spline_weight, spline_scaler):
 
 def _grads(x, base_weight, spline_weight, spline_scaler, output_mask):
     dx, dbw, dsw, dss = output_mask
-    return (empty_grad(x, dx), empty_grad(base_weight, dbw), empty_grad(spline_weight, dsw),
-            empty_grad(spline_scaler if spline_scaler is not None else base_weight,
-                       dss and spline_scaler is not None))
+    return (empty_grad(x, dx), _optional_grad(base_weight, dbw, spline_weight),
+            empty_grad(spline_weight, dsw), _optional_grad(spline_scaler, dss, spline_weight))
+
+
+def _optional_grad(t, needed, like):
+    """empty_grad() of an optional input; an absent one gets a fresh empty tensor like `like`."""
+    return empty_grad(t, needed) if t is not None else like.new_empty((0,))
 
 
 def _backward_impl(geometry, dy, x, grid, base_weight, spline_weight, spline_scaler,
@@ -100,6 +104,8 @@ def _backward_impl(geometry, dy, x, grid, base_weight, spline_weight, spline_sca
     key = _key(geometry, grid, spline_weight, spline_scaler is not None)
     out = _grads(x, base_weight, spline_weight, spline_scaler, output_mask)
     want = [t if need else None for t, need in zip(out, output_mask)]
+    if base_weight is None:
+        want[1] = None
     if spline_scaler is None:
         want[3] = None
     device = x.device
@@ -111,7 +117,8 @@ def _backward_impl(geometry, dy, x, grid, base_weight, spline_weight, spline_sca
                 if t is not None:
                     t.zero_()
             return out
-        p.backward(x.contiguous(), grid.contiguous(), base_weight.contiguous(),
+        p.backward(x.contiguous(), grid.contiguous(),
+                   None if base_weight is None else base_weight.contiguous(),
                    spline_weight.contiguous(), dy.contiguous(),
                    spline_scaler=None if spline_scaler is None else spline_scaler.contiguous(),
                    dx=want[0], dbase_weight=want[1], dspline_weight=want[2],
@@ -133,7 +140,7 @@ def _make_backward(backward_op):
     def backward(ctx, dy):
         x, grid, base_weight, spline_weight, spline_scaler = ctx.saved_tensors
         need = ctx.needs_input_grad  # x, grid, base_weight, spline_weight, spline_scaler, ...
-        mask = [bool(need[0]), bool(need[2]), bool(need[3]),
+        mask = [bool(need[0]), bool(base_weight is not None and need[2]), bool(need[3]),
                 bool(spline_scaler is not None and need[4])]
         nones = (None,) * (5 + len(ctx.geometry))
         if dy is None or not any(mask):
@@ -145,7 +152,7 @@ def _make_backward(backward_op):
     return backward
 
 
-_TENSOR_ARGS = "Tensor x, Tensor grid, Tensor base_weight, Tensor spline_weight, " \
+_TENSOR_ARGS = "Tensor x, Tensor grid, Tensor? base_weight, Tensor spline_weight, " \
                "Tensor? spline_scaler"
 _CONV_ARGS = "int[] kernel_size, int[] stride, int[] padding, int[] dilation"
 _GRADS = "(Tensor, Tensor, Tensor, Tensor)"
@@ -182,7 +189,7 @@ kan_conv2d = Op(
 def kan_linear_function(x, grid, base_weight, spline_weight, spline_scaler=None):
     """Differentiable kfuse KANLinear call (the operator kfuse::kan_linear): y [..., out] from
     x [..., in]. Gradients flow to x, base_weight, spline_weight and spline_scaler; the grid gets
-    none."""
+    none. base_weight None: no base term (the spline branch alone)."""
     return kan_linear(x, grid, base_weight, spline_weight, spline_scaler)
 
 
@@ -190,7 +197,8 @@ def kan_conv2d_function(x, grid, base_weight, spline_weight, spline_scaler, kern
                         stride=(1, 1), padding=(0, 0), dilation=(1, 1)):
     """Differentiable kfuse KANConv2d call (the operator kfuse::kan_conv2d): y [B, C_out, Ho, Wo]
     from x [B, C_in, H, W] (or the unbatched 3-D forms), with (h, w) pairs as torch.nn.Conv2d.
-    Gradients flow to x, base_weight, spline_weight and spline_scaler; the grid gets none."""
+    Gradients flow to x, base_weight, spline_weight and spline_scaler; the grid gets none.
+    base_weight None: no base term (the spline branch alone)."""
     return kan_conv2d(x, grid, base_weight, spline_weight, spline_scaler, list(kernel_size),
                       list(stride), list(padding), list(dilation))
 
@@ -342,14 +350,14 @@ class _KANLayer(nn.Module):
         """y from x through the layer's operator. With base_activation SiLU the library computes
         both branches; with another activation module the base branch base_activation(x) times
         base_weight is computed in torch (self._base_branch) and the spline branch by the library
-        with a zero base weight, so autograd gives every gradient either way. Parameters by
-        attribute, so that functional_call and parametrizations give theirs."""
+        with no base_weight (no base term), so autograd gives every gradient either way.
+        Parameters by attribute, so that functional_call and parametrizations give theirs."""
         ss = self.spline_scaler if self.enable_standalone_scale_spline else None
         bw = self.base_weight
         if type(self.base_activation) is nn.SiLU:
             return self._op(x, self.grid, bw, self.spline_weight, ss)
         return (self._base_branch(x, bw)
-                + self._op(x, self.grid, torch.zeros_like(bw), self.spline_weight, ss))
+                + self._op(x, self.grid, None, self.spline_weight, ss))
 
     @torch.no_grad()
     def update_grid(self, x, margin=0.01):

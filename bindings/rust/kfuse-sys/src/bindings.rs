@@ -1840,7 +1840,9 @@ pub struct kf_kan_linear_forward_args {
     pub x: kf_tensor,
     #[doc = " [in, G + 2k + 1], non-decreasing along each row"]
     pub grid: kf_tensor,
-    #[doc = " [out, in]"]
+    #[doc = " [out, in]; since 1.3 optional: absent = no base term (y is the"]
+    #[doc = "spline branch alone, as when another activation's base branch is"]
+    #[doc = "computed by the caller)"]
     pub base_weight: kf_tensor,
     #[doc = " [out, in, G + k]"]
     pub spline_weight: kf_tensor,
@@ -2002,7 +2004,8 @@ pub struct kf_kan_linear_backward_args {
     pub dy: kf_tensor,
     #[doc = " optional out, x's shape: always overwritten"]
     pub dx: kf_tensor,
-    #[doc = " optional out [out, in]: written or accumulated per kf_grad_mode"]
+    #[doc = " optional out [out, in]: written or accumulated per kf_grad_mode;"]
+    #[doc = "must be absent when base_weight is"]
     pub dbase_weight: kf_tensor,
     #[doc = " optional out [out, in, G + k]: likewise"]
     pub dspline_weight: kf_tensor,
@@ -2513,7 +2516,8 @@ pub struct kf_kan_conv2d_forward_args {
     pub x: kf_tensor,
     #[doc = " [F, G + 2k + 1], non-decreasing along each row"]
     pub grid: kf_tensor,
-    #[doc = " [C_out, F]"]
+    #[doc = " [C_out, F]; since 1.3 optional: absent = no base term, as for"]
+    #[doc = "kf_kan_linear_forward()"]
     pub base_weight: kf_tensor,
     #[doc = " [C_out, F, G + k]"]
     pub spline_weight: kf_tensor,
@@ -2672,7 +2676,8 @@ pub struct kf_kan_conv2d_backward_args {
     pub dy: kf_tensor,
     #[doc = " optional out, x's shape: always overwritten"]
     pub dx: kf_tensor,
-    #[doc = " optional out [C_out, F]: written or accumulated per kf_grad_mode"]
+    #[doc = " optional out [C_out, F]: written or accumulated per kf_grad_mode;"]
+    #[doc = "must be absent when base_weight is"]
     pub dbase_weight: kf_tensor,
     #[doc = " optional out [C_out, F, G + k]: likewise"]
     pub dspline_weight: kf_tensor,
