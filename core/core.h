@@ -58,8 +58,14 @@ static inline bool kf__add_size(size_t a, size_t b, size_t *out) {
 #define KF__ALIGN ((unsigned)KF_ALIGN_BYTES)
 static inline size_t kf__align_up(size_t n) { return (n + (KF__ALIGN - 1)) & ~(size_t)(KF__ALIGN - 1); }
 
-/* Checks that a struct handed in by the caller has a usable struct_size: at least `min_size`
- * (the 1.0 layout) and, when larger than the size this library knows, zero beyond it. */
+/* Checks that a struct handed in by the caller has a usable struct_size: at least
+ * `oldest_size` (the layout of the version that introduced the struct) and, when larger than
+ * `known_size` (this library's sizeof), zero beyond it; then copies its first
+ * min(struct_size, known_size) bytes over `out` (which holds the defaults of the fields an older
+ * caller does not have; NULL: no copy). */
+kf_status kf__read_struct(const char *fn, const char *arg, const void *s, size_t oldest_size,
+                          size_t known_size, void *out);
+/* kf__read_struct() of a struct no field has been appended to: struct_size at least known_size. */
 kf_status kf__check_struct_size(const char *fn, const char *arg, const void *s, size_t known_size);
 
 /* ---- context (context.c, arena.c) ------------------------------------------------------ */

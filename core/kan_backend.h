@@ -50,7 +50,7 @@ typedef struct kf__kan_fwd {
     int64_t N;
     const kf__kan_patches *patches; /* NULL: the rows are x's rows [N, in] and y is [N, out]
                                        (KANLinear); else KANConv2d's patches */
-    const float *x, *grid, *base, *spline;
+    const float *x, *grid, *base, *spline; /* base NULL: no base term */
     const float *scaler; /* NULL: the plan has none (standalone_scale = 0) */
     float *y;
     void *ws; size_t ws_bytes;
@@ -60,7 +60,7 @@ typedef struct kf__kan_bwd {
     const struct kf_kan_linear_plan *plan;
     int64_t N;
     const kf__kan_patches *patches;     /* as in kf__kan_fwd */
-    const float *x, *grid, *base, *spline;
+    const float *x, *grid, *base, *spline; /* base NULL: no base term (dbase then NULL) */
     const float *scaler;                /* NULL: the plan has none */
     const float *dy;
     float *dx, *dbase, *dspline, *dscaler; /* each NULL = not wanted (dscaler: always NULL when

@@ -39,17 +39,23 @@ kf_status kf__error(kf_status status, const char *fn, const char *fmt, ...) {
     return status;
 }
 
-kf_status kf__check_struct_size(const char *fn, const char *arg, const void *s, size_t known_size) {
+kf_status kf__read_struct(const char *fn, const char *arg, const void *s, size_t oldest_size,
+                          size_t known_size, void *out) {
     KF_CHECK_FN(fn, s != NULL, KF_ERR_INVALID_ARGUMENT, "%s is NULL", arg);
     size_t given = *(const size_t *)s;
-    KF_CHECK_FN(fn, given >= known_size, KF_ERR_INVALID_ARGUMENT,
-                "%s->struct_size = %zu, expected %zu (fill it with the matching *_init())", arg,
-                given, known_size);
+    KF_CHECK_FN(fn, given >= oldest_size, KF_ERR_INVALID_ARGUMENT,
+                "%s->struct_size = %zu, expected at least %zu (fill it with the matching "
+                "*_init())", arg, given, oldest_size);
     /* A newer caller's struct: usable only if every field we do not know is zero. */
     const unsigned char *bytes = (const unsigned char *)s;
     for (size_t i = known_size; i < given; ++i)
         KF_CHECK_FN(fn, bytes[i] == 0, KF_ERR_UNSUPPORTED,
                     "%s->struct_size = %zu: byte %zu beyond this library's %zu-byte layout is "
                     "set; a newer kfuse is needed", arg, given, i, known_size);
+    if (out != NULL) memcpy(out, s, given < known_size ? given : known_size);
     return KF_OK;
+}
+
+kf_status kf__check_struct_size(const char *fn, const char *arg, const void *s, size_t known_size) {
+    return kf__read_struct(fn, arg, s, known_size, known_size, NULL);
 }

@@ -135,7 +135,8 @@ static float *kan_at(void *ws, size_t off) { return (float *)(void *)((char *)ws
 
 /* ---- the combined weight and the knot reciprocals ------------------------------------------ */
 
-/* Rows [o0, o1) of W [out, K]: per feature [ base_weight | spline_weight * spline_scaler ]. */
+/* Rows [o0, o1) of W [out, K]: per feature [ base_weight (0 when absent) |
+ * spline_weight * spline_scaler ]. */
 static void kan_pack_w(const struct kf_kan_linear_plan *p, const float *base, const float *spline,
                        const float *scaler, float *W, int64_t o0, int64_t o1) {
     const int64_t in = p->in, C = p->C, cw = p->cw;
@@ -144,7 +145,7 @@ static void kan_pack_w(const struct kf_kan_linear_plan *p, const float *base, co
             const int64_t oi = o * in + i;
             float *d = W + o * p->K + i * cw;
             const float *s = spline + oi * C;
-            d[0] = base[oi];
+            d[0] = base ? base[oi] : 0.0f; /* no base_weight: no base term */
             if (scaler) {
                 const float sc = scaler[oi];
                 for (int64_t c = 0; c < C; ++c) d[1 + c] = s[c] * sc;

@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(kThreads)
         if (e < E1) {
             const int64_t o = e / P.K, col = e % P.K, i = col / P.cw, c = col % P.cw;
             const int64_t oi = o * P.in + i;
-            W[e] = c == 0 ? base[oi]
+            W[e] = c == 0 ? (base ? base[oi] : 0.0f) // no base_weight: no base term
                           : (scaler ? spline[oi * P.C + c - 1] * scaler[oi]
                                     : spline[oi * P.C + c - 1]);
         } else {

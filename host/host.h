@@ -35,14 +35,16 @@ void kf__kan_uniform_grid_host(const struct kf_kan_linear_plan *p, float lo, flo
 /* efficient-kan's update_grid (host/kan_grid.c). The samples of feature i are column i of
  * x [N, in] (`patches` NULL) or feature i of KANConv2d's N patches of x [B, Cin, H, W]. Trusts
  * its inputs: N >= 1, x finite, grid [in, nk] finite and non-decreasing, spline_weight
- * [out, in, C] finite, margin finite >= 0, grid_eps in [0, 1]. Writes new_grid [in, nk] and
+ * [out, in, C] finite, margin finite >= 0, grid_eps in [0, 1], quantile_rule a
+ * kf_kan_quantile_rule (whose torch's linspace picks the quantiles). Writes new_grid [in, nk] and
  * new_spline [out, in, C] (fresh buffers, not aliasing the inputs) and returns KF_OK; else
  * KF_ERR_OUT_OF_MEMORY, KF_ERR_INVALID_ARGUMENT (the new knots would not be finite) or
  * KF_ERR_INTERNAL (LAPACK failed) with the message set, the outputs then unspecified. */
 kf_status kf__kan_update_grid_host(const char *fn, const struct kf_kan_linear_plan *p, int64_t N,
                                    const kf__kan_patches *patches, const float *x,
                                    const float *grid, const float *spline, float margin,
-                                   float grid_eps, float *new_grid, float *new_spline);
+                                   float grid_eps, int32_t quantile_rule, float *new_grid,
+                                   float *new_spline);
 
 #ifdef __cplusplus
 }

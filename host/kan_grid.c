@@ -6,7 +6,8 @@
  *   1. the new knots, formed in float32 exactly as kfuse.torch's (and efficient-kan's)
  *      update_grid forms them with torch on the CPU: the samples sorted, the quantiles
  *      x_sorted[torch.linspace(0, M - 1, G + 1, dtype=int64)] (kan_linspace_idx reproduces
- *      torch's integer linspace, rounding quirks included), the uniform step and the blend with
+ *      torch 1.13's or torch 2.x's integer linspace, rounding quirks included, as quantile_rule
+ *      asks), the uniform step and the blend with
  *      grid_eps, each operation rounded to float32 in torch's order;
  *   2. the refit, in float64: the targets U [M, out] = B_old W_old^T (the old splines at the
  *      samples, W_old = spline_weight[:, i, :]) and the bases B_new [M, C] on the new knots, and
@@ -26,28 +27,35 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* torch.linspace(0, M - 1, n, dtype=torch.int64) as torch's CPU kernel computes it (checked
- * against torch 1.13 for M = 1..299 and larger, n = 2..40 and up to 201, AVX2 and default
- * kernels): step = (M - 1) / (n - 1) in double; element idx is trunc(step * idx) below
- * halfway = n / 2 and trunc((M - 1) - step * (n - 1 - idx)) from there on; but the first
- * floor(n / 8) * 8 elements go through the vectorised path, 4 int64 lanes at a time, where a
- * vector starting at idx takes base = that scalar formula at idx (the half chosen by idx alone)
- * and lane l holds trunc(base + l * step). (With AVX-512 kernels torch uses 8 lanes and blocks
- * of 16, which gives other indices for n >= 9; and above 32768 elements torch splits the range
- * across threads. Neither is reproduced.) */
-static void kan_linspace_idx(int64_t M, int64_t n, int64_t *a) {
-    const int64_t end = M - 1, half = n / 2;
+/* torch.linspace(0, M - 1, n, dtype=torch.int64) as the CPU kernel of the torch that
+ * `rule` names computes it. Both take step = (M - 1) / (n - 1) in double, element idx
+ * trunc(step * idx) below halfway = n / 2 and trunc((M - 1) - step * (n - 1 - idx)) from there
+ * on, clamped to 0..M-1.
+ * - KF_KAN_QUANTILES_TORCH2 (torch >= 2.0): that formula for every element.
+ * - KF_KAN_QUANTILES_TORCH1 (checked against torch 1.13 for M = 1..299 and larger, n = 2..40
+ *   and up to 201, AVX2 and default kernels): the first floor(n / 8) * 8 elements go through
+ *   the vectorised path, 4 int64 lanes at a time, where a vector starting at idx takes base =
+ *   the formula at idx (the half chosen by idx alone) and lane l holds trunc(base + l * step).
+ *   (With AVX-512 kernels torch uses 8 lanes and blocks of 16, which gives other indices for
+ *   n >= 9; and above 32768 elements torch splits the range across threads. Neither is
+ *   reproduced.) */
+static int64_t kan_linspace_at(int64_t end, int64_t n, double step, int64_t idx) {
+    return idx < n / 2 ? (int64_t)(0.0 + step * (double)idx)
+                       : (int64_t)((double)end - step * (double)(n - idx - 1));
+}
+
+static void kan_linspace_idx(int64_t M, int64_t n, int32_t rule, int64_t *a) {
+    const int64_t end = M - 1;
     const double step = ((double)end - 0.0) / (double)(n - 1);
     int64_t idx = 0;
-    for (; idx + 8 <= n; idx += 8) /* blocks of two vectors */
-        for (int64_t v = idx; v < idx + 8; v += 4) {
-            const int64_t base = v < half ? (int64_t)(0.0 + step * (double)v)
-                                          : (int64_t)((double)end - step * (double)(n - v - 1));
-            for (int64_t l = 0; l < 4; ++l) a[v + l] = (int64_t)((double)base + (double)l * step);
-        }
-    for (; idx < n; ++idx)
-        a[idx] = idx < half ? (int64_t)(0.0 + step * (double)idx)
-                            : (int64_t)((double)end - step * (double)(n - idx - 1));
+    if (rule == KF_KAN_QUANTILES_TORCH1)
+        for (; idx + 8 <= n; idx += 8) /* blocks of two vectors */
+            for (int64_t v = idx; v < idx + 8; v += 4) {
+                const int64_t base = kan_linspace_at(end, n, step, v);
+                for (int64_t l = 0; l < 4; ++l)
+                    a[v + l] = (int64_t)((double)base + (double)l * step);
+            }
+    for (; idx < n; ++idx) a[idx] = kan_linspace_at(end, n, step, idx);
     for (int64_t j = 0; j < n; ++j) a[j] = a[j] < 0 ? 0 : a[j] > end ? end : a[j];
 }
 
@@ -83,7 +91,8 @@ static void kan_new_knots(const struct kf_kan_linear_plan *p, const float *s, in
 kf_status kf__kan_update_grid_host(const char *fn, const struct kf_kan_linear_plan *p, int64_t N,
                                    const kf__kan_patches *patches, const float *x,
                                    const float *grid, const float *spline, float margin,
-                                   float grid_eps, float *new_grid, float *new_spline) {
+                                   float grid_eps, int32_t quantile_rule, float *new_grid,
+                                   float *new_spline) {
     const int64_t in = p->in, out = p->out, C = p->C, nk = p->nk, k = p->k, M = N;
     const int64_t ldb = M > C ? M : C, mn = M < C ? M : C;
     const int64_t HoWo = patches ? patches->Ho * patches->Wo : 0;
@@ -138,7 +147,7 @@ kf_status kf__kan_update_grid_host(const char *fn, const struct kf_kan_linear_pl
                        lwork);
         goto done;
     }
-    kan_linspace_idx(M, p->G + 1, aidx);
+    kan_linspace_idx(M, p->G + 1, quantile_rule, aidx);
     for (int64_t i = 0; i < in; ++i) {
         /* the samples of feature i, in row order */
         if (!patches) {

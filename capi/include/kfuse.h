@@ -525,7 +525,9 @@ typedef struct kf_kan_linear_forward_args {
     size_t struct_size;     /* sizeof(kf_kan_linear_forward_args) as the caller compiled it */
     kf_tensor x;            /* [..., in], rank 1..KF_MAX_DIMS */
     kf_tensor grid;         /* [in, G + 2k + 1], non-decreasing along each row */
-    kf_tensor base_weight;  /* [out, in] */
+    kf_tensor base_weight;  /* [out, in]; since 1.3 optional: absent = no base term (y is the
+                               spline branch alone, as when another activation's base branch is
+                               computed by the caller) */
     kf_tensor spline_weight;/* [out, in, G + k] */
     kf_tensor spline_scaler;/* [out, in]: required with standalone_scale, absent otherwise */
     kf_tensor y;            /* out [..., out]: x's leading dims */
@@ -548,7 +550,8 @@ typedef struct kf_kan_linear_backward_args {
     kf_tensor x, grid, base_weight, spline_weight, spline_scaler; /* the forward's */
     kf_tensor dy;            /* [..., out]: gradient of the loss w.r.t. y */
     kf_tensor dx;            /* optional out, x's shape: always overwritten */
-    kf_tensor dbase_weight;  /* optional out [out, in]: written or accumulated per kf_grad_mode */
+    kf_tensor dbase_weight;  /* optional out [out, in]: written or accumulated per kf_grad_mode;
+                                must be absent when base_weight is */
     kf_tensor dspline_weight;/* optional out [out, in, G + k]: likewise */
     kf_tensor dspline_scaler;/* optional out [out, in] (standalone_scale only): likewise */
 } kf_kan_linear_backward_args;
@@ -638,7 +641,8 @@ typedef struct kf_kan_conv2d_forward_args {
     size_t struct_size;     /* sizeof(kf_kan_conv2d_forward_args) as the caller compiled it */
     kf_tensor x;            /* [B, C_in, H, W] or [C_in, H, W] */
     kf_tensor grid;         /* [F, G + 2k + 1], non-decreasing along each row */
-    kf_tensor base_weight;  /* [C_out, F] */
+    kf_tensor base_weight;  /* [C_out, F]; since 1.3 optional: absent = no base term, as for
+                               kf_kan_linear_forward() */
     kf_tensor spline_weight;/* [C_out, F, G + k] */
     kf_tensor spline_scaler;/* [C_out, F]: required with standalone_scale, absent otherwise */
     kf_tensor y;            /* out [B, C_out, Ho, Wo] (or [C_out, Ho, Wo] for a 3-D x) */
@@ -658,7 +662,8 @@ typedef struct kf_kan_conv2d_backward_args {
     kf_tensor x, grid, base_weight, spline_weight, spline_scaler; /* the forward's */
     kf_tensor dy;            /* y's shape: gradient of the loss w.r.t. y */
     kf_tensor dx;            /* optional out, x's shape: always overwritten */
-    kf_tensor dbase_weight;  /* optional out [C_out, F]: written or accumulated per kf_grad_mode */
+    kf_tensor dbase_weight;  /* optional out [C_out, F]: written or accumulated per kf_grad_mode;
+                                must be absent when base_weight is */
     kf_tensor dspline_weight;/* optional out [C_out, F, G + k]: likewise */
     kf_tensor dspline_scaler;/* optional out [C_out, F] (standalone_scale only): likewise */
 } kf_kan_conv2d_backward_args;
@@ -679,8 +684,9 @@ KF_API kf_status kf_kan_conv2d_backward(kf_kan_conv2d_plan *plan, kf_grad_mode g
  * KANLinear; M = B Ho Wo patches of x, zero padding included, for KANConv2d):
  *     h   = (s_{M-1} - s_0 + 2 margin) / G
  *     g_j = grid_eps (s_0 - margin + j h) + (1 - grid_eps) s_{a_j},   j = 0..G,
- *           a_j = torch.linspace(0, M - 1, G + 1, dtype=int64) as torch's CPU kernel forms it
- *           (efficient-kan's quantile indices; not always floor(j (M - 1) / G) once G >= 7)
+ *           a_j = torch.linspace(0, M - 1, G + 1, dtype=int64) as the CPU kernel of the torch
+ *           named by quantile_rule forms it (efficient-kan's quantile indices, which depend on
+ *           the torch it runs on: not always floor(j (M - 1) / G))
  *     grid[i] = (g_0 - k h, ..., g_0 - h, g_0, ..., g_G, g_G + h, ..., g_G + k h)
  * and spline_weight[:, i, :] becomes the minimum-norm least-squares coefficients (float64, by
  * SVD: rank-deficient fits, where efficient-kan's lstsq fails, give the minimum-norm solution)
@@ -702,9 +708,24 @@ typedef struct kf_kan_update_grid_args {
     float margin;            /* >= 0, finite; default 0.01 */
     float grid_eps;          /* in [0, 1]; default 0.02 */
     /* appended in later versions below this line; never reorder or remove */
+    int32_t quantile_rule;   /* a kf_kan_quantile_rule; default (0) KF_KAN_QUANTILES_TORCH1.
+                                Since 1.3: a 1.2 caller's struct_size, which ends before it,
+                                gets the default */
 } kf_kan_update_grid_args;
 
-/* Writes the defaults (tensors absent, margin 0.01, grid_eps 0.02) and struct_size. Since 1.2. */
+/* Which torch's int64 linspace picks the quantile indices a_j of a grid update (efficient-kan
+ * gets them from the torch it runs on). Since 1.3. */
+typedef enum kf_kan_quantile_rule {
+    /* torch 1.13: trunc(step j) below the middle, trunc((M - 1) - step (G - j)) from it, with
+     * 4-lane vector blocks of 8 over the first floor((G + 1) / 8) * 8 indices */
+    KF_KAN_QUANTILES_TORCH1 = 0,
+    /* torch >= 2.0: the same two halves, symmetric, element by element (e.g. M = 33, G = 10
+     * picks index 16 for j = 5, where torch 1.13 picks 15) */
+    KF_KAN_QUANTILES_TORCH2 = 1
+} kf_kan_quantile_rule;
+
+/* Writes the defaults (tensors absent, margin 0.01, grid_eps 0.02, quantile_rule
+ * KF_KAN_QUANTILES_TORCH1) and struct_size. Since 1.2. */
 KF_API void kf_kan_update_grid_args_init(kf_kan_update_grid_args *args);
 
 /* The grid update for a KANLinear plan. @return KF_OK; KF_ERR_INVALID_ARGUMENT (message names the

@@ -28,7 +28,7 @@ int32_t kf__kan_params(const struct kf_kan_linear_plan *p, kf__param *out);
 /* N rows within limits and N * (in + out) addressable. */
 kf_status kf__kan_check_rows(const char *fn, const struct kf_kan_linear_plan *p, int64_t N);
 /* The grid and parameters, checked against the plan (grid values where the device's memory is
- * host memory), into the record's pointers. */
+ * host memory), into the record's pointers (*bw NULL: base_weight absent, no base term). */
 kf_status kf__kan_check_params(const struct kf_kan_linear_plan *p, const char *fn,
                                const kf_tensor *grid, const kf_tensor *base,
                                const kf_tensor *spline, const kf_tensor *scaler, const float **g,
@@ -37,7 +37,8 @@ kf_status kf__kan_check_params(const struct kf_kan_linear_plan *p, const char *f
  * messages name `arg`. */
 kf_status kf__kan_check_grid_host(const struct kf_kan_linear_plan *p, const char *fn,
                                   const char *arg, const float *grid);
-/* Checks the optional parameter-gradient outputs of a backward call into the record. */
+/* Checks the optional parameter-gradient outputs of a backward call into the record (after
+ * kf__kan_check_params: no dbase_weight without a base_weight). */
 kf_status kf__kan_check_grads(const struct kf_kan_linear_plan *p, const char *fn,
                               const kf_tensor *dbase, const kf_tensor *dspline,
                               const kf_tensor *dscaler, kf__kan_bwd *c);

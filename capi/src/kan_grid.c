@@ -8,6 +8,7 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,7 +73,8 @@ static kf_status kan_update_staged(void *arg, const kf__stage *b) {
     KF_TRY(kan_check_finite(c->fn, "args->spline_weight", &c->args->spline_weight, spline,
                             (size_t)(p->out * p->in * p->C), "finite coefficients"));
     return kf__kan_update_grid_host(c->fn, p, c->N, c->patches, x, grid, spline, c->args->margin,
-                                    c->args->grid_eps, b[3].host, b[4].host);
+                                    c->args->grid_eps, c->args->quantile_rule, b[3].host,
+                                    b[4].host);
 }
 
 /* Shared by both layers once x has been checked (N rows or patches, nx elements): the scalars,
@@ -101,12 +103,22 @@ static kf_status kan_update_grid(const char *fn, const struct kf_kan_linear_plan
     return kf__stage_run(p->ctx, fn, bufs, 5, kan_update_staged, &call);
 }
 
-/* margin finite >= 0 and grid_eps in [0, 1] (NaN fails both). */
-static kf_status kan_check_scalars(const char *fn, const kf_kan_update_grid_args *args) {
-    KF_CHECK_FN(fn, isfinite(args->margin) && args->margin >= 0.0f, KF_ERR_INVALID_ARGUMENT,
-                "args->margin = %g, expected a finite value >= 0", (double)args->margin);
-    KF_CHECK_FN(fn, args->grid_eps >= 0.0f && args->grid_eps <= 1.0f, KF_ERR_INVALID_ARGUMENT,
-                "args->grid_eps = %g, expected a value in [0, 1]", (double)args->grid_eps);
+/* The caller's args over the defaults (a 1.2 caller's struct ends before quantile_rule), then
+ * the scalars: margin finite >= 0, grid_eps in [0, 1] (NaN fails both), a known quantile_rule. */
+static kf_status kan_read_args(const char *fn, const kf_kan_update_grid_args *args,
+                               kf_kan_update_grid_args *a) {
+    kf_kan_update_grid_args_init(a);
+    KF_TRY(kf__read_struct(fn, "args", args, offsetof(kf_kan_update_grid_args, quantile_rule),
+                           sizeof *a, a));
+    KF_CHECK_FN(fn, isfinite(a->margin) && a->margin >= 0.0f, KF_ERR_INVALID_ARGUMENT,
+                "args->margin = %g, expected a finite value >= 0", (double)a->margin);
+    KF_CHECK_FN(fn, a->grid_eps >= 0.0f && a->grid_eps <= 1.0f, KF_ERR_INVALID_ARGUMENT,
+                "args->grid_eps = %g, expected a value in [0, 1]", (double)a->grid_eps);
+    KF_CHECK_FN(fn, a->quantile_rule == KF_KAN_QUANTILES_TORCH1 ||
+                        a->quantile_rule == KF_KAN_QUANTILES_TORCH2,
+                KF_ERR_INVALID_ARGUMENT,
+                "args->quantile_rule = %d, expected KF_KAN_QUANTILES_TORCH1 (0) or "
+                "KF_KAN_QUANTILES_TORCH2 (1)", (int)a->quantile_rule);
     return KF_OK;
 }
 
@@ -114,25 +126,25 @@ KF_API kf_status kf_kan_linear_update_grid(kf_kan_linear_plan *plan,
                                            const kf_kan_update_grid_args *args) {
     kf__clear_error();
     KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
-    KF_TRY(kf__check_struct_size(__func__, "args", args, sizeof(kf_kan_update_grid_args)));
-    KF_TRY(kan_check_scalars(__func__, args));
+    kf_kan_update_grid_args a;
+    KF_TRY(kan_read_args(__func__, args, &a));
     int64_t xs[KF_MAX_DIMS], N;
     bool present;
-    KF_TRY(kf__check_row_tensor(plan->ctx, __func__, "args->x", &args->x, -1, NULL, plan->in,
+    KF_TRY(kf__check_row_tensor(plan->ctx, __func__, "args->x", &a.x, -1, NULL, plan->in,
                                 false, xs, &present, &N));
     KF_TRY(kf__kan_check_rows(__func__, plan, N));
-    return kan_update_grid(__func__, plan, args, N, NULL, (size_t)(N * plan->in));
+    return kan_update_grid(__func__, plan, &a, N, NULL, (size_t)(N * plan->in));
 }
 
 KF_API kf_status kf_kan_conv2d_update_grid(kf_kan_conv2d_plan *plan,
                                            const kf_kan_update_grid_args *args) {
     kf__clear_error();
     KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
-    KF_TRY(kf__check_struct_size(__func__, "args", args, sizeof(kf_kan_update_grid_args)));
-    KF_TRY(kan_check_scalars(__func__, args));
+    kf_kan_update_grid_args a;
+    KF_TRY(kan_read_args(__func__, args, &a));
     kf__kan_patches g;
     int64_t N = 0;
-    KF_TRY(kf__kan_conv_input(__func__, plan, &args->x, &g, &N));
+    KF_TRY(kf__kan_conv_input(__func__, plan, &a.x, &g, &N));
     const size_t nx = (size_t)(g.B * g.Cin * g.H * g.W);
-    return kan_update_grid(__func__, &plan->lin, args, N, &g, nx);
+    return kan_update_grid(__func__, &plan->lin, &a, N, &g, nx);
 }

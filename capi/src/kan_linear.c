@@ -178,11 +178,11 @@ kf_status kf__kan_check_params(const struct kf_kan_linear_plan *p, const char *f
                                const kf_tensor *grid, const kf_tensor *base,
                                const kf_tensor *spline, const kf_tensor *scaler, const float **g,
                                const float **bw, const float **sw, const float **sc) {
-    bool present;
+    bool present, has_base;
     int64_t gs[2] = {p->in, p->nk}, oi[2] = {p->out, p->in}, oic[3] = {p->out, p->in, p->C};
     KF_TRY(kf__check_tensor(p->ctx, fn, "args->grid", grid, KF_DTYPE_F32, 2, gs, false, &present));
-    KF_TRY(kf__check_tensor(p->ctx, fn, "args->base_weight", base, KF_DTYPE_F32, 2, oi, false,
-                            &present));
+    KF_TRY(kf__check_tensor(p->ctx, fn, "args->base_weight", base, KF_DTYPE_F32, 2, oi, true,
+                            &has_base));
     KF_TRY(kf__check_tensor(p->ctx, fn, "args->spline_weight", spline, KF_DTYPE_F32, 3, oic,
                             false, &present));
     KF_CHECK_FN(fn, p->scaled || scaler->data == NULL, KF_ERR_INVALID_ARGUMENT,
@@ -194,7 +194,7 @@ kf_status kf__kan_check_params(const struct kf_kan_linear_plan *p, const char *f
      * need a synchronisation (kfuse.h leaves such a grid's result unspecified on CUDA). */
     if (p->ctx->backend->host_memory)
         KF_TRY(kf__kan_check_grid_host(p, fn, "args->grid", grid->data));
-    *g = grid->data, *bw = base->data, *sw = spline->data;
+    *g = grid->data, *bw = has_base ? base->data : NULL, *sw = spline->data;
     *sc = present ? scaler->data : NULL;
     return KF_OK;
 }
@@ -204,6 +204,8 @@ kf_status kf__kan_check_grads(const struct kf_kan_linear_plan *p, const char *fn
                               const kf_tensor *dscaler, kf__kan_bwd *c) {
     bool present;
     int64_t oi[2] = {p->out, p->in}, oic[3] = {p->out, p->in, p->C};
+    KF_CHECK_FN(fn, c->base != NULL || dbase->data == NULL, KF_ERR_INVALID_ARGUMENT,
+                "args->dbase_weight is given but args->base_weight is absent (no base term)");
     KF_TRY(kf__check_tensor(p->ctx, fn, "args->dbase_weight", dbase, KF_DTYPE_F32, 2, oi, true,
                             &present));
     c->dbase = present ? dbase->data : NULL;

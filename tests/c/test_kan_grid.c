@@ -1,13 +1,15 @@
 /* kf_kan_linear_update_grid / kf_kan_conv2d_update_grid (efficient-kan's update_grid, kfuse.h):
  * the new knots against the formula written out here (with torch's integer linspace, pinned by
- * values taken from torch 1.13), the refit checked by its optimality conditions in float64 with
- * ref_kan_bases (the residual orthogonal to the new bases; in rank-deficient cases the solution
- * in the row space of the bases: the minimum-norm one), the output kept where the old splines are
- * representable on the new knots, KANConv2d against KANLinear on explicitly unfolded patches,
- * and the argument errors (nothing written). */
+ * values taken from torch 1.13; and the quantile indices of each quantile_rule against literal
+ * torch 1.13 and torch 2.15 outputs), the refit checked by its optimality conditions in float64
+ * with ref_kan_bases (the residual orthogonal to the new bases; in rank-deficient cases the
+ * solution in the row space of the bases: the minimum-norm one), the output kept where the old
+ * splines are representable on the new knots, KANConv2d against KANLinear on explicitly
+ * unfolded patches, and the argument errors (nothing written). */
 #include <criterion/criterion.h>
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -203,6 +205,83 @@ Test(kan_grid, torch_linspace_indices) {
         for (int64_t j = 0; j < cases[q].n; ++j)
             cr_expect(torch_linspace_at(cases[q].M, cases[q].n, j) == cases[q].v[j],
                       "M=%ld n=%ld j=%ld", (long)cases[q].M, (long)cases[q].n, (long)j);
+}
+
+/* The quantile indices an update picks under `rule` (struct_size: the caller's, 0 = this
+ * header's): with grid_eps = 0 and margin = 0 the inner knots are the samples s_{a_j}, and with
+ * the samples 0..M-1 (shuffled) they are the indices a_j themselves. */
+static kf_status quantile_indices(int64_t M, int32_t G, int32_t rule, size_t struct_size,
+                                  int64_t *a) {
+    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 1);
+    const int32_t k = 1;
+    const int64_t C = G + k, nk = G + 2 * k + 1;
+    kf_kan_linear_plan *p = lin_plan(ctx, 1, 1, G, k);
+    float *x = malloc((size_t)M * 4), *grid = malloc((size_t)nk * 4), *sw = malloc((size_t)C * 4);
+    for (int64_t m = 0; m < M; ++m) x[m] = (float)((m * 7) % M); /* a permutation when M % 7 */
+    for (int64_t c = 0; c < C; ++c) sw[c] = urand(-1, 1);
+    uniform_grid(p, 1, nk, grid);
+    kf_kan_update_grid_args args;
+    kf_kan_update_grid_args_init(&args);
+    if (struct_size) args.struct_size = struct_size;
+    args.x = t3(x, 2, M, 1, 0);
+    args.grid = t3(grid, 2, 1, nk, 0);
+    args.spline_weight = t3(sw, 3, 1, 1, C);
+    args.margin = 0.0f, args.grid_eps = 0.0f;
+    if (!struct_size) args.quantile_rule = rule;
+    kf_status st = kf_kan_linear_update_grid(p, &args);
+    for (int64_t j = 0; j <= G; ++j) a[j] = (int64_t)grid[k + j];
+    free(x), free(grid), free(sw);
+    kf_kan_linear_plan_destroy(p);
+    kf_context_destroy(ctx);
+    return st;
+}
+
+/* torch.linspace(0, M - 1, n, dtype=torch.int64).tolist() on torch 1.13 and on torch 2.15 */
+static const struct { int64_t M, n, v1[21], v2[21]; } linspace_cases[] = {
+    {33, 11, {0, 3, 6, 9, 12, 15, 18, 21, 25, 28, 32}, {0, 3, 6, 9, 12, 16, 19, 22, 25, 28, 32}},
+    {13, 11, {0, 1, 2, 3, 4, 5, 6, 7, 9, 10, 12}, {0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 12}},
+    {100, 17, {0, 6, 12, 18, 24, 30, 36, 42, 49, 55, 61, 67, 74, 80, 86, 92, 99},
+     {0, 6, 12, 18, 24, 30, 37, 43, 49, 55, 61, 68, 74, 80, 86, 92, 99}},
+    {37, 10, {0, 4, 8, 12, 16, 20, 24, 28, 32, 36}, {0, 4, 8, 12, 16, 20, 24, 28, 32, 36}},
+    {50, 8, {0, 7, 14, 21, 28, 35, 42, 49}, {0, 7, 14, 21, 28, 35, 42, 49}},
+    {1000, 21,
+     {0, 49, 99, 149, 199, 248, 298, 348, 399, 448, 498, 548, 599, 648, 698, 748, 799, 849, 899,
+      949, 999},
+     {0, 49, 99, 149, 199, 249, 299, 349, 399, 449, 499, 549, 599, 649, 699, 749, 799, 849, 899,
+      949, 999}},
+};
+
+Test(kan_grid, quantile_rule_picks_each_torch_s_indices) {
+    int64_t a[21];
+    for (size_t q = 0; q < sizeof linspace_cases / sizeof linspace_cases[0]; ++q) {
+        const int64_t M = linspace_cases[q].M;
+        const int32_t G = (int32_t)linspace_cases[q].n - 1;
+        for (int32_t rule = KF_KAN_QUANTILES_TORCH1; rule <= KF_KAN_QUANTILES_TORCH2; ++rule) {
+            KF_OK_(quantile_indices(M, G, rule, 0, a));
+            const int64_t *want = rule == KF_KAN_QUANTILES_TORCH1 ? linspace_cases[q].v1
+                                                                  : linspace_cases[q].v2;
+            for (int32_t j = 0; j <= G; ++j)
+                cr_expect(a[j] == want[j], "rule %d M=%ld G=%d j=%d: %ld, expected %ld", rule,
+                          (long)M, G, j, (long)a[j], (long)want[j]);
+        }
+        /* a 1.2 caller's struct ends before quantile_rule: torch 1.13's indices */
+        KF_OK_(quantile_indices(M, G, 0, offsetof(kf_kan_update_grid_args, quantile_rule), a));
+        for (int32_t j = 0; j <= G; ++j) cr_expect(a[j] == linspace_cases[q].v1[j]);
+    }
+}
+
+Test(kan_grid, quantile_rule_and_struct_size_errors) {
+    int64_t a[11];
+    cr_expect(quantile_indices(33, 10, 2, 0, a) == KF_ERR_INVALID_ARGUMENT);
+    cr_expect(strstr(kf_last_error_message(), "args->quantile_rule = 2") != NULL, "%s",
+              kf_last_error_message());
+    cr_expect(quantile_indices(33, 10, -1, 0, a) == KF_ERR_INVALID_ARGUMENT);
+    for (int32_t j = 0; j <= 10; ++j) /* nothing written: the uniform knots on [-1, 1] */
+        cr_expect(fabs((double)a[j] - (double)(int64_t)(-1.0f + 0.2f * (float)j)) <= 1.0);
+    cr_expect(quantile_indices(33, 10, 0, offsetof(kf_kan_update_grid_args, quantile_rule) - 4,
+                               a) == KF_ERR_INVALID_ARGUMENT);
+    cr_expect(strstr(kf_last_error_message(), "args->struct_size") != NULL, "%s",
+              kf_last_error_message());
 }
 
 static void check_knots_case(int64_t N, int64_t in, int64_t out, int32_t G, int32_t k,

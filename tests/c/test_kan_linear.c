@@ -379,6 +379,45 @@ ParameterizedTest(const fd_case *f, kan_linear, gradients_match_finite_differenc
 /* ---- optional outputs, workspace, grid ---------------------------------------------------- */
 
 /* Optional outputs: any subset may be absent; those present are still right. */
+/* No base_weight (since 1.3): y, dx, d spline_weight and d spline_scaler are the reference's
+ * with no base term (its base weights all 0); a dbase_weight without a base_weight is refused,
+ * nothing written. */
+Test(kan_linear, absent_base_weight) {
+    for (int scaled = 0; scaled <= 1; ++scaled) {
+        prob p = make_prob(37, 5, 4, 5, 3, scaled, 1, GRID_RANDOM, 77 + (uint64_t)scaled);
+        free(p.bw), free(p.bw64);
+        p.bw = NULL;
+        p.bw64 = calloc((size_t)n_oi(&p), sizeof(double));
+        kf_context *ctx = make_ctx(KF_DEVICE_CPU, 2);
+        kf_kan_linear_plan *plan = make_plan(ctx, &p);
+        const int64_t ny = p.c.N * p.c.out;
+        float *y = poisoned(ny);
+        KF_OK_(run_forward(plan, &p, y));
+        double *yr = malloc((size_t)ny * sizeof *yr);
+        ref_kan_forward(&p.c, p.x64, p.grid64, p.bw64, p.sw64, p.sc64, yr);
+        const double e = ref_rel_err_f32(y, yr, ny);
+        cr_expect(e < TOL, "y: rel err %.3g (scaled %d)", e, scaled);
+        grads g = poisoned_grads(&p);
+        free(g.dbw);
+        g.dbw = NULL;
+        KF_OK_(run_backward(plan, &p, KF_GRAD_OVERWRITE, &g));
+        ref_grads r = reference_grads(&p);
+        kan_grad_sizes n = grad_sizes(&p);
+        n.oi = 0; /* no d base_weight */
+        kan_expect_grads(&g, &r, n, TOL, scaled ? "no base, scaled" : "no base");
+        grads bad = poisoned_grads(&p);
+        cr_expect(run_backward(plan, &p, KF_GRAD_OVERWRITE, &bad) == KF_ERR_INVALID_ARGUMENT);
+        cr_expect(strstr(kf_last_error_message(), "args->dbase_weight") != NULL, "%s",
+                  kf_last_error_message());
+        cr_expect(isnan(bad.dx[0]) && isnan(bad.dsw[0]) && isnan(bad.dbw[0]));
+        free_grads(&bad), free_grads(&g), free_ref_grads(&r);
+        free(y), free(yr);
+        kf_kan_linear_plan_destroy(plan);
+        kf_context_destroy(ctx);
+        free_prob(&p);
+    }
+}
+
 Test(kan_linear, backward_subsets) {
     prob p = make_prob(9, 20, 11, 5, 3, 1, 0, GRID_RANDOM, 3);
     kf_context *ctx = make_ctx(KF_DEVICE_CPU, 2);

@@ -394,6 +394,29 @@ def test_update_grid_keeps_the_output(G, k, standalone):
     assert (m.grid[:, k] <= x.min(0)[0]).all() and (m.grid[:, k + G] > x.max(0)[0]).all()
 
 
+@pytest.mark.parametrize("G", [1, 2, 5, 7, 10, 13, 16, 20])
+def test_update_grid_quantiles_are_the_torch_in_use_s(G):
+    """efficient-kan's quantile indices are torch.linspace(0, M - 1, G + 1, dtype=torch.int64),
+    which rounds differently on torch 1.13 and 2.x: a pure-quantile update (grid_eps = 0,
+    margin = 0) of the samples 0..M-1 puts the inner knots on those indices of the torch in use;
+    and efficient-kan's own update gives the same knots (batch 33, G = 10 is where the two
+    torches differ)."""
+    m = kt.KANLinear(1, 1, grid_size=G, spline_order=1, grid_eps=0.0)
+    g = torch.Generator().manual_seed(G)
+    for M in list(range(2, 70)) + [97, 128, 255, 1000]:
+        x = torch.randperm(M, generator=g).to(torch.float32).unsqueeze(1)
+        m.update_grid(x, margin=0.0)
+        want = torch.linspace(0, M - 1, G + 1, dtype=torch.int64).to(torch.float32)
+        assert torch.equal(m.grid[0, 1:G + 2], want), (M, G, m.grid[0, 1:G + 2], want)
+    x = torch.randn(33, 4)
+    k = randomize_(kt.KANLinear(4, 3, grid_size=10, enable_standalone_scale_spline=False))
+    r = EfficientKANRef(4, 3, grid_size=10, enable_standalone_scale_spline=False)
+    r.load_state_dict(k.state_dict())
+    k.update_grid(x)
+    r.update_grid(x)
+    assert torch.equal(k.grid, r.grid)
+
+
 def test_update_grid_general_case_is_the_float64_least_squares_fit():
     """For arbitrary splines the refit is a least-squares fit: the new grid has the bits of
     efficient-kan's update, and the new spline_weight is the float64 least-squares solution on

@@ -18,13 +18,13 @@ __all__ = [
     "ffi", "lib", "KfuseError", "InvalidArgument", "Unsupported", "OutOfMemory",
     "WorkspaceTooSmall", "BackendUnavailable", "DeviceError", "InternalError", "check",
     "version", "version_string", "Context", "RnnPlan", "TensorRef", "tensor_values", "dtype_code",
-    "ALIGN_BYTES",
+    "param_list", "remembered", "ALIGN_BYTES",
     "DTYPE_F32", "DTYPE_F64", "DTYPE_F16", "DTYPE_BF16", "DTYPE_I32", "DTYPE_I64",
     "MODE_INFERENCE", "MODE_TRAINING", "GRAD_OVERWRITE", "GRAD_ACCUMULATE",
 ]
 
-# Alignment the ABI asks of workspace and reserve buffers (kf_rnn_forward's contract).
-ALIGN_BYTES = 64
+# Alignment the ABI asks of workspace and reserve buffers (KF_ALIGN_BYTES, kfuse.h).
+ALIGN_BYTES = lib.KF_ALIGN_BYTES
 
 DTYPE_F32 = lib.KF_DTYPE_F32
 DTYPE_F64 = lib.KF_DTYPE_F64
@@ -368,6 +368,35 @@ def _fill_inputs(st, x, h0, weights, lengths, dropout_seed, dropout_offset, cach
     return warr
 
 
+# ---- what a plan asks the library once ---------------------------------------------------------
+
+def remembered(cache, key, query):
+    """cache[key], made by query(*key) on first use: a plan's pure queries (shapes, sizes) are
+    asked once per plan and argument tuple, not per call."""
+    value = cache.get(key)
+    if value is None:
+        value = cache[key] = query(*key)
+    return value
+
+
+def param_list(count_fn, info_fn, ptr, order=None):
+    """[(name, shape), ...] of a plan's tensors as the library lists them through its
+    kf_*_count / kf_*_info pair (`ptr` the plan): its canonical order, or with `order` (a
+    sequence of names) the order of the names there. Queried once per plan by its owner."""
+    count = ffi.new("int32_t *")
+    check(count_fn(ptr, count))
+    name = ffi.new("const char **")
+    ndim = ffi.new("int32_t *")
+    shape = ffi.new("int64_t[]", _MAXD)
+    info = []
+    for i in range(count[0]):
+        check(info_fn(ptr, i, name, ndim, shape))
+        info.append((ffi.string(name[0]).decode(), tuple(int(shape[k]) for k in range(ndim[0]))))
+    if order is not None:
+        info.sort(key=lambda entry: order.index(entry[0]))
+    return info
+
+
 # ---- context -----------------------------------------------------------------------------------
 
 _DEVICE_TYPES = {"cpu": lib.KF_DEVICE_CPU, "cuda": lib.KF_DEVICE_CUDA}
@@ -492,27 +521,16 @@ class RnnPlan:
         self.dropout = float(dropout)
         self.gamma = float(gamma)
         self.dtype = int(dtype)
-        self.weight_info = self._weight_info()
+        self.weight_info = param_list(lib.kf_rnn_weight_count, lib.kf_rnn_weight_info, self._ptr)
         self._args = {}  # argument structs and weight arrays, refilled per call (_arg_struct)
         self._sizes = {}  # (T, B, training) -> workspace_size()
+        self._shapes = {}  # (T, B) -> output_shapes()
 
     def _arg_struct(self, ctype, init):
         st = self._args.get(ctype)
         if st is None:
             st = self._args[ctype] = _ArgStruct(ctype, init)
         return st
-
-    def _weight_info(self):
-        count = ffi.new("int32_t *")
-        check(lib.kf_rnn_weight_count(self._ptr, count))
-        name = ffi.new("const char **")
-        ndim = ffi.new("int32_t *")
-        shape = ffi.new("int64_t[]", lib.KF_MAX_DIMS)
-        info = []
-        for i in range(count[0]):
-            check(lib.kf_rnn_weight_info(self._ptr, i, name, ndim, shape))
-            info.append((ffi.string(name[0]).decode(), tuple(int(shape[k]) for k in range(ndim[0]))))
-        return info
 
     @property
     def num_weights(self):
@@ -522,14 +540,21 @@ class RnnPlan:
     def weight_names(self):
         return [n for n, _ in self.weight_info]
 
+    def output_shapes(self, T, B):
+        """(y_shape, hn_shape) of T steps of B samples (kf_rnn_output_shapes: y [T, B, D*H], or
+        [B, T, D*H] batch-first, and hn [L*D, B, H]; remembered per (T, B))."""
+        return remembered(self._shapes, (int(T), int(B)), self._output_shapes)
+
+    def _output_shapes(self, T, B):
+        y = ffi.new("int64_t[3]")
+        hn = ffi.new("int64_t[3]")
+        check(lib.kf_rnn_output_shapes(self._ptr, T, B, y, hn))
+        return tuple(int(v) for v in y), tuple(int(v) for v in hn)
+
     def workspace_size(self, T, B, training=False):
         """(workspace_bytes, reserve_bytes) for T steps of B samples (kf_rnn_workspace_size; a
         pure function of the plan and its arguments, remembered per (T, B, training))."""
-        key = (int(T), int(B), bool(training))
-        sizes = self._sizes.get(key)
-        if sizes is None:
-            sizes = self._sizes[key] = self._workspace_size(*key)
-        return sizes
+        return remembered(self._sizes, (int(T), int(B), bool(training)), self._workspace_size)
 
     def _workspace_size(self, T, B, training):
         ws = ffi.new("size_t *")

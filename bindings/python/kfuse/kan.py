@@ -11,7 +11,8 @@ GEMM), its kf_kan_conv2d_* part.
                          (efficient-kan's state_dict order: parameters, then the grid buffer;
                          F = in_features, or in_channels * kh * kw for the convolution)
     plan.uniform_grid(lo, hi, grid)
-    plan.update_grid(x, grid, spline_weight, margin=0.01, grid_eps=0.02)
+    plan.update_grid(x, grid, spline_weight, margin=0.01, grid_eps=0.02,
+                     quantile_rule=QUANTILES_TORCH1)
     plan.output_shape(x_shape)                     y's shape for an x of that shape
     plan.workspace_size(N) / plan.workspace_size(batch, height, width)
     plan.forward(x, grid, base_weight, spline_weight, y, spline_scaler=None)
@@ -25,10 +26,19 @@ library's, and a failing status becomes a KfuseError subclass with the library's
 GIL is released during each C call. The numpy front end is kfuse.numpy.kan_linear_*; the PyTorch
 drop-ins are kfuse.torch.KANLinear and kfuse.torch.KANConv2d.
 """
-from kfuse._lowlevel import DTYPE_F32, _buffer, _fill_tensor, check, ffi, lib
+from kfuse._lowlevel import (
+    DTYPE_F32, InvalidArgument, _buffer, _fill_tensor, check, ffi, lib, param_list,
+    remembered,
+)
 from kfuse.sklinear import _fill_args, _packed_layout
 
-__all__ = ["KanLinearPlan", "KanConv2dPlan", "PARAM_NAMES"]
+__all__ = ["KanLinearPlan", "KanConv2dPlan", "PARAM_NAMES", "QUANTILES_TORCH1",
+           "QUANTILES_TORCH2"]
+
+# update_grid's quantile indices as torch 1.13's or torch 2.x's int64 linspace picks them
+# (kf_kan_quantile_rule).
+QUANTILES_TORCH1 = lib.KF_KAN_QUANTILES_TORCH1
+QUANTILES_TORCH2 = lib.KF_KAN_QUANTILES_TORCH2
 
 # efficient-kan's parameter and buffer names, in its state_dict order (parameters, then buffers).
 PARAM_NAMES = ("base_weight", "spline_weight", "spline_scaler", "grid")
@@ -55,13 +65,6 @@ def _pair(v, name, owner="kfuse.KanConv2dPlan"):
             raise ValueError("%s: %s must be an int or a pair of ints, got %r" % (owner, name, v))
         return int(v[0]), int(v[1])
     return int(v), int(v)
-
-
-def conv_output_hw(height, width, kernel_size, stride, padding, dilation):
-    """(Ho, Wo) of a 2-D convolution as torch.nn.Conv2d computes them, from (h, w) pairs."""
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel_size, stride, padding, dilation
-    return ((height + 2 * ph - dh * (kh - 1) - 1) // sh + 1,
-            (width + 2 * pw - dw * (kw - 1) - 1) // sw + 1)
 
 
 class _KanPlan:
@@ -95,27 +98,23 @@ class _KanPlan:
         self.standalone_scale = bool(standalone_scale)
         self.dtype = int(dtype)
         self._args = {}  # argument structs, refilled per call (sklinear._fill_args)
+        # [(name, shape), ...] of the layer's tensors (kf_kan_<layer>_param_info) in
+        # efficient-kan's state_dict order: base_weight, spline_weight, spline_scaler when the
+        # plan has a standalone scale, then the grid buffer
+        self.param_info = param_list(getattr(lib, p + "_param_count"),
+                                     getattr(lib, p + "_param_info"), self._ptr, PARAM_NAMES)
+        self._shapes = dict(self.param_info)
 
     @property
     def num_coeffs(self):
-        """C = G + k coefficients per (output, input feature) pair."""
-        return self.grid_size + self.spline_order
+        """C = G + k coefficients per (output, input feature) pair (the library's shape of
+        spline_weight)."""
+        return self._shapes["spline_weight"][2]
 
     @property
     def num_knots(self):
-        """G + 2k + 1 knots per input feature."""
-        return self.grid_size + 2 * self.spline_order + 1
-
-    @property
-    def param_info(self):
-        """[(name, shape), ...] of the layer's tensors in efficient-kan's state_dict order
-        (base_weight, spline_weight, spline_scaler when the plan has a standalone scale, then the
-        grid buffer), over F = in_features features."""
-        i, o = self.in_features, self.out_features
-        shapes = {"base_weight": (o, i), "spline_weight": (o, i, self.num_coeffs),
-                  "spline_scaler": (o, i), "grid": (i, self.num_knots)}
-        return [(n, shapes[n]) for n in PARAM_NAMES
-                if n != "spline_scaler" or self.standalone_scale]
+        """G + 2k + 1 knots per input feature (the library's shape of the grid)."""
+        return self._shapes["grid"][1]
 
     @property
     def param_names(self):
@@ -130,12 +129,15 @@ class _KanPlan:
         _fill_tensor(t, grid, "grid")
         check(getattr(lib, self._prefix + "_uniform_grid")(self._ptr, float(lo), float(hi), t))
 
-    def update_grid(self, x, grid, spline_weight, margin=0.01, grid_eps=0.02):
+    def update_grid(self, x, grid, spline_weight, margin=0.01, grid_eps=0.02,
+                    quantile_rule=QUANTILES_TORCH1):
         """kf_kan_<layer>_update_grid (efficient-kan's update_grid): new knots in `grid` from the
         samples x (as forward takes it; for the convolution, its patches) and `spline_weight`
         refitted in float64 so that its splines on the new knots reproduce, on the samples, those
         on the old ones (minimum-norm least squares by SVD). Both are written in place, and only
-        on success. Not a hot path: it synchronises and computes on the host. Tensors as for
+        on success. `quantile_rule` (QUANTILES_TORCH1 or QUANTILES_TORCH2) picks whose torch's
+        int64 linspace gives the quantile indices, as efficient-kan gets them from the torch it
+        runs on. Not a hot path: it synchronises and computes on the host. Tensors as for
         forward()."""
         args = ffi.new("kf_kan_update_grid_args *")
         lib.kf_kan_update_grid_args_init(args)
@@ -143,6 +145,7 @@ class _KanPlan:
             _fill_tensor(getattr(args, field), t, field)
         args.margin = float(margin)
         args.grid_eps = float(grid_eps)
+        args.quantile_rule = int(quantile_rule)
         check(getattr(lib, self._prefix + "_update_grid")(self._ptr, args))
 
     def _workspace_bytes(self, *dims):
@@ -269,14 +272,21 @@ class KanConv2dPlan(_KanPlan):
         self.stride = (sh, sw)
         self.padding = (ph, pw)
         self.dilation = (dh, dw)
-        self.in_features = self.in_channels * kh * kw   # F
+        self.in_features = self._shapes["grid"][0]   # F = in_channels * kh * kw
         self.out_features = self.out_channels
+        self._hw = {}  # (height, width) -> output_hw()
 
     def output_hw(self, height, width):
-        """(Ho, Wo) = ((H + 2 ph - dh (kh - 1) - 1) // sh + 1, likewise for W), as
-        torch.nn.Conv2d; values below 1 mean the image is smaller than the kernel's reach."""
-        return conv_output_hw(height, width, self.kernel_size, self.stride, self.padding,
-                              self.dilation)
+        """(Ho, Wo) of a height x width image, as torch.nn.Conv2d forms them
+        (kf_kan_conv2d_output_size; remembered per (height, width)). An image smaller than the
+        kernel's reach raises InvalidArgument naming the extent."""
+        return remembered(self._hw, (int(height), int(width)), self._output_hw)
+
+    def _output_hw(self, height, width):
+        ho = ffi.new("int64_t *")
+        wo = ffi.new("int64_t *")
+        check(lib.kf_kan_conv2d_output_size(self._ptr, height, width, ho, wo))
+        return int(ho[0]), int(wo[0])
 
     def output_shape(self, x_shape):
         """y's shape [B, C_out, Ho, Wo] (or [C_out, Ho, Wo]) for x [B, C_in, H, W] (or
@@ -284,8 +294,9 @@ class KanConv2dPlan(_KanPlan):
         x_shape = tuple(x_shape)
         if len(x_shape) not in (3, 4):
             return None
-        ho, wo = self.output_hw(x_shape[-2], x_shape[-1])
-        if ho < 1 or wo < 1:
+        try:
+            ho, wo = self.output_hw(x_shape[-2], x_shape[-1])
+        except InvalidArgument:
             return None
         return x_shape[:-3] + (self.out_channels, ho, wo)
 

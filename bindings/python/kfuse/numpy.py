@@ -27,6 +27,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from kfuse._lowlevel import ALIGN_BYTES, TensorRef
+from kfuse.kan import QUANTILES_TORCH1
 
 __all__ = ["rnn_forward", "rnn_backward", "sklinear_init", "sklinear_forward",
            "sklinear_backward", "kan_uniform_grid", "kan_forward", "kan_backward",
@@ -63,20 +64,18 @@ def _weights(plan, weights):
     return [as_array(w) for w in weights]
 
 
-def _y_hn_shapes(plan, x):
-    # Output allocation only (the library checks x itself): y is [T, B, D*H] ([B, T, D*H]
-    # batch-first), hn [L*D, B, H]. For an x that is not 3-D the library reports the error.
-    D, H = plan.num_directions, plan.hidden_size
-    if x.ndim != 3:
-        return None, None
-    B = x.shape[0] if plan.batch_first else x.shape[1]
-    return (x.shape[0], x.shape[1], D * H), (plan.num_layers * D, B, H)
-
-
 def _seq_dims(plan, x):
     if x.ndim != 3:
         return 1, 1
     return (x.shape[1], x.shape[0]) if plan.batch_first else (x.shape[0], x.shape[1])
+
+
+def _y_hn_shapes(plan, x):
+    # Output allocation only (the library checks x itself): the library's shapes of y and hn
+    # (kf_rnn_output_shapes). For an x that is not 3-D the library reports the error.
+    if x.ndim != 3:
+        return None, None
+    return plan.output_shapes(*_seq_dims(plan, x))
 
 
 def rnn_forward(plan, x, weights, h0=None, lengths=None, training=False, dropout_seed=0,
@@ -86,7 +85,8 @@ def rnn_forward(plan, x, weights, h0=None, lengths=None, training=False, dropout
     weights: sequence of arrays in the canonical order (plan.weight_info), or a mapping from the
     reference state_dict names. h0: optional [L*D, B, H]. lengths: optional int32 [B].
     training: KF_MODE_TRAINING (dropout applied, reserve written for rnn_backward).
-    workspace: optional caller scratch (a uint8 array, 64-byte aligned); None = context arena.
+    workspace: optional caller scratch (a uint8 array, KF_ALIGN_BYTES-aligned: aligned_empty);
+    None = context arena.
     Returns (y, hn, reserve): reserve is None in inference; in training pass it to rnn_backward
     with the same inputs."""
     x = as_array(x)
@@ -225,7 +225,7 @@ _KAN_GRADS = ("base_weight", "spline_weight", "spline_scaler")
 def _kan_params(plan, params):
     """{name: array} from a mapping (efficient-kan's state_dict names; extra keys ignored) or a
     sequence in plan.param_names order. A missing name is passed as absent, for the library to
-    report."""
+    report (a missing base_weight: no base term, the spline branch alone)."""
     if not isinstance(params, Mapping):
         params = dict(zip(plan.param_names, params))
     return {n: as_array(params.get(n)) for n in _KAN_NAMES}
@@ -258,12 +258,14 @@ def kan_forward(plan, x, params, workspace=None):
     return y
 
 
-def kan_update_grid(plan, x, params, margin=0.01, grid_eps=0.02):
+def kan_update_grid(plan, x, params, margin=0.01, grid_eps=0.02,
+                    quantile_rule=QUANTILES_TORCH1):
     """efficient-kan's update_grid through kf_kan_<layer>_update_grid: returns new float32 arrays
     (grid, spline_weight), the knots placed on the samples x (x's rows, or the patches of x for
     KANConv2d) and the coefficients refitted so that the splines on them reproduce, on the
     samples, the old ones (float64 minimum-norm least squares). params as for kan_forward (grid
-    and spline_weight are read, not written)."""
+    and spline_weight are read, not written). quantile_rule: kfuse.kan.QUANTILES_TORCH1 (torch
+    1.13's quantile indices) or QUANTILES_TORCH2 (torch 2.x's)."""
     x = as_array(x)
     p = _kan_params(plan, params)
     # copies to write (their dtype kept: the library checks it)
@@ -271,7 +273,7 @@ def kan_update_grid(plan, x, params, margin=0.01, grid_eps=0.02):
     spline_weight = (None if p["spline_weight"] is None
                      else np.array(p["spline_weight"], order="C", copy=True))
     plan.update_grid(tensor_ref(x), tensor_ref(grid), tensor_ref(spline_weight), margin=margin,
-                     grid_eps=grid_eps)
+                     grid_eps=grid_eps, quantile_rule=quantile_rule)
     return grid, spline_weight
 
 

@@ -26,7 +26,8 @@ elsewhere in the package).
 import struct
 
 from kfuse._lowlevel import (  # noqa: F401  (tensor_values: re-exported, its 1.1 home)
-    DTYPE_F32, TENSOR_FMT, _buffer, _converters, _fill_tensor, check, ffi, lib, tensor_values,
+    DTYPE_F32, TENSOR_FMT, _buffer, _converters, _fill_tensor, check, ffi, lib, param_list,
+    tensor_values,
 )
 
 __all__ = ["SkLinearPlan", "PARAM_NAMES"]
@@ -111,15 +112,10 @@ class SkLinearPlan:
         self.bias = bool(bias)
         self.dtype = int(dtype)
         self._args = {}  # argument structs, refilled per call (_fill_args)
-
-    @property
-    def param_info(self):
-        """[(name, shape), ...] of the layer's tensors in Panther's state_dict order (S1s, S2s,
-        bias when the plan has one, U1s, U2s)."""
-        L, k, i, o = self.num_terms, self.low_rank, self.in_features, self.out_features
-        shapes = {"S1s": (L, i, k), "S2s": (L, k, o), "bias": (o,), "U1s": (L, k, o),
-                  "U2s": (L, i, k)}
-        return [(n, shapes[n]) for n in PARAM_NAMES if n != "bias" or self.bias]
+        # [(name, shape), ...] of the layer's tensors (kf_sklinear_param_info) in Panther's
+        # state_dict order: S1s, S2s, bias when the plan has one, U1s, U2s
+        self.param_info = param_list(lib.kf_sklinear_param_count, lib.kf_sklinear_param_info,
+                                     self._ptr, PARAM_NAMES)
 
     @property
     def param_names(self):

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from kfuse._lowlevel import dtype_code
-from kfuse.kan import _pair, conv_output_hw
+from kfuse.kan import QUANTILES_TORCH1, QUANTILES_TORCH2, _pair
 from kfuse.torch._common import (
     Op, check_devices, check_rank, device_guard, empty_grad, plan, workspace,
 )
@@ -15,6 +15,9 @@ from kfuse.torch._common import (
 __all__ = ["KANLinear", "KANConv2d", "kan_linear_function", "kan_conv2d_function"]
 
 _LAYERS = {"kan_linear": "KANLinear", "kan_conv2d": "KANConv2d"}
+# efficient-kan's update_grid takes its quantile indices from this torch's int64 linspace
+_QUANTILE_RULE = (QUANTILES_TORCH2 if int(torch.__version__.split(".")[0]) >= 2
+                  else QUANTILES_TORCH1)
 _TENSORS = ("grid", "base_weight", "spline_weight", "spline_scaler")
 
 
@@ -47,8 +50,8 @@ def _forward_impl(geometry, x, grid, base_weight, spline_weight, spline_scaler):
     layer = _LAYERS[key[0]]
     tensors = (grid, base_weight, spline_weight, spline_scaler)
     check_devices(layer, x, _TENSORS, tensors)
-    x, grid, base_weight, spline_weight = (x.contiguous(), grid.contiguous(),
-                                           base_weight.contiguous(), spline_weight.contiguous())
+    x, grid, spline_weight = x.contiguous(), grid.contiguous(), spline_weight.contiguous()
+    base_weight = None if base_weight is None else base_weight.contiguous()
     spline_scaler = None if spline_scaler is None else spline_scaler.contiguous()
     device = x.device
     with device_guard(device):
@@ -69,10 +72,13 @@ def _forward_impl(geometry, x, grid, base_weight, spline_weight, spline_scaler):
 def _forward_fake(geometry, x, grid, base_weight, spline_weight, spline_scaler):
     out = spline_weight.shape[0]
     if geometry:
-        _, kh, kw, sh, sw, ph, pw, dh, dw = geometry
         if x.dim() in (3, 4):
-            ho, wo = conv_output_hw(x.shape[-2], x.shape[-1], (kh, kw), (sh, sw), (ph, pw),
-                                    (dh, dw))
+            # the library's output size (kf_kan_conv2d_output_size) takes concrete sizes: under
+            # symbolic shapes the plan's sizes and the image's H and W are specialised (int())
+            key = tuple(int(v) if isinstance(v, torch.SymInt) else v
+                        for v in _key(geometry, grid, spline_weight, spline_scaler is not None))
+            ho, wo = plan(key, torch.device("cpu")).output_hw(int(x.shape[-2]),
+                                                              int(x.shape[-1]))
             return x.new_empty(x.shape[:-3] + (out, ho, wo))
     elif x.dim() >= 1:
         return x.new_empty(x.shape[:-1] + (out,))
@@ -82,9 +88,13 @@ def _forward_fake(geometry, x, grid, base_weight, spline_weight, spline_scaler):
 
 def _grads(x, base_weight, spline_weight, spline_scaler, output_mask):
     dx, dbw, dsw, dss = output_mask
-    return (empty_grad(x, dx), empty_grad(base_weight, dbw), empty_grad(spline_weight, dsw),
-            empty_grad(spline_scaler if spline_scaler is not None else base_weight,
-                       dss and spline_scaler is not None))
+    return (empty_grad(x, dx), _optional_grad(base_weight, dbw, spline_weight),
+            empty_grad(spline_weight, dsw), _optional_grad(spline_scaler, dss, spline_weight))
+
+
+def _optional_grad(t, needed, like):
+    """empty_grad() of an optional input; an absent one gets a fresh empty tensor like `like`."""
+    return empty_grad(t, needed) if t is not None else like.new_empty((0,))
 
 
 def _backward_impl(geometry, dy, x, grid, base_weight, spline_weight, spline_scaler,
@@ -94,6 +104,8 @@ def _backward_impl(geometry, dy, x, grid, base_weight, spline_weight, spline_sca
     key = _key(geometry, grid, spline_weight, spline_scaler is not None)
     out = _grads(x, base_weight, spline_weight, spline_scaler, output_mask)
     want = [t if need else None for t, need in zip(out, output_mask)]
+    if base_weight is None:
+        want[1] = None
     if spline_scaler is None:
         want[3] = None
     device = x.device
@@ -105,7 +117,8 @@ def _backward_impl(geometry, dy, x, grid, base_weight, spline_weight, spline_sca
                 if t is not None:
                     t.zero_()
             return out
-        p.backward(x.contiguous(), grid.contiguous(), base_weight.contiguous(),
+        p.backward(x.contiguous(), grid.contiguous(),
+                   None if base_weight is None else base_weight.contiguous(),
                    spline_weight.contiguous(), dy.contiguous(),
                    spline_scaler=None if spline_scaler is None else spline_scaler.contiguous(),
                    dx=want[0], dbase_weight=want[1], dspline_weight=want[2],
@@ -127,7 +140,7 @@ def _make_backward(backward_op):
     def backward(ctx, dy):
         x, grid, base_weight, spline_weight, spline_scaler = ctx.saved_tensors
         need = ctx.needs_input_grad  # x, grid, base_weight, spline_weight, spline_scaler, ...
-        mask = [bool(need[0]), bool(need[2]), bool(need[3]),
+        mask = [bool(need[0]), bool(base_weight is not None and need[2]), bool(need[3]),
                 bool(spline_scaler is not None and need[4])]
         nones = (None,) * (5 + len(ctx.geometry))
         if dy is None or not any(mask):
@@ -139,7 +152,7 @@ def _make_backward(backward_op):
     return backward
 
 
-_TENSOR_ARGS = "Tensor x, Tensor grid, Tensor base_weight, Tensor spline_weight, " \
+_TENSOR_ARGS = "Tensor x, Tensor grid, Tensor? base_weight, Tensor spline_weight, " \
                "Tensor? spline_scaler"
 _CONV_ARGS = "int[] kernel_size, int[] stride, int[] padding, int[] dilation"
 _GRADS = "(Tensor, Tensor, Tensor, Tensor)"
@@ -176,7 +189,7 @@ kan_conv2d = Op(
 def kan_linear_function(x, grid, base_weight, spline_weight, spline_scaler=None):
     """Differentiable kfuse KANLinear call (the operator kfuse::kan_linear): y [..., out] from
     x [..., in]. Gradients flow to x, base_weight, spline_weight and spline_scaler; the grid gets
-    none."""
+    none. base_weight None: no base term (the spline branch alone)."""
     return kan_linear(x, grid, base_weight, spline_weight, spline_scaler)
 
 
@@ -184,7 +197,8 @@ def kan_conv2d_function(x, grid, base_weight, spline_weight, spline_scaler, kern
                         stride=(1, 1), padding=(0, 0), dilation=(1, 1)):
     """Differentiable kfuse KANConv2d call (the operator kfuse::kan_conv2d): y [B, C_out, Ho, Wo]
     from x [B, C_in, H, W] (or the unbatched 3-D forms), with (h, w) pairs as torch.nn.Conv2d.
-    Gradients flow to x, base_weight, spline_weight and spline_scaler; the grid gets none."""
+    Gradients flow to x, base_weight, spline_weight and spline_scaler; the grid gets none.
+    base_weight None: no base term (the spline branch alone)."""
     return kan_conv2d(x, grid, base_weight, spline_weight, spline_scaler, list(kernel_size),
                       list(stride), list(padding), list(dilation))
 
@@ -232,17 +246,16 @@ class _KANLayer(nn.Module):
         self._plan_shape = tuple(plan_shape)
         self.enable_standalone_scale_spline = enable_standalone_scale_spline
         pdtype = dtype if dtype is not None else torch.get_default_dtype()
-        # Descriptor checks are the library's (made and cached on the CPU context).
-        plan(self._key(pdtype), torch.device("cpu"))
-        nk = grid_size + 2 * spline_order + 1
-        self.register_buffer("grid", torch.empty((in_features, nk), **factory_kwargs))
+        # Descriptor checks are the library's (made and cached on the CPU context), and so are
+        # the tensors' shapes (kf_kan_<layer>_param_info).
+        shapes = dict(plan(self._key(pdtype), torch.device("cpu")).param_info)
+        self.register_buffer("grid", torch.empty(shapes["grid"], **factory_kwargs))
         self._init_grid(grid_range[0], grid_range[1])
-        self.base_weight = nn.Parameter(torch.empty((out_features, in_features),
-                                                    **factory_kwargs))
-        self.spline_weight = nn.Parameter(torch.empty(
-            (out_features, in_features, grid_size + spline_order), **factory_kwargs))
+        self.base_weight = nn.Parameter(torch.empty(shapes["base_weight"], **factory_kwargs))
+        self.spline_weight = nn.Parameter(torch.empty(shapes["spline_weight"],
+                                                      **factory_kwargs))
         if enable_standalone_scale_spline:
-            self.spline_scaler = nn.Parameter(torch.empty((out_features, in_features),
+            self.spline_scaler = nn.Parameter(torch.empty(shapes["spline_scaler"],
                                                           **factory_kwargs))
         self.scale_noise = scale_noise
         self.scale_base = scale_base
@@ -292,9 +305,11 @@ class _KANLayer(nn.Module):
                              % (type(self).__name__, what, self.in_features, tuple(x.shape)))
 
     def b_splines(self, x):
-        """efficient-kan's b_splines: the bases [batch, in, G + k] of x [batch, in] on the
-        current grid (materialised; computed in float64 with kfuse's conventions, returned in
-        x's dtype)."""
+        """efficient-kan's b_splines (kept for API compatibility): the bases [batch, in, G + k]
+        of x [batch, in] on the current grid (materialised; computed in float64 with kfuse's
+        conventions, returned in x's dtype). The bases forward, backward and update_grid use are
+        the library's own (common/bspline.h, inside the kernels); this materialised form is for
+        callers of efficient-kan's API and for curve2coeff."""
         self._check_x(x, "b_splines")
         return _kan_bases(x.double(), self.grid.double(), self.spline_order).to(x.dtype)
 
@@ -335,14 +350,14 @@ class _KANLayer(nn.Module):
         """y from x through the layer's operator. With base_activation SiLU the library computes
         both branches; with another activation module the base branch base_activation(x) times
         base_weight is computed in torch (self._base_branch) and the spline branch by the library
-        with a zero base weight, so autograd gives every gradient either way. Parameters by
-        attribute, so that functional_call and parametrizations give theirs."""
+        with no base_weight (no base term), so autograd gives every gradient either way.
+        Parameters by attribute, so that functional_call and parametrizations give theirs."""
         ss = self.spline_scaler if self.enable_standalone_scale_spline else None
         bw = self.base_weight
         if type(self.base_activation) is nn.SiLU:
             return self._op(x, self.grid, bw, self.spline_weight, ss)
         return (self._base_branch(x, bw)
-                + self._op(x, self.grid, torch.zeros_like(bw), self.spline_weight, ss))
+                + self._op(x, self.grid, None, self.spline_weight, ss))
 
     @torch.no_grad()
     def update_grid(self, x, margin=0.01):
@@ -350,7 +365,9 @@ class _KANLayer(nn.Module):
         kf_kan_conv2d_update_grid, the one implementation every front end shares): per feature,
         new knots grid_eps * uniform + (1 - grid_eps) * quantiles of the samples (G + 1 of them,
         the uniform ones on [min - margin, max + margin]) extended by k uniform steps each side,
-        formed in float32 exactly as efficient-kan forms them with torch; then spline_weight is
+        formed in float32 exactly as efficient-kan forms them with the torch in use (whose
+        int64 linspace picks the quantile indices: torch 1.13's and 2.x's differ); then
+        spline_weight is
         refitted in float64 (minimum-norm least squares by SVD, which does not fail where
         efficient-kan's float32 lstsq does) so that the splines on the new knots reproduce, on
         the samples, the splines on the old knots. The samples are the rows of x [batch, in]
@@ -374,7 +391,8 @@ class _KANLayer(nn.Module):
         device = x.device
         with device_guard(device):
             plan(self._key(w.dtype), device).update_grid(x, g, w, margin=margin,
-                                                         grid_eps=self.grid_eps)
+                                                         grid_eps=self.grid_eps,
+                                                         quantile_rule=_QUANTILE_RULE)
         if g is not grid:
             grid.copy_(g)
         if w is not sw:

@@ -29,12 +29,18 @@ def _dims(batch_first, x):
     return (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
 
 
-def _out_shapes(x, desc):
-    cell, I, H, L, batch_first, bidirectional = desc[:6]
-    D = 2 if bidirectional else 1
+def _out_shapes(p, x, batch_first):
+    """(y_shape, hn_shape, T, B): the library's shapes (kf_rnn_output_shapes, once per plan and
+    (T, B)). Under symbolic shapes (torch.compile's dynamic sizes) they are the plan's for one
+    step of one sample with x's T and B put in their places (y keeps x's two leading dims, hn's
+    middle one is B). An x that is not 3-D is passed on for the library to report (y absent)."""
     T, B = _dims(batch_first, x)
-    y = (x.shape[0], x.shape[1], D * H) if x.dim() == 3 else (0,)
-    return y, (L * D, B, H), T, B
+    if isinstance(T, int) and isinstance(B, int):
+        y, hn = p.output_shapes(T, B)
+    else:
+        y, hn = p.output_shapes(1, 1)
+        y, hn = (x.shape[0], x.shape[1], y[2]), (hn[0], B, hn[2])
+    return (y if x.dim() == 3 else (0,)), hn, T, B
 
 
 def _forward_impl(x, hx, lengths, weights, *desc_training_seed):
@@ -47,7 +53,7 @@ def _forward_impl(x, hx, lengths, weights, *desc_training_seed):
     device = x.device
     with device_guard(device):
         p = plan(key, device)
-        y_shape, hn_shape, T, B = _out_shapes(x, desc)
+        y_shape, hn_shape, T, B = _out_shapes(p, x, desc[4])
         y = torch.empty(y_shape, dtype=x.dtype, device=device)
         hn = torch.empty(hn_shape, dtype=x.dtype, device=device)
         ws_bytes, rs_bytes = p.workspace_size(T, B, training) if x.dim() == 3 else (0, 0)
@@ -66,12 +72,12 @@ def _forward_fake(x, hx, lengths, weights, *desc_training_seed):
     if x.dim() != 3:
         raise ValueError("kfuse: x must be 3-D [T, B, input_size] (batch_first: [B, T, "
                          "input_size]), got shape %s" % (tuple(x.shape),))
-    y_shape, hn_shape, T, B = _out_shapes(x, desc)
+    p = plan(_key(x, weights, desc), torch.device("cpu"))
+    y_shape, hn_shape, T, B = _out_shapes(p, x, desc[4])
     rs_bytes = 0
     if training:
         if isinstance(T, int) and isinstance(B, int):
-            rs_bytes = plan(_key(x, weights, desc), torch.device("cpu")).workspace_size(
-                T, B, True)[1]
+            rs_bytes = p.workspace_size(T, B, True)[1]
         else:  # symbolic T or B: a size the graph learns when it runs
             rs_bytes = torch.library.get_ctx().new_dynamic_size()
     return (x.new_empty(y_shape), x.new_empty(hn_shape),
@@ -181,9 +187,12 @@ class _KfuseRNNBase(nn.Module):
                 float(dropout), float(getattr(self, "gamma", 0.01)), dtype_code(dtype))
 
     def _check_descriptor(self, dtype):
-        # Construction-time checks are the library's: make (and cache) the plan on the CPU. The
-        # library's canonical weight order is kept for forward.
-        self._weight_names = plan(self._key(dtype, self.dropout), torch.device("cpu")).weight_names
+        """Construction-time checks are the library's: makes (and caches) the plan on the CPU,
+        keeps the library's canonical weight order for forward and returns its weight shapes
+        {name: shape} (kf_rnn_weight_info)."""
+        p = plan(self._key(dtype, self.dropout), torch.device("cpu"))
+        self._weight_names = p.weight_names
+        return dict(p.weight_info)
 
     def _canonical_weights(self):
         """The library's weights in its canonical order: the module's parameters, and zeros for
@@ -277,24 +286,21 @@ class GRU(_KfuseRNNBase):
         self.dropout = float(dropout)
         self.bidirectional = bidirectional
         self.proj_size = proj_size
-        self._check_descriptor(dtype if dtype is not None else torch.get_default_dtype())
-        # Registration order and shapes as torch.nn.GRU: per layer, per direction, w_ih, w_hh,
-        # b_ih, b_hh (the library's canonical order, kf_rnn_weight_info, is the same).
+        shapes = self._check_descriptor(dtype if dtype is not None else torch.get_default_dtype())
+        # Registration order as torch.nn.GRU: per layer, per direction, w_ih, w_hh, b_ih, b_hh
+        # (the library's canonical order, kf_rnn_weight_info, is the same), with its shapes.
         D = 2 if bidirectional else 1
         self._flat_weights_names = []
         self._all_weights = []
         for layer in range(num_layers):
             for direction in range(D):
-                layer_in = input_size if layer == 0 else hidden_size * D
                 sfx = "_reverse" if direction == 1 else ""
                 names = ["weight_ih_l{}{}", "weight_hh_l{}{}", "bias_ih_l{}{}", "bias_hh_l{}{}"]
                 names = [n.format(layer, sfx) for n in names]
-                shapes = [(3 * hidden_size, layer_in), (3 * hidden_size, hidden_size),
-                          (3 * hidden_size,), (3 * hidden_size,)]
                 if not bias:  # torch.nn.GRU(bias=False) registers the weights only
-                    names, shapes = names[:2], shapes[:2]
-                for n, s in zip(names, shapes):
-                    setattr(self, n, nn.Parameter(torch.empty(s, **factory_kwargs)))
+                    names = names[:2]
+                for n in names:
+                    setattr(self, n, nn.Parameter(torch.empty(shapes[n], **factory_kwargs)))
                 self._flat_weights_names.extend(names)
                 self._all_weights.append(names)
         self.reset_parameters()

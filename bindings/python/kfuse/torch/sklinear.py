@@ -178,14 +178,14 @@ class SKLinear(nn.Module):
         p = plan(self._key(dtype, bias), torch.device("cpu"))
         if p.param_ratio > 1.0:
             warnings.warn(self.WARNING_MSG_FC, category=UserWarning, stacklevel=2)
-        L, k = num_terms, low_rank
+        shapes = dict(p.param_info)  # the library's (kf_sklinear_param_info)
         # Panther registers the buffers first, then S1s, S2s, bias.
-        self.register_buffer("U1s", torch.empty((L, k, out_features), **factory_kwargs))
-        self.register_buffer("U2s", torch.empty((L, in_features, k), **factory_kwargs))
-        self.S1s = nn.Parameter(torch.empty((L, in_features, k), **factory_kwargs))
-        self.S2s = nn.Parameter(torch.empty((L, k, out_features), **factory_kwargs))
+        self.register_buffer("U1s", torch.empty(shapes["U1s"], **factory_kwargs))
+        self.register_buffer("U2s", torch.empty(shapes["U2s"], **factory_kwargs))
+        self.S1s = nn.Parameter(torch.empty(shapes["S1s"], **factory_kwargs))
+        self.S2s = nn.Parameter(torch.empty(shapes["S2s"], **factory_kwargs))
         if bias:
-            self.bias = nn.Parameter(torch.empty(out_features, **factory_kwargs))
+            self.bias = nn.Parameter(torch.empty(shapes["bias"], **factory_kwargs))
         else:
             self.register_parameter("bias", None)
         self._init_parameters(W_init)

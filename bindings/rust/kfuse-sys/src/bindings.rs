@@ -1841,7 +1841,9 @@ pub struct kf_kan_linear_forward_args {
     pub x: kf_tensor,
     #[doc = " [in, G + 2k + 1], non-decreasing along each row"]
     pub grid: kf_tensor,
-    #[doc = " [out, in]"]
+    #[doc = " [out, in]; since 1.3 optional: absent = no base term (y is the"]
+    #[doc = "spline branch alone, as when another activation's base branch is"]
+    #[doc = "computed by the caller)"]
     pub base_weight: kf_tensor,
     #[doc = " [out, in, G + k]"]
     pub spline_weight: kf_tensor,
@@ -2003,7 +2005,8 @@ pub struct kf_kan_linear_backward_args {
     pub dy: kf_tensor,
     #[doc = " optional out, x's shape: always overwritten"]
     pub dx: kf_tensor,
-    #[doc = " optional out [out, in]: written or accumulated per kf_grad_mode"]
+    #[doc = " optional out [out, in]: written or accumulated per kf_grad_mode;"]
+    #[doc = "must be absent when base_weight is"]
     pub dbase_weight: kf_tensor,
     #[doc = " optional out [out, in, G + k]: likewise"]
     pub dspline_weight: kf_tensor,
@@ -2514,7 +2517,8 @@ pub struct kf_kan_conv2d_forward_args {
     pub x: kf_tensor,
     #[doc = " [F, G + 2k + 1], non-decreasing along each row"]
     pub grid: kf_tensor,
-    #[doc = " [C_out, F]"]
+    #[doc = " [C_out, F]; since 1.3 optional: absent = no base term, as for"]
+    #[doc = "kf_kan_linear_forward()"]
     pub base_weight: kf_tensor,
     #[doc = " [C_out, F, G + k]"]
     pub spline_weight: kf_tensor,
@@ -2673,7 +2677,8 @@ pub struct kf_kan_conv2d_backward_args {
     pub dy: kf_tensor,
     #[doc = " optional out, x's shape: always overwritten"]
     pub dx: kf_tensor,
-    #[doc = " optional out [C_out, F]: written or accumulated per kf_grad_mode"]
+    #[doc = " optional out [C_out, F]: written or accumulated per kf_grad_mode;"]
+    #[doc = "must be absent when base_weight is"]
     pub dbase_weight: kf_tensor,
     #[doc = " optional out [C_out, F, G + k]: likewise"]
     pub dspline_weight: kf_tensor,
@@ -2881,8 +2886,9 @@ extern "C" {
 #[doc = " KANLinear; M = B Ho Wo patches of x, zero padding included, for KANConv2d):"]
 #[doc = "     h   = (s_{M-1} - s_0 + 2 margin) / G"]
 #[doc = "     g_j = grid_eps (s_0 - margin + j h) + (1 - grid_eps) s_{a_j},   j = 0..G,"]
-#[doc = "           a_j = torch.linspace(0, M - 1, G + 1, dtype=int64) as torch's CPU kernel forms it"]
-#[doc = "           (efficient-kan's quantile indices; not always floor(j (M - 1) / G) once G >= 7)"]
+#[doc = "           a_j = torch.linspace(0, M - 1, G + 1, dtype=int64) as the CPU kernel of the torch"]
+#[doc = "           named by quantile_rule forms it (efficient-kan's quantile indices, which depend on"]
+#[doc = "           the torch it runs on: not always floor(j (M - 1) / G))"]
 #[doc = "     grid[i] = (g_0 - k h, ..., g_0 - h, g_0, ..., g_G, g_G + h, ..., g_G + k h)"]
 #[doc = " and spline_weight[:, i, :] becomes the minimum-norm least-squares coefficients (float64, by"]
 #[doc = " SVD: rank-deficient fits, where efficient-kan's lstsq fails, give the minimum-norm solution)"]
@@ -2910,12 +2916,16 @@ pub struct kf_kan_update_grid_args {
     pub margin: f32,
     #[doc = " in [0, 1]; default 0.02"]
     pub grid_eps: f32,
+    #[doc = " a kf_kan_quantile_rule; default (0) KF_KAN_QUANTILES_TORCH1."]
+    #[doc = "Since 1.3: a 1.2 caller's struct_size, which ends before it,"]
+    #[doc = "gets the default"]
+    pub quantile_rule: i32,
 }
 #[test]
 fn bindgen_test_layout_kf_kan_update_grid_args() {
     assert_eq!(
         ::std::mem::size_of::<kf_kan_update_grid_args>(),
-        352usize,
+        360usize,
         concat!("Size of: ", stringify!(kf_kan_update_grid_args))
     );
     assert_eq!(
@@ -3000,9 +3010,36 @@ fn bindgen_test_layout_kf_kan_update_grid_args() {
         );
     }
     test_field_grid_eps();
+    fn test_field_quantile_rule() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_update_grid_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).quantile_rule) as usize - ptr as usize
+            },
+            352usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_kan_update_grid_args),
+                "::",
+                stringify!(quantile_rule)
+            )
+        );
+    }
+    test_field_quantile_rule();
 }
+#[doc = " torch 1.13: trunc(step j) below the middle, trunc((M - 1) - step (G - j)) from it, with"]
+#[doc = " 4-lane vector blocks of 8 over the first floor((G + 1) / 8) * 8 indices"]
+pub const kf_kan_quantile_rule_KF_KAN_QUANTILES_TORCH1: kf_kan_quantile_rule = 0;
+#[doc = " torch >= 2.0: the same two halves, symmetric, element by element (e.g. M = 33, G = 10"]
+#[doc = " picks index 16 for j = 5, where torch 1.13 picks 15)"]
+pub const kf_kan_quantile_rule_KF_KAN_QUANTILES_TORCH2: kf_kan_quantile_rule = 1;
+#[doc = " Which torch's int64 linspace picks the quantile indices a_j of a grid update (efficient-kan"]
+#[doc = " gets them from the torch it runs on). Since 1.3."]
+pub type kf_kan_quantile_rule = ::std::os::raw::c_uint;
 extern "C" {
-    #[doc = " Writes the defaults (tensors absent, margin 0.01, grid_eps 0.02) and struct_size. Since 1.2."]
+    #[doc = " Writes the defaults (tensors absent, margin 0.01, grid_eps 0.02, quantile_rule"]
+    #[doc = " KF_KAN_QUANTILES_TORCH1) and struct_size. Since 1.2."]
     pub fn kf_kan_update_grid_args_init(args: *mut kf_kan_update_grid_args);
 }
 extern "C" {
