@@ -417,7 +417,7 @@ static void call(sess *s, rd *r, int op) {
         asz = sizeof *a;
         SLOT(&s->x, &a->x, K_XIMG, true, true, false, false, 0, false);
         SLOT(&s->grid, &a->grid, K_FIXED, true, true, false, false, 0, false);
-        SLOT(&s->base, &a->base_weight, K_FIXED, true, true, false, false, 0, false);
+        SLOT(&s->base, &a->base_weight, K_FIXED, false, true, false, false, 0, false); /* optional since 1.3 */
         SLOT(&s->spline, &a->spline_weight, K_FIXED, true, true, false, false, 0, false);
         SLOT(&s->scaler, &a->spline_scaler, K_FIXED, s->opt, s->opt, false, false, 0, false);
         SLOT(&s->y, &a->y, K_IMG, true, true, true, false, s->Cout, false);
@@ -427,7 +427,7 @@ static void call(sess *s, rd *r, int op) {
         asz = sizeof *a;
         SLOT(&s->x, &a->x, K_XIMG, true, true, false, false, 0, false);
         SLOT(&s->grid, &a->grid, K_FIXED, true, true, false, false, 0, false);
-        SLOT(&s->base, &a->base_weight, K_FIXED, true, true, false, false, 0, false);
+        SLOT(&s->base, &a->base_weight, K_FIXED, false, true, false, false, 0, false); /* optional since 1.3 */
         SLOT(&s->spline, &a->spline_weight, K_FIXED, true, true, false, false, 0, false);
         SLOT(&s->scaler, &a->spline_scaler, K_FIXED, s->opt, s->opt, false, false, 0, false);
         SLOT(&s->dy, &a->dy, K_IMG, true, true, false, false, s->Cout, false);
@@ -450,6 +450,9 @@ static void call(sess *s, rd *r, int op) {
         bool present = sl[i].required || (sl[i].allowed && !(opt >> (i % 8) & 1));
         *sl[i].t = honest(sl[i].a, present);
     }
+    /* no base_weight (no base term, since 1.3) means no dbase_weight either */
+    const int kbw = 2, kdbw = 7; /* their slots in the forward and backward calls */
+    if (bwd && !sl[kbw].t->data) *sl[kdbw].t = honest(sl[kdbw].a, false);
     int32_t grad_mode = (u8(r) & 1) ? KF_GRAD_ACCUMULATE : KF_GRAD_OVERWRITE;
     int64_t swapped = -1; /* grid element index whose pair was swapped */
     float saved[2] = {0, 0};
@@ -497,7 +500,8 @@ static void call(sess *s, rd *r, int op) {
     geo g = {0};
     int64_t numel[12] = {0};
     size_t ssz = *(size_t *)(void *)argbuf;
-    if (ssz < asz) bad = true;
+    /* update_grid args may end before quantile_rule (a 1.2 caller's struct; the default rule) */
+    if (ssz < (upd ? offsetof(kf_kan_update_grid_args, quantile_rule) : asz)) bad = true;
     for (size_t i = asz; i < ssz && i < sizeof argbuf; i++)
         if (argbuf[i]) bad = true;
     if (bwd && grad_mode != KF_GRAD_OVERWRITE && grad_mode != KF_GRAD_ACCUMULATE) bad = true;
@@ -510,6 +514,7 @@ static void call(sess *s, rd *r, int op) {
     if (!xok) bad = true;
     for (int i = 1; i < ns && xok; i++)
         if (!slot_valid(s, &sl[i], &g, &numel[i])) bad = true;
+    if (bwd && !sl[kbw].t->data && sl[kdbw].t->data) bad = true;
     if (sl[1].t->data && !bad && !grid_ok(s)) bad = true; /* valid grid tensor: rows non-decreasing */
     if (swapped >= 0 && !bad) FAIL("harness: decreasing grid judged valid");
     bool skip = false;
@@ -584,7 +589,9 @@ static void call(sess *s, rd *r, int op) {
             /* the float64 reference over the patches of the x passed */
             const int64_t N = g.N, F = s->F, O = s->Cout, HoWo = g.Ho * g.Wo;
             double *P = unfold(s, s->x.f, &g);
-            double *grid = f64(s->grid.f, s->grid.numel), *base = f64(s->base.f, s->base.numel),
+            double *grid = f64(s->grid.f, s->grid.numel),
+                   *base = sl[kbw].t->data ? f64(s->base.f, s->base.numel)
+                                           : calloc((size_t)s->base.numel, 8), /* no base term */
                    *spl = f64(s->spline.f, s->spline.numel),
                    *sc = s->opt ? f64(s->scaler.f, s->scaler.numel) : NULL;
             ref_kan_cfg c = {N, F, O, s->G, s->so};

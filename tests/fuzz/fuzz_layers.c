@@ -230,7 +230,7 @@ static void call(sess *s, rd *r, bool backward) {
         asz = sizeof *a;
         SLOT(&s->x, &a->x, true, true, false, false, s->in);
         SLOT(&s->p[0], &a->grid, true, true, false, false, 0);
-        SLOT(&s->p[1], &a->base_weight, true, true, false, false, 0);
+        SLOT(&s->p[1], &a->base_weight, false, true, false, false, 0); /* optional since 1.3 */
         SLOT(&s->p[2], &a->spline_weight, true, true, false, false, 0);
         SLOT(&s->p[3], &a->spline_scaler, s->opt, s->opt, false, false, 0);
         SLOT(&s->y, &a->y, true, true, true, false, s->out);
@@ -240,7 +240,7 @@ static void call(sess *s, rd *r, bool backward) {
         asz = sizeof *a;
         SLOT(&s->x, &a->x, true, true, false, false, s->in);
         SLOT(&s->p[0], &a->grid, true, true, false, false, 0);
-        SLOT(&s->p[1], &a->base_weight, true, true, false, false, 0);
+        SLOT(&s->p[1], &a->base_weight, false, true, false, false, 0); /* optional since 1.3 */
         SLOT(&s->p[2], &a->spline_weight, true, true, false, false, 0);
         SLOT(&s->p[3], &a->spline_scaler, s->opt, s->opt, false, false, 0);
         SLOT(&s->dy, &a->dy, true, true, false, false, s->out);
@@ -255,6 +255,9 @@ static void call(sess *s, rd *r, bool backward) {
         bool present = sl[i].required || (sl[i].allowed && !(opt >> (i % 8) & 1));
         *sl[i].t = honest(sl[i].a, present);
     }
+    /* KAN: no base_weight (no base term, since 1.3) means no dbase_weight either */
+    const int kbw = 2, kdbw = 7; /* their slots */
+    if (s->kan && backward && !sl[kbw].t->data) *sl[kdbw].t = honest(sl[kdbw].a, false);
     int32_t grad_mode = (u8(r) & 1) ? KF_GRAD_ACCUMULATE : KF_GRAD_OVERWRITE;
     int64_t swapped = -1; /* grid element index whose pair was swapped */
     float saved[2] = {0, 0};
@@ -298,6 +301,7 @@ static void call(sess *s, rd *r, bool backward) {
     if (!xok) bad = true;
     for (int i = 1; i < ns && xok; i++)
         if (!slot_valid(&sl[i], &xnd, lead, &N, &numel[i])) bad = true;
+    if (s->kan && backward && !sl[kbw].t->data && sl[kdbw].t->data) bad = true;
     if (s->kan && sl[1].t->data && !bad) { /* valid grid tensor: values must be non-decreasing */
         for (int64_t i = 0; i < s->in; i++)
             for (int64_t j = 0; j + 1 < s->nk; j++)
@@ -368,6 +372,7 @@ static void call(sess *s, rd *r, bool backward) {
             else ref_skl_backward(&c, x, P[0], P[1], P[2], P[3], dy, dx, D[0], D[1], s->opt ? D[4] : NULL);
         } else {
             ref_kan_cfg c = {N, s->in, s->out, s->G, s->so};
+            if (!sl[kbw].t->data) memset(P[1], 0, (size_t)s->p[1].numel * 8); /* no base term */
             if (!backward) ref_kan_forward(&c, x, P[0], P[1], P[2], s->opt ? P[3] : NULL, y);
             else ref_kan_backward(&c, x, P[0], P[1], P[2], s->opt ? P[3] : NULL, dy, dx, D[1], D[2],
                                   s->opt ? D[3] : NULL);
@@ -431,11 +436,13 @@ static bool plan_from_fuzzed_desc(sess *s, rd *r) {
         int64_t wide = d->in_features > d->out_features ? d->in_features : d->out_features;
         if (d->in_features < 1 || d->in_features > INT32_MAX || d->out_features < 1 ||
             d->out_features > INT32_MAX || d->num_terms < 1 || d->low_rank < 1 ||
-            lr > INT32_MAX / 2 || (d->bias != 0 && d->bias != 1) || d->dtype != KF_DTYPE_F32 ||
+            lr > INT32_MAX / 2 || (d->bias != 0 && d->bias != 1) ||
+            (d->dtype != KF_DTYPE_F32 && d->dtype != KF_DTYPE_F64) || /* float64 since 1.3 (CPU) */
             !mul_ok((unsigned __int128)lr * (unsigned __int128)wide * 8))
             must_fail = true;
         if (d->in_features > 6 || d->out_features > 6 || d->num_terms > 3 || d->low_rank > 4 ||
-            d->in_features < 1 || d->out_features < 1 || d->num_terms < 1 || d->low_rank < 1)
+            d->in_features < 1 || d->out_features < 1 || d->num_terms < 1 || d->low_rank < 1 ||
+            d->dtype != KF_DTYPE_F32) /* the session's buffers are float32 */
             tiny = false;
         st = kf_sklinear_plan_create(s->ctx, d, &s->skl);
         if (st == KF_OK) s->in = d->in_features, s->out = d->out_features, s->L = d->num_terms,
