@@ -253,18 +253,23 @@ KF__VINLINE kf__v8 kf__v8_exp_neg(kf__v8 a) {
     return q * (kf__v8)scale;
 }
 
-/* 1 / (1 + e^-x) for x >= 0, e^x / (1 + e^x) otherwise, e = exp(-|x|): no cancellation. */
+/* q = e / (1 + e), e = exp(-|x|): sigmoid(x) = q for x < 0 and 1 - q for x >= 0. No cancellation,
+ * and near saturation (x >> 0) the only rounding left is that of 1 - q, so sigmoid(x) is within
+ * about half an ulp there: the backward's z (1 - z) is then as exact as float32 allows. */
 KF__VINLINE kf__v8 kf__v8_sigmoid(kf__v8 x) {
     const kf__v8 e = kf__v8_exp_neg(kf__v8_abs(x));
-    return kf__v8_select(x >= 0.0f, kf__v8_set1(1.0f), e) / (1.0f + e);
+    const kf__v8 q = e / (1.0f + e);
+    return kf__v8_select(x >= 0.0f, 1.0f - q, q);
 }
 
-/* |x| < 0.625: Cephes' odd minimax polynomial (tanhf); else (1 - e) / (1 + e), e = exp(-2|x|)
- * <= 0.287, where 1 - e no longer cancels. Sign restored from x. */
+/* |x| < 0.625: Cephes' odd minimax polynomial (tanhf); else 1 - 2e / (1 + e), e = exp(-2|x|)
+ * <= 0.287: near saturation the only rounding left is that of the final subtraction, so |d| is
+ * within about half an ulp of tanh and the backward's 1 - d^2 (which cancels there) keeps the
+ * accuracy a correctly rounded tanhf would give it. Sign restored from x. */
 KF__VINLINE kf__v8 kf__v8_tanh(kf__v8 x) {
     const kf__v8 ax = kf__v8_abs(x);
     const kf__v8 e = kf__v8_exp_neg(ax + ax);
-    const kf__v8 big = (1.0f - e) / (1.0f + e);
+    const kf__v8 big = 1.0f - (e + e) / (1.0f + e);
     const kf__v8 z = x * x;
     kf__v8 p = kf__v8_set1(-5.70498872745e-3f);
     p = kf__v8_fma(p, z, kf__v8_set1(2.06390887954e-2f));
