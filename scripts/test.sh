@@ -23,7 +23,7 @@ ROOT=$PWD
 JOBS=${JOBS:-$(nproc)}
 export OMP_WAIT_POLICY=PASSIVE
 
-stage() { printf '\n==== %s [%s]\n' "$*" "$(date +%T)"; }
+. scripts/lib.sh
 
 stage "install dependencies"
 bash scripts/install-deps.sh
