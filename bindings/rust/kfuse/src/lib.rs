@@ -120,7 +120,7 @@ pub use rnn::{
 pub use sklinear::{
     SkBackwardArgs, SkForwardArgs, SkHostParams, SkLinearDesc, SkLinearPlan, SkParams, SkParamsMut,
 };
-pub use tensor::{Element, Tensor, TensorMut};
+pub use tensor::{Element, Float, Tensor, TensorMut};
 
 /// Raw bindings, re-exported for calls the safe API does not cover yet.
 pub use kfuse_sys as sys;
