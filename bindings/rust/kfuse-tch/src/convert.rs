@@ -16,7 +16,10 @@ pub fn context(device: tch::Device) -> Result<Context> {
         tch::Device::Cpu => Context::cpu()?,
         tch::Device::Cuda(i) => Context::cuda(i32::try_from(i).unwrap_or(i32::MAX))?,
         tch::Device::Mps => {
-            return Err(Error::arg("kfuse_tch::context", "device Mps: kfuse runs on Cpu and Cuda devices only"))
+            return Err(Error::arg(
+                "kfuse_tch::context",
+                "device Mps: kfuse runs on Cpu and Cuda devices only",
+            ))
         }
     })
 }
@@ -47,7 +50,13 @@ pub(crate) fn input(call: &str, name: &str, t: &Tensor, device: tch::Device) -> 
 
 /// As [`input`], for a parameter whose shape the caller knows: a wrong shape is refused here
 /// (kfuse takes the shapes of some parameters, the RNN weights, from the plan).
-pub(crate) fn param(call: &str, name: &str, t: &Tensor, shape: &[usize], device: tch::Device) -> Result<Tensor> {
+pub(crate) fn param(
+    call: &str,
+    name: &str,
+    t: &Tensor,
+    shape: &[usize],
+    device: tch::Device,
+) -> Result<Tensor> {
     let t = input(call, name, t, device)?;
     if dims(&t) != shape {
         return Err(Error::arg(call, format_args!("{name} has shape {:?}, expected {shape:?}", dims(&t))));
@@ -80,7 +89,11 @@ pub(crate) fn opt_param(
 }
 
 /// y's shape for a linear map of x `[..., in]` to `[..., out]`, or why x is refused.
-pub(crate) fn linear_y_shape(x: &[usize], inf: usize, outf: usize) -> std::result::Result<Vec<usize>, String> {
+pub(crate) fn linear_y_shape(
+    x: &[usize],
+    inf: usize,
+    outf: usize,
+) -> std::result::Result<Vec<usize>, String> {
     match x.split_last() {
         Some((&last, lead)) if last == inf => Ok(lead.iter().copied().chain([outf]).collect()),
         _ => Err(format!("x has shape {x:?}, expected [..., {inf}] (in_features)")),
@@ -88,7 +101,12 @@ pub(crate) fn linear_y_shape(x: &[usize], inf: usize, outf: usize) -> std::resul
 }
 
 /// An optional input, checked as [`input`].
-pub(crate) fn opt_input(call: &str, name: &str, t: Option<&Tensor>, device: tch::Device) -> Result<Option<Tensor>> {
+pub(crate) fn opt_input(
+    call: &str,
+    name: &str,
+    t: Option<&Tensor>,
+    device: tch::Device,
+) -> Result<Option<Tensor>> {
     t.map(|t| input(call, name, t, device)).transpose()
 }
 

@@ -1,9 +1,12 @@
 //! efficient-kan's KANLinear and the KANConv2d over its patches on tch tensors: kfuse's generic
 //! `KanPlan` with the parameters held as tch tensors.
-use crate::convert::{device_of, dims, empty, input, linear_y_shape, opt_param, param, view, view_mut, Scratch};
+use crate::convert::{
+    device_of, dims, empty, input, linear_y_shape, opt_param, param, view, view_mut, Scratch,
+};
 use crate::error::{Error, Result};
 use kfuse::{
-    Context, GradMode, KanBackwardArgs, KanConv2dDesc, KanForwardArgs, KanLayer, KanLinearDesc, KanParams, KanPlan,
+    Context, GradMode, KanBackwardArgs, KanConv2dDesc, KanForwardArgs, KanLayer, KanLinearDesc, KanParams,
+    KanPlan,
 };
 use tch::Tensor;
 
@@ -27,7 +30,9 @@ impl KanKind for KanLinearDesc {
 impl KanKind for KanConv2dDesc {
     fn y_shape(&self, x: &[usize]) -> std::result::Result<Vec<usize>, String> {
         let c = self.in_channels();
-        let bad = || format!("x has shape {x:?}, expected [B, {c}, H, W] or [{c}, H, W] with the kernel fitting the padded image");
+        let bad = || {
+            format!("x has shape {x:?}, expected [B, {c}, H, W] or [{c}, H, W] with the kernel fitting the padded image")
+        };
         let (lead, chw) = match x.len() {
             3 => (&x[..0], x),
             4 => x.split_at(1),
@@ -103,9 +108,8 @@ impl<'ctx, L: KanKind> Kan<'ctx, L> {
         let plan = KanPlan::new(ctx, desc)?;
         let (d, dev) = (desc.kan_linear(), device_of(ctx));
         let bound = 1.0 / (d.in_features().max(1) as f64).sqrt();
-        let uniform = |shape: &[usize]| -> Result<Tensor> {
-            Ok(empty(shape, dev)?.f_uniform_(-bound, bound)?)
-        };
+        let uniform =
+            |shape: &[usize]| -> Result<Tensor> { Ok(empty(shape, dev)?.f_uniform_(-bound, bound)?) };
         let mut grid = empty(&d.grid_shape(), dev)?;
         plan.uniform_grid_into(-1.0, 1.0, view_mut(&mut grid))?;
         let params = KanTensors {
@@ -142,7 +146,6 @@ impl<'ctx, L: KanKind> Kan<'ctx, L> {
         let args = KanForwardArgs::new(view(&x), views(&p), view_mut(&mut y));
         // SAFETY: a tch allocation of the plan's size on the context's device, aligned.
         unsafe { self.plan.forward_raw(&args, scratch.ptr(), scratch.bytes())? };
-        drop(args);
         Ok(y)
     }
 
@@ -160,7 +163,11 @@ impl<'ctx, L: KanKind> Kan<'ctx, L> {
             dx: empty(&xs, self.device)?,
             dbase_weight: empty(&d.base_weight_shape(), self.device)?,
             dspline_weight: empty(&d.spline_weight_shape(), self.device)?,
-            dspline_scaler: p.spline_scaler.as_ref().map(|_| empty(&d.spline_scaler_shape(), self.device)).transpose()?,
+            dspline_scaler: p
+                .spline_scaler
+                .as_ref()
+                .map(|_| empty(&d.spline_scaler_shape(), self.device))
+                .transpose()?,
         };
         let mut args = KanBackwardArgs::new(view(&x), views(&p), view(&dy))
             .dx(view_mut(&mut g.dx))
@@ -171,7 +178,6 @@ impl<'ctx, L: KanKind> Kan<'ctx, L> {
         }
         // SAFETY: as in forward.
         unsafe { self.plan.backward_raw(GradMode::Overwrite, &args, scratch.ptr(), scratch.bytes())? };
-        drop(args);
         Ok(g)
     }
 
@@ -182,7 +188,13 @@ impl<'ctx, L: KanKind> Kan<'ctx, L> {
         Ok(KanTensors {
             grid: param(call, "params.grid", &p.grid, &d.grid_shape(), dev)?,
             base_weight: param(call, "params.base_weight", &p.base_weight, &d.base_weight_shape(), dev)?,
-            spline_weight: param(call, "params.spline_weight", &p.spline_weight, &d.spline_weight_shape(), dev)?,
+            spline_weight: param(
+                call,
+                "params.spline_weight",
+                &p.spline_weight,
+                &d.spline_weight_shape(),
+                dev,
+            )?,
             spline_scaler: opt_param(
                 call,
                 "params.spline_scaler",

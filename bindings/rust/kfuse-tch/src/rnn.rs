@@ -2,7 +2,9 @@
 //! outputs, scratch and the reserve allocated by tch.
 use crate::convert::{device_of, dims, empty, input, opt_input, param, ptrs, view, view_mut, Scratch};
 use crate::error::{Error, Result};
-use kfuse::{BackwardArgs, Context, ForwardArgs, GradMode, Mode, RnnDesc, RnnPlan, WeightGrads, WeightInfo, Weights};
+use kfuse::{
+    BackwardArgs, Context, ForwardArgs, GradMode, Mode, RnnDesc, RnnPlan, WeightGrads, WeightInfo, Weights,
+};
 use std::sync::atomic::{AtomicU64, Ordering};
 use tch::{Kind, Tensor};
 
@@ -132,7 +134,10 @@ impl<'ctx> Rnn<'ctx> {
         let scratch = Scratch::new(ws.workspace_bytes, dev)?;
         let reserve = Scratch::new(ws.reserve_bytes, dev)?;
         let dropout_seed = (mode == Mode::Training && self.plan.desc().dropout_p() > 0.0)
-            .then(|| Tensor::f_randint(i64::MAX, &[1], (Kind::Int64, tch::Device::Cpu)).map(|s| s.int64_value(&[0]) as u64))
+            .then(|| {
+                Tensor::f_randint(i64::MAX, &[1], (Kind::Int64, tch::Device::Cpu))
+                    .map(|s| s.int64_value(&[0]) as u64)
+            })
             .transpose()?;
         let mut y = empty(&self.plan.y_shape(t, b), dev)?;
         let mut hn = empty(&self.plan.state_shape(b), dev)?;
@@ -151,16 +156,29 @@ impl<'ctx> Rnn<'ctx> {
             // aligned, on the context's device, alive until the call's work is enqueued (CUDA:
             // the caching allocator reuses them only in stream order).
             unsafe {
-                self.plan.forward_raw(mode, &args, scratch.ptr(), scratch.bytes(), reserve.ptr(), reserve.bytes())?
+                self.plan.forward_raw(
+                    mode,
+                    &args,
+                    scratch.ptr(),
+                    scratch.bytes(),
+                    reserve.ptr(),
+                    reserve.bytes(),
+                )?
             };
         }
-        let saved = (mode == Mode::Training).then(|| RnnSaved { layer: self.id, x, h0, t, b, dropout_seed, reserve });
+        let saved =
+            (mode == Mode::Training).then(|| RnnSaved { layer: self.id, x, h0, t, b, dropout_seed, reserve });
         Ok(RnnOutput { y, hn, saved })
     }
 
     /// Gradients of x, h0 and every weight from what a training forward of this layer `saved`,
     /// given the gradients of y and hn (zeros when `None`).
-    pub fn backward(&mut self, saved: &RnnSaved, dy: Option<&Tensor>, dhn: Option<&Tensor>) -> Result<RnnGrads> {
+    pub fn backward(
+        &mut self,
+        saved: &RnnSaved,
+        dy: Option<&Tensor>,
+        dhn: Option<&Tensor>,
+    ) -> Result<RnnGrads> {
         const CALL: &str = "Rnn::backward";
         if saved.layer != self.id {
             return Err(Error::arg(CALL, "saved comes from a forward of another layer"));
@@ -169,7 +187,8 @@ impl<'ctx> Rnn<'ctx> {
         let dy = opt_input(CALL, "dy", dy, dev)?;
         let dhn = opt_input(CALL, "dhn", dhn, dev)?;
         let weights = self.checked_weights(CALL)?;
-        let scratch = Scratch::new(self.plan.workspace_size(saved.t, saved.b, Mode::Training)?.workspace_bytes, dev)?;
+        let scratch =
+            Scratch::new(self.plan.workspace_size(saved.t, saved.b, Mode::Training)?.workspace_bytes, dev)?;
         let mut dx = empty(&dims(&saved.x), dev)?;
         let mut dh0 = empty(&self.plan.state_shape(saved.b), dev)?;
         let mut dweights = self.info.iter().map(|w| empty(&w.shape, dev)).collect::<Result<Vec<_>>>()?;
@@ -216,7 +235,9 @@ impl<'ctx> Rnn<'ctx> {
         if xs.len() != 3 {
             return Err(Error::arg(
                 call,
-                format_args!("x has shape {xs:?}, expected 3 dimensions ([T, B, I], or [B, T, I] batch-first)"),
+                format_args!(
+                    "x has shape {xs:?}, expected 3 dimensions ([T, B, I], or [B, T, I] batch-first)"
+                ),
             ));
         }
         Ok(if self.plan.desc().is_batch_first() { (xs[1], xs[0]) } else { (xs[0], xs[1]) })
@@ -228,14 +249,20 @@ impl<'ctx> Rnn<'ctx> {
         if self.weights.len() != self.info.len() {
             return Err(Error::arg(
                 call,
-                format_args!("{} weights, expected {} (Rnn::weight_info)", self.weights.len(), self.info.len()),
+                format_args!(
+                    "{} weights, expected {} (Rnn::weight_info)",
+                    self.weights.len(),
+                    self.info.len()
+                ),
             ));
         }
         self.weights
             .iter()
             .zip(&self.info)
             .enumerate()
-            .map(|(i, (w, info))| param(call, &format!("weights[{i}] ({})", info.name), w, &info.shape, self.device))
+            .map(|(i, (w, info))| {
+                param(call, &format!("weights[{i}] ({})", info.name), w, &info.shape, self.device)
+            })
             .collect()
     }
 }

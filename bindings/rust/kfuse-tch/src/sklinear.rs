@@ -1,8 +1,12 @@
 //! Panther's SKLinear on tch tensors: kfuse's `SkLinearPlan` with the parameters held as tch
 //! tensors.
-use crate::convert::{device_of, dims, empty, input, linear_y_shape, opt_param, param, view, view_mut, Scratch};
+use crate::convert::{
+    device_of, dims, empty, input, linear_y_shape, opt_param, param, view, view_mut, Scratch,
+};
 use crate::error::{Error, Result};
-use kfuse::{Context, GradMode, SkBackwardArgs, SkForwardArgs, SkLinearDesc, SkLinearPlan, SkParams, SkParamsMut};
+use kfuse::{
+    Context, GradMode, SkBackwardArgs, SkForwardArgs, SkLinearDesc, SkLinearPlan, SkParams, SkParamsMut,
+};
 use tch::Tensor;
 
 /// SKLinear's parameters in Panther's names and layouts.
@@ -57,7 +61,12 @@ impl<'ctx> SkLinear<'ctx> {
     /// A layer initialised by kfuse as Panther does (`SkLinearPlan::init_params_into`): sketches
     /// from `seed`, S1s and S2s from the dense weight `w_init [out, in]` when given (else a
     /// Kaiming-uniform one drawn from `seed`).
-    pub fn new(ctx: &'ctx Context, desc: &SkLinearDesc, seed: u64, w_init: Option<&Tensor>) -> Result<SkLinear<'ctx>> {
+    pub fn new(
+        ctx: &'ctx Context,
+        desc: &SkLinearDesc,
+        seed: u64,
+        w_init: Option<&Tensor>,
+    ) -> Result<SkLinear<'ctx>> {
         const CALL: &str = "SkLinear::new";
         let mut plan = SkLinearPlan::new(ctx, desc)?;
         let dev = device_of(ctx);
@@ -69,8 +78,12 @@ impl<'ctx> SkLinear<'ctx> {
             u2s: empty(&desc.u2s_shape(), dev)?,
             bias: desc.has_bias().then(|| empty(&desc.bias_shape(), dev)).transpose()?,
         };
-        let mut out =
-            SkParamsMut::new(view_mut(&mut p.s1s), view_mut(&mut p.s2s), view_mut(&mut p.u1s), view_mut(&mut p.u2s));
+        let mut out = SkParamsMut::new(
+            view_mut(&mut p.s1s),
+            view_mut(&mut p.s2s),
+            view_mut(&mut p.u1s),
+            view_mut(&mut p.u2s),
+        );
         if let Some(b) = p.bias.as_mut() {
             out = out.bias(view_mut(b));
         }
@@ -101,7 +114,6 @@ impl<'ctx> SkLinear<'ctx> {
         let args = SkForwardArgs::new(view(&x), views(&p), view_mut(&mut y));
         // SAFETY: a tch allocation of the plan's size on the context's device, aligned.
         unsafe { self.plan.forward_raw(&args, scratch.ptr(), scratch.bytes())? };
-        drop(args);
         Ok(y)
     }
 
@@ -129,7 +141,6 @@ impl<'ctx> SkLinear<'ctx> {
         }
         // SAFETY: as in forward.
         unsafe { self.plan.backward_raw(GradMode::Overwrite, &args, scratch.ptr(), scratch.bytes())? };
-        drop(args);
         Ok(g)
     }
 

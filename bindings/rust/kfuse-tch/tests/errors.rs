@@ -1,5 +1,7 @@
 //! Wrong tensors are refused with a message naming the call and the argument, nothing written.
-use kfuse_tch::{context, Error, Kan, KanConv2dDesc, KanLinearDesc, Mode, Rnn, RnnDesc, SkLinear, SkLinearDesc};
+use kfuse_tch::{
+    context, Error, Kan, KanConv2dDesc, KanLinearDesc, Mode, Rnn, RnnDesc, SkLinear, SkLinearDesc,
+};
 use tch::{Device, Kind, Tensor};
 
 /// A tensor of `kind` (random when it is floating point).
@@ -23,15 +25,24 @@ fn argument<T>(r: kfuse_tch::Result<T>, parts: &[&str]) {
 fn wrong_dtype_rank_and_undefined_tensors_are_refused() {
     let ctx = context(Device::Cpu).unwrap();
     let mut gru = Rnn::new(&ctx, &RnnDesc::gru(3, 4)).unwrap();
-    argument(gru.forward(&x(&[5, 2, 3], Kind::Double), None, Mode::Inference), &["Rnn::forward", "x", "Double", "float32"]);
-    argument(gru.forward(&x(&[5, 3], Kind::Float), None, Mode::Inference), &["Rnn::forward", "x", "[5, 3]", "3 dimensions"]);
+    argument(
+        gru.forward(&x(&[5, 2, 3], Kind::Double), None, Mode::Inference),
+        &["Rnn::forward", "x", "Double", "float32"],
+    );
+    argument(
+        gru.forward(&x(&[5, 3], Kind::Float), None, Mode::Inference),
+        &["Rnn::forward", "x", "[5, 3]", "3 dimensions"],
+    );
     argument(gru.forward(&Tensor::new(), None, Mode::Inference), &["x is an undefined tensor"]);
     let h0 = x(&[1, 2, 4], Kind::Half);
     argument(gru.forward(&x(&[5, 2, 3], Kind::Float), Some(&h0), Mode::Inference), &["h0", "Half"]);
 
     let mut sk = SkLinear::new(&ctx, &SkLinearDesc::new(8, 4, 1, 2), 0, None).unwrap();
     argument(sk.forward(&x(&[2, 7], Kind::Float)), &["SkLinear::forward", "[2, 7]", "[..., 8]"]);
-    argument(sk.backward(&x(&[2, 8], Kind::Float), &x(&[2, 4], Kind::Int)), &["SkLinear::backward", "dy", "Int"]);
+    argument(
+        sk.backward(&x(&[2, 8], Kind::Float), &x(&[2, 4], Kind::Int)),
+        &["SkLinear::backward", "dy", "Int"],
+    );
 
     let mut conv = Kan::new(&ctx, &KanConv2dDesc::new(2, 3, (3, 3))).unwrap();
     argument(conv.forward(&x(&[1, 3, 5, 5], Kind::Float)), &["Kan::forward", "[1, 3, 5, 5]", "[B, 2, H, W]"]);
@@ -56,9 +67,15 @@ fn parameters_are_checked_at_every_call() {
     let ctx = context(Device::Cpu).unwrap();
     let mut gru = Rnn::new(&ctx, &RnnDesc::gru(3, 4)).unwrap();
     gru.weights_mut()[1] = x(&[12, 5], Kind::Float);
-    argument(gru.forward(&x(&[5, 2, 3], Kind::Float), None, Mode::Inference), &["weights[1] (weight_hh_l0)", "[12, 5]", "[12, 4]"]);
+    argument(
+        gru.forward(&x(&[5, 2, 3], Kind::Float), None, Mode::Inference),
+        &["weights[1] (weight_hh_l0)", "[12, 5]", "[12, 4]"],
+    );
     let w: Vec<Tensor> = (0..3).map(|_| x(&[12, 3], Kind::Float)).collect();
-    argument(Rnn::from_weights(&ctx, &RnnDesc::gru(3, 4), w), &["Rnn::from_weights", "3 weights, expected 4"]);
+    argument(
+        Rnn::from_weights(&ctx, &RnnDesc::gru(3, 4), w),
+        &["Rnn::from_weights", "3 weights, expected 4"],
+    );
 
     let mut sk = SkLinear::new(&ctx, &SkLinearDesc::new(8, 4, 1, 2), 0, None).unwrap();
     sk.params.bias = None;
@@ -72,7 +89,8 @@ fn parameters_are_checked_at_every_call() {
 #[test]
 fn backward_takes_only_its_own_layers_saved_forward() {
     let ctx = context(Device::Cpu).unwrap();
-    let (mut a, mut b) = (Rnn::new(&ctx, &RnnDesc::gru(3, 4)).unwrap(), Rnn::new(&ctx, &RnnDesc::gru(3, 4)).unwrap());
+    let (mut a, mut b) =
+        (Rnn::new(&ctx, &RnnDesc::gru(3, 4)).unwrap(), Rnn::new(&ctx, &RnnDesc::gru(3, 4)).unwrap());
     let out = a.forward(&x(&[5, 2, 3], Kind::Float), None, Mode::Training).unwrap();
     argument(b.backward(out.saved.as_ref().unwrap(), None, None), &["Rnn::backward", "another layer"]);
     assert!(a.backward(out.saved.as_ref().unwrap(), None, None).is_ok());

@@ -36,7 +36,11 @@ fn kan_linear(x: &Tensor, p: &[Tensor], k: i64) -> Tensor {
 /// The layer's parameters as float64 leaves: grid (not differentiated), base_weight,
 /// spline_weight, spline_scaler.
 fn leaves(p: &KanTensors) -> Vec<Tensor> {
-    [&p.grid, &p.base_weight, &p.spline_weight].into_iter().chain(p.spline_scaler.as_ref()).map(leaf).collect()
+    [&p.grid, &p.base_weight, &p.spline_weight]
+        .into_iter()
+        .chain(p.spline_scaler.as_ref())
+        .map(leaf)
+        .collect()
 }
 
 /// Random parameters on the layer's uniform grid (spline_weight is zero after `new`).
@@ -100,7 +104,10 @@ fn kan_conv2d_matches_im2col_and_efficient_kan_in_tch() {
         let cols = x.im2col(&[3, 2], &[1, 2], &[1, 1], &[2, 1]); // [B, F, Ho*Wo]
         let f = cols.size()[1];
         let rows = cols.transpose(1, 2).reshape(&[-1, f]);
-        kan_linear(&rows, p, 3).view([b, ho as i64 * wo as i64, 3]).transpose(1, 2).reshape(&[b, 3, ho as i64, wo as i64])
+        kan_linear(&rows, p, 3)
+            .view([b, ho as i64 * wo as i64, 3])
+            .transpose(1, 2)
+            .reshape(&[b, 3, ho as i64, wo as i64])
     });
 }
 
@@ -109,7 +116,8 @@ fn new_gives_efficient_kans_grid() {
     let ctx = context(Device::Cpu).unwrap();
     let kan = Kan::new(&ctx, &KanLinearDesc::new(3, 2)).unwrap();
     // efficient-kan: h = 2 / G, grid = arange(-k, G + k + 1) * h - 1, the same row per feature.
-    let want = (Tensor::arange_start(-3, 9, (tch::Kind::Double, Device::Cpu)) * (2.0 / 5.0) - 1.0).expand(&[3, 12], false);
+    let want = (Tensor::arange_start(-3, 9, (tch::Kind::Double, Device::Cpu)) * (2.0 / 5.0) - 1.0)
+        .expand(&[3, 12], false);
     assert_close("grid", &kan.params.grid, &want);
     assert!(kan.params.spline_weight.abs().max().double_value(&[]) == 0.0);
     // kaiming_uniform_(a = sqrt(5)): U(-1/sqrt(in), 1/sqrt(in)).

@@ -41,7 +41,16 @@ fn check(desc: &RnnDesc, reference: impl Fn(&Tensor, &Tensor, &[Tensor], &[Strin
 /// order (torch's `_flat_weights`).
 fn torch_gru(desc: &RnnDesc) -> impl Fn(&Tensor, &Tensor, &[Tensor], &[String]) -> (Tensor, Tensor) + '_ {
     move |x, h0, w, _| {
-        x.gru(h0, w, true, desc.num_layers() as i64, 0.0, true, desc.is_bidirectional(), desc.is_batch_first())
+        x.gru(
+            h0,
+            w,
+            true,
+            desc.num_layers() as i64,
+            0.0,
+            true,
+            desc.is_bidirectional(),
+            desc.is_batch_first(),
+        )
     }
 }
 
@@ -68,14 +77,20 @@ fn agru(gamma: f64) -> impl Fn(&Tensor, &Tensor, &[Tensor], &[String]) -> (Tenso
         let mut inp = x.shallow_clone();
         let mut hn = Vec::new();
         for l in 0..layers {
-            let a = p(l, "W_h") - p(l, "W_h").tr() - Tensor::eye(H as i64, (Kind::Double, Device::Cpu)) * gamma;
+            let a =
+                p(l, "W_h") - p(l, "W_h").tr() - Tensor::eye(H as i64, (Kind::Double, Device::Cpu)) * gamma;
             let mut h = h0.get(l as i64);
             let mut ys = Vec::new();
             for t in 0..inp.size()[0] {
                 let xt = inp.get(t);
-                let z = (xt.linear(p(l, "W_z.weight"), Some(p(l, "W_z.bias"))) + h.matmul(&p(l, "U_z.weight").tr())).sigmoid();
-                let r = (xt.linear(p(l, "W_r.weight"), Some(p(l, "W_r.bias"))) + h.matmul(&p(l, "U_r.weight").tr())).sigmoid();
-                let d = (xt.linear(p(l, "V_h.weight"), Some(p(l, "V_h.bias"))) + (&r * &h).matmul(&a.tr())).tanh();
+                let z = (xt.linear(p(l, "W_z.weight"), Some(p(l, "W_z.bias")))
+                    + h.matmul(&p(l, "U_z.weight").tr()))
+                .sigmoid();
+                let r = (xt.linear(p(l, "W_r.weight"), Some(p(l, "W_r.bias")))
+                    + h.matmul(&p(l, "U_r.weight").tr()))
+                .sigmoid();
+                let d = (xt.linear(p(l, "V_h.weight"), Some(p(l, "V_h.bias"))) + (&r * &h).matmul(&a.tr()))
+                    .tanh();
                 h = &h + p(l, "epsilon") * z * d;
                 ys.push(h.shallow_clone());
             }
@@ -137,7 +152,8 @@ fn training_dropout_masks_come_from_tch_generator_and_backward_applies_them() {
     let g = rnn.backward(a.saved.as_ref().unwrap(), Some(&dy), None).unwrap();
     let v = randn(&x.size(), 1.0);
     let eps = 1e-2;
-    let fd = (loss(&mut rnn, &(&x + &v * eps), &dy, 9) - loss(&mut rnn, &(&x - &v * eps), &dy, 9)) / (2.0 * eps);
+    let fd =
+        (loss(&mut rnn, &(&x + &v * eps), &dy, 9) - loss(&mut rnn, &(&x - &v * eps), &dy, 9)) / (2.0 * eps);
     let an = (g.dx.to_kind(Kind::Double) * v.to_kind(Kind::Double)).sum(Kind::Double).double_value(&[]);
     assert!((fd - an).abs() <= 1e-3 * an.abs(), "<dx, v> = {an}, central differences {fd}");
 }

@@ -24,7 +24,7 @@ fn check(desc: &SkLinearDesc, x_shape: &[i64]) {
         .unwrap()
         / (2 * l) as f64;
     if let Some(b) = &bias {
-        want = want + b;
+        want += b;
     }
     assert_close("y", &y, &want);
     let mut inputs = vec![&x64, &s1s, &s2s];
