@@ -8,9 +8,11 @@ use tch::{Kind, Tensor};
 /// A kfuse context on the device of tch's `device`: `Context::cpu()` or `Context::cuda(i)`
 /// (Apple's `Mps` is refused: kfuse has no Metal backend).
 ///
-/// A CUDA context enqueues on the legacy default stream, which is PyTorch's default stream. tch
-/// 0.10 has no API that reads PyTorch's current stream; code that made another stream current
-/// passes it to [`Context::set_stream`].
+/// A CUDA context enqueues on the legacy default stream, which is PyTorch's default stream. The
+/// layers' outputs and scratch come from PyTorch's caching allocator, which reuses freed memory
+/// in the order of PyTorch's *current* stream, so kfuse must run on that stream: tch 0.10 has no
+/// API that reads it, so code that made another stream current passes that stream to
+/// [`Context::set_stream`].
 pub fn context(device: tch::Device) -> Result<Context> {
     Ok(match device {
         tch::Device::Cpu => Context::cpu()?,
@@ -175,5 +177,33 @@ impl Scratch {
 impl std::fmt::Debug for Scratch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Scratch({} bytes)", self.bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_contiguous_input_is_not_copied_and_a_strided_one_is() {
+        let t = Tensor::randn(&[4, 3], (Kind::Float, tch::Device::Cpu));
+        let c = input("f", "x", &t, tch::Device::Cpu).unwrap();
+        assert_eq!(c.data_ptr(), t.data_ptr());
+        let tt = t.tr();
+        let c = input("f", "x", &tt, tch::Device::Cpu).unwrap();
+        assert_ne!(c.data_ptr(), tt.data_ptr());
+        assert!(c.equal(&tt));
+    }
+
+    #[test]
+    fn scratch_is_aligned_and_large_enough() {
+        for bytes in [1, 63, 64, 1000] {
+            let s = Scratch::new(bytes, tch::Device::Cpu).unwrap();
+            assert_eq!(s.ptr() as usize % ALIGN, 0);
+            let buf = s._buf.as_ref().unwrap();
+            let end = buf.data_ptr() as usize + buf.numel();
+            assert!(s.ptr() as usize + bytes <= end && s.bytes() == bytes);
+        }
+        assert!(Scratch::new(0, tch::Device::Cpu).unwrap().ptr().is_null());
     }
 }

@@ -15,8 +15,9 @@
 //!   the library's message, which names the argument too.
 //!
 //! CUDA: a context from [`context`]`(Device::Cuda(i))` enqueues on the legacy default stream,
-//! PyTorch's default stream (tch 0.10 cannot read PyTorch's *current* stream; set another one
-//! with [`kfuse::Context::set_stream`]). The CUDA path is compiled but has not run on a GPU.
+//! PyTorch's default stream; kfuse must run on PyTorch's *current* stream, which tch 0.10 cannot
+//! read: code that made another stream current passes it to [`kfuse::Context::set_stream`]. The
+//! CUDA path is compiled but has not run on a GPU.
 
 mod convert;
 mod error;
