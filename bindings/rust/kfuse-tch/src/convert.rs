@@ -34,12 +34,28 @@ pub(crate) fn device_of(ctx: &Context) -> tch::Device {
     }
 }
 
-/// `t` checked (defined, float32, on `device`) and made contiguous: a handle on the same storage
-/// when `t` already is (no copy), a contiguous copy otherwise.
-pub(crate) fn input(call: &str, name: &str, t: &Tensor, device: tch::Device) -> Result<Tensor> {
+/// An element type the layers take from tch tensors: `f32` (data), `i32` (sequence lengths).
+pub(crate) trait Dtype: kfuse::Element {
+    /// The tch kind holding it.
+    const KIND: Kind;
+    /// How a message names it.
+    const NAME: &'static str;
+}
+impl Dtype for f32 {
+    const KIND: Kind = Kind::Float;
+    const NAME: &'static str = "Float (float32)";
+}
+impl Dtype for i32 {
+    const KIND: Kind = Kind::Int;
+    const NAME: &'static str = "Int (int32)";
+}
+
+/// `t` checked (defined, of `T`'s kind, on `device`) and made contiguous: a handle on the same
+/// storage when `t` already is (no copy), a contiguous copy otherwise.
+pub(crate) fn input_of<T: Dtype>(call: &str, name: &str, t: &Tensor, device: tch::Device) -> Result<Tensor> {
     let kind = t.f_kind().map_err(|_| Error::arg(call, format_args!("{name} is an undefined tensor")))?;
-    if kind != Kind::Float {
-        return Err(Error::arg(call, format_args!("{name} has dtype {kind:?}, expected Float (float32)")));
+    if kind != T::KIND {
+        return Err(Error::arg(call, format_args!("{name} has dtype {kind:?}, expected {}", T::NAME)));
     }
     if t.device() != device {
         return Err(Error::arg(
@@ -48,6 +64,11 @@ pub(crate) fn input(call: &str, name: &str, t: &Tensor, device: tch::Device) -> 
         ));
     }
     Ok(t.f_contiguous()?)
+}
+
+/// [`input_of`] for float32 data.
+pub(crate) fn input(call: &str, name: &str, t: &Tensor, device: tch::Device) -> Result<Tensor> {
+    input_of::<f32>(call, name, t, device)
 }
 
 /// As [`input`], for a parameter whose shape the caller knows: a wrong shape is refused here
@@ -117,12 +138,12 @@ pub(crate) fn dims(t: &Tensor) -> Vec<usize> {
     t.size().iter().map(|&d| d as usize).collect()
 }
 
-/// A kfuse view of a contiguous float32 tensor's storage (no copy).
-pub(crate) fn view(t: &Tensor) -> kfuse::Tensor<'_> {
-    // SAFETY: every tensor viewed here came from `input`/`param` (float32, contiguous, on the
-    // context's device) or `empty`; `shape` is its own, so the pointer covers the shape's
-    // elements; the borrow of `t` keeps the storage alive while the view lives.
-    unsafe { kfuse::Tensor::from_raw(t.data_ptr() as *const f32, &dims(t)) }
+/// A kfuse view of a contiguous tensor's storage (no copy) as elements `T`.
+pub(crate) fn view<T: Dtype>(t: &Tensor) -> kfuse::Tensor<'_, T> {
+    // SAFETY: every tensor viewed here came from `input_of::<T>`/`param` (T's kind, contiguous,
+    // on the context's device) or `empty` (float32); `shape` is its own, so the pointer covers
+    // the shape's elements; the borrow of `t` keeps the storage alive while the view lives.
+    unsafe { kfuse::Tensor::from_raw(t.data_ptr() as *const T, &dims(t)) }
 }
 
 /// A writable kfuse view of a tensor from [`empty`] (contiguous float32, not shared).

@@ -1,6 +1,8 @@
 //! GRU and A-GRU stacks on tch tensors: kfuse's `RnnPlan` with the weights held as tch tensors,
 //! outputs, scratch and the reserve allocated by tch.
-use crate::convert::{device_of, dims, empty, input, opt_input, param, ptrs, view, view_mut, Scratch};
+use crate::convert::{
+    device_of, dims, empty, input, input_of, opt_input, param, ptrs, view, view_mut, Scratch,
+};
 use crate::error::{Error, Result};
 use kfuse::{
     BackwardArgs, Context, ForwardArgs, GradMode, Mode, RnnDesc, RnnPlan, WeightGrads, WeightInfo, Weights,
@@ -43,13 +45,15 @@ pub struct RnnOutput {
     pub saved: Option<RnnSaved>,
 }
 
-/// What a training forward keeps for backward: handles on x and h0 (no copies: they must not
-/// be changed in place before backward, nor must the weights) and the reserve kfuse wrote.
+/// What a training forward keeps for backward: handles on x, h0 and the lengths (no copies:
+/// they must not be changed in place before backward, nor must the weights) and the reserve
+/// kfuse wrote.
 #[derive(Debug)]
 pub struct RnnSaved {
     layer: u64,
     x: Tensor,
     h0: Option<Tensor>,
+    lengths: Option<Tensor>,
     t: usize,
     b: usize,
     dropout_seed: Option<u64>,
@@ -124,12 +128,37 @@ impl<'ctx> Rnn<'ctx> {
     /// (`[L*D, B, H]`; zeros when `None`). [`Mode::Training`] also returns what backward needs,
     /// and applies the descriptor's dropout with a key drawn from tch's generator.
     pub fn forward(&mut self, x: &Tensor, h0: Option<&Tensor>, mode: Mode) -> Result<RnnOutput> {
-        const CALL: &str = "Rnn::forward";
+        self.forward_impl("Rnn::forward", x, h0, None, mode)
+    }
+
+    /// As [`forward`](Self::forward) on sequences of `lengths` (`[B]`, int32 in 0..=T, on the
+    /// context's device; ascending order not required): steps past `lengths[b]` leave sample b's
+    /// state unchanged and give y = 0 there (torch's packed sequences, without the packing); the
+    /// reverse direction starts at `lengths[b] - 1`.
+    pub fn forward_with_lengths(
+        &mut self,
+        x: &Tensor,
+        h0: Option<&Tensor>,
+        lengths: &Tensor,
+        mode: Mode,
+    ) -> Result<RnnOutput> {
+        self.forward_impl("Rnn::forward_with_lengths", x, h0, Some(lengths), mode)
+    }
+
+    fn forward_impl(
+        &mut self,
+        call: &str,
+        x: &Tensor,
+        h0: Option<&Tensor>,
+        lengths: Option<&Tensor>,
+        mode: Mode,
+    ) -> Result<RnnOutput> {
         let dev = self.device;
-        let x = input(CALL, "x", x, dev)?;
-        let h0 = opt_input(CALL, "h0", h0, dev)?;
-        let weights = self.checked_weights(CALL)?;
-        let (t, b) = self.steps_and_batch(CALL, &x)?;
+        let x = input(call, "x", x, dev)?;
+        let h0 = opt_input(call, "h0", h0, dev)?;
+        let lengths = lengths.map(|l| input_of::<i32>(call, "lengths", l, dev)).transpose()?;
+        let weights = self.checked_weights(call)?;
+        let (t, b) = self.steps_and_batch(call, &x)?;
         let ws = self.plan.workspace_size(t, b, mode)?;
         let scratch = Scratch::new(ws.workspace_bytes, dev)?;
         let reserve = Scratch::new(ws.reserve_bytes, dev)?;
@@ -149,6 +178,9 @@ impl<'ctx> Rnn<'ctx> {
             if let Some(h0) = &h0 {
                 args = args.h0(view(h0));
             }
+            if let Some(l) = &lengths {
+                args = args.lengths(view(l));
+            }
             if let Some(seed) = dropout_seed {
                 args = args.dropout(seed, 0);
             }
@@ -166,8 +198,16 @@ impl<'ctx> Rnn<'ctx> {
                 )?
             };
         }
-        let saved =
-            (mode == Mode::Training).then(|| RnnSaved { layer: self.id, x, h0, t, b, dropout_seed, reserve });
+        let saved = (mode == Mode::Training).then(|| RnnSaved {
+            layer: self.id,
+            x,
+            h0,
+            lengths,
+            t,
+            b,
+            dropout_seed,
+            reserve,
+        });
         Ok(RnnOutput { y, hn, saved })
     }
 
@@ -203,6 +243,9 @@ impl<'ctx> Rnn<'ctx> {
                 .dweights(unsafe { WeightGrads::from_raw(&dwp) });
             if let Some(h0) = &saved.h0 {
                 args = args.h0(view(h0));
+            }
+            if let Some(l) = &saved.lengths {
+                args = args.lengths(view(l));
             }
             if let Some(seed) = saved.dropout_seed {
                 args = args.dropout(seed, 0);

@@ -34,6 +34,11 @@ fn wrong_dtype_rank_and_undefined_tensors_are_refused() {
         &["Rnn::forward", "x", "[5, 3]", "3 dimensions"],
     );
     argument(gru.forward(&Tensor::new(), None, Mode::Inference), &["x is an undefined tensor"]);
+    let l64 = Tensor::of_slice(&[5i64, 3]);
+    argument(
+        gru.forward_with_lengths(&x(&[5, 2, 3], Kind::Float), None, &l64, Mode::Training),
+        &["Rnn::forward_with_lengths", "lengths", "Int64", "Int (int32)"],
+    );
     let h0 = x(&[1, 2, 4], Kind::Half);
     argument(gru.forward(&x(&[5, 2, 3], Kind::Float), Some(&h0), Mode::Inference), &["h0", "Half"]);
 

@@ -11,14 +11,24 @@ const B: usize = 3;
 const I: usize = 5;
 const H: usize = 4;
 
-/// Runs `desc` forward (training) and backward in kfuse, and `reference(x, h0, weights)` in
-/// float64 with autograd, and compares y, hn and every gradient.
-fn check(desc: &RnnDesc, reference: impl Fn(&Tensor, &Tensor, &[Tensor], &[String]) -> (Tensor, Tensor)) {
+/// Runs `desc` forward (training; on sequences of `lengths` when given, else of B = 3 full ones)
+/// and backward in kfuse, and `reference(x, h0, weights, names)` in float64 with autograd, and
+/// compares y, hn and every gradient.
+fn check(
+    desc: &RnnDesc,
+    lengths: Option<&[i32]>,
+    reference: impl Fn(&Tensor, &Tensor, &[Tensor], &[String]) -> (Tensor, Tensor),
+) {
     let ctx = context(Device::Cpu).unwrap();
     let mut rnn = Rnn::new(&ctx, desc).unwrap();
-    let x = randn(&rnn.plan().x_shape(T, B).map(|d| d as i64), 1.0);
-    let h0 = randn(&rnn.plan().state_shape(B).map(|d| d as i64), 0.5);
-    let out = rnn.forward(&x, Some(&h0), Mode::Training).unwrap();
+    let b = lengths.map_or(B, |l| l.len());
+    let x = randn(&rnn.plan().x_shape(T, b).map(|d| d as i64), 1.0);
+    let h0 = randn(&rnn.plan().state_shape(b).map(|d| d as i64), 0.5);
+    let out = match lengths {
+        Some(l) => rnn.forward_with_lengths(&x, Some(&h0), &Tensor::of_slice(l), Mode::Training),
+        None => rnn.forward(&x, Some(&h0), Mode::Training),
+    }
+    .unwrap();
     let (dy, dhn) = (randn(&out.y.size(), 1.0), randn(&out.hn.size(), 1.0));
     let g = rnn.backward(out.saved.as_ref().unwrap(), Some(&dy), Some(&dhn)).unwrap();
 
@@ -57,14 +67,40 @@ fn torch_gru(desc: &RnnDesc) -> impl Fn(&Tensor, &Tensor, &[Tensor], &[String]) 
 #[test]
 fn gru_matches_torch() {
     tch::manual_seed(1);
-    check(&RnnDesc::gru(I, H), torch_gru(&RnnDesc::gru(I, H)));
+    check(&RnnDesc::gru(I, H), None, torch_gru(&RnnDesc::gru(I, H)));
 }
 
 #[test]
 fn gru_two_layers_bidirectional_batch_first_matches_torch() {
     tch::manual_seed(2);
     let d = RnnDesc::gru(I, H).layers(2).bidirectional(true).batch_first(true);
-    check(&d, torch_gru(&d));
+    check(&d, None, torch_gru(&d));
+}
+
+#[test]
+fn gru_with_lengths_matches_torch_on_each_truncated_sequence() {
+    tch::manual_seed(6);
+    let d = RnnDesc::gru(I, H).layers(2).bidirectional(true);
+    let lengths = [6, 2, 0, 4];
+    let gru = torch_gru(&d);
+    // Sample b alone through libtorch's GRU on its first lengths[b] steps; y zero after them, hn
+    // its h0 for an empty sequence.
+    check(&d, Some(&lengths), |x, h0, w, names| {
+        let (ys, hns): (Vec<Tensor>, Vec<Tensor>) = lengths
+            .iter()
+            .enumerate()
+            .map(|(b, &l)| {
+                let (xb, h0b) = (x.narrow(1, b as i64, 1), h0.narrow(1, b as i64, 1));
+                let zeros = |t: i64| Tensor::zeros(&[t, 1, 2 * H as i64], (Kind::Double, Device::Cpu));
+                if l == 0 {
+                    return (zeros(T as i64), h0b * 1.0);
+                }
+                let (y, hn) = gru(&xb.narrow(0, 0, l as i64), &h0b, w, names);
+                (Tensor::cat(&[y, zeros(T as i64 - l as i64)], 0), hn)
+            })
+            .unzip();
+        (Tensor::cat(&ys, 1), Tensor::cat(&hns, 1))
+    });
 }
 
 /// The A-GRU of DESIGN.md step by step with tch ops (sequence-first, one direction):
@@ -104,7 +140,7 @@ fn agru(gamma: f64) -> impl Fn(&Tensor, &Tensor, &[Tensor], &[String]) -> (Tenso
 #[test]
 fn agru_matches_tch_ops() {
     tch::manual_seed(3);
-    check(&RnnDesc::agru(I, H).layers(2).gamma(0.05), agru(0.05));
+    check(&RnnDesc::agru(I, H).layers(2).gamma(0.05), None, agru(0.05));
 }
 
 #[test]
