@@ -181,6 +181,27 @@ impl<'ctx, L: KanKind> Kan<'ctx, L> {
         Ok(g)
     }
 
+    /// efficient-kan's `update_grid` (kfuse's `KanPlan::update_grid`): new knots from the samples
+    /// x (x as forward takes it) mixed with a uniform grid by `grid_eps` (efficient-kan: 0.02,
+    /// `margin` 0.01), and spline_weight refitted so that the splines on the new knots reproduce
+    /// those on the old ones at the samples. Written into `params.grid` and
+    /// `params.spline_weight` (in place when they are contiguous), only on success.
+    pub fn update_grid(&mut self, x: &Tensor, margin: f32, grid_eps: f32) -> Result<()> {
+        const CALL: &str = "Kan::update_grid";
+        let x = input(CALL, "x", x, self.device)?;
+        let mut p = self.checked_params(CALL)?;
+        self.plan.update_grid(
+            &view(&x),
+            view_mut(&mut p.grid),
+            view_mut(&mut p.spline_weight),
+            margin,
+            grid_eps,
+        )?;
+        self.params.grid = p.grid;
+        self.params.spline_weight = p.spline_weight;
+        Ok(())
+    }
+
     fn checked_params(&self, call: &str) -> Result<KanTensors> {
         let (d, p, dev) = (self.plan.desc().kan_linear(), &self.params, self.device);
         let ss = d.spline_scaler_shape();

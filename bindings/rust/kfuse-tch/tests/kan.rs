@@ -4,7 +4,7 @@
 mod common;
 use common::{assert_close, grads, leaf, randn};
 use kfuse_tch::{context, Kan, KanConv2dDesc, KanKind, KanLinearDesc, KanTensors};
-use tch::{Device, Tensor};
+use tch::{Device, Kind, Tensor};
 
 /// efficient-kan's `b_splines`: x `[N, F]`, grid `[F, G + 2k + 1]` -> `[N, F, G + k]`.
 fn b_splines(x: &Tensor, grid: &Tensor, k: i64) -> Tensor {
@@ -125,4 +125,42 @@ fn new_gives_efficient_kans_grid() {
         let m = w.abs().max().double_value(&[]);
         assert!(m > 0.0 && m <= 1.0 / 3f64.sqrt(), "{m}");
     }
+}
+
+#[test]
+fn update_grid_gives_efficient_kans_knots_and_least_squares_refit() {
+    tch::manual_seed(4);
+    let ctx = context(Device::Cpu).unwrap();
+    let (g, k, n, margin, eps) = (5i64, 3i64, 64i64, 0.01, 0.02);
+    let mut kan = Kan::new(&ctx, &KanLinearDesc::new(3, 2).standalone_scale(false)).unwrap();
+    randomise(&mut kan.params);
+    let x = randn(&[n, 3], 0.6);
+    let old = leaves(&kan.params);
+    let grid_storage = kan.params.grid.data_ptr();
+    kan.update_grid(&x, margin as f32, eps as f32).unwrap();
+    assert_eq!(kan.params.grid.data_ptr(), grid_storage, "a contiguous grid is updated in place");
+
+    // efficient-kan's update_grid, knots: quantiles of the sorted samples at torch's int64
+    // linspace, mixed with a uniform grid over [min - margin, max + margin], extended by k steps.
+    let xs = x.to_kind(Kind::Double).sort(0, false).0;
+    let adaptive =
+        xs.index_select(0, &Tensor::linspace(0.0, (n - 1) as f64, g + 1, (Kind::Int64, Device::Cpu)));
+    let step = (xs.get(n - 1) - xs.get(0) + 2.0 * margin) / g as f64;
+    let uniform =
+        Tensor::arange(g + 1, (Kind::Double, Device::Cpu)).unsqueeze(1) * &step + xs.get(0) - margin;
+    let inner = uniform * eps + adaptive * (1.0 - eps);
+    let below = inner.narrow(0, 0, 1)
+        - &step * Tensor::arange_start_step(k, 0, -1, (Kind::Double, Device::Cpu)).unsqueeze(1);
+    let above = inner.narrow(0, g, 1)
+        + &step * Tensor::arange_start(1, k + 1, (Kind::Double, Device::Cpu)).unsqueeze(1);
+    let want = Tensor::cat(&[below, inner, above], 0).tr();
+    assert_close("grid", &kan.params.grid, &want);
+
+    // spline_weight: efficient-kan's curve2coeff, the least-squares coefficients on the new
+    // knots of the old splines' values at the samples, per feature.
+    let x64 = x.to_kind(Kind::Double);
+    let old_values = b_splines(&x64, &old[0], k).permute(&[1, 0, 2]).bmm(&old[2].permute(&[1, 2, 0])); // [in, n, out]
+    let a = b_splines(&x64, &kan.params.grid.to_kind(Kind::Double), k).permute(&[1, 0, 2]); // [in, n, G + k]
+    let want = a.linalg_lstsq(&old_values, None, "gelsd").0.permute(&[2, 0, 1]); // [out, in, G + k]
+    assert_close("spline_weight", &kan.params.spline_weight, &want);
 }
