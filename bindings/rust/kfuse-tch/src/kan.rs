@@ -76,7 +76,7 @@ pub struct KanGrads {
 /// A KAN layer on tch tensors: [`KanLinear`] (`y = SiLU(x) base_weight^T + B(x) (spline_weight *
 /// spline_scaler[..., None])^T`) or [`KanConv2d`] (that map over every unfolded patch).
 ///
-/// ```no_run
+/// ```
 /// use kfuse_tch::{context, KanLinear, KanLinearDesc};
 /// use tch::{Device, Kind, Tensor};
 /// let ctx = context(Device::Cpu)?;

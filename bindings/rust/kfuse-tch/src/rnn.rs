@@ -15,7 +15,7 @@ static NEXT_LAYER_ID: AtomicU64 = AtomicU64::new(1);
 /// A stack of GRU (`torch.nn.GRU`) or A-GRU layers whose weights are tch tensors, run by kfuse
 /// over whole sequences; forward and an explicit backward that returns the gradients.
 ///
-/// ```no_run
+/// ```
 /// use kfuse_tch::{context, Mode, Rnn, RnnDesc};
 /// use tch::{Device, Kind, Tensor};
 /// let ctx = context(Device::Cpu)?;
@@ -65,7 +65,7 @@ pub struct RnnSaved {
 pub struct RnnGrads {
     /// Gradient of x (x's shape).
     pub dx: Tensor,
-    /// Gradient of h0, `[L*D, B, H]` (zeros h0 when none was given).
+    /// Gradient of h0, `[L*D, B, H]` (of the zero h0 when none was given).
     pub dh0: Tensor,
     /// Gradient of every weight, in [`Rnn::weights`]' order (A-GRU: epsilon included).
     pub dweights: Vec<Tensor>,

@@ -40,7 +40,7 @@ pub struct SkGrads {
 /// Panther's sketched linear layer,
 /// `y = 1/(2L) * sum_i [(x S1s[i]) U1s[i] + (x U2s[i]) S2s[i]] + bias`, on tch tensors.
 ///
-/// ```no_run
+/// ```
 /// use kfuse_tch::{context, SkLinear, SkLinearDesc};
 /// use tch::{Device, Kind, Tensor};
 /// let ctx = context(Device::Cpu)?;
