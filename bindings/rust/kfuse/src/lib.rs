@@ -91,7 +91,9 @@
 //! ```
 //!
 //! # tch-rs interop
-//! There is no `tch` feature yet: no `tch` crate can be had offline here (see the crate README).
+//! The separate crate `kfuse-tch` (bindings/rust/kfuse-tch, its own workspace) wraps these plans
+//! as layers taking and returning `tch::Tensor`; it is kept out of this workspace so that building
+//! `kfuse` never needs tch or libtorch (see the crate README).
 
 mod context;
 pub mod error;
