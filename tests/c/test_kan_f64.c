@@ -347,3 +347,240 @@ ParameterizedTest(const shape *s, kan_f64, matches_reference) {
     check_against_reference(s, 1);
     check_against_reference(s, 2);
 }
+
+/* ---- the grid update ---------------------------------------------------------------------- */
+
+static kf_status run_update(const plans *pl, const prob *p, kf_tensor x, double *grid, double *sw,
+                            float margin, float eps, int32_t rule) {
+    kf_kan_update_grid_args a;
+    kf_kan_update_grid_args_init(&a);
+    a.x = x;
+    a.grid = dt(grid, 2, (int64_t[]){p->F, p->nk});
+    a.spline_weight = dt(sw, 3, (int64_t[]){p->s.out, p->F, p->C});
+    a.margin = margin, a.grid_eps = eps, a.quantile_rule = rule;
+    return pl->lin ? kf_kan_linear_update_grid(pl->lin, &a)
+                   : kf_kan_conv2d_update_grid(pl->conv, &a);
+}
+
+/* The knots kfuse.h gives for feature f's M samples (column f of `rows`), formed in float64 in
+ * torch's order from the float32 margin and grid_eps; quantile indices by torch 2's linspace,
+ * which is torch 1.13's too for G + 1 < 8 indices. */
+static void expected_knots(const prob *p, int64_t f, float margin, float eps, double *t) {
+    const int64_t M = p->N, G = p->s.G, k = p->s.k;
+    double *s = malloc((size_t)M * sizeof *s);
+    for (int64_t n = 0; n < M; n++) s[n] = p->rows[n * p->F + f];
+    qsort(s, (size_t)M, sizeof *s, cmp_double);
+    const double mg = margin, e = eps, step = (double)(M - 1) / (double)G;
+    const double h = ((s[M - 1] - s[0]) + 2.0 * mg) / (double)G;
+    for (int64_t j = 0; j <= G; j++) {
+        const int64_t a = j < (G + 1) / 2 ? (int64_t)(step * (double)j)
+                                          : (int64_t)((double)(M - 1) - step * (double)(G - j));
+        t[k + j] = e * (((double)j * h + s[0]) - mg) + (1.0 - e) * s[a];
+    }
+    for (int64_t m = 1; m <= k; m++) {
+        t[k - m] = t[k] - h * (double)m;
+        t[k + G + m] = t[k + G] + h * (double)m;
+    }
+    free(s);
+}
+
+/* max over outputs of |B1^T (B1 X - U)| / |B1^T U| for feature f: the normal equations of the
+ * refit (B1 the new bases at the samples, U the old splines there, X the new coefficients), 0
+ * for the least-squares solution up to rounding. */
+static double normal_eq_residual(const prob *p, int64_t f, const double *grid1, const double *sw1) {
+    const int64_t N = p->N, C = p->C, G = p->s.G, k = p->s.k, nk = p->nk, out = p->s.out;
+    double *B1 = malloc((size_t)(N * C) * sizeof *B1), *U = malloc((size_t)(N * out) * sizeof *U);
+    double *b = malloc((size_t)C * sizeof *b), worst = 0.0;
+    for (int64_t n = 0; n < N; n++) {
+        const double v = p->rows[n * p->F + f];
+        ref_kan_bases(G, k, p->grid + f * nk, v, b, NULL);
+        for (int64_t o = 0; o < out; o++) {
+            double acc = 0.0;
+            for (int64_t c = 0; c < C; c++) acc += b[c] * p->sw[(o * p->F + f) * C + c];
+            U[n * out + o] = acc;
+        }
+        ref_kan_bases(G, k, grid1 + f * nk, v, B1 + n * C, NULL);
+    }
+    for (int64_t o = 0; o < out; o++) {
+        double gmax = 0.0, rhs = 1e-300;
+        for (int64_t c = 0; c < C; c++) {
+            double g = 0.0, bu = 0.0;
+            for (int64_t n = 0; n < N; n++) {
+                double r = -U[n * out + o];
+                for (int64_t d = 0; d < C; d++) r += B1[n * C + d] * sw1[(o * p->F + f) * C + d];
+                g += B1[n * C + c] * r, bu += B1[n * C + c] * U[n * out + o];
+            }
+            gmax = fmax(gmax, fabs(g)), rhs = fmax(rhs, fabs(bu));
+        }
+        worst = fmax(worst, gmax / rhs);
+    }
+    free(B1), free(U), free(b);
+    return worst;
+}
+
+static void check_update(const shape *s, float margin, float eps, int32_t rule) {
+    prob p = make_prob(s, 99 + (uint64_t)s->kh);
+    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 1);
+    plans pl;
+    KF_OK_(plan_of(ctx, s, KF_DTYPE_F64, &pl));
+    const size_t gb = (size_t)(p.F * p.nk) * sizeof(double),
+                 wb = (size_t)n_oic(&p) * sizeof(double);
+    double *g1 = malloc(gb), *w1 = malloc(wb), *t = malloc((size_t)p.nk * sizeof *t);
+    memcpy(g1, p.grid, gb), memcpy(w1, p.sw, wb);
+    KF_OK_(run_update(&pl, &p, x_tensor(&p, p.x), g1, w1, margin, eps, rule));
+    for (int64_t f = 0; f < p.F; f++) {
+        expected_knots(&p, f, margin, eps, t);
+        for (int64_t j = 0; j < p.nk; j++)
+            cr_expect(fabs(g1[f * p.nk + j] - t[j]) <= 1e-14 * (1.0 + fabs(t[j])),
+                      "feature %lld knot %lld: %.17g, expected %.17g", (long long)f, (long long)j,
+                      g1[f * p.nk + j], t[j]);
+        const double r = normal_eq_residual(&p, f, g1, w1);
+        cr_expect(r < TOL, "feature %lld: normal equations residual %.3g", (long long)f, r);
+    }
+    if (pl.conv) { /* the same update as KANLinear's on the unfolded patches */
+        shape ls = *s;
+        ls.kh = 0, ls.Cin = p.F, ls.B = p.N;
+        plans lp;
+        KF_OK_(plan_of(ctx, &ls, KF_DTYPE_F64, &lp));
+        double *g2 = malloc(gb), *w2 = malloc(wb);
+        memcpy(g2, p.grid, gb), memcpy(w2, p.sw, wb);
+        KF_OK_(run_update(&lp, &p, dt(p.rows, 2, (int64_t[]){p.N, p.F}), g2, w2, margin, eps,
+                          rule));
+        cr_expect(memcmp(g1, g2, gb) == 0, "the knots differ from KANLinear's on the patches");
+        cr_expect(ref_rel_err_f64(w1, w2, n_oic(&p)) < TOL, "the coefficients differ");
+        free(g2), free(w2);
+        plans_destroy(&lp);
+    }
+    free(g1), free(w1), free(t);
+    plans_destroy(&pl);
+    kf_context_destroy(ctx);
+    free_prob(&p);
+}
+
+Test(kan_f64, update_grid) {
+    const shape lin = LIN(40, 3, 4, 5, 3, 1, 1, 0), lin_k1 = LIN(57, 2, 3, 4, 1, 0, 1, 1);
+    const shape conv = {2, 2, 7, 6, 3, 3, 2, 2, 1, 1, 0, 1, 2, 5, 3, 1, 1, 0};
+    check_update(&lin, 0.01f, 0.02f, KF_KAN_QUANTILES_TORCH1);
+    check_update(&lin, 0.05f, 0.5f, KF_KAN_QUANTILES_TORCH2);
+    check_update(&lin_k1, 0.0f, 1.0f, KF_KAN_QUANTILES_TORCH2); /* pure uniform */
+    check_update(&lin_k1, 0.2f, 0.0f, KF_KAN_QUANTILES_TORCH1); /* pure quantiles */
+    check_update(&conv, 0.01f, 0.02f, KF_KAN_QUANTILES_TORCH1);
+}
+
+/* ---- sizes and errors --------------------------------------------------------------------- */
+
+/* The workspace query counts float64 elements: more bytes than float32 needs, and a call runs
+ * in a caller buffer of exactly that size but not in one a byte short. */
+Test(kan_f64, workspace_is_sized_in_float64) {
+    const shape s = LIN(300, 29, 70, 5, 3, 1, 1, 0);
+    prob p = make_prob(&s, 5);
+    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 2);
+    plans p64, p32;
+    KF_OK_(plan_of(ctx, &s, KF_DTYPE_F64, &p64));
+    KF_OK_(plan_of(ctx, &s, KF_DTYPE_F32, &p32));
+    size_t b64 = 0, b32 = 0;
+    KF_OK_(kf_kan_linear_workspace_size(p64.lin, p.N, &b64));
+    KF_OK_(kf_kan_linear_workspace_size(p32.lin, p.N, &b32));
+    cr_expect(b64 > b32 && b64 <= 2 * b32 + 64 * 16, "float64 %zu bytes, float32 %zu", b64, b32);
+    const params t = params_of(&p);
+    double *y = nans(p.ny), *yr = nans(p.ny);
+    void *ws = xalloc(b64);
+    KF_OK_(run_forward(&p64, &p, &t, x_tensor(&p, p.x), y_tensor(&p, y), ws, b64));
+    KF_OK_(run_forward(&p64, &p, &t, x_tensor(&p, p.x), y_tensor(&p, yr), NULL, 0));
+    cr_expect(memcmp(y, yr, (size_t)p.ny * sizeof *y) == 0, "caller workspace vs the arena");
+    for (int64_t i = 0; i < p.ny; i++) y[i] = NAN;
+    EXPECT_FAIL(run_forward(&p64, &p, &t, x_tensor(&p, p.x), y_tensor(&p, y), ws, b64 - 1),
+                KF_ERR_WORKSPACE_TOO_SMALL, "workspace");
+    cr_expect(isnan(y[0]) && isnan(y[p.ny - 1]), "y written by a refused call");
+    free(ws), free(y), free(yr);
+    plans_destroy(&p64), plans_destroy(&p32);
+    kf_context_destroy(ctx);
+    free_prob(&p);
+}
+
+/* A float64 plan refuses a float32 tensor (and a float32 plan a float64 one), naming it, and
+ * writes nothing: forward, backward and the grid update, both layers. */
+static void check_mismatch(const shape *s) {
+    prob p = make_prob(s, 3);
+    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 1);
+    plans pl, p32;
+    KF_OK_(plan_of(ctx, s, KF_DTYPE_F64, &pl));
+    KF_OK_(plan_of(ctx, s, KF_DTYPE_F32, &p32));
+    float *f32 = poisoned(p.nx + p.ny + n_oic(&p) + p.F * p.nk);
+    double *y = nans(p.ny);
+    const kf_tensor x = x_tensor(&p, p.x), yt = y_tensor(&p, y);
+    kf_tensor x32 = x, y32 = yt;
+    x32.dtype = KF_DTYPE_F32, x32.data = f32, y32.dtype = KF_DTYPE_F32, y32.data = f32;
+    const params t = params_of(&p);
+    EXPECT_FAIL(run_forward(&pl, &p, &t, x32, yt, NULL, 0), KF_ERR_INVALID_ARGUMENT,
+                "args->x.dtype");
+    EXPECT_FAIL(run_forward(&pl, &p, &t, x, y32, NULL, 0), KF_ERR_INVALID_ARGUMENT,
+                "args->y.dtype");
+    params bad = t;
+    bad.sw.dtype = KF_DTYPE_F32, bad.sw.data = f32;
+    EXPECT_FAIL(run_forward(&pl, &p, &bad, x, yt, NULL, 0), KF_ERR_INVALID_ARGUMENT,
+                "args->spline_weight.dtype");
+    EXPECT_FAIL(run_forward(&p32, &p, &t, x32, y32, NULL, 0), KF_ERR_INVALID_ARGUMENT,
+                "args->grid.dtype");
+    for (int64_t i = 0; i < p.ny; i++) cr_expect(isnan(y[i]), "y[%lld] written", (long long)i);
+    double *g[NG];
+    grads_make(&p, g);
+    {
+        kf_tensor dy32 = y32; /* dy in float32 */
+        if (pl.lin) {
+            kf_kan_linear_backward_args a;
+            kf_kan_linear_backward_args_init(&a);
+            a.x = x, a.grid = t.grid, a.base_weight = t.bw, a.spline_weight = t.sw;
+            a.spline_scaler = t.sc, a.dy = dy32, a.dx = x_tensor(&p, g[GX]);
+            EXPECT_FAIL(kf_kan_linear_backward(pl.lin, KF_GRAD_OVERWRITE, &a, NULL, 0),
+                        KF_ERR_INVALID_ARGUMENT, "args->dy.dtype");
+        } else {
+            kf_kan_conv2d_backward_args a;
+            kf_kan_conv2d_backward_args_init(&a);
+            a.x = x, a.grid = t.grid, a.base_weight = t.bw, a.spline_weight = t.sw;
+            a.spline_scaler = t.sc, a.dy = dy32, a.dx = x_tensor(&p, g[GX]);
+            EXPECT_FAIL(kf_kan_conv2d_backward(pl.conv, KF_GRAD_OVERWRITE, &a, NULL, 0),
+                        KF_ERR_INVALID_ARGUMENT, "args->dy.dtype");
+        }
+    }
+    for (int64_t i = 0; i < p.nx; i++) cr_expect(isnan(g[GX][i]), "dx[%lld] written", (long long)i);
+    grads_free(g);
+    /* the grid update: a float32 grid on a float64 plan; grid and spline_weight untouched */
+    double *w1 = malloc((size_t)n_oic(&p) * 8);
+    memcpy(w1, p.sw, (size_t)n_oic(&p) * 8);
+    kf_kan_update_grid_args a;
+    kf_kan_update_grid_args_init(&a);
+    a.x = x, a.grid = t.grid, a.spline_weight = dt(w1, 3, (int64_t[]){s->out, p.F, p.C});
+    a.grid.dtype = KF_DTYPE_F32, a.grid.data = f32;
+    EXPECT_FAIL(pl.lin ? kf_kan_linear_update_grid(pl.lin, &a)
+                       : kf_kan_conv2d_update_grid(pl.conv, &a),
+                KF_ERR_INVALID_ARGUMENT, "args->grid.dtype");
+    cr_expect(memcmp(w1, p.sw, (size_t)n_oic(&p) * 8) == 0, "spline_weight written");
+    free(w1), free(f32), free(y);
+    plans_destroy(&pl), plans_destroy(&p32);
+    kf_context_destroy(ctx);
+    free_prob(&p);
+}
+
+Test(kan_f64, dtype_mismatch_names_the_argument) {
+    const shape lin = LIN(6, 4, 3, 5, 3, 1, 1, 0);
+    const shape conv = {2, 2, 5, 5, 3, 3, 3, 1, 1, 1, 1, 1, 1, 5, 3, 1, 1, 0};
+    check_mismatch(&lin);
+    check_mismatch(&conv);
+}
+
+/* Float16 and bfloat16 are refused at plan creation, naming the field. */
+Test(kan_f64, other_dtypes_unsupported) {
+    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 1);
+    const shape lin = LIN(1, 4, 3, 5, 3, 1, 1, 0);
+    const shape conv = {1, 2, 5, 5, 3, 3, 3, 1, 1, 1, 1, 1, 1, 5, 3, 1, 1, 0};
+    const int32_t bad[] = {KF_DTYPE_F16, KF_DTYPE_BF16};
+    for (size_t i = 0; i < 2; i++) {
+        plans pl;
+        EXPECT_FAIL(plan_of(ctx, &lin, bad[i], &pl), KF_ERR_UNSUPPORTED, "desc->dtype");
+        cr_expect(pl.lin == NULL);
+        EXPECT_FAIL(plan_of(ctx, &conv, bad[i], &pl), KF_ERR_UNSUPPORTED, "desc->dtype");
+        cr_expect(pl.conv == NULL);
+    }
+    kf_context_destroy(ctx);
+}
