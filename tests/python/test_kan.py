@@ -680,6 +680,32 @@ def test_float64_module_follows_its_parameters():
         kt.KANLinear(6, 5)(x)
 
 
+@pytest.mark.skipif(not kt.HAS_TORCH_LIBRARY, reason="torch.library operators need torch >= 2.4")
+def test_float64_operators_opcheck():
+    """The float64 operators of both layers, forward and backward, pass torch.library.opcheck
+    (schema, autograd registration, fake kernel against the real one, AOT dispatch)."""
+    torch.manual_seed(0)
+    f64 = torch.float64
+    kl = randomize_(kt.KANLinear(6, 4, dtype=f64))
+    kc = randomize_(kt.KANConv2d(2, 3, 3, stride=2, padding=1, dtype=f64))
+    geo = ([3, 3], [2, 2], [1, 1], [1, 1])
+    xk = torch.randn(5, 6, dtype=f64, requires_grad=True)
+    xc = torch.randn(2, 2, 7, 6, dtype=f64, requires_grad=True)
+    ops = torch.ops.kfuse
+    torch.library.opcheck(ops.kan_linear.default, (xk, kl.grid, kl.base_weight, kl.spline_weight,
+                                                   kl.spline_scaler))
+    torch.library.opcheck(ops.kan_conv2d.default, (xc, kc.grid, kc.base_weight, kc.spline_weight,
+                                                   kc.spline_scaler, *geo))
+    p = [t.detach() for t in (kl.base_weight, kl.spline_weight, kl.spline_scaler)]
+    torch.library.opcheck(ops.kan_linear_backward.default,
+                          (torch.randn(5, 4, dtype=f64), xk.detach(), kl.grid, *p,
+                           [True, True, True, True]))
+    p = [t.detach() for t in (kc.base_weight, kc.spline_weight, kc.spline_scaler)]
+    torch.library.opcheck(ops.kan_conv2d_backward.default,
+                          (torch.randn(2, 3, 4, 3, dtype=f64), xc.detach(), kc.grid, *p, *geo,
+                           [True, False, True, True]))
+
+
 def test_float64_update_grid_is_efficient_kan_s():
     """A float64 layer's update_grid (no standalone scaler: exactly efficient-kan's update) against
     efficient-kan's in float64: with margin and grid_eps exact in float32 the knots agree to
