@@ -45,18 +45,6 @@ static bool is_conv(const shape *s) { return s->kh > 0; }
 static int64_t n_oi(const prob *p) { return p->s.out * p->F; }
 static int64_t n_oic(const prob *p) { return p->s.out * p->F * p->C; }
 
-static double *fill(ref_rng *r, int64_t n, double bound) {
-    double *v = malloc((size_t)n * sizeof *v);
-    for (int64_t i = 0; i < n; i++) v[i] = ref_rng_uniform(r, -bound, bound);
-    return v;
-}
-
-static double *nans(int64_t n) {
-    double *v = malloc((size_t)n * sizeof *v);
-    for (int64_t i = 0; i < n; i++) v[i] = NAN;
-    return v;
-}
-
 static int cmp_double(const void *a, const void *b) {
     const double u = *(const double *)a, v = *(const double *)b;
     return (u > v) - (u < v);
@@ -156,7 +144,7 @@ static prob make_prob(const shape *s, uint64_t seed) {
     p.c = (ref_kan_cfg){.N = p.N, .in = p.F, .out = s->out, .G = s->G, .k = s->k};
     ref_rng r;
     ref_rng_seed(&r, seed);
-    p.x = fill(&r, p.nx, 1.4);
+    p.x = ref_new_uniform_f64(&r, p.nx, 1.4);
     p.rows = malloc((size_t)(p.N * p.F) * sizeof *p.rows);
     for (int64_t n = 0; n < p.N; n++)
         for (int64_t f = 0; f < p.F; f++) {
@@ -176,12 +164,12 @@ static prob make_prob(const shape *s, uint64_t seed) {
         kf_context_destroy(ctx);
     }
     const double b = 1.0 / sqrt((double)p.F);
-    p.bw0 = fill(&r, n_oi(&p), b);
+    p.bw0 = ref_new_uniform_f64(&r, n_oi(&p), b);
     p.bw = s->base ? p.bw0 : NULL;
     if (!s->base) memset(p.bw0, 0, (size_t)n_oi(&p) * sizeof *p.bw0); /* the reference's */
-    p.sw = fill(&r, n_oic(&p), b);
-    p.sc = s->scaled ? fill(&r, n_oi(&p), 1.0) : NULL;
-    p.dy = fill(&r, p.ny, 1.0);
+    p.sw = ref_new_uniform_f64(&r, n_oic(&p), b);
+    p.sc = s->scaled ? ref_new_uniform_f64(&r, n_oi(&p), 1.0) : NULL;
+    p.dy = ref_new_uniform_f64(&r, p.ny, 1.0);
     p.dyr = malloc((size_t)p.ny * sizeof *p.dyr);
     for (int64_t n = 0; n < p.N; n++)
         for (int64_t o = 0; o < s->out; o++) p.dyr[n * s->out + o] = p.dy[y_index(&p, n, o)];
@@ -205,19 +193,22 @@ static params params_of(const prob *p) {
     return t;
 }
 
+/* The inputs the args of KANLinear and KANConv2d share by name: x and the parameters t. */
+#define SET_INPUTS(a, xt, t)                                                                   \
+    ((a).x = (xt), (a).grid = (t)->grid, (a).base_weight = (t)->bw,                           \
+     (a).spline_weight = (t)->sw, (a).spline_scaler = (t)->sc)
+
 static kf_status run_forward(const plans *pl, const prob *p, const params *t, kf_tensor x,
                              kf_tensor y, void *ws, size_t ws_bytes) {
     if (pl->lin) {
         kf_kan_linear_forward_args a;
         kf_kan_linear_forward_args_init(&a);
-        a.x = x, a.grid = t->grid, a.base_weight = t->bw, a.spline_weight = t->sw;
-        a.spline_scaler = t->sc, a.y = y;
+        SET_INPUTS(a, x, t), a.y = y;
         return kf_kan_linear_forward(pl->lin, &a, ws, ws_bytes);
     }
     kf_kan_conv2d_forward_args a;
     kf_kan_conv2d_forward_args_init(&a);
-    a.x = x, a.grid = t->grid, a.base_weight = t->bw, a.spline_weight = t->sw;
-    a.spline_scaler = t->sc, a.y = y;
+    SET_INPUTS(a, x, t), a.y = y;
     return kf_kan_conv2d_forward(pl->conv, &a, ws, ws_bytes);
 }
 
@@ -231,33 +222,39 @@ static void grad_sizes(const prob *p, int64_t n[NG]) {
 static void grads_make(const prob *p, double *g[NG]) {
     int64_t n[NG];
     grad_sizes(p, n);
-    for (int i = 0; i < NG; i++) g[i] = n[i] ? nans(n[i]) : NULL;
+    for (int i = 0; i < NG; i++) g[i] = n[i] ? ref_new_nans_f64(n[i]) : NULL;
 }
 
 static void grads_free(double *g[NG]) {
     for (int i = 0; i < NG; i++) free(g[i]);
 }
 
-static kf_status run_backward(const plans *pl, const prob *p, kf_grad_mode mode, double *g[NG]) {
-    const params t = params_of(p);
-    kf_tensor dx = x_tensor(p, g[GX]), dbw = {0}, dsw, dsc = {0};
-    if (g[GBW]) dbw = dt(g[GBW], 2, (int64_t[]){p->s.out, p->F});
-    dsw = dt(g[GSW], 3, (int64_t[]){p->s.out, p->F, p->C});
-    if (g[GSC]) dsc = dt(g[GSC], 2, (int64_t[]){p->s.out, p->F});
+/* Backward of either layer from x, dy and the gradient tensors d[NG] (absent: not wanted). */
+#define SET_GRADS(a, dyt, d)                                                                   \
+    ((a).dy = (dyt), (a).dx = (d)[GX], (a).dbase_weight = (d)[GBW],                           \
+     (a).dspline_weight = (d)[GSW], (a).dspline_scaler = (d)[GSC])
+
+static kf_status backward_call(const plans *pl, const params *t, kf_tensor x, kf_tensor dy,
+                               kf_grad_mode mode, const kf_tensor d[NG]) {
     if (pl->lin) {
         kf_kan_linear_backward_args a;
         kf_kan_linear_backward_args_init(&a);
-        a.x = x_tensor(p, p->x), a.grid = t.grid, a.base_weight = t.bw, a.spline_weight = t.sw;
-        a.spline_scaler = t.sc, a.dy = y_tensor(p, p->dy), a.dx = dx, a.dbase_weight = dbw;
-        a.dspline_weight = dsw, a.dspline_scaler = dsc;
+        SET_INPUTS(a, x, t), SET_GRADS(a, dy, d);
         return kf_kan_linear_backward(pl->lin, mode, &a, NULL, 0);
     }
     kf_kan_conv2d_backward_args a;
     kf_kan_conv2d_backward_args_init(&a);
-    a.x = x_tensor(p, p->x), a.grid = t.grid, a.base_weight = t.bw, a.spline_weight = t.sw;
-    a.spline_scaler = t.sc, a.dy = y_tensor(p, p->dy), a.dx = dx, a.dbase_weight = dbw;
-    a.dspline_weight = dsw, a.dspline_scaler = dsc;
+    SET_INPUTS(a, x, t), SET_GRADS(a, dy, d);
     return kf_kan_conv2d_backward(pl->conv, mode, &a, NULL, 0);
+}
+
+static kf_status run_backward(const plans *pl, const prob *p, kf_grad_mode mode, double *g[NG]) {
+    const params t = params_of(p);
+    kf_tensor d[NG] = {x_tensor(p, g[GX]), {0}, {0}, {0}};
+    if (g[GBW]) d[GBW] = dt(g[GBW], 2, (int64_t[]){p->s.out, p->F});
+    d[GSW] = dt(g[GSW], 3, (int64_t[]){p->s.out, p->F, p->C});
+    if (g[GSC]) d[GSC] = dt(g[GSC], 2, (int64_t[]){p->s.out, p->F});
+    return backward_call(pl, &t, x_tensor(p, p->x), y_tensor(p, p->dy), mode, d);
 }
 
 /* ---- forward and backward against the reference ------------------------------------------- */
@@ -268,7 +265,7 @@ static void check_against_reference(const shape *s, int32_t threads) {
     plans pl;
     KF_OK_(plan_of(ctx, s, KF_DTYPE_F64, &pl));
     const params t = params_of(&p);
-    double *y = nans(p.ny), *rows = malloc((size_t)p.ny * sizeof *rows);
+    double *y = ref_new_nans_f64(p.ny), *rows = malloc((size_t)p.ny * sizeof *rows);
     double *yr = malloc((size_t)p.ny * sizeof *yr);
     KF_OK_(run_forward(&pl, &p, &t, x_tensor(&p, p.x), y_tensor(&p, y), NULL, 0));
     ref_kan_forward(&p.c, p.rows, p.grid, p.bw0, p.sw, p.sc, rows);
@@ -483,7 +480,7 @@ Test(kan_f64, workspace_is_sized_in_float64) {
     KF_OK_(kf_kan_linear_workspace_size(p32.lin, p.N, &b32));
     cr_expect(b64 > b32 && b64 <= 2 * b32 + 64 * 16, "float64 %zu bytes, float32 %zu", b64, b32);
     const params t = params_of(&p);
-    double *y = nans(p.ny), *yr = nans(p.ny);
+    double *y = ref_new_nans_f64(p.ny), *yr = ref_new_nans_f64(p.ny);
     void *ws = xalloc(b64);
     KF_OK_(run_forward(&p64, &p, &t, x_tensor(&p, p.x), y_tensor(&p, y), ws, b64));
     KF_OK_(run_forward(&p64, &p, &t, x_tensor(&p, p.x), y_tensor(&p, yr), NULL, 0));
@@ -507,7 +504,7 @@ static void check_mismatch(const shape *s) {
     KF_OK_(plan_of(ctx, s, KF_DTYPE_F64, &pl));
     KF_OK_(plan_of(ctx, s, KF_DTYPE_F32, &p32));
     float *f32 = poisoned(p.nx + p.ny + n_oic(&p) + p.F * p.nk);
-    double *y = nans(p.ny);
+    double *y = ref_new_nans_f64(p.ny);
     const kf_tensor x = x_tensor(&p, p.x), yt = y_tensor(&p, y);
     kf_tensor x32 = x, y32 = yt;
     x32.dtype = KF_DTYPE_F32, x32.data = f32, y32.dtype = KF_DTYPE_F32, y32.data = f32;
@@ -525,24 +522,9 @@ static void check_mismatch(const shape *s) {
     for (int64_t i = 0; i < p.ny; i++) cr_expect(isnan(y[i]), "y[%lld] written", (long long)i);
     double *g[NG];
     grads_make(&p, g);
-    {
-        kf_tensor dy32 = y32; /* dy in float32 */
-        if (pl.lin) {
-            kf_kan_linear_backward_args a;
-            kf_kan_linear_backward_args_init(&a);
-            a.x = x, a.grid = t.grid, a.base_weight = t.bw, a.spline_weight = t.sw;
-            a.spline_scaler = t.sc, a.dy = dy32, a.dx = x_tensor(&p, g[GX]);
-            EXPECT_FAIL(kf_kan_linear_backward(pl.lin, KF_GRAD_OVERWRITE, &a, NULL, 0),
-                        KF_ERR_INVALID_ARGUMENT, "args->dy.dtype");
-        } else {
-            kf_kan_conv2d_backward_args a;
-            kf_kan_conv2d_backward_args_init(&a);
-            a.x = x, a.grid = t.grid, a.base_weight = t.bw, a.spline_weight = t.sw;
-            a.spline_scaler = t.sc, a.dy = dy32, a.dx = x_tensor(&p, g[GX]);
-            EXPECT_FAIL(kf_kan_conv2d_backward(pl.conv, KF_GRAD_OVERWRITE, &a, NULL, 0),
-                        KF_ERR_INVALID_ARGUMENT, "args->dy.dtype");
-        }
-    }
+    const kf_tensor d[NG] = {x_tensor(&p, g[GX]), {0}, {0}, {0}};
+    EXPECT_FAIL(backward_call(&pl, &t, x, y32, KF_GRAD_OVERWRITE, d), KF_ERR_INVALID_ARGUMENT,
+                "args->dy.dtype"); /* dy in float32 */
     for (int64_t i = 0; i < p.nx; i++) cr_expect(isnan(g[GX][i]), "dx[%lld] written", (long long)i);
     grads_free(g);
     /* the grid update: a float32 grid on a float64 plan; grid and spline_weight untouched */
