@@ -184,8 +184,8 @@ static void kan_exp_neg_rows_s(const float *restrict x, int64_t rows, float *res
     }
 }
 
-/* Float64: libm's exp (correctly rounded to within an ulp; float64 is the accuracy path, not a
- * speed target). Below x = -709.8 e = +inf and SiLU, SiLU' are -0, as in float32. */
+/* Float64: libm's exp (within an ulp; float64 is the accuracy path, not a speed target). Below
+ * x = -709.8 e = +inf and SiLU, SiLU' are -0, as in float32. */
 static void kan_exp_neg_rows_d(const double *restrict x, int64_t rows, double *restrict e) {
     for (int64_t n = 0; n < rows; ++n) e[n] = exp(-x[n]);
 }

@@ -467,7 +467,8 @@ Test(kan_f64, update_grid) {
 /* ---- sizes and errors --------------------------------------------------------------------- */
 
 /* The workspace query counts float64 elements: more bytes than float32 needs, and a call runs
- * in a caller buffer of exactly that size but not in one a byte short. */
+ * in a caller buffer of exactly that size but not in one a byte short; with the arena, repeated
+ * calls do not grow it. */
 Test(kan_f64, workspace_is_sized_in_float64) {
     const shape s = LIN(300, 29, 70, 5, 3, 1, 1, 0);
     prob p = make_prob(&s, 5);
@@ -489,6 +490,19 @@ Test(kan_f64, workspace_is_sized_in_float64) {
     EXPECT_FAIL(run_forward(&p64, &p, &t, x_tensor(&p, p.x), y_tensor(&p, y), ws, b64 - 1),
                 KF_ERR_WORKSPACE_TOO_SMALL, "workspace");
     cr_expect(isnan(y[0]) && isnan(y[p.ny - 1]), "y written by a refused call");
+    double *g[NG];
+    grads_make(&p, g);
+    KF_OK_(run_backward(&p64, &p, KF_GRAD_OVERWRITE, g));
+    uint64_t grow0 = 0, grow1 = 0;
+    KF_OK_(kf_context_arena_info(ctx, NULL, &grow0));
+    for (int i = 0; i < 3; i++) {
+        KF_OK_(run_forward(&p64, &p, &t, x_tensor(&p, p.x), y_tensor(&p, y), NULL, 0));
+        KF_OK_(run_backward(&p64, &p, KF_GRAD_ACCUMULATE, g));
+    }
+    KF_OK_(kf_context_arena_info(ctx, NULL, &grow1));
+    cr_expect(grow0 == grow1, "arena grew in steady state (%llu -> %llu)",
+              (unsigned long long)grow0, (unsigned long long)grow1);
+    grads_free(g);
     free(ws), free(y), free(yr);
     plans_destroy(&p64), plans_destroy(&p32);
     kf_context_destroy(ctx);
