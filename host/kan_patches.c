@@ -5,14 +5,27 @@
 
 #include <string.h>
 
+/* One output row (oh) at a time: the input row and its bounds are decided once per row, and
+ * the loop along it has no carried state, so it vectorises (per-pixel index arithmetic with a
+ * wrap test took a quarter of a small-channel KANConv2d's time). */
 void kf__kan_patch_offsets(const kf__kan_patches *P, int64_t pos, int64_t p0, int64_t rows,
                            int64_t *off) {
     const int64_t i = pos / P->kw, j = pos % P->kw;
-    int64_t oh = p0 / P->Wo, ow = p0 % P->Wo;
-    for (int64_t r = 0; r < rows; ++r) {
-        const int64_t ih = oh * P->sh - P->ph + i * P->dh, iw = ow * P->sw - P->pw + j * P->dw;
-        off[r] = ih >= 0 && ih < P->H && iw >= 0 && iw < P->W ? ih * P->W + iw : -1;
-        if (++ow == P->Wo) ow = 0, ++oh;
+    int64_t oh = p0 / P->Wo, ow0 = p0 % P->Wo;
+    for (int64_t r = 0; r < rows; r += P->Wo - ow0, ow0 = 0, ++oh) {
+        const int64_t n = P->Wo - ow0 < rows - r ? P->Wo - ow0 : rows - r;
+        const int64_t ih = oh * P->sh - P->ph + i * P->dh;
+        int64_t *o = off + r;
+        if (ih < 0 || ih >= P->H) {
+            for (int64_t q = 0; q < n; ++q) o[q] = -1;
+            continue;
+        }
+        const int64_t base = ih * P->W, iw0 = ow0 * P->sw - P->pw + j * P->dw, W = P->W,
+                      sw = P->sw;
+        for (int64_t q = 0; q < n; ++q) {
+            const int64_t iw = iw0 + q * sw;
+            o[q] = iw >= 0 && iw < W ? base + iw : -1;
+        }
     }
 }
 
