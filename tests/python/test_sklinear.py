@@ -342,6 +342,23 @@ def test_panther_class_attributes():
     assert kt.SKLinear.WARNING_MSG_TC.format(30, 32, 16).endswith(
         "are multiples of 16 (current: 30, 32, 16).")
     assert kt.SKLinear.__constants__ == ["in_features", "out_features", "num_terms", "low_rank"]
+    for name in ("in_features", "out_features", "num_terms", "low_rank"):
+        assert kt.SKLinear.__annotations__[name] is int
+
+
+def test_panther_instance_attributes():
+    """Panther's instance attributes that users read: the sizes, has_tensor_core (its rule: CUDA
+    with compute capability >= 7.0) and use_gpu (True: kfuse has no shape restriction to fall
+    back from); none of them is state (the state_dict holds the tensors only); the repr names
+    the sizes."""
+    m = kt.SKLinear(40, 24, 2, 4, bias=False)
+    assert (m.in_features, m.out_features, m.num_terms, m.low_rank) == (40, 24, 2, 4)
+    want_tc = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (7, 0)
+    assert m.has_tensor_core is want_tc
+    assert m.use_gpu is True
+    assert list(m.state_dict()) == ["S1s", "S2s", "U1s", "U2s"]
+    assert repr(m) == ("SKLinear(in_features=40, out_features=24, num_terms=2, low_rank=4, "
+                       "bias=False)")
 
 
 def test_param_ratio():
@@ -678,6 +695,7 @@ def test_differential_vs_panther(bias):
     assert list(k.state_dict()) == list(p.state_dict())
     assert [n for n, _ in k.named_parameters()] == [n for n, _ in p.named_parameters()]
     assert [n for n, _ in k.named_buffers()] == [n for n, _ in p.named_buffers()]
+    assert (k.has_tensor_core, k.use_gpu) == (p.has_tensor_core, p.use_gpu)  # sizes % 16 == 0
     k.load_state_dict(p.state_dict(), strict=True)
     x = torch.randn(16, 48)
     dy = torch.randn(16, 32)

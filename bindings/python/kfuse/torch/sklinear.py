@@ -1,5 +1,6 @@
 """kfuse.torch.SKLinear, the drop-in for panther.nn.SKLinear, and its operators
 kfuse::sklinear / kfuse::sklinear_backward."""
+import functools
 import warnings
 
 import torch
@@ -130,6 +131,13 @@ def sklinear_function(x, S1s, S2s, U1s, U2s, bias=None):
 
 # ---- module ------------------------------------------------------------------------------------
 
+@functools.lru_cache(maxsize=None)
+def _has_tensor_core():
+    """Panther's has_tensor_core_support(): CUDA is available and the current device's compute
+    capability is 7.0 or above."""
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (7, 0)
+
+
 class SKLinear(nn.Module):
     """Drop-in for panther.nn.SKLinear: SKLinear(in_features, out_features, num_terms, low_rank,
     W_init=None, bias=True, dtype=None, device=None).
@@ -148,11 +156,21 @@ class SKLinear(nn.Module):
     drawn by the library from a seed taken from torch's default generator, so torch.manual_seed()
     makes it repeatable (the values differ from Panther's own draws). The dtype is the
     parameters': float32, or float64 on the CPU; another dtype (or float64 on a CUDA device)
-    raises kfuse.Unsupported at construction with the library's message. Panther's class attributes (WARNING_MSG_FC,
-    WARNING_MSG_TC, WARNING_MSG_BATCH) are here with its texts; the tensor-core warnings are not
-    raised: they describe a limit of Panther's CUDA kernels that kfuse does not have."""
+    raises kfuse.Unsupported at construction with the library's message.
+
+    Panther's public attributes are here: the class attributes WARNING_MSG_FC, WARNING_MSG_TC and
+    WARNING_MSG_BATCH with its texts (the tensor-core warnings are not raised: they describe a
+    limit of Panther's CUDA kernels that kfuse does not have), `has_tensor_core` (Panther's rule:
+    a CUDA device of compute capability >= 7.0 is present; read-only, asked on first read so that
+    construction initialises no CUDA context) and `use_gpu` (True: kfuse's kernels take every
+    shape on the tensors' device, so Panther's fallback for sizes that are not multiples of 16
+    never applies; it has no effect when set)."""
 
     __constants__ = ["in_features", "out_features", "num_terms", "low_rank"]
+    in_features: int
+    out_features: int
+    num_terms: int
+    low_rank: int
     WARNING_MSG_TC = (
         "Tensor Core not utilized. Ensure 'in_features', 'out_features', "
         "and 'low_rank' are multiples of 16 (current: {}, {}, {})."
@@ -173,6 +191,7 @@ class SKLinear(nn.Module):
         self.out_features = out_features
         self.num_terms = num_terms
         self.low_rank = low_rank
+        self.use_gpu = True
         dtype = dtype if dtype is not None else torch.get_default_dtype()
         # Descriptor checks are the library's (made and cached on the CPU context).
         p = plan(self._key(dtype, bias), torch.device("cpu"))
@@ -189,6 +208,10 @@ class SKLinear(nn.Module):
         else:
             self.register_parameter("bias", None)
         self._init_parameters(W_init)
+
+    @property
+    def has_tensor_core(self):
+        return _has_tensor_core()
 
     def _key(self, dtype, bias):
         return ("sklinear", self.in_features, self.out_features, self.num_terms, self.low_rank,
