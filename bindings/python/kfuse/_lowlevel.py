@@ -199,6 +199,7 @@ def _absent_values(_):
 
 
 _converters = {type(None): _absent_values, tuple: _tuple_values}
+_TORCH_TYPES = set()  # the types _converter() found to be torch tensors (pack_tensors' fast path)
 
 
 def _converter(tp):
@@ -208,6 +209,7 @@ def _converter(tp):
             f = _ref_values
         elif callable(getattr(tp, "data_ptr", None)) and callable(getattr(tp, "stride", None)):
             f = _torch_values  # torch.Tensor and its subclasses (Parameter, ...)
+            _TORCH_TYPES.add(tp)
         elif hasattr(tp, "__array_interface__"):
             f = _array_values  # numpy arrays and other objects numpy describes
         if f is None:
@@ -304,21 +306,22 @@ def pack_tensors(buf, offset, objs, names):
     string naming an array (its entries are then name[i]), for the TypeError of an object
     tensor_values() does not take. The caller holds objs until the C call returns."""
     values = []
+    put = values.extend
     key = 1
     i = 0
     for obj in objs:
-        if _converters.get(type(obj)) is _torch_values:
+        if type(obj) in _TORCH_TYPES:
             shape = obj.shape
             nd = len(shape)
             if nd <= _MAXD:
                 dt = obj.dtype
-                values += (obj.data_ptr(), _dtype_codes.get(dt) or dtype_code(dt), nd, *shape,
-                           *obj.stride())
+                put((obj.data_ptr(), _dtype_codes.get(dt) or dtype_code(dt), nd))
+                put(shape)
+                put(obj.stride())
                 key = key * 8 + nd + 1
                 i += 1
                 continue
-        values += tensor_values(obj, names[i] if type(names) is tuple else
-                                "%s[%d]" % (names, i))
+        put(tensor_values(obj, names[i] if type(names) is tuple else "%s[%d]" % (names, i)))
         key *= 8
         i += 1
     st = _RUNS.get(key)

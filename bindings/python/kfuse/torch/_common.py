@@ -147,6 +147,7 @@ _LIB = torch.library.Library("kfuse", "DEF") if HAS_TORCH_LIBRARY else None
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
 _transforms_active = getattr(torch._C, "_are_functorch_transforms_active", None) or (lambda: False)
 _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_mode", None) or (lambda: 0)
+_grad_enabled = torch.is_grad_enabled
 
 
 def _capturing(args):
@@ -154,15 +155,18 @@ def _capturing(args):
     functorch transform (vmap, grad, functionalize), a __torch_dispatch__ mode (make_fx,
     FlopCounterMode), or tensor subclasses (the fake tensors of torch.export). (Under
     torch.compile, Op.__call__ takes the operator before asking.)"""
-    if torch.jit.is_tracing() or _transforms_active() or _dispatch_modes() > 0:
+    if _is_tracing() or _transforms_active() or _dispatch_modes() > 0:
         return True
     for a in args:
-        if isinstance(a, torch.Tensor) and type(a) not in _PLAIN:
+        if type(a) not in _PLAIN and isinstance(a, torch.Tensor):
             return True
     return False
 
 
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_is_tracing = torch._C._is_tracing  # torch.jit.is_tracing() less its TorchScript branch
+# argument types that are no tensor subclass (tested first: the per-call path)
+_PLAIN = frozenset((torch.Tensor, torch.nn.Parameter, type(None), int, float, bool, str, list,
+                    tuple))
 
 
 class Op:
@@ -196,11 +200,11 @@ class Op:
                                        "Tensor[]" in schema)
 
     def __call__(self, *args):
-        if _is_compiling() and self.op is not None:
+        if self.op is not None and _is_compiling():
             return self.op(*args)
         if _capturing(args):
             return self._captured(*args)
-        if self._function is not None and torch.is_grad_enabled() and _any_requires_grad(args):
+        if self._function is not None and _grad_enabled() and _any_requires_grad(args):
             return self._function(*args)
         return self.impl(*args)
 

@@ -233,14 +233,26 @@ class SKLinear(nn.Module):
     def forward(self, h_in):
         # x [..., in] -> y [..., out]; the library takes up to KF_MAX_DIMS dims as they are
         # (a 1-D x is one row and gives a 1-D y, as in Panther), more are flattened here.
-        # Parameters by attribute, so that functional_call and parametrizations give theirs.
         x = h_in
         if x.dim() > _MAX_DIMS and x.shape[-1] > 0:
             lead = x.shape[:-1]
-            y = sklinear(x.reshape(-1, x.shape[-1]), self.S1s, self.S2s, self.U1s, self.U2s,
-                         self.bias)
+            y = sklinear(x.reshape(-1, x.shape[-1]), *self._tensors())
             return y.view(*lead, y.shape[-1])
-        return sklinear(x, self.S1s, self.S2s, self.U1s, self.U2s, self.bias)
+        return sklinear(x, *self._tensors())
+
+    def _tensors(self):
+        """(S1s, S2s, U1s, U2s, bias) as attribute reads give them (so that functional_call and
+        parametrizations give theirs): read from _parameters and _buffers when the module is
+        exactly an SKLinear (torch 2.x's functional_call swaps the entries there; torch 1.13's
+        and parametrizations subclass the module; a name set as a plain attribute is not there):
+        the per-call path, without nn.Module.__getattr__."""
+        if type(self) is SKLinear:
+            p, b = self._parameters, self._buffers
+            try:
+                return p["S1s"], p["S2s"], b["U1s"], b["U2s"], p["bias"]
+            except KeyError:
+                pass
+        return self.S1s, self.S2s, self.U1s, self.U2s, self.bias
 
     def extra_repr(self):
         return "in_features={}, out_features={}, num_terms={}, low_rank={}, bias={}".format(
