@@ -101,6 +101,16 @@ def device_guard(device):
     return _NO_GUARD
 
 
+def on_device(x, body, *args):
+    """body(*args) with torch.cuda.device(x.device) current where x is a CUDA tensor (as
+    device_guard; on the CPU without a `with`, which costs the per-call path more than the
+    call)."""
+    if x.is_cuda:
+        with torch.cuda.device(x.device):
+            return body(*args)
+    return body(*args)
+
+
 def workspace(p, device, *dims):
     """A workspace tensor from torch's caching allocator on CUDA (stream-ordered with the rest of
     the program); None on the CPU, where the context's arena serves. `dims`: the arguments of

@@ -8,7 +8,7 @@ from torch import nn
 
 from kfuse._lowlevel import dtype_code, lib
 from kfuse.torch._common import (
-    Op, check_devices, check_rank, device_guard, empty_grad, plan, workspace,
+    Op, check_devices, check_rank, device_guard, empty_grad, on_device, plan, workspace,
 )
 
 __all__ = ["SKLinear", "sklinear_function"]
@@ -38,19 +38,21 @@ def _forward_impl(x, S1s, S2s, U1s, U2s, bias):
     """y [..., out] from x [..., in] through kf_sklinear_forward."""
     key = _key(S1s, S2s, bias is not None)
     check_devices("SKLinear", x, _NAMES, (S1s, S2s, U1s, U2s, bias))
-    x, S1s, S2s, U1s, U2s = (x.contiguous(), S1s.contiguous(), S2s.contiguous(),
-                             U1s.contiguous(), U2s.contiguous())
-    bias = None if bias is None else bias.contiguous()
+    return on_device(x, _forward, key, x.contiguous(), S1s.contiguous(), S2s.contiguous(),
+                     U1s.contiguous(), U2s.contiguous(),
+                     None if bias is None else bias.contiguous())
+
+
+def _forward(key, x, S1s, S2s, U1s, U2s, bias):
     device = x.device
-    with device_guard(device):
-        p = plan(key, device)
-        if x.dim() == 0:  # the library reports it
-            p.forward(x, S1s, S2s, U1s, U2s, None, bias=bias)
-        y = x.new_empty(x.shape[:-1] + (p.out_features,))
-        N = _rows(x)
-        # an empty batch of the right width: y is empty (the library takes N >= 1)
-        if N > 0 or x.dim() < 2 or x.shape[-1] != p.in_features:
-            p.forward(x, S1s, S2s, U1s, U2s, y, bias=bias, workspace=workspace(p, device, N))
+    p = plan(key, device)
+    if x.dim() == 0:  # the library reports it
+        p.forward(x, S1s, S2s, U1s, U2s, None, bias=bias)
+    y = x.new_empty(x.shape[:-1] + (p.out_features,))
+    # an empty batch of the right width: y is empty (the library takes N >= 1)
+    if x.numel() or x.dim() < 2 or x.shape[-1] != p.in_features:
+        p.forward(x, S1s, S2s, U1s, U2s, y, bias=bias,
+                  workspace=workspace(p, device, _rows(x)) if x.is_cuda else None)
     return y
 
 
@@ -71,20 +73,22 @@ def _backward_impl(dy, x, S1s, S2s, U1s, U2s, has_bias, output_mask):
     dS2s = empty_grad(S2s, need_d2)
     dbias = (torch.empty(S2s.shape[-1], dtype=S2s.dtype, device=S2s.device) if need_db
              else S2s.new_empty((0,)))
-    device = x.device
-    N = _rows(x)
-    if N == 0:  # an empty batch (forward checked its shape): nothing flows back
+    if not x.numel():  # an empty batch (forward checked its shape): nothing flows back
         for t, need in ((dS1s, need_d1), (dS2s, need_d2), (dbias, need_db)):
             if need:
                 t.zero_()
         return dx, dS1s, dS2s, dbias
-    with device_guard(device):
-        p = plan(key, device)
-        p.backward(x.contiguous(), S1s.contiguous(), S2s.contiguous(), U1s.contiguous(),
-                   U2s.contiguous(), dy.contiguous(), dx=dx if need_dx else None,
-                   dS1s=dS1s if need_d1 else None, dS2s=dS2s if need_d2 else None,
-                   dbias=dbias if need_db else None, workspace=workspace(p, device, N))
+    on_device(x, _backward_run, key, x.contiguous(), S1s.contiguous(), S2s.contiguous(),
+              U1s.contiguous(), U2s.contiguous(), dy.contiguous(), dx if need_dx else None,
+              dS1s if need_d1 else None, dS2s if need_d2 else None, dbias if need_db else None)
     return dx, dS1s, dS2s, dbias
+
+
+def _backward_run(key, x, S1s, S2s, U1s, U2s, dy, dx, dS1s, dS2s, dbias):
+    device = x.device
+    p = plan(key, device)
+    p.backward(x, S1s, S2s, U1s, U2s, dy, dx=dx, dS1s=dS1s, dS2s=dS2s, dbias=dbias,
+               workspace=workspace(p, device, _rows(x)) if x.is_cuda else None)
 
 
 def _backward_fake(dy, x, S1s, S2s, U1s, U2s, has_bias, output_mask):
