@@ -321,7 +321,8 @@ def pack_tensors(buf, offset, objs, names):
                 key = key * 8 + nd + 1
                 i += 1
                 continue
-        put(tensor_values(obj, names[i] if type(names) is tuple else "%s[%d]" % (names, i)))
+        put(_ABSENT if obj is None else
+            tensor_values(obj, names[i] if type(names) is tuple else "%s[%d]" % (names, i)))
         key *= 8
         i += 1
     st = _RUNS.get(key)

@@ -101,6 +101,22 @@ def device_guard(device):
     return _NO_GUARD
 
 
+def module_attrs(module, classes, names):
+    """(getattr(module, n) for n in names) as a tuple, so that functional_call and
+    parametrizations give theirs, on the per-call path without nn.Module.__getattr__: where
+    `module`'s type is one of `classes` exactly (torch 1.13's functional_call and
+    parametrizations make a subclass), each name is looked up where __getattr__ looks
+    (_parameters, _buffers, _modules; torch 2.x's functional_call swaps the entries there),
+    else by getattr."""
+    if type(module) in classes:
+        p, b, m = module._parameters, module._buffers, module._modules
+        try:
+            return tuple([p[n] if n in p else b[n] if n in b else m[n] for n in names])
+        except KeyError:  # a name set as a plain attribute
+            pass
+    return tuple([getattr(module, n) for n in names])
+
+
 def on_device(x, body, *args):
     """body(*args) with torch.cuda.device(x.device) current where x is a CUDA tensor (as
     device_guard; on the CPU without a `with`, which costs the per-call path more than the

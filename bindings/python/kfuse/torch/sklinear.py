@@ -8,7 +8,8 @@ from torch import nn
 
 from kfuse._lowlevel import dtype_code, lib
 from kfuse.torch._common import (
-    Op, check_devices, check_rank, device_guard, empty_grad, on_device, plan, workspace,
+    Op, check_devices, check_rank, device_guard, empty_grad, module_attrs, on_device, plan,
+    workspace,
 )
 
 __all__ = ["SKLinear", "sklinear_function"]
@@ -245,18 +246,7 @@ class SKLinear(nn.Module):
         return sklinear(x, *self._tensors())
 
     def _tensors(self):
-        """(S1s, S2s, U1s, U2s, bias) as attribute reads give them (so that functional_call and
-        parametrizations give theirs): read from _parameters and _buffers when the module is
-        exactly an SKLinear (torch 2.x's functional_call swaps the entries there; torch 1.13's
-        and parametrizations subclass the module; a name set as a plain attribute is not there):
-        the per-call path, without nn.Module.__getattr__."""
-        if type(self) is SKLinear:
-            p, b = self._parameters, self._buffers
-            try:
-                return p["S1s"], p["S2s"], b["U1s"], b["U2s"], p["bias"]
-            except KeyError:
-                pass
-        return self.S1s, self.S2s, self.U1s, self.U2s, self.bias
+        return module_attrs(self, (SKLinear,), _NAMES)
 
     def extra_repr(self):
         return "in_features={}, out_features={}, num_terms={}, low_rank={}, bias={}".format(
