@@ -30,8 +30,9 @@ _RUN_ATTRS = ("base_activation",) + _TENSORS  # what _KANLayer._run reads
 def _key(geometry, grid, spline_weight, standalone):
     """The plan key from the tensors' shapes: grid [F, G + 2k + 1], spline_weight
     [out, F, G + k]."""
-    check_rank("grid", grid, 2, "[features, grid_size + 2 * spline_order + 1]")
-    check_rank("spline_weight", spline_weight, 3, "[out, features, grid_size + spline_order]")
+    if grid.dim() != 2 or spline_weight.dim() != 3:
+        check_rank("grid", grid, 2, "[features, grid_size + 2 * spline_order + 1]")
+        check_rank("spline_weight", spline_weight, 3, "[out, features, grid_size + spline_order]")
     out, F, C = spline_weight.shape
     k = grid.shape[1] - C - 1
     if geometry:  # ("kan_conv2d", in_channels, out_channels, kh, kw, sh, sw, ph, pw, dh, dw, ...)
