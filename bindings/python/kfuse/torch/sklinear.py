@@ -69,11 +69,7 @@ def _backward_impl(dy, x, S1s, S2s, U1s, U2s, has_bias, output_mask):
     empty tensor."""
     key = _key(S1s, S2s, has_bias)
     need_dx, need_d1, need_d2, need_db = output_mask
-    dx = empty_grad(x, need_dx)
-    dS1s = empty_grad(S1s, need_d1)
-    dS2s = empty_grad(S2s, need_d2)
-    dbias = (torch.empty(S2s.shape[-1], dtype=S2s.dtype, device=S2s.device) if need_db
-             else S2s.new_empty((0,)))
+    dx, dS1s, dS2s, dbias = _grads(x, S1s, S2s, output_mask)
     if not x.numel():  # an empty batch (forward checked its shape): nothing flows back
         for t, need in ((dS1s, need_d1), (dS2s, need_d2), (dbias, need_db)):
             if need:
@@ -92,10 +88,15 @@ def _backward_run(key, x, S1s, S2s, U1s, U2s, dy, dx, dS1s, dS2s, dbias):
                workspace=workspace(p, device, _rows(x)) if x.is_cuda else None)
 
 
-def _backward_fake(dy, x, S1s, S2s, U1s, U2s, has_bias, output_mask):
+def _grads(x, S1s, S2s, output_mask):
+    """(dx, dS1s, dS2s, dbias), each a fresh tensor, empty where output_mask says no."""
     need_dx, need_d1, need_d2, need_db = output_mask
     return (empty_grad(x, need_dx), empty_grad(S1s, need_d1), empty_grad(S2s, need_d2),
             S2s.new_empty((S2s.shape[-1],) if need_db else (0,)))
+
+
+def _backward_fake(dy, x, S1s, S2s, U1s, U2s, has_bias, output_mask):
+    return _grads(x, S1s, S2s, output_mask)
 
 
 def _setup_context(ctx, inputs, output):
