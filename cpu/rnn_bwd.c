@@ -189,7 +189,8 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
     float *aux = (float *)kf__at(f->ws, lo->big[1]);
 
     if (c->dhn)
-        memcpy(sl->st, c->dhn + (cidx * lo->B + b0) * H, (size_t)(nb * H) * sizeof(float));
+        memcpy(sl->st, (const float *)c->dhn + (cidx * lo->B + b0) * H,
+               (size_t)(nb * H) * sizeof(float));
     else
         memset(sl->st, 0, (size_t)(nb * H) * sizeof(float));
     const bool gy_direct = f->dy && !f->dr.on; /* else masked rows of dy, or zeros, into t2 */
@@ -220,7 +221,8 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
             add_product(&st, st.dgx, st.dgx_ld, 2 * H, cw->pk[0]);
         }
     }
-    if (c->dh0) memcpy(c->dh0 + (cidx * lo->B + b0) * H, sl->st, (size_t)(nb * H) * sizeof(float));
+    if (c->dh0)
+        memcpy((float *)c->dh0 + (cidx * lo->B + b0) * H, sl->st, (size_t)(nb * H) * sizeof(float));
     if (lo->agru) ((double *)kf__at(f->ws, lo->epsacc))[s] = deps;
 }
 
@@ -259,7 +261,7 @@ static int wgrad_list(const bwd_layer *f, int32_t d, wgrad *out) {
     const kf__rnn_cpu_layout *lo = f->lo;
     if (!c->dw) return 0;
     const int64_t H = lo->H, in = f->cell[d].in, cidx = cell_index(f, d);
-    float *const *dw = c->dw + cidx * c->plan->nw;
+    void *const *dw = c->dw + cidx * c->plan->nw;
     const float *dgx = (const float *)kf__at(f->ws, lo->big[0]);
     const float *aux = (const float *)kf__at(f->ws, lo->big[1]);
     const float *hp = (const float *)kf__cat(c->reserve, (size_t)cidx * lo->cell_bytes);
@@ -319,12 +321,13 @@ static void bwd_cell_grads(const bwd_layer *f, int32_t d, int tid, int nth) {
         kf__sgemm(false, false, r1 - r0, in, 3 * H, 1.0f, dgx + r0 * 3 * H, 3 * H, f->cell[d].w3,
                   in, d ? 1.0f : 0.0f, f->dx + r0 * in, in);
     }
-    float *const *dw = c->dw ? c->dw + cell_index(f, d) * c->plan->nw : NULL;
+    void *const *dw = c->dw ? c->dw + cell_index(f, d) * c->plan->nw : NULL;
     if (lo->agru && dw && dw[KF__AGRU_EPS] && tid == 0) {
         const double *part = (const double *)kf__at(f->ws, lo->epsacc);
         double sum = 0.0;
         for (int32_t s = 0; s < lo->ns; s++) sum += part[s];
-        *dw[KF__AGRU_EPS] = (float)sum + (c->accumulate ? *dw[KF__AGRU_EPS] : 0.0f);
+        float *deps = dw[KF__AGRU_EPS];
+        *deps = (float)sum + (c->accumulate ? *deps : 0.0f);
     }
 #pragma omp barrier
     if (lo->agru && dw && dw[KF__AGRU_W_H]) {
