@@ -6,8 +6,8 @@
  * with inv_p[m] = 1 / (t_{m+p} - t_m), 0 for a span narrower than FLT_MIN.
  *
  * Two forms of the one recurrence, in the one header every backend includes:
- *  - KF__BSPLINE_DEFINE(T, suffix): for C and C++, the CPU float kernels (cpu/kan_linear.c) and
- *    the float64 grid refit (host/kan_grid.c): the reciprocal table of one feature and the bases
+ *  - KF__BSPLINE_DEFINE(T, suffix): for C and C++, the CPU kernels in float and double
+ *    (cpu/kan_linear.c) and the float64 grid refit (host/kan_grid.c): the reciprocal table of one feature and the bases
  *    of one feature at many points, vectorised over the points;
  *  - kf__bspline_window<KM> (C++ and CUDA only): the bases of one point that can be non-zero, in
  *    registers (cuda/kan_linear.cu).

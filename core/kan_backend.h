@@ -11,7 +11,11 @@
  * The combined operand of a row holds, per feature i, the cw columns
  *     [ SiLU(x_i) | B_0(x_i) .. B_{C-1}(x_i) ]       (columns i*cw .. i*cw + C)
  * and the combined weight W [out, K] the matching [ base_weight[o, i] | spline_weight[o, i, :] *
- * spline_scaler[o, i] ], so that y = A W^T is one product over K. */
+ * spline_scaler[o, i] ], so that y = A W^T is one product over K.
+ *
+ * Every tensor of a call has the plan's dtype (KF_DTYPE_F32, or KF_DTYPE_F64 where the backend's
+ * supports() accepts it): the records carry untyped pointers that the backend reads as that
+ * type. */
 #ifndef KF_CORE_KAN_BACKEND_H
 #define KF_CORE_KAN_BACKEND_H
 
@@ -33,6 +37,7 @@ struct kf_kan_linear_plan {
     int64_t cw;  /* C + 1 */
     int64_t K;   /* in * cw */
     bool scaled; /* standalone_scale: spline_scaler multiplies spline_weight */
+    kf_dtype dtype; /* of every parameter, input and output */
 };
 
 /* KANConv2d's patches as the rows of the product (capi/src/kan_conv2d.c; kfuse.h): row
@@ -50,9 +55,9 @@ typedef struct kf__kan_fwd {
     int64_t N;
     const kf__kan_patches *patches; /* NULL: the rows are x's rows [N, in] and y is [N, out]
                                        (KANLinear); else KANConv2d's patches */
-    const float *x, *grid, *base, *spline; /* base NULL: no base term */
-    const float *scaler; /* NULL: the plan has none (standalone_scale = 0) */
-    float *y;
+    const void *x, *grid, *base, *spline; /* base NULL: no base term */
+    const void *scaler; /* NULL: the plan has none (standalone_scale = 0) */
+    void *y;
     void *ws; size_t ws_bytes;
 } kf__kan_fwd;
 
@@ -60,11 +65,11 @@ typedef struct kf__kan_bwd {
     const struct kf_kan_linear_plan *plan;
     int64_t N;
     const kf__kan_patches *patches;     /* as in kf__kan_fwd */
-    const float *x, *grid, *base, *spline; /* base NULL: no base term (dbase then NULL) */
-    const float *scaler;                /* NULL: the plan has none */
-    const float *dy;
-    float *dx, *dbase, *dspline, *dscaler; /* each NULL = not wanted (dscaler: always NULL when
-                                              the plan has no scaler) */
+    const void *x, *grid, *base, *spline; /* base NULL: no base term (dbase then NULL) */
+    const void *scaler;                 /* NULL: the plan has none */
+    const void *dy;
+    void *dx, *dbase, *dspline, *dscaler; /* each NULL = not wanted (dscaler: always NULL when
+                                             the plan has no scaler) */
     bool accumulate;                    /* add into the parameter gradients instead of
                                            overwriting (dx: always overwritten) */
     void *ws; size_t ws_bytes;

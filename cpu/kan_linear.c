@@ -15,7 +15,7 @@
  * all of K: the same work, no slower (the tile stays in L2 between being built and being packed
  * by OpenBLAS; against one GEMM over K = 2304 at (1024, 256, 256) on one thread, the best
  * forward of 30 calls was 17.3-17.4 ms against 17.5-17.9 ms), and the tile stays bounded
- * whatever `in` is (128 x 512 floats instead of 128 x K).
+ * whatever `in` is (128 x 512 elements instead of 128 x K).
  *
  * Blocks (row blocks, feature chunks) and therefore every BLAS call depend on the shape alone;
  * they go round-robin to the threads and every output element has one writer (the weight
@@ -27,7 +27,11 @@
  * one image); a block's x^T is gathered from the image (im2col per tile, zeros outside it); its
  * y and dy are the columns [p0, p0 + rows) of the image's [out, Ho Wo] plane, so the GEMMs take
  * them transposed; and dx is a scatter-add over the patches, so one thread owns each image's dx
- * (zeroed first, then summed over the image's blocks in order: deterministic). */
+ * (zeroed first, then summed over the image's blocks in order: deterministic).
+ *
+ * One implementation for both dtypes: KF__KAN_CPU_DEFINE(T, X) below defines the kernels for
+ * element type T with the BLAS prefix X (s: float32, d: float64); the op picks them by the
+ * plan's dtype. Only exp(-x) differs by type (kan_exp_neg_rows_s, kan_exp_neg_rows_d). */
 #include "blas.h"
 #include "bspline.h"
 #include "cpu_backend.h"
@@ -35,6 +39,7 @@
 #include "team.h"
 
 #include <float.h>
+#include <math.h>
 #include <string.h>
 
 /* Small calls run in the caller's thread: waking a sleeping team (OMP_WAIT_POLICY=PASSIVE) costs
@@ -46,7 +51,7 @@
  * blocks there are to share out. */
 #define KF__KAN_ROWS 128
 /* Columns per feature chunk, at most (at least one feature): a tile of 128 rows by 512 columns
- * is 256 KiB. */
+ * is 256 KiB in float32 (512 KiB in float64). */
 #define KF__KAN_COLS 512
 /* Chunks wanted at least for the weight gradient, when there are enough features: it is split
  * by chunk, so fewer chunks than threads would leave threads idle. */
@@ -56,8 +61,8 @@ static int64_t kan_min(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t kan_max(int64_t a, int64_t b) { return a > b ? a : b; }
 
 /* Everything a call derives from (plan, N, patches): blocking, team size and the workspace
- * layout. Workspace bytes (each term rounded up to 64):
- *     4 out K  +  4 in k nk  +  team * (4 (rows Fr cw + out F cw + 2 rows Fr + rows nk)
+ * layout. Workspace bytes (each term rounded up to 64; e the element size, 4 or 8):
+ *     e out K  +  e in k nk  +  team * (e (rows Fr cw + out F cw + 2 rows Fr + rows nk)
  *                                       + 8 rows kh kw for KANConv2d's patch offsets)
  * with rows = min(128, L): bounded by tiles, never by N times the bases. */
 typedef struct kan_geom {
@@ -94,17 +99,17 @@ static kan_geom kan_geom_of(const struct kf_kan_linear_plan *p, int64_t N,
     g.team = flops < KF__KAN_TEAM_MIN_FLOPS
                  ? 1
                  : (int32_t)kan_min(p->ctx->num_threads, kan_max(g.blocks, g.chunks));
-    const size_t f4 = sizeof(float);
+    const size_t e = p->dtype == KF_DTYPE_F64 ? sizeof(double) : sizeof(float);
     g.wc = 0;
-    g.inv = kf__align_up((size_t)(p->out * p->K) * f4);
-    g.thr = g.inv + kf__align_up((size_t)(p->in * p->k * p->nk) * f4);
+    g.inv = kf__align_up((size_t)(p->out * p->K) * e);
+    g.thr = g.inv + kf__align_up((size_t)(p->in * p->k * p->nk) * e);
     g.tile = 0;
-    g.dw = kf__align_up((size_t)(g.rows * g.Fr * p->cw) * f4);
-    g.xt = g.dw + kf__align_up((size_t)(p->out * g.F * p->cw) * f4);
-    g.dxt = g.xt + kf__align_up((size_t)(g.rows * g.Fr) * f4);
-    g.s = g.dxt + kf__align_up((size_t)(g.rows * g.Fr) * f4);
-    g.xb = g.s + kf__align_up((size_t)(g.rows * (p->nk - 1)) * f4);
-    g.off = g.xb + kf__align_up((size_t)g.rows * f4);
+    g.dw = kf__align_up((size_t)(g.rows * g.Fr * p->cw) * e);
+    g.xt = g.dw + kf__align_up((size_t)(p->out * g.F * p->cw) * e);
+    g.dxt = g.xt + kf__align_up((size_t)(g.rows * g.Fr) * e);
+    g.s = g.dxt + kf__align_up((size_t)(g.rows * g.Fr) * e);
+    g.xb = g.s + kf__align_up((size_t)(g.rows * (p->nk - 1)) * e);
+    g.off = g.xb + kf__align_up((size_t)g.rows * e);
     g.thr_bytes = g.off + (patches ? kf__align_up((size_t)(g.rows * patches->kh * patches->kw) *
                                                   sizeof(int64_t))
                                    : 0);
@@ -131,56 +136,7 @@ static kan_blk kan_blk_of(const kan_geom *g, int64_t b) {
     return k;
 }
 
-static float *kan_at(void *ws, size_t off) { return (float *)(void *)((char *)ws + off); }
-
-/* ---- the combined weight and the knot reciprocals ------------------------------------------ */
-
-/* Rows [o0, o1) of W [out, K]: per feature [ base_weight (0 when absent) |
- * spline_weight * spline_scaler ]. */
-static void kan_pack_w(const struct kf_kan_linear_plan *p, const float *base, const float *spline,
-                       const float *scaler, float *W, int64_t o0, int64_t o1) {
-    const int64_t in = p->in, C = p->C, cw = p->cw;
-    for (int64_t o = o0; o < o1; ++o)
-        for (int64_t i = 0; i < in; ++i) {
-            const int64_t oi = o * in + i;
-            float *d = W + o * p->K + i * cw;
-            const float *s = spline + oi * C;
-            d[0] = base ? base[oi] : 0.0f; /* no base_weight: no base term */
-            if (scaler) {
-                const float sc = scaler[oi];
-                for (int64_t c = 0; c < C; ++c) d[1 + c] = s[c] * sc;
-            } else {
-                memcpy(d + 1, s, (size_t)C * sizeof(float));
-            }
-        }
-}
-
-KF__BSPLINE_DEFINE(float, f)
-
-/* Features [i0, i1) of inv [in, k, nk]: each feature's reciprocal table (common/bspline.h). */
-static void kan_inv_table(const struct kf_kan_linear_plan *p, const float *grid, float *inv,
-                          int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i)
-        kf__bspline_inv_f(grid + i * p->nk, p->nk, p->k, inv + i * p->k * p->nk);
-}
-
-/* ---- bases, vectorised over rows ------------------------------------------------------------
- * A tile is stored transposed, A^T [cols, rows] (row stride `rows`), so that every loop below
- * runs over contiguous rows of one feature with the knots as scalars: plain loops the compiler
- * vectorises, no branches, no per-element search. The GEMMs read it with the transpose flag. */
-
-/* x^T [f1 - f0, rows] from rows x[0..rows) (row stride in): the chunk's features, row-contiguous.
- * Eight rows at a time, so that the eight source lines stay in L1 across the features and the
- * stores are contiguous. */
-static void kan_gather_rows(const float *x, int64_t in, int64_t rows, int64_t f0, int64_t f1,
-                            float *xT) {
-    int64_t n = 0;
-    for (; n + 8 <= rows; n += 8)
-        for (int64_t i = f0; i < f1; ++i)
-            for (int64_t r = 0; r < 8; ++r) xT[(i - f0) * rows + n + r] = x[(n + r) * in + i];
-    for (; n < rows; ++n)
-        for (int64_t i = f0; i < f1; ++i) xT[(i - f0) * rows + n] = x[n * in + i];
-}
+static void *kan_at(void *ws, size_t off) { return (char *)ws + off; }
 
 /* Block k's offsets for every kernel position: tab[pos * rows + r] (kf__kan_patch_offsets). A
  * feature f = c kh kw + pos of the block reads channel c at those offsets: the table is formed
@@ -191,63 +147,19 @@ static void kan_block_offsets(const kf__kan_patches *P, const kan_blk *k, int64_
         kf__kan_patch_offsets(P, pos, k->p0, k->rows, tab + pos * k->rows);
 }
 
-/* x^T [f1 - f0, rows] of block k: KANLinear's rows, or the patches (im2col of the tile only,
- * from the block's offset table `tab`). */
-static void kan_gather_x(const float *x, const kf__kan_patches *P, int64_t in, const kan_blk *k,
-                         int64_t f0, int64_t f1, float *xT, const int64_t *tab) {
-    if (!P) {
-        kan_gather_rows(x + k->n0 * in, in, k->rows, f0, f1, xT);
-        return;
-    }
-    const int64_t kk = (int64_t)P->kh * P->kw, plane = P->H * P->W;
-    const float *img = x + k->img * P->Cin * plane;
-    for (int64_t f = f0; f < f1; ++f) {
-        const float *src = img + f / kk * plane;
-        const int64_t *off = tab + f % kk * k->rows;
-        float *d = xT + (f - f0) * k->rows;
-        for (int64_t r = 0; r < k->rows; ++r) d[r] = off[r] >= 0 ? src[off[r]] : 0.0f;
-    }
-}
-
-/* The inverse of kan_gather_x for dx: KANLinear writes its rows; KANConv2d adds each patch
- * element into the pixel it came from (padding is dropped). */
-static void kan_scatter_dx(const float *dxT, const kf__kan_patches *P, int64_t in,
-                           const kan_blk *k, int64_t f0, int64_t f1, float *dx,
-                           const int64_t *tab) {
-    const int64_t rows = k->rows;
-    if (!P) {
-        float *d = dx + k->n0 * in;
-        int64_t n = 0;
-        for (; n + 8 <= rows; n += 8)
-            for (int64_t i = f0; i < f1; ++i)
-                for (int64_t r = 0; r < 8; ++r)
-                    d[(n + r) * in + i] = dxT[(i - f0) * rows + n + r];
-        for (; n < rows; ++n)
-            for (int64_t i = f0; i < f1; ++i) d[n * in + i] = dxT[(i - f0) * rows + n];
-        return;
-    }
-    const int64_t kk = (int64_t)P->kh * P->kw, plane = P->H * P->W;
-    float *img = dx + k->img * P->Cin * plane;
-    for (int64_t f = f0; f < f1; ++f) {
-        const float *src = dxT + (f - f0) * rows;
-        float *dst = img + f / kk * plane;
-        const int64_t *off = tab + f % kk * rows;
-        for (int64_t r = 0; r < rows; ++r)
-            if (off[r] >= 0) dst[off[r]] += src[r];
-    }
-}
-
-/* e[n] = exp(-x[n]) for n < rows, for SiLU and its derivative, written so that the loops
- * vectorise (libm's expf is a call per element): Cody-Waite reduction -x = k ln2 + r,
- * |r| <= ln2/2, Cephes' degree-6 polynomial (about 1 ulp), scaled by 2^k through the exponent
- * bits. The argument -x is clamped to [-87.3, 89] first, in a loop of its own (fused into the
- * second, the compiler duplicates the tail per clamp branch and gives up vectorising):
+/* e[n] = exp(-x[n]) for n < rows, for SiLU and its derivative.
+ *
+ * Float32: written so that the loops vectorise (libm's expf is a call per element): Cody-Waite
+ * reduction -x = k ln2 + r, |r| <= ln2/2, Cephes' degree-6 polynomial (about 1 ulp), scaled by
+ * 2^k through the exponent bits. The argument -x is clamped to [-87.3, 89] first, in a loop of
+ * its own (fused into the second, the compiler duplicates the tail per clamp branch and gives up
+ * vectorising):
  *  - x > 87.3: 2^k stays a normal float and e comes out near 1e-38 instead of smaller; SiLU and
  *    SiLU' are x and 1 to float precision all the same;
  *  - x < -88.37: k = 128 fills the exponent field and e = +inf (exact below -88.72); SiLU and
  *    SiLU' are -0 to float precision either way;
  *  - NaN: e is finite, and the callers' formulas carry x itself, so SiLU and SiLU' are NaN. */
-static void kan_exp_neg_rows(const float *restrict x, int64_t rows, float *restrict e) {
+static void kan_exp_neg_rows_s(const float *restrict x, int64_t rows, float *restrict e) {
     for (int64_t n = 0; n < rows; ++n) {
         float v = -x[n];
         v = v > -87.3f ? v : -87.3f; /* NaN goes to -87.3: no NaN reaches the int conversion */
@@ -272,202 +184,322 @@ static void kan_exp_neg_rows(const float *restrict x, int64_t rows, float *restr
     }
 }
 
-/* The tile A^T [(f1-f0)*cw, rows] of features [f0, f1) at x^T: per feature the rows
- * SiLU(x), B_0(x) .. B_{C-1}(x) (bases 0 outside the grid). */
-static void kan_tile(const struct kf_kan_linear_plan *p, const float *grid, const float *inv,
-                     const float *xT, int64_t rows, int64_t f0, int64_t f1, float *tile,
-                     float *S, float *xb) {
-    const int64_t nk = p->nk, cw = p->cw;
-    for (int64_t i = f0; i < f1; ++i) {
-        const float *x = xT + (i - f0) * rows;
-        float *restrict a = tile + (i - f0) * cw * rows;
-        kan_exp_neg_rows(x, rows, a);
-        for (int64_t n = 0; n < rows; ++n) a[n] = x[n] / (1.0f + a[n]); /* SiLU */
-        kf__bspline_rows_f(grid + i * nk, inv + i * p->k * nk, nk, p->k, x, rows, xb, S,
-                           a + rows);
-    }
+/* Float64: libm's exp (within an ulp; float64 is the accuracy path, not a speed target). Below
+ * x = -709.8 e = +inf and SiLU, SiLU' are -0, as in float32. */
+static void kan_exp_neg_rows_d(const double *restrict x, int64_t rows, double *restrict e) {
+    for (int64_t n = 0; n < rows; ++n) e[n] = exp(-x[n]);
 }
 
-/* ---- forward -------------------------------------------------------------------------------- */
+KF__BSPLINE_DEFINE(float, s)
+KF__BSPLINE_DEFINE(double, d)
 
 typedef struct kan_fwd_call {
     const kf__kan_fwd *c;
     kan_geom g;
 } kan_fwd_call;
 
-/* Block k's part of y or dy [N, out]: rows [n0, n0 + rows) of it (row stride out) for KANLinear;
- * for KANConv2d the columns [p0, p0 + rows) of the image's [out, L] plane, that is the block
- * stored transposed (row stride L). *ld receives the row stride. */
-static float *kan_yblk(const float *y, const kf__kan_patches *P, const kan_geom *g, int64_t out,
-                       const kan_blk *k, int64_t *ld) {
-    *ld = P ? g->L : out;
-    return (float *)(P ? y + k->img * out * g->L + k->p0 : y + k->n0 * out);
-}
-
-static void kan_fwd_team(void *arg, int tid, int nth) {
-    const kf__kan_fwd *c = ((const kan_fwd_call *)arg)->c;
-    const kan_geom *g = &((const kan_fwd_call *)arg)->g;
-    const struct kf_kan_linear_plan *p = c->plan;
-    const kf__kan_patches *P = c->patches;
-    const int64_t in = p->in, out = p->out, cw = p->cw, K = p->K;
-    float *W = kan_at(c->ws, g->wc), *inv = kan_at(c->ws, g->inv);
-    char *mine = (char *)c->ws + g->thr + (size_t)tid * g->thr_bytes;
-    float *tile = kan_at(mine, g->tile), *xT = kan_at(mine, g->xt), *S = kan_at(mine, g->s),
-          *xb = kan_at(mine, g->xb);
-    int64_t *off = (int64_t *)(void *)(mine + g->off);
-    int64_t a0, a1, ld;
-    kf__cpu_share(out, tid, nth, &a0, &a1);
-    kan_pack_w(p, c->base, c->spline, c->scaler, W, a0, a1);
-    kf__cpu_share(in, tid, nth, &a0, &a1);
-    kan_inv_table(p, c->grid, inv, a0, a1);
-#pragma omp barrier
-    for (int64_t b = tid; b < g->blocks; b += nth) {
-        const kan_blk k = kan_blk_of(g, b);
-        float *y = kan_yblk(c->y, P, g, out, &k, &ld);
-        if (P) kan_block_offsets(P, &k, off);
-        for (int64_t ch = 0; ch < g->rchunks; ++ch) {
-            const int64_t f0 = ch * g->Fr, f1 = kan_min(in, f0 + g->Fr), cols = (f1 - f0) * cw;
-            const float beta = ch ? 1.0f : 0.0f;
-            kan_gather_x(c->x, P, in, &k, f0, f1, xT, off);
-            kan_tile(p, c->grid, inv, xT, k.rows, f0, f1, tile, S, xb);
-            if (P) /* y^T [out, rows] = W_chunk A_chunk^T */
-                kf__sgemm(false, false, out, k.rows, cols, 1.0f, W + f0 * cw, K, tile, k.rows,
-                          beta, y, ld);
-            else /* y [rows, out] = A_chunk W_chunk^T */
-                kf__sgemm(true, true, k.rows, out, cols, 1.0f, tile, k.rows, W + f0 * cw, K,
-                          beta, y, ld);
-        }
-    }
-}
-
-static kf_status kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
-    kan_fwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N, c->patches)};
-    kf__cpu_team(call.g.team, kan_fwd_team, &call);
-    return KF_OK;
-}
-
-/* ---- backward ------------------------------------------------------------------------------- */
-
-/* dx^T [f1-f0, rows] for features [f0, f1) from dA^T = (dy W)^T over the same columns:
- *     dx = dA_silu SiLU'(x) + sum_c dA_c B'_c(x),   SiLU'(x) = s (1 + x (1 - s)), s = sigmoid(x),
- *     B'_{c,k}(x) = k (B_{c,k-1}(x) inv_k[c] - B_{c+1,k-1}(x) inv_k[c+1])     (k = 0: B' = 0)
- * from the order-(k-1) bases (C + 1 of them) in S; zero-width spans contribute 0. */
-static void kan_dx(const struct kf_kan_linear_plan *p, const float *grid, const float *inv,
-                   const float *xT, const float *dA, int64_t rows, int64_t f0, int64_t f1,
-                   float *dxT, float *S, float *xb) {
-    const int64_t nk = p->nk, C = p->C, k = p->k, cw = p->cw;
-    for (int64_t i = f0; i < f1; ++i) {
-        const float *restrict x = xT + (i - f0) * rows, *restrict d0 = dA + (i - f0) * cw * rows;
-        float *restrict acc = dxT + (i - f0) * rows;
-        kan_exp_neg_rows(x, rows, acc);
-        for (int64_t n = 0; n < rows; ++n) {
-            const float s = 1.0f / (1.0f + acc[n]);
-            acc[n] = d0[n] * (s * (1.0f + x[n] * (1.0f - s)));
-        }
-        if (k == 0) continue;
-        const float *fi = inv + i * k * nk, *ik = fi + (k - 1) * nk;
-        kf__bspline_rows_f(grid + i * nk, fi, nk, k - 1, x, rows, xb, S, S);
-        for (int64_t c = 0; c < C; ++c) {
-            const float a = (float)k * ik[c], b = (float)k * ik[c + 1];
-            const float *restrict dc = d0 + (1 + c) * rows, *restrict s0 = S + c * rows,
-                                  *restrict s1 = s0 + rows;
-            for (int64_t n = 0; n < rows; ++n) acc[n] += dc[n] * (a * s0[n] - b * s1[n]);
-        }
-    }
-}
-
-/* Folds the chunk [f0, f1) of dW = dy^T A ([out, (f1-f0)*cw]) into the parameter gradients:
- *     d base_weight = dW_silu,   d spline_weight = dW_spline * spline_scaler,
- *     d spline_scaler = sum_c dW_spline[c] * spline_weight[c]. */
-static void kan_fold_dw(const kf__kan_bwd *c, const float *dW, int64_t f0, int64_t f1) {
-    const struct kf_kan_linear_plan *p = c->plan;
-    const int64_t in = p->in, C = p->C, cw = p->cw, ld = (f1 - f0) * cw;
-    const bool acc = c->accumulate;
-    for (int64_t o = 0; o < p->out; ++o)
-        for (int64_t i = f0; i < f1; ++i) {
-            const int64_t oi = o * in + i;
-            const float *g = dW + o * ld + (i - f0) * cw;
-            if (c->dbase) c->dbase[oi] = acc ? c->dbase[oi] + g[0] : g[0];
-            if (c->dspline) {
-                const float s = c->scaler ? c->scaler[oi] : 1.0f;
-                float *d = c->dspline + oi * C;
-                for (int64_t q = 0; q < C; ++q) d[q] = acc ? d[q] + g[1 + q] * s : g[1 + q] * s;
-            }
-            if (c->dscaler) {
-                const float *sw = c->spline + oi * C;
-                float sum = 0.0f;
-                for (int64_t q = 0; q < C; ++q) sum += g[1 + q] * sw[q];
-                c->dscaler[oi] = acc ? c->dscaler[oi] + sum : sum;
-            }
-        }
-}
-
 typedef struct kan_bwd_call {
     const kf__kan_bwd *c;
     kan_geom g;
 } kan_bwd_call;
 
-static void kan_bwd_team(void *arg, int tid, int nth) {
-    const kf__kan_bwd *c = ((const kan_bwd_call *)arg)->c;
-    const kan_geom *g = &((const kan_bwd_call *)arg)->g;
-    const struct kf_kan_linear_plan *p = c->plan;
-    const kf__kan_patches *P = c->patches;
-    const int64_t in = p->in, out = p->out, cw = p->cw, K = p->K;
-    float *W = kan_at(c->ws, g->wc), *inv = kan_at(c->ws, g->inv);
-    char *mine = (char *)c->ws + g->thr + (size_t)tid * g->thr_bytes;
-    float *tile = kan_at(mine, g->tile), *dW = kan_at(mine, g->dw), *xT = kan_at(mine, g->xt),
-          *dxT = kan_at(mine, g->dxt), *S = kan_at(mine, g->s), *xb = kan_at(mine, g->xb);
-    int64_t *off = (int64_t *)(void *)(mine + g->off);
-    int64_t a0, a1, ld;
-    if (c->dx) {
-        kf__cpu_share(out, tid, nth, &a0, &a1);
-        kan_pack_w(p, c->base, c->spline, c->scaler, W, a0, a1);
+/* For element type T, BLAS prefix X (s: float, d: double): the kernels of forward and
+ * backward, each named with the suffix _X; kan_fwd_team_X and kan_bwd_team_X run one
+ * thread's share of a call. */
+#define KF__KAN_CPU_DEFINE(T, X)                                                                   \
+    /* ---- the combined weight and the knot reciprocals ---- */                                   \
+                                                                                                   \
+    /* Rows [o0, o1) of W [out, K]: per feature [ base_weight (0 when absent) |                    \
+     * spline_weight * spline_scaler ]. */                                                         \
+    static void kan_pack_w_##X(const struct kf_kan_linear_plan *p, const T *base, const T *spline, \
+                               const T *scaler, T *W, int64_t o0, int64_t o1) {                    \
+        const int64_t in = p->in, C = p->C, cw = p->cw;                                            \
+        for (int64_t o = o0; o < o1; ++o)                                                          \
+            for (int64_t i = 0; i < in; ++i) {                                                     \
+                const int64_t oi = o * in + i;                                                     \
+                T *d = W + o * p->K + i * cw;                                                      \
+                const T *s = spline + oi * C;                                                      \
+                d[0] = base ? base[oi] : (T)0; /* no base_weight: no base term */                  \
+                if (scaler) {                                                                      \
+                    const T sc = scaler[oi];                                                       \
+                    for (int64_t c = 0; c < C; ++c) d[1 + c] = s[c] * sc;                          \
+                } else {                                                                           \
+                    memcpy(d + 1, s, (size_t)C * sizeof(T));                                       \
+                }                                                                                  \
+            }                                                                                      \
+    }                                                                                              \
+                                                                                                   \
+    /* Features [i0, i1) of inv [in, k, nk]: each feature's reciprocal table                       \
+     * (common/bspline.h). */                                                                      \
+    static void kan_inv_table_##X(const struct kf_kan_linear_plan *p, const T *grid, T *inv,       \
+                                  int64_t i0, int64_t i1) {                                        \
+        for (int64_t i = i0; i < i1; ++i)                                                          \
+            kf__bspline_inv_##X(grid + i * p->nk, p->nk, p->k, inv + i * p->k * p->nk);            \
+    }                                                                                              \
+                                                                                                   \
+    /* ---- bases, vectorised over rows ----                                                       \
+     * A tile is stored transposed, A^T [cols, rows] (row stride `rows`), so that every loop       \
+     * below runs over contiguous rows of one feature with the knots as scalars: plain loops the   \
+     * compiler vectorises, no branches, no per-element search. The GEMMs read it with the         \
+     * transpose flag. */                                                                          \
+                                                                                                   \
+    /* x^T [f1 - f0, rows] from rows x[0..rows) (row stride in): the chunk's features,             \
+     * row-contiguous. Eight rows at a time, so that the eight source lines stay in L1 across the  \
+     * features and the stores are contiguous. */                                                  \
+    static void kan_gather_rows_##X(const T *x, int64_t in, int64_t rows, int64_t f0, int64_t f1,  \
+                                    T *xT) {                                                       \
+        int64_t n = 0;                                                                             \
+        for (; n + 8 <= rows; n += 8)                                                              \
+            for (int64_t i = f0; i < f1; ++i)                                                      \
+                for (int64_t r = 0; r < 8; ++r) xT[(i - f0) * rows + n + r] = x[(n + r) * in + i]; \
+        for (; n < rows; ++n)                                                                      \
+            for (int64_t i = f0; i < f1; ++i) xT[(i - f0) * rows + n] = x[n * in + i];             \
+    }                                                                                              \
+                                                                                                   \
+    /* x^T [f1 - f0, rows] of block k: KANLinear's rows, or the patches (im2col of the tile only,  \
+     * from the block's offset table `tab`). */                                                    \
+    static void kan_gather_x_##X(const T *x, const kf__kan_patches *P, int64_t in,                 \
+                                 const kan_blk *k, int64_t f0, int64_t f1, T *xT,                  \
+                                 const int64_t *tab) {                                             \
+        if (!P) {                                                                                  \
+            kan_gather_rows_##X(x + k->n0 * in, in, k->rows, f0, f1, xT);                          \
+            return;                                                                                \
+        }                                                                                          \
+        const int64_t kk = (int64_t)P->kh * P->kw, plane = P->H * P->W;                            \
+        const T *img = x + k->img * P->Cin * plane;                                                \
+        for (int64_t f = f0; f < f1; ++f) {                                                        \
+            const T *src = img + f / kk * plane;                                                   \
+            const int64_t *off = tab + f % kk * k->rows;                                           \
+            T *d = xT + (f - f0) * k->rows;                                                        \
+            for (int64_t r = 0; r < k->rows; ++r) d[r] = off[r] >= 0 ? src[off[r]] : (T)0;         \
+        }                                                                                          \
+    }                                                                                              \
+                                                                                                   \
+    /* The inverse of kan_gather_x for dx: KANLinear writes its rows; KANConv2d adds each patch    \
+     * element into the pixel it came from (padding is dropped). */                                \
+    static void kan_scatter_dx_##X(const T *dxT, const kf__kan_patches *P, int64_t in,             \
+                                   const kan_blk *k, int64_t f0, int64_t f1, T *dx,                \
+                                   const int64_t *tab) {                                           \
+        const int64_t rows = k->rows;                                                              \
+        if (!P) {                                                                                  \
+            T *d = dx + k->n0 * in;                                                                \
+            int64_t n = 0;                                                                         \
+            for (; n + 8 <= rows; n += 8)                                                          \
+                for (int64_t i = f0; i < f1; ++i)                                                  \
+                    for (int64_t r = 0; r < 8; ++r)                                                \
+                        d[(n + r) * in + i] = dxT[(i - f0) * rows + n + r];                        \
+            for (; n < rows; ++n)                                                                  \
+                for (int64_t i = f0; i < f1; ++i) d[n * in + i] = dxT[(i - f0) * rows + n];        \
+            return;                                                                                \
+        }                                                                                          \
+        const int64_t kk = (int64_t)P->kh * P->kw, plane = P->H * P->W;                            \
+        T *img = dx + k->img * P->Cin * plane;                                                     \
+        for (int64_t f = f0; f < f1; ++f) {                                                        \
+            const T *src = dxT + (f - f0) * rows;                                                  \
+            T *dst = img + f / kk * plane;                                                         \
+            const int64_t *off = tab + f % kk * rows;                                              \
+            for (int64_t r = 0; r < rows; ++r)                                                     \
+                if (off[r] >= 0) dst[off[r]] += src[r];                                            \
+        }                                                                                          \
+    }                                                                                              \
+                                                                                                   \
+    /* The tile A^T [(f1-f0)*cw, rows] of features [f0, f1) at x^T: per feature the rows           \
+     * SiLU(x), B_0(x) .. B_{C-1}(x) (bases 0 outside the grid). */                                \
+    static void kan_tile_##X(const struct kf_kan_linear_plan *p, const T *grid, const T *inv,      \
+                             const T *xT, int64_t rows, int64_t f0, int64_t f1, T *tile, T *S,     \
+                             T *xb) {                                                              \
+        const int64_t nk = p->nk, cw = p->cw;                                                      \
+        for (int64_t i = f0; i < f1; ++i) {                                                        \
+            const T *x = xT + (i - f0) * rows;                                                     \
+            T *restrict a = tile + (i - f0) * cw * rows;                                           \
+            kan_exp_neg_rows_##X(x, rows, a);                                                      \
+            for (int64_t n = 0; n < rows; ++n) a[n] = x[n] / ((T)1 + a[n]); /* SiLU */             \
+            kf__bspline_rows_##X(grid + i * nk, inv + i * p->k * nk, nk, p->k, x, rows, xb, S,     \
+                                 a + rows);                                                        \
+        }                                                                                          \
+    }                                                                                              \
+                                                                                                   \
+    /* ---- forward ---- */                                                                        \
+                                                                                                   \
+    /* Block k's part of y or dy [N, out]: rows [n0, n0 + rows) of it (row stride out) for         \
+     * KANLinear; for KANConv2d the columns [p0, p0 + rows) of the image's [out, L] plane, that is \
+     * the block stored transposed (row stride L). *ld receives the row stride. */                 \
+    static T *kan_yblk_##X(const void *y, const kf__kan_patches *P, const kan_geom *g,             \
+                           int64_t out, const kan_blk *k, int64_t *ld) {                           \
+        *ld = P ? g->L : out;                                                                      \
+        return (T *)y + (P ? k->img * out * g->L + k->p0 : k->n0 * out);                           \
+    }                                                                                              \
+                                                                                                   \
+    static void kan_fwd_team_##X(void *arg, int tid, int nth) {                                    \
+        const kf__kan_fwd *c = ((const kan_fwd_call *)arg)->c;                                     \
+        const kan_geom *g = &((const kan_fwd_call *)arg)->g;                                       \
+        const struct kf_kan_linear_plan *p = c->plan;                                              \
+        const kf__kan_patches *P = c->patches;                                                     \
+        const int64_t in = p->in, out = p->out, cw = p->cw, K = p->K;                              \
+        T *W = kan_at(c->ws, g->wc), *inv = kan_at(c->ws, g->inv);                                 \
+        char *mine = (char *)c->ws + g->thr + (size_t)tid * g->thr_bytes;                          \
+        T *tile = kan_at(mine, g->tile), *xT = kan_at(mine, g->xt), *S = kan_at(mine, g->s),       \
+          *xb = kan_at(mine, g->xb);                                                               \
+        int64_t *off = kan_at(mine, g->off);                                                       \
+        int64_t a0, a1, ld;                                                                        \
+        kf__cpu_share(out, tid, nth, &a0, &a1);                                                    \
+        kan_pack_w_##X(p, c->base, c->spline, c->scaler, W, a0, a1);                               \
+        kf__cpu_share(in, tid, nth, &a0, &a1);                                                     \
+        kan_inv_table_##X(p, c->grid, inv, a0, a1);                                                \
+        _Pragma("omp barrier")                                                                     \
+        for (int64_t b = tid; b < g->blocks; b += nth) {                                           \
+            const kan_blk k = kan_blk_of(g, b);                                                    \
+            T *y = kan_yblk_##X(c->y, P, g, out, &k, &ld);                                         \
+            if (P) kan_block_offsets(P, &k, off);                                                  \
+            for (int64_t ch = 0; ch < g->rchunks; ++ch) {                                          \
+                const int64_t f0 = ch * g->Fr, f1 = kan_min(in, f0 + g->Fr);                       \
+                const int64_t cols = (f1 - f0) * cw;                                               \
+                const T beta = ch ? (T)1 : (T)0;                                                   \
+                kan_gather_x_##X(c->x, P, in, &k, f0, f1, xT, off);                                \
+                kan_tile_##X(p, c->grid, inv, xT, k.rows, f0, f1, tile, S, xb);                    \
+                if (P) /* y^T [out, rows] = W_chunk A_chunk^T */                                   \
+                    kf__##X##gemm(false, false, out, k.rows, cols, 1, W + f0 * cw, K, tile,        \
+                                  k.rows, beta, y, ld);                                            \
+                else /* y [rows, out] = A_chunk W_chunk^T */                                       \
+                    kf__##X##gemm(true, true, k.rows, out, cols, 1, tile, k.rows, W + f0 * cw, K,  \
+                                  beta, y, ld);                                                    \
+            }                                                                                      \
+        }                                                                                          \
+    }                                                                                              \
+                                                                                                   \
+    /* ---- backward ---- */                                                                       \
+                                                                                                   \
+    /* dx^T [f1-f0, rows] for features [f0, f1) from dA^T = (dy W)^T over the same columns:        \
+     *     dx = dA_silu SiLU'(x) + sum_c dA_c B'_c(x),                                             \
+     *     SiLU'(x) = s (1 + x (1 - s)),   s = sigmoid(x),                                         \
+     *     B'_{c,k}(x) = k (B_{c,k-1}(x) inv_k[c] - B_{c+1,k-1}(x) inv_k[c+1])     (k = 0: B' = 0) \
+     * from the order-(k-1) bases (C + 1 of them) in S; zero-width spans contribute 0. */          \
+    static void kan_dx_##X(const struct kf_kan_linear_plan *p, const T *grid, const T *inv,        \
+                           const T *xT, const T *dA, int64_t rows, int64_t f0, int64_t f1, T *dxT, \
+                           T *S, T *xb) {                                                          \
+        const int64_t nk = p->nk, C = p->C, k = p->k, cw = p->cw;                                  \
+        for (int64_t i = f0; i < f1; ++i) {                                                        \
+            const T *restrict x = xT + (i - f0) * rows, *restrict d0 = dA + (i - f0) * cw * rows;  \
+            T *restrict acc = dxT + (i - f0) * rows;                                               \
+            kan_exp_neg_rows_##X(x, rows, acc);                                                    \
+            for (int64_t n = 0; n < rows; ++n) {                                                   \
+                const T s = (T)1 / ((T)1 + acc[n]);                                                \
+                acc[n] = d0[n] * (s * ((T)1 + x[n] * ((T)1 - s)));                                 \
+            }                                                                                      \
+            if (k == 0) continue;                                                                  \
+            const T *fi = inv + i * k * nk, *ik = fi + (k - 1) * nk;                               \
+            kf__bspline_rows_##X(grid + i * nk, fi, nk, k - 1, x, rows, xb, S, S);                 \
+            for (int64_t c = 0; c < C; ++c) {                                                      \
+                const T a = (T)k * ik[c], b = (T)k * ik[c + 1];                                    \
+                const T *restrict dc = d0 + (1 + c) * rows, *restrict s0 = S + c * rows,           \
+                                  *restrict s1 = s0 + rows;                                        \
+                for (int64_t n = 0; n < rows; ++n) acc[n] += dc[n] * (a * s0[n] - b * s1[n]);      \
+            }                                                                                      \
+        }                                                                                          \
+    }                                                                                              \
+                                                                                                   \
+    /* Folds the chunk [f0, f1) of dW = dy^T A ([out, (f1-f0)*cw]) into the parameter gradients:   \
+     *     d base_weight = dW_silu,   d spline_weight = dW_spline * spline_scaler,                 \
+     *     d spline_scaler = sum_c dW_spline[c] * spline_weight[c]. */                             \
+    static void kan_fold_dw_##X(const kf__kan_bwd *c, const T *dW, int64_t f0, int64_t f1) {       \
+        const struct kf_kan_linear_plan *p = c->plan;                                              \
+        const int64_t in = p->in, C = p->C, cw = p->cw, ld = (f1 - f0) * cw;                       \
+        const bool acc = c->accumulate;                                                            \
+        const T *scaler = c->scaler, *spline = c->spline;                                          \
+        T *dbase = c->dbase, *dspline = c->dspline, *dscaler = c->dscaler;                         \
+        for (int64_t o = 0; o < p->out; ++o)                                                       \
+            for (int64_t i = f0; i < f1; ++i) {                                                    \
+                const int64_t oi = o * in + i;                                                     \
+                const T *g = dW + o * ld + (i - f0) * cw;                                          \
+                if (dbase) dbase[oi] = acc ? dbase[oi] + g[0] : g[0];                              \
+                if (dspline) {                                                                     \
+                    const T s = scaler ? scaler[oi] : (T)1;                                        \
+                    T *d = dspline + oi * C;                                                       \
+                    for (int64_t q = 0; q < C; ++q)                                                \
+                        d[q] = acc ? d[q] + g[1 + q] * s : g[1 + q] * s;                           \
+                }                                                                                  \
+                if (dscaler) {                                                                     \
+                    const T *sw = spline + oi * C;                                                 \
+                    T sum = 0;                                                                     \
+                    for (int64_t q = 0; q < C; ++q) sum += g[1 + q] * sw[q];                       \
+                    dscaler[oi] = acc ? dscaler[oi] + sum : sum;                                   \
+                }                                                                                  \
+            }                                                                                      \
+    }                                                                                              \
+                                                                                                   \
+    static void kan_bwd_team_##X(void *arg, int tid, int nth) {                                    \
+        const kf__kan_bwd *c = ((const kan_bwd_call *)arg)->c;                                     \
+        const kan_geom *g = &((const kan_bwd_call *)arg)->g;                                       \
+        const struct kf_kan_linear_plan *p = c->plan;                                              \
+        const kf__kan_patches *P = c->patches;                                                     \
+        const int64_t in = p->in, out = p->out, cw = p->cw, K = p->K;                              \
+        T *W = kan_at(c->ws, g->wc), *inv = kan_at(c->ws, g->inv), *DX = c->dx;                    \
+        char *mine = (char *)c->ws + g->thr + (size_t)tid * g->thr_bytes;                          \
+        T *tile = kan_at(mine, g->tile), *dW = kan_at(mine, g->dw), *xT = kan_at(mine, g->xt),     \
+          *dxT = kan_at(mine, g->dxt), *S = kan_at(mine, g->s), *xb = kan_at(mine, g->xb);         \
+        int64_t *off = kan_at(mine, g->off);                                                       \
+        int64_t a0, a1, ld;                                                                        \
+        if (DX) {                                                                                  \
+            kf__cpu_share(out, tid, nth, &a0, &a1);                                                \
+            kan_pack_w_##X(p, c->base, c->spline, c->scaler, W, a0, a1);                           \
+        }                                                                                          \
+        kf__cpu_share(in, tid, nth, &a0, &a1);                                                     \
+        kan_inv_table_##X(p, c->grid, inv, a0, a1);                                                \
+        _Pragma("omp barrier")                                                                     \
+        /* dx, unit by unit (a row block, or a whole image whose dx this thread alone sums):       \
+         * dA^T = (dy W)^T chunk by chunk (each chunk owns its features). dy is taken transposed   \
+         * when it is stored [rows, out] (KANLinear) and as it is when it is already               \
+         * [out, rows]. */                                                                         \
+        const size_t img_bytes = P ? (size_t)(P->Cin * P->H * P->W) * sizeof(T) : 0;               \
+        for (int64_t u = tid; DX && u * g->unit < g->blocks; u += nth) {                           \
+            if (P) memset(DX + u * P->Cin * P->H * P->W, 0, img_bytes);                            \
+            for (int64_t b = u * g->unit; b < (u + 1) * g->unit; ++b) {                            \
+                const kan_blk k = kan_blk_of(g, b);                                                \
+                const T *dy = kan_yblk_##X(c->dy, P, g, out, &k, &ld);                             \
+                if (P) kan_block_offsets(P, &k, off);                                              \
+                for (int64_t ch = 0; ch < g->rchunks; ++ch) {                                      \
+                    const int64_t f0 = ch * g->Fr, f1 = kan_min(in, f0 + g->Fr);                   \
+                    const int64_t cols = (f1 - f0) * cw;                                           \
+                    kf__##X##gemm(true, !P, cols, k.rows, out, 1, W + f0 * cw, K, dy, ld, 0, tile, \
+                                  k.rows);                                                         \
+                    kan_gather_x_##X(c->x, P, in, &k, f0, f1, xT, off);                            \
+                    kan_dx_##X(p, c->grid, inv, xT, tile, k.rows, f0, f1, dxT, S, xb);             \
+                    kan_scatter_dx_##X(dxT, P, in, &k, f0, f1, DX, off);                           \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+        /* dW = dy^T A, chunk by chunk over all rows in a fixed order (no barrier needed: the two  \
+         * loops write disjoint outputs and read only inputs, W and inv). */                       \
+        const bool want_w = c->dbase || c->dspline || c->dscaler;                                  \
+        for (int64_t ch = tid; want_w && ch < g->chunks; ch += nth) {                              \
+            const int64_t f0 = ch * g->F, f1 = kan_min(in, f0 + g->F), cols = (f1 - f0) * cw;      \
+            for (int64_t b = 0; b < g->blocks; ++b) {                                              \
+                const kan_blk k = kan_blk_of(g, b);                                                \
+                const T *dy = kan_yblk_##X(c->dy, P, g, out, &k, &ld);                             \
+                if (P) kan_block_offsets(P, &k, off);                                              \
+                kan_gather_x_##X(c->x, P, in, &k, f0, f1, xT, off);                                \
+                kan_tile_##X(p, c->grid, inv, xT, k.rows, f0, f1, tile, S, xb);                    \
+                kf__##X##gemm(!P, true, out, cols, k.rows, 1, dy, ld, tile, k.rows, b ? 1 : 0, dW, \
+                              cols);                                                               \
+            }                                                                                      \
+            kan_fold_dw_##X(c, dW, f0, f1);                                                        \
+        }                                                                                          \
     }
-    kf__cpu_share(in, tid, nth, &a0, &a1);
-    kan_inv_table(p, c->grid, inv, a0, a1);
-#pragma omp barrier
-    /* dx, unit by unit (a row block, or a whole image whose dx this thread alone sums): dA^T =
-     * (dy W)^T chunk by chunk (each chunk owns its features). dy is taken transposed when it
-     * is stored [rows, out] (KANLinear) and as it is when it is already [out, rows]. */
-    const size_t img_bytes = P ? (size_t)(P->Cin * P->H * P->W) * sizeof(float) : 0;
-    for (int64_t u = tid; c->dx && u * g->unit < g->blocks; u += nth) {
-        if (P) memset(c->dx + u * P->Cin * P->H * P->W, 0, img_bytes);
-        for (int64_t b = u * g->unit; b < (u + 1) * g->unit; ++b) {
-            const kan_blk k = kan_blk_of(g, b);
-            const float *dy = kan_yblk(c->dy, P, g, out, &k, &ld);
-            if (P) kan_block_offsets(P, &k, off);
-            for (int64_t ch = 0; ch < g->rchunks; ++ch) {
-                const int64_t f0 = ch * g->Fr, f1 = kan_min(in, f0 + g->Fr);
-                const int64_t cols = (f1 - f0) * cw;
-                kf__sgemm(true, !P, cols, k.rows, out, 1.0f, W + f0 * cw, K, dy, ld, 0.0f, tile,
-                          k.rows);
-                kan_gather_x(c->x, P, in, &k, f0, f1, xT, off);
-                kan_dx(p, c->grid, inv, xT, tile, k.rows, f0, f1, dxT, S, xb);
-                kan_scatter_dx(dxT, P, in, &k, f0, f1, c->dx, off);
-            }
-        }
-    }
-    /* dW = dy^T A, chunk by chunk over all rows in a fixed order (no barrier needed: the two
-     * loops write disjoint outputs and read only inputs, W and inv). */
-    const bool want_w = c->dbase || c->dspline || c->dscaler;
-    for (int64_t ch = tid; want_w && ch < g->chunks; ch += nth) {
-        const int64_t f0 = ch * g->F, f1 = kan_min(in, f0 + g->F), cols = (f1 - f0) * cw;
-        for (int64_t b = 0; b < g->blocks; ++b) {
-            const kan_blk k = kan_blk_of(g, b);
-            const float *dy = kan_yblk(c->dy, P, g, out, &k, &ld);
-            if (P) kan_block_offsets(P, &k, off);
-            kan_gather_x(c->x, P, in, &k, f0, f1, xT, off);
-            kan_tile(p, c->grid, inv, xT, k.rows, f0, f1, tile, S, xb);
-            kf__sgemm(!P, true, out, cols, k.rows, 1.0f, dy, ld, tile, k.rows, b ? 1.0f : 0.0f,
-                      dW, cols);
-        }
-        kan_fold_dw(c, dW, f0, f1);
-    }
+
+KF__KAN_CPU_DEFINE(float, s)
+KF__KAN_CPU_DEFINE(double, d)
+
+static kf_status kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
+    kan_fwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N, c->patches)};
+    kf__cpu_team(call.g.team, c->plan->dtype == KF_DTYPE_F64 ? kan_fwd_team_d : kan_fwd_team_s,
+                 &call);
+    return KF_OK;
 }
 
 static kf_status kan_backward(kf_context *ctx, const kf__kan_bwd *c) {
     kan_bwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N, c->patches)};
-    kf__cpu_team(call.g.team, kan_bwd_team, &call);
+    kf__cpu_team(call.g.team, c->plan->dtype == KF_DTYPE_F64 ? kan_bwd_team_d : kan_bwd_team_s,
+                 &call);
     return KF_OK;
 }
 

@@ -555,6 +555,11 @@ Layout make_layout(const struct kf_kan_linear_plan *p, int64_t N, const kf__kan_
     return l;
 }
 
+// The records' untyped tensors as float32, the one dtype this backend's plans accept
+// (kan_supports refuses the others at plan creation).
+const float *f32(const void *t) { return static_cast<const float *>(t); }
+float *f32(void *t) { return static_cast<float *>(t); }
+
 Prob make_prob(const struct kf_kan_linear_plan *p, int64_t N, const kf__kan_patches *pt,
                const float *x, const float *grid, void *ws) {
     Prob P;
@@ -615,8 +620,8 @@ kf_status dx_km(kf_context *ctx, const char *fn, const Layout &l, const Prob &P,
     unsigned g = 0;
     if (!CONV) {
         KF_TRY(kf__grid_of(fn, l.rt * l.groups, &g));
-        kan_dx<KM, false><<<g, kThreads, 0, kf__stream(ctx)>>>(P, c->dy, c->dx, l.groups, l.FB,
-                                                               0, P.N);
+        kan_dx<KM, false><<<g, kThreads, 0, kf__stream(ctx)>>>(P, f32(c->dy), f32(c->dx),
+                                                               l.groups, l.FB, 0, P.N);
         KF__CUDA_LAUNCH_CHECK(fn, "kan_dx");
         return KF_OK;
     }
@@ -624,11 +629,11 @@ kf_status dx_km(kf_context *ctx, const char *fn, const Layout &l, const Prob &P,
     for (int64_t b0 = 0; b0 < B; b0 += l.Bg) {
         const int64_t nb = B - b0 < l.Bg ? B - b0 : l.Bg, R = nb * P.g.HoWo;
         KF_TRY(kf__grid_of(fn, kf__ceil_div(R, kT) * l.groups, &g));
-        kan_dx<KM, true><<<g, kThreads, 0, kf__stream(ctx)>>>(P, c->dy, part, l.groups, l.FB,
-                                                              b0 * P.g.HoWo, R);
+        kan_dx<KM, true><<<g, kThreads, 0, kf__stream(ctx)>>>(P, f32(c->dy), part, l.groups,
+                                                              l.FB, b0 * P.g.HoWo, R);
         KF__CUDA_LAUNCH_CHECK(fn, "kan_dx");
         kan_col2im<<<stride_blocks(nb * P.g.Cin * P.g.H * P.g.W), kThreads, 0,
-                     kf__stream(ctx)>>>(P, part, b0, nb, c->dx);
+                     kf__stream(ctx)>>>(P, part, b0, nb, f32(c->dx));
         KF__CUDA_LAUNCH_CHECK(fn, "kan_col2im");
     }
     return KF_OK;
@@ -642,13 +647,13 @@ kf_status backward_km(kf_context *ctx, const char *fn, const Layout &l, const Pr
     if (c->dbase || c->dspline || c->dscaler) {
         const int64_t ct_n = l.groups * l.tpg;
         KF_TRY(kf__grid_of(fn, l.ot * ct_n * l.w.P, &g));
-        kan_dw<KM, CONV><<<g, kThreads, 0, kf__stream(ctx)>>>(P, c->dy, part, ct_n, l.FB, l.tpg,
-                                                               l.w.P, l.w.per);
+        kan_dw<KM, CONV><<<g, kThreads, 0, kf__stream(ctx)>>>(P, f32(c->dy), part, ct_n, l.FB,
+                                                               l.tpg, l.w.P, l.w.per);
         KF__CUDA_LAUNCH_CHECK(fn, "kan_dw");
         Fold F;
         F.part = part; F.Pw = l.w.P;
-        F.spline = c->spline; F.scaler = c->scaler;
-        F.dbase = c->dbase; F.dspline = c->dspline; F.dscaler = c->dscaler;
+        F.spline = f32(c->spline); F.scaler = f32(c->scaler);
+        F.dbase = f32(c->dbase); F.dspline = f32(c->dspline); F.dscaler = f32(c->dscaler);
         F.accumulate = c->accumulate;
         kan_fold<<<stride_blocks(P.out * P.in), kThreads, 0, kf__stream(ctx)>>>(P, F);
         KF__CUDA_LAUNCH_CHECK(fn, "kan_fold");
@@ -660,9 +665,13 @@ kf_status backward_km(kf_context *ctx, const char *fn, const Layout &l, const Pr
 
 namespace {
 
-// Spline orders beyond kMaxOrder are refused at plan creation: the basis window is unrolled up
-// to that bound.
+// Float32 only, and spline orders up to kMaxOrder (the basis window is unrolled up to that
+// bound): the rest is refused at plan creation.
 kf_status kan_supports(const struct kf_kan_linear_plan *p, const char *fn) {
+    if (p->dtype != KF_DTYPE_F32)
+        return kf__error(KF_ERR_UNSUPPORTED, fn,
+                         "desc->dtype = %d: the CUDA backend implements only KF_DTYPE_F32 (1)",
+                         (int)p->dtype);
     if (p->k > kMaxOrder)
         return kf__error(KF_ERR_UNSUPPORTED, fn,
                          "desc->spline_order = %d: the CUDA backend supports spline orders up to "
@@ -682,16 +691,16 @@ kf_status kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
     if (c->N <= 0) return KF_OK;
     const Layout l = make_layout(p, c->N, pt);
     KF__CUDA_TRY(fn, cudaSetDevice(ctx->device_index));
-    Prob P = make_prob(p, c->N, pt, c->x, c->grid, c->ws);
+    Prob P = make_prob(p, c->N, pt, f32(c->x), f32(c->grid), c->ws);
     P.inv = kf__at<float>(c->ws, l.off_inv);
-    KF_TRY(launch_prep(ctx, fn, P, c->base, c->spline, c->scaler, c->ws, l, true));
+    KF_TRY(launch_prep(ctx, fn, P, f32(c->base), f32(c->spline), f32(c->scaler), c->ws, l, true));
     float *part = kf__at<float>(c->ws, l.off_part);
     if (pt) {
-        if (p->k <= 3) return forward_km<3, true>(ctx, fn, l, P, c->y, part);
-        return forward_km<kMaxOrder, true>(ctx, fn, l, P, c->y, part);
+        if (p->k <= 3) return forward_km<3, true>(ctx, fn, l, P, f32(c->y), part);
+        return forward_km<kMaxOrder, true>(ctx, fn, l, P, f32(c->y), part);
     }
-    if (p->k <= 3) return forward_km<3, false>(ctx, fn, l, P, c->y, part);
-    return forward_km<kMaxOrder, false>(ctx, fn, l, P, c->y, part);
+    if (p->k <= 3) return forward_km<3, false>(ctx, fn, l, P, f32(c->y), part);
+    return forward_km<kMaxOrder, false>(ctx, fn, l, P, f32(c->y), part);
 }
 
 kf_status kan_backward(kf_context *ctx, const kf__kan_bwd *c) {
@@ -704,9 +713,10 @@ kf_status kan_backward(kf_context *ctx, const kf__kan_bwd *c) {
     if (c->N <= 0) return KF_OK;
     const Layout l = make_layout(p, c->N, pt);
     KF__CUDA_TRY(fn, cudaSetDevice(ctx->device_index));
-    Prob P = make_prob(p, c->N, pt, c->x, c->grid, c->ws);
+    Prob P = make_prob(p, c->N, pt, f32(c->x), f32(c->grid), c->ws);
     P.inv = kf__at<float>(c->ws, l.off_inv);
-    KF_TRY(launch_prep(ctx, fn, P, c->base, c->spline, c->scaler, c->ws, l, c->dx != nullptr));
+    KF_TRY(launch_prep(ctx, fn, P, f32(c->base), f32(c->spline), f32(c->scaler), c->ws, l,
+                       c->dx != nullptr));
     float *part = kf__at<float>(c->ws, l.off_part);
     if (pt) {
         if (p->k <= 3) return backward_km<3, true>(ctx, fn, l, P, c, part);

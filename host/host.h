@@ -26,14 +26,15 @@ kf_status kf__skl_init_host(const struct kf_sklinear_plan *p, const char *fn, ui
 void kf__kan_patch_offsets(const kf__kan_patches *P, int64_t pos, int64_t p0, int64_t rows,
                            int64_t *off);
 
-/* efficient-kan's initial knots (host/kan_patches.c): grid [in, nk], every row
- * lo + (j - k) * (hi - lo) / G, rounded as torch forms it in float32 (arange * h + lo with
- * h = (hi - lo) / G taken in double). */
+/* efficient-kan's initial knots (host/kan_patches.c): grid [in, nk] of the plan's dtype, every
+ * row lo + (j - k) * (hi - lo) / G, rounded as torch forms it in that dtype (arange * h + lo
+ * with h = (hi - lo) / G taken in double). */
 void kf__kan_uniform_grid_host(const struct kf_kan_linear_plan *p, float lo, float hi,
-                               float *grid);
+                               void *grid);
 
-/* efficient-kan's update_grid (host/kan_grid.c). The samples of feature i are column i of
- * x [N, in] (`patches` NULL) or feature i of KANConv2d's N patches of x [B, Cin, H, W]. Trusts
+/* efficient-kan's update_grid (host/kan_grid.c). Every tensor has the plan's dtype. The samples
+ * of feature i are column i of x [N, in] (`patches` NULL) or feature i of KANConv2d's N patches
+ * of x [B, Cin, H, W]. Trusts
  * its inputs: N >= 1, x finite, grid [in, nk] finite and non-decreasing, spline_weight
  * [out, in, C] finite, margin finite >= 0, grid_eps in [0, 1], quantile_rule a
  * kf_kan_quantile_rule (whose torch's linspace picks the quantiles). Writes new_grid [in, nk] and
@@ -41,10 +42,10 @@ void kf__kan_uniform_grid_host(const struct kf_kan_linear_plan *p, float lo, flo
  * KF_ERR_OUT_OF_MEMORY, KF_ERR_INVALID_ARGUMENT (the new knots would not be finite) or
  * KF_ERR_INTERNAL (LAPACK failed) with the message set, the outputs then unspecified. */
 kf_status kf__kan_update_grid_host(const char *fn, const struct kf_kan_linear_plan *p, int64_t N,
-                                   const kf__kan_patches *patches, const float *x,
-                                   const float *grid, const float *spline, float margin,
-                                   float grid_eps, int32_t quantile_rule, float *new_grid,
-                                   float *new_spline);
+                                   const kf__kan_patches *patches, const void *x,
+                                   const void *grid, const void *spline, float margin,
+                                   float grid_eps, int32_t quantile_rule, void *new_grid,
+                                   void *new_spline);
 
 #ifdef __cplusplus
 }

@@ -3,19 +3,22 @@
  *
  * Per feature i, with its M = N samples (x's column i, or feature i of every KANConv2d patch,
  * padding as 0.0):
- *   1. the new knots, formed in float32 exactly as kfuse.torch's (and efficient-kan's)
- *      update_grid forms them with torch on the CPU: the samples sorted, the quantiles
+ *   1. the new knots, formed in the plan's dtype (float32 or float64) exactly as kfuse.torch's
+ *      (and efficient-kan's) update_grid forms them with torch on the CPU: the samples sorted,
+ *      the quantiles
  *      x_sorted[torch.linspace(0, M - 1, G + 1, dtype=int64)] (kan_linspace_idx reproduces
  *      torch 1.13's or torch 2.x's integer linspace, rounding quirks included, as quantile_rule
- *      asks), the uniform step and the blend with
- *      grid_eps, each operation rounded to float32 in torch's order;
+ *      asks), the uniform step and the blend with grid_eps, each operation rounded to that
+ *      dtype in torch's order (margin and grid_eps are the float32 values the ABI carries);
  *   2. the refit, in float64: the targets U [M, out] = B_old W_old^T (the old splines at the
  *      samples, W_old = spline_weight[:, i, :]) and the bases B_new [M, C] on the new knots, and
  *      X [C, out] = the minimum-norm least-squares solution of B_new X = U by LAPACK's dgelsd
  *      (SVD; rcond = DBL_EPSILON * max(M, C), torch.linalg.lstsq's default), which handles
  *      rank-deficient systems (fewer samples than coefficients, bases no sample touches).
  * The bases are the library's one evaluator (common/bspline.h) in float64 (the fit's
- * precision), over all M samples of a feature at once. */
+ * precision), over all M samples of a feature at once. Samples, knots and coefficients are
+ * read into float64 whatever the dtype (exactly) and the results rounded back to it at the end;
+ * only the knots' arithmetic is typed (kan_new_knots_s, kan_new_knots_d). */
 #include "bspline.h"
 #include "host.h"
 
@@ -61,39 +64,58 @@ static void kan_linspace_idx(int64_t M, int64_t n, int32_t rule, int64_t *a) {
 
 KF__BSPLINE_DEFINE(double, d)
 
-static int kan_cmp_float(const void *a, const void *b) {
-    const float u = *(const float *)a, v = *(const float *)b;
+static int kan_cmp_double(const void *a, const void *b) {
+    const double u = *(const double *)a, v = *(const double *)b;
     return (u > v) - (u < v);
 }
 
-/* The new knots of one feature from its M sorted samples s, in float32 as torch forms them
- * (kfuse.torch's update_grid): every line one rounded torch operation. */
-static void kan_new_knots(const struct kf_kan_linear_plan *p, const float *s, int64_t M,
-                          const int64_t *a, float margin, float grid_eps, float *t) {
-    const int64_t G = p->G, k = p->k;
-    const float two_margin = (float)(2.0 * (double)margin);
-    const float one_minus_eps = (float)(1.0 - (double)grid_eps);
-    const float range = s[M - 1] - s[0];
-    const float h = (range + two_margin) / (float)G; /* uniform_step */
-    for (int64_t j = 0; j <= G; ++j) {
-        const float jh = (float)j * h;
-        const float u = (jh + s[0]) - margin;    /* grid_uniform */
-        const float e = grid_eps * u;
-        const float q = one_minus_eps * s[a[j]]; /* (1 - grid_eps) * grid_adaptive */
-        t[k + j] = e + q;
-    }
-    for (int64_t m = 1; m <= k; ++m) {
-        t[k - m] = t[k] - h * (float)m;
-        t[k + G + m] = t[k + G] + h * (float)m;
-    }
+/* Element i of host array `a` of `dtype` (float32 or float64) as a double, and back. */
+static double kan_load(const void *a, kf_dtype dtype, int64_t i) {
+    return dtype == KF_DTYPE_F64 ? ((const double *)a)[i] : (double)((const float *)a)[i];
 }
 
+static void kan_store(void *a, kf_dtype dtype, int64_t i, double v) {
+    if (dtype == KF_DTYPE_F64)
+        ((double *)a)[i] = v;
+    else
+        ((float *)a)[i] = (float)v;
+}
+
+/* The new knots t [nk] of one feature from its M sorted samples s (values of type T), in type T
+ * as torch forms them (kfuse.torch's update_grid): every line one rounded torch operation. */
+#define KF__KAN_KNOTS_DEFINE(T, X)                                                                \
+    static void kan_new_knots_##X(const struct kf_kan_linear_plan *p, const double *s,           \
+                                  int64_t M, const int64_t *a, float margin, float grid_eps,     \
+                                  T *t) {                                                        \
+        const int64_t G = p->G, k = p->k;                                                        \
+        const T mg = margin, eps = grid_eps, s0 = (T)s[0];                                       \
+        const T two_margin = (T)(2.0 * (double)margin);                                          \
+        const T one_minus_eps = (T)(1.0 - (double)grid_eps);                                     \
+        const T range = (T)s[M - 1] - s0;                                                        \
+        const T h = (range + two_margin) / (T)G; /* uniform_step */                              \
+        for (int64_t j = 0; j <= G; ++j) {                                                       \
+            const T jh = (T)j * h;                                                               \
+            const T u = (jh + s0) - mg;                  /* grid_uniform */                      \
+            const T e = eps * u;                                                                 \
+            const T q = one_minus_eps * (T)s[a[j]];      /* (1 - grid_eps) * grid_adaptive */    \
+            t[k + j] = e + q;                                                                    \
+        }                                                                                        \
+        for (int64_t m = 1; m <= k; ++m) {                                                       \
+            t[k - m] = t[k] - h * (T)m;                                                          \
+            t[k + G + m] = t[k + G] + h * (T)m;                                                  \
+        }                                                                                        \
+    }
+
+KF__KAN_KNOTS_DEFINE(float, s)
+KF__KAN_KNOTS_DEFINE(double, d)
+
 kf_status kf__kan_update_grid_host(const char *fn, const struct kf_kan_linear_plan *p, int64_t N,
-                                   const kf__kan_patches *patches, const float *x,
-                                   const float *grid, const float *spline, float margin,
-                                   float grid_eps, int32_t quantile_rule, float *new_grid,
-                                   float *new_spline) {
+                                   const kf__kan_patches *patches, const void *x,
+                                   const void *grid, const void *spline, float margin,
+                                   float grid_eps, int32_t quantile_rule, void *new_grid,
+                                   void *new_spline) {
     const int64_t in = p->in, out = p->out, C = p->C, nk = p->nk, k = p->k, M = N;
+    const kf_dtype dt = p->dtype;
     const int64_t ldb = M > C ? M : C, mn = M < C ? M : C;
     const int64_t HoWo = patches ? patches->Ho * patches->Wo : 0;
     const int64_t img = patches ? patches->Cin * patches->H * patches->W : 0;
@@ -105,8 +127,7 @@ kf_status kf__kan_update_grid_host(const char *fn, const struct kf_kan_linear_pl
               kf__mul_size((size_t)ldb, (size_t)out, &nU) &&
               kf__mul_size((size_t)M, (size_t)(nk - 1), &nS);
     KF_CHECK_FN(fn, ok, KF_ERR_OUT_OF_MEMORY, "the fit of %" PRId64 " samples is too large", M);
-    float *s = malloc((size_t)M * sizeof *s);      /* samples, then sorted */
-    float *v = malloc((size_t)M * sizeof *v);      /* samples in row order */
+    double *s = malloc((size_t)M * sizeof *s);     /* samples, sorted */
     int64_t *aidx = malloc((size_t)(p->G + 1) * sizeof *aidx);
     int64_t *off = patches ? malloc((size_t)HoWo * sizeof *off) : NULL;
     double *t_old = malloc((size_t)nk * sizeof *t_old), *t_new = malloc((size_t)nk * sizeof *t_new);
@@ -115,14 +136,14 @@ kf_status kf__kan_update_grid_host(const char *fn, const struct kf_kan_linear_pl
      * inv [k, nk] are the evaluator's scratch. */
     double *S = malloc(nS * sizeof *S), *xs = malloc((size_t)M * sizeof *xs);
     double *inv = malloc((size_t)(k > 0 ? k * nk : 1) * sizeof *inv);
-    double *xd = malloc((size_t)M * sizeof *xd);
+    double *xd = malloc((size_t)M * sizeof *xd);   /* samples in row order */
     double *Bo = malloc(nA * sizeof *Bo);
     double *A = malloc(nA * sizeof *A), *U = malloc(nU * sizeof *U);
     double *sv = malloc((size_t)mn * sizeof *sv);
     double *work = NULL;
     int *iwork = NULL;
     kf_status st = KF_OK;
-    if (!s || !v || !aidx || (patches && !off) || !t_old || !t_new || !S || !xs || !inv || !xd ||
+    if (!s || !aidx || (patches && !off) || !t_old || !t_new || !S || !xs || !inv || !xd ||
         !Bo || !A || !U || !sv) {
         st = kf__error(KF_ERR_OUT_OF_MEMORY, fn, "cannot allocate the host buffers of the fit of "
                        "%" PRId64 " samples", M);
@@ -151,46 +172,48 @@ kf_status kf__kan_update_grid_host(const char *fn, const struct kf_kan_linear_pl
     for (int64_t i = 0; i < in; ++i) {
         /* the samples of feature i, in row order */
         if (!patches) {
-            for (int64_t m = 0; m < M; ++m) v[m] = x[m * in + i];
+            for (int64_t m = 0; m < M; ++m) xd[m] = kan_load(x, dt, m * in + i);
         } else {
             const int64_t kk = (int64_t)patches->kh * patches->kw;
             kf__kan_patch_offsets(patches, i % kk, 0, HoWo, off);
             for (int64_t b = 0; b < patches->B; ++b) {
-                const float *xi = x + b * img + i / kk * patches->H * patches->W;
-                float *d = v + b * HoWo;
-                for (int64_t r = 0; r < HoWo; ++r) d[r] = off[r] >= 0 ? xi[off[r]] : 0.0f;
+                const int64_t xi = b * img + i / kk * patches->H * patches->W;
+                double *d = xd + b * HoWo;
+                for (int64_t r = 0; r < HoWo; ++r)
+                    d[r] = off[r] >= 0 ? kan_load(x, dt, xi + off[r]) : 0.0;
             }
         }
-        memcpy(s, v, (size_t)M * sizeof *s);
-        qsort(s, (size_t)M, sizeof *s, kan_cmp_float);
-        float *tn = new_grid + i * nk;
-        kan_new_knots(p, s, M, aidx, margin, grid_eps, tn);
+        memcpy(s, xd, (size_t)M * sizeof *s);
+        qsort(s, (size_t)M, sizeof *s, kan_cmp_double);
+        if (dt == KF_DTYPE_F64)
+            kan_new_knots_d(p, s, M, aidx, margin, grid_eps, (double *)new_grid + i * nk);
+        else
+            kan_new_knots_s(p, s, M, aidx, margin, grid_eps, (float *)new_grid + i * nk);
         for (int64_t j = 0; j < nk; ++j) {
-            if (!isfinite(tn[j])) {
+            t_new[j] = kan_load(new_grid, dt, i * nk + j);
+            t_old[j] = kan_load(grid, dt, i * nk + j);
+            if (!isfinite(t_new[j])) {
                 st = kf__error(KF_ERR_INVALID_ARGUMENT, fn,
                                "args->x: the samples of feature %" PRId64 " span [%g, %g], too "
                                "wide a range for finite knots (new knot %" PRId64 " = %g)", i,
-                               (double)s[0], (double)s[M - 1], j, (double)tn[j]);
+                               s[0], s[M - 1], j, t_new[j]);
                 goto done;
             }
-            t_new[j] = (double)tn[j];
-            t_old[j] = (double)grid[i * nk + j];
         }
         /* targets U [M, out] (column-major, ldb; rows M .. ldb - 1 zero) and the new bases
          * A [M, C] (column-major) */
         if (ldb > M)
             for (int64_t o = 0; o < out; ++o)
                 memset(U + o * ldb + M, 0, (size_t)(ldb - M) * sizeof *U);
-        for (int64_t m = 0; m < M; ++m) xd[m] = (double)v[m];
         kf__bspline_inv_d(t_old, nk, k, inv);
         kf__bspline_rows_d(t_old, inv, nk, k, xd, M, xs, S, Bo);
         kf__bspline_inv_d(t_new, nk, k, inv);
         kf__bspline_rows_d(t_new, inv, nk, k, xd, M, xs, S, A);
         for (int64_t o = 0; o < out; ++o) {
-            const float *w = spline + (o * in + i) * C;
+            const int64_t w = (o * in + i) * C;
             for (int64_t m = 0; m < M; ++m) {
                 double acc = 0.0;
-                for (int64_t c = 0; c < C; ++c) acc += Bo[c * M + m] * (double)w[c];
+                for (int64_t c = 0; c < C; ++c) acc += Bo[c * M + m] * kan_load(spline, dt, w + c);
                 U[m + o * ldb] = acc;
             }
         }
@@ -200,13 +223,12 @@ kf_status kf__kan_update_grid_host(const char *fn, const struct kf_kan_linear_pl
                            " (info = %d: the SVD did not converge)", i, info);
             goto done;
         }
-        for (int64_t o = 0; o < out; ++o) {
-            float *w = new_spline + (o * in + i) * C;
-            for (int64_t c = 0; c < C; ++c) w[c] = (float)U[c + o * ldb];
-        }
+        for (int64_t o = 0; o < out; ++o)
+            for (int64_t c = 0; c < C; ++c)
+                kan_store(new_spline, dt, (o * in + i) * C + c, U[c + o * ldb]);
     }
 done:
-    free(s), free(v), free(aidx), free(off), free(t_old), free(t_new), free(S), free(xs);
+    free(s), free(aidx), free(off), free(t_old), free(t_new), free(S), free(xs);
     free(inv), free(xd), free(Bo);
     free(A), free(U), free(sv), free(work), free(iwork);
     return st;

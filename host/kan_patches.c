@@ -16,14 +16,27 @@ void kf__kan_patch_offsets(const kf__kan_patches *P, int64_t pos, int64_t p0, in
     }
 }
 
-void kf__kan_uniform_grid_host(const struct kf_kan_linear_plan *p, float lo, float hi,
-                               float *grid) {
-    /* torch: arange(-k, G + k + 1) * h + lo in float32, h = (hi - lo) / G a Python float. */
-    const float h = (float)(((double)hi - (double)lo) / (double)p->G);
-    for (int64_t j = 0; j < p->nk; ++j) {
-        const float prod = (float)(j - p->k) * h;
-        grid[j] = prod + lo;
+/* torch: arange(-k, G + k + 1) * h + lo in the grid's dtype T, h = (hi - lo) / G a Python
+ * float; one row, then copied to every feature. */
+#define KF__KAN_UNIFORM_DEFINE(T, X)                                                              \
+    static void kan_uniform_grid_##X(const struct kf_kan_linear_plan *p, float lo, float hi,     \
+                                     T *grid) {                                                  \
+        const T h = (T)(((double)hi - (double)lo) / (double)p->G);                               \
+        for (int64_t j = 0; j < p->nk; ++j) {                                                    \
+            const T prod = (T)(j - p->k) * h;                                                    \
+            grid[j] = prod + (T)lo;                                                              \
+        }                                                                                        \
+        for (int64_t i = 1; i < p->in; ++i)                                                      \
+            memcpy(grid + i * p->nk, grid, (size_t)p->nk * sizeof(T));                           \
     }
-    for (int64_t i = 1; i < p->in; ++i)
-        memcpy(grid + i * p->nk, grid, (size_t)p->nk * sizeof(float));
+
+KF__KAN_UNIFORM_DEFINE(float, s)
+KF__KAN_UNIFORM_DEFINE(double, d)
+
+void kf__kan_uniform_grid_host(const struct kf_kan_linear_plan *p, float lo, float hi,
+                               void *grid) {
+    if (p->dtype == KF_DTYPE_F64)
+        kan_uniform_grid_d(p, lo, hi, grid);
+    else
+        kan_uniform_grid_s(p, lo, hi, grid);
 }

@@ -53,7 +53,7 @@ extern "C" {
 
 /* ---- version (the build reads these three lines to form the SONAME and package version) - */
 #define KF_VERSION_MAJOR 1
-#define KF_VERSION_MINOR 3
+#define KF_VERSION_MINOR 4
 #define KF_VERSION_PATCH 0
 /* The ABI generation; equals KF_VERSION_MAJOR. */
 #define KF_ABI_VERSION KF_VERSION_MAJOR
@@ -232,7 +232,7 @@ typedef struct kf_rnn_desc {
     float dropout;       /* in [0, 1); default 0 */
     float gamma;         /* A-GRU diffusion constant in A = W_h - W_h^T - gamma I; default 0.01 */
     int32_t dtype;       /* kf_dtype of x, y, h and weights: KF_DTYPE_F32 (default), or
-                            KF_DTYPE_F64 on the CPU backend (since 1.3; KF_ERR_UNSUPPORTED on
+                            KF_DTYPE_F64 on the CPU backend (since 1.4; KF_ERR_UNSUPPORTED on
                             CUDA). dropout and gamma stay float whatever the dtype */
     /* appended in later versions below this line; never reorder or remove */
 } kf_rnn_desc;
@@ -484,7 +484,8 @@ typedef struct kf_kan_linear_desc {
     int32_t grid_size;        /* G >= 1; default 5 */
     int32_t spline_order;     /* k >= 0; default 3 */
     int32_t standalone_scale; /* 1 (default): spline_scaler multiplies spline_weight; 0: none */
-    int32_t dtype;            /* kf_dtype of every tensor; default (and only) KF_DTYPE_F32 */
+    int32_t dtype;            /* kf_dtype of every tensor: KF_DTYPE_F32 (default), or KF_DTYPE_F64
+                                 on a CPU context (since 1.4) */
     /* appended in later versions below this line; never reorder or remove */
 } kf_kan_linear_desc;
 
@@ -493,9 +494,9 @@ KF_API void kf_kan_linear_desc_init(kf_kan_linear_desc *desc);
 
 /* Creates a plan bound to `ctx` (which must outlive it). @return KF_OK and *out,
  * KF_ERR_INVALID_ARGUMENT (message names the field), KF_ERR_UNSUPPORTED (a dtype other than
- * KF_DTYPE_F32; on a CUDA context a spline_order above 15: since 1.3 reported here, before 1.3 by
- * forward and backward), KF_ERR_OUT_OF_MEMORY. On failure *out is set to NULL (when `out` is not
- * NULL). Since 1.1. */
+ * KF_DTYPE_F32 and, on a CPU context, KF_DTYPE_F64; on a CUDA context a spline_order above 15:
+ * since 1.3 reported here, before 1.3 by forward and backward), KF_ERR_OUT_OF_MEMORY. On failure
+ * *out is set to NULL (when `out` is not NULL). Since 1.1. */
 KF_API kf_status kf_kan_linear_plan_create(kf_context *ctx, const kf_kan_linear_desc *desc,
                                            kf_kan_linear_plan **out);
 
@@ -519,7 +520,8 @@ KF_API kf_status kf_kan_linear_param_info(const kf_kan_linear_plan *plan, int32_
                                           const char **name, int32_t *ndim, int64_t *shape);
 
 /* Writes efficient-kan's initial knots into `grid` [in, G + 2k + 1] (memory of the context's
- * device): grid[i][j] = lo + (j - k) * (hi - lo) / G for every feature. Since 1.1. */
+ * device): grid[i][j] = lo + (j - k) * (hi - lo) / G for every feature, rounded as torch forms
+ * it in the plan's dtype. Since 1.1. */
 KF_API kf_status kf_kan_linear_uniform_grid(const kf_kan_linear_plan *plan, float lo, float hi,
                                             kf_tensor *grid);
 
@@ -596,7 +598,8 @@ typedef struct kf_kan_conv2d_desc {
     int32_t grid_size;             /* G >= 1; default 5 */
     int32_t spline_order;          /* k >= 0; default 3 */
     int32_t standalone_scale;      /* 1 (default): spline_scaler multiplies spline_weight; 0: none */
-    int32_t dtype;                 /* kf_dtype of every tensor; default (and only) KF_DTYPE_F32 */
+    int32_t dtype;                 /* kf_dtype of every tensor: KF_DTYPE_F32 (default), or
+                                      KF_DTYPE_F64 on a CPU context (since 1.4) */
     /* appended in later versions below this line; never reorder or remove */
 } kf_kan_conv2d_desc;
 
@@ -695,8 +698,9 @@ KF_API kf_status kf_kan_conv2d_backward(kf_kan_conv2d_plan *plan, kf_grad_mode g
  * whose splines on the new knots best reproduce, on the samples, the splines of the old
  * spline_weight on the old knots. spline_scaler and base_weight are unchanged, so the layer's
  * output on the samples is kept up to the fit (efficient-kan fits the scaled weights and then
- * scales again; kfuse does not). The knots are formed in float32 in torch's order of operations
- * (the same bits as kfuse.torch's update_grid). Not a hot path: it synchronises with the
+ * scales again; kfuse does not). The knots are formed in the plan's dtype in torch's order of
+ * operations (the same bits as kfuse.torch's update_grid; a float64 plan takes margin and
+ * grid_eps at their float32 values). Not a hot path: it synchronises with the
  * context's stream, allocates and computes on the host, and writes grid and spline_weight only on
  * success (on a CUDA context a failure of the final copy of spline_weight can leave the new grid
  * written).

@@ -20,16 +20,11 @@ kf_status kf__check_tensor(const kf_context *ctx, const char *fn, const char *ar
 /* grad_mode is KF_GRAD_OVERWRITE or KF_GRAD_ACCUMULATE. */
 kf_status kf__check_grad_mode(const char *fn, kf_grad_mode grad_mode);
 
-/* A float32 row tensor [..., width] of a layer whose input has any leading dims: `ndim` < 0
+/* A row tensor [..., width] of `dtype` of a layer whose input has any leading dims: `ndim` < 0
  * takes the tensor's own rank (1..KF_MAX_DIMS) with free leading extents; otherwise the rank is
  * `ndim` and the leading extents must equal `lead` (ndim - 1 of them). `shape` (KF_MAX_DIMS
  * entries) receives the checked shape and *rows the product of the leading extents (at most
  * INT32_MAX: kernels index rows with 32-bit ints); an absent optional tensor gives rows = 0. */
-kf_status kf__check_row_tensor(const kf_context *ctx, const char *fn, const char *arg,
-                               const kf_tensor *t, int32_t ndim, const int64_t *lead,
-                               int64_t width, bool optional, int64_t *shape, bool *present,
-                               int64_t *rows);
-/* The same for a row tensor of `dtype`. */
 kf_status kf__check_rows_of(const kf_context *ctx, const char *fn, const char *arg,
                             const kf_tensor *t, kf_dtype dtype, int32_t ndim, const int64_t *lead,
                             int64_t width, bool optional, int64_t *shape, bool *present,

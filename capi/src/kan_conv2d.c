@@ -182,7 +182,7 @@ kf_status kf__kan_conv_input(const char *fn, const struct kf_kan_conv2d_plan *p,
     const int32_t o = x->ndim - 3;
     int64_t shape[4] = {-1, p->geom.Cin, -1, -1};
     bool present;
-    KF_TRY(kf__check_tensor(p->lin.ctx, fn, "args->x", x, KF_DTYPE_F32, x->ndim, shape + 1 - o,
+    KF_TRY(kf__check_tensor(p->lin.ctx, fn, "args->x", x, p->lin.dtype, x->ndim, shape + 1 - o,
                             false, &present));
     const char *hname = o ? "args->x.shape[2] (height)" : "args->x.shape[1] (height)";
     const char *wname = o ? "args->x.shape[3] (width)" : "args->x.shape[2] (width)";
@@ -196,7 +196,7 @@ static kf_status kf__kan_conv_image(const char *fn, const kf_kan_conv2d_plan *p,
                                     int64_t channels, bool output, bool optional, bool *present) {
     const int64_t h = output ? g->Ho : g->H, w = output ? g->Wo : g->W;
     int64_t shape[4] = {g->B, channels, h, w};
-    return kf__check_tensor(p->lin.ctx, fn, arg, t, KF_DTYPE_F32, ndim, shape + 4 - ndim,
+    return kf__check_tensor(p->lin.ctx, fn, arg, t, p->lin.dtype, ndim, shape + 4 - ndim,
                             optional, present);
 }
 

@@ -31,12 +31,16 @@ kf_status kf__kan_check_rows(const char *fn, const struct kf_kan_linear_plan *p,
  * host memory), into the record's pointers (*bw NULL: base_weight absent, no base term). */
 kf_status kf__kan_check_params(const struct kf_kan_linear_plan *p, const char *fn,
                                const kf_tensor *grid, const kf_tensor *base,
-                               const kf_tensor *spline, const kf_tensor *scaler, const float **g,
-                               const float **bw, const float **sw, const float **sc);
-/* Every knot of grid [in, nk] (host memory) finite and each feature's row non-decreasing;
- * messages name `arg`. */
+                               const kf_tensor *spline, const kf_tensor *scaler, const void **g,
+                               const void **bw, const void **sw, const void **sc);
+/* Element i of host array `a` of the plan's dtype (float32 or float64), as a double. */
+static inline double kf__kan_elem(const void *a, kf_dtype dtype, size_t i) {
+    return dtype == KF_DTYPE_F64 ? ((const double *)a)[i] : (double)((const float *)a)[i];
+}
+/* Every knot of grid [in, nk] (host memory, the plan's dtype) finite and each feature's row
+ * non-decreasing; messages name `arg`. */
 kf_status kf__kan_check_grid_host(const struct kf_kan_linear_plan *p, const char *fn,
-                                  const char *arg, const float *grid);
+                                  const char *arg, const void *grid);
 /* Checks the optional parameter-gradient outputs of a backward call into the record (after
  * kf__kan_check_params: no dbase_weight without a base_weight). */
 kf_status kf__kan_check_grads(const struct kf_kan_linear_plan *p, const char *fn,

@@ -39,16 +39,16 @@ static void kan_format_index(const kf_tensor *t, size_t e, char *buf, size_t cap
     }
 }
 
-/* Every element of host copy `h` of tensor `arg` finite. */
+/* Every element of host copy `h` (the plan's dtype) of tensor `arg` finite. */
 static kf_status kan_check_finite(const char *fn, const char *arg, const kf_tensor *t,
-                                  const float *h, size_t n, const char *what) {
+                                  const void *h, kf_dtype dtype, size_t n, const char *what) {
     for (size_t e = 0; e < n; ++e)
-        if (!isfinite(h[e])) {
+        if (!isfinite(kf__kan_elem(h, dtype, e))) {
             char ix[KF_MAX_DIMS * 24];
             kan_format_index(t, e, ix, sizeof ix);
             return kf__error(KF_ERR_INVALID_ARGUMENT, fn,
-                             "%s%s = %g (element %zu), expected %s", arg, ix, (double)h[e], e,
-                             what);
+                             "%s%s = %g (element %zu), expected %s", arg, ix,
+                             kf__kan_elem(h, dtype, e), e, what);
         }
     return KF_OK;
 }
@@ -67,11 +67,12 @@ typedef struct kan_update_call {
 static kf_status kan_update_staged(void *arg, const kf__stage *b) {
     const kan_update_call *c = arg;
     const struct kf_kan_linear_plan *p = c->p;
-    const float *x = b[0].host, *grid = b[1].host, *spline = b[2].host;
+    const void *x = b[0].host, *grid = b[1].host, *spline = b[2].host;
     KF_TRY(kf__kan_check_grid_host(p, c->fn, "args->grid", grid));
-    KF_TRY(kan_check_finite(c->fn, "args->x", &c->args->x, x, c->nx, "finite samples"));
+    KF_TRY(kan_check_finite(c->fn, "args->x", &c->args->x, x, p->dtype, c->nx,
+                            "finite samples"));
     KF_TRY(kan_check_finite(c->fn, "args->spline_weight", &c->args->spline_weight, spline,
-                            (size_t)(p->out * p->in * p->C), "finite coefficients"));
+                            p->dtype, (size_t)(p->out * p->in * p->C), "finite coefficients"));
     return kf__kan_update_grid_host(c->fn, p, c->N, c->patches, x, grid, spline, c->args->margin,
                                     c->args->grid_eps, c->args->quantile_rule, b[3].host,
                                     b[4].host);
@@ -84,14 +85,14 @@ static kf_status kan_update_grid(const char *fn, const struct kf_kan_linear_plan
                                  const kf__kan_patches *patches, size_t nx) {
     bool present;
     int64_t gs[2] = {p->in, p->nk}, oic[3] = {p->out, p->in, p->C};
-    KF_TRY(kf__check_tensor(p->ctx, fn, "args->grid", &args->grid, KF_DTYPE_F32, 2, gs, false,
+    KF_TRY(kf__check_tensor(p->ctx, fn, "args->grid", &args->grid, p->dtype, 2, gs, false,
                             &present));
-    KF_TRY(kf__check_tensor(p->ctx, fn, "args->spline_weight", &args->spline_weight,
-                            KF_DTYPE_F32, 3, oic, false, &present));
-    const size_t ng = (size_t)(p->in * p->nk) * sizeof(float),
-                 ns = (size_t)(p->out * p->in * p->C) * sizeof(float);
+    KF_TRY(kf__check_tensor(p->ctx, fn, "args->spline_weight", &args->spline_weight, p->dtype, 3,
+                            oic, false, &present));
+    const size_t e = kf__dtype_bytes(p->dtype), ng = (size_t)(p->in * p->nk) * e,
+                 ns = (size_t)(p->out * p->in * p->C) * e;
     size_t xb;
-    KF_CHECK_FN(fn, kf__mul_size(nx, sizeof(float), &xb), KF_ERR_OUT_OF_MEMORY,
+    KF_CHECK_FN(fn, kf__mul_size(nx, e, &xb), KF_ERR_OUT_OF_MEMORY,
                 "the host staging does not fit in memory");
     /* x, grid, spline_weight in; the new grid and spline_weight fresh, over the old ones. */
     kf__stage bufs[5] = {{args->x.data, xb, KF__STAGE_IN, NULL},
@@ -130,8 +131,8 @@ KF_API kf_status kf_kan_linear_update_grid(kf_kan_linear_plan *plan,
     KF_TRY(kan_read_args(__func__, args, &a));
     int64_t xs[KF_MAX_DIMS], N;
     bool present;
-    KF_TRY(kf__check_row_tensor(plan->ctx, __func__, "args->x", &a.x, -1, NULL, plan->in,
-                                false, xs, &present, &N));
+    KF_TRY(kf__check_rows_of(plan->ctx, __func__, "args->x", &a.x, plan->dtype, -1, NULL,
+                             plan->in, false, xs, &present, &N));
     KF_TRY(kf__kan_check_rows(__func__, plan, N));
     return kan_update_grid(__func__, plan, &a, N, NULL, (size_t)(N * plan->in));
 }

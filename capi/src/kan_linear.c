@@ -48,8 +48,9 @@ kf_status kf__kan_plan_init(const char *fn, kf_context *ctx, int64_t in, int64_t
                 (int)k);
     KF_CHECK_FN(fn, standalone_scale == 0 || standalone_scale == 1, KF_ERR_INVALID_ARGUMENT,
                 "desc->standalone_scale = %d, expected 0 or 1", (int)standalone_scale);
-    KF_CHECK_FN(fn, dtype == KF_DTYPE_F32, KF_ERR_UNSUPPORTED,
-                "desc->dtype = %d, only KF_DTYPE_F32 (1) is implemented", (int)dtype);
+    KF_CHECK_FN(fn, dtype == KF_DTYPE_F32 || dtype == KF_DTYPE_F64, KF_ERR_UNSUPPORTED,
+                "desc->dtype = %d, only KF_DTYPE_F32 (1) and KF_DTYPE_F64 (2) are implemented",
+                (int)dtype);
     /* Knots per feature and the combined operand's width K = in * (C + 1) within int32, and the
      * buffers a call derives from the plan addressable (in doubles, for headroom): the combined
      * weight [out, K] and the knot reciprocals [in, k, nk]. */
@@ -77,6 +78,7 @@ kf_status kf__kan_plan_init(const char *fn, kf_context *ctx, int64_t in, int64_t
     p->cw = cw;
     p->K = K;
     p->scaled = standalone_scale == 1;
+    p->dtype = (kf_dtype)dtype;
     return p->ops->supports ? p->ops->supports(p, fn) : KF_OK;
 }
 
@@ -127,7 +129,7 @@ KF_API kf_status kf_kan_linear_param_info(const kf_kan_linear_plan *plan, int32_
 }
 
 /* N within limits and every size derived from it representable: the row tensors hold
- * N * (in + out) floats (checked in doubles, for headroom). */
+ * N * (in + out) elements of up to 8 bytes. */
 kf_status kf__kan_check_rows(const char *fn, const struct kf_kan_linear_plan *p, int64_t N) {
     KF_CHECK_FN(fn, N >= 1 && N <= KF__KAN_MAX_EXTENT, KF_ERR_INVALID_ARGUMENT,
                 "N = %" PRId64 " rows, expected 1..%d", N, KF__KAN_MAX_EXTENT);
@@ -149,38 +151,43 @@ KF_API kf_status kf_kan_linear_workspace_size(const kf_kan_linear_plan *plan, in
 }
 
 kf_status kf__kan_check_grid_host(const struct kf_kan_linear_plan *p, const char *fn,
-                                  const char *arg, const float *grid) {
+                                  const char *arg, const void *grid) {
+    const int digits = p->dtype == KF_DTYPE_F64 ? 17 : 9; /* enough to tell the knots apart */
     for (int64_t i = 0; i < p->in; ++i) {
-        const float *t = grid + i * p->nk;
+        const int64_t row = i * p->nk;
         for (int64_t j = 0; j < p->nk; ++j)
-            KF_CHECK_FN(fn, isfinite(t[j]), KF_ERR_INVALID_ARGUMENT,
-                        "%s[%" PRId64 "][%" PRId64 "] = %g (feature %" PRId64 "), expected a "
-                        "finite knot", arg, i, j, (double)t[j], i);
-        for (int64_t j = 0; j + 1 < p->nk; ++j)
-            KF_CHECK_FN(fn, t[j] <= t[j + 1], KF_ERR_INVALID_ARGUMENT,
+            KF_CHECK_FN(fn, isfinite(kf__kan_elem(grid, p->dtype, row + j)),
+                        KF_ERR_INVALID_ARGUMENT, "%s[%" PRId64 "][%" PRId64 "] = %g (feature %"
+                        PRId64 "), expected a finite knot", arg, i, j,
+                        kf__kan_elem(grid, p->dtype, row + j), i);
+        for (int64_t j = 0; j + 1 < p->nk; ++j) {
+            const double a = kf__kan_elem(grid, p->dtype, row + j),
+                         b = kf__kan_elem(grid, p->dtype, row + j + 1);
+            KF_CHECK_FN(fn, a <= b, KF_ERR_INVALID_ARGUMENT,
                         "%s row %" PRId64 " (feature %" PRId64 ") decreases: %s[%" PRId64
-                        "][%" PRId64 "] = %.9g > %s[%" PRId64 "][%" PRId64 "] = %.9g, expected "
-                        "non-decreasing knots", arg, i, i, arg, i, j, (double)t[j], arg, i, j + 1,
-                        (double)t[j + 1]);
+                        "][%" PRId64 "] = %.*g > %s[%" PRId64 "][%" PRId64 "] = %.*g, expected "
+                        "non-decreasing knots", arg, i, i, arg, i, j, digits, a, arg, i, j + 1,
+                        digits, b);
+        }
     }
     return KF_OK;
 }
 
 kf_status kf__kan_check_params(const struct kf_kan_linear_plan *p, const char *fn,
                                const kf_tensor *grid, const kf_tensor *base,
-                               const kf_tensor *spline, const kf_tensor *scaler, const float **g,
-                               const float **bw, const float **sw, const float **sc) {
+                               const kf_tensor *spline, const kf_tensor *scaler, const void **g,
+                               const void **bw, const void **sw, const void **sc) {
     bool present, has_base;
     int64_t gs[2] = {p->in, p->nk}, oi[2] = {p->out, p->in}, oic[3] = {p->out, p->in, p->C};
-    KF_TRY(kf__check_tensor(p->ctx, fn, "args->grid", grid, KF_DTYPE_F32, 2, gs, false, &present));
-    KF_TRY(kf__check_tensor(p->ctx, fn, "args->base_weight", base, KF_DTYPE_F32, 2, oi, true,
+    KF_TRY(kf__check_tensor(p->ctx, fn, "args->grid", grid, p->dtype, 2, gs, false, &present));
+    KF_TRY(kf__check_tensor(p->ctx, fn, "args->base_weight", base, p->dtype, 2, oi, true,
                             &has_base));
-    KF_TRY(kf__check_tensor(p->ctx, fn, "args->spline_weight", spline, KF_DTYPE_F32, 3, oic,
-                            false, &present));
+    KF_TRY(kf__check_tensor(p->ctx, fn, "args->spline_weight", spline, p->dtype, 3, oic, false,
+                            &present));
     KF_CHECK_FN(fn, p->scaled || scaler->data == NULL, KF_ERR_INVALID_ARGUMENT,
                 "args->spline_scaler is given but the plan has none (desc->standalone_scale = 0)");
     int64_t ss[2] = {p->out, p->in};
-    KF_TRY(kf__check_tensor(p->ctx, fn, "args->spline_scaler", scaler, KF_DTYPE_F32, 2, ss,
+    KF_TRY(kf__check_tensor(p->ctx, fn, "args->spline_scaler", scaler, p->dtype, 2, ss,
                             !p->scaled, &present));
     /* The knots are read where the device's memory is host memory only: elsewhere that would
      * need a synchronisation (kfuse.h leaves such a grid's result unspecified on CUDA). */
@@ -198,16 +205,16 @@ kf_status kf__kan_check_grads(const struct kf_kan_linear_plan *p, const char *fn
     int64_t oi[2] = {p->out, p->in}, oic[3] = {p->out, p->in, p->C};
     KF_CHECK_FN(fn, c->base != NULL || dbase->data == NULL, KF_ERR_INVALID_ARGUMENT,
                 "args->dbase_weight is given but args->base_weight is absent (no base term)");
-    KF_TRY(kf__check_tensor(p->ctx, fn, "args->dbase_weight", dbase, KF_DTYPE_F32, 2, oi, true,
+    KF_TRY(kf__check_tensor(p->ctx, fn, "args->dbase_weight", dbase, p->dtype, 2, oi, true,
                             &present));
     c->dbase = present ? dbase->data : NULL;
-    KF_TRY(kf__check_tensor(p->ctx, fn, "args->dspline_weight", dspline, KF_DTYPE_F32, 3, oic,
+    KF_TRY(kf__check_tensor(p->ctx, fn, "args->dspline_weight", dspline, p->dtype, 3, oic,
                             true, &present));
     c->dspline = present ? dspline->data : NULL;
     KF_CHECK_FN(fn, p->scaled || dscaler->data == NULL, KF_ERR_INVALID_ARGUMENT,
                 "args->dspline_scaler is given but the plan has no spline_scaler "
                 "(desc->standalone_scale = 0)");
-    KF_TRY(kf__check_tensor(p->ctx, fn, "args->dspline_scaler", dscaler, KF_DTYPE_F32, 2, oi,
+    KF_TRY(kf__check_tensor(p->ctx, fn, "args->dspline_scaler", dscaler, p->dtype, 2, oi,
                             true, &present));
     c->dscaler = present ? dscaler->data : NULL;
     return KF_OK;
@@ -239,15 +246,15 @@ KF_API kf_status kf_kan_linear_forward(kf_kan_linear_plan *plan,
     KF_TRY(kf__check_struct_size(__func__, "args", args, sizeof(kf_kan_linear_forward_args)));
     int64_t xs[KF_MAX_DIMS], ys[KF_MAX_DIMS], N;
     bool present;
-    KF_TRY(kf__check_row_tensor(plan->ctx, __func__, "args->x", &args->x, -1, NULL, plan->in,
-                                false, xs, &present, &N));
+    KF_TRY(kf__check_rows_of(plan->ctx, __func__, "args->x", &args->x, plan->dtype, -1, NULL,
+                             plan->in, false, xs, &present, &N));
     KF_TRY(kf__kan_check_rows(__func__, plan, N));
     kf__kan_fwd c = {.plan = plan, .N = N, .x = args->x.data, .y = args->y.data};
     KF_TRY(kf__kan_check_params(plan, __func__, &args->grid, &args->base_weight,
                                 &args->spline_weight, &args->spline_scaler, &c.grid, &c.base,
                                 &c.spline, &c.scaler));
-    KF_TRY(kf__check_row_tensor(plan->ctx, __func__, "args->y", &args->y, args->x.ndim, xs,
-                                plan->out, false, ys, &present, NULL));
+    KF_TRY(kf__check_rows_of(plan->ctx, __func__, "args->y", &args->y, plan->dtype,
+                             args->x.ndim, xs, plan->out, false, ys, &present, NULL));
     return kf__kan_run_forward(__func__, &c, workspace, workspace_bytes);
 }
 
@@ -260,8 +267,8 @@ KF_API kf_status kf_kan_linear_backward(kf_kan_linear_plan *plan, kf_grad_mode g
     KF_TRY(kf__check_struct_size(__func__, "args", args, sizeof(kf_kan_linear_backward_args)));
     int64_t xs[KF_MAX_DIMS], s[KF_MAX_DIMS], N;
     bool present;
-    KF_TRY(kf__check_row_tensor(plan->ctx, __func__, "args->x", &args->x, -1, NULL, plan->in,
-                                false, xs, &present, &N));
+    KF_TRY(kf__check_rows_of(plan->ctx, __func__, "args->x", &args->x, plan->dtype, -1, NULL,
+                             plan->in, false, xs, &present, &N));
     KF_TRY(kf__kan_check_rows(__func__, plan, N));
     kf__kan_bwd c = {.plan = plan, .N = N, .x = args->x.data,
                      .accumulate = grad_mode == KF_GRAD_ACCUMULATE};
@@ -269,11 +276,11 @@ KF_API kf_status kf_kan_linear_backward(kf_kan_linear_plan *plan, kf_grad_mode g
                                 &args->spline_weight, &args->spline_scaler, &c.grid, &c.base,
                                 &c.spline, &c.scaler));
     int32_t nd = args->x.ndim;
-    KF_TRY(kf__check_row_tensor(plan->ctx, __func__, "args->dy", &args->dy, nd, xs, plan->out,
-                                false, s, &present, NULL));
+    KF_TRY(kf__check_rows_of(plan->ctx, __func__, "args->dy", &args->dy, plan->dtype, nd, xs,
+                             plan->out, false, s, &present, NULL));
     c.dy = args->dy.data;
-    KF_TRY(kf__check_row_tensor(plan->ctx, __func__, "args->dx", &args->dx, nd, xs, plan->in,
-                                true, s, &present, NULL));
+    KF_TRY(kf__check_rows_of(plan->ctx, __func__, "args->dx", &args->dx, plan->dtype, nd, xs,
+                             plan->in, true, s, &present, NULL));
     c.dx = present ? args->dx.data : NULL;
     KF_TRY(kf__kan_check_grads(plan, __func__, &args->dbase_weight, &args->dspline_weight,
                                &args->dspline_scaler, &c));
@@ -301,9 +308,9 @@ kf_status kf__kan_uniform_grid(const char *fn, const struct kf_kan_linear_plan *
                 (double)lo, (double)hi);
     bool present;
     int64_t gs[2] = {plan->in, plan->nk};
-    KF_TRY(kf__check_tensor(plan->ctx, fn, "grid", grid, KF_DTYPE_F32, 2, gs, false, &present));
-    kf__stage buf = {grid->data, (size_t)(plan->in * plan->nk) * sizeof(float), KF__STAGE_OUT,
-                     NULL};
+    KF_TRY(kf__check_tensor(plan->ctx, fn, "grid", grid, plan->dtype, 2, gs, false, &present));
+    kf__stage buf = {grid->data, (size_t)(plan->in * plan->nk) * kf__dtype_bytes(plan->dtype),
+                     KF__STAGE_OUT, NULL};
     kf__kan_grid_call call = {plan, lo, hi};
     return kf__stage_run(plan->ctx, fn, &buf, 1, kf__kan_uniform_grid_staged, &call);
 }

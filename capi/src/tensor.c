@@ -99,14 +99,6 @@ kf_status kf__check_tensor(const kf_context *ctx, const char *fn, const char *ar
     return KF_OK;
 }
 
-kf_status kf__check_row_tensor(const kf_context *ctx, const char *fn, const char *arg,
-                               const kf_tensor *t, int32_t ndim, const int64_t *lead,
-                               int64_t width, bool optional, int64_t *shape, bool *present,
-                               int64_t *rows) {
-    return kf__check_rows_of(ctx, fn, arg, t, KF_DTYPE_F32, ndim, lead, width, optional, shape,
-                             present, rows);
-}
-
 kf_status kf__check_rows_of(const kf_context *ctx, const char *fn, const char *arg,
                             const kf_tensor *t, kf_dtype dtype, int32_t ndim, const int64_t *lead,
                             int64_t width, bool optional, int64_t *shape, bool *present,

@@ -104,6 +104,18 @@ void ref_fill_uniform_f32(ref_rng *r, float *p, int64_t n, double lo, double hi)
     }
 }
 
+double *ref_new_uniform_f64(ref_rng *r, int64_t n, double bound) {
+    double *v = malloc((size_t)n * sizeof *v);
+    for (int64_t i = 0; i < n; i++) v[i] = ref_rng_uniform(r, -bound, bound);
+    return v;
+}
+
+double *ref_new_nans_f64(int64_t n) {
+    double *v = malloc((size_t)n * sizeof *v);
+    for (int64_t i = 0; i < n; i++) v[i] = NAN;
+    return v;
+}
+
 double ref_rel_err_f64(const double *a, const double *b, int64_t n) {
     double num = 0, den = 0;
     for (int64_t i = 0; i < n; ++i) {

@@ -82,6 +82,9 @@ uint64_t ref_rng_next(ref_rng *r);
 double ref_rng_uniform(ref_rng *r, double lo, double hi); /* [lo, hi) */
 /* Fills n floats U(lo, hi) never exactly zero. */
 void ref_fill_uniform_f32(ref_rng *r, float *p, int64_t n, double lo, double hi);
+/* n new doubles (malloc) U(-bound, bound); n new doubles all NaN (poisoned outputs). */
+double *ref_new_uniform_f64(ref_rng *r, int64_t n, double bound);
+double *ref_new_nans_f64(int64_t n);
 
 /* ||a - b|| / ||b|| in float64 over n elements (a float, b double). Returns INFINITY when any
  * a is not finite, and ||a - b|| when ||b|| = 0 (so two exact zeros give 0). */

@@ -208,6 +208,25 @@ ParameterizedTestParameters(kan_linear_cuda, matches_cpu) {
 
 ParameterizedTest(const shape *s, kan_linear_cuda, matches_cpu) { check_shape(s); }
 
+/* Float64 is a CPU dtype for now: a CUDA context refuses it at plan creation, naming the field,
+ * for both KAN layers. */
+Test(kan_linear_cuda, float64_unsupported) {
+    kf_context *ctx = make_ctx(KF_DEVICE_CUDA, 0); /* skips without a usable device */
+    kf_kan_linear_desc d;
+    kf_kan_linear_desc_init(&d);
+    d.in_features = 8, d.out_features = 8, d.dtype = KF_DTYPE_F64;
+    kf_kan_linear_plan *plan = NULL;
+    EXPECT_FAIL(kf_kan_linear_plan_create(ctx, &d, &plan), KF_ERR_UNSUPPORTED, "desc->dtype");
+    cr_expect(plan == NULL);
+    kf_kan_conv2d_desc c;
+    kf_kan_conv2d_desc_init(&c);
+    c.in_channels = 2, c.out_channels = 3, c.kernel_h = c.kernel_w = 3, c.dtype = KF_DTYPE_F64;
+    kf_kan_conv2d_plan *conv = NULL;
+    EXPECT_FAIL(kf_kan_conv2d_plan_create(ctx, &c, &conv), KF_ERR_UNSUPPORTED, "desc->dtype");
+    cr_expect(conv == NULL);
+    kf_context_destroy(ctx);
+}
+
 Test(kan_linear_cuda, graph_capture_replays_forward) {
     kf_context *ctx = make_ctx(KF_DEVICE_CUDA, 0); /* skips without a usable device */
     kf_context *cpu = make_ctx(KF_DEVICE_CPU, 0);

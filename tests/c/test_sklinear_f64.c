@@ -32,30 +32,18 @@ typedef struct prob {
 static int64_t n_ik(const prob *p) { return p->c.L * p->c.in * p->c.k; }
 static int64_t n_ko(const prob *p) { return p->c.L * p->c.k * p->c.out; }
 
-static double *fill(ref_rng *r, int64_t n, double bound) {
-    double *v = malloc((size_t)n * sizeof *v);
-    for (int64_t i = 0; i < n; i++) v[i] = ref_rng_uniform(r, -bound, bound);
-    return v;
-}
-
-static double *nans(int64_t n) {
-    double *v = malloc((size_t)n * sizeof *v);
-    for (int64_t i = 0; i < n; i++) v[i] = NAN;
-    return v;
-}
-
 static prob make_prob(const shape *s, uint64_t seed) {
     prob p = {.c = {s->N, s->in, s->out, s->L, s->k}, .bias = s->bias};
     ref_rng r;
     ref_rng_seed(&r, seed);
     const double w = 1.0 / sqrt((double)s->k);
-    p.x = fill(&r, s->N * s->in, 1.0);
-    p.S1 = fill(&r, n_ik(&p), w);
-    p.U2 = fill(&r, n_ik(&p), w);
-    p.S2 = fill(&r, n_ko(&p), w);
-    p.U1 = fill(&r, n_ko(&p), w);
-    p.b = s->bias ? fill(&r, s->out, 1.0 / sqrt((double)s->out)) : NULL;
-    p.dy = fill(&r, s->N * s->out, 1.0);
+    p.x = ref_new_uniform_f64(&r, s->N * s->in, 1.0);
+    p.S1 = ref_new_uniform_f64(&r, n_ik(&p), w);
+    p.U2 = ref_new_uniform_f64(&r, n_ik(&p), w);
+    p.S2 = ref_new_uniform_f64(&r, n_ko(&p), w);
+    p.U1 = ref_new_uniform_f64(&r, n_ko(&p), w);
+    p.b = s->bias ? ref_new_uniform_f64(&r, s->out, 1.0 / sqrt((double)s->out)) : NULL;
+    p.dy = ref_new_uniform_f64(&r, s->N * s->out, 1.0);
     return p;
 }
 
@@ -103,7 +91,7 @@ enum { GX, GS1, GS2, GB, NG };
 
 static void grads_make(const prob *p, double *g[NG]) {
     const int64_t n[NG] = {p->c.N * p->c.in, n_ik(p), n_ko(p), p->bias ? p->c.out : 0};
-    for (int i = 0; i < NG; i++) g[i] = n[i] ? nans(n[i]) : NULL;
+    for (int i = 0; i < NG; i++) g[i] = n[i] ? ref_new_nans_f64(n[i]) : NULL;
 }
 
 static void grads_free(double *g[NG]) {
@@ -135,7 +123,7 @@ static void check_against_reference(const shape *s, int32_t threads) {
     kf_sklinear_plan *plan = NULL;
     KF_OK_(plan_for(ctx, &p.c, s->bias, &plan));
     const int64_t ny = s->N * s->out, nx = s->N * s->in;
-    double *y = nans(ny), *yr = malloc((size_t)ny * sizeof *yr);
+    double *y = ref_new_nans_f64(ny), *yr = malloc((size_t)ny * sizeof *yr);
     kf_sklinear_forward_args fa;
     forward_args(&p, y, &fa);
     KF_OK_(kf_sklinear_forward(plan, &fa, NULL, 0));
@@ -222,7 +210,7 @@ Test(sklinear_f64, init_params_follow_the_formula) {
     KF_OK_(plan_for(ctx, &p.c, 1, &plan));
     ref_rng r;
     ref_rng_seed(&r, 9);
-    double *W = fill(&r, s.out * s.in, 0.3); /* W_init [out, in] */
+    double *W = ref_new_uniform_f64(&r, s.out * s.in, 0.3); /* W_init [out, in] */
     kf_tensor t[4];
     param_tensors(&p, t);
     kf_sklinear_init_args a;
@@ -261,7 +249,7 @@ Test(sklinear_f64, mixed_dtype_names_the_argument) {
     kf_context *ctx = make_ctx(KF_DEVICE_CPU, 1);
     kf_sklinear_plan *plan = NULL;
     KF_OK_(plan_for(ctx, &p.c, 1, &plan));
-    double *y = nans(s.N * s.out);
+    double *y = ref_new_nans_f64(s.N * s.out);
     float *f32 = poisoned(s.N * (s.in + s.out));
     kf_sklinear_forward_args a;
     forward_args(&p, y, &a);

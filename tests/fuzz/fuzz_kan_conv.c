@@ -673,7 +673,8 @@ static bool plan_from_fuzzed_desc(sess *s, rd *r) {
         d->out_channels > INT32_MAX || d->kernel_h < 1 || d->kernel_w < 1 || d->stride_h < 1 ||
         d->stride_w < 1 || d->pad_h < 0 || d->pad_w < 0 || d->dilation_h < 1 || d->dilation_w < 1 ||
         d->grid_size < 1 || d->spline_order < 0 ||
-        (d->standalone_scale != 0 && d->standalone_scale != 1) || d->dtype != KF_DTYPE_F32) {
+        (d->standalone_scale != 0 && d->standalone_scale != 1) ||
+        (d->dtype != KF_DTYPE_F32 && d->dtype != KF_DTYPE_F64)) { /* float64 since 1.3 (CPU) */
         must_fail = true;
     } else {
         unsigned __int128 F = (unsigned __int128)d->in_channels * (unsigned)d->kernel_h * (unsigned)d->kernel_w;
@@ -688,7 +689,7 @@ static bool plan_from_fuzzed_desc(sess *s, rd *r) {
         d->stride_h < 1 || d->stride_w < 1 || d->pad_h < 0 || d->pad_h > 2 || d->pad_w < 0 ||
         d->pad_w > 2 || d->dilation_h < 1 || d->dilation_h > 3 || d->dilation_w < 1 ||
         d->dilation_w > 3 || d->grid_size < 1 || d->grid_size > 5 || d->spline_order < 0 ||
-        d->spline_order > 3)
+        d->spline_order > 3 || d->dtype != KF_DTYPE_F32) /* the session's buffers are float32 */
         tiny = false;
     size_t ssz = d->struct_size;
     if (ssz < dsz) must_fail = true;

@@ -468,7 +468,8 @@ static bool plan_from_fuzzed_desc(sess *s, rd *r) {
         }
         if (d->in_features < 1 || d->in_features > INT32_MAX || d->out_features < 1 ||
             d->out_features > INT32_MAX || d->grid_size < 1 || d->spline_order < 0 ||
-            (d->standalone_scale != 0 && d->standalone_scale != 1) || d->dtype != KF_DTYPE_F32) {
+            (d->standalone_scale != 0 && d->standalone_scale != 1) ||
+            (d->dtype != KF_DTYPE_F32 && d->dtype != KF_DTYPE_F64)) { /* float64 since 1.3 (CPU) */
             must_fail = true;
         } else {
             int64_t G = d->grid_size, k = d->spline_order, nk = G + 2 * k + 1, cw = G + k + 1;
@@ -478,7 +479,8 @@ static bool plan_from_fuzzed_desc(sess *s, rd *r) {
                 must_fail = true;
         }
         if (d->in_features > 6 || d->out_features > 6 || d->grid_size > 5 || d->spline_order > 3 ||
-            d->in_features < 1 || d->out_features < 1 || d->grid_size < 1 || d->spline_order < 0)
+            d->in_features < 1 || d->out_features < 1 || d->grid_size < 1 || d->spline_order < 0 ||
+            d->dtype != KF_DTYPE_F32) /* the session's buffers are float32 */
             tiny = false;
         st = kf_kan_linear_plan_create(s->ctx, d, &s->kp);
         if (st == KF_OK) s->in = d->in_features, s->out = d->out_features, s->G = d->grid_size,

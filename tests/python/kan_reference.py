@@ -2,7 +2,8 @@
 of efficient-kan's math (Blealtan/efficient-kan, src/efficient_kan/kan.py) written here, its
 KANLinear module as a reference, the accuracy bar and the helpers around them.
 
-Accuracy bar (DESIGN.md): ||out - ref|| / ||ref|| < 1e-5 for fp32 against float64.
+Accuracy bar (DESIGN.md): ||out - ref|| / ||ref|| < 1e-5 for fp32 against float64; 1e-12 for
+the library's float64 against it.
 """
 import math
 
@@ -12,6 +13,12 @@ import torch.nn.functional as F
 from torch import nn
 
 TOL = 1e-5
+TOL64 = 1e-12
+
+
+def tol(dtype):
+    """The accuracy bar of a result in `dtype` (torch or numpy) against the float64 reference."""
+    return TOL64 if dtype in (torch.float64, np.float64) else TOL
 GRADS = ("base_weight", "spline_weight", "spline_scaler")
 
 

@@ -19,6 +19,7 @@ import pytest
 
 import kfuse
 import kfuse.numpy as knp
+from kfuse._lowlevel import dtype_code
 from kfuse.kan import KanLinearPlan
 
 torch = pytest.importorskip("torch")
@@ -26,8 +27,8 @@ import kfuse.torch as kt  # noqa: E402
 from torch import nn  # noqa: E402
 
 from kan_reference import (  # noqa: E402  (shared with test_kan_conv.py)
-    GRADS, TOL, EfficientKANRef, params_of, randomize_, ref_bases, ref_forward, reference_grads,
-    rel, uniform_grid_torch,
+    GRADS, TOL, TOL64, EfficientKANRef, params_of, randomize_, ref_bases, ref_forward,
+    reference_grads, rel, tol, uniform_grid_torch,
 )
 
 
@@ -69,17 +70,20 @@ OP_CASES = [  # (in, out, G, k, leading dims of x, standalone scaler, x scale)
 ]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("inf,outf,G,k,lead,standalone,xs", OP_CASES)
-def test_torch_forward_backward_vs_float64(inf, outf, G, k, lead, standalone, xs):
+def test_torch_forward_backward_vs_float64(inf, outf, G, k, lead, standalone, xs, dtype):
+    """The module in float32 (the library's float32 kernels, < 1e-5) and in float64
+    (dtype=torch.float64: its float64 kernels, < 1e-12) against the float64 reference."""
     torch.manual_seed(0)
     m = randomize_(kt.KANLinear(inf, outf, grid_size=G, spline_order=k,
-                                enable_standalone_scale_spline=standalone))
+                                enable_standalone_scale_spline=standalone, dtype=dtype))
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(lead + (inf,), generator=g) * xs
-    dy = torch.randn(lead + (outf,), generator=g)
+    x = (torch.randn(lead + (inf,), generator=g) * xs).to(dtype)
+    dy = torch.randn(lead + (outf,), generator=g).to(dtype)
     xk = x.clone().requires_grad_(True)
     y = m(xk)
-    assert y.shape == lead + (outf,) and y.dtype == torch.float32
+    assert y.shape == lead + (outf,) and y.dtype == dtype
     y.backward(dy)
     yr, dxr, gr = reference_grads(x, params_of(m), dy, k)
     errs = {"y": rel(y, yr), "dx": rel(xk.grad, dxr),
@@ -89,7 +93,7 @@ def test_torch_forward_backward_vs_float64(inf, outf, G, k, lead, standalone, xs
         errs["dspline_scaler"] = rel(m.spline_scaler.grad, gr["spline_scaler"])
     else:
         assert not hasattr(m, "spline_scaler")
-    bad = {n: e for n, e in errs.items() if not e < TOL}
+    bad = {n: e for n, e in errs.items() if not e < tol(dtype)}
     assert not bad, bad
     assert m.grid.grad is None and not m.grid.requires_grad
 
@@ -516,30 +520,34 @@ def test_scaled_spline_weight():
 
 # ---- numpy front end ---------------------------------------------------------------------------
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: d.__name__)
 @pytest.mark.parametrize("standalone", [True, False])
-def test_numpy_forward_backward_vs_float64(standalone):
+def test_numpy_forward_backward_vs_float64(standalone, dtype):
+    """The numpy front end on a float32 plan (< 1e-5) and a float64 one (< 1e-12): outputs and
+    gradients in the plan's dtype."""
     plan = KanLinearPlan(kfuse.Context("cpu"), 20, 12, grid_size=4, spline_order=2,
-                         standalone_scale=standalone)
+                         standalone_scale=standalone, dtype=dtype_code(np.dtype(dtype)))
     want_info = [("base_weight", (12, 20)), ("spline_weight", (12, 20, 6))]
     if standalone:
         want_info.append(("spline_scaler", (12, 20)))
     assert plan.param_info == want_info + [("grid", (20, 9))]
     rng = np.random.default_rng(0)
-    params = {n: rng.uniform(-0.3, 0.3, s).astype(np.float32) for n, s in plan.param_info}
+    params = {n: rng.uniform(-0.3, 0.3, s).astype(dtype) for n, s in plan.param_info}
     params["grid"] = knp.kan_linear_uniform_grid(plan, -1.0, 1.0)
-    x = (rng.standard_normal((2, 4, 20)) * 1.2).astype(np.float32)
-    dy = rng.standard_normal((2, 4, 12)).astype(np.float32)
+    assert params["grid"].dtype == dtype
+    x = (rng.standard_normal((2, 4, 20)) * 1.2).astype(dtype)
+    dy = rng.standard_normal((2, 4, 12)).astype(dtype)
     y = knp.kan_linear_forward(plan, x, params)
     yr, dxr, gr = reference_grads(x, params, dy, 2)
-    assert y.dtype == np.float32 and y.shape == (2, 4, 12)
-    assert rel(y, yr) < TOL
+    assert y.dtype == dtype and y.shape == (2, 4, 12)
+    assert rel(y, yr) < tol(dtype)
     y2 = knp.kan_linear_forward(plan, x, [params[n] for n in plan.param_names])
     np.testing.assert_array_equal(y, y2)
     dx, dp = knp.kan_linear_backward(plan, x, params, dy)
     assert sorted(dp) == sorted(n for n in GRADS if standalone or n != "spline_scaler")
-    assert rel(dx, dxr) < TOL
+    assert dx.dtype == dtype and rel(dx, dxr) < tol(dtype)
     for n in dp:
-        assert rel(dp[n], gr[n]) < TOL, n
+        assert dp[n].dtype == dtype and rel(dp[n], gr[n]) < tol(dtype), n
     # accumulate into given buffers; a subset of outputs
     acc = {n: a.copy() for n, a in dp.items()}
     dx_none, acc2 = knp.kan_linear_backward(plan, x, params, dy, need_dx=False, dparams=acc,
@@ -547,7 +555,7 @@ def test_numpy_forward_backward_vs_float64(standalone):
     assert dx_none is None and acc2["base_weight"] is acc["base_weight"]
     for n in dp:
         np.testing.assert_allclose(acc[n], 2 * dp[n], rtol=1e-5, atol=1e-6)
-    only = {"spline_weight": np.empty((12, 20, 6), np.float32)}
+    only = {"spline_weight": np.empty((12, 20, 6), dtype)}
     _, ob = knp.kan_linear_backward(plan, x, params, dy, need_dx=False, dparams=only)
     np.testing.assert_allclose(ob["spline_weight"], dp["spline_weight"], rtol=1e-6, atol=1e-7)
 
@@ -636,9 +644,87 @@ def test_constructor_errors():
     with pytest.raises(kfuse.InvalidArgument, match="in_features"):
         KanLinearPlan(kfuse.Context(), 0, 6)
     with pytest.raises(kfuse.Unsupported, match="dtype"):
-        kt.KANLinear(8, 6, dtype=torch.float64)
+        kt.KANLinear(8, 6, dtype=torch.float16)
     with pytest.raises(kfuse.InvalidArgument):
         kt.KANLinear(8, 6, grid_range=[1, -1])
+
+
+# ---- float64 -----------------------------------------------------------------------------------
+
+def test_float64_module_follows_its_parameters():
+    """dtype=torch.float64 and .double() of a float32 module run the library's float64 kernels:
+    float64 tensors (the initial grid formed in float64 as torch forms efficient-kan's under a
+    float64 default dtype), y against the float64 reference < 1e-12, gradcheck of the operator on
+    every differentiable input; an input of another dtype than the parameters' is an
+    InvalidArgument naming it."""
+    torch.manual_seed(0)
+    m = randomize_(kt.KANLinear(6, 5, dtype=torch.float64))
+    assert all(t.dtype == torch.float64 for t in m.state_dict().values())
+    h = 2.0 / 5
+    assert torch.equal(m.grid[0], torch.arange(-3, 9, dtype=torch.float64) * h - 1.0)
+    m2 = kt.KANLinear(6, 5).double()
+    m2.load_state_dict(m.state_dict())
+    x = torch.randn(11, 6, dtype=torch.float64) * 1.3
+    p = params_of(m)
+    want = ref_forward(x, p["grid"], p["base_weight"], p["spline_weight"], p["spline_scaler"], 3)
+    for mod in (m, m2):
+        y = mod(x)
+        assert y.dtype == torch.float64 and rel(y, want) < TOL64
+    args = tuple(t.detach().clone().requires_grad_(True) for t in (
+        x[:4], p["base_weight"], p["spline_weight"], p["spline_scaler"]))
+    assert torch.autograd.gradcheck(
+        lambda xx, bw, sw, sc: kt.kan_linear_function(xx, m.grid, bw, sw, sc), args)
+    with pytest.raises(kfuse.InvalidArgument, match=r"args->x\.dtype"):
+        m(torch.randn(3, 6))
+    with pytest.raises(kfuse.InvalidArgument, match=r"args->x\.dtype"):
+        kt.KANLinear(6, 5)(x)
+
+
+@pytest.mark.skipif(not kt.HAS_TORCH_LIBRARY, reason="torch.library operators need torch >= 2.4")
+def test_float64_operators_opcheck():
+    """The float64 operators of both layers, forward and backward, pass torch.library.opcheck
+    (schema, autograd registration, fake kernel against the real one, AOT dispatch)."""
+    torch.manual_seed(0)
+    f64 = torch.float64
+    kl = randomize_(kt.KANLinear(6, 4, dtype=f64))
+    kc = randomize_(kt.KANConv2d(2, 3, 3, stride=2, padding=1, dtype=f64))
+    geo = ([3, 3], [2, 2], [1, 1], [1, 1])
+    xk = torch.randn(5, 6, dtype=f64, requires_grad=True)
+    xc = torch.randn(2, 2, 7, 6, dtype=f64, requires_grad=True)
+    ops = torch.ops.kfuse
+    torch.library.opcheck(ops.kan_linear.default, (xk, kl.grid, kl.base_weight, kl.spline_weight,
+                                                   kl.spline_scaler))
+    torch.library.opcheck(ops.kan_conv2d.default, (xc, kc.grid, kc.base_weight, kc.spline_weight,
+                                                   kc.spline_scaler, *geo))
+    p = [t.detach() for t in (kl.base_weight, kl.spline_weight, kl.spline_scaler)]
+    torch.library.opcheck(ops.kan_linear_backward.default,
+                          (torch.randn(5, 4, dtype=f64), xk.detach(), kl.grid, *p,
+                           [True, True, True, True]))
+    p = [t.detach() for t in (kc.base_weight, kc.spline_weight, kc.spline_scaler)]
+    torch.library.opcheck(ops.kan_conv2d_backward.default,
+                          (torch.randn(2, 3, 4, 3, dtype=f64), xc.detach(), kc.grid, *p, *geo,
+                           [True, False, True, True]))
+
+
+def test_float64_update_grid_is_efficient_kan_s():
+    """A float64 layer's update_grid (no standalone scaler: exactly efficient-kan's update) against
+    efficient-kan's in float64: with margin and grid_eps exact in float32 the knots agree to
+    rounding and the refit to efficient-kan's float64 solve (< 1e-12); with the defaults (0.01 and
+    0.02, which reach the library as float32 values) the knots agree to 1e-8."""
+    torch.manual_seed(0)
+    x = torch.randn(200, 9, dtype=torch.float64) * 1.3
+    for grid_eps, margin, knot_tol in ((0.25, 0.0625, 1e-14), (0.02, 0.01, 1e-8)):
+        m = randomize_(kt.KANLinear(9, 7, enable_standalone_scale_spline=False, grid_eps=grid_eps,
+                                    dtype=torch.float64))
+        r = EfficientKANRef(9, 7, enable_standalone_scale_spline=False, grid_eps=grid_eps,
+                            dtype=torch.float64)
+        r.load_state_dict(m.state_dict())
+        m.update_grid(x, margin=margin)
+        r.update_grid(x, margin=margin)
+        assert m.grid.dtype == torch.float64 and m.spline_weight.dtype == torch.float64
+        assert (m.grid - r.grid).abs().max() < knot_tol
+        if knot_tol < 1e-12:
+            assert rel(m.spline_weight, r.spline_weight) < TOL64
 
 
 # ---- threads -----------------------------------------------------------------------------------

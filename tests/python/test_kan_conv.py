@@ -25,7 +25,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 from kan_reference import (  # noqa: E402
-    GRADS, TOL, EfficientKANRef, params_of, randomize_, ref_forward, reference_grads, rel,
+    GRADS, TOL, EfficientKANRef, params_of, randomize_, ref_forward, reference_grads, rel, tol,
     uniform_grid_torch,
 )
 
@@ -57,12 +57,12 @@ def ref_conv_forward(geom, activation=F.silu):
 
 def check_against_reference(m, x, dy, geom, activation=F.silu):
     """Runs m on x (autograd), compares y and every gradient with the float64 reference (base
-    activation `activation`)."""
+    activation `activation`), to the bar of x's dtype."""
     xk = x.clone().requires_grad_(True)
     for p in m.parameters():
         p.grad = None
     y = m(xk)
-    assert y.shape == dy.shape and y.dtype == torch.float32
+    assert y.shape == dy.shape and y.dtype == x.dtype
     y.backward(dy)
     yr, dxr, gr = reference_grads(x, params_of(m), dy, m.spline_order,
                                   forward=ref_conv_forward(geom, activation))
@@ -70,7 +70,7 @@ def check_against_reference(m, x, dy, geom, activation=F.silu):
     for n in GRADS:
         if n in gr:
             errs["d" + n] = rel(getattr(m, n).grad, gr[n])
-    bad = {n: e for n, e in errs.items() if not e < TOL}
+    bad = {n: e for n, e in errs.items() if not e < tol(x.dtype)}
     assert not bad, bad
     assert m.grid.grad is None
     return errs
@@ -101,21 +101,24 @@ OP_CASES = [  # (C_in, C_out, kernel, stride, padding, dilation, H, W, batch (No
 ]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("cin,cout,ks,st,pad,dil,H,W,B,G,k,standalone,xs", OP_CASES)
 def test_torch_forward_backward_vs_float64(cin, cout, ks, st, pad, dil, H, W, B, G, k,
-                                           standalone, xs):
+                                           standalone, xs, dtype):
+    """The module in float32 (< 1e-5) and in float64 (dtype=torch.float64: the library's float64
+    kernels, < 1e-12) against the float64 reference."""
     torch.manual_seed(0)
     m = randomize_(kt.KANConv2d(cin, cout, ks, stride=st, padding=pad, dilation=dil,
                                 grid_size=G, spline_order=k,
-                                enable_standalone_scale_spline=standalone))
+                                enable_standalone_scale_spline=standalone, dtype=dtype))
     geom = (ks, st, pad, dil)
     g = torch.Generator().manual_seed(1)
     lead = () if B is None else (B,)
-    x = torch.randn(lead + (cin, H, W), generator=g) * xs
+    x = (torch.randn(lead + (cin, H, W), generator=g) * xs).to(dtype)
     with torch.no_grad():
         y_shape = ref_conv_forward(geom)(x.double(), *[
             None if t is None else t.double() for t in params_of(m).values()], k).shape
-    dy = torch.randn(y_shape, generator=g)
+    dy = torch.randn(y_shape, generator=g).to(dtype)
     check_against_reference(m, x, dy, geom)
     assert hasattr(m, "spline_scaler") == standalone
 
@@ -157,6 +160,31 @@ def test_nonuniform_grid_after_update_grid():
         m.update_grid(torch.randn(27, 5))
     with pytest.raises(ValueError, match="args->x"):
         m.update_grid(torch.full((1, 3, 5, 5), float("nan")))
+
+
+def test_float64_gradcheck_update_grid_and_dtype_errors():
+    """A float64 KANConv2d (.double() of a float32 one): gradcheck of the operator on x and every
+    parameter (stride, padding and dilation); update_grid in float64 is KANLinear's on the
+    unfolded patches, bit for bit; an input of another dtype is an InvalidArgument naming it."""
+    torch.manual_seed(0)
+    m = randomize_(kt.KANConv2d(2, 3, 3, stride=(2, 1), padding=1, dilation=(1, 2))).double()
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 2, 6, 7, generator=g, dtype=torch.float64) * 1.3
+    p = params_of(m)
+    args = tuple(t.detach().clone().requires_grad_(True) for t in (
+        x, p["base_weight"], p["spline_weight"], p["spline_scaler"]))
+    assert torch.autograd.gradcheck(
+        lambda xx, bw, sw, sc: kt.kan_conv2d_function(xx, m.grid, bw, sw, sc, (3, 3), (2, 1),
+                                                      (1, 1), (1, 2)), args)
+    lin = kt.KANLinear(18, 3, dtype=torch.float64)
+    lin.load_state_dict(m.state_dict(), strict=True)
+    m.update_grid(x)
+    lin.update_grid(F.unfold(x, 3, dilation=(1, 2), padding=1, stride=(2, 1))
+                    .transpose(1, 2).reshape(-1, 18))
+    for n, t in lin.state_dict().items():
+        assert t.dtype == torch.float64 and torch.equal(m.state_dict()[n], t), n
+    with pytest.raises(kfuse.InvalidArgument, match=r"args->x\.dtype"):
+        m(x.float())
 
 
 @pytest.mark.parametrize("act,fn", [(nn.Identity, lambda t: t), (nn.ReLU, torch.relu),
@@ -519,7 +547,7 @@ def test_constructor_errors():
     with pytest.raises(kfuse.InvalidArgument, match="in_channels"):
         KanConv2dPlan(kfuse.Context(), 0, 4, 3)
     with pytest.raises(kfuse.Unsupported, match="dtype"):
-        kt.KANConv2d(3, 4, 3, dtype=torch.float64)
+        kt.KANConv2d(3, 4, 3, dtype=torch.float16)
 
 
 def test_default_init_scale_is_sane():

@@ -189,7 +189,8 @@ class KanLinearPlan(_KanPlan):
 
     KanLinearPlan(ctx, in_features, out_features, grid_size=5, spline_order=3,
                   standalone_scale=True, dtype=DTYPE_F32). Descriptor checks are the library's
-    (InvalidArgument naming the field; Unsupported for a dtype other than f32).
+    (InvalidArgument naming the field; Unsupported for a dtype other than DTYPE_F32 and, on a CPU
+    context, DTYPE_F64).
     forward/backward: x [..., in] -> y [..., out]."""
 
     _prefix = "kf_kan_linear"

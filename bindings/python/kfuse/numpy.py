@@ -15,10 +15,11 @@ kfuse.kan.KanConv2dPlan (x [B, C_in, H, W] -> y [B, C_out, Ho, Wo]); kan_linear_
 kan_linear_forward and kan_linear_backward are their 1.1 names.
 
 Arrays are passed to the library as they are (their dtype and strides go into the kf_tensor), so
-every check (dtype float32, C-contiguous, shapes) is the library's own and fails with its message
+every check (dtype, C-contiguous, shapes) is the library's own and fails with its message
 as kfuse.InvalidArgument. Anything numpy can view without copying works as input: ndarrays,
 objects exposing __array_interface__ or the buffer protocol, and DLPack producers (__dlpack__,
-through np.from_dlpack). Outputs are new float32 arrays. The GIL is released during each call.
+through np.from_dlpack). Outputs are new float32 arrays (the kan_* functions': arrays of the
+plan's dtype, float32 or float64). The GIL is released during each call.
 `plan` is a kfuse.RnnPlan, kfuse.sklinear.SkLinearPlan, kfuse.kan.KanLinearPlan
 or kfuse.kan.KanConv2dPlan on a CPU context (numpy memory is host memory).
 """
@@ -26,7 +27,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from kfuse._lowlevel import ALIGN_BYTES, TensorRef
+from kfuse._lowlevel import ALIGN_BYTES, DTYPE_F64, TensorRef
 from kfuse.kan import QUANTILES_TORCH1
 
 __all__ = ["rnn_forward", "rnn_backward", "sklinear_init", "sklinear_forward",
@@ -222,6 +223,11 @@ _KAN_NAMES = ("base_weight", "spline_weight", "spline_scaler", "grid")
 _KAN_GRADS = ("base_weight", "spline_weight", "spline_scaler")
 
 
+def _kan_dtype(plan):
+    """The numpy dtype of a KAN plan's tensors (its descriptor's dtype: float32 or float64)."""
+    return np.float64 if plan.dtype == DTYPE_F64 else np.float32
+
+
 def _kan_params(plan, params):
     """{name: array} from a mapping (efficient-kan's state_dict names; extra keys ignored) or a
     sequence in plan.param_names order. A missing name is passed as absent, for the library to
@@ -233,9 +239,10 @@ def _kan_params(plan, params):
 
 def kan_uniform_grid(plan, lo=-1.0, hi=1.0):
     """efficient-kan's initial knots for grid_range [lo, hi] through kf_kan_<layer>_uniform_grid:
-    a new float32 array [F, G + 2k + 1] (F = in_features, or C_in kh kw) whose every row is
-    lo + (j - k) (hi - lo) / G, with the bits torch gives efficient-kan's grid buffer."""
-    grid = np.empty((plan.in_features, plan.num_knots), dtype=np.float32)
+    a new array of the plan's dtype [F, G + 2k + 1] (F = in_features, or C_in kh kw) whose every
+    row is lo + (j - k) (hi - lo) / G, with the bits torch gives efficient-kan's grid buffer in
+    that dtype."""
+    grid = np.empty((plan.in_features, plan.num_knots), dtype=_kan_dtype(plan))
     plan.uniform_grid(lo, hi, tensor_ref(grid))
     return grid
 
@@ -246,12 +253,12 @@ def kan_forward(plan, x, params, workspace=None):
     the B-spline bases of order k on each feature's knots; KANConv2d: that map on every patch of
     x [B, C_in, H, W] (or [C_in, H, W]), y [B, C_out, Ho, Wo]. params: mapping with
     efficient-kan's names (base_weight, spline_weight, spline_scaler when the plan has a
-    standalone scale, grid) or a sequence in plan.param_names order. Returns a new float32
-    array."""
+    standalone scale, grid) or a sequence in plan.param_names order. Returns a new array of the
+    plan's dtype."""
     x = as_array(x)
     p = _kan_params(plan, params)
     y_shape = plan.output_shape(x.shape)
-    y = None if y_shape is None else np.empty(y_shape, dtype=np.float32)
+    y = None if y_shape is None else np.empty(y_shape, dtype=_kan_dtype(plan))
     plan.forward(tensor_ref(x), tensor_ref(p["grid"]), tensor_ref(p["base_weight"]),
                  tensor_ref(p["spline_weight"]), tensor_ref(y),
                  spline_scaler=tensor_ref(p["spline_scaler"]), workspace=_workspace(workspace))
@@ -260,12 +267,12 @@ def kan_forward(plan, x, params, workspace=None):
 
 def kan_update_grid(plan, x, params, margin=0.01, grid_eps=0.02,
                     quantile_rule=QUANTILES_TORCH1):
-    """efficient-kan's update_grid through kf_kan_<layer>_update_grid: returns new float32 arrays
-    (grid, spline_weight), the knots placed on the samples x (x's rows, or the patches of x for
-    KANConv2d) and the coefficients refitted so that the splines on them reproduce, on the
-    samples, the old ones (float64 minimum-norm least squares). params as for kan_forward (grid
-    and spline_weight are read, not written). quantile_rule: kfuse.kan.QUANTILES_TORCH1 (torch
-    1.13's quantile indices) or QUANTILES_TORCH2 (torch 2.x's)."""
+    """efficient-kan's update_grid through kf_kan_<layer>_update_grid: returns new arrays (grid,
+    spline_weight) of their dtype, the knots placed on the samples x (x's rows, or the patches
+    of x for KANConv2d) and the coefficients refitted so that the splines on them reproduce, on
+    the samples, the old ones (float64 minimum-norm least squares). params as for kan_forward
+    (grid and spline_weight are read, not written). quantile_rule: kfuse.kan.QUANTILES_TORCH1
+    (torch 1.13's quantile indices) or QUANTILES_TORCH2 (torch 2.x's)."""
     x = as_array(x)
     p = _kan_params(plan, params)
     # copies to write (their dtype kept: the library checks it)
@@ -281,15 +288,16 @@ def kan_backward(plan, x, params, dy, need_dx=True, need_dparams=True, dparams=N
                  accumulate=False, workspace=None):
     """Gradients of the loss given dy = dL/dy (y's shape): returns (dx, dparams) where dparams
     is {"base_weight", "spline_weight", and "spline_scaler" when the plan has one} (the grid gets
-    none). dparams may be given (a mapping of float32 arrays to write, or with accumulate=True to
-    add into; a missing name is not computed); by default new arrays are made when
-    need_dparams. dx is None unless need_dx."""
+    none). dparams may be given (a mapping of arrays of the plan's dtype to write, or with
+    accumulate=True to add into; a missing name is not computed); by default new arrays are made
+    when need_dparams. dx is None unless need_dx."""
     x = as_array(x)
     dy = as_array(dy)
     p = _kan_params(plan, params)
-    dx = np.empty(x.shape, dtype=np.float32) if need_dx else None
+    dt = _kan_dtype(plan)
+    dx = np.empty(x.shape, dtype=dt) if need_dx else None
     if dparams is None and need_dparams:
-        dparams = {n: np.empty(shape, dtype=np.float32) for n, shape in plan.param_info
+        dparams = {n: np.empty(shape, dtype=dt) for n, shape in plan.param_info
                    if n in _KAN_GRADS}
     elif dparams is not None:
         dparams = {n: as_array(a) for n, a in dparams.items()}

@@ -368,9 +368,10 @@ class _KANLayer(nn.Module):
         kf_kan_conv2d_update_grid, the one implementation every front end shares): per feature,
         new knots grid_eps * uniform + (1 - grid_eps) * quantiles of the samples (G + 1 of them,
         the uniform ones on [min - margin, max + margin]) extended by k uniform steps each side,
-        formed in float32 exactly as efficient-kan forms them with the torch in use (whose
-        int64 linspace picks the quantile indices: torch 1.13's and 2.x's differ); then
-        spline_weight is
+        formed in the parameters' dtype exactly as efficient-kan forms them with the torch in use
+        (whose int64 linspace picks the quantile indices: torch 1.13's and 2.x's differ; margin
+        and grid_eps reach the library as float32 values, 0.01 as 0.0099999998, which in a
+        float64 layer moves the knots by about 1e-9 from efficient-kan's); then spline_weight is
         refitted in float64 (minimum-norm least squares by SVD, which does not fail where
         efficient-kan's float32 lstsq does) so that the splines on the new knots reproduce, on
         the samples, the splines on the old knots. The samples are the rows of x [batch, in]
@@ -433,8 +434,10 @@ class KANLinear(_KANLayer):
     for the grid). Where efficient-kan computes 0/0 or inf*0 (repeated knots, |x| near 1e38)
     kfuse gives the mathematical value (kfuse.h). base_activation is any activation module class,
     as in efficient-kan: SiLU is computed inside the library; with another the base branch
-    base_activation(x) base_weight^T is computed in torch and the spline branch by kfuse; float32
-    only (another dtype raises kfuse.Unsupported).
+    base_activation(x) base_weight^T is computed in torch and the spline branch by kfuse. The
+    module follows its parameters' dtype: float32, or float64 (dtype=torch.float64 or .double(),
+    on the CPU); another dtype, or float64 on CUDA, raises kfuse.Unsupported, and an input of
+    another dtype than the parameters' a kfuse.InvalidArgument naming it.
 
     The initial grid comes from kf_kan_linear_uniform_grid (the same bits as efficient-kan's
     buffer); reset_parameters draws as efficient-kan does, from torch's default generator in the
@@ -512,8 +515,9 @@ class KANConv2d(_KANLayer):
     bases are stored for the batch. Backward gives the gradients of x, base_weight,
     spline_weight and spline_scaler (none for the grid). base_activation as in KANLinear (with
     another than SiLU, the base branch is a torch.nn.functional.conv2d of the activated, padded
-    image); float32 only; argument checks (a wrong channel count, an image smaller than
-    the kernel's reach, a bad descriptor) are the library's."""
+    image); dtypes as in KANLinear (float32, or float64 on the CPU); argument checks (a wrong
+    channel count, an image smaller than the kernel's reach, a bad descriptor, a dtype) are the
+    library's."""
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
                  grid_size=5, spline_order=3, scale_noise=0.1, scale_base=1.0, scale_spline=1.0,

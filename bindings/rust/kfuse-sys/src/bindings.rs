@@ -4,10 +4,10 @@
 // Do not edit: change the header, rerun generate.sh, commit the result.
 
 pub const KF_VERSION_MAJOR: u32 = 1;
-pub const KF_VERSION_MINOR: u32 = 3;
+pub const KF_VERSION_MINOR: u32 = 4;
 pub const KF_VERSION_PATCH: u32 = 0;
 pub const KF_ABI_VERSION: u32 = 1;
-pub const KF_VERSION_NUMBER: u32 = 10300;
+pub const KF_VERSION_NUMBER: u32 = 10400;
 pub const KF_MAX_DIMS: u32 = 6;
 pub const KF_ALIGN_BYTES: u32 = 64;
 pub const KF_CONTEXT_FIXED_ARENA: u32 = 1;
@@ -360,7 +360,7 @@ pub struct kf_rnn_desc {
     #[doc = " A-GRU diffusion constant in A = W_h - W_h^T - gamma I; default 0.01"]
     pub gamma: f32,
     #[doc = " kf_dtype of x, y, h and weights: KF_DTYPE_F32 (default), or"]
-    #[doc = "KF_DTYPE_F64 on the CPU backend (since 1.3; KF_ERR_UNSUPPORTED on"]
+    #[doc = "KF_DTYPE_F64 on the CPU backend (since 1.4; KF_ERR_UNSUPPORTED on"]
     #[doc = "CUDA). dropout and gamma stay float whatever the dtype"]
     pub dtype: i32,
 }
@@ -1677,7 +1677,8 @@ pub struct kf_kan_linear_desc {
     pub spline_order: i32,
     #[doc = " 1 (default): spline_scaler multiplies spline_weight; 0: none"]
     pub standalone_scale: i32,
-    #[doc = " kf_dtype of every tensor; default (and only) KF_DTYPE_F32"]
+    #[doc = " kf_dtype of every tensor: KF_DTYPE_F32 (default), or KF_DTYPE_F64"]
+    #[doc = "on a CPU context (since 1.4)"]
     pub dtype: i32,
 }
 #[test]
@@ -1784,9 +1785,9 @@ extern "C" {
 extern "C" {
     #[doc = " Creates a plan bound to `ctx` (which must outlive it). @return KF_OK and *out,"]
     #[doc = " KF_ERR_INVALID_ARGUMENT (message names the field), KF_ERR_UNSUPPORTED (a dtype other than"]
-    #[doc = " KF_DTYPE_F32; on a CUDA context a spline_order above 15: since 1.3 reported here, before 1.3 by"]
-    #[doc = " forward and backward), KF_ERR_OUT_OF_MEMORY. On failure *out is set to NULL (when `out` is not"]
-    #[doc = " NULL). Since 1.1."]
+    #[doc = " KF_DTYPE_F32 and, on a CPU context, KF_DTYPE_F64; on a CUDA context a spline_order above 15:"]
+    #[doc = " since 1.3 reported here, before 1.3 by forward and backward), KF_ERR_OUT_OF_MEMORY. On failure"]
+    #[doc = " *out is set to NULL (when `out` is not NULL). Since 1.1."]
     pub fn kf_kan_linear_plan_create(
         ctx: *mut kf_context,
         desc: *const kf_kan_linear_desc,
@@ -1826,7 +1827,8 @@ extern "C" {
 }
 extern "C" {
     #[doc = " Writes efficient-kan's initial knots into `grid` [in, G + 2k + 1] (memory of the context's"]
-    #[doc = " device): grid[i][j] = lo + (j - k) * (hi - lo) / G for every feature. Since 1.1."]
+    #[doc = " device): grid[i][j] = lo + (j - k) * (hi - lo) / G for every feature, rounded as torch forms"]
+    #[doc = " it in the plan's dtype. Since 1.1."]
     pub fn kf_kan_linear_uniform_grid(
         plan: *const kf_kan_linear_plan,
         lo: f32,
@@ -2246,7 +2248,8 @@ pub struct kf_kan_conv2d_desc {
     pub spline_order: i32,
     #[doc = " 1 (default): spline_scaler multiplies spline_weight; 0: none"]
     pub standalone_scale: i32,
-    #[doc = " kf_dtype of every tensor; default (and only) KF_DTYPE_F32"]
+    #[doc = " kf_dtype of every tensor: KF_DTYPE_F32 (default), or"]
+    #[doc = "KF_DTYPE_F64 on a CPU context (since 1.4)"]
     pub dtype: i32,
 }
 #[test]
@@ -2897,8 +2900,9 @@ extern "C" {
 #[doc = " whose splines on the new knots best reproduce, on the samples, the splines of the old"]
 #[doc = " spline_weight on the old knots. spline_scaler and base_weight are unchanged, so the layer's"]
 #[doc = " output on the samples is kept up to the fit (efficient-kan fits the scaled weights and then"]
-#[doc = " scales again; kfuse does not). The knots are formed in float32 in torch's order of operations"]
-#[doc = " (the same bits as kfuse.torch's update_grid). Not a hot path: it synchronises with the"]
+#[doc = " scales again; kfuse does not). The knots are formed in the plan's dtype in torch's order of"]
+#[doc = " operations (the same bits as kfuse.torch's update_grid; a float64 plan takes margin and"]
+#[doc = " grid_eps at their float32 values). Not a hot path: it synchronises with the"]
 #[doc = " context's stream, allocates and computes on the host, and writes grid and spline_weight only on"]
 #[doc = " success (on a CUDA context a failure of the final copy of spline_weight can leave the new grid"]
 #[doc = " written)."]

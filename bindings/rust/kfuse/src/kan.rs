@@ -23,10 +23,11 @@ use crate::context::Context;
 use crate::error::{check, Result};
 use crate::grad::GradMode;
 use crate::layer::{self, init_with, numel, opt_in, opt_out};
-use crate::tensor::{Tensor, TensorMut};
+use crate::tensor::{Float, Tensor, TensorMut};
 use kfuse_sys as sys;
 use std::ffi::c_void;
 use std::fmt;
+use std::marker::PhantomData;
 use std::ptr::{self, NonNull};
 
 /// The builder methods and getters of a KAN layer's splines, shared by the descriptors (whose
@@ -173,22 +174,22 @@ impl KanLinearDesc {
 /// host memory through [`Tensor::new`], device memory through [`Tensor::from_raw`]. Every KAN
 /// layer takes them: a KANConv2d's are those of its per-patch KANLinear (in = F).
 #[derive(Clone, Copy, Debug)]
-pub struct KanParams<'a> {
-    grid: Tensor<'a>,
-    base_weight: Tensor<'a>,
-    spline_weight: Tensor<'a>,
-    spline_scaler: Option<Tensor<'a>>,
+pub struct KanParams<'a, T: Float = f32> {
+    grid: Tensor<'a, T>,
+    base_weight: Tensor<'a, T>,
+    spline_weight: Tensor<'a, T>,
+    spline_scaler: Option<Tensor<'a, T>>,
 }
 
-impl<'a> KanParams<'a> {
+impl<'a, T: Float> KanParams<'a, T> {
     /// grid `[in, G + 2k + 1]`, base_weight `[out, in]`, spline_weight `[out, in, G + k]`; no
     /// scaler.
-    pub fn new(grid: Tensor<'a>, base_weight: Tensor<'a>, spline_weight: Tensor<'a>) -> Self {
+    pub fn new(grid: Tensor<'a, T>, base_weight: Tensor<'a, T>, spline_weight: Tensor<'a, T>) -> Self {
         KanParams { grid, base_weight, spline_weight, spline_scaler: None }
     }
     /// spline_scaler `[out, in]`: required when the plan has a standalone scale, refused
     /// otherwise.
-    pub fn spline_scaler(mut self, s: Tensor<'a>) -> Self {
+    pub fn spline_scaler(mut self, s: Tensor<'a, T>) -> Self {
         self.spline_scaler = Some(s);
         self
     }
@@ -200,28 +201,36 @@ impl<'a> KanParams<'a> {
 /// are public so that an optimiser (or a grid update) can change them; a vector whose length no
 /// longer matches its shape is refused at the next call.
 #[derive(Clone, Debug, PartialEq)]
-pub struct KanHostParams {
+pub struct KanHostParams<T: Float = f32> {
     /// grid `[in, G + 2k + 1]` (a buffer: no gradient).
-    pub grid: Vec<f32>,
+    pub grid: Vec<T>,
     /// base_weight `[out, in]`.
-    pub base_weight: Vec<f32>,
+    pub base_weight: Vec<T>,
     /// spline_weight `[out, in, G + k]`.
-    pub spline_weight: Vec<f32>,
+    pub spline_weight: Vec<T>,
     /// spline_scaler `[out, in]`, `None` when the layer has no standalone scale.
-    pub spline_scaler: Option<Vec<f32>>,
+    pub spline_scaler: Option<Vec<T>>,
     desc: KanLinearDesc,
 }
 
 impl KanHostParams {
-    /// All zeros, shaped for the layer `desc` describes (a scaler vector when it has a
+    /// All zeros in float32, shaped for the layer `desc` describes (a scaler vector when it has a
     /// standalone scale): a [`KanLinearDesc`], or a [`KanConv2dDesc`](crate::KanConv2dDesc),
     /// whose parameters are those of its per-patch KANLinear ([`KanLayer::kan_linear`]).
     pub fn zeros<L: KanLayer>(desc: &L) -> KanHostParams {
+        Self::zeros_typed(desc)
+    }
+}
+
+impl<T: Float> KanHostParams<T> {
+    /// As [`zeros`](KanHostParams::zeros), of element type `T` (`KanHostParams::<f64>::zeros_typed`
+    /// for a float64 plan).
+    pub fn zeros_typed<L: KanLayer>(desc: &L) -> KanHostParams<T> {
         let desc = &desc.kan_linear();
         KanHostParams {
-            grid: vec![0.0; numel(&desc.grid_shape())],
-            base_weight: vec![0.0; numel(&desc.base_weight_shape())],
-            spline_weight: vec![0.0; numel(&desc.spline_weight_shape())],
+            grid: vec![T::default(); numel(&desc.grid_shape())],
+            base_weight: vec![T::default(); numel(&desc.base_weight_shape())],
+            spline_weight: vec![T::default(); numel(&desc.spline_weight_shape())],
             spline_scaler: layer::zeros_if(desc.standalone_scale, &desc.spline_scaler_shape()),
             desc: desc.clone(),
         }
@@ -231,7 +240,7 @@ impl KanHostParams {
         &self.desc
     }
     /// Views for a call (the scaler included when present).
-    pub fn view(&self) -> KanParams<'_> {
+    pub fn view(&self) -> KanParams<'_, T> {
         let d = &self.desc;
         let p = KanParams::new(
             Tensor::new(&self.grid, &d.grid_shape()),
@@ -250,17 +259,17 @@ impl KanHostParams {
 /// the output for `'o`, so that [`KanBackwardArgs::from_forward`] can keep the inputs while y is
 /// read.
 #[derive(Debug)]
-pub struct KanForwardArgs<'i, 'o> {
-    x: Tensor<'i>,
-    params: KanParams<'i>,
-    y: TensorMut<'o>,
+pub struct KanForwardArgs<'i, 'o, T: Float = f32> {
+    x: Tensor<'i, T>,
+    params: KanParams<'i, T>,
+    y: TensorMut<'o, T>,
 }
 
-impl<'i, 'o> KanForwardArgs<'i, 'o> {
+impl<'i, 'o, T: Float> KanForwardArgs<'i, 'o, T> {
     /// Input x, the knots and parameters, output y: for KANLinear x `[..., in]` and y
     /// `[..., out]` (x's leading dims); for KANConv2d x `[B, C_in, H, W]` and y
     /// `[B, C_out, Ho, Wo]` (or both without B).
-    pub fn new(x: Tensor<'i>, params: KanParams<'i>, y: TensorMut<'o>) -> Self {
+    pub fn new(x: Tensor<'i, T>, params: KanParams<'i, T>, y: TensorMut<'o, T>) -> Self {
         KanForwardArgs { x, params, y }
     }
 }
@@ -270,19 +279,19 @@ impl<'i, 'o> KanForwardArgs<'i, 'o> {
 /// wanted (each optional; the work for an absent one is skipped; dx is always overwritten, the
 /// parameter gradients are written or accumulated per [`GradMode`]).
 #[derive(Debug)]
-pub struct KanBackwardArgs<'a> {
-    x: Tensor<'a>,
-    params: KanParams<'a>,
-    dy: Tensor<'a>,
-    dx: Option<TensorMut<'a>>,
-    dbase_weight: Option<TensorMut<'a>>,
-    dspline_weight: Option<TensorMut<'a>>,
-    dspline_scaler: Option<TensorMut<'a>>,
+pub struct KanBackwardArgs<'a, T: Float = f32> {
+    x: Tensor<'a, T>,
+    params: KanParams<'a, T>,
+    dy: Tensor<'a, T>,
+    dx: Option<TensorMut<'a, T>>,
+    dbase_weight: Option<TensorMut<'a, T>>,
+    dspline_weight: Option<TensorMut<'a, T>>,
+    dspline_scaler: Option<TensorMut<'a, T>>,
 }
 
-impl<'a> KanBackwardArgs<'a> {
+impl<'a, T: Float> KanBackwardArgs<'a, T> {
     /// The forward's x and parameters, and dy (y's shape); no gradient output yet.
-    pub fn new(x: Tensor<'a>, params: KanParams<'a>, dy: Tensor<'a>) -> Self {
+    pub fn new(x: Tensor<'a, T>, params: KanParams<'a, T>, dy: Tensor<'a, T>) -> Self {
         KanBackwardArgs {
             x,
             params,
@@ -294,33 +303,33 @@ impl<'a> KanBackwardArgs<'a> {
         }
     }
     /// The inputs of `fwd` (x, knots and parameters), and dy.
-    pub fn from_forward(fwd: &KanForwardArgs<'a, '_>, dy: Tensor<'a>) -> Self {
+    pub fn from_forward(fwd: &KanForwardArgs<'a, '_, T>, dy: Tensor<'a, T>) -> Self {
         KanBackwardArgs::new(fwd.x, fwd.params, dy)
     }
     /// Output: gradient w.r.t. x, x's shape (always overwritten).
-    pub fn dx(mut self, dx: TensorMut<'a>) -> Self {
+    pub fn dx(mut self, dx: TensorMut<'a, T>) -> Self {
         self.dx = Some(dx);
         self
     }
     /// Output: gradient w.r.t. base_weight, `[out, in]`.
-    pub fn dbase_weight(mut self, g: TensorMut<'a>) -> Self {
+    pub fn dbase_weight(mut self, g: TensorMut<'a, T>) -> Self {
         self.dbase_weight = Some(g);
         self
     }
     /// Output: gradient w.r.t. spline_weight, `[out, in, G + k]`.
-    pub fn dspline_weight(mut self, g: TensorMut<'a>) -> Self {
+    pub fn dspline_weight(mut self, g: TensorMut<'a, T>) -> Self {
         self.dspline_weight = Some(g);
         self
     }
     /// Output: gradient w.r.t. spline_scaler, `[out, in]` (plans with a standalone scale only).
-    pub fn dspline_scaler(mut self, g: TensorMut<'a>) -> Self {
+    pub fn dspline_scaler(mut self, g: TensorMut<'a, T>) -> Self {
         self.dspline_scaler = Some(g);
         self
     }
     /// Outputs d base_weight, d spline_weight and (when `grads` has one) d spline_scaler, from
     /// host buffers shaped like the parameters (e.g. [`KanHostParams::zeros`]); its grid is not
     /// used.
-    pub fn dparams(self, grads: &'a mut KanHostParams) -> Self {
+    pub fn dparams(self, grads: &'a mut KanHostParams<T>) -> Self {
         let d = &grads.desc;
         let b = self
             .dbase_weight(TensorMut::new(&mut grads.base_weight, &d.base_weight_shape()))
@@ -395,7 +404,12 @@ pub(crate) mod raw {
         const CALLS: Calls;
         /// # Safety
         /// A live context handle and a writable out-pointer.
-        unsafe fn create(&self, ctx: *mut sys::kf_context, out: *mut *mut Self::Plan) -> sys::kf_status;
+        unsafe fn create(
+            &self,
+            dtype: sys::kf_dtype,
+            ctx: *mut sys::kf_context,
+            out: *mut *mut Self::Plan,
+        ) -> sys::kf_status;
         /// # Safety
         /// A plan from `create`, destroyed once.
         unsafe fn destroy(plan: *mut Self::Plan);
@@ -456,10 +470,12 @@ macro_rules! kan_raw_impl {
             };
             unsafe fn create(
                 &self,
+                dtype: kfuse_sys::kf_dtype,
                 ctx: *mut kfuse_sys::kf_context,
                 out: *mut *mut Self::Plan,
             ) -> kfuse_sys::kf_status {
-                let d = self.to_raw();
+                let mut d = self.to_raw();
+                d.dtype = dtype as _;
                 kfuse_sys::$create(ctx, &d, out)
             }
             unsafe fn destroy(plan: *mut Self::Plan) {
@@ -539,10 +555,11 @@ kan_raw_impl!(KanLinearDesc, "KanLinearPlan", plan: kf_kan_linear_plan,
 /// The methods here are the same for every kind; the shapes of x and y and the workspace query
 /// are the kind's (see the aliases).
 #[derive(Debug)]
-pub struct KanPlan<'ctx, L: KanLayer> {
+pub struct KanPlan<'ctx, L: KanLayer, T: Float = f32> {
     raw: NonNull<L::Plan>,
     ctx: &'ctx Context,
     desc: L,
+    _dtype: PhantomData<T>,
 }
 
 /// A plan for a KANLinear layer (`kf_kan_linear_plan`): [`KanPlan`] over a [`KanLinearDesc`].
@@ -591,15 +608,38 @@ pub struct KanPlan<'ctx, L: KanLayer> {
 ///     kfuse::KanLinearPlan::new(&ctx, &kfuse::KanLinearDesc::new(4, 4)).unwrap()
 /// };
 /// ```
-pub type KanLinearPlan<'ctx> = KanPlan<'ctx, KanLinearDesc>;
+pub type KanLinearPlan<'ctx, T = f32> = KanPlan<'ctx, KanLinearDesc, T>;
 
 impl<'ctx, L: KanLayer> KanPlan<'ctx, L> {
-    /// Creates a plan on `ctx` (`kf_kan_<kind>_plan_create`). A bad descriptor gives
+    /// Creates a float32 plan on `ctx` (`kf_kan_<kind>_plan_create`). A bad descriptor gives
     /// [`Status::InvalidArgument`](crate::Status::InvalidArgument) naming the field.
     pub fn new(ctx: &'ctx Context, desc: &L) -> Result<KanPlan<'ctx, L>> {
+        Self::new_typed(ctx, desc)
+    }
+}
+
+impl<'ctx, L: KanLayer, T: Float> KanPlan<'ctx, L, T> {
+    /// Creates a plan computing in `T` (`f32` or `f64`): x, y, the knots, the parameters and
+    /// every gradient of its calls hold `T`. A backend without `T` refuses it here with
+    /// [`Status::Unsupported`](crate::Status::Unsupported) (float64: the CPU backend only).
+    ///
+    /// ```
+    /// use kfuse::*;
+    /// let ctx = Context::cpu()?;
+    /// let desc = KanLinearDesc::new(4, 2);
+    /// let mut plan = KanLinearPlan::<f64>::new_typed(&ctx, &desc)?;
+    /// let mut p = KanHostParams::<f64>::zeros_typed(&desc);
+    /// p.grid = plan.uniform_grid(-1.0, 1.0)?;
+    /// let (x, mut y) = (vec![0.5f64; 4], vec![f64::NAN; 2]);
+    /// plan.forward(&KanForwardArgs::new(Tensor::new(&x, &desc.x_shape(1)), p.view(),
+    ///                                   TensorMut::new(&mut y, &desc.y_shape(1))))?;
+    /// assert_eq!(y, [0.0, 0.0]); // zero weights
+    /// # Ok::<(), kfuse::Error>(())
+    /// ```
+    pub fn new_typed(ctx: &'ctx Context, desc: &L) -> Result<KanPlan<'ctx, L, T>> {
         // SAFETY: valid context handle and out-pointer.
-        let raw = layer::create_plan(L::CREATE, |out| unsafe { desc.create(ctx.as_raw(), out) })?;
-        Ok(KanPlan { raw, ctx, desc: desc.clone() })
+        let raw = layer::create_plan(L::CREATE, |out| unsafe { desc.create(T::DTYPE, ctx.as_raw(), out) })?;
+        Ok(KanPlan { raw, ctx, desc: desc.clone(), _dtype: PhantomData })
     }
 
     /// The descriptor the plan was made from.
@@ -614,17 +654,17 @@ impl<'ctx, L: KanLayer> KanPlan<'ctx, L> {
     /// efficient-kan's initial knots in a new host vector `[F, G + 2k + 1]` (F = in for
     /// KANLinear; CPU contexts; on CUDA use [`uniform_grid_into`](Self::uniform_grid_into) with
     /// device memory): every row is `lo + (j - k) * (hi - lo) / G`, rounded as torch forms it in
-    /// float32. Requires finite `lo < hi`.
-    pub fn uniform_grid(&self, lo: f32, hi: f32) -> Result<Vec<f32>> {
+    /// the plan's type. Requires finite `lo < hi`.
+    pub fn uniform_grid(&self, lo: f32, hi: f32) -> Result<Vec<T>> {
         let shape = self.desc.kan_linear().grid_shape();
-        let mut g = vec![0.0f32; numel(&shape)];
+        let mut g = vec![T::default(); numel(&shape)];
         self.grid_impl(L::CALLS.uniform_grid, lo, hi, &TensorMut::new(&mut g, &shape))?;
         Ok(g)
     }
 
     /// As [`uniform_grid`](Self::uniform_grid), writing into a caller buffer (host or device
     /// memory of the context's device).
-    pub fn uniform_grid_into(&self, lo: f32, hi: f32, grid: TensorMut<'_>) -> Result<()> {
+    pub fn uniform_grid_into(&self, lo: f32, hi: f32, grid: TensorMut<'_, T>) -> Result<()> {
         self.grid_impl(L::CALLS.uniform_grid_into, lo, hi, &grid)
     }
 
@@ -636,9 +676,9 @@ impl<'ctx, L: KanLayer> KanPlan<'ctx, L> {
     /// Not a hot path: it synchronises and computes on the host.
     pub fn update_grid(
         &mut self,
-        x: &Tensor<'_>,
-        grid: TensorMut<'_>,
-        spline_weight: TensorMut<'_>,
+        x: &Tensor<'_, T>,
+        grid: TensorMut<'_, T>,
+        spline_weight: TensorMut<'_, T>,
         margin: f32,
         grid_eps: f32,
     ) -> Result<()> {
@@ -659,14 +699,14 @@ impl<'ctx, L: KanLayer> KanPlan<'ctx, L> {
     /// y for all of x, with scratch from the context's arena. A grid row that decreases is
     /// [`Status::InvalidArgument`](crate::Status::InvalidArgument) naming `args->grid` and the
     /// feature.
-    pub fn forward(&mut self, args: &KanForwardArgs<'_, '_>) -> Result<()> {
+    pub fn forward(&mut self, args: &KanForwardArgs<'_, '_, T>) -> Result<()> {
         // SAFETY: no caller buffers; every view in args is valid by construction.
         unsafe { self.forward_impl(L::CALLS.forward, args, ptr::null_mut(), 0) }
     }
 
     /// Gradients of x, base_weight, spline_weight and spline_scaler (those asked for in `args`);
     /// `grad_mode` applies to the parameter gradients. Scratch from the context's arena.
-    pub fn backward(&mut self, grad_mode: GradMode, args: &KanBackwardArgs<'_>) -> Result<()> {
+    pub fn backward(&mut self, grad_mode: GradMode, args: &KanBackwardArgs<'_, T>) -> Result<()> {
         // SAFETY: as in forward().
         unsafe { self.backward_impl(L::CALLS.backward, grad_mode, args, ptr::null_mut(), 0) }
     }
@@ -680,7 +720,7 @@ impl<'ctx, L: KanLayer> KanPlan<'ctx, L> {
     /// finished (on CUDA: on the context's stream).
     pub unsafe fn forward_raw(
         &mut self,
-        args: &KanForwardArgs<'_, '_>,
+        args: &KanForwardArgs<'_, '_, T>,
         workspace: *mut c_void,
         workspace_bytes: usize,
     ) -> Result<()> {
@@ -694,7 +734,7 @@ impl<'ctx, L: KanLayer> KanPlan<'ctx, L> {
     pub unsafe fn backward_raw(
         &mut self,
         grad_mode: GradMode,
-        args: &KanBackwardArgs<'_>,
+        args: &KanBackwardArgs<'_, T>,
         workspace: *mut c_void,
         workspace_bytes: usize,
     ) -> Result<()> {
@@ -707,7 +747,7 @@ impl<'ctx, L: KanLayer> KanPlan<'ctx, L> {
         self.raw.as_ptr()
     }
 
-    fn grid_impl(&self, call: &str, lo: f32, hi: f32, grid: &TensorMut<'_>) -> Result<()> {
+    fn grid_impl(&self, call: &str, lo: f32, hi: f32, grid: &TensorMut<'_, T>) -> Result<()> {
         let mut g = grid.raw(call, "grid", self.ctx)?;
         // SAFETY: a live host borrow of the length its shape needs, or a raw pointer under its
         // constructor's contract.
@@ -716,7 +756,7 @@ impl<'ctx, L: KanLayer> KanPlan<'ctx, L> {
 
     /// x, the knots and the parameters (the scaler absent when not given), checked in that
     /// order.
-    fn raw_inputs(&self, call: &str, x: &Tensor<'_>, p: &KanParams<'_>) -> Result<raw::Inputs> {
+    fn raw_inputs(&self, call: &str, x: &Tensor<'_, T>, p: &KanParams<'_, T>) -> Result<raw::Inputs> {
         let ctx = self.ctx;
         Ok(raw::Inputs {
             x: x.raw(call, "args.x", ctx)?,
@@ -730,7 +770,7 @@ impl<'ctx, L: KanLayer> KanPlan<'ctx, L> {
     unsafe fn forward_impl(
         &mut self,
         call: &str,
-        args: &KanForwardArgs<'_, '_>,
+        args: &KanForwardArgs<'_, '_, T>,
         ws: *mut c_void,
         ws_bytes: usize,
     ) -> Result<()> {
@@ -743,7 +783,7 @@ impl<'ctx, L: KanLayer> KanPlan<'ctx, L> {
         &mut self,
         call: &str,
         grad_mode: GradMode,
-        args: &KanBackwardArgs<'_>,
+        args: &KanBackwardArgs<'_, T>,
         ws: *mut c_void,
         ws_bytes: usize,
     ) -> Result<()> {
@@ -760,7 +800,7 @@ impl<'ctx, L: KanLayer> KanPlan<'ctx, L> {
     }
 }
 
-impl<'ctx> KanLinearPlan<'ctx> {
+impl<'ctx, T: Float> KanLinearPlan<'ctx, T> {
     /// Shape of x for N rows, `[N, in]` (as [`KanLinearDesc::x_shape`]).
     pub fn x_shape(&self, n: usize) -> [usize; 2] {
         self.desc.x_shape(n)
@@ -782,7 +822,7 @@ impl<'ctx> KanLinearPlan<'ctx> {
     }
 }
 
-impl<L: KanLayer> Drop for KanPlan<'_, L> {
+impl<L: KanLayer, T: Float> Drop for KanPlan<'_, L, T> {
     fn drop(&mut self) {
         // SAFETY: created by the kind's kf_kan_*_plan_create, destroyed once, before its context
         // (borrowed).

@@ -18,6 +18,7 @@
 use crate::error::{check, Result};
 use crate::kan::{kan_raw_impl, spline_options, KanLayer, KanLinearDesc, KanPlan};
 use crate::layer::{self, init_with};
+use crate::tensor::Float;
 use kfuse_sys as sys;
 
 /// Saturating `usize` to `i64`, so that the library rejects an out-of-range value itself.
@@ -233,9 +234,9 @@ kan_raw_impl!(KanConv2dDesc, "KanConv2dPlan", plan: kf_kan_conv2d_plan,
 /// fn need_send<T: Send>() {}
 /// need_send::<kfuse::KanConv2dPlan<'static>>();
 /// ```
-pub type KanConv2dPlan<'ctx> = KanPlan<'ctx, KanConv2dDesc>;
+pub type KanConv2dPlan<'ctx, T = f32> = KanPlan<'ctx, KanConv2dDesc, T>;
 
-impl<'ctx> KanConv2dPlan<'ctx> {
+impl<'ctx, T: Float> KanConv2dPlan<'ctx, T> {
     /// `(Ho, Wo)` for an image of `h x w`, as the library forms them (`kf_kan_conv2d_output_size`,
     /// torch.nn.Conv2d's formula); `None` for an image it refuses (an empty output, an extent
     /// out of range).

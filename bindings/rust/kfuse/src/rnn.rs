@@ -3,7 +3,7 @@ use crate::context::{Context, Device};
 use crate::error::{check, Error, Result, Status};
 use crate::grad::GradMode;
 use crate::layer;
-use crate::tensor::{absent, Tensor, TensorMut};
+use crate::tensor::{absent, Float, Tensor, TensorMut};
 use kfuse_sys as sys;
 use std::alloc::{self, Layout};
 use std::ffi::c_void;
@@ -207,25 +207,25 @@ pub struct WorkspaceSize {
 }
 
 #[derive(Clone, Copy, Debug)]
-enum WeightSrc<'a> {
-    Slices(&'a [&'a [f32]]),
-    Vecs(&'a [Vec<f32>]),
-    Raw(&'a [*const f32]),
+enum WeightSrc<'a, T: Float> {
+    Slices(&'a [&'a [T]]),
+    Vecs(&'a [Vec<T>]),
+    Raw(&'a [*const T]),
 }
 
 /// The weights of a call, in the plan's canonical order ([`RnnPlan::weight_info`]); each entry's
-/// shape is taken from the plan. Made from host data (`&[&[f32]]`, `&[Vec<f32>]`) or, unsafely,
-/// from raw pointers.
+/// shape is taken from the plan. Made from host data (`&[&[T]]`, `&[Vec<T>]`) or, unsafely,
+/// from raw pointers; `T` is the plan's element type (`f32` unless the plan is `f64`).
 #[derive(Clone, Copy, Debug)]
-pub struct Weights<'a>(WeightSrc<'a>);
+pub struct Weights<'a, T: Float = f32>(WeightSrc<'a, T>);
 
-impl<'a> Weights<'a> {
+impl<'a, T: Float> Weights<'a, T> {
     /// Raw pointers, one per weight (device memory for a CUDA context).
     ///
     /// # Safety
     /// Each pointer must satisfy [`Tensor::from_raw`]'s contract for the shape the plan gives
     /// that weight.
-    pub unsafe fn from_raw(ptrs: &'a [*const f32]) -> Self {
+    pub unsafe fn from_raw(ptrs: &'a [*const T]) -> Self {
         Weights(WeightSrc::Raw(ptrs))
     }
     fn len(&self) -> usize {
@@ -236,7 +236,7 @@ impl<'a> Weights<'a> {
         }
     }
     /// (pointer, Some(len) for host data)
-    fn get(&self, i: usize) -> (*const f32, Option<usize>) {
+    fn get(&self, i: usize) -> (*const T, Option<usize>) {
         match self.0 {
             WeightSrc::Slices(s) => (s[i].as_ptr(), Some(s[i].len())),
             WeightSrc::Vecs(v) => (v[i].as_ptr(), Some(v[i].len())),
@@ -245,23 +245,23 @@ impl<'a> Weights<'a> {
     }
 }
 
-impl<'a> From<&'a [&'a [f32]]> for Weights<'a> {
-    fn from(s: &'a [&'a [f32]]) -> Self {
+impl<'a, T: Float> From<&'a [&'a [T]]> for Weights<'a, T> {
+    fn from(s: &'a [&'a [T]]) -> Self {
         Weights(WeightSrc::Slices(s))
     }
 }
-impl<'a> From<&'a Vec<&'a [f32]>> for Weights<'a> {
-    fn from(s: &'a Vec<&'a [f32]>) -> Self {
+impl<'a, T: Float> From<&'a Vec<&'a [T]>> for Weights<'a, T> {
+    fn from(s: &'a Vec<&'a [T]>) -> Self {
         Weights(WeightSrc::Slices(s))
     }
 }
-impl<'a> From<&'a [Vec<f32>]> for Weights<'a> {
-    fn from(v: &'a [Vec<f32>]) -> Self {
+impl<'a, T: Float> From<&'a [Vec<T>]> for Weights<'a, T> {
+    fn from(v: &'a [Vec<T>]) -> Self {
         Weights(WeightSrc::Vecs(v))
     }
 }
-impl<'a> From<&'a Vec<Vec<f32>>> for Weights<'a> {
-    fn from(v: &'a Vec<Vec<f32>>) -> Self {
+impl<'a, T: Float> From<&'a Vec<Vec<T>>> for Weights<'a, T> {
+    fn from(v: &'a Vec<Vec<T>>) -> Self {
         Weights(WeightSrc::Vecs(v))
     }
 }
@@ -269,21 +269,21 @@ impl<'a> From<&'a Vec<Vec<f32>>> for Weights<'a> {
 /// Weight-gradient outputs of a backward call, one per weight in canonical order, borrowed
 /// mutably for `'a`.
 #[derive(Debug)]
-pub struct WeightGrads<'a> {
-    ptrs: Vec<(*mut f32, Option<usize>)>,
-    _borrow: PhantomData<&'a mut [f32]>,
+pub struct WeightGrads<'a, T: Float = f32> {
+    ptrs: Vec<(*mut T, Option<usize>)>,
+    _borrow: PhantomData<&'a mut [T]>,
 }
 
-impl<'a> WeightGrads<'a> {
+impl<'a, T: Float> WeightGrads<'a, T> {
     /// Host buffers.
-    pub fn new<'b: 'a>(bufs: &'a mut [&'b mut [f32]]) -> Self {
+    pub fn new<'b: 'a>(bufs: &'a mut [&'b mut [T]]) -> Self {
         WeightGrads {
             ptrs: bufs.iter_mut().map(|b| (b.as_mut_ptr(), Some(b.len()))).collect(),
             _borrow: PhantomData,
         }
     }
-    /// Host buffers held as vectors (e.g. `Vec<Vec<f32>>` shaped like the weights).
-    pub fn from_vecs(bufs: &'a mut [Vec<f32>]) -> Self {
+    /// Host buffers held as vectors (e.g. `Vec<Vec<T>>` shaped like the weights).
+    pub fn from_vecs(bufs: &'a mut [Vec<T>]) -> Self {
         WeightGrads {
             ptrs: bufs.iter_mut().map(|b| (b.as_mut_ptr(), Some(b.len()))).collect(),
             _borrow: PhantomData,
@@ -294,7 +294,7 @@ impl<'a> WeightGrads<'a> {
     /// # Safety
     /// Each pointer must satisfy [`TensorMut::from_raw`]'s contract for the shape the plan gives
     /// that weight.
-    pub unsafe fn from_raw(ptrs: &[*mut f32]) -> Self {
+    pub unsafe fn from_raw(ptrs: &[*mut T]) -> Self {
         WeightGrads { ptrs: ptrs.iter().map(|&p| (p, None)).collect(), _borrow: PhantomData }
     }
 }
@@ -302,17 +302,17 @@ impl<'a> WeightGrads<'a> {
 /// What forward and backward both read: x, h0, the weights, lengths and the dropout key (a
 /// backward call takes its forward's).
 #[derive(Clone, Copy, Debug)]
-struct Inputs<'a> {
-    x: Tensor<'a>,
-    h0: Option<Tensor<'a>>,
-    weights: Weights<'a>,
+struct Inputs<'a, T: Float> {
+    x: Tensor<'a, T>,
+    h0: Option<Tensor<'a, T>>,
+    weights: Weights<'a, T>,
     lengths: Option<Tensor<'a, i32>>,
     dropout_seed: u64,
     dropout_offset: u64,
 }
 
-impl<'a> Inputs<'a> {
-    fn new(x: Tensor<'a>, weights: Weights<'a>) -> Self {
+impl<'a, T: Float> Inputs<'a, T> {
+    fn new(x: Tensor<'a, T>, weights: Weights<'a, T>) -> Self {
         Inputs { x, h0: None, weights, lengths: None, dropout_seed: 0, dropout_offset: 0 }
     }
 }
@@ -323,24 +323,24 @@ impl<'a> Inputs<'a> {
 /// Shapes (`[T, B, I]` for x etc., or batch-first) are given by the caller and checked by the
 /// library; [`RnnPlan::x_shape`] and friends compute them.
 #[derive(Debug)]
-pub struct ForwardArgs<'i, 'o> {
-    inputs: Inputs<'i>,
-    y: TensorMut<'o>,
-    hn: Option<TensorMut<'o>>,
+pub struct ForwardArgs<'i, 'o, T: Float = f32> {
+    inputs: Inputs<'i, T>,
+    y: TensorMut<'o, T>,
+    hn: Option<TensorMut<'o, T>>,
 }
 
-impl<'i, 'o> ForwardArgs<'i, 'o> {
+impl<'i, 'o, T: Float> ForwardArgs<'i, 'o, T> {
     /// Input `x`, the weights, and output `y` (every step of the last layer).
-    pub fn new(x: Tensor<'i>, weights: impl Into<Weights<'i>>, y: TensorMut<'o>) -> Self {
+    pub fn new(x: Tensor<'i, T>, weights: impl Into<Weights<'i, T>>, y: TensorMut<'o, T>) -> Self {
         ForwardArgs { inputs: Inputs::new(x, weights.into()), y, hn: None }
     }
     /// Initial state `[L*D, B, H]` (default zeros).
-    pub fn h0(mut self, h0: Tensor<'i>) -> Self {
+    pub fn h0(mut self, h0: Tensor<'i, T>) -> Self {
         self.inputs.h0 = Some(h0);
         self
     }
     /// Output: the last state of every layer and direction, `[L*D, B, H]`.
-    pub fn hn(mut self, hn: TensorMut<'o>) -> Self {
+    pub fn hn(mut self, hn: TensorMut<'o, T>) -> Self {
         self.hn = Some(hn);
         self
     }
@@ -360,18 +360,18 @@ impl<'i, 'o> ForwardArgs<'i, 'o> {
 /// Arguments of a backward call (`kf_rnn_backward_args`). x, h0, weights, lengths and the
 /// dropout key must be the forward's; [`BackwardArgs::from_forward`] copies them.
 #[derive(Debug)]
-pub struct BackwardArgs<'a> {
-    inputs: Inputs<'a>,
-    dy: Option<Tensor<'a>>,
-    dhn: Option<Tensor<'a>>,
-    dx: Option<TensorMut<'a>>,
-    dh0: Option<TensorMut<'a>>,
-    dweights: Option<WeightGrads<'a>>,
+pub struct BackwardArgs<'a, T: Float = f32> {
+    inputs: Inputs<'a, T>,
+    dy: Option<Tensor<'a, T>>,
+    dhn: Option<Tensor<'a, T>>,
+    dx: Option<TensorMut<'a, T>>,
+    dh0: Option<TensorMut<'a, T>>,
+    dweights: Option<WeightGrads<'a, T>>,
 }
 
-impl<'a> BackwardArgs<'a> {
+impl<'a, T: Float> BackwardArgs<'a, T> {
     /// The forward's x and weights; every gradient input and output absent.
-    pub fn new(x: Tensor<'a>, weights: impl Into<Weights<'a>>) -> Self {
+    pub fn new(x: Tensor<'a, T>, weights: impl Into<Weights<'a, T>>) -> Self {
         BackwardArgs {
             inputs: Inputs::new(x, weights.into()),
             dy: None,
@@ -382,13 +382,13 @@ impl<'a> BackwardArgs<'a> {
         }
     }
     /// The inputs of `fwd` (x, h0, weights, lengths, dropout key).
-    pub fn from_forward(fwd: &ForwardArgs<'a, '_>) -> Self {
+    pub fn from_forward(fwd: &ForwardArgs<'a, '_, T>) -> Self {
         let mut b = BackwardArgs::new(fwd.inputs.x, fwd.inputs.weights);
         b.inputs = fwd.inputs;
         b
     }
     /// The forward's h0.
-    pub fn h0(mut self, h0: Tensor<'a>) -> Self {
+    pub fn h0(mut self, h0: Tensor<'a, T>) -> Self {
         self.inputs.h0 = Some(h0);
         self
     }
@@ -404,27 +404,27 @@ impl<'a> BackwardArgs<'a> {
         self
     }
     /// Gradient of the loss w.r.t. y (default zeros).
-    pub fn dy(mut self, dy: Tensor<'a>) -> Self {
+    pub fn dy(mut self, dy: Tensor<'a, T>) -> Self {
         self.dy = Some(dy);
         self
     }
     /// Gradient of the loss w.r.t. hn (default zeros).
-    pub fn dhn(mut self, dhn: Tensor<'a>) -> Self {
+    pub fn dhn(mut self, dhn: Tensor<'a, T>) -> Self {
         self.dhn = Some(dhn);
         self
     }
     /// Output: gradient w.r.t. x (always overwritten).
-    pub fn dx(mut self, dx: TensorMut<'a>) -> Self {
+    pub fn dx(mut self, dx: TensorMut<'a, T>) -> Self {
         self.dx = Some(dx);
         self
     }
     /// Output: gradient w.r.t. h0 (always overwritten).
-    pub fn dh0(mut self, dh0: TensorMut<'a>) -> Self {
+    pub fn dh0(mut self, dh0: TensorMut<'a, T>) -> Self {
         self.dh0 = Some(dh0);
         self
     }
     /// Output: gradients of every weight, written or accumulated per [`GradMode`].
-    pub fn dweights(mut self, dweights: WeightGrads<'a>) -> Self {
+    pub fn dweights(mut self, dweights: WeightGrads<'a, T>) -> Self {
         self.dweights = Some(dweights);
         self
     }
@@ -531,7 +531,7 @@ static NEXT_PLAN_ID: AtomicU64 = AtomicU64::new(1);
 /// # Ok::<(), kfuse::Error>(())
 /// ```
 #[derive(Debug)]
-pub struct RnnPlan<'ctx> {
+pub struct RnnPlan<'ctx, T: Float = f32> {
     raw: NonNull<sys::kf_rnn_plan>,
     ctx: &'ctx Context,
     desc: RnnDesc,
@@ -539,14 +539,37 @@ pub struct RnnPlan<'ctx> {
     info: Vec<WeightInfo>,
     wbuf: Vec<sys::kf_tensor>,  // weights of the current call, reused
     dwbuf: Vec<sys::kf_tensor>, // weight gradients of the current call, reused
+    _dtype: PhantomData<T>,
 }
 
 impl<'ctx> RnnPlan<'ctx> {
-    /// Creates a plan on `ctx` (`kf_rnn_plan_create`). A bad descriptor gives
+    /// Creates a float32 plan on `ctx` (`kf_rnn_plan_create`). A bad descriptor gives
     /// [`Status::InvalidArgument`] naming the field; an A-GRU with two directions,
     /// [`Status::Unsupported`].
     pub fn new(ctx: &'ctx Context, desc: &RnnDesc) -> Result<RnnPlan<'ctx>> {
-        let d = desc.to_raw();
+        Self::new_typed(ctx, desc)
+    }
+}
+
+impl<'ctx, T: Float> RnnPlan<'ctx, T> {
+    /// Creates a plan computing in `T` (`f32` or `f64`): x, h, y, the weights and every gradient
+    /// of its calls hold `T` (lengths stay `i32`). A backend without `T` refuses it here with
+    /// [`Status::Unsupported`] (float64: the CPU backend only).
+    ///
+    /// ```
+    /// use kfuse::*;
+    /// let ctx = Context::cpu()?;
+    /// let mut plan = RnnPlan::<f64>::new_typed(&ctx, &RnnDesc::agru(2, 3))?;
+    /// let w: Vec<Vec<f64>> = plan.weight_info().iter().map(|w| vec![0.1; w.numel()]).collect();
+    /// let x = vec![0.5f64; 4 * 1 * 2];
+    /// let mut y = vec![0.0f64; 4 * 1 * 3];
+    /// let args = ForwardArgs::new(Tensor::new(&x, &plan.x_shape(4, 1)), &w,
+    ///                             TensorMut::new(&mut y, &plan.y_shape(4, 1)));
+    /// plan.forward(Mode::Inference, &args)?;
+    /// # Ok::<(), kfuse::Error>(())
+    /// ```
+    pub fn new_typed(ctx: &'ctx Context, desc: &RnnDesc) -> Result<RnnPlan<'ctx, T>> {
+        let d = sys::kf_rnn_desc { dtype: T::DTYPE as _, ..desc.to_raw() };
         // SAFETY: valid context handle, descriptor and out-pointer.
         let raw = layer::create_plan("kf_rnn_plan_create", |out| unsafe {
             sys::kf_rnn_plan_create(ctx.as_raw(), &d, out)
@@ -559,6 +582,7 @@ impl<'ctx> RnnPlan<'ctx> {
             info: Vec::new(),
             wbuf: Vec::new(),
             dwbuf: Vec::new(),
+            _dtype: PhantomData,
         };
         plan.info = plan.query_weight_info()?;
         plan.wbuf = vec![absent(); plan.info.len()];
@@ -646,7 +670,7 @@ impl<'ctx> RnnPlan<'ctx> {
     /// [`Mode::Training`] returns the [`Reserve`] that [`backward`](Self::backward) needs (host
     /// memory, so CPU contexts only: on CUDA use [`forward_raw`](Self::forward_raw)); in
     /// [`Mode::Inference`] returns `None`.
-    pub fn forward(&mut self, mode: Mode, args: &ForwardArgs<'_, '_>) -> Result<Option<Reserve>> {
+    pub fn forward(&mut self, mode: Mode, args: &ForwardArgs<'_, '_, T>) -> Result<Option<Reserve>> {
         match mode {
             Mode::Inference => {
                 // SAFETY: no caller buffers; every view in args is valid by construction.
@@ -669,7 +693,7 @@ impl<'ctx> RnnPlan<'ctx> {
     pub fn forward_into(
         &mut self,
         mode: Mode,
-        args: &ForwardArgs<'_, '_>,
+        args: &ForwardArgs<'_, '_, T>,
         reserve: &mut Reserve,
     ) -> Result<()> {
         const CALL: &str = "RnnPlan::forward";
@@ -719,7 +743,7 @@ impl<'ctx> RnnPlan<'ctx> {
     pub fn backward(
         &mut self,
         grad_mode: GradMode,
-        args: &BackwardArgs<'_>,
+        args: &BackwardArgs<'_, T>,
         reserve: &Reserve,
     ) -> Result<()> {
         const CALL: &str = "RnnPlan::backward";
@@ -753,7 +777,7 @@ impl<'ctx> RnnPlan<'ctx> {
     pub unsafe fn forward_raw(
         &mut self,
         mode: Mode,
-        args: &ForwardArgs<'_, '_>,
+        args: &ForwardArgs<'_, '_, T>,
         workspace: *mut c_void,
         workspace_bytes: usize,
         reserve: *mut c_void,
@@ -778,7 +802,7 @@ impl<'ctx> RnnPlan<'ctx> {
     pub unsafe fn backward_raw(
         &mut self,
         grad_mode: GradMode,
-        args: &BackwardArgs<'_>,
+        args: &BackwardArgs<'_, T>,
         workspace: *mut c_void,
         workspace_bytes: usize,
         reserve: *const c_void,
@@ -800,7 +824,7 @@ impl<'ctx> RnnPlan<'ctx> {
         self.raw.as_ptr()
     }
 
-    fn fill_weights(&mut self, call: &str, w: &Weights<'_>) -> Result<()> {
+    fn fill_weights(&mut self, call: &str, w: &Weights<'_, T>) -> Result<()> {
         if w.len() != self.info.len() {
             return Err(Error::invalid(format!(
                 "{call}: args.weights has {} entries, expected {} (RnnPlan::weight_count)",
@@ -819,7 +843,7 @@ impl<'ctx> RnnPlan<'ctx> {
         Ok(())
     }
 
-    fn fill_dweights(&mut self, call: &str, g: &WeightGrads<'_>) -> Result<()> {
+    fn fill_dweights(&mut self, call: &str, g: &WeightGrads<'_, T>) -> Result<()> {
         if g.ptrs.len() != self.info.len() {
             return Err(Error::invalid(format!(
                 "{call}: args.dweights has {} entries, expected {} (RnnPlan::weight_count)",
@@ -839,7 +863,7 @@ impl<'ctx> RnnPlan<'ctx> {
 
     /// The raw x, h0 and lengths of `inp`, its weights into `wbuf`: the inputs forward and
     /// backward share, checked in the same order by both.
-    fn fill_inputs(&mut self, call: &str, inp: &Inputs<'_>) -> Result<RawInputs> {
+    fn fill_inputs(&mut self, call: &str, inp: &Inputs<'_, T>) -> Result<RawInputs> {
         let ctx = self.ctx;
         let x = inp.x.raw(call, "args.x", ctx)?;
         let h0 = layer::opt_in(&inp.h0, call, "args.h0", ctx)?;
@@ -856,7 +880,7 @@ impl<'ctx> RnnPlan<'ctx> {
         &mut self,
         call: &str,
         mode: Mode,
-        args: &ForwardArgs<'_, '_>,
+        args: &ForwardArgs<'_, '_, T>,
         ws: *mut c_void,
         ws_bytes: usize,
         rs: *mut c_void,
@@ -880,7 +904,7 @@ impl<'ctx> RnnPlan<'ctx> {
         &mut self,
         call: &str,
         grad_mode: GradMode,
-        args: &BackwardArgs<'_>,
+        args: &BackwardArgs<'_, T>,
         ws: *mut c_void,
         ws_bytes: usize,
         rs: *const c_void,
@@ -914,7 +938,7 @@ struct RawInputs {
     lengths: sys::kf_tensor,
 }
 
-impl Drop for RnnPlan<'_> {
+impl<T: Float> Drop for RnnPlan<'_, T> {
     fn drop(&mut self) {
         // SAFETY: created by kf_rnn_plan_create, destroyed once, before its context (borrowed).
         unsafe { sys::kf_rnn_plan_destroy(self.raw.as_ptr()) }

@@ -201,9 +201,17 @@ pub struct SkHostParams<T: Float = f32> {
     desc: SkLinearDesc,
 }
 
+impl SkHostParams {
+    /// All zeros in float32, shaped for `desc` (a bias vector when `desc` has a bias).
+    pub fn zeros(desc: &SkLinearDesc) -> SkHostParams {
+        Self::zeros_typed(desc)
+    }
+}
+
 impl<T: Float> SkHostParams<T> {
-    /// All zeros, shaped for `desc` (a bias vector when `desc` has a bias).
-    pub fn zeros(desc: &SkLinearDesc) -> SkHostParams<T> {
+    /// As [`zeros`](SkHostParams::zeros), of element type `T` (`SkHostParams::<f64>::zeros_typed`
+    /// for a float64 plan).
+    pub fn zeros_typed(desc: &SkLinearDesc) -> SkHostParams<T> {
         SkHostParams {
             s1s: vec![T::default(); numel(&desc.s1s_shape())],
             s2s: vec![T::default(); numel(&desc.s2s_shape())],
@@ -490,7 +498,7 @@ impl<'ctx, T: Float> SkLinearPlan<'ctx, T> {
     /// Kaiming-uniform; the bias is drawn from U(-1/sqrt(out), 1/sqrt(out)). Every draw is a pure
     /// function of `seed` and the element's position.
     pub fn init_params(&mut self, seed: u64, w_init: Option<Tensor<'_, T>>) -> Result<SkHostParams<T>> {
-        let mut p = SkHostParams::zeros(&self.desc);
+        let mut p = SkHostParams::zeros_typed(&self.desc);
         self.init_impl("SkLinearPlan::init_params", seed, w_init, &p.view_mut())?;
         Ok(p)
     }

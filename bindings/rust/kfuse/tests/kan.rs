@@ -182,26 +182,34 @@ fn reference(c: &Cfg, x: &[f32], p: &KanHostParams, dy: &[f32]) -> Ref {
     r
 }
 
-/// Forward and backward through a plan of any KAN kind, x and y of the shapes `xs` and `ys`:
-/// [y, dx, d base_weight, d spline_weight, d spline_scaler (empty without a scaler)].
-fn run<L: KanLayer>(
-    plan: &mut KanPlan<'_, L>,
+/// Forward and backward through a plan of any KAN kind and element type `T` (the problem's
+/// float32 values converted exactly), x and y of the shapes `xs` and `ys`: [y, dx, d base_weight,
+/// d spline_weight, d spline_scaler (empty without a scaler)].
+fn run<L: KanLayer, T: Float + From<f32>>(
+    plan: &mut KanPlan<'_, L, T>,
     pr: &Problem,
     xs: &[usize],
     ys: &[usize],
     mode: GradMode,
     init: f32,
-) -> [Vec<f32>; 5] {
-    let mut y = vec![f32::NAN; ys.iter().product()];
-    let mut dx = vec![f32::NAN; pr.x.len()];
-    let mut grads = KanHostParams::zeros(plan.desc());
-    grads.base_weight.iter_mut().chain(&mut grads.spline_weight).for_each(|v| *v = init);
+) -> [Vec<T>; 5] {
+    let cv = |v: &[f32]| v.iter().map(|&a| T::from(a)).collect::<Vec<T>>();
+    let mut p = KanHostParams::<T>::zeros_typed(plan.desc());
+    p.grid = cv(&pr.p.grid);
+    p.base_weight = cv(&pr.p.base_weight);
+    p.spline_weight = cv(&pr.p.spline_weight);
+    p.spline_scaler = pr.p.spline_scaler.as_deref().map(cv);
+    let (x, dy) = (cv(&pr.x), cv(&pr.dy));
+    let mut y = vec![T::from(f32::NAN); ys.iter().product()];
+    let mut dx = vec![T::from(f32::NAN); x.len()];
+    let mut grads = KanHostParams::<T>::zeros_typed(plan.desc());
+    grads.base_weight.iter_mut().chain(&mut grads.spline_weight).for_each(|v| *v = T::from(init));
     if let Some(s) = &mut grads.spline_scaler {
-        s.iter_mut().for_each(|v| *v = init);
+        s.iter_mut().for_each(|v| *v = T::from(init));
     }
-    let fwd = KanForwardArgs::new(Tensor::new(&pr.x, xs), pr.p.view(), TensorMut::new(&mut y, ys));
+    let fwd = KanForwardArgs::new(Tensor::new(&x, xs), p.view(), TensorMut::new(&mut y, ys));
     plan.forward(&fwd).unwrap();
-    let bwd = KanBackwardArgs::from_forward(&fwd, Tensor::new(&pr.dy, ys))
+    let bwd = KanBackwardArgs::from_forward(&fwd, Tensor::new(&dy, ys))
         .dx(TensorMut::new(&mut dx, xs))
         .dparams(&mut grads);
     plan.backward(mode, &bwd).unwrap();
@@ -272,19 +280,23 @@ fn forward_and_backward_match_f64_reference() {
             // piecewise-constant bases: dx is SiLU' alone (B' = 0), still checked
             assert!(r.dx.iter().any(|&v| v != 0.0));
         }
-        check_all(&c, &out, &r);
+        check_all(&c, &out, &r, 1e-5);
     }
 }
 
-/// Every output of [`run`] against the reference (d spline_scaler empty without a scaler).
-fn check_all(c: &dyn std::fmt::Debug, out: &[Vec<f32>; 5], r: &Ref) {
+/// Every output of [`run`] against the reference (d spline_scaler empty without a scaler):
+/// relative error below `tol` (1e-5 for float32, 1e-12 for float64).
+fn check_all<T: Float + Into<f64>>(c: &dyn std::fmt::Debug, out: &[Vec<T>; 5], r: &Ref, tol: f64) {
     let refs = [&r.y, &r.dx, &r.dbw, &r.dsw, &r.dss];
     for (q, name) in NAMES.iter().enumerate() {
         if q == 4 && out[4].is_empty() {
             continue;
         }
-        let e = rel_err(&out[q], refs[q]);
-        assert!(e < 1e-5, "{c:?}: {name} rel err {e:.3e}");
+        assert_eq!(out[q].len(), refs[q].len());
+        let num: f64 = out[q].iter().zip(refs[q]).map(|(&a, b)| (a.into() - b).powi(2)).sum();
+        let den: f64 = refs[q].iter().map(|b| b * b).sum();
+        let e = (num / den.max(f64::MIN_POSITIVE)).sqrt();
+        assert!(e < tol, "{c:?}: {name} rel err {e:.3e}");
     }
 }
 
@@ -676,7 +688,7 @@ fn conv2d_forward_and_backward_match_f64_reference() {
         let r = conv_reference(&c, &pr.x, &pr.p, &pr.dy);
         let out = run(&mut plan, &pr, &c.x_shape(), &c.y_shape(), GradMode::Overwrite, f32::NAN);
         assert_eq!(out[4].is_empty(), !c.scale);
-        check_all(&c, &out, &r);
+        check_all(&c, &out, &r, 1e-5);
     }
 }
 
@@ -912,5 +924,33 @@ fn update_grid_places_knots_and_refits() {
             let rel = norm(&bt_r) / norm(&bt_u);
             assert!(rel < 1e-5, "feature {i} output {o}: |B^T r| / |B^T u| = {rel:e}");
         }
+    }
+}
+
+/// Float64 plans (`KanLinearPlan::<f64>::new_typed`, `KanConv2dPlan::<f64>::new_typed`): y and
+/// every gradient within 1e-12 of the float64 reference, and the uniform grid in float64.
+#[test]
+fn float64_plans_match_f64_reference() {
+    let ctx = Context::cpu().unwrap();
+    for c in configs() {
+        let mut plan = KanLinearPlan::<f64>::new_typed(&ctx, &c.desc()).unwrap();
+        let pr = problem(&c, &KanLinearPlan::new(&ctx, &c.desc()).unwrap(), 21);
+        let r = reference(&c, &pr.x, &pr.p, &pr.dy);
+        let out = run(&mut plan, &pr, &c.x_shape(), &c.y_shape(), GradMode::Overwrite, f32::NAN);
+        check_all(&c, &out, &r, 1e-12);
+        // efficient-kan's knots formed in float64: lo + (j - k) * h, h = (hi - lo) / G
+        let g = plan.uniform_grid(-1.0, 1.0).unwrap();
+        let h = 2.0 / c.g as f64;
+        for (j, &v) in g[..c.nk()].iter().enumerate() {
+            let want = (j as f64 - c.k as f64) * h - 1.0;
+            assert!((v - want).abs() <= 1e-15, "{c:?}: grid[{j}] = {v}, expected {want}");
+        }
+    }
+    for c in conv_configs() {
+        let mut plan = KanConv2dPlan::<f64>::new_typed(&ctx, &c.desc()).unwrap();
+        let pr = conv_problem(&c, &KanConv2dPlan::new(&ctx, &c.desc()).unwrap(), 23);
+        let r = conv_reference(&c, &pr.x, &pr.p, &pr.dy);
+        let out = run(&mut plan, &pr, &c.x_shape(), &c.y_shape(), GradMode::Overwrite, f32::NAN);
+        check_all(&c, &out, &r, 1e-12);
     }
 }

@@ -353,3 +353,97 @@ fn version_is_the_headers() {
         format!("{}.{}.{}", sys::KF_VERSION_MAJOR, sys::KF_VERSION_MINOR, sys::KF_VERSION_PATCH)
     );
 }
+
+/// ||out - r|| / ||r|| for a float64 result.
+fn rel_err64(out: &[f64], r: &[f64]) -> f64 {
+    assert_eq!(out.len(), r.len());
+    let num: f64 = out.iter().zip(r).map(|(a, b)| (a - b) * (a - b)).sum();
+    let den: f64 = r.iter().map(|b| b * b).sum();
+    (num / den.max(f64::MIN_POSITIVE)).sqrt()
+}
+
+/// A float64 plan (`RnnPlan::<f64>::new_typed`) computes in float64. Forward: y and hn within
+/// 1e-12 of the float64 reference. Backward: for random directions v over x, h0 and every weight,
+/// <gradient, v> against the fourth-order central difference of the reference's loss along v
+/// (an error of about 1e-12, where float32 gradients would be 1e-6 off), within 1e-9.
+#[test]
+fn float64_plan_matches_f64_reference() {
+    for threads in [1, 0] {
+        let ctx = Context::builder(Device::Cpu).with_threads(threads).build().unwrap();
+        // gamma exactly representable: kf_rnn_desc.gamma is a float
+        for (n, mut c) in configs().into_iter().enumerate() {
+            c.gamma = 0.0625;
+            let mut plan = RnnPlan::<f64>::new_typed(&ctx, &desc_of(&c)).unwrap();
+            let mut rng = Rng::new(500 + n as u64);
+            let k = 1.0 / (c.h as f64).sqrt();
+            let f = |v: Vec<f32>| to_f64(&v);
+            let x = f(rng.vec(c.t * c.b * c.i, -1.0, 1.0));
+            let h0 = f(rng.vec(c.l * c.d * c.b * c.h, -0.5, 0.5));
+            let w: Vec<Vec<f64>> =
+                plan.weight_info()
+                    .iter()
+                    .map(|wi| {
+                        if wi.name.ends_with("epsilon") {
+                            vec![0.75]
+                        } else {
+                            f(rng.vec(wi.numel(), -k, k))
+                        }
+                    })
+                    .collect();
+            let (yr, hr) = forward(&c, &x, Some(&h0), &w);
+            let cy = f(rng.vec(yr.len(), -1.0, 1.0));
+            let ch = f(rng.vec(hr.len(), -1.0, 1.0));
+
+            let (mut y, mut hn) = (vec![f64::NAN; yr.len()], vec![f64::NAN; hr.len()]);
+            let (mut dx, mut dh0) = (vec![f64::NAN; x.len()], vec![f64::NAN; h0.len()]);
+            let mut dw: Vec<Vec<f64>> = w.iter().map(|v| vec![f64::NAN; v.len()]).collect();
+            let fwd = ForwardArgs::new(
+                Tensor::new(&x, &plan.x_shape(c.t, c.b)),
+                &w,
+                TensorMut::new(&mut y, &plan.y_shape(c.t, c.b)),
+            )
+            .h0(Tensor::new(&h0, &plan.state_shape(c.b)))
+            .hn(TensorMut::new(&mut hn, &plan.state_shape(c.b)));
+            let reserve = plan.forward(Mode::Training, &fwd).unwrap().unwrap();
+            let bwd = BackwardArgs::from_forward(&fwd)
+                .dy(Tensor::new(&cy, &plan.y_shape(c.t, c.b)))
+                .dhn(Tensor::new(&ch, &plan.state_shape(c.b)))
+                .dx(TensorMut::new(&mut dx, &plan.x_shape(c.t, c.b)))
+                .dh0(TensorMut::new(&mut dh0, &plan.state_shape(c.b)))
+                .dweights(WeightGrads::from_vecs(&mut dw));
+            plan.backward(GradMode::Overwrite, &bwd, &reserve).unwrap();
+            drop((fwd, bwd));
+            let (ey, eh) = (rel_err64(&y, &yr), rel_err64(&hn, &hr));
+            assert!(ey < 1e-12 && eh < 1e-12, "threads={threads} {c:?}: y {ey:.3e}, hn {eh:.3e}");
+
+            let loss = |x: &[f64], h0: &[f64], w: &[Vec<f64>]| {
+                let (y, hn) = forward(&c, x, Some(h0), w);
+                y.iter().zip(&cy).map(|(a, b)| a * b).sum::<f64>()
+                    + hn.iter().zip(&ch).map(|(a, b)| a * b).sum::<f64>()
+            };
+            let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(p, q)| p * q).sum::<f64>();
+            for trial in 0..3 {
+                let mut r = Rng::new(900 + 10 * n as u64 + trial);
+                let vx = f(r.vec(x.len(), -1.0, 1.0));
+                let vh = f(r.vec(h0.len(), -1.0, 1.0));
+                let vw: Vec<Vec<f64>> = w.iter().map(|v| f(r.vec(v.len(), -1.0, 1.0))).collect();
+                let step = |s: f64| {
+                    let add =
+                        |a: &[f64], v: &[f64]| a.iter().zip(v).map(|(p, q)| p + s * q).collect::<Vec<_>>();
+                    let ws: Vec<Vec<f64>> = w.iter().zip(&vw).map(|(a, v)| add(a, v)).collect();
+                    loss(&add(&x, &vx), &add(&h0, &vh), &ws)
+                };
+                // fourth-order central difference: truncation ~ eps^4, about 1e-12 here
+                let eps = 1e-3;
+                let fd =
+                    (8.0 * (step(eps) - step(-eps)) - (step(2.0 * eps) - step(-2.0 * eps))) / (12.0 * eps);
+                let g =
+                    dot(&dx, &vx) + dot(&dh0, &vh) + dw.iter().zip(&vw).map(|(d, v)| dot(d, v)).sum::<f64>();
+                assert!(
+                    (g - fd).abs() <= 1e-9 * (1.0 + fd.abs()),
+                    "threads={threads} {c:?} direction {trial}: <grad, v> = {g}, central difference {fd}"
+                );
+            }
+        }
+    }
+}

@@ -643,7 +643,7 @@ fn float64_plan_matches_f64_reference() {
             assert!(e < 1e-12, "threads={threads} {c:?}: y rel err {e:.3e}");
 
             let g = r.backward(&q.dy);
-            let mut grads = SkHostParams::<f64>::zeros(&d);
+            let mut grads = SkHostParams::<f64>::zeros_typed(&d);
             let ones = |v: &mut Vec<f64>| v.iter_mut().for_each(|x| *x = 1.0);
             ones(&mut grads.s1s);
             ones(&mut grads.s2s);
