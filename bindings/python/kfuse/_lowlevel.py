@@ -285,6 +285,9 @@ def _rank_fmt(code):
 
 
 _RUNS = {}  # pack_tensors' key -> struct.Struct of that run of kf_tensors
+if any(struct.calcsize("@" + _rank_fmt(c)) != _TENSOR_SIZE
+       for c in range(_MAXD + 2)):  # pragma: no cover - then field by field everywhere
+    _TENSOR_STRUCT = None
 
 
 def _run_struct(key):
@@ -292,9 +295,7 @@ def _run_struct(key):
     while key > 1:
         key, code = divmod(key, 8)
         codes.append(code)
-    st = struct.Struct("@" + "".join(_rank_fmt(c) for c in reversed(codes)))
-    assert st.size == len(codes) * _TENSOR_SIZE
-    return st
+    return struct.Struct("@" + "".join(_rank_fmt(c) for c in reversed(codes)))
 
 
 def pack_tensors(buf, offset, objs, names):
