@@ -10,17 +10,20 @@ For each layer, side by side in one run, interleaved rep by rep on the same thre
   C           the bare C call (fwd): the library function on an argument struct filled once
               before timing, through cffi: the baseline of DESIGN.md's overhead target
   torch       the torch layer of the same size (torch.nn.Linear, torch.nn.GRU)
-fwd: forward under torch.no_grad(); fwd+bwd: x and the parameters require grad, then
-y.backward(ones) (plan: its forward and backward calls). Median of REPS reps of CALLS calls, us per
-call; "module - C" is the Python path's cost (DESIGN.md's target: within 8 us on the CPU).
+fwd: forward under torch.no_grad() (entered once around each rep's calls); fwd+bwd: x and the
+parameters require grad, then y.backward(ones) (plan: its forward and backward calls). The
+fastest of REPS reps of CALLS calls, us of process CPU time per call (time.process_time: every
+thread of the process, not the time other jobs on a shared box take; the fastest rep is the one
+they disturbed least); "module - C" is the Python path's cost (DESIGN.md's target: within 8 us on
+the CPU).
 
 Run: python benches/python_overhead.py [--reps N] [--md FILE]
 (OMP_WAIT_POLICY=PASSIVE as scripts/test-python.sh; a CPU-only measurement.)
 """
 import argparse
+import contextlib
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -38,12 +41,16 @@ import isa  # noqa: E402
 CALLS = 200
 
 
-def timer(fn):
+def timer(fn, context=contextlib.nullcontext):
+    """us per call of fn over CALLS calls made inside one `context()` (torch.no_grad for the
+    forward columns): the process's CPU time (time.process_time, every thread of it), so that
+    time the shared box's other jobs take while this process waits is not counted."""
     def run():
-        t = time.perf_counter()
-        for _ in range(CALLS):
-            fn()
-        return (time.perf_counter() - t) / CALLS * 1e6
+        with context():
+            t = time.process_time()
+            for _ in range(CALLS):
+                fn()
+            return (time.process_time() - t) / CALLS * 1e6
     return run
 
 
@@ -141,11 +148,8 @@ def measure(case, reps):
             out.backward(torch.ones_like(out))
         return run
 
-    def nograd(fn):
-        def run():
-            with torch.no_grad():
-                fn(x)
-        return run
+    def nograd(fn):  # timed inside torch.no_grad() (the "fwd" timers enter it once per rep)
+        return lambda: fn(x)
 
     cols = {"fwd": {"module": nograd(case["module"]), "torch": nograd(case["torch_fn"]),
                     "plan": case["plan_fwd"], "C": case["bare"]},
@@ -156,7 +160,8 @@ def measure(case, reps):
         cols["fwd+bwd"]["op"] = fb(case["op"])
     out = {}
     for mode, fns in cols.items():
-        timers = {k: timer(f) for k, f in fns.items()}
+        context = torch.no_grad if mode == "fwd" else contextlib.nullcontext
+        timers = {k: timer(f, context) for k, f in fns.items()}
         for t in timers.values():  # warm-up
             t()
         samples = {k: [] for k in timers}
@@ -165,7 +170,7 @@ def measure(case, reps):
                 samples[k].append(t())
         for p in case["params"]:
             p.grad = None
-        out[mode] = {k: statistics.median(v) for k, v in samples.items()}
+        out[mode] = {k: min(v) for k, v in samples.items()}
     return out
 
 
@@ -211,8 +216,8 @@ def main():
            "- torch %s (%d threads), Python %s, kfuse %s; OMP_WAIT_POLICY=%s" % (
                torch.__version__, torch.get_num_threads(), platform.python_version(),
                kfuse.version_string(), os.environ.get("OMP_WAIT_POLICY", "(unset)")),
-           "- us per call, median of %d reps of %d calls, columns interleaved rep by rep"
-           % (a.reps, CALLS)]
+           "- us of process CPU time per call, fastest of %d reps of %d calls, columns "
+           "interleaved rep by rep" % (a.reps, CALLS)]
     text = "\n".join(lines + [""] + env)
     print(text)
     if a.md:

@@ -342,6 +342,23 @@ def test_panther_class_attributes():
     assert kt.SKLinear.WARNING_MSG_TC.format(30, 32, 16).endswith(
         "are multiples of 16 (current: 30, 32, 16).")
     assert kt.SKLinear.__constants__ == ["in_features", "out_features", "num_terms", "low_rank"]
+    for name in ("in_features", "out_features", "num_terms", "low_rank"):
+        assert kt.SKLinear.__annotations__[name] is int
+
+
+def test_panther_instance_attributes():
+    """Panther's instance attributes that users read: the sizes, has_tensor_core (its rule: CUDA
+    with compute capability >= 7.0) and use_gpu (True: kfuse has no shape restriction to fall
+    back from); none of them is state (the state_dict holds the tensors only); the repr names
+    the sizes."""
+    m = kt.SKLinear(40, 24, 2, 4, bias=False)
+    assert (m.in_features, m.out_features, m.num_terms, m.low_rank) == (40, 24, 2, 4)
+    want_tc = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (7, 0)
+    assert m.has_tensor_core is want_tc
+    assert m.use_gpu is True
+    assert list(m.state_dict()) == ["S1s", "S2s", "U1s", "U2s"]
+    assert repr(m) == ("SKLinear(in_features=40, out_features=24, num_terms=2, low_rank=4, "
+                       "bias=False)")
 
 
 def test_param_ratio():
@@ -544,6 +561,50 @@ def test_packed_args_match_field_by_field_fill():
     assert packed == blob
 
 
+def _cffi_fill(t, obj):
+    """kf_tensor `t` set field by field through cffi from a torch tensor (or None = absent)."""
+    ffi = kfuse.ffi
+    ffi.buffer(ffi.addressof(t))[:] = bytes(ffi.sizeof("kf_tensor"))
+    if obj is None:
+        t.dtype = kfuse.lib.KF_DTYPE_F32
+        return
+    t.data = ffi.cast("void *", obj.data_ptr())
+    t.dtype = {torch.float32: kfuse.lib.KF_DTYPE_F32, torch.float64: kfuse.lib.KF_DTYPE_F64,
+               torch.int32: kfuse.lib.KF_DTYPE_I32,
+               torch.float16: kfuse.lib.KF_DTYPE_F16}.get(obj.dtype, 0)  # uint8: none
+    t.ndim = obj.dim()
+    for i in range(min(obj.dim(), kfuse.lib.KF_MAX_DIMS)):
+        t.shape[i] = obj.shape[i]
+        t.strides[i] = obj.stride(i)
+
+
+@pytest.mark.parametrize("ranks", [(2, 3, 3, 3, 3, 1, 2), (0, 1, 4, 5, 6, 7, 8)])
+def test_packed_torch_args_match_cffi_fill(ranks):
+    """The per-call path (a torch tensor of rank <= KF_MAX_DIMS packed from its shape and
+    strides, the entries past its rank zeroed) writes what setting each field through cffi gives:
+    every rank, strided views, other dtypes, None, a Parameter, more dims than KF_MAX_DIMS (ndim
+    kept, the rest truncated), and a struct reused with other ranks."""
+    import kfuse.sklinear as ks
+    dtypes = (torch.float32, torch.float64, torch.int32, torch.float16, torch.uint8)
+    objs = []
+    for i, r in enumerate(ranks):
+        t = torch.zeros((2,) * r, dtype=dtypes[i % len(dtypes)])
+        if r >= 2 and i % 2:
+            t = t.transpose(0, r - 1)
+        objs.append(nn.Parameter(t, requires_grad=False) if i == 3 else t)
+    objs[5] = None
+    cache = {}
+    for refs in (objs, objs[::-1]):  # the second call rewrites every entry the first wrote
+        args = ks._fill_args(cache, "kf_sklinear_forward_args",
+                             kfuse.lib.kf_sklinear_forward_args_init, ks._FWD_STRUCT,
+                             ks._FWD_FIELDS, refs)
+        want = kfuse.ffi.new("kf_sklinear_forward_args *")
+        kfuse.lib.kf_sklinear_forward_args_init(want)
+        for f, obj in zip(ks._FWD_FIELDS, refs):
+            _cffi_fill(getattr(want, f), obj)
+        assert bytes(kfuse.ffi.buffer(args)) == bytes(kfuse.ffi.buffer(want))
+
+
 # ---- errors ------------------------------------------------------------------------------------
 
 def test_errors_carry_the_library_message():
@@ -678,6 +739,7 @@ def test_differential_vs_panther(bias):
     assert list(k.state_dict()) == list(p.state_dict())
     assert [n for n, _ in k.named_parameters()] == [n for n, _ in p.named_parameters()]
     assert [n for n, _ in k.named_buffers()] == [n for n, _ in p.named_buffers()]
+    assert (k.has_tensor_core, k.use_gpu) == (p.has_tensor_core, p.use_gpu)  # sizes % 16 == 0
     k.load_state_dict(p.state_dict(), strict=True)
     x = torch.randn(16, 48)
     dy = torch.randn(16, 32)

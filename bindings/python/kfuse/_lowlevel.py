@@ -199,6 +199,7 @@ def _absent_values(_):
 
 
 _converters = {type(None): _absent_values, tuple: _tuple_values}
+_TORCH_TYPES = set()  # the types _converter() found to be torch tensors (pack_tensors' fast path)
 
 
 def _converter(tp):
@@ -208,6 +209,7 @@ def _converter(tp):
             f = _ref_values
         elif callable(getattr(tp, "data_ptr", None)) and callable(getattr(tp, "stride", None)):
             f = _torch_values  # torch.Tensor and its subclasses (Parameter, ...)
+            _TORCH_TYPES.add(tp)
         elif hasattr(tp, "__array_interface__"):
             f = _array_values  # numpy arrays and other objects numpy describes
         if f is None:
@@ -269,6 +271,76 @@ if (_TENSOR_STRUCT.size != ffi.sizeof("kf_tensor")
         or ffi.offsetof("kf_tensor", "shape") != struct.calcsize("@Pii")):  # pragma: no cover
     _TENSOR_STRUCT = None
 _TENSOR_PTR = ffi.typeof("kf_tensor *")
+_TENSOR_SIZE = ffi.sizeof("kf_tensor")
+
+
+def _rank_fmt(code):
+    """The struct format of one kf_tensor in a run (pack_tensors): code 0 takes all the fields
+    (tensor_values()); code nd + 1 takes data, dtype, ndim and nd shape and nd stride entries,
+    the entries past ndim being pad bytes, which pack_into writes as zeros."""
+    if code == 0:
+        return TENSOR_FMT
+    pad = "%dx" % (8 * (_MAXD - code + 1))
+    return "Pii%dq%s%dq%s" % (code - 1, pad, code - 1, pad)
+
+
+_RUNS = {}  # pack_tensors' key -> struct.Struct of that run of kf_tensors
+if any(struct.calcsize("@" + _rank_fmt(c)) != _TENSOR_SIZE
+       for c in range(_MAXD + 2)):  # pragma: no cover - then field by field everywhere
+    _TENSOR_STRUCT = None
+
+
+def _run_struct(key):
+    codes = []
+    while key > 1:
+        key, code = divmod(key, 8)
+        codes.append(code)
+    return struct.Struct("@" + "".join(_rank_fmt(c) for c in reversed(codes)))
+
+
+def pack_tensors(buf, offset, objs, names):
+    """Writes `objs` (anything tensor_values() takes) as consecutive kf_tensors, every field (the
+    zeros past ndim too: structs are reused), into the cffi buffer `buf` from byte `offset`, with
+    one struct.pack_into: a torch tensor of rank <= KF_MAX_DIMS goes as its data pointer, dtype,
+    shape and strides only (the per-call path), anything else as tensor_values() gives it; the
+    Struct of each sequence of ranks is made once. `names`: a tuple naming each object, or a
+    string naming an array (its entries are then name[i]), for the TypeError of an object
+    tensor_values() does not take. The caller holds objs until the C call returns."""
+    values = []
+    put = values.extend
+    key = 1
+    i = 0
+    for obj in objs:
+        if type(obj) in _TORCH_TYPES:
+            shape = obj.shape
+            nd = len(shape)
+            if nd <= _MAXD:
+                dt = obj.dtype
+                put((obj.data_ptr(), _dtype_codes.get(dt) or dtype_code(dt), nd))
+                put(shape)
+                put(obj.stride())
+                key = key * 8 + nd + 1
+                i += 1
+                continue
+        put(_ABSENT if obj is None else
+            tensor_values(obj, names[i] if type(names) is tuple else "%s[%d]" % (names, i)))
+        key *= 8
+        i += 1
+    st = _RUNS.get(key)
+    if st is None:
+        st = _RUNS[key] = _run_struct(key)
+    st.pack_into(buf, offset, *values)
+
+
+def tensor_run(ctype, fields):
+    """The byte offset of the kf_tensor fields `fields` of struct `ctype` when they follow one
+    another there (one pack_tensors call writes them), else None (then field by field)."""
+    if _TENSOR_STRUCT is None:  # pragma: no cover
+        return None
+    start = ffi.offsetof(ctype, fields[0])
+    if all(ffi.offsetof(ctype, f) == start + i * _TENSOR_SIZE for i, f in enumerate(fields)):
+        return start
+    return None
 
 
 def _fill_tensor(t, obj, name="tensor"):
@@ -302,11 +374,10 @@ def _tensor_array(objs, name="weights", cache=None):
         if cache is not None:
             cache[key] = entry
     arr, buf = entry
-    for i, r in enumerate(objs):
-        if _TENSOR_STRUCT is not None:
-            _TENSOR_STRUCT.pack_into(buf, i * _TENSOR_STRUCT.size,
-                                     *tensor_values(r, "%s[%d]" % (name, i)))
-        else:  # pragma: no cover
+    if _TENSOR_STRUCT is not None:
+        pack_tensors(buf, 0, objs, name)
+    else:  # pragma: no cover
+        for i, r in enumerate(objs):
             _fill_tensor(arr[i], r, "%s[%d]" % (name, i))
     return arr, len(objs)
 
@@ -314,24 +385,29 @@ def _tensor_array(objs, name="weights", cache=None):
 class _ArgStruct:
     """An argument struct made and initialised once (its defaults by `init`) and refilled per
     call: a plan is used by one thread at a time, and every call rewrites each field it uses.
-    put() writes a kf_tensor field with one struct.pack_into at the field's offset."""
+    put() writes consecutive kf_tensor fields with one struct.pack_into (pack_tensors)."""
 
-    __slots__ = ("args", "buf", "offsets")
+    __slots__ = ("args", "buf", "ctype", "runs")
 
     def __init__(self, ctype, init):
         self.args = ffi.new(ctype + " *")
         init(self.args)
         self.buf = ffi.buffer(self.args)
-        self.offsets = {name: ffi.offsetof(ctype, name) for name, f in ffi.typeof(ctype).fields
-                        if f.type is _TENSOR_PTR.item}
+        self.ctype = ctype
+        self.runs = {}  # fields -> tensor_run(ctype, fields)
 
-    def put(self, field, obj):
-        """Writes `obj` (anything tensor_values() takes) into the kf_tensor `field`. The caller
-        holds obj until the C call returns."""
-        if _TENSOR_STRUCT is not None:
-            _TENSOR_STRUCT.pack_into(self.buf, self.offsets[field], *tensor_values(obj, field))
-        else:  # pragma: no cover
-            _fill_tensor(getattr(self.args, field), obj, field)
+    def put(self, fields, objs):
+        """Writes `objs` (anything tensor_values() takes) into the kf_tensor fields `fields` (a
+        tuple of names, consecutive in the struct). The caller holds objs until the C call
+        returns."""
+        start = self.runs.get(fields, -1)
+        if start == -1:
+            start = self.runs[fields] = tensor_run(self.ctype, fields)
+        if start is not None:
+            pack_tensors(self.buf, start, objs, fields)
+        else:  # pragma: no cover - a compiler laying the struct out with padding
+            for f, obj in zip(fields, objs):
+                _fill_tensor(getattr(self.args, f), obj, f)
 
 
 def _buffer(buf, name="buffer"):
@@ -356,13 +432,12 @@ def _fill_inputs(st, x, h0, weights, lengths, dropout_seed, dropout_offset, cach
     """The fields kf_rnn_forward_args and kf_rnn_backward_args share (same names in both), into
     the _ArgStruct `st`. Returns the weight array, which the caller keeps alive (with the tensors)
     until the C call returns (`cache`: as for _tensor_array)."""
-    st.put("x", x)
-    st.put("h0", h0)
+    st.put(("x", "h0"), (x, h0))
     warr, nw = _tensor_array(weights, "weights", cache)
     args = st.args
     args.weights = warr
     args.num_weights = nw
-    st.put("lengths", lengths)
+    st.put(("lengths",), (lengths,))
     args.dropout_seed = int(dropout_seed)
     args.dropout_offset = int(dropout_offset)
     return warr
@@ -574,8 +649,7 @@ class RnnPlan:
         # `keep` holds the weight array alive until the call returns
         keep = _fill_inputs(st, x, h0, weights, lengths, dropout_seed, dropout_offset,
                             self._args)
-        st.put("y", y)
-        st.put("hn", hn)
+        st.put(("y", "hn"), (y, hn))
         args = st.args
         ws, ws_bytes = _buffer(workspace, "workspace")
         rs, rs_bytes = _buffer(reserve, "reserve")
@@ -595,8 +669,7 @@ class RnnPlan:
         # `keep` holds the weight array alive until the call returns
         keep = _fill_inputs(st, x, h0, weights, lengths, dropout_seed, dropout_offset,
                             self._args)
-        for field, t in (("dy", dy), ("dhn", dhn), ("dx", dx), ("dh0", dh0)):
-            st.put(field, t)
+        st.put(("dy", "dhn", "dx", "dh0"), (dy, dhn, dx, dh0))
         args = st.args
         dwarr, ndw = _tensor_array(dweights, "dweights", self._args)
         args.dweights = dwarr

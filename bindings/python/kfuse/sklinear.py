@@ -19,14 +19,12 @@ their kf_tensor fields are taken inside the method, which holds every object it 
 the C call returns (kfuse._lowlevel.tensor_values, shared by every plan). A raw
 (ptr, kf_dtype, shape, strides) tuple (strides in elements; None = row-major) is accepted for
 memory the caller keeps alive itself. A layer this cheap is called often with small shapes, so
-the argument structs are written with one struct.pack_into over the whole struct (its layout is
-checked against the compiler's at import; where it differs, the fields are set one by one as
-elsewhere in the package).
+the argument struct's tensors are written with one struct.pack_into (kfuse._lowlevel.pack_tensors;
+the layout is checked against the compiler's at import; where it differs, the fields are set one
+by one).
 """
-import struct
-
 from kfuse._lowlevel import (  # noqa: F401  (tensor_values: re-exported, its 1.1 home)
-    DTYPE_F32, TENSOR_FMT, _buffer, _converters, _fill_tensor, check, ffi, lib, param_list,
+    DTYPE_F32, _buffer, _fill_tensor, check, ffi, lib, pack_tensors, param_list, tensor_run,
     tensor_values,
 )
 
@@ -35,44 +33,32 @@ __all__ = ["SkLinearPlan", "PARAM_NAMES"]
 # Panther's parameter and buffer names, in its state_dict order (parameters, then buffers).
 PARAM_NAMES = ("S1s", "S2s", "bias", "U1s", "U2s")
 
-_TENSOR_FMT = TENSOR_FMT  # data, dtype, ndim, shape[], strides[]
 _FWD_FIELDS = ("x", "S1s", "S2s", "U1s", "U2s", "bias", "y")
 _BWD_FIELDS = ("x", "S1s", "S2s", "U1s", "U2s", "dy", "dx", "dS1s", "dS2s", "dbias")
 
 
-def _packed_layout(ctype, fields):
-    """The struct.Struct writing `ctype` (size_t struct_size, then the kf_tensor `fields` in
-    order), or None when the compiler laid it out otherwise."""
-    st = struct.Struct("@N" + _TENSOR_FMT * len(fields))
-    tsize = ffi.sizeof("kf_tensor")
-    ok = (st.size <= ffi.sizeof(ctype) and struct.calcsize("@" + _TENSOR_FMT) == tsize
-          and ffi.offsetof("kf_tensor", "shape") == struct.calcsize("@Pii")
-          and all(ffi.offsetof(ctype, f) == struct.calcsize("@N") + i * tsize
-                  for i, f in enumerate(fields)))
-    return st if ok else None
-
+# The byte offset of a struct's kf_tensor fields when they follow one another there (one
+# pack_tensors call writes them all), or None (then field by field); kfuse.kan uses it too.
+_packed_layout = tensor_run
 
 _FWD_STRUCT = _packed_layout("kf_sklinear_forward_args", _FWD_FIELDS)
 _BWD_STRUCT = _packed_layout("kf_sklinear_backward_args", _BWD_FIELDS)
 
 
-def _fill_args(cache, ctype, init, st, fields, refs):
+def _fill_args(cache, ctype, init, start, fields, refs):
     """The plan's `ctype` struct (made once, its defaults written by `init`, and kept in the
     plan's dict `cache`: a plan is used by one thread at a time, so refilling it is safe),
     describing the tensors `refs` (anything kfuse._lowlevel.tensor_values takes) in `fields`
-    order. The caller holds `refs` until the C call returns."""
+    order; `start` is _packed_layout(ctype, fields). The caller holds `refs` until the C call
+    returns."""
     entry = cache.get(ctype)
     if entry is None:
         args = ffi.new(ctype + " *")
         init(args)
-        entry = cache[ctype] = (args, ffi.buffer(args), ffi.sizeof(ctype))
-    args, buf, size = entry
-    if st is not None:
-        values = [size]  # struct_size, as init wrote it
-        for f, r in zip(fields, refs):
-            conv = _converters.get(type(r))  # tensor_values(r, f), its lookup inlined
-            values += conv(r) if conv is not None else tensor_values(r, f)
-        st.pack_into(buf, 0, *values)
+        entry = cache[ctype] = (args, ffi.buffer(args))
+    args, buf = entry
+    if start is not None:
+        pack_tensors(buf, start, refs, fields)
     else:  # pragma: no cover - a compiler laying the struct out with padding
         for f, r in zip(fields, refs):
             _fill_tensor(getattr(args, f), r, f)

@@ -101,6 +101,32 @@ def device_guard(device):
     return _NO_GUARD
 
 
+def module_attrs(module, classes, names):
+    """(getattr(module, n) for n in names) as a tuple, so that functional_call and
+    parametrizations give theirs, on the per-call path without nn.Module.__getattr__: where
+    `module`'s type is one of `classes` exactly (torch 1.13's functional_call and
+    parametrizations make a subclass), each name is looked up where __getattr__ looks
+    (_parameters, _buffers, _modules; torch 2.x's functional_call swaps the entries there),
+    else by getattr."""
+    if type(module) in classes:
+        p, b, m = module._parameters, module._buffers, module._modules
+        try:
+            return tuple([p[n] if n in p else b[n] if n in b else m[n] for n in names])
+        except KeyError:  # a name set as a plain attribute
+            pass
+    return tuple([getattr(module, n) for n in names])
+
+
+def on_device(x, body, *args):
+    """body(*args) with torch.cuda.device(x.device) current where x is a CUDA tensor (as
+    device_guard; on the CPU without a `with`, which costs the per-call path more than the
+    call)."""
+    if x.is_cuda:
+        with torch.cuda.device(x.device):
+            return body(*args)
+    return body(*args)
+
+
 def workspace(p, device, *dims):
     """A workspace tensor from torch's caching allocator on CUDA (stream-ordered with the rest of
     the program); None on the CPU, where the context's arena serves. `dims`: the arguments of
@@ -147,6 +173,7 @@ _LIB = torch.library.Library("kfuse", "DEF") if HAS_TORCH_LIBRARY else None
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
 _transforms_active = getattr(torch._C, "_are_functorch_transforms_active", None) or (lambda: False)
 _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_mode", None) or (lambda: 0)
+_grad_enabled = torch.is_grad_enabled
 
 
 def _capturing(args):
@@ -154,15 +181,18 @@ def _capturing(args):
     functorch transform (vmap, grad, functionalize), a __torch_dispatch__ mode (make_fx,
     FlopCounterMode), or tensor subclasses (the fake tensors of torch.export). (Under
     torch.compile, Op.__call__ takes the operator before asking.)"""
-    if torch.jit.is_tracing() or _transforms_active() or _dispatch_modes() > 0:
+    if _is_tracing() or _transforms_active() or _dispatch_modes() > 0:
         return True
     for a in args:
-        if isinstance(a, torch.Tensor) and type(a) not in _PLAIN:
+        if type(a) not in _PLAIN and isinstance(a, torch.Tensor):
             return True
     return False
 
 
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_is_tracing = torch._C._is_tracing  # torch.jit.is_tracing() less its TorchScript branch
+# argument types that are no tensor subclass (tested first: the per-call path)
+_PLAIN = frozenset((torch.Tensor, torch.nn.Parameter, type(None), int, float, bool, str, list,
+                    tuple))
 
 
 class Op:
@@ -196,11 +226,11 @@ class Op:
                                        "Tensor[]" in schema)
 
     def __call__(self, *args):
-        if _is_compiling() and self.op is not None:
+        if self.op is not None and _is_compiling():
             return self.op(*args)
         if _capturing(args):
             return self._captured(*args)
-        if self._function is not None and torch.is_grad_enabled() and _any_requires_grad(args):
+        if self._function is not None and _grad_enabled() and _any_requires_grad(args):
             return self._function(*args)
         return self.impl(*args)
 

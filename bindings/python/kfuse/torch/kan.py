@@ -9,7 +9,7 @@ from torch import nn
 from kfuse._lowlevel import dtype_code
 from kfuse.kan import QUANTILES_TORCH1, QUANTILES_TORCH2, _pair
 from kfuse.torch._common import (
-    Op, check_devices, check_rank, device_guard, empty_grad, plan, workspace,
+    Op, check_devices, check_rank, device_guard, empty_grad, module_attrs, plan, workspace,
 )
 
 __all__ = ["KANLinear", "KANConv2d", "kan_linear_function", "kan_conv2d_function"]
@@ -19,6 +19,7 @@ _LAYERS = {"kan_linear": "KANLinear", "kan_conv2d": "KANConv2d"}
 _QUANTILE_RULE = (QUANTILES_TORCH2 if int(torch.__version__.split(".")[0]) >= 2
                   else QUANTILES_TORCH1)
 _TENSORS = ("grid", "base_weight", "spline_weight", "spline_scaler")
+_RUN_ATTRS = ("base_activation",) + _TENSORS  # what _KANLayer._run reads
 
 
 # ---- kernels -----------------------------------------------------------------------------------
@@ -29,8 +30,9 @@ _TENSORS = ("grid", "base_weight", "spline_weight", "spline_scaler")
 def _key(geometry, grid, spline_weight, standalone):
     """The plan key from the tensors' shapes: grid [F, G + 2k + 1], spline_weight
     [out, F, G + k]."""
-    check_rank("grid", grid, 2, "[features, grid_size + 2 * spline_order + 1]")
-    check_rank("spline_weight", spline_weight, 3, "[out, features, grid_size + spline_order]")
+    if grid.dim() != 2 or spline_weight.dim() != 3:
+        check_rank("grid", grid, 2, "[features, grid_size + 2 * spline_order + 1]")
+        check_rank("spline_weight", spline_weight, 3, "[out, features, grid_size + spline_order]")
     out, F, C = spline_weight.shape
     k = grid.shape[1] - C - 1
     if geometry:  # ("kan_conv2d", in_channels, out_channels, kh, kw, sh, sw, ph, pw, dh, dw, ...)
@@ -352,12 +354,13 @@ class _KANLayer(nn.Module):
         base_weight is computed in torch (self._base_branch) and the spline branch by the library
         with no base_weight (no base term), so autograd gives every gradient either way.
         Parameters by attribute, so that functional_call and parametrizations give theirs."""
-        ss = self.spline_scaler if self.enable_standalone_scale_spline else None
-        bw = self.base_weight
-        if type(self.base_activation) is nn.SiLU:
-            return self._op(x, self.grid, bw, self.spline_weight, ss)
-        return (self._base_branch(x, bw)
-                + self._op(x, self.grid, None, self.spline_weight, ss))
+        act, grid, bw, sw, *ss = module_attrs(
+            self, _PLAIN_LAYERS, _RUN_ATTRS if self.enable_standalone_scale_spline
+            else _RUN_ATTRS[:-1])
+        ss = ss[0] if ss else None
+        if type(act) is nn.SiLU:
+            return self._op(x, grid, bw, sw, ss)
+        return self._base_branch(x, bw) + self._op(x, grid, None, sw, ss)
 
     @torch.no_grad()
     def update_grid(self, x, margin=0.01):
@@ -458,7 +461,7 @@ class KANLinear(_KANLayer):
         # x [..., in] -> y [..., out]: flattened to [N, in] (efficient-kan's view(-1, in)); a 1-D
         # x is one row and gives a 1-D y, as in efficient-kan. The library checks x's last dim.
         lead = None
-        if x.dim() >= 2 and x.shape[-1] > 0:
+        if x.dim() > 2 and x.shape[-1] > 0:  # (a 2-D x is [N, in] already)
             lead = x.shape[:-1]
             x = x.reshape(-1, x.shape[-1])
         y = self._run(x)
@@ -581,3 +584,6 @@ class KANConv2d(_KANLayer):
                     self.in_channels, self.out_channels, self.kernel_size, self.stride,
                     self.padding, self.dilation, self.grid_size, self.spline_order,
                     self.enable_standalone_scale_spline))
+
+
+_PLAIN_LAYERS = (KANLinear, KANConv2d)  # module_attrs' exact types

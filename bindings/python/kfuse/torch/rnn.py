@@ -57,8 +57,8 @@ def _forward_impl(x, hx, lengths, weights, *desc_training_seed):
     with device_guard(device):
         p = plan(key, device)
         y_shape, hn_shape, T, B = _out_shapes(p, x, desc[4])
-        y = torch.empty(y_shape, dtype=x.dtype, device=device)
-        hn = torch.empty(hn_shape, dtype=x.dtype, device=device)
+        y = x.new_empty(y_shape)
+        hn = x.new_empty(hn_shape)
         ws_bytes, rs_bytes = p.workspace_size(T, B, training) if x.dim() == 3 else (0, 0)
         ws = None
         if device.type == "cuda" and ws_bytes:
@@ -198,8 +198,11 @@ class _KfuseRNNBase(nn.Module):
         their gradients are not asked for). By attribute, so that functional_call, a
         parametrization or anything else that took a weight's name over gives its tensor."""
         out = []
+        # a GRU's weights are its own parameters: read where nn.Module.__getattr__ finds them
+        # (not for a subclass: parametrizations and torch 1.13's functional_call make one)
+        params = self._parameters if type(self) is GRU else {}
         for name in self._weight_names:
-            t = self._weight(name)
+            t = params[name] if name in params else self._weight(name)
             out.append(t if t is not None else self._zero_bias(name))
         return out
 
@@ -225,10 +228,12 @@ class _KfuseRNNBase(nn.Module):
         seed = None
         if dropout > 0.0:
             seed = torch.randint(0, 2 ** 62, (1,), dtype=torch.int64)
+        # gamma: an AGRU's plain attribute; a GRU has none (read without the AttributeError
+        # nn.Module.__getattr__ would raise: ~1 us a call)
         y, hn, _ = rnn(x, hx, lengths, weights, self._cell, self.input_size, self.hidden_size,
                        self.num_layers, bool(self.batch_first),
                        bool(getattr(self, "bidirectional", False)), float(dropout),
-                       float(getattr(self, "gamma", 0.01)), training, seed)
+                       float(self.__dict__.get("gamma", 0.01)), training, seed)
         return y, hn
 
     def forward(self, input, hx=None):

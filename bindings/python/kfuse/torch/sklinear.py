@@ -1,5 +1,6 @@
 """kfuse.torch.SKLinear, the drop-in for panther.nn.SKLinear, and its operators
 kfuse::sklinear / kfuse::sklinear_backward."""
+import functools
 import warnings
 
 import torch
@@ -7,7 +8,8 @@ from torch import nn
 
 from kfuse._lowlevel import dtype_code, lib
 from kfuse.torch._common import (
-    Op, check_devices, check_rank, device_guard, empty_grad, plan, workspace,
+    Op, check_devices, check_rank, device_guard, empty_grad, module_attrs, on_device, plan,
+    workspace,
 )
 
 __all__ = ["SKLinear", "sklinear_function"]
@@ -37,19 +39,21 @@ def _forward_impl(x, S1s, S2s, U1s, U2s, bias):
     """y [..., out] from x [..., in] through kf_sklinear_forward."""
     key = _key(S1s, S2s, bias is not None)
     check_devices("SKLinear", x, _NAMES, (S1s, S2s, U1s, U2s, bias))
-    x, S1s, S2s, U1s, U2s = (x.contiguous(), S1s.contiguous(), S2s.contiguous(),
-                             U1s.contiguous(), U2s.contiguous())
-    bias = None if bias is None else bias.contiguous()
+    return on_device(x, _forward, key, x.contiguous(), S1s.contiguous(), S2s.contiguous(),
+                     U1s.contiguous(), U2s.contiguous(),
+                     None if bias is None else bias.contiguous())
+
+
+def _forward(key, x, S1s, S2s, U1s, U2s, bias):
     device = x.device
-    with device_guard(device):
-        p = plan(key, device)
-        if x.dim() == 0:  # the library reports it
-            p.forward(x, S1s, S2s, U1s, U2s, None, bias=bias)
-        y = x.new_empty(x.shape[:-1] + (p.out_features,))
-        N = _rows(x)
-        # an empty batch of the right width: y is empty (the library takes N >= 1)
-        if N > 0 or x.dim() < 2 or x.shape[-1] != p.in_features:
-            p.forward(x, S1s, S2s, U1s, U2s, y, bias=bias, workspace=workspace(p, device, N))
+    p = plan(key, device)
+    if x.dim() == 0:  # the library reports it
+        p.forward(x, S1s, S2s, U1s, U2s, None, bias=bias)
+    y = x.new_empty(x.shape[:-1] + (p.out_features,))
+    # an empty batch of the right width: y is empty (the library takes N >= 1)
+    if x.numel() or x.dim() < 2 or x.shape[-1] != p.in_features:
+        p.forward(x, S1s, S2s, U1s, U2s, y, bias=bias,
+                  workspace=workspace(p, device, _rows(x)) if x.is_cuda else None)
     return y
 
 
@@ -65,31 +69,34 @@ def _backward_impl(dy, x, S1s, S2s, U1s, U2s, has_bias, output_mask):
     empty tensor."""
     key = _key(S1s, S2s, has_bias)
     need_dx, need_d1, need_d2, need_db = output_mask
-    dx = empty_grad(x, need_dx)
-    dS1s = empty_grad(S1s, need_d1)
-    dS2s = empty_grad(S2s, need_d2)
-    dbias = (torch.empty(S2s.shape[-1], dtype=S2s.dtype, device=S2s.device) if need_db
-             else S2s.new_empty((0,)))
-    device = x.device
-    N = _rows(x)
-    if N == 0:  # an empty batch (forward checked its shape): nothing flows back
+    dx, dS1s, dS2s, dbias = _grads(x, S1s, S2s, output_mask)
+    if not x.numel():  # an empty batch (forward checked its shape): nothing flows back
         for t, need in ((dS1s, need_d1), (dS2s, need_d2), (dbias, need_db)):
             if need:
                 t.zero_()
         return dx, dS1s, dS2s, dbias
-    with device_guard(device):
-        p = plan(key, device)
-        p.backward(x.contiguous(), S1s.contiguous(), S2s.contiguous(), U1s.contiguous(),
-                   U2s.contiguous(), dy.contiguous(), dx=dx if need_dx else None,
-                   dS1s=dS1s if need_d1 else None, dS2s=dS2s if need_d2 else None,
-                   dbias=dbias if need_db else None, workspace=workspace(p, device, N))
+    on_device(x, _backward_run, key, x.contiguous(), S1s.contiguous(), S2s.contiguous(),
+              U1s.contiguous(), U2s.contiguous(), dy.contiguous(), dx if need_dx else None,
+              dS1s if need_d1 else None, dS2s if need_d2 else None, dbias if need_db else None)
     return dx, dS1s, dS2s, dbias
 
 
-def _backward_fake(dy, x, S1s, S2s, U1s, U2s, has_bias, output_mask):
+def _backward_run(key, x, S1s, S2s, U1s, U2s, dy, dx, dS1s, dS2s, dbias):
+    device = x.device
+    p = plan(key, device)
+    p.backward(x, S1s, S2s, U1s, U2s, dy, dx=dx, dS1s=dS1s, dS2s=dS2s, dbias=dbias,
+               workspace=workspace(p, device, _rows(x)) if x.is_cuda else None)
+
+
+def _grads(x, S1s, S2s, output_mask):
+    """(dx, dS1s, dS2s, dbias), each a fresh tensor, empty where output_mask says no."""
     need_dx, need_d1, need_d2, need_db = output_mask
     return (empty_grad(x, need_dx), empty_grad(S1s, need_d1), empty_grad(S2s, need_d2),
             S2s.new_empty((S2s.shape[-1],) if need_db else (0,)))
+
+
+def _backward_fake(dy, x, S1s, S2s, U1s, U2s, has_bias, output_mask):
+    return _grads(x, S1s, S2s, output_mask)
 
 
 def _setup_context(ctx, inputs, output):
@@ -130,6 +137,13 @@ def sklinear_function(x, S1s, S2s, U1s, U2s, bias=None):
 
 # ---- module ------------------------------------------------------------------------------------
 
+@functools.lru_cache(maxsize=None)
+def _has_tensor_core():
+    """Panther's has_tensor_core_support(): CUDA is available and the current device's compute
+    capability is 7.0 or above."""
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (7, 0)
+
+
 class SKLinear(nn.Module):
     """Drop-in for panther.nn.SKLinear: SKLinear(in_features, out_features, num_terms, low_rank,
     W_init=None, bias=True, dtype=None, device=None).
@@ -148,11 +162,21 @@ class SKLinear(nn.Module):
     drawn by the library from a seed taken from torch's default generator, so torch.manual_seed()
     makes it repeatable (the values differ from Panther's own draws). The dtype is the
     parameters': float32, or float64 on the CPU; another dtype (or float64 on a CUDA device)
-    raises kfuse.Unsupported at construction with the library's message. Panther's class attributes (WARNING_MSG_FC,
-    WARNING_MSG_TC, WARNING_MSG_BATCH) are here with its texts; the tensor-core warnings are not
-    raised: they describe a limit of Panther's CUDA kernels that kfuse does not have."""
+    raises kfuse.Unsupported at construction with the library's message.
+
+    Panther's public attributes are here: the class attributes WARNING_MSG_FC, WARNING_MSG_TC and
+    WARNING_MSG_BATCH with its texts (the tensor-core warnings are not raised: they describe a
+    limit of Panther's CUDA kernels that kfuse does not have), `has_tensor_core` (Panther's rule:
+    a CUDA device of compute capability >= 7.0 is present; read-only, asked on first read so that
+    construction initialises no CUDA context) and `use_gpu` (True: kfuse's kernels take every
+    shape on the tensors' device, so Panther's fallback for sizes that are not multiples of 16
+    never applies; it has no effect when set)."""
 
     __constants__ = ["in_features", "out_features", "num_terms", "low_rank"]
+    in_features: int
+    out_features: int
+    num_terms: int
+    low_rank: int
     WARNING_MSG_TC = (
         "Tensor Core not utilized. Ensure 'in_features', 'out_features', "
         "and 'low_rank' are multiples of 16 (current: {}, {}, {})."
@@ -173,6 +197,7 @@ class SKLinear(nn.Module):
         self.out_features = out_features
         self.num_terms = num_terms
         self.low_rank = low_rank
+        self.use_gpu = True
         dtype = dtype if dtype is not None else torch.get_default_dtype()
         # Descriptor checks are the library's (made and cached on the CPU context).
         p = plan(self._key(dtype, bias), torch.device("cpu"))
@@ -189,6 +214,10 @@ class SKLinear(nn.Module):
         else:
             self.register_parameter("bias", None)
         self._init_parameters(W_init)
+
+    @property
+    def has_tensor_core(self):
+        return _has_tensor_core()
 
     def _key(self, dtype, bias):
         return ("sklinear", self.in_features, self.out_features, self.num_terms, self.low_rank,
@@ -210,14 +239,15 @@ class SKLinear(nn.Module):
     def forward(self, h_in):
         # x [..., in] -> y [..., out]; the library takes up to KF_MAX_DIMS dims as they are
         # (a 1-D x is one row and gives a 1-D y, as in Panther), more are flattened here.
-        # Parameters by attribute, so that functional_call and parametrizations give theirs.
         x = h_in
         if x.dim() > _MAX_DIMS and x.shape[-1] > 0:
             lead = x.shape[:-1]
-            y = sklinear(x.reshape(-1, x.shape[-1]), self.S1s, self.S2s, self.U1s, self.U2s,
-                         self.bias)
+            y = sklinear(x.reshape(-1, x.shape[-1]), *self._tensors())
             return y.view(*lead, y.shape[-1])
-        return sklinear(x, self.S1s, self.S2s, self.U1s, self.U2s, self.bias)
+        return sklinear(x, *self._tensors())
+
+    def _tensors(self):
+        return module_attrs(self, (SKLinear,), _NAMES)
 
     def extra_repr(self):
         return "in_features={}, out_features={}, num_terms={}, low_rank={}, bias={}".format(
