@@ -111,23 +111,24 @@ KF__VEC_CLONES static double agru_bwd_pointwise1(const bwd_step *s, float eps) {
     return deps;
 }
 
-/* dh[nb, H] += A[nb, K] B, B [K, H] in plain panels of 16 columns (GRU: dG_h W_hh, K = 3H;
+/* dh[nb, H] += A[nb, K] B, B [K, H] in plain panels of KF__NV_P vectors (GRU: dG_h W_hh, K = 3H;
  * A-GRU: [da_z, da_r] [U_z; U_r], K = 2H), A's rows lda apart. */
 KF__MK_CLONES static void add_product(const bwd_step *s, const float *a, int64_t lda, int64_t K,
                                        const float *pk) {
     const int64_t H = s->H;
-    for (int64_t p = 0; p < kf__num_panels(1, 2, H); p++) {
-        for (int64_t i0 = 0; i0 < s->nb; i0 += 6) {
-            const int64_t mr = s->nb - i0 < 6 ? s->nb - i0 : 6;
-            kf__v8 acc[KF__MR_MAX * KF__NV_MAX];
-            kf__mk(6, 2, K, a + i0 * lda, lda, mr, pk + p * K * 16, acc);
-            for (int v = 0; v < 2; v++) {
-                const int64_t j = kf__panel_col(1, 2, p, v);
+    for (int64_t p = 0; p < kf__num_panels(1, KF__NV_P, H); p++) {
+        for (int64_t i0 = 0; i0 < s->nb; i0 += KF__MR_P) {
+            const int64_t mr = s->nb - i0 < KF__MR_P ? s->nb - i0 : KF__MR_P;
+            kf__vf acc[KF__MR_MAX * KF__NV_MAX];
+            kf__mk(KF__MR_P, KF__NV_P, K, a + i0 * lda, lda, mr, pk + p * K * KF__NV_P * KF__VW,
+                   acc);
+            for (int v = 0; v < KF__NV_P; v++) {
+                const int64_t j = kf__panel_col(1, KF__NV_P, p, v);
                 const int nc = kf__cols_left(j, H);
                 if (!nc) break;
                 for (int64_t i = i0; i < i0 + mr; i++) {
                     float *dh = s->dh + i * H + j;
-                    kf__v8_store_n(dh, kf__v8_load_n(dh, nc) + acc[(i - i0) * 2 + v], nc);
+                    kf__vf_store_n(dh, kf__vf_load_n(dh, nc) + acc[(i - i0) * KF__NV_P + v], nc);
                 }
             }
         }
@@ -137,23 +138,24 @@ KF__MK_CLONES static void add_product(const bwd_step *s, const float *a, int64_t
 /* A-GRU pass 2 in the epilogue of dq = da_d A: da_r = dq hp r(1-r); dh += dq r. */
 KF__MK_CLONES static void agru_bwd_dq(const bwd_step *s, const float *pk) {
     const int64_t H = s->H;
-    for (int64_t p = 0; p < kf__num_panels(1, 2, H); p++) {
-        for (int64_t i0 = 0; i0 < s->nb; i0 += 6) {
-            const int64_t mr = s->nb - i0 < 6 ? s->nb - i0 : 6;
-            kf__v8 acc[KF__MR_MAX * KF__NV_MAX];
-            kf__mk(6, 2, H, s->dgx + i0 * s->dgx_ld + 2 * H, s->dgx_ld, mr, pk + p * H * 16, acc);
-            for (int v = 0; v < 2; v++) {
-                const int64_t j = kf__panel_col(1, 2, p, v);
+    for (int64_t p = 0; p < kf__num_panels(1, KF__NV_P, H); p++) {
+        for (int64_t i0 = 0; i0 < s->nb; i0 += KF__MR_P) {
+            const int64_t mr = s->nb - i0 < KF__MR_P ? s->nb - i0 : KF__MR_P;
+            kf__vf acc[KF__MR_MAX * KF__NV_MAX];
+            kf__mk(KF__MR_P, KF__NV_P, H, s->dgx + i0 * s->dgx_ld + 2 * H, s->dgx_ld, mr,
+                   pk + p * H * KF__NV_P * KF__VW, acc);
+            for (int v = 0; v < KF__NV_P; v++) {
+                const int64_t j = kf__panel_col(1, KF__NV_P, p, v);
                 const int nc = kf__cols_left(j, H);
                 if (!nc) break;
                 for (int64_t i = i0; i < i0 + mr; i++) {
                     if (!bstep_valid(s, i)) continue;
-                    const kf__v8 dq = acc[(i - i0) * 2 + v];
-                    const kf__v8 r = kf__v8_load_n(s->sv + i * s->sv_ld + H + j, nc);
-                    const kf__v8 hp = kf__v8_load_n(s->hp + i * s->hp_ld + j, nc);
+                    const kf__vf dq = acc[(i - i0) * KF__NV_P + v];
+                    const kf__vf r = kf__vf_load_n(s->sv + i * s->sv_ld + H + j, nc);
+                    const kf__vf hp = kf__vf_load_n(s->hp + i * s->hp_ld + j, nc);
                     float *dh = s->dh + i * H + j;
-                    kf__v8_store_n(s->dgx + i * s->dgx_ld + H + j, dq * hp * r * (1.0f - r), nc);
-                    kf__v8_store_n(dh, kf__v8_fma(dq, r, kf__v8_load_n(dh, nc)), nc);
+                    kf__vf_store_n(s->dgx + i * s->dgx_ld + H + j, dq * hp * r * (1.0f - r), nc);
+                    kf__vf_store_n(dh, kf__vf_fma(dq, r, kf__vf_load_n(dh, nc)), nc);
                 }
             }
         }
@@ -235,19 +237,23 @@ typedef struct wgrad {
     bool beta1;
 } wgrad;
 
-/* Rows [m0, m1) of a product, or columns [m0, m1) of a bias (summed in double, 16 at a time so
- * each pass over the rows reads whole cache lines). */
+/* Rows [m0, m1) of a product, or columns [m0, m1) of a bias, summed in double over the rows in
+ * order, up to KF__BIAS_COLS columns at a time: each pass streams whole row segments (one pass per
+ * 16 columns strode through all of G 3H/16 times, 10% of a T=784 GRU backward). */
+enum { KF__BIAS_COLS = 256 };
 static void wgrad_part(const wgrad *w, int64_t N, int64_t m0, int64_t m1) {
     if (w->x) {
         kf__sgemm(true, false, m1 - m0, w->n, N, 1.0f, w->g + m0, w->ldg, w->x, w->n,
                   w->beta1 ? 1.0f : 0.0f, w->dst + m0 * w->n, w->n);
         return;
     }
-    for (int64_t j0 = m0; j0 < m1; j0 += 16) {
-        const int64_t nj = m1 - j0 < 16 ? m1 - j0 : 16;
-        double acc[16] = {0};
-        for (int64_t r = 0; r < N; r++)
-            for (int64_t j = 0; j < nj; j++) acc[j] += w->g[r * w->ldg + j0 + j];
+    for (int64_t j0 = m0; j0 < m1; j0 += KF__BIAS_COLS) {
+        const int64_t nj = m1 - j0 < KF__BIAS_COLS ? m1 - j0 : KF__BIAS_COLS;
+        double acc[KF__BIAS_COLS] = {0};
+        for (int64_t r = 0; r < N; r++) {
+            const float *g = w->g + r * w->ldg + j0;
+            for (int64_t j = 0; j < nj; j++) acc[j] += g[j];
+        }
         for (int64_t j = 0; j < nj; j++)
             w->dst[j0 + j] = (float)acc[j] + (w->beta1 ? w->dst[j0 + j] : 0.0f);
     }

@@ -8,7 +8,7 @@ static size_t agru_pack_bytes(int64_t in, int64_t H) { return fbytes(3 * H * in)
 
 /* Floats of the panels of a product with K rows (kf__mk). */
 static int64_t panel_floats(int ng, int nv, int64_t K, int64_t hc) {
-    return kf__num_panels(ng, nv, hc) * K * nv * 8;
+    return kf__num_panels(ng, nv, hc) * K * nv * KF__VW;
 }
 
 void kf__rnn_cpu_layout_init(kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p, int64_t T,
@@ -34,10 +34,10 @@ void kf__rnn_cpu_layout_init(kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p
      * pk[1] (A-GRU): A or A^T, [H, H] either way */
     const int ngr = lo->agru ? 2 : 3;
     lo->rec = off;
-    lo->rec_pk1 = fbytes(panel_floats(ngr, ngr, H, H) > panel_floats(1, 2, ngr * H, H)
-                             ? panel_floats(ngr, ngr, H, H)
-                             : panel_floats(1, 2, ngr * H, H));
-    lo->rec_bytes = lo->rec_pk1 + (lo->agru ? fbytes(panel_floats(1, 2, H, H)) : 0);
+    const int64_t fwd_pk0 = panel_floats(ngr, ngr, H, H);
+    const int64_t bwd_pk0 = panel_floats(1, KF__NV_P, ngr * H, H);
+    lo->rec_pk1 = fbytes(fwd_pk0 > bwd_pk0 ? fwd_pk0 : bwd_pk0);
+    lo->rec_bytes = lo->rec_pk1 + (lo->agru ? fbytes(panel_floats(1, KF__NV_P, H, H)) : 0);
     off += (size_t)(p->L * D) * lo->rec_bytes;
     for (int i = 0; i < 2; i++) {
         lo->big[i] = off;
@@ -116,13 +116,13 @@ static float spec_at(const pack_spec *ps, int64_t H, float gamma, int64_t k, int
 
 /* Panel p of `ps` into dst (layout: kf__mk in rnn_cpu.h; columns past H are zeros). */
 static void pack_panel(const pack_spec *ps, int64_t H, float gamma, int64_t p, float *dst) {
-    const int w = ps->nv * 8;
+    const int w = ps->nv * KF__VW;
     dst += p * ps->K * w;
     for (int v = 0; v < ps->nv; v++) {
         const int64_t j0 = kf__panel_col(ps->ng, ps->nv, p, v), n0 = (ps->ng > 1 ? v : 0) * H;
-        for (int cc = 0; cc < 8; cc++)
+        for (int cc = 0; cc < KF__VW; cc++)
             for (int64_t k = 0; k < ps->K; k++)
-                dst[k * w + v * 8 + cc] =
+                dst[k * w + v * KF__VW + cc] =
                     j0 + cc < H ? spec_at(ps, H, gamma, k, n0 + j0 + cc) : 0.0f;
     }
 }
@@ -136,12 +136,12 @@ static int cell_specs(const kf__rnn_cpu_layout *lo, const float *const *cw, bool
     if (!lo->agru) {
         const float *whh = cw[KF__GRU_W_HH];
         ps[0] = (pack_spec){{whh, whh + H * H, whh + 2 * H * H}, !bwd, false, bwd ? 1 : 3,
-                            bwd ? 2 : 3, bwd ? 3 * H : H};
+                            bwd ? KF__NV_P : 3, bwd ? 3 * H : H};
         return 1;
     }
-    ps[0] = (pack_spec){{cw[KF__AGRU_U_Z], cw[KF__AGRU_U_R]}, !bwd, false, bwd ? 1 : 2, 2,
-                        bwd ? 2 * H : H};
-    ps[1] = (pack_spec){{cw[KF__AGRU_W_H]}, !bwd, true, 1, 2, H};
+    ps[0] = (pack_spec){{cw[KF__AGRU_U_Z], cw[KF__AGRU_U_R]}, !bwd, false, bwd ? 1 : 2,
+                        bwd ? KF__NV_P : 2, bwd ? 2 * H : H};
+    ps[1] = (pack_spec){{cw[KF__AGRU_W_H]}, !bwd, true, 1, KF__NV_P, H};
     return 2;
 }
 
@@ -188,5 +188,6 @@ void kf__rnn_cpu_drop_row(float *restrict dst, const float *restrict src, int64_
     }
 }
 
-const kf__rnn_ops kf__cpu_rnn_ops = {NULL, kf__cpu_rnn_sizes, kf__cpu_rnn_forward,
-                                     kf__cpu_rnn_backward};
+/* This ISA's entries; cpu/rnn_ops.c calls the table of the ISA the context picked. */
+const kf__rnn_ops kf__cpu_rnn_isa_ops = {NULL, kf__cpu_rnn_sizes, kf__cpu_rnn_forward,
+                                         kf__cpu_rnn_backward};
