@@ -135,6 +135,28 @@ KF__MK_CLONES static void add_product(const bwd_step *s, const float *a, int64_t
     }
 }
 
+/* GRU, where whh_fused: slice part wp[3H, H] of dW_hh += dG_h^T Hp over this step's rows, while
+ * they are in cache (one GEMM over all T*B rows read both back from memory at T=784, and
+ * OpenBLAS spent a third of its time packing them). Tiles of KF__MR_P rows of dW_hh by KF__NV_P
+ * vectors of columns, K = the slice's rows: A = dG_h^T and B = Hp read in place. */
+KF__MK_CLONES static void gru_whh_step(const bwd_step *s, float *wp) {
+    const int64_t H = s->H, M = 3 * H;
+    for (int64_t j0 = 0; j0 < H; j0 += KF__NV_P * KF__VW) {
+        for (int64_t m0 = 0; m0 < M; m0 += KF__MR_P) {
+            const int64_t mr = M - m0 < KF__MR_P ? M - m0 : KF__MR_P;
+            kf__vf acc[KF__MR_MAX * KF__NV_MAX];
+            kf__mk_st(KF__MR_P, KF__NV_P, s->nb, s->aux + m0, 1, s->aux_ld, mr, s->hp + j0,
+                      s->hp_ld, acc);
+            for (int64_t i = 0; i < mr; i++) {
+                for (int v = 0; v < KF__NV_P; v++) {
+                    float *c = wp + (m0 + i) * H + j0 + v * KF__VW;
+                    kf__vf_store_n(c, kf__vf_load(c) + acc[i * KF__NV_P + v], KF__VW);
+                }
+            }
+        }
+    }
+}
+
 /* A-GRU pass 2 in the epilogue of dq = da_d A: da_r = dq hp r(1-r); dh += dq r. */
 KF__MK_CLONES static void agru_bwd_dq(const bwd_step *s, const float *pk) {
     const int64_t H = s->H;
@@ -178,6 +200,13 @@ typedef struct bwd_layer {
 
 static int64_t cell_index(const bwd_layer *f, int32_t d) { return (int64_t)f->l * f->lo->D + d; }
 
+/* dW_hh of cell (l, d) where the recurrence accumulates it (lo->whh_fused) and it is wanted. */
+static float *fused_whh(const bwd_layer *f, int32_t d) {
+    const kf__rnn_bwd *c = f->c;
+    if (!f->lo->whh_fused || !c->dw) return NULL;
+    return c->dw[cell_index(f, d) * c->plan->nw + KF__GRU_W_HH];
+}
+
 /* Reverse recurrence of direction d for the batch rows of slice `sl` (slice index s). */
 static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, int32_t s) {
     const kf__rnn_bwd *c = f->c;
@@ -199,6 +228,9 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
                    .sv_ld = lo->bs * lo->ng * H, .hp_ld = lo->bs * H,
                    .dgx_ld = lo->bs * 3 * H, .aux_ld = lo->bs * aux_w, .dh = sl->st,
                    .gy = sl->t2, .gy_ld = gy_direct ? lo->bs * DH : H};
+    float *wp = fused_whh(f, d) ? (float *)kf__at(f->ws, lo->wpart + (size_t)s * lo->wpart_bytes)
+                                : NULL;
+    if (wp) memset(wp, 0, (size_t)(3 * H * H) * sizeof(float));
     double deps = 0.0;
     for (int64_t k = 0; k < T; k++) {
         const int64_t t = d ? k : T - 1 - k, r0 = kf__rnn_row(lo, t, b0);
@@ -215,6 +247,7 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
         }
         if (!lo->agru) {
             gru_bwd_pointwise(&st);
+            if (wp) gru_whh_step(&st, wp);
             add_product(&st, st.aux, st.aux_ld, 3 * H, cw->pk[0]);
         } else {
             deps += agru_bwd_pointwise1(&st, cw->eps);
@@ -287,7 +320,7 @@ static int wgrad_list(const bwd_layer *f, int32_t d, wgrad *out) {
     if (!lo->agru) {
         KF__WG(dw[KF__GRU_W_IH], dgx, 3 * H, f->x, in, acc);
         KF__WG(dw[KF__GRU_B_IH], dgx, 3 * H, NULL, 0, acc);
-        KF__WG(dw[KF__GRU_W_HH], aux, 3 * H, hp, H, acc);
+        if (!lo->whh_fused) KF__WG(dw[KF__GRU_W_HH], aux, 3 * H, hp, H, acc);
         KF__WG(dw[KF__GRU_B_HH], aux, 3 * H, NULL, 0, acc);
     } else {
         static const int wx[3] = {KF__AGRU_W_Z, KF__AGRU_W_R, KF__AGRU_V_H};
@@ -333,6 +366,17 @@ static void bwd_cell_grads(const bwd_layer *f, int32_t d, int tid, int nth) {
         const float *dgx = (const float *)kf__at(f->ws, lo->big[0]);
         kf__sgemm(false, false, r1 - r0, in, 3 * H, 1.0f, dgx + r0 * 3 * H, 3 * H, f->cell[d].w3,
                   in, d ? 1.0f : 0.0f, f->dx + r0 * in, in);
+    }
+    float *whh = fused_whh(f, d);
+    if (whh) { /* dW_hh (+)= the slices' parts, in slice order */
+        int64_t m0, m1;
+        kf__part(3 * H, nth, tid, &m0, &m1);
+        for (int32_t s = 0; s < lo->ns; s++) {
+            const float *part =
+                (const float *)kf__at(f->ws, lo->wpart + (size_t)s * lo->wpart_bytes);
+            const bool add = s > 0 || c->accumulate;
+            for (int64_t e = m0 * H; e < m1 * H; e++) whh[e] = (add ? whh[e] : 0.0f) + part[e];
+        }
     }
     float *const *dw = c->dw ? c->dw + cell_index(f, d) * c->plan->nw : NULL;
     if (lo->agru && dw && dw[KF__AGRU_EPS] && tid == 0) {

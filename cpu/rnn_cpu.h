@@ -28,7 +28,9 @@
  *   seq[2]   [N, D*H] (L > 1) forward inference: layer outputs; backward: d(layer output)
  *   slice[s] per slice: st, t1, t2, each [nb, H]
  *   gmat     A-GRU backward: G = sum dpre_d^T q [H, H]
- *   epsacc   A-GRU backward: per-slice partial sums of d loss / d eps (double) */
+ *   epsacc   A-GRU backward: per-slice partial sums of d loss / d eps (double)
+ *   wpart[s] GRU backward where whh_fused: slice s's part of dW_hh = sum dG_h^T Hp [3H, H],
+ *            accumulated step by step while its rows are in cache */
 #ifndef KF_CPU_RNN_CPU_H
 #define KF_CPU_RNN_CPU_H
 
@@ -94,7 +96,8 @@ typedef struct kf__rnn_cpu_layout {
     /* workspace offsets (bytes) */
     size_t pack_first, pack_stride; /* pack[l] at l ? pack_first + (l-1)*pack_stride : 0 */
     size_t rec, rec_bytes, rec_pk1; /* rec[c] at rec + c*rec_bytes; its pk[1] rec_pk1 after it */
-    size_t big[2], seq[2], slice0, slice_bytes, gmat, epsacc, ws_bytes;
+    size_t big[2], seq[2], slice0, slice_bytes, gmat, epsacc, wpart, wpart_bytes, ws_bytes;
+    bool whh_fused; /* GRU backward: dW_hh by kf__mk_st per step (wpart), not one GEMM */
     /* reserve offsets (bytes) */
     size_t cell_bytes, hp_bytes, out0, out_bytes, reserve_bytes;
 } kf__rnn_cpu_layout;
@@ -345,9 +348,13 @@ KF__VINLINE kf__vf kf__vf_tanh(kf__vf x) {
 #define KF__MR_MAX 8
 #define KF__NV_MAX 3
 
+/* kf__mk on operands in place: A[i, k] at a[i * lda + k * ak], row k of B's nv vectors at
+ * bp + k * bk (kf__mk: ak = 1 and packed panels; the GRU backward's dW_hh += dG_h^T Hp reads
+ * dG_h^T and Hp where they lie). */
 KF__VINLINE void
-kf__mk(const int MR, const int NV, int64_t K, const float *a, int64_t lda, int64_t mr,
-       const float *restrict bp, kf__vf acc[KF__MR_MAX * KF__NV_MAX]) {
+kf__mk_st(const int MR, const int NV, int64_t K, const float *a, int64_t lda, int64_t ak,
+          int64_t mr, const float *restrict bp, int64_t bk,
+          kf__vf acc[KF__MR_MAX * KF__NV_MAX]) {
     const float *ap[KF__MR_MAX];
     for (int i = 0; i < MR; i++) ap[i] = a + (i < mr ? i : mr - 1) * lda;
     /* c: constant indices only, so it lives in registers across the asm of kf__vf_bcast (the
@@ -356,16 +363,22 @@ kf__mk(const int MR, const int NV, int64_t K, const float *a, int64_t lda, int64
     kf__vf c[KF__MR_MAX * KF__NV_MAX];
 #pragma GCC unroll 32
     for (int i = 0; i < MR * NV; i++) c[i] = kf__vf_set1(0.0f);
-    for (int64_t k = 0; k < K; k++, bp += NV * KF__VW) {
+    for (int64_t k = 0; k < K; k++, bp += bk) {
         kf__vf b[KF__NV_MAX];
         for (int v = 0; v < NV; v++) b[v] = kf__vf_load(bp + v * KF__VW);
         for (int i = 0; i < MR; i++) {
-            const kf__vf x = kf__vf_bcast(ap[i] + k);
+            const kf__vf x = kf__vf_bcast(ap[i] + k * ak);
             for (int v = 0; v < NV; v++) c[i * NV + v] = kf__vf_fma(x, b[v], c[i * NV + v]);
         }
     }
 #pragma GCC unroll 32
     for (int i = 0; i < MR * NV; i++) acc[i] = c[i];
+}
+
+KF__VINLINE void
+kf__mk(const int MR, const int NV, int64_t K, const float *a, int64_t lda, int64_t mr,
+       const float *restrict bp, kf__vf acc[KF__MR_MAX * KF__NV_MAX]) {
+    kf__mk_st(MR, NV, K, a, lda, 1, mr, bp, NV * KF__VW, acc);
 }
 
 /* Columns of vector v of panel p: its first column, and how many of its KF__VW lie before hc

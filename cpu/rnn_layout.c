@@ -54,6 +54,11 @@ void kf__rnn_cpu_layout_init(kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p
     off += lo->agru ? fbytes(H * H) : 0;
     lo->epsacc = off;
     off += lo->agru ? kf__align_up((size_t)lo->ns * sizeof(double)) : 0;
+    /* the fused dW_hh reads rows of Hp as whole vectors, so only where they hold whole panels */
+    lo->whh_fused = !lo->agru && H % (KF__NV_P * KF__VW) == 0;
+    lo->wpart = off;
+    lo->wpart_bytes = lo->whh_fused ? fbytes(3 * H * H) : 0;
+    off += (size_t)lo->ns * lo->wpart_bytes;
     lo->ws_bytes = off;
 
     lo->hp_bytes = fbytes(N * H);
