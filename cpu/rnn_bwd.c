@@ -200,6 +200,27 @@ typedef struct bwd_layer {
 
 static int64_t cell_index(const bwd_layer *f, int32_t d) { return (int64_t)f->l * f->lo->D + d; }
 
+/* acc[0:m] += column sums of the n rows g[r * ld + 0:m], in double, four rows per update of the
+ * accumulators (which live in L1: one load and store per update). */
+static void colsum(const float *g, int64_t ld, int64_t n, int64_t m, double *acc) {
+    int64_t r = 0;
+    for (; r + 4 <= n; r += 4, g += 4 * ld)
+        for (int64_t j = 0; j < m; j++)
+            acc[j] += ((double)g[j] + (double)g[ld + j]) +
+                      ((double)g[2 * ld + j] + (double)g[3 * ld + j]);
+    for (; r < n; r++, g += ld)
+        for (int64_t j = 0; j < m; j++) acc[j] += g[j];
+}
+
+/* The bias gradients' sums of this step's rows into the slice's part bs (double): bs[0:3H] +=
+ * colsum dG_x and, for the GRU, bs[3H:4H] += colsum of dG_h's n part (its r, z parts are dG_x's),
+ * while the rows are in cache: passes over all T*B rows after the recurrence read dG_x and dG_h
+ * back from memory (308 MB at T=784). */
+static void bias_step(const bwd_step *s, bool gru, double *bs) {
+    colsum(s->dgx, s->dgx_ld, s->nb, 3 * s->H, bs);
+    if (gru) colsum(s->aux + 2 * s->H, s->aux_ld, s->nb, s->H, bs + 3 * s->H);
+}
+
 /* dW_hh of cell (l, d) where the recurrence accumulates it (lo->whh_fused) and it is wanted. */
 static float *fused_whh(const bwd_layer *f, int32_t d) {
     const kf__rnn_bwd *c = f->c;
@@ -231,6 +252,8 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
     float *wp = fused_whh(f, d) ? (float *)kf__at(f->ws, lo->wpart + (size_t)s * lo->wpart_bytes)
                                 : NULL;
     if (wp) memset(wp, 0, (size_t)(3 * H * H) * sizeof(float));
+    double *bs = c->dw ? (double *)kf__at(f->ws, lo->bsum + (size_t)s * lo->bsum_bytes) : NULL;
+    if (bs) memset(bs, 0, (size_t)(4 * H) * sizeof(double));
     double deps = 0.0;
     for (int64_t k = 0; k < T; k++) {
         const int64_t t = d ? k : T - 1 - k, r0 = kf__rnn_row(lo, t, b0);
@@ -248,10 +271,12 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
         if (!lo->agru) {
             gru_bwd_pointwise(&st);
             if (wp) gru_whh_step(&st, wp);
+            if (bs) bias_step(&st, true, bs);
             add_product(&st, st.aux, st.aux_ld, 3 * H, cw->pk[0]);
         } else {
             deps += agru_bwd_pointwise1(&st, cw->eps);
             agru_bwd_dq(&st, cw->pk[1]);
+            if (bs) bias_step(&st, false, bs);
             add_product(&st, st.dgx, st.dgx_ld, 2 * H, cw->pk[0]);
         }
     }
@@ -259,8 +284,7 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
     if (lo->agru) ((double *)kf__at(f->ws, lo->epsacc))[s] = deps;
 }
 
-/* One weight-gradient product dst[M, n] (+)= G[:, 0:M]^T X over all N rows (G rows ldg apart),
- * or, with x NULL, a bias: dst[M] (+)= column sums of G[:, 0:M]. */
+/* One weight-gradient product dst[M, n] (+)= G[:, 0:M]^T X over all N rows (G rows ldg apart). */
 typedef struct wgrad {
     float *dst;
     const float *g;
@@ -270,38 +294,13 @@ typedef struct wgrad {
     bool beta1;
 } wgrad;
 
-/* Rows [m0, m1) of a product, or columns [m0, m1) of a bias, summed in double up to
- * KF__BIAS_COLS columns at a time: each pass streams whole row segments (one pass per 16 columns
- * strode through all of G 3H/16 times, 10% of a T=784 GRU backward), four rows per update of
- * the accumulators (which live in L1, one load and store per update). */
-enum { KF__BIAS_COLS = 256 };
+/* Rows [m0, m1) of a product. */
 static void wgrad_part(const wgrad *w, int64_t N, int64_t m0, int64_t m1) {
-    if (w->x) {
-        kf__sgemm(true, false, m1 - m0, w->n, N, 1.0f, w->g + m0, w->ldg, w->x, w->n,
-                  w->beta1 ? 1.0f : 0.0f, w->dst + m0 * w->n, w->n);
-        return;
-    }
-    for (int64_t j0 = m0; j0 < m1; j0 += KF__BIAS_COLS) {
-        const int64_t nj = m1 - j0 < KF__BIAS_COLS ? m1 - j0 : KF__BIAS_COLS;
-        double acc[KF__BIAS_COLS] = {0};
-        int64_t r = 0;
-        for (; r + 4 <= N; r += 4) {
-            const float *g = w->g + r * w->ldg + j0;
-            const int64_t l = w->ldg;
-            for (int64_t j = 0; j < nj; j++)
-                acc[j] += ((double)g[j] + (double)g[l + j]) +
-                          ((double)g[2 * l + j] + (double)g[3 * l + j]);
-        }
-        for (; r < N; r++) {
-            const float *g = w->g + r * w->ldg + j0;
-            for (int64_t j = 0; j < nj; j++) acc[j] += g[j];
-        }
-        for (int64_t j = 0; j < nj; j++)
-            w->dst[j0 + j] = (float)acc[j] + (w->beta1 ? w->dst[j0 + j] : 0.0f);
-    }
+    kf__sgemm(true, false, m1 - m0, w->n, N, 1.0f, w->g + m0, w->ldg, w->x, w->n,
+              w->beta1 ? 1.0f : 0.0f, w->dst + m0 * w->n, w->n);
 }
 
-/* The gradient products of cell (l, d); returns how many it wrote into `out` (at most 9). */
+/* The gradient products of cell (l, d); returns how many it wrote into `out` (at most 6). */
 static int wgrad_list(const bwd_layer *f, int32_t d, wgrad *out) {
     const kf__rnn_bwd *c = f->c;
     const kf__rnn_cpu_layout *lo = f->lo;
@@ -319,15 +318,11 @@ static int wgrad_list(const bwd_layer *f, int32_t d, wgrad *out) {
     } while (0)
     if (!lo->agru) {
         KF__WG(dw[KF__GRU_W_IH], dgx, 3 * H, f->x, in, acc);
-        KF__WG(dw[KF__GRU_B_IH], dgx, 3 * H, NULL, 0, acc);
         if (!lo->whh_fused) KF__WG(dw[KF__GRU_W_HH], aux, 3 * H, hp, H, acc);
-        KF__WG(dw[KF__GRU_B_HH], aux, 3 * H, NULL, 0, acc);
     } else {
         static const int wx[3] = {KF__AGRU_W_Z, KF__AGRU_W_R, KF__AGRU_V_H};
-        static const int bx[3] = {KF__AGRU_B_Z, KF__AGRU_B_R, KF__AGRU_B_H};
         static const int wu[2] = {KF__AGRU_U_Z, KF__AGRU_U_R};
         for (int g = 0; g < 3; g++) KF__WG(dw[wx[g]], dgx + g * H, H, f->x, in, acc);
-        for (int g = 0; g < 3; g++) KF__WG(dw[bx[g]], dgx + g * H, H, NULL, 0, acc);
         for (int g = 0; g < 2; g++) KF__WG(dw[wu[g]], dgx + g * H, H, hp, H, acc);
         /* G = da_d^T q, combined into dW_h = G - G^T after a barrier (q rows are H apart) */
         if (dw[KF__AGRU_W_H])
@@ -344,7 +339,7 @@ static void bwd_cell_grads(const bwd_layer *f, int32_t d, int tid, int nth) {
     const kf__rnn_bwd *c = f->c;
     const kf__rnn_cpu_layout *lo = f->lo;
     const int64_t H = lo->H, in = f->cell[d].in;
-    wgrad w[9];
+    wgrad w[6];
     const int nw = wgrad_list(f, d, w);
     /* Consecutive products of the same x (A-GRU: dW_z, dW_r, dV_h; dU_z, dU_r) are split across
      * threads as one of their summed rows, so a thread packs that x for OpenBLAS once, not once
@@ -379,6 +374,32 @@ static void bwd_cell_grads(const bwd_layer *f, int32_t d, int tid, int nth) {
         }
     }
     float *const *dw = c->dw ? c->dw + cell_index(f, d) * c->plan->nw : NULL;
+    if (dw) { /* biases (+)= the slices' sums (bias_step), in slice order; segments: where in the
+               * sums each bias's columns are */
+        struct { float *dst; int64_t off, n; } seg[3];
+        if (!lo->agru) {
+            seg[0].dst = dw[KF__GRU_B_IH], seg[0].off = 0, seg[0].n = 3 * H;
+            seg[1].dst = dw[KF__GRU_B_HH], seg[1].off = 0, seg[1].n = 2 * H;
+            seg[2].dst = dw[KF__GRU_B_HH] ? dw[KF__GRU_B_HH] + 2 * H : NULL;
+            seg[2].off = 3 * H, seg[2].n = H;
+        } else {
+            static const int bx[3] = {KF__AGRU_B_Z, KF__AGRU_B_R, KF__AGRU_B_H};
+            for (int g = 0; g < 3; g++) seg[g].dst = dw[bx[g]], seg[g].off = g * H, seg[g].n = H;
+        }
+        for (int g = 0; g < 3; g++) {
+            if (!seg[g].dst) continue;
+            int64_t j0, j1;
+            kf__part(seg[g].n, nth, tid, &j0, &j1);
+            for (int64_t j = j0; j < j1; j++) {
+                double sum = 0.0;
+                for (int32_t s = 0; s < lo->ns; s++) {
+                    const size_t at = lo->bsum + (size_t)s * lo->bsum_bytes;
+                    sum += ((const double *)kf__cat(f->ws, at))[seg[g].off + j];
+                }
+                seg[g].dst[j] = (float)sum + (c->accumulate ? seg[g].dst[j] : 0.0f);
+            }
+        }
+    }
     if (lo->agru && dw && dw[KF__AGRU_EPS] && tid == 0) {
         const double *part = (const double *)kf__at(f->ws, lo->epsacc);
         double sum = 0.0;

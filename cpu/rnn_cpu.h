@@ -30,7 +30,9 @@
  *   gmat     A-GRU backward: G = sum dpre_d^T q [H, H]
  *   epsacc   A-GRU backward: per-slice partial sums of d loss / d eps (double)
  *   wpart[s] GRU backward where whh_fused: slice s's part of dW_hh = sum dG_h^T Hp [3H, H],
- *            accumulated step by step while its rows are in cache */
+ *            accumulated step by step while its rows are in cache
+ *   bsum[s]  backward: slice s's bias-gradient sums (double), colsum dG_x [3H] and (GRU) the
+ *            colsum of dG_h's n part [H], accumulated step by step */
 #ifndef KF_CPU_RNN_CPU_H
 #define KF_CPU_RNN_CPU_H
 
@@ -96,7 +98,8 @@ typedef struct kf__rnn_cpu_layout {
     /* workspace offsets (bytes) */
     size_t pack_first, pack_stride; /* pack[l] at l ? pack_first + (l-1)*pack_stride : 0 */
     size_t rec, rec_bytes, rec_pk1; /* rec[c] at rec + c*rec_bytes; its pk[1] rec_pk1 after it */
-    size_t big[2], seq[2], slice0, slice_bytes, gmat, epsacc, wpart, wpart_bytes, ws_bytes;
+    size_t big[2], seq[2], slice0, slice_bytes, gmat, epsacc, wpart, wpart_bytes, bsum, bsum_bytes;
+    size_t ws_bytes;
     bool whh_fused; /* GRU backward: dW_hh by kf__mk_st per step (wpart), not one GEMM */
     /* reserve offsets (bytes) */
     size_t cell_bytes, hp_bytes, out0, out_bytes, reserve_bytes;

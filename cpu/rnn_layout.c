@@ -59,6 +59,9 @@ void kf__rnn_cpu_layout_init(kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p
     lo->wpart = off;
     lo->wpart_bytes = lo->whh_fused ? fbytes(3 * H * H) : 0;
     off += (size_t)lo->ns * lo->wpart_bytes;
+    lo->bsum = off;
+    lo->bsum_bytes = kf__align_up((size_t)(4 * H) * sizeof(double));
+    off += (size_t)lo->ns * lo->bsum_bytes;
     lo->ws_bytes = off;
 
     lo->hp_bytes = fbytes(N * H);
