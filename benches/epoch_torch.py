@@ -14,7 +14,6 @@ train_fmnist's "train ... s" figure does.
     /usr/bin/python3 benches/epoch_torch.py --model agru|gru [--threads N] [--limit-batches N]
 """
 import argparse
-import gzip
 import json
 import os
 import sys
@@ -22,19 +21,9 @@ import time
 
 import numpy as np
 
-DATA_DIR = "/usr/share/datasets/fashion-mnist"
-
-
-def read_idx(path):
-    with gzip.open(path, "rb") as f:
-        raw = f.read()
-    magic = int.from_bytes(raw[0:4], "big")
-    ndim = magic & 0xFF
-    dims = [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
-    data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
-    if data.size != int(np.prod(dims)):
-        raise ValueError(f"{path}: {data.size} bytes of data, header says {dims}")
-    return data.reshape(dims)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples",
+                                "python"))
+import fmnist  # noqa: E402  (the IDX reader, shared with the examples)
 
 
 def main(argv=None):
@@ -49,7 +38,7 @@ def main(argv=None):
     ap.add_argument("--limit-batches", type=int, default=0,
                     help="train only N batches; epoch_s is then extrapolated to a full epoch")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--data-dir", default=DATA_DIR)
+    ap.add_argument("--data-dir", default=fmnist.DATA_DIR)
     a = ap.parse_args(argv)
 
     import torch
@@ -62,8 +51,7 @@ def main(argv=None):
     torch.manual_seed(a.seed)
 
     t_load = time.perf_counter()
-    images = read_idx(os.path.join(a.data_dir, "train-images-idx3-ubyte.gz"))
-    labels = read_idx(os.path.join(a.data_dir, "train-labels-idx1-ubyte.gz"))
+    images, labels = fmnist.load("train", a.data_dir)
     T, I = (784, 1) if a.pixels else (28, 28)
     X = torch.from_numpy(images.astype(np.float32) / 255.0).reshape(-1, T, I)
     Y = torch.from_numpy(labels.astype(np.int64))

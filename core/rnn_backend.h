@@ -16,7 +16,10 @@
  *    elements are scaled by 1/(1-p) (common/counter_rng.h). Logical (t, b) order, whatever the
  *    memory layout.
  *  - Variable lengths (packed-sequence semantics of torch): for t >= len[b] the state of sample b
- *    does not change and y(t, b, .) = 0; the reverse direction starts at t = len[b]-1. */
+ *    does not change and y(t, b, .) = 0; the reverse direction starts at t = len[b]-1.
+ *  - Every tensor of a call but the lengths has the plan's dtype (KF_DTYPE_F32, or KF_DTYPE_F64
+ *    where the backend's supports() accepts it): the records carry untyped pointers that the
+ *    backend reads as that type. */
 #ifndef KF_CORE_RNN_BACKEND_H
 #define KF_CORE_RNN_BACKEND_H
 
@@ -46,12 +49,13 @@ struct kf_rnn_plan {
     int32_t L, D;          /* layers, directions */
     int64_t I, H;
     bool batch_first;
+    kf_dtype dtype;        /* of every tensor but the lengths */
     float dropout, gamma;
     int32_t nw;            /* weights per (layer, direction) */
     int32_t num_weights;   /* L * D * nw */
     /* Per-call scratch of num_weights pointers each, so a call never allocates. */
-    const float **w;
-    float **dw;
+    const void **w;
+    void **dw;
     /* Weight names, num_weights NUL-terminated strings packed in one block. */
     const char **names;
 };
@@ -65,13 +69,13 @@ typedef struct kf__rnn_fwd {
     const struct kf_rnn_plan *plan;
     int64_t T, B;
     bool training;
-    const float *x;
-    const float *h0;          /* NULL = zeros */
-    const float *const *w;    /* plan->num_weights pointers */
+    const void *x;
+    const void *h0;           /* NULL = zeros */
+    const void *const *w;     /* plan->num_weights pointers */
     const int32_t *lengths;   /* NULL = all T */
     uint64_t seed, offset;
-    float *y;
-    float *hn;                /* NULL = not wanted */
+    void *y;
+    void *hn;                 /* NULL = not wanted */
     void *ws; size_t ws_bytes;
     void *reserve; size_t reserve_bytes; /* training only */
 } kf__rnn_fwd;
@@ -79,16 +83,16 @@ typedef struct kf__rnn_fwd {
 typedef struct kf__rnn_bwd {
     const struct kf_rnn_plan *plan;
     int64_t T, B;
-    const float *x;
-    const float *h0;          /* NULL = zeros */
-    const float *const *w;
+    const void *x;
+    const void *h0;           /* NULL = zeros */
+    const void *const *w;
     const int32_t *lengths;   /* NULL = all T */
     uint64_t seed, offset;
-    const float *dy;          /* NULL = zeros */
-    const float *dhn;         /* NULL = zeros */
-    float *dx;                /* NULL = not wanted */
-    float *dh0;               /* NULL = not wanted */
-    float *const *dw;         /* plan->num_weights pointers, each may be NULL; or the array NULL */
+    const void *dy;           /* NULL = zeros */
+    const void *dhn;          /* NULL = zeros */
+    void *dx;                 /* NULL = not wanted */
+    void *dh0;                /* NULL = not wanted */
+    void *const *dw;          /* plan->num_weights pointers, each may be NULL; or the array NULL */
     bool accumulate;          /* add into dw instead of overwriting */
     void *ws; size_t ws_bytes;
     const void *reserve; size_t reserve_bytes;

@@ -19,8 +19,11 @@ enum { KF__CPU_ISA_BASE = 0, KF__CPU_ISA_V4 = 1 };
  * x86-64-v4, KF_ERR_UNSUPPORTED where it cannot run; another value: KF_ERR_INVALID_ARGUMENT). */
 kf_status kf__cpu_isa_pick(const char *fn, int32_t *isa);
 
-/* Each ISA's recurrent op table (cpu/rnn_layout.c compiled per ISA; rnn_cpu.h), which
- * kf__cpu_rnn_ops (cpu/rnn_ops.c) forwards to. */
+/* Each ISA's recurrent op table for float32 plans (cpu/rnn_layout.c compiled per ISA;
+ * rnn_cpu.h), and the float64 forward and backward (cpu/rnn_f64.c, on the baseline's layout),
+ * which kf__cpu_rnn_ops (cpu/rnn_ops.c) forwards to. */
+kf_status kf__cpu_rnn_forward_f64(kf_context *ctx, const kf__rnn_fwd *c);
+kf_status kf__cpu_rnn_backward_f64(kf_context *ctx, const kf__rnn_bwd *c);
 extern const kf__rnn_ops kf__cpu_rnn_ops_base;
 #ifdef KF_HAVE_CPU_V4
 extern const kf__rnn_ops kf__cpu_rnn_ops_v4;

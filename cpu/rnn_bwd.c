@@ -241,7 +241,8 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
     float *aux = (float *)kf__at(f->ws, lo->big[1]);
 
     if (c->dhn)
-        memcpy(sl->st, c->dhn + (cidx * lo->B + b0) * H, (size_t)(nb * H) * sizeof(float));
+        memcpy(sl->st, (const float *)c->dhn + (cidx * lo->B + b0) * H,
+               (size_t)(nb * H) * sizeof(float));
     else
         memset(sl->st, 0, (size_t)(nb * H) * sizeof(float));
     const bool gy_direct = f->dy && !f->dr.on; /* else masked rows of dy, or zeros, into t2 */
@@ -280,7 +281,8 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
             add_product(&st, st.dgx, st.dgx_ld, 2 * H, cw->pk[0]);
         }
     }
-    if (c->dh0) memcpy(c->dh0 + (cidx * lo->B + b0) * H, sl->st, (size_t)(nb * H) * sizeof(float));
+    if (c->dh0)
+        memcpy((float *)c->dh0 + (cidx * lo->B + b0) * H, sl->st, (size_t)(nb * H) * sizeof(float));
     if (lo->agru) ((double *)kf__at(f->ws, lo->epsacc))[s] = deps;
 }
 
@@ -306,7 +308,7 @@ static int wgrad_list(const bwd_layer *f, int32_t d, wgrad *out) {
     const kf__rnn_cpu_layout *lo = f->lo;
     if (!c->dw) return 0;
     const int64_t H = lo->H, in = f->cell[d].in, cidx = cell_index(f, d);
-    float *const *dw = c->dw + cidx * c->plan->nw;
+    void *const *dw = c->dw + cidx * c->plan->nw;
     const float *dgx = (const float *)kf__at(f->ws, lo->big[0]);
     const float *aux = (const float *)kf__at(f->ws, lo->big[1]);
     const float *hp = (const float *)kf__cat(c->reserve, (size_t)cidx * lo->cell_bytes);
@@ -373,14 +375,14 @@ static void bwd_cell_grads(const bwd_layer *f, int32_t d, int tid, int nth) {
             for (int64_t e = m0 * H; e < m1 * H; e++) whh[e] = (add ? whh[e] : 0.0f) + part[e];
         }
     }
-    float *const *dw = c->dw ? c->dw + cell_index(f, d) * c->plan->nw : NULL;
+    void *const *dw = c->dw ? c->dw + cell_index(f, d) * c->plan->nw : NULL;
     if (dw) { /* biases (+)= the slices' sums (bias_step), in slice order; segments: where in the
                * sums each bias's columns are */
         struct { float *dst; int64_t off, n; } seg[3];
         if (!lo->agru) {
             seg[0].dst = dw[KF__GRU_B_IH], seg[0].off = 0, seg[0].n = 3 * H;
             seg[1].dst = dw[KF__GRU_B_HH], seg[1].off = 0, seg[1].n = 2 * H;
-            seg[2].dst = dw[KF__GRU_B_HH] ? dw[KF__GRU_B_HH] + 2 * H : NULL;
+            seg[2].dst = dw[KF__GRU_B_HH] ? (float *)dw[KF__GRU_B_HH] + 2 * H : NULL;
             seg[2].off = 3 * H, seg[2].n = H;
         } else {
             static const int bx[3] = {KF__AGRU_B_Z, KF__AGRU_B_R, KF__AGRU_B_H};
@@ -404,7 +406,8 @@ static void bwd_cell_grads(const bwd_layer *f, int32_t d, int tid, int nth) {
         const double *part = (const double *)kf__at(f->ws, lo->epsacc);
         double sum = 0.0;
         for (int32_t s = 0; s < lo->ns; s++) sum += part[s];
-        *dw[KF__AGRU_EPS] = (float)sum + (c->accumulate ? *dw[KF__AGRU_EPS] : 0.0f);
+        float *deps = dw[KF__AGRU_EPS];
+        *deps = (float)sum + (c->accumulate ? *deps : 0.0f);
     }
 #pragma omp barrier
     if (lo->agru && dw && dw[KF__AGRU_W_H]) {

@@ -1,6 +1,6 @@
-/* Private helpers of the CPU GRU / A-GRU backend (cpu/rnn_fwd.c, cpu/rnn_bwd.c): the layout of
- * the workspace and the reserve, the per-cell weight view, work partitioning and the vectorisable
- * activations. Math and derivations: docs/ops/rnn.md.
+/* Private helpers of the CPU GRU / A-GRU backend (cpu/rnn_fwd.c, cpu/rnn_bwd.c; float64:
+ * cpu/rnn_f64.c): the layout of the workspace and the reserve, the per-cell weight view, work
+ * partitioning and the vectorisable activations. Math and derivations: docs/ops/rnn.md.
  *
  * Rows. Every [T*B, .] buffer of a call, ours and the caller's, stores row (t, b) at
  * r(t, b) = t*ts + b*bs, with (ts, bs) = (B, 1), or (1, T) when batch_first: the caller's x, y,
@@ -32,7 +32,11 @@
  *   wpart[s] GRU backward where whh_fused: slice s's part of dW_hh = sum dG_h^T Hp [3H, H],
  *            accumulated step by step while its rows are in cache
  *   bsum[s]  backward: slice s's bias-gradient sums (double), colsum dG_x [3H] and (GRU) the
- *            colsum of dG_h's n part [H], accumulated step by step */
+ *            colsum of dG_h's n part [H], accumulated step by step (float32 plans only)
+ * A float64 plan (cpu/rnn_f64.c) has the same layout in doubles, except: no pack (its GEMMs read
+ * the caller's weights in place), and rec[c] is A = W_h - W_h^T - gamma I [H, H] for an A-GRU,
+ * nothing for a GRU; big[0] holds the input projection of all rows of the direction in flight,
+ * big[1] the slices' recurrent products of one step. */
 #ifndef KF_CPU_RNN_CPU_H
 #define KF_CPU_RNN_CPU_H
 
@@ -63,8 +67,11 @@
 #define kf__cpu_rnn_backward KF__RNN_ISA(kf__cpu_rnn_backward)
 #define kf__cpu_rnn_isa_ops KF__RNN_ISA(kf__cpu_rnn_ops) /* cpu/cpu_backend.h */
 
+#define kf__rnn_cpu_drop_row_f64 KF__RNN_ISA(kf__rnn_cpu_drop_row_f64)
+
 /* This ISA's op-table entries (cpu/rnn_layout.c, rnn_fwd.c, rnn_bwd.c), gathered in
- * kf__cpu_rnn_isa_ops. */
+ * kf__cpu_rnn_isa_ops: float32 plans, and the baseline's sizes for float64 ones too (cpu/rnn_f64.c
+ * runs on the baseline's layout; the float64 entries are declared in cpu_backend.h). */
 void kf__cpu_rnn_sizes(const struct kf_rnn_plan *p, int64_t T, int64_t B, bool training,
                        size_t *ws_bytes, size_t *reserve_bytes);
 kf_status kf__cpu_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c);
@@ -98,8 +105,8 @@ typedef struct kf__rnn_cpu_layout {
     /* workspace offsets (bytes) */
     size_t pack_first, pack_stride; /* pack[l] at l ? pack_first + (l-1)*pack_stride : 0 */
     size_t rec, rec_bytes, rec_pk1; /* rec[c] at rec + c*rec_bytes; its pk[1] rec_pk1 after it */
-    size_t big[2], seq[2], slice0, slice_bytes, gmat, epsacc, wpart, wpart_bytes, bsum, bsum_bytes;
-    size_t ws_bytes;
+    size_t big[2], seq[2], slice0, slice_bytes, slice_buf, gmat, epsacc, wpart, wpart_bytes;
+    size_t bsum, bsum_bytes, ws_bytes;
     bool whh_fused; /* GRU backward: dW_hh by kf__mk_st per step (wpart), not one GEMM */
     /* reserve offsets (bytes) */
     size_t cell_bytes, hp_bytes, out0, out_bytes, reserve_bytes;
@@ -120,13 +127,13 @@ typedef struct kf__rnn_cell {
 } kf__rnn_cell;
 
 kf__rnn_cell kf__rnn_cpu_cell(const kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p,
-                              const float *const *w, void *ws, int32_t l, int32_t d);
+                              const void *const *w, void *ws, int32_t l, int32_t d);
 
 /* Thread `tid` of `nth` does its share of packing, for a forward (bwd false) or a backward call,
  * every cell's recurrent panels and, for an A-GRU, every layer's W3 and b3 into the workspace
  * (the caller puts a barrier after it). */
 void kf__rnn_cpu_pack(const kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p,
-                      const float *const *w, void *ws, bool bwd, int tid, int nth);
+                      const void *const *w, void *ws, bool bwd, int tid, int nth);
 
 /* Dropout between layers: element j of row (t, b) of layer l's output has counter
  * base + ((l*T + t)*B + b)*D*H + j (core/rnn_backend.h). */
@@ -137,9 +144,11 @@ typedef struct kf__rnn_drop {
 } kf__rnn_drop;
 
 /* dst[0:n] = src masked and scaled for the element counters c0 .. c0+n-1 when `dr` is on, else a
- * copy; src NULL reads zeros. */
+ * copy; src NULL reads zeros. The float64 form scales by 1 / (1 - p) in float64. */
 void kf__rnn_cpu_drop_row(float *restrict dst, const float *restrict src, int64_t n,
                           const kf__rnn_drop *dr, uint64_t c0);
+void kf__rnn_cpu_drop_row_f64(double *restrict dst, const double *restrict src, int64_t n,
+                              const kf__rnn_drop *dr, uint64_t c0);
 
 /* Counter of element 0 of direction d's half of row (t, b), layer l. */
 static inline uint64_t kf__rnn_drop_counter(const kf__rnn_cpu_layout *lo, const kf__rnn_drop *dr,
@@ -166,22 +175,31 @@ static inline int64_t kf__rnn_len(const int32_t *lengths, int64_t T, int64_t b) 
     return lengths ? (int64_t)lengths[b] : T;
 }
 
-/* Per-slice scratch of slice s: three [nbmax, H] buffers. */
+/* Per-slice scratch of slice s: three [nbmax, H] buffers (kf__rnn_slice_buf: buffer i of slice
+ * s, in the plan's dtype). */
 typedef struct kf__rnn_slice {
     int64_t b0, nb;
     float *st, *t1, *t2;
 } kf__rnn_slice;
 
+/* Batch rows [*b0, *b0 + *nb) of slice s. */
+static inline void kf__rnn_slice_rows(const kf__rnn_cpu_layout *lo, int32_t s, int64_t *b0,
+                                      int64_t *nb) {
+    int64_t b1;
+    kf__part(lo->B, lo->ns, s, b0, &b1);
+    *nb = b1 - *b0;
+}
+
+static inline void *kf__rnn_slice_buf(const kf__rnn_cpu_layout *lo, void *ws, int32_t s, int i) {
+    return (char *)ws + lo->slice0 + (size_t)s * lo->slice_bytes + (size_t)i * lo->slice_buf;
+}
+
 static inline kf__rnn_slice kf__rnn_cpu_slice(const kf__rnn_cpu_layout *lo, void *ws, int32_t s) {
     kf__rnn_slice sl;
-    int64_t b1;
-    kf__part(lo->B, lo->ns, s, &sl.b0, &b1);
-    sl.nb = b1 - sl.b0;
-    char *p = (char *)ws + lo->slice0 + (size_t)s * lo->slice_bytes;
-    size_t h = kf__align_up((size_t)(lo->nbmax * lo->H) * sizeof(float));
-    sl.st = (float *)p;
-    sl.t1 = (float *)(p + h);
-    sl.t2 = (float *)(p + 2 * h);
+    kf__rnn_slice_rows(lo, s, &sl.b0, &sl.nb);
+    sl.st = kf__rnn_slice_buf(lo, ws, s, 0);
+    sl.t1 = kf__rnn_slice_buf(lo, ws, s, 1);
+    sl.t2 = kf__rnn_slice_buf(lo, ws, s, 2);
     return sl;
 }
 

@@ -187,7 +187,7 @@ static void fwd_slice(const fwd_layer *f, int32_t d, const kf__rnn_slice *sl) {
     float *h = sl->st, *h2 = sl->t1;
 
     if (c->h0)
-        memcpy(h, c->h0 + (cidx * lo->B + b0) * H, (size_t)(nb * H) * sizeof(float));
+        memcpy(h, (const float *)c->h0 + (cidx * lo->B + b0) * H, (size_t)(nb * H) * sizeof(float));
     else
         memset(h, 0, (size_t)(nb * H) * sizeof(float));
     fwd_step s = {.nb = nb, .H = H, .len = c->lengths ? c->lengths + b0 : NULL,
@@ -220,7 +220,8 @@ static void fwd_slice(const fwd_layer *f, int32_t d, const kf__rnn_slice *sl) {
                                  kf__rnn_drop_counter(lo, &f->dr, f->l, t, b0 + i, d));
         }
     }
-    if (c->hn) memcpy(c->hn + (cidx * lo->B + b0) * H, h, (size_t)(nb * H) * sizeof(float));
+    if (c->hn)
+        memcpy((float *)c->hn + (cidx * lo->B + b0) * H, h, (size_t)(nb * H) * sizeof(float));
 }
 
 static void fwd_layer_run(const fwd_layer *f, int tid, int nth) {

@@ -1,8 +1,12 @@
 /* The CPU recurrent backend's layout and the helpers its forward and backward share
- * (cpu/rnn_cpu.h): workspace and reserve sizes, weight views and packing, the dropout row. */
+ * (cpu/rnn_cpu.h): workspace and reserve sizes (float64 plans' too: cpu/rnn_f64.c), weight views
+ * and packing, the dropout row; and this ISA's op table (cpu/rnn_ops.c). */
 #include "rnn_cpu.h"
 
 static size_t fbytes(int64_t n) { return kf__align_up((size_t)n * sizeof(float)); }
+
+/* n elements of `esize` bytes, aligned. */
+static size_t ebytes(size_t esize, int64_t n) { return kf__align_up((size_t)n * esize); }
 
 static size_t agru_pack_bytes(int64_t in, int64_t H) { return fbytes(3 * H * in) + fbytes(3 * H); }
 
@@ -23,9 +27,11 @@ void kf__rnn_cpu_layout_init(kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p
     lo->nbmax = (B + lo->ns - 1) / lo->ns;
     lo->agru = p->cell == KF_RNN_AGRU;
     lo->ng = lo->agru ? 3 : 4;
+    const bool f64 = p->dtype == KF_DTYPE_F64;
+    const size_t e = f64 ? sizeof(double) : sizeof(float);
 
     size_t off = 0;
-    if (lo->agru) {
+    if (lo->agru && !f64) {
         lo->pack_first = agru_pack_bytes(p->I, H);
         lo->pack_stride = agru_pack_bytes(D * H, H);
         off = lo->pack_first + (size_t)(p->L - 1) * lo->pack_stride;
@@ -34,40 +40,45 @@ void kf__rnn_cpu_layout_init(kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p
      * pk[1] (A-GRU): A or A^T, [H, H] either way */
     const int ngr = lo->agru ? 2 : 3;
     lo->rec = off;
-    const int64_t fwd_pk0 = panel_floats(ngr, ngr, H, H);
-    const int64_t bwd_pk0 = panel_floats(1, KF__NV_P, ngr * H, H);
-    lo->rec_pk1 = fbytes(fwd_pk0 > bwd_pk0 ? fwd_pk0 : bwd_pk0);
-    lo->rec_bytes = lo->rec_pk1 + (lo->agru ? fbytes(panel_floats(1, KF__NV_P, H, H)) : 0);
+    if (f64) { /* A (A-GRU) or nothing: rec_pk1 = 0 */
+        lo->rec_bytes = lo->agru ? ebytes(e, H * H) : 0;
+    } else {
+        const int64_t fwd_pk0 = panel_floats(ngr, ngr, H, H);
+        const int64_t bwd_pk0 = panel_floats(1, KF__NV_P, ngr * H, H);
+        lo->rec_pk1 = fbytes(fwd_pk0 > bwd_pk0 ? fwd_pk0 : bwd_pk0);
+        lo->rec_bytes = lo->rec_pk1 + (lo->agru ? fbytes(panel_floats(1, KF__NV_P, H, H)) : 0);
+    }
     off += (size_t)(p->L * D) * lo->rec_bytes;
     for (int i = 0; i < 2; i++) {
         lo->big[i] = off;
-        off += fbytes(N * 3 * H);
+        off += ebytes(e, N * 3 * H);
     }
     for (int i = 0; i < 2; i++) {
         lo->seq[i] = off;
-        off += p->L > 1 ? fbytes(N * D * H) : 0;
+        off += p->L > 1 ? ebytes(e, N * D * H) : 0;
     }
     lo->slice0 = off;
-    lo->slice_bytes = 3 * fbytes(lo->nbmax * H);
+    lo->slice_buf = ebytes(e, lo->nbmax * H);
+    lo->slice_bytes = 3 * lo->slice_buf;
     off += (size_t)lo->ns * lo->slice_bytes;
     lo->gmat = off;
-    off += lo->agru ? fbytes(H * H) : 0;
+    off += lo->agru ? ebytes(e, H * H) : 0;
     lo->epsacc = off;
     off += lo->agru ? kf__align_up((size_t)lo->ns * sizeof(double)) : 0;
     /* the fused dW_hh reads rows of Hp as whole vectors, so only where they hold whole panels */
-    lo->whh_fused = !lo->agru && H % (KF__NV_P * KF__VW) == 0;
+    lo->whh_fused = !f64 && !lo->agru && H % (KF__NV_P * KF__VW) == 0;
     lo->wpart = off;
     lo->wpart_bytes = lo->whh_fused ? fbytes(3 * H * H) : 0;
     off += (size_t)lo->ns * lo->wpart_bytes;
     lo->bsum = off;
-    lo->bsum_bytes = kf__align_up((size_t)(4 * H) * sizeof(double));
+    lo->bsum_bytes = f64 ? 0 : kf__align_up((size_t)(4 * H) * sizeof(double));
     off += (size_t)lo->ns * lo->bsum_bytes;
     lo->ws_bytes = off;
 
-    lo->hp_bytes = fbytes(N * H);
-    lo->cell_bytes = lo->hp_bytes + fbytes(N * lo->ng * H);
+    lo->hp_bytes = ebytes(e, N * H);
+    lo->cell_bytes = lo->hp_bytes + ebytes(e, N * lo->ng * H);
     lo->out0 = (size_t)(p->L * D) * lo->cell_bytes;
-    lo->out_bytes = fbytes(N * D * H);
+    lo->out_bytes = ebytes(e, N * D * H);
     lo->reserve_bytes = training ? lo->out0 + (size_t)(p->L - 1) * lo->out_bytes : 0;
 }
 
@@ -84,8 +95,8 @@ static size_t pack_offset(const kf__rnn_cpu_layout *lo, int32_t l) {
 }
 
 kf__rnn_cell kf__rnn_cpu_cell(const kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p,
-                              const float *const *w, void *ws, int32_t l, int32_t d) {
-    const float *const *cw = w + (size_t)(l * p->D + d) * (size_t)p->nw;
+                              const void *const *w, void *ws, int32_t l, int32_t d) {
+    const void *const *cw = w + (size_t)(l * p->D + d) * (size_t)p->nw;
     int64_t H = p->H, in = kf__rnn_layer_input(p, l);
     kf__rnn_cell c = {.in = in, .eps = 1.0f};
     const char *rec = (const char *)ws + lo->rec + (size_t)(l * p->D + d) * lo->rec_bytes;
@@ -100,7 +111,7 @@ kf__rnn_cell kf__rnn_cpu_cell(const kf__rnn_cpu_layout *lo, const struct kf_rnn_
     const char *base = (const char *)ws + pack_offset(lo, l);
     c.w3 = (const float *)base;
     c.b3 = (const float *)(base + fbytes(3 * H * in));
-    c.eps = *cw[KF__AGRU_EPS];
+    c.eps = *(const float *)cw[KF__AGRU_EPS];
     return c;
 }
 
@@ -138,7 +149,7 @@ static void pack_panel(const pack_spec *ps, int64_t H, float gamma, int64_t p, f
 /* The recurrent products of cell (l, d), pk[0] and pk[1] (notation of rnn_bwd.c / rnn_fwd.c):
  * forward GRU  h W_hh^T (gates r, z, n side by side); A-GRU h [U_z; U_r]^T (z, r), q A^T;
  * backward GRU dG_h W_hh (K = 3H); A-GRU [da_z, da_r] [U_z; U_r] (K = 2H), da_d A. */
-static int cell_specs(const kf__rnn_cpu_layout *lo, const float *const *cw, bool bwd,
+static int cell_specs(const kf__rnn_cpu_layout *lo, const void *const *cw, bool bwd,
                       pack_spec *ps) {
     const int64_t H = lo->H;
     if (!lo->agru) {
@@ -155,7 +166,7 @@ static int cell_specs(const kf__rnn_cpu_layout *lo, const float *const *cw, bool
 
 /* Work items are whole panels of every cell's products, and rows of the A-GRU W3 / b3 copy. */
 void kf__rnn_cpu_pack(const kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p,
-                      const float *const *w, void *ws, bool bwd, int tid, int nth) {
+                      const void *const *w, void *ws, bool bwd, int tid, int nth) {
     const int64_t H = p->H;
     for (int32_t c = 0; c < p->L * p->D; c++) {
         kf__rnn_cell cell = kf__rnn_cpu_cell(lo, p, w, ws, c / p->D, c % p->D);
@@ -170,7 +181,7 @@ void kf__rnn_cpu_pack(const kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p,
     }
     if (!lo->agru) return;
     for (int32_t l = 0; l < p->L; l++) {
-        const float *const *cw = w + (size_t)l * (size_t)p->nw;
+        const void *const *cw = w + (size_t)l * (size_t)p->nw;
         kf__rnn_cell c = kf__rnn_cpu_cell(lo, p, w, ws, l, 0);
         float *w3 = (float *)c.w3, *b3 = (float *)c.b3;
         const float *wx[3] = {cw[KF__AGRU_W_Z], cw[KF__AGRU_W_R], cw[KF__AGRU_V_H]};
@@ -184,17 +195,24 @@ void kf__rnn_cpu_pack(const kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p,
     }
 }
 
-void kf__rnn_cpu_drop_row(float *restrict dst, const float *restrict src, int64_t n,
-                          const kf__rnn_drop *dr, uint64_t c0) {
-    if (!src) {
-        memset(dst, 0, (size_t)n * sizeof(float));
-    } else if (!dr->on) {
-        memcpy(dst, src, (size_t)n * sizeof(float));
-    } else {
-        for (int64_t j = 0; j < n; j++)
-            dst[j] = kf__dropout_keep(dr->seed, c0 + (uint64_t)j, dr->p) ? src[j] * dr->scale : 0.0f;
+/* kf__rnn_cpu_drop_row (T float, scale dr->scale) and its float64 form. */
+#define KF__RNN_DROP_ROW_DEFINE(NAME, T, SCALE)                                                  \
+    void NAME(T *restrict dst, const T *restrict src, int64_t n, const kf__rnn_drop *dr,         \
+              uint64_t c0) {                                                                     \
+        if (!src) {                                                                              \
+            memset(dst, 0, (size_t)n * sizeof(T));                                               \
+        } else if (!dr->on) {                                                                    \
+            memcpy(dst, src, (size_t)n * sizeof(T));                                             \
+        } else {                                                                                 \
+            const T scale = (SCALE);                                                             \
+            for (int64_t j = 0; j < n; j++)                                                      \
+                dst[j] = kf__dropout_keep(dr->seed, c0 + (uint64_t)j, dr->p) ? src[j] * scale    \
+                                                                             : (T)0;             \
+        }                                                                                        \
     }
-}
+
+KF__RNN_DROP_ROW_DEFINE(kf__rnn_cpu_drop_row, float, dr->scale)
+KF__RNN_DROP_ROW_DEFINE(kf__rnn_cpu_drop_row_f64, double, 1.0 / (1.0 - (double)dr->p))
 
 /* This ISA's entries; cpu/rnn_ops.c calls the table of the ISA the context picked. */
 const kf__rnn_ops kf__cpu_rnn_isa_ops = {NULL, kf__cpu_rnn_sizes, kf__cpu_rnn_forward,

@@ -31,6 +31,7 @@
  * wider calls win: in=out=8192, B=64, forward+backward took 6.9 ms with blocks of 1024 and
  * 8.3 ms with blocks of 256, side by side). */
 #define KF__SKL_ROWS 32
+#define KF__SKL_COLSUM 256 /* dbias columns summed at a time (double accumulators on the stack) */
 static int64_t skl_cols(int64_t n) {
     int64_t c = (n + 7) / 8;
     return c < 256 ? 256 : c;
@@ -97,6 +98,21 @@ typedef struct skl_bwd_call {
             }                                                                                    \
     }                                                                                            \
                                                                                                  \
+    /* db[o] (+)= sum over the N rows of dy[:, o], o in [o0, o1): rows outer, so the inner loop   \
+     * runs along memory; double accumulators, KF__SKL_COLSUM columns at a time. */              \
+    static void skl_colsum_##X(const T *dy, int64_t N, int64_t out, int64_t o0, int64_t o1,     \
+                               T *db, bool accumulate) {                                         \
+        double acc[KF__SKL_COLSUM];                                                              \
+        for (int64_t c0 = o0; c0 < o1; c0 += KF__SKL_COLSUM) {                                   \
+            const int64_t w = o1 - c0 < KF__SKL_COLSUM ? o1 - c0 : KF__SKL_COLSUM;               \
+            for (int64_t j = 0; j < w; ++j) acc[j] = 0.0;                                        \
+            for (int64_t n = 0; n < N; ++n)                                                      \
+                for (int64_t j = 0; j < w; ++j) acc[j] += dy[n * out + c0 + j];                  \
+            for (int64_t j = 0; j < w; ++j)                                                      \
+                db[c0 + j] = accumulate ? (T)(db[c0 + j] + acc[j]) : (T)acc[j];                  \
+        }                                                                                        \
+    }                                                                                            \
+                                                                                                 \
     static void skl_fwd_team_##X(void *arg, int tid, int nth) {                                  \
         const kf__skl_fwd *c = ((const skl_fwd_call *)arg)->c;                                   \
         const skl_layout *lo = &((const skl_fwd_call *)arg)->lo;                                 \
@@ -159,19 +175,17 @@ typedef struct skl_bwd_call {
             if (dS2)                                                                             \
                 kf__##X##gemm(true, false, r, o1 - o0, N, s, Z + r, 2 * r, DY + o0, out, beta,   \
                               dS2 + o0, out);                                                    \
-            for (int64_t o = o0; db && o < o1; ++o) {                                            \
-                double acc = 0.0;                                                                \
-                for (int64_t n = 0; n < N; ++n) acc += DY[n * out + o];                          \
-                db[o] = c->accumulate ? (T)(db[o] + acc) : (T)acc;                               \
-            }                                                                                    \
+            if (db) skl_colsum_##X(DY, N, out, o0, o1, db, c->accumulate);                       \
         }                                                                                        \
         for (int64_t b = tid; dS1 && skl_block(in, skl_cols(in), b, &a0, &a1); b += nth) {       \
             kf__##X##gemm(true, false, a1 - a0, r, N, 1, x + a0, in, dZ, 2 * r, 0, dW1 + a0 * r, \
                           r);                                                                    \
+            /* dW1 row a holds the L terms' k columns side by side; dS1 is [L, in, k] */         \
             for (int64_t a = a0; a < a1; ++a)                                                    \
-                for (int64_t j = 0; j < r; ++j) {                                                \
-                    T *d = dS1 + (j / k * in + a) * k + j % k;                                   \
-                    *d = c->accumulate ? *d + dW1[a * r + j] : dW1[a * r + j];                   \
+                for (int64_t i = 0; i < p->L; ++i) {                                             \
+                    T *d = dS1 + (i * in + a) * k;                                               \
+                    const T *g = dW1 + a * r + i * k;                                            \
+                    for (int64_t j = 0; j < k; ++j) d[j] = c->accumulate ? d[j] + g[j] : g[j];   \
                 }                                                                                \
         }                                                                                        \
     }

@@ -535,6 +535,10 @@ extern "C" kf_status kf__cuda_rnn_backward(kf_context *ctx, const kf__rnn_bwd *c
     float *aux = kf__at<float>(ws, lay.aux);
     float *rpart = kf__at<float>(ws, lay.rpart);
     float *dh[2] = {kf__at<float>(ws, lay.dh[0]), kf__at<float>(ws, lay.dh[1])};
+    // float32 views of the record (a CUDA plan is float32: rnn_supports in rnn_fwd.cu)
+    const float *x32 = static_cast<const float *>(c->x), *dy32 = static_cast<const float *>(c->dy);
+    const float *dhn32 = static_cast<const float *>(c->dhn);
+    float *dx32 = static_cast<float *>(c->dx), *dh0_32 = static_cast<float *>(c->dh0);
     const size_t bh_bytes = (size_t)(B * H) * sizeof(float);
     int64_t xts, xbs; // the user's row strides of x, y, dy, dx
     kf__rnn_row_strides(p, 0, T, B, &xts, &xbs);
@@ -546,12 +550,17 @@ extern "C" kf_status kf__cuda_rnn_backward(kf_context *ctx, const kf__rnn_bwd *c
         int64_t ts, bs;
         kf__rnn_row_strides(p, (int32_t)l, T, B, &ts, &bs);
         const bool last = l == L - 1;
-        const float *X = l == 0 ? c->x : kf__at<float>(c->reserve, kf__rs_out(&lay, l - 1));
-        float *dX = l == 0 ? c->dx : kf__at<float>(ws, lay.din[l & 1]);
+        const float *X = l == 0 ? x32 : kf__at<float>(c->reserve, kf__rs_out(&lay, l - 1));
+        float *dX = l == 0 ? dx32 : kf__at<float>(ws, lay.din[l & 1]);
         for (int64_t d = 0; d < D; ++d) {
             const int64_t cell = l * D + d;
-            const float *const *w = c->w + cell * p->nw;
-            float *const *dw = c->dw ? c->dw + cell * p->nw : nullptr;
+            const float *w[KF__AGRU_NW];
+            float *dwv[KF__AGRU_NW] = {};
+            for (int32_t j = 0; j < p->nw; ++j) {
+                w[j] = static_cast<const float *>(c->w[cell * p->nw + j]);
+                if (c->dw) dwv[j] = static_cast<float *>(c->dw[cell * p->nw + j]);
+            }
+            float *const *dw = c->dw ? dwv : nullptr;
             BwdArgs a = {};
             a.T = (int)T; a.B = (int)B; a.H = (int)H;
             a.reverse = d == 1;
@@ -560,7 +569,7 @@ extern "C" kf_status kf__cuda_rnn_backward(kf_context *ctx, const kf__rnn_bwd *c
             a.gates = kf__at<float>(c->reserve, kf__rs_gates(&lay, cell));
             a.hprev = kf__at<float>(c->reserve, kf__rs_hprev(&lay, cell));
             if (last) {
-                a.dy = c->dy;
+                a.dy = dy32;
                 a.dy_ts = xts; a.dy_bs = xbs;
             } else {
                 a.dy = kf__at<float>(ws, lay.din[(l + 1) & 1]);
@@ -589,15 +598,15 @@ extern "C" kf_status kf__cuda_rnn_backward(kf_context *ctx, const kf__rnn_bwd *c
                     KF__CUDA_LAUNCH_CHECK(fn, "prep_wrec");
                     m = wt;
                 }
-                const float *dhn = c->dhn ? c->dhn + cell * B * H : nullptr;
-                float *dh0 = c->dh0 ? c->dh0 + cell * B * H : nullptr;
+                const float *dhn = dhn32 ? dhn32 + cell * B * H : nullptr;
+                float *dh0 = dh0_32 ? dh0_32 + cell * B * H : nullptr;
                 KF_TRY(agru ? run_bwd_persistent<true>(ctx, fn, BB, a, m, dhn, dh0)
                             : run_bwd_persistent<false>(ctx, fn, BB, a, m, dhn, dh0));
             } else {
                 if (agru) KF_TRY(kf__cuda_rnn_prep_wt(ctx, fn, p, w, wt));
 
-                if (c->dhn != nullptr)
-                    KF__CUDA_TRY(fn, cudaMemcpyAsync(dh[0], c->dhn + cell * B * H, bh_bytes,
+                if (dhn32 != nullptr)
+                    KF__CUDA_TRY(fn, cudaMemcpyAsync(dh[0], dhn32 + cell * B * H, bh_bytes,
                                                      cudaMemcpyDeviceToDevice, s));
                 else
                     KF__CUDA_TRY(fn, cudaMemsetAsync(dh[0], 0, bh_bytes, s));
@@ -623,8 +632,8 @@ extern "C" kf_status kf__cuda_rnn_backward(kf_context *ctx, const kf__rnn_bwd *c
                                         3 * H, 1.0f, a.dh_out, H));
                     }
                 }
-                if (c->dh0 != nullptr)
-                    KF__CUDA_TRY(fn, cudaMemcpyAsync(c->dh0 + cell * B * H, dh[T & 1], bh_bytes,
+                if (dh0_32 != nullptr)
+                    KF__CUDA_TRY(fn, cudaMemcpyAsync(dh0_32 + cell * B * H, dh[T & 1], bh_bytes,
                                                      cudaMemcpyDeviceToDevice, s));
             }
 

@@ -667,18 +667,23 @@ extern "C" kf_status kf__cuda_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c)
 
     int64_t xts, xbs; // row strides of x and y (the user's layout)
     kf__rnn_row_strides(p, 0, T, B, &xts, &xbs);
-    const float *in = c->x;
+    // float32 views of the record (a CUDA plan is float32: rnn_supports below)
+    const float *in = static_cast<const float *>(c->x);
+    const float *h0_32 = static_cast<const float *>(c->h0);
+    float *y32 = static_cast<float *>(c->y), *hn32 = static_cast<float *>(c->hn);
     for (int64_t l = 0; l < L; ++l) {
         const int64_t Il = kf__rnn_layer_input(p, (int32_t)l);
         int64_t ts, bs;
         kf__rnn_row_strides(p, (int32_t)l, T, B, &ts, &bs);
         const bool last = l == L - 1;
-        float *out = last ? c->y
+        float *out = last ? y32
                      : train ? kf__at<float>(c->reserve, kf__rs_out(&lay, l))
                              : kf__at<float>(ws, lay.act[l & 1]);
         for (int64_t d = 0; d < D; ++d) {
             const int64_t cell = l * D + d;
-            const float *const *w = c->w + cell * p->nw;
+            const float *w[KF__AGRU_NW];
+            for (int32_t j = 0; j < p->nw; ++j)
+                w[j] = static_cast<const float *>(c->w[cell * p->nw + j]);
             // Input projection of all T*B rows, in the input's own row order.
             if (!agru) {
                 KF_TRY(kf__gemm(ctx, fn, false, true, T * B, 3 * H, Il, 1.0f, in, Il,
@@ -717,8 +722,8 @@ extern "C" kf_status kf__cuda_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c)
                 a.gates = kf__at<float>(c->reserve, kf__rs_gates(&lay, cell));
                 a.hprev = kf__at<float>(c->reserve, kf__rs_hprev(&lay, cell));
             }
-            const float *h0 = c->h0 ? c->h0 + cell * B * H : nullptr;
-            float *hn = c->hn ? c->hn + cell * B * H : nullptr;
+            const float *h0 = h0_32 ? h0_32 + cell * B * H : nullptr;
+            float *hn = hn32 ? hn32 + cell * B * H : nullptr;
             if (BB > 0) {
                 kf_status st;
                 if (!agru) st = train ? run_persistent<false, true>(ctx, fn, BB, a, wt, h0, hn)
@@ -735,5 +740,18 @@ extern "C" kf_status kf__cuda_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c)
     return KF_OK;
 }
 
-extern "C" const kf__rnn_ops kf__cuda_rnn_ops = {nullptr, kf__cuda_rnn_sizes,
+namespace {
+
+// Float32 only: any other dtype is refused at plan creation, never in a call.
+kf_status rnn_supports(const struct kf_rnn_plan *p, const char *fn) {
+    if (p->dtype != KF_DTYPE_F32)
+        return kf__error(KF_ERR_UNSUPPORTED, fn,
+                         "desc->dtype = %d: the CUDA backend implements only KF_DTYPE_F32 (1)",
+                         (int)p->dtype);
+    return KF_OK;
+}
+
+} // namespace
+
+extern "C" const kf__rnn_ops kf__cuda_rnn_ops = {rnn_supports, kf__cuda_rnn_sizes,
                                                   kf__cuda_rnn_forward, kf__cuda_rnn_backward};

@@ -5,10 +5,12 @@
 # Env: KF_FUZZ_BUILD (build dir, default build/fuzz), KF_FUZZ_JOBS (parallel fuzzing
 # workers per harness, default 1), KF_FUZZ_WORK (scratch corpus / artifacts, default
 # $KF_FUZZ_BUILD/work), KF_FUZZ_SEED (libFuzzer -seed; default a fresh random seed per run),
-# KF_FUZZ_RUNS (stop after this many inputs; default unbounded). A fixed seed and run count make
-# a run repeatable: CI uses them (scripts/test-reliability.sh) so that its verdict does not depend
-# on the draw; exploratory runs leave them unset. The seed corpus in tests/fuzz/corpus/<harness>
-# is read, never written.
+# KF_FUZZ_RUNS (stop after this many inputs; default unbounded). Every run first replays the
+# committed corpus tests/fuzz/corpus/<harness> (read, never written): that part is deterministic,
+# and every input a past run failed on is kept there, so a fixed bug stays fixed. The exploration
+# after it is not bit-repeatable even from a fixed seed and run count (two runs of the same seed
+# keep different inputs: measured), so a failure there is a new finding, not noise: reproduce it
+# from the artifact (`$build/<harness> <artifact>`), fix the cause, commit the input to the corpus.
 set -euo pipefail
 secs=${1:-60}
 root=$(cd "$(dirname "$0")/.." && pwd)

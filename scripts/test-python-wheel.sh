@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 WORK=$ROOT/build/pywheel
-stage() { printf '\n==== %s [%s]\n' "$*" "$(date +%T)"; }
+. scripts/lib.sh
 
 bash scripts/install-deps.sh python3 python3-venv python3-torch python3-numpy build-essential cmake
 rm -rf "$WORK"

@@ -16,7 +16,7 @@ PY=/usr/bin/python3
 VENV=${KFUSE_VENV:-$ROOT/build/pyenv}
 LIBDIR=${KFUSE_LIBRARY_DIR:-}
 
-stage() { printf '\n==== %s [%s]\n' "$*" "$(date +%T)"; }
+. scripts/lib.sh
 
 stage "system packages (python3-venv, python3-torch, python3-numpy)"
 bash scripts/install-deps.sh python3 python3-venv python3-numpy python3-torch python3-dev \
@@ -43,12 +43,5 @@ set +e
 (cd "$ROOT" && "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/python)
 rc=$?
 set -e
-if [ "$rc" -eq 5 ]; then
-  echo "test-python: pytest collected no tests: failing" >&2
-  exit 1
-fi
-if [ "$rc" -ne 0 ]; then
-  echo "test-python: pytest failed (exit $rc)" >&2
-  exit "$rc"
-fi
+pytest_verdict test-python "$rc"
 stage "python tests passed"

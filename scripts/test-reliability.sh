@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The reliability suite of issue 8, bounded for CI (< 6 minutes on 2 cores):
-#   1. fuzz:  scripts/fuzz.sh 60          (libFuzzer + ASan + UBSan, at most 60 s and 100000
-#             inputs per harness, from a fixed seed so that CI's verdict is repeatable; run
-#             scripts/fuzz.sh without KF_FUZZ_SEED for fresh draws)
+#   1. fuzz:  scripts/fuzz.sh 60          (libFuzzer + ASan + UBSan: the committed corpus
+#             replayed, then at most 60 s and 100000 new inputs per harness from a fixed seed;
+#             see fuzz.sh for what is and is not repeatable; run it without KF_FUZZ_SEED for
+#             fresh draws)
 #   2. tsan:  scripts/tsan.sh 3           (ThreadSanitizer, 4 threads x own contexts)
 #   3. soak:  scripts/soak.sh 10000       (RSS curve in a fixed arena + valgrind leak check)
 # Exits non-zero if any part fails; runs all parts either way and prints a summary.

@@ -17,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 export OMP_WAIT_POLICY=PASSIVE
-stage() { printf '\n==== %s [%s]\n' "$*" "$(date +%T)"; }
+. scripts/lib.sh
 
 stage "install dependencies"
 PACKAGES=(

@@ -61,9 +61,8 @@ ASAN_LIB=$ROOT/build/asan-lib
 VG_LIB=$ROOT/build/valgrind-lib
 VENV=$ROOT/build/pyenv-asan
 CARGO_TARGET=$ROOT/build/rust-valgrind-target
-T0=$SECONDS
 
-stage() { printf '\n==== %s [%s, %ds]\n' "$*" "$(date +%T)" "$((SECONDS - T0))"; }
+. scripts/lib.sh
 
 stage "install dependencies"
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -117,14 +116,7 @@ if grep -qE "AddressSanitizer|runtime error:" "$ASAN_LIB/pytest.log"; then
   echo "test-sanitize-bindings: ASan/UBSan reported an error (exit $rc); log: $ASAN_LIB/pytest.log" >&2
   exit "$((rc ? rc : 1))"
 fi
-if [ "$rc" -eq 5 ]; then
-  echo "test-sanitize-bindings: pytest collected no tests" >&2
-  exit 1
-fi
-if [ "$rc" -ne 0 ]; then
-  echo "test-sanitize-bindings: pytest failed under ASan (exit $rc)" >&2
-  exit "$rc"
-fi
+pytest_verdict "test-sanitize-bindings (under ASan)" "$rc"
 
 stage "libkfuse without sanitizers for valgrind ($VG_LIB; RelWithDebInfo, CPU backend)"
 cmake -S . -B "$VG_LIB" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKF_CUDA=OFF \
@@ -140,4 +132,4 @@ stage "Rust: cargo test --offline -p kfuse-sys -p kfuse, every test binary under
   cargo test --offline -p kfuse-sys -p kfuse
 )
 
-stage "sanitizer lane passed ($((SECONDS - T0)) s)"
+stage "sanitizer lane passed"

@@ -14,7 +14,8 @@
 #   7. the sanitizer lane over the bindings: the Python tests against an ASan+UBSan libkfuse (GEMM
 #      operands checked too), the Rust tests under valgrind (scripts/test-sanitize-bindings.sh),
 #      then the Rust crates (bindings-current check, cargo test offline) and a downstream crate
-#      (examples/rust-consumer: pkg-config dynamic and static, built from source),
+#      (examples/rust-consumer: pkg-config dynamic and static, built from source), and the tch-rs
+#      interop crate (scripts/test-tch.sh; SKIPPED where build/tch-deps lacks tch's sources),
 #   8. the reliability suite, bounded (libFuzzer 60 s, ThreadSanitizer, soak + valgrind leaks),
 #   9. a smoke run of the main job (a few batches) and of the benchmark driver.
 # Build trees live under build/ (build/main, build/asan, ...). Takes ~15-25 min on 2 cores.
@@ -24,7 +25,7 @@ ROOT=$PWD
 JOBS=${JOBS:-$(nproc)}
 export OMP_WAIT_POLICY=PASSIVE
 
-stage() { printf '\n==== %s [%s]\n' "$*" "$(date +%T)"; }
+. scripts/lib.sh
 
 stage "install dependencies"
 bash scripts/install-deps.sh
@@ -97,6 +98,9 @@ bash scripts/test-rust.sh
 
 stage "a Rust crate outside the workspace, dynamic and static (scripts/test-rust-consumer.sh)"
 bash scripts/test-rust-consumer.sh build/valgrind
+
+stage "tch-rs interop crate (scripts/test-tch.sh; SKIPPED without tch's sources in build/tch-deps)"
+bash scripts/test-tch.sh
 
 stage "reliability: fuzz, TSan, soak (scripts/test-reliability.sh, bounded)"
 bash scripts/test-reliability.sh 60 10000

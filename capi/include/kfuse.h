@@ -236,7 +236,9 @@ typedef struct kf_rnn_desc {
     uint32_t flags;      /* KF_RNN_*; default 0; unknown bits are rejected */
     float dropout;       /* in [0, 1); default 0 */
     float gamma;         /* A-GRU diffusion constant in A = W_h - W_h^T - gamma I; default 0.01 */
-    int32_t dtype;       /* kf_dtype of x, y, h and weights; default (and only) KF_DTYPE_F32 */
+    int32_t dtype;       /* kf_dtype of x, y, h and weights: KF_DTYPE_F32 (default), or
+                            KF_DTYPE_F64 on the CPU backend (since 1.3; KF_ERR_UNSUPPORTED on
+                            CUDA). dropout and gamma stay float whatever the dtype */
     /* appended in later versions below this line; never reorder or remove */
 } kf_rnn_desc;
 

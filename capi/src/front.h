@@ -45,9 +45,16 @@ typedef struct kf__param {
     int64_t shape[3];
 } kf__param;
 
-/* Writes entry `index` of params [count] to the optional outputs after checking the index
- * (message under `fn`). */
-kf_status kf__param_info(const char *fn, const kf__param *params, int32_t count, int32_t index,
+#define KF__MAX_PARAMS 5 /* the most tensors any layer lists */
+
+/* A layer's list: writes its tensors to out[KF__MAX_PARAMS] and returns how many (`plan` is that
+ * layer's plan type). */
+typedef int32_t (*kf__param_list)(const void *plan, kf__param *out);
+
+/* The bodies of every kf_*_param_count / kf_*_param_info entry point (messages under `fn`):
+ * check the plan and the index, then answer from the layer's list; outputs of _info optional. */
+kf_status kf__param_count(const char *fn, const void *plan, kf__param_list list, int32_t *count);
+kf_status kf__param_info(const char *fn, const void *plan, kf__param_list list, int32_t index,
                          const char **name, int32_t *ndim, int64_t *shape);
 
 #ifdef __cplusplus

@@ -137,22 +137,18 @@ KF_API kf_status kf_kan_conv2d_workspace_size(const kf_kan_conv2d_plan *plan, in
     return KF_OK;
 }
 
+/* The conv layer's tensors are those of its KANLinear. */
+static int32_t kf__kan_conv_params(const void *plan, kf__param *out) {
+    return kf__kan_params(&((const kf_kan_conv2d_plan *)plan)->lin, out);
+}
+
 KF_API kf_status kf_kan_conv2d_param_count(const kf_kan_conv2d_plan *plan, int32_t *count) {
-    kf__clear_error();
-    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
-    KF_CHECK(count != NULL, KF_ERR_INVALID_ARGUMENT, "count is NULL");
-    kf__param ps[4];
-    *count = kf__kan_params(&plan->lin, ps);
-    return KF_OK;
+    return kf__param_count(__func__, plan, kf__kan_conv_params, count);
 }
 
 KF_API kf_status kf_kan_conv2d_param_info(const kf_kan_conv2d_plan *plan, int32_t index,
                                           const char **name, int32_t *ndim, int64_t *shape) {
-    kf__clear_error();
-    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
-    kf__param ps[4];
-    const int32_t n = kf__kan_params(&plan->lin, ps);
-    return kf__param_info(__func__, ps, n, index, name, ndim, shape);
+    return kf__param_info(__func__, plan, kf__kan_conv_params, index, name, ndim, shape);
 }
 
 KF_API kf_status kf_kan_conv2d_output_size(const kf_kan_conv2d_plan *plan, int64_t height,

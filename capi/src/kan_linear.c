@@ -106,7 +106,8 @@ KF_API kf_status kf_kan_linear_plan_create(kf_context *ctx, const kf_kan_linear_
 
 KF_API void kf_kan_linear_plan_destroy(kf_kan_linear_plan *plan) { free(plan); }
 
-int32_t kf__kan_params(const struct kf_kan_linear_plan *p, kf__param *out) {
+int32_t kf__kan_params(const void *plan, kf__param *out) {
+    const struct kf_kan_linear_plan *p = plan;
     const kf__param all[4] = {{"grid", 2, {p->in, p->nk, 0}},
                               {"base_weight", 2, {p->out, p->in, 0}},
                               {"spline_weight", 3, {p->out, p->in, p->C}},
@@ -117,21 +118,12 @@ int32_t kf__kan_params(const struct kf_kan_linear_plan *p, kf__param *out) {
 }
 
 KF_API kf_status kf_kan_linear_param_count(const kf_kan_linear_plan *plan, int32_t *count) {
-    kf__clear_error();
-    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
-    KF_CHECK(count != NULL, KF_ERR_INVALID_ARGUMENT, "count is NULL");
-    kf__param ps[4];
-    *count = kf__kan_params(plan, ps);
-    return KF_OK;
+    return kf__param_count(__func__, plan, kf__kan_params, count);
 }
 
 KF_API kf_status kf_kan_linear_param_info(const kf_kan_linear_plan *plan, int32_t index,
                                           const char **name, int32_t *ndim, int64_t *shape) {
-    kf__clear_error();
-    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
-    kf__param ps[4];
-    const int32_t n = kf__kan_params(plan, ps);
-    return kf__param_info(__func__, ps, n, index, name, ndim, shape);
+    return kf__param_info(__func__, plan, kf__kan_params, index, name, ndim, shape);
 }
 
 /* N within limits and every size derived from it representable: the row tensors hold

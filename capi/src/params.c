@@ -1,12 +1,25 @@
-/* The parameter-list queries' common tail (front.h): each layer lists its tensors, this answers
- * for one of them. */
+/* The parameter-list queries' common body (front.h): each layer lists its tensors, this checks
+ * the arguments and answers. */
 #include "front.h"
 
-kf_status kf__param_info(const char *fn, const kf__param *params, int32_t count, int32_t index,
+kf_status kf__param_count(const char *fn, const void *plan, kf__param_list list, int32_t *count) {
+    kf__clear_error();
+    KF_CHECK_FN(fn, plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
+    KF_CHECK_FN(fn, count != NULL, KF_ERR_INVALID_ARGUMENT, "count is NULL");
+    kf__param ps[KF__MAX_PARAMS];
+    *count = list(plan, ps);
+    return KF_OK;
+}
+
+kf_status kf__param_info(const char *fn, const void *plan, kf__param_list list, int32_t index,
                          const char **name, int32_t *ndim, int64_t *shape) {
+    kf__clear_error();
+    KF_CHECK_FN(fn, plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
+    kf__param ps[KF__MAX_PARAMS];
+    const int32_t count = list(plan, ps);
     KF_CHECK_FN(fn, index >= 0 && index < count, KF_ERR_INVALID_ARGUMENT,
                 "index = %d, expected 0..%d", (int)index, (int)count - 1);
-    const kf__param *p = &params[index];
+    const kf__param *p = &ps[index];
     if (name) *name = p->name;
     if (ndim) *ndim = p->ndim;
     if (shape)

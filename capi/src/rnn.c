@@ -100,13 +100,15 @@ KF_API kf_status kf_rnn_plan_create(kf_context *ctx, const kf_rnn_desc *desc, kf
              "desc->dropout = %g, expected a probability in [0, 1)", (double)desc->dropout);
     KF_CHECK(isfinite(desc->gamma), KF_ERR_INVALID_ARGUMENT, "desc->gamma = %g, expected finite",
              (double)desc->gamma);
-    KF_CHECK(desc->dtype == KF_DTYPE_F32, KF_ERR_UNSUPPORTED,
-             "desc->dtype = %d, only KF_DTYPE_F32 (1) is implemented", (int)desc->dtype);
-    /* Every weight must be addressable: 3H * max(I, 2H) elements in 4 bytes. */
+    KF_CHECK(desc->dtype == KF_DTYPE_F32 || desc->dtype == KF_DTYPE_F64, KF_ERR_UNSUPPORTED,
+             "desc->dtype = %d, only KF_DTYPE_F32 (1) and KF_DTYPE_F64 (2) are implemented",
+             (int)desc->dtype);
+    /* Every weight must be addressable: 3H * max(I, 2H) elements of the dtype. */
     size_t biggest;
     KF_CHECK(kf__mul_size((size_t)(3 * desc->hidden_size),
                           (size_t)(desc->input_size > 2 * desc->hidden_size
-                                       ? desc->input_size : 2 * desc->hidden_size) * 4,
+                                       ? desc->input_size : 2 * desc->hidden_size) *
+                              kf__dtype_bytes(desc->dtype),
                           &biggest) && biggest <= (size_t)INT64_MAX,
              KF_ERR_INVALID_ARGUMENT, "desc->input_size = %" PRId64 " and hidden_size = %" PRId64
              " make a weight larger than memory can hold", desc->input_size, desc->hidden_size);
@@ -121,6 +123,7 @@ KF_API kf_status kf_rnn_plan_create(kf_context *ctx, const kf_rnn_desc *desc, kf
     p->I = desc->input_size;
     p->H = desc->hidden_size;
     p->batch_first = (desc->flags & KF_RNN_BATCH_FIRST) != 0;
+    p->dtype = (kf_dtype)desc->dtype;
     p->dropout = desc->dropout;
     p->gamma = desc->gamma;
     p->nw = p->cell == KF_RNN_GRU ? KF__GRU_NW : KF__AGRU_NW;
@@ -194,7 +197,7 @@ KF_API kf_status kf_rnn_weight_info(const kf_rnn_plan *plan, int32_t index, cons
 }
 
 /* T, B within limits and every size the backends derive from them representable: the backends'
- * buffers are bounded by T*B*(I + 16*L*D*H) floats. */
+ * buffers are bounded by T*B*(I + 16*L*D*H) elements of the plan's dtype. */
 static kf_status kf__rnn_check_extent(const char *fn, const kf_rnn_plan *p, int64_t T, int64_t B) {
     KF_CHECK_FN(fn, T >= 1 && T <= KF__RNN_MAX_EXTENT, KF_ERR_INVALID_ARGUMENT,
                 "T = %" PRId64 ", expected 1..%d", T, KF__RNN_MAX_EXTENT);
@@ -204,7 +207,8 @@ static kf_status kf__rnn_check_extent(const char *fn, const kf_rnn_plan *p, int6
     bool ok = kf__mul_size((size_t)T, (size_t)B, &rows) &&
               kf__mul_size((size_t)(16 * p->L * p->D), (size_t)p->H, &width) &&
               kf__add_size(width, (size_t)p->I, &width) && kf__mul_size(rows, width, &bytes) &&
-              kf__mul_size(bytes, 4, &bytes) && bytes <= (size_t)INT64_MAX &&
+              kf__mul_size(bytes, kf__dtype_bytes(p->dtype), &bytes) &&
+              bytes <= (size_t)INT64_MAX &&
               rows <= (size_t)KF__RNN_MAX_EXTENT;
     KF_CHECK_FN(fn, ok, KF_ERR_INVALID_ARGUMENT,
                 "T = %" PRId64 " and B = %" PRId64 " need more memory than can be addressed", T, B);
@@ -252,7 +256,7 @@ KF_API kf_status kf_rnn_workspace_size(const kf_rnn_plan *plan, int64_t T, int64
 /* The inputs forward and backward share: x (giving T and B), h0, weights, lengths. */
 typedef struct kf__rnn_inputs {
     int64_t T, B;
-    const float *x, *h0;
+    const void *x, *h0;
     const int32_t *lengths;
 } kf__rnn_inputs;
 
@@ -270,7 +274,7 @@ static kf_status kf__rnn_check_inputs(const char *fn, kf_rnn_plan *p, const kf_t
                                       const kf_tensor *lengths, kf__rnn_inputs *in) {
     bool present;
     int64_t xs[3] = {-1, -1, p->I};
-    KF_TRY(kf__check_tensor(p->ctx, fn, "args->x", x, KF_DTYPE_F32, 3, xs, false, &present));
+    KF_TRY(kf__check_tensor(p->ctx, fn, "args->x", x, p->dtype, 3, xs, false, &present));
     in->T = p->batch_first ? xs[1] : xs[0];
     in->B = p->batch_first ? xs[0] : xs[1];
     KF_TRY(kf__rnn_check_extent(fn, p, in->T, in->B));
@@ -279,7 +283,7 @@ static kf_status kf__rnn_check_inputs(const char *fn, kf_rnn_plan *p, const kf_t
                 (int)reserved);
 
     int64_t hs[3] = {(int64_t)p->L * p->D, in->B, p->H};
-    KF_TRY(kf__check_tensor(p->ctx, fn, "args->h0", h0, KF_DTYPE_F32, 3, hs, true, &present));
+    KF_TRY(kf__check_tensor(p->ctx, fn, "args->h0", h0, p->dtype, 3, hs, true, &present));
     in->h0 = present ? h0->data : NULL;
 
     KF_CHECK_FN(fn, weights != NULL, KF_ERR_INVALID_ARGUMENT, "args->weights is NULL");
@@ -292,7 +296,7 @@ static kf_status kf__rnn_check_inputs(const char *fn, kf_rnn_plan *p, const kf_t
         char arg[160];
         snprintf(arg, sizeof arg, "args->weights[%d] (%s)", (int)k, p->names[k]);
         KF_TRY(kf__check_tensor(p->ctx, fn, arg, &weights[k],
-                                KF_DTYPE_F32, nd, ws, false, &present));
+                                p->dtype, nd, ws, false, &present));
         p->w[k] = weights[k].data;
     }
 
@@ -325,11 +329,11 @@ KF_API kf_status kf_rnn_forward(kf_rnn_plan *plan, kf_mode mode, const kf_rnn_fo
     int64_t ys[3];
     kf__seq_shape(plan, in.T, in.B, (int64_t)plan->D * plan->H, ys);
     KF_TRY(kf__check_tensor(plan->ctx, __func__, "args->y", &args->y,
-                            KF_DTYPE_F32, 3, ys, false, &present));
+                            plan->dtype, 3, ys, false, &present));
     int64_t hs[3] = {(int64_t)plan->L * plan->D, in.B, plan->H};
-    KF_TRY(kf__check_tensor(plan->ctx, __func__, "args->hn", &args->hn, KF_DTYPE_F32, 3, hs, true,
+    KF_TRY(kf__check_tensor(plan->ctx, __func__, "args->hn", &args->hn, plan->dtype, 3, hs, true,
                             &present));
-    float *hn = present ? args->hn.data : NULL;
+    void *hn = present ? args->hn.data : NULL;
 
     bool training = mode == KF_MODE_TRAINING;
     size_t ws_need = 0, rs_need = 0;
@@ -376,19 +380,19 @@ KF_API kf_status kf_rnn_backward(kf_rnn_plan *plan, kf_grad_mode grad_mode,
     kf__seq_shape(plan, in.T, in.B, plan->I, xs);
     int64_t hs[3] = {(int64_t)plan->L * plan->D, in.B, plan->H};
     KF_TRY(kf__check_tensor(plan->ctx, __func__, "args->dy", &args->dy,
-                            KF_DTYPE_F32, 3, ys, true, &present));
-    const float *dy = present ? args->dy.data : NULL;
-    KF_TRY(kf__check_tensor(plan->ctx, __func__, "args->dhn", &args->dhn, KF_DTYPE_F32, 3, hs, true,
+                            plan->dtype, 3, ys, true, &present));
+    const void *dy = present ? args->dy.data : NULL;
+    KF_TRY(kf__check_tensor(plan->ctx, __func__, "args->dhn", &args->dhn, plan->dtype, 3, hs, true,
                             &present));
-    const float *dhn = present ? args->dhn.data : NULL;
+    const void *dhn = present ? args->dhn.data : NULL;
     KF_TRY(kf__check_tensor(plan->ctx, __func__, "args->dx", &args->dx,
-                            KF_DTYPE_F32, 3, xs, true, &present));
-    float *dx = present ? args->dx.data : NULL;
+                            plan->dtype, 3, xs, true, &present));
+    void *dx = present ? args->dx.data : NULL;
     int64_t hs2[3] = {hs[0], hs[1], hs[2]};
     KF_TRY(kf__check_tensor(plan->ctx, __func__, "args->dh0", &args->dh0,
-                            KF_DTYPE_F32, 3, hs2, true,
+                            plan->dtype, 3, hs2, true,
                             &present));
-    float *dh0 = present ? args->dh0.data : NULL;
+    void *dh0 = present ? args->dh0.data : NULL;
 
     bool any_dw = false;
     if (args->dweights == NULL) {
@@ -405,7 +409,7 @@ KF_API kf_status kf_rnn_backward(kf_rnn_plan *plan, kf_grad_mode grad_mode,
             char arg[160];
             snprintf(arg, sizeof arg, "args->dweights[%d] (%s)", (int)k, plan->names[k]);
             KF_TRY(kf__check_tensor(plan->ctx, __func__, arg, &args->dweights[k],
-                                    KF_DTYPE_F32, nd, ws, true,
+                                    plan->dtype, nd, ws, true,
                                     &present));
             plan->dw[k] = present ? args->dweights[k].data : NULL;
             any_dw = any_dw || present;

@@ -110,7 +110,8 @@ KF_API kf_status kf_sklinear_param_ratio(const kf_sklinear_plan *plan, double *r
 }
 
 /* Panther's state: S1s, S2s, U1s, U2s and (with a bias) bias; returns the count. */
-static int32_t kf__skl_params(const kf_sklinear_plan *p, kf__param *out) {
+static int32_t kf__skl_params(const void *plan, kf__param *out) {
+    const kf_sklinear_plan *p = plan;
     const int64_t L = p->L, k = p->k;
     const kf__param all[5] = {{"S1s", 3, {L, p->in, k}},
                               {"S2s", 3, {L, k, p->out}},
@@ -123,21 +124,12 @@ static int32_t kf__skl_params(const kf_sklinear_plan *p, kf__param *out) {
 }
 
 KF_API kf_status kf_sklinear_param_count(const kf_sklinear_plan *plan, int32_t *count) {
-    kf__clear_error();
-    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
-    KF_CHECK(count != NULL, KF_ERR_INVALID_ARGUMENT, "count is NULL");
-    kf__param ps[5];
-    *count = kf__skl_params(plan, ps);
-    return KF_OK;
+    return kf__param_count(__func__, plan, kf__skl_params, count);
 }
 
 KF_API kf_status kf_sklinear_param_info(const kf_sklinear_plan *plan, int32_t index,
                                         const char **name, int32_t *ndim, int64_t *shape) {
-    kf__clear_error();
-    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
-    kf__param ps[5];
-    const int32_t n = kf__skl_params(plan, ps);
-    return kf__param_info(__func__, ps, n, index, name, ndim, shape);
+    return kf__param_info(__func__, plan, kf__skl_params, index, name, ndim, shape);
 }
 
 /* N within limits and every size the backends derive from it representable: their buffers are

@@ -16,9 +16,7 @@ OMP_WAIT_POLICY=PASSIVE on small machines (done here by default) so torch's Open
 not spin against everything else.
 """
 import argparse
-import gzip
 import os
-import struct
 import sys
 import time
 
@@ -32,28 +30,14 @@ from tqdm import tqdm  # noqa: E402
 import kfuse.torch as kt  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "python"))
 import agru_reference  # noqa: E402  (the eager reference A-GRU, shared with the tests)
-
-
-def read_idx(path):
-    """A gzip'd IDX file as a numpy array (big-endian header: magic, then one u32 per dim)."""
-    with gzip.open(path, "rb") as f:
-        data = f.read()
-    zero, dtype_code, ndim = struct.unpack(">HBB", data[:4])
-    if zero != 0 or dtype_code != 0x08:
-        raise ValueError("%s: not an unsigned-byte IDX file" % path)
-    dims = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
-    arr = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
-    if arr.size != int(np.prod(dims)):
-        raise ValueError("%s: %d bytes of data, expected %d" % (path, arr.size, np.prod(dims)))
-    return arr.reshape(dims)
+import fmnist  # noqa: E402  (the IDX reader, shared with the benches)
 
 
 def load(data_dir, split):
-    prefix = "train" if split == "train" else "t10k"
-    images = read_idx(os.path.join(data_dir, prefix + "-images-idx3-ubyte.gz"))
-    labels = read_idx(os.path.join(data_dir, prefix + "-labels-idx1-ubyte.gz"))
+    images, labels = fmnist.load(split, data_dir)
     x = torch.from_numpy(images.astype(np.float32) / 255.0)  # [N, 28, 28]: 28 steps of 28
     return x, torch.from_numpy(labels.astype(np.int64))
 
@@ -124,7 +108,7 @@ def main():
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
-    p.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
+    p.add_argument("--data-dir", default=fmnist.DATA_DIR)
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

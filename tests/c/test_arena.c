@@ -516,6 +516,85 @@ Test(arena, steady_state_sklinear_f64) {
     kf_context_destroy(ctx);
 }
 
+static double *rand_f64(ref_rng *r, int64_t n) {
+    double *p = xalloc((size_t)n * sizeof(double));
+    for (int64_t i = 0; i < n; ++i) p[i] = ref_rng_uniform(r, -0.5, 0.5);
+    return p;
+}
+
+/* GRU and A-GRU in float64 (2 layers, dropout; the GRU bidirectional): H = 12 (12 % 8 = 4) sends
+ * the backward's dh += dG_h W_hh (K = 3H) through OpenBLAS's dgemm small NN kernel whose ragged
+ * tail mallocs on AVX-512 cores (host/blas.c splits such products): training forward and
+ * backward allocate nothing once warm. */
+Test(arena, steady_state_rnn_f64) {
+    for (int cell = REF_GRU; cell <= REF_AGRU; ++cell) {
+        const ref_rnn_cfg c = {.cell = cell, .L = 2, .D = cell == REF_GRU ? 2 : 1, .I = 20,
+                               .H = 12, .T = 5, .B = 4, .dropout = 0.25f, .gamma = 0.01f};
+        kf_context *ctx = make_ctx(KF_DEVICE_CPU, 2);
+        kf_rnn_desc d;
+        kf_rnn_desc_init(&d);
+        d.cell = cell, d.num_layers = c.L, d.input_size = c.I, d.hidden_size = c.H;
+        d.flags = c.D == 2 ? KF_RNN_BIDIRECTIONAL : 0u;
+        d.dropout = c.dropout;
+        d.dtype = KF_DTYPE_F64;
+        kf_rnn_plan *plan = NULL;
+        KF_OK_(kf_rnn_plan_create(ctx, &d, &plan));
+        ref_rng r;
+        ref_rng_seed(&r, 31);
+        const int nw = ref_rnn_num_weights(&c);
+        const int64_t xs[3] = {c.T, c.B, c.I}, ys[3] = {c.T, c.B, c.D * c.H},
+                      hs[3] = {c.L * c.D, c.B, c.H};
+        double *buf[6] = {rand_f64(&r, ref_rnn_x_numel(&c)), rand_f64(&r, ref_rnn_h_numel(&c)),
+                          rand_f64(&r, ref_rnn_y_numel(&c)), rand_f64(&r, ref_rnn_y_numel(&c)),
+                          rand_f64(&r, ref_rnn_x_numel(&c)), rand_f64(&r, ref_rnn_h_numel(&c))};
+        kf_tensor *wt = calloc((size_t)nw, sizeof *wt), *dwt = calloc((size_t)nw, sizeof *dwt);
+        for (int i = 0; i < nw; ++i) {
+            int nd;
+            int64_t sh[2];
+            const int64_t n = ref_rnn_weight_desc(&c, i, NULL, 0, &nd, sh);
+            wt[i] = tens(rand_f64(&r, n), KF_DTYPE_F64, nd, sh);
+            dwt[i] = tens(rand_f64(&r, n), KF_DTYPE_F64, nd, sh);
+        }
+        size_t wsb = 0, rsb = 0;
+        KF_OK_(kf_rnn_workspace_size(plan, c.T, c.B, KF_MODE_TRAINING, &wsb, &rsb));
+        void *rs = xalloc(rsb);
+        kf_rnn_forward_args f;
+        kf_rnn_forward_args_init(&f);
+        f.x = tens(buf[0], KF_DTYPE_F64, 3, xs);
+        f.h0 = tens(buf[1], KF_DTYPE_F64, 3, hs);
+        f.weights = wt, f.num_weights = nw;
+        f.y = tens(buf[2], KF_DTYPE_F64, 3, ys);
+        kf_rnn_backward_args g;
+        kf_rnn_backward_args_init(&g);
+        g.x = f.x, g.h0 = f.h0, g.weights = wt, g.num_weights = nw;
+        g.dy = tens(buf[3], KF_DTYPE_F64, 3, ys);
+        g.dx = tens(buf[4], KF_DTYPE_F64, 3, xs);
+        g.dh0 = tens(buf[5], KF_DTYPE_F64, 3, hs);
+        g.dweights = dwt, g.num_dweights = nw;
+        KF_OK_(kf_rnn_forward(plan, KF_MODE_TRAINING, &f, NULL, 0, rs, rsb));
+        KF_OK_(kf_rnn_backward(plan, KF_GRAD_OVERWRITE, &g, NULL, 0, rs, rsb));
+        kf_status st[8];
+        long allocs, frees;
+        window_open();
+        for (int rep = 0; rep < 4; ++rep) {
+            st[2 * rep] = kf_rnn_forward(plan, KF_MODE_TRAINING, &f, NULL, 0, rs, rsb);
+            st[2 * rep + 1] = kf_rnn_backward(plan, KF_GRAD_OVERWRITE, &g, NULL, 0, rs, rsb);
+        }
+        window_close(&allocs, &frees);
+        for (int i = 0; i < 8; ++i)
+            cr_expect(st[i] == KF_OK, "cell %d call %d: %s", cell, i, kf_status_string(st[i]));
+        cr_expect(!counting_applies() || allocs == 0,
+                  "RNN f64 cell %d: %ld allocations in 4 steady-state rounds, from:%s", cell,
+                  allocs, callers_text(allocs));
+        cr_expect(!counting_applies() || frees == 0, "RNN f64 cell %d: %ld frees", cell, frees);
+        for (int i = 0; i < nw; ++i) free(wt[i].data), free(dwt[i].data);
+        for (int i = 0; i < 6; ++i) free(buf[i]);
+        free(wt), free(dwt), free(rs);
+        kf_rnn_plan_destroy(plan);
+        kf_context_destroy(ctx);
+    }
+}
+
 Test(arena, steady_state_agru) {
     steady_state("A-GRU L=2 dropout lengths batch_first", agru_cfg());
 }

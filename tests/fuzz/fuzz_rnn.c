@@ -926,7 +926,8 @@ static int LLVMFuzzerTestOneInputImpl(const uint8_t *data, size_t size) {
     if (d->struct_size < sizeof *d || (d->cell != 1 && d->cell != 2) || d->num_layers < 1 ||
         d->input_size < 1 || d->hidden_size < 1 || (d->flags & ~3u) ||
         !(d->dropout >= 0.0f && d->dropout < 1.0f) || !isfinite(d->gamma) ||
-        d->dtype != KF_DTYPE_F32 || (d->cell == 2 && (d->flags & 2)))
+        (d->dtype != KF_DTYPE_F32 && d->dtype != KF_DTYPE_F64) ||
+        (d->cell == 2 && (d->flags & 2)))
         must_fail = true;
     for (size_t i = sizeof *d; i < d->struct_size && i < sizeof db; i++)
         if (db[i]) must_fail = true;
@@ -970,7 +971,16 @@ static int LLVMFuzzerTestOneInputImpl(const uint8_t *data, size_t size) {
         kf_context_destroy(s.ctx);
         return 0;
     }
-    if (st != KF_OK) { /* fall back to a bounded plan */
+    /* a float64 plan (CPU): its size queries, then the float32 calls below on a fresh plan (the
+     * harness's buffers are float32; tests/c/test_rnn_f64.c holds float64 to the reference) */
+    if (st == KF_OK && d->dtype == KF_DTYPE_F64) {
+        size_t wsb = 0, rsb = 0;
+        if (kf_rnn_workspace_size(plan, range(&r, 1, 6), range(&r, 1, 5), KF_MODE_TRAINING, &wsb,
+                                  &rsb) != KF_OK || rsb == 0)
+            FAIL("float64 plan: workspace_size");
+        kf_rnn_plan_destroy(plan);
+    }
+    if (st != KF_OK || d->dtype == KF_DTYPE_F64) { /* fall back to a bounded float32 plan */
         kf_rnn_desc_init(d);
         d->cell = (v & 1) ? KF_RNN_AGRU : KF_RNN_GRU;
         d->input_size = 1 + (v >> 4) % 6;

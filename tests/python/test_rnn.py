@@ -59,16 +59,17 @@ def run_and_grads(module, x, h0, gy, gh, params):
             [p.grad for p in params])
 
 
-def compare(kmod, rmod, x, h0, device="cpu"):
-    """kfuse module (fp32) vs reference module (float64) holding the same weights: fwd and bwd."""
+def compare(kmod, rmod, x, h0, device="cpu", dtype=torch.float32, tol=TOL):
+    """kfuse module (in `dtype`) vs reference module (float64) holding the same weights: fwd and
+    bwd, every output within `tol`."""
     gen = torch.Generator().manual_seed(1)
     y_r, hn_r = rmod(x.double(), None if h0 is None else h0.double())
     gy = torch.randn(y_r.shape, generator=gen, dtype=torch.float64)
     gh = torch.randn(hn_r.shape, generator=gen, dtype=torch.float64)
     names = [n for n, _ in kmod.named_parameters()]
     rparams = dict(rmod.named_parameters())
-    ko = run_and_grads(kmod, x.to(device), None if h0 is None else h0.to(device),
-                       gy.float().to(device), gh.float().to(device),
+    ko = run_and_grads(kmod, x.to(device, dtype), None if h0 is None else h0.to(device, dtype),
+                       gy.to(device, dtype), gh.to(device, dtype),
                        [p for _, p in kmod.named_parameters()])
     ro = run_and_grads(rmod, x.double(), None if h0 is None else h0.double(), gy, gh,
                        [rparams[n] for n in names])
@@ -78,7 +79,7 @@ def compare(kmod, rmod, x, h0, device="cpu"):
         errs["dh0"] = rel(ko[3].cpu(), ro[3])
     for n, a, b in zip(names, ko[4], ro[4]):
         errs["d" + n] = rel(a.cpu(), b)
-    bad = {k: v for k, v in errs.items() if not v < TOL}
+    bad = {k: v for k, v in errs.items() if not v < tol}
     assert not bad, bad
 
 
@@ -426,6 +427,94 @@ def test_every_output_element_written():
         assert all(np.isfinite(a).all() for a in dw)
 
 
+# ---- float64 ---------------------------------------------------------------------------------
+# The modules follow their parameters' dtype: float64 runs the library's float64 CPU path, held
+# to 1e-12 against the float64 references, and passes torch.autograd.gradcheck.
+
+TOL64 = 1e-12
+
+
+@pytest.mark.parametrize("L,bidir,bf,with_h0", [(1, False, False, True), (2, True, True, True),
+                                                (3, False, False, False)])
+def test_gru_float64_vs_torch(L, bidir, bf, with_h0):
+    torch.manual_seed(0)
+    T, B, I, H = 6, 3, 5, 7
+    kmod = kt.GRU(I, H, L, batch_first=bf, bidirectional=bidir, dtype=torch.float64)
+    assert all(p.dtype == torch.float64 for p in kmod.parameters())
+    rmod = torch.nn.GRU(I, H, L, batch_first=bf, bidirectional=bidir, dtype=torch.float64)
+    rmod.load_state_dict(kmod.state_dict(), strict=True)
+    D = 2 if bidir else 1
+    h0 = torch.randn(L * D, B, H) * 0.5 if with_h0 else None
+    compare(kmod, rmod, seq(T, B, I, bf), h0, dtype=torch.float64, tol=TOL64)
+
+
+@pytest.mark.parametrize("L,bf,with_h0", [(1, False, True), (2, True, True), (3, False, False)])
+def test_agru_float64_vs_reference(L, bf, with_h0):
+    torch.manual_seed(0)
+    T, B, I, H = 6, 3, 5, 7
+    # gamma = 1/16: kf_rnn_desc carries gamma as a float, so the library's A uses float(gamma);
+    # 0.05 would differ from the reference's double by 7e-10 relative (3e-10 in y)
+    kmod = kt.AGRU(I, H, L, batch_first=bf, gamma=0.0625, epsilon=0.7).double()
+    assert all(p.dtype == torch.float64 for p in kmod.parameters())
+    rmod = ref.AGRU(I, H, L, batch_first=bf, gamma=0.0625, epsilon=0.7, dtype=torch.float64)
+    rmod.load_state_dict(kmod.state_dict(), strict=True)
+    h0 = torch.randn(L, B, H) * 0.5 if with_h0 else None
+    compare(kmod, rmod, seq(T, B, I, bf), h0, dtype=torch.float64, tol=TOL64)
+
+
+@pytest.mark.parametrize("cls", ["gru", "agru"])
+def test_float64_follows_parameters_both_ways(cls):
+    """.double() then .float() on one module: each call runs in its parameters' dtype."""
+    torch.manual_seed(0)
+    k = kt.GRU(3, 4, 2) if cls == "gru" else kt.AGRU(3, 4, 2)
+    x = torch.randn(5, 2, 3)
+    y32, _ = k(x)
+    k.double()
+    y64, hn64 = k(x.double())
+    assert y64.dtype == hn64.dtype == torch.float64
+    assert rel(y32, y64) < TOL
+    k.float()
+    assert torch.equal(k(x)[0], y32)
+
+
+@pytest.mark.parametrize("cls", ["gru", "agru"])
+def test_float64_gradcheck(cls):
+    """torch.autograd.gradcheck on x, h0 and every weight: two layers, h0, dropout between the
+    layers (a fixed seed makes it deterministic); the GRU bidirectional."""
+    torch.manual_seed(0)
+    T, B, I, H, L = 4, 2, 3, 4, 2
+    bidir = cls == "gru"
+    k = (kt.GRU(I, H, L, bidirectional=True) if bidir else kt.AGRU(I, H, L, gamma=0.05)).double()
+    D = 2 if bidir else 1
+    weights = [w.detach().clone().requires_grad_(True) for w in k._canonical_weights()]
+    x = torch.randn(T, B, I, dtype=torch.float64, requires_grad=True)
+    h0 = (torch.randn(L * D, B, H, dtype=torch.float64) * 0.5).requires_grad_(True)
+    seed = torch.tensor([1234], dtype=torch.int64)
+
+    def fn(x, h0, *w):
+        return kt.rnn_function(x, h0, None, list(w), cls, I, H, L, False, bidir, dropout=0.3,
+                               gamma=0.05, training=True, seed=seed)
+
+    assert torch.autograd.gradcheck(fn, (x, h0, *weights), eps=1e-6, atol=1e-8, rtol=1e-6)
+
+
+@pytest.mark.parametrize("cls", ["gru", "agru"])
+def test_input_dtype_must_match_parameters(cls):
+    """An input whose dtype is not the parameters' is refused by the library: a ValueError
+    (kfuse.InvalidArgument) naming the call, the argument and both dtypes."""
+    k = (kt.GRU if cls == "gru" else kt.AGRU)(3, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"kf_rnn_forward: args->x.dtype = KF_DTYPE_F32, "
+                                         r"expected KF_DTYPE_F64") as e:
+        k(torch.randn(5, 2, 3))
+    assert isinstance(e.value, kfuse.InvalidArgument)
+    with pytest.raises(kfuse.InvalidArgument, match=r"args->h0.dtype = KF_DTYPE_F32"):
+        k(torch.randn(5, 2, 3, dtype=torch.float64), torch.randn(1, 2, 4))
+    k.float()
+    with pytest.raises(kfuse.InvalidArgument, match=r"args->x.dtype = KF_DTYPE_F64, "
+                                                    r"expected KF_DTYPE_F32"):
+        k(torch.randn(5, 2, 3, dtype=torch.float64))
+
+
 # ---- errors ----------------------------------------------------------------------------------
 
 def test_errors_carry_status_and_library_message():
@@ -452,7 +541,7 @@ def test_descriptor_errors_at_construction():
         kfuse.RnnPlan(kfuse.Context(), "agru", 3, 4, bidirectional=True)
     assert isinstance(e.value, NotImplementedError) and "kf_rnn_plan_create" in e.value.message
     with pytest.raises(kfuse.Unsupported, match="dtype"):
-        kt.GRU(3, 4, dtype=torch.float64)
+        kt.GRU(3, 4, dtype=torch.float16)
     with pytest.raises(kfuse.InvalidArgument, match="cell"):
         kfuse.RnnPlan(kfuse.Context(), "lstm", 3, 4)
 

@@ -96,6 +96,12 @@ def _op_samples():
     h0 = torch.randn(2, 2, 4, requires_grad=True)
     geo = ([3, 3], [2, 2], [1, 1], [1, 1])
     desc = ("gru", 3, 4, 2, False, False, 0.0, 0.01)
+    # float64 (the CPU path the parameters' dtype picks): a bidirectional GRU and an A-GRU
+    f64 = {"dtype": torch.float64}
+    gru64 = kt.GRU(3, 4, num_layers=2, bidirectional=True, **f64)
+    agru64 = kt.AGRU(3, 4, num_layers=2, **f64)
+    xr64 = torch.randn(4, 2, 3, requires_grad=True, **f64)
+    h064 = torch.randn(4, 2, 4, requires_grad=True, **f64)
     return [
         ("sklinear", (x, sk.S1s, sk.S2s, sk.U1s, sk.U2s, sk.bias)),
         ("sklinear", (x, sk.S1s, sk.S2s, sk.U1s, sk.U2s, None)),
@@ -106,11 +112,15 @@ def _op_samples():
         # inference mode (no reserve, so no backward): inputs that need no gradient
         ("rnn", (xr.detach(), None, None, [w.detach() for w in gru._canonical_weights()],
                  *desc, False, None)),
+        ("rnn", (xr64, h064, None, gru64._canonical_weights(),
+                 "gru", 3, 4, 2, False, True, 0.0, 0.01, True, None)),
+        ("rnn", (xr64, h064[:2], None, agru64._canonical_weights(),
+                 "agru", 3, 4, 2, False, False, 0.0, 0.01, True, None)),
     ]
 
 
 @needs_library
-@pytest.mark.parametrize("i", range(7))
+@pytest.mark.parametrize("i", range(9))
 def test_opcheck(i):
     """torch.library.opcheck: schema (no input mutated, no aliasing), autograd registration,
     the fake kernel against the real one, and AOT dispatch with dynamic shapes."""

@@ -38,9 +38,8 @@ fn main() {
         let dir = fs::canonicalize(&dir).unwrap_or_else(|_| PathBuf::from(dir));
         if statik {
             let pc = dir.join("pkgconfig");
-            pkg_config_libs(Some(&pc), true).unwrap_or_else(|e| {
-                panic!("kfuse-sys (static, KFUSE_LIB_DIR={}): {e}", dir.display())
-            })
+            pkg_config_libs(Some(&pc), true)
+                .unwrap_or_else(|e| panic!("kfuse-sys (static, KFUSE_LIB_DIR={}): {e}", dir.display()))
         } else {
             if !dir.join("libkfuse.so").exists() {
                 println!("cargo:warning=kfuse-sys: no libkfuse.so in KFUSE_LIB_DIR={}", dir.display());
@@ -98,8 +97,11 @@ fn build_from_source(out: &Path) -> PathBuf {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
     let src = manifest.join("../../..");
     if !src.join("capi/include/kfuse.h").exists() {
-        panic!("kfuse-sys: libkfuse not found (KFUSE_LIB_DIR unset, pkg-config knows no kfuse) and \
-                no kfuse checkout at {} to build it from", src.display());
+        panic!(
+            "kfuse-sys: libkfuse not found (KFUSE_LIB_DIR unset, pkg-config knows no kfuse) and \
+                no kfuse checkout at {} to build it from",
+            src.display()
+        );
     }
     for d in ["CMakeLists.txt", "capi", "cpu", "cuda", "common", "cmake"] {
         println!("cargo:rerun-if-changed={}", src.join(d).display());
@@ -113,8 +115,17 @@ fn build_from_source(out: &Path) -> PathBuf {
         assert!(st.success(), "kfuse-sys: cmake {} failed", args.join(" "));
     };
     let (s, b, p) = (src.display().to_string(), build.display().to_string(), prefix.display().to_string());
-    let mut cfg = vec!["-S", &s, "-B", &b, "-DCMAKE_BUILD_TYPE=Release", "-DCMAKE_INSTALL_LIBDIR=lib",
-                       "-DKF_BUILD_TESTS=OFF", "-DKF_BUILD_EXAMPLES=OFF", "-DKF_BUILD_BENCHES=OFF"];
+    let mut cfg = vec![
+        "-S",
+        &s,
+        "-B",
+        &b,
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-DCMAKE_INSTALL_LIBDIR=lib",
+        "-DKF_BUILD_TESTS=OFF",
+        "-DKF_BUILD_EXAMPLES=OFF",
+        "-DKF_BUILD_BENCHES=OFF",
+    ];
     cfg.extend(extra.split_whitespace());
     run(&cfg);
     let jobs = env::var("NUM_JOBS").unwrap_or_else(|_| "2".into());

@@ -43,14 +43,17 @@ def _out_shapes(p, x, batch_first):
     return (y if x.dim() == 3 else (0,)), hn, T, B
 
 
+def _prepared(x, hx, weights, desc, seed):
+    """What forward and backward hand the library: (plan key, x, hx, weights) with the tensors
+    made contiguous, the dropout seed as an int (None: 0), and the device."""
+    key = _key(x, weights, desc)
+    return (key, x.contiguous(), None if hx is None else hx.contiguous(),
+            [w.contiguous() for w in weights], 0 if seed is None else int(seed.item()), x.device)
+
+
 def _forward_impl(x, hx, lengths, weights, *desc_training_seed):
     *desc, training, seed = desc_training_seed
-    key = _key(x, weights, desc)
-    x = x.contiguous()
-    hx = None if hx is None else hx.contiguous()
-    weights = [w.contiguous() for w in weights]
-    seed = 0 if seed is None else int(seed.item())
-    device = x.device
+    key, x, hx, weights, seed, device = _prepared(x, hx, weights, desc, seed)
     with device_guard(device):
         p = plan(key, device)
         y_shape, hn_shape, T, B = _out_shapes(p, x, desc[4])
@@ -88,16 +91,11 @@ def _backward_impl(dy, dhn, x, hx, lengths, weights, reserve, *desc_seed_mask):
     """(dx, dh0, dweights) through kf_rnn_backward; an output not in output_mask (dx, dh0, one
     flag per weight) is an empty tensor."""
     *desc, seed, output_mask = desc_seed_mask
-    key = _key(x, weights, desc)
     need_dx, need_dh0, need_dw = output_mask[0], output_mask[1], output_mask[2:]
     dx = empty_grad(x, need_dx)
     dh0 = empty_grad(hx, need_dh0) if hx is not None else x.new_empty((0,))
     dws = [empty_grad(w, n) for w, n in zip(weights, need_dw)]
-    x = x.contiguous()
-    hx = None if hx is None else hx.contiguous()
-    weights = [w.contiguous() for w in weights]
-    seed = 0 if seed is None else int(seed.item())
-    device = x.device
+    key, x, hx, weights, seed, device = _prepared(x, hx, weights, desc, seed)
     with device_guard(device):
         p = plan(key, device)
         T, B = _dims(desc[4], x)
@@ -262,7 +260,10 @@ class _KfuseRNNBase(nn.Module):
 class GRU(_KfuseRNNBase):
     """Drop-in for torch.nn.GRU (same arguments, defaults, parameter names, shapes and
     initialisation; same seed gives the same weights). With bias=False, as in torch, there are
-    no bias parameters; the library runs the cell with zero biases."""
+    no bias parameters; the library runs the cell with zero biases. The dtype is the
+    parameters' (dtype=, .double(), .float()): float32, or float64 on the CPU; another dtype (or
+    float64 on a CUDA device) raises kfuse.Unsupported with the library's message, and an input
+    of another dtype than the parameters' kfuse.InvalidArgument (a ValueError) naming both."""
 
     _cell = "gru"
 
@@ -368,7 +369,7 @@ class AGRU(_KfuseRNNBase):
     """Drop-in for the reference A-GRU model: AGRU(input_size, hidden_size, num_layers=1,
     batch_first=False, dropout=0.0, gamma=0.01, epsilon=1.0); parameters cells.{l}.W_z.weight,
     ...; forward(input, hx=None) -> (output [T, B, H], h_n [L, B, H]), with unbatched 2-D input
-    and PackedSequence also accepted."""
+    and PackedSequence also accepted. Dtypes as GRU's: float32, or float64 on the CPU."""
 
     _cell = "agru"
 

@@ -359,7 +359,9 @@ pub struct kf_rnn_desc {
     pub dropout: f32,
     #[doc = " A-GRU diffusion constant in A = W_h - W_h^T - gamma I; default 0.01"]
     pub gamma: f32,
-    #[doc = " kf_dtype of x, y, h and weights; default (and only) KF_DTYPE_F32"]
+    #[doc = " kf_dtype of x, y, h and weights: KF_DTYPE_F32 (default), or"]
+    #[doc = "KF_DTYPE_F64 on the CPU backend (since 1.3; KF_ERR_UNSUPPORTED on"]
+    #[doc = "CUDA). dropout and gamma stay float whatever the dtype"]
     pub dtype: i32,
 }
 #[test]

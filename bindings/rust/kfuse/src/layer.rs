@@ -4,7 +4,7 @@
 use crate::context::Context;
 use crate::error::{check, Error, Result, Status};
 use crate::rnn::WeightInfo;
-use crate::tensor::{absent, Tensor, TensorMut};
+use crate::tensor::{absent, Element, Float, Tensor, TensorMut};
 use kfuse_sys as sys;
 use std::ffi::CStr;
 use std::mem::MaybeUninit;
@@ -97,13 +97,13 @@ pub(crate) fn numel(shape: &[usize]) -> usize {
 }
 
 /// A zero host vector for an optional part of a layer (`Some` when `present`).
-pub(crate) fn zeros_if(present: bool, shape: &[usize]) -> Option<Vec<f32>> {
-    present.then(|| vec![0.0; numel(shape)])
+pub(crate) fn zeros_if<T: Float>(present: bool, shape: &[usize]) -> Option<Vec<T>> {
+    present.then(|| vec![T::default(); numel(shape)])
 }
 
 /// The raw tensor of an optional input, absent for `None`.
-pub(crate) fn opt_in(
-    t: &Option<Tensor<'_>>,
+pub(crate) fn opt_in<T: Element>(
+    t: &Option<Tensor<'_, T>>,
     call: &str,
     name: &str,
     ctx: &Context,
@@ -112,8 +112,8 @@ pub(crate) fn opt_in(
 }
 
 /// The raw tensor of an optional output, absent for `None`.
-pub(crate) fn opt_out(
-    t: &Option<TensorMut<'_>>,
+pub(crate) fn opt_out<T: Element>(
+    t: &Option<TensorMut<'_, T>>,
     call: &str,
     name: &str,
     ctx: &Context,

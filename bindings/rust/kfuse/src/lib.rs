@@ -91,7 +91,9 @@
 //! ```
 //!
 //! # tch-rs interop
-//! There is no `tch` feature yet: no `tch` crate can be had offline here (see the crate README).
+//! The separate crate `kfuse-tch` (bindings/rust/kfuse-tch, its own workspace) wraps these plans
+//! as layers taking and returning `tch::Tensor`; it is kept out of this workspace so that building
+//! `kfuse` never needs tch or libtorch (see the crate README).
 
 mod context;
 pub mod error;
@@ -120,7 +122,7 @@ pub use rnn::{
 pub use sklinear::{
     SkBackwardArgs, SkForwardArgs, SkHostParams, SkLinearDesc, SkLinearPlan, SkParams, SkParamsMut,
 };
-pub use tensor::{Element, Tensor, TensorMut};
+pub use tensor::{Element, Float, Tensor, TensorMut};
 
 /// Raw bindings, re-exported for calls the safe API does not cover yet.
 pub use kfuse_sys as sys;

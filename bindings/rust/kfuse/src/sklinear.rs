@@ -13,9 +13,10 @@ use crate::context::Context;
 use crate::error::{check, Result};
 use crate::grad::GradMode;
 use crate::layer::{self, init_with, numel, opt_in, opt_out};
-use crate::tensor::{Tensor, TensorMut};
+use crate::tensor::{Float, Tensor, TensorMut};
 use kfuse_sys as sys;
 use std::ffi::c_void;
+use std::marker::PhantomData;
 use std::ptr::{self, NonNull};
 
 /// Describes a sketched linear layer (`kf_sklinear_desc`). The bias defaults to the library's
@@ -133,21 +134,21 @@ impl SkLinearDesc {
 /// ([`SkLinearDesc::s1s_shape`] and friends compute them); host memory through [`Tensor::new`],
 /// device memory through [`Tensor::from_raw`].
 #[derive(Clone, Copy, Debug)]
-pub struct SkParams<'a> {
-    s1s: Tensor<'a>,
-    s2s: Tensor<'a>,
-    u1s: Tensor<'a>,
-    u2s: Tensor<'a>,
-    bias: Option<Tensor<'a>>,
+pub struct SkParams<'a, T: Float = f32> {
+    s1s: Tensor<'a, T>,
+    s2s: Tensor<'a, T>,
+    u1s: Tensor<'a, T>,
+    u2s: Tensor<'a, T>,
+    bias: Option<Tensor<'a, T>>,
 }
 
-impl<'a> SkParams<'a> {
+impl<'a, T: Float> SkParams<'a, T> {
     /// S1s `[L, in, k]`, S2s `[L, k, out]`, U1s `[L, k, out]`, U2s `[L, in, k]`; no bias.
-    pub fn new(s1s: Tensor<'a>, s2s: Tensor<'a>, u1s: Tensor<'a>, u2s: Tensor<'a>) -> Self {
+    pub fn new(s1s: Tensor<'a, T>, s2s: Tensor<'a, T>, u1s: Tensor<'a, T>, u2s: Tensor<'a, T>) -> Self {
         SkParams { s1s, s2s, u1s, u2s, bias: None }
     }
     /// The bias `[out]`: required when the plan has one, refused otherwise.
-    pub fn bias(mut self, bias: Tensor<'a>) -> Self {
+    pub fn bias(mut self, bias: Tensor<'a, T>) -> Self {
         self.bias = Some(bias);
         self
     }
@@ -155,21 +156,26 @@ impl<'a> SkParams<'a> {
 
 /// Writable views of a layer's parameters, for [`SkLinearPlan::init_params_into`].
 #[derive(Debug)]
-pub struct SkParamsMut<'a> {
-    s1s: TensorMut<'a>,
-    s2s: TensorMut<'a>,
-    u1s: TensorMut<'a>,
-    u2s: TensorMut<'a>,
-    bias: Option<TensorMut<'a>>,
+pub struct SkParamsMut<'a, T: Float = f32> {
+    s1s: TensorMut<'a, T>,
+    s2s: TensorMut<'a, T>,
+    u1s: TensorMut<'a, T>,
+    u2s: TensorMut<'a, T>,
+    bias: Option<TensorMut<'a, T>>,
 }
 
-impl<'a> SkParamsMut<'a> {
+impl<'a, T: Float> SkParamsMut<'a, T> {
     /// S1s, S2s, U1s, U2s, shaped as in [`SkParams::new`]; no bias.
-    pub fn new(s1s: TensorMut<'a>, s2s: TensorMut<'a>, u1s: TensorMut<'a>, u2s: TensorMut<'a>) -> Self {
+    pub fn new(
+        s1s: TensorMut<'a, T>,
+        s2s: TensorMut<'a, T>,
+        u1s: TensorMut<'a, T>,
+        u2s: TensorMut<'a, T>,
+    ) -> Self {
         SkParamsMut { s1s, s2s, u1s, u2s, bias: None }
     }
     /// The bias `[out]` (plans with a bias).
-    pub fn bias(mut self, bias: TensorMut<'a>) -> Self {
+    pub fn bias(mut self, bias: TensorMut<'a, T>) -> Self {
         self.bias = Some(bias);
         self
     }
@@ -181,28 +187,28 @@ impl<'a> SkParamsMut<'a> {
 /// The vectors are public so that an optimiser can update them; a vector whose length no longer
 /// matches its shape is refused at the next call.
 #[derive(Clone, Debug, PartialEq)]
-pub struct SkHostParams {
+pub struct SkHostParams<T: Float = f32> {
     /// S1s `[L, in, k]` (learnable).
-    pub s1s: Vec<f32>,
+    pub s1s: Vec<T>,
     /// S2s `[L, k, out]` (learnable).
-    pub s2s: Vec<f32>,
+    pub s2s: Vec<T>,
     /// U1s `[L, k, out]` (fixed sketch).
-    pub u1s: Vec<f32>,
+    pub u1s: Vec<T>,
     /// U2s `[L, in, k]` (fixed sketch).
-    pub u2s: Vec<f32>,
+    pub u2s: Vec<T>,
     /// bias `[out]` (learnable), `None` when the layer has none.
-    pub bias: Option<Vec<f32>>,
+    pub bias: Option<Vec<T>>,
     desc: SkLinearDesc,
 }
 
-impl SkHostParams {
+impl<T: Float> SkHostParams<T> {
     /// All zeros, shaped for `desc` (a bias vector when `desc` has a bias).
-    pub fn zeros(desc: &SkLinearDesc) -> SkHostParams {
+    pub fn zeros(desc: &SkLinearDesc) -> SkHostParams<T> {
         SkHostParams {
-            s1s: vec![0.0; numel(&desc.s1s_shape())],
-            s2s: vec![0.0; numel(&desc.s2s_shape())],
-            u1s: vec![0.0; numel(&desc.u1s_shape())],
-            u2s: vec![0.0; numel(&desc.u2s_shape())],
+            s1s: vec![T::default(); numel(&desc.s1s_shape())],
+            s2s: vec![T::default(); numel(&desc.s2s_shape())],
+            u1s: vec![T::default(); numel(&desc.u1s_shape())],
+            u2s: vec![T::default(); numel(&desc.u2s_shape())],
             bias: layer::zeros_if(desc.bias, &desc.bias_shape()),
             desc: desc.clone(),
         }
@@ -212,7 +218,7 @@ impl SkHostParams {
         &self.desc
     }
     /// Views for a call (the bias included when present).
-    pub fn view(&self) -> SkParams<'_> {
+    pub fn view(&self) -> SkParams<'_, T> {
         let d = &self.desc;
         let p = SkParams::new(
             Tensor::new(&self.s1s, &d.s1s_shape()),
@@ -226,7 +232,7 @@ impl SkHostParams {
         }
     }
     /// Writable views (for [`SkLinearPlan::init_params_into`]).
-    pub fn view_mut(&mut self) -> SkParamsMut<'_> {
+    pub fn view_mut(&mut self) -> SkParamsMut<'_, T> {
         let d = &self.desc;
         let p = SkParamsMut::new(
             TensorMut::new(&mut self.s1s, &d.s1s_shape()),
@@ -245,15 +251,15 @@ impl SkHostParams {
 /// the output for `'o`, so that [`SkBackwardArgs::from_forward`] can keep the inputs while y is
 /// read.
 #[derive(Debug)]
-pub struct SkForwardArgs<'i, 'o> {
-    x: Tensor<'i>,
-    params: SkParams<'i>,
-    y: TensorMut<'o>,
+pub struct SkForwardArgs<'i, 'o, T: Float = f32> {
+    x: Tensor<'i, T>,
+    params: SkParams<'i, T>,
+    y: TensorMut<'o, T>,
 }
 
-impl<'i, 'o> SkForwardArgs<'i, 'o> {
+impl<'i, 'o, T: Float> SkForwardArgs<'i, 'o, T> {
     /// Input x `[..., in]`, the parameters, output y `[..., out]` (x's leading dims).
-    pub fn new(x: Tensor<'i>, params: SkParams<'i>, y: TensorMut<'o>) -> Self {
+    pub fn new(x: Tensor<'i, T>, params: SkParams<'i, T>, y: TensorMut<'o, T>) -> Self {
         SkForwardArgs { x, params, y }
     }
 }
@@ -262,48 +268,48 @@ impl<'i, 'o> SkForwardArgs<'i, 'o> {
 /// dy, and the gradients wanted (each optional; dx is always overwritten, dS1s, dS2s and dbias
 /// are written or accumulated per [`GradMode`]).
 #[derive(Debug)]
-pub struct SkBackwardArgs<'a> {
-    x: Tensor<'a>,
-    params: SkParams<'a>,
-    dy: Tensor<'a>,
-    dx: Option<TensorMut<'a>>,
-    ds1s: Option<TensorMut<'a>>,
-    ds2s: Option<TensorMut<'a>>,
-    dbias: Option<TensorMut<'a>>,
+pub struct SkBackwardArgs<'a, T: Float = f32> {
+    x: Tensor<'a, T>,
+    params: SkParams<'a, T>,
+    dy: Tensor<'a, T>,
+    dx: Option<TensorMut<'a, T>>,
+    ds1s: Option<TensorMut<'a, T>>,
+    ds2s: Option<TensorMut<'a, T>>,
+    dbias: Option<TensorMut<'a, T>>,
 }
 
-impl<'a> SkBackwardArgs<'a> {
+impl<'a, T: Float> SkBackwardArgs<'a, T> {
     /// The forward's x and parameters, and dy `[..., out]`; no gradient output yet.
-    pub fn new(x: Tensor<'a>, params: SkParams<'a>, dy: Tensor<'a>) -> Self {
+    pub fn new(x: Tensor<'a, T>, params: SkParams<'a, T>, dy: Tensor<'a, T>) -> Self {
         SkBackwardArgs { x, params, dy, dx: None, ds1s: None, ds2s: None, dbias: None }
     }
     /// The inputs of `fwd` (x and the parameters), and dy.
-    pub fn from_forward(fwd: &SkForwardArgs<'a, '_>, dy: Tensor<'a>) -> Self {
+    pub fn from_forward(fwd: &SkForwardArgs<'a, '_, T>, dy: Tensor<'a, T>) -> Self {
         SkBackwardArgs::new(fwd.x, fwd.params, dy)
     }
     /// Output: gradient w.r.t. x, x's shape (always overwritten).
-    pub fn dx(mut self, dx: TensorMut<'a>) -> Self {
+    pub fn dx(mut self, dx: TensorMut<'a, T>) -> Self {
         self.dx = Some(dx);
         self
     }
     /// Output: gradient w.r.t. S1s, `[L, in, k]`.
-    pub fn ds1s(mut self, ds1s: TensorMut<'a>) -> Self {
+    pub fn ds1s(mut self, ds1s: TensorMut<'a, T>) -> Self {
         self.ds1s = Some(ds1s);
         self
     }
     /// Output: gradient w.r.t. S2s, `[L, k, out]`.
-    pub fn ds2s(mut self, ds2s: TensorMut<'a>) -> Self {
+    pub fn ds2s(mut self, ds2s: TensorMut<'a, T>) -> Self {
         self.ds2s = Some(ds2s);
         self
     }
     /// Output: gradient w.r.t. the bias, `[out]` (plans with a bias only).
-    pub fn dbias(mut self, dbias: TensorMut<'a>) -> Self {
+    pub fn dbias(mut self, dbias: TensorMut<'a, T>) -> Self {
         self.dbias = Some(dbias);
         self
     }
     /// Outputs dS1s, dS2s and (when `grads` has one) dbias, from host buffers shaped like the
     /// parameters (e.g. [`SkHostParams::zeros`]); its U1s and U2s are not used.
-    pub fn dparams(self, grads: &'a mut SkHostParams) -> Self {
+    pub fn dparams(self, grads: &'a mut SkHostParams<T>) -> Self {
         let d = &grads.desc;
         let b = self
             .ds1s(TensorMut::new(&mut grads.s1s, &d.s1s_shape()))
@@ -357,23 +363,47 @@ impl<'a> SkBackwardArgs<'a> {
 /// };
 /// ```
 #[derive(Debug)]
-pub struct SkLinearPlan<'ctx> {
+pub struct SkLinearPlan<'ctx, T: Float = f32> {
     raw: NonNull<sys::kf_sklinear_plan>,
     ctx: &'ctx Context,
     desc: SkLinearDesc,
+    _dtype: PhantomData<T>,
 }
 
 impl<'ctx> SkLinearPlan<'ctx> {
-    /// Creates a plan on `ctx` (`kf_sklinear_plan_create`). A bad descriptor gives
+    /// Creates a float32 plan on `ctx` (`kf_sklinear_plan_create`). A bad descriptor gives
     /// [`Status::InvalidArgument`] naming the field. A layer with more parameters than the
     /// dense one is allowed ([`param_ratio`](Self::param_ratio) > 1).
     pub fn new(ctx: &'ctx Context, desc: &SkLinearDesc) -> Result<SkLinearPlan<'ctx>> {
-        let d = desc.to_raw();
+        Self::new_typed(ctx, desc)
+    }
+}
+
+impl<'ctx, T: Float> SkLinearPlan<'ctx, T> {
+    /// Creates a plan computing in `T` (`f32` or `f64`): every tensor of its calls holds `T`.
+    /// A backend without `T` refuses it here with [`Status::Unsupported`].
+    ///
+    /// ```
+    /// use kfuse::*;
+    /// let ctx = Context::cpu()?;
+    /// let desc = SkLinearDesc::new(8, 4, 1, 2);
+    /// let mut plan = SkLinearPlan::<f64>::new_typed(&ctx, &desc)?;
+    /// let params: SkHostParams<f64> = plan.init_params(1, None)?;
+    /// let x = vec![1.0f64; 8];
+    /// let mut y = vec![0.0f64; 4];
+    /// plan.forward(&SkForwardArgs::new(Tensor::new(&x, &desc.x_shape(1)), params.view(),
+    ///                                  TensorMut::new(&mut y, &desc.y_shape(1))))?;
+    /// # Ok::<(), kfuse::Error>(())
+    /// ```
+    ///
+    /// [`Status::Unsupported`]: crate::Status::Unsupported
+    pub fn new_typed(ctx: &'ctx Context, desc: &SkLinearDesc) -> Result<SkLinearPlan<'ctx, T>> {
+        let d = sys::kf_sklinear_desc { dtype: T::DTYPE as _, ..desc.to_raw() };
         // SAFETY: valid context handle, descriptor and out-pointer.
         let raw = layer::create_plan("kf_sklinear_plan_create", |out| unsafe {
             sys::kf_sklinear_plan_create(ctx.as_raw(), &d, out)
         })?;
-        Ok(SkLinearPlan { raw, ctx, desc: desc.clone() })
+        Ok(SkLinearPlan { raw, ctx, desc: desc.clone(), _dtype: PhantomData })
     }
 
     /// The descriptor the plan was made from.
@@ -411,14 +441,14 @@ impl<'ctx> SkLinearPlan<'ctx> {
     }
 
     /// y for every row of x, with scratch from the context's arena.
-    pub fn forward(&mut self, args: &SkForwardArgs<'_, '_>) -> Result<()> {
+    pub fn forward(&mut self, args: &SkForwardArgs<'_, '_, T>) -> Result<()> {
         // SAFETY: no caller buffers; every view in args is valid by construction.
         unsafe { self.forward_impl("SkLinearPlan::forward", args, ptr::null_mut(), 0) }
     }
 
     /// Gradients of x, S1s, S2s and the bias (those asked for in `args`); `grad_mode` applies to
     /// dS1s, dS2s and dbias. Scratch from the context's arena.
-    pub fn backward(&mut self, grad_mode: GradMode, args: &SkBackwardArgs<'_>) -> Result<()> {
+    pub fn backward(&mut self, grad_mode: GradMode, args: &SkBackwardArgs<'_, T>) -> Result<()> {
         // SAFETY: as in forward().
         unsafe { self.backward_impl("SkLinearPlan::backward", grad_mode, args, ptr::null_mut(), 0) }
     }
@@ -432,7 +462,7 @@ impl<'ctx> SkLinearPlan<'ctx> {
     /// finished (on CUDA: on the context's stream).
     pub unsafe fn forward_raw(
         &mut self,
-        args: &SkForwardArgs<'_, '_>,
+        args: &SkForwardArgs<'_, '_, T>,
         workspace: *mut c_void,
         workspace_bytes: usize,
     ) -> Result<()> {
@@ -446,7 +476,7 @@ impl<'ctx> SkLinearPlan<'ctx> {
     pub unsafe fn backward_raw(
         &mut self,
         grad_mode: GradMode,
-        args: &SkBackwardArgs<'_>,
+        args: &SkBackwardArgs<'_, T>,
         workspace: *mut c_void,
         workspace_bytes: usize,
     ) -> Result<()> {
@@ -459,7 +489,7 @@ impl<'ctx> SkLinearPlan<'ctx> {
     /// `W = w_init^T` when a dense weight `w_init [out, in]` is given, else drawn
     /// Kaiming-uniform; the bias is drawn from U(-1/sqrt(out), 1/sqrt(out)). Every draw is a pure
     /// function of `seed` and the element's position.
-    pub fn init_params(&mut self, seed: u64, w_init: Option<Tensor<'_>>) -> Result<SkHostParams> {
+    pub fn init_params(&mut self, seed: u64, w_init: Option<Tensor<'_, T>>) -> Result<SkHostParams<T>> {
         let mut p = SkHostParams::zeros(&self.desc);
         self.init_impl("SkLinearPlan::init_params", seed, w_init, &p.view_mut())?;
         Ok(p)
@@ -470,8 +500,8 @@ impl<'ctx> SkLinearPlan<'ctx> {
     pub fn init_params_into(
         &mut self,
         seed: u64,
-        w_init: Option<Tensor<'_>>,
-        out: SkParamsMut<'_>,
+        w_init: Option<Tensor<'_, T>>,
+        out: SkParamsMut<'_, T>,
     ) -> Result<()> {
         self.init_impl("SkLinearPlan::init_params_into", seed, w_init, &out)
     }
@@ -485,8 +515,8 @@ impl<'ctx> SkLinearPlan<'ctx> {
         &mut self,
         call: &str,
         seed: u64,
-        w_init: Option<Tensor<'_>>,
-        out: &SkParamsMut<'_>,
+        w_init: Option<Tensor<'_, T>>,
+        out: &SkParamsMut<'_, T>,
     ) -> Result<()> {
         let ctx = self.ctx;
         let mut a = init_with(sys::kf_sklinear_init_args_init);
@@ -509,8 +539,8 @@ impl<'ctx> SkLinearPlan<'ctx> {
     fn raw_inputs(
         call: &str,
         ctx: &Context,
-        x: &Tensor<'_>,
-        p: &SkParams<'_>,
+        x: &Tensor<'_, T>,
+        p: &SkParams<'_, T>,
     ) -> Result<sys::kf_sklinear_forward_args> {
         Ok(sys::kf_sklinear_forward_args {
             x: x.raw(call, "args.x", ctx)?,
@@ -526,7 +556,7 @@ impl<'ctx> SkLinearPlan<'ctx> {
     unsafe fn forward_impl(
         &mut self,
         call: &str,
-        args: &SkForwardArgs<'_, '_>,
+        args: &SkForwardArgs<'_, '_, T>,
         ws: *mut c_void,
         ws_bytes: usize,
     ) -> Result<()> {
@@ -539,7 +569,7 @@ impl<'ctx> SkLinearPlan<'ctx> {
         &mut self,
         call: &str,
         grad_mode: GradMode,
-        args: &SkBackwardArgs<'_>,
+        args: &SkBackwardArgs<'_, T>,
         ws: *mut c_void,
         ws_bytes: usize,
     ) -> Result<()> {
@@ -564,7 +594,7 @@ impl<'ctx> SkLinearPlan<'ctx> {
     }
 }
 
-impl Drop for SkLinearPlan<'_> {
+impl<T: Float> Drop for SkLinearPlan<'_, T> {
     fn drop(&mut self) {
         // SAFETY: created by kf_sklinear_plan_create, destroyed once, before its context
         // (borrowed).

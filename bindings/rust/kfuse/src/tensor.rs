@@ -9,10 +9,11 @@ const MAX_DIMS: usize = sys::KF_MAX_DIMS as usize;
 mod sealed {
     pub trait Sealed {}
     impl Sealed for f32 {}
+    impl Sealed for f64 {}
     impl Sealed for i32 {}
 }
 
-/// An element type a kfuse tensor can hold: `f32` (data) and `i32` (sequence lengths).
+/// An element type a kfuse tensor can hold: `f32` and `f64` (data) and `i32` (sequence lengths).
 pub trait Element: Copy + sealed::Sealed + 'static {
     /// The matching `kf_dtype`.
     const DTYPE: sys::kf_dtype;
@@ -20,9 +21,20 @@ pub trait Element: Copy + sealed::Sealed + 'static {
 impl Element for f32 {
     const DTYPE: sys::kf_dtype = sys::kf_dtype_KF_DTYPE_F32;
 }
+impl Element for f64 {
+    const DTYPE: sys::kf_dtype = sys::kf_dtype_KF_DTYPE_F64;
+}
 impl Element for i32 {
     const DTYPE: sys::kf_dtype = sys::kf_dtype_KF_DTYPE_I32;
 }
+
+/// A type a layer computes in: `f32` (every op, every backend) or `f64` (where the backend
+/// supports it: a plan that cannot run it is refused at creation with [`Status::Unsupported`]).
+///
+/// [`Status::Unsupported`]: crate::Status::Unsupported
+pub trait Float: Element + Default {}
+impl Float for f32 {}
+impl Float for f64 {}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Shape {

@@ -856,15 +856,25 @@ fn update_grid_places_knots_and_refits() {
     let old_w = rng.vec(outf * inf * c, -0.5, 0.5);
     let (mut grid, mut w) = (old_grid.clone(), old_w.clone());
     let e = plan
-        .update_grid(&Tensor::new(&x, &[n, inf]), TensorMut::new(&mut grid, &[inf, nk]),
-                     TensorMut::new(&mut w, &[outf, inf, c]), -1.0, 0.02)
+        .update_grid(
+            &Tensor::new(&x, &[n, inf]),
+            TensorMut::new(&mut grid, &[inf, nk]),
+            TensorMut::new(&mut w, &[outf, inf, c]),
+            -1.0,
+            0.02,
+        )
         .unwrap_err();
     assert!(e.message().contains("margin"), "{e}");
     assert_eq!(grid, old_grid);
     assert_eq!(w, old_w);
-    plan.update_grid(&Tensor::new(&x, &[n, inf]), TensorMut::new(&mut grid, &[inf, nk]),
-                     TensorMut::new(&mut w, &[outf, inf, c]), 0.01, 0.02)
-        .unwrap();
+    plan.update_grid(
+        &Tensor::new(&x, &[n, inf]),
+        TensorMut::new(&mut grid, &[inf, nk]),
+        TensorMut::new(&mut w, &[outf, inf, c]),
+        0.01,
+        0.02,
+    )
+    .unwrap();
     for i in 0..inf {
         let mut s: Vec<f64> = (0..n).map(|r| x[r * inf + i] as f64).collect();
         s.sort_by(|a, b| a.partial_cmp(b).unwrap());

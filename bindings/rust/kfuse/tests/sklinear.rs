@@ -593,3 +593,81 @@ fn bad_input_is_an_error_naming_the_argument() {
     let e = plan.init_params_into(1, None, hp.view_mut()).unwrap_err();
     assert!(e.message().contains("SkLinearPlan::init_params_into: args.S2s has 11 elements"), "{e}");
 }
+
+/// ||out - r|| / ||r|| for a float64 result.
+fn rel_err64(out: &[f64], r: &[f64]) -> f64 {
+    assert_eq!(out.len(), r.len());
+    let num: f64 = out.iter().zip(r).map(|(a, b)| (a - b) * (a - b)).sum();
+    let den: f64 = r.iter().map(|b| b * b).sum();
+    (num / den.max(f64::MIN_POSITIVE)).sqrt()
+}
+
+impl P64 {
+    fn params(&self, c: &Cfg) -> SkParams<'_, f64> {
+        let d = c.desc();
+        let p = SkParams::new(
+            Tensor::new(&self.s1, &d.s1s_shape()),
+            Tensor::new(&self.s2, &d.s2s_shape()),
+            Tensor::new(&self.u1, &d.u1s_shape()),
+            Tensor::new(&self.u2, &d.u2s_shape()),
+        );
+        if c.bias {
+            p.bias(Tensor::new(&self.b, &d.bias_shape()))
+        } else {
+            p
+        }
+    }
+}
+
+/// A float64 plan (`SkLinearPlan::<f64>::new_typed`) computes in float64: forward and every
+/// gradient within 1e-12 of the float64 reference, accumulation included. (Mixing element types
+/// cannot be written through the safe API: every view of a call has the plan's `T`.)
+#[test]
+fn float64_plan_matches_f64_reference() {
+    for threads in [1, 0] {
+        let ctx = Context::builder(Device::Cpu).with_threads(threads).build().unwrap();
+        for (t, c) in configs().into_iter().enumerate() {
+            let d = c.desc();
+            let mut plan = SkLinearPlan::<f64>::new_typed(&ctx, &d).unwrap();
+            let q = p64(&problem(&c, 300 + t as u64));
+            let r = reference(c, &q);
+            let mut y = vec![f64::NAN; c.n() * c.outf];
+            let fwd = SkForwardArgs::new(
+                Tensor::new(&q.x, &c.x_shape()),
+                q.params(&c),
+                TensorMut::new(&mut y, &c.y_shape()),
+            );
+            plan.forward(&fwd).unwrap();
+            drop(fwd);
+            let e = rel_err64(&y, &r.forward());
+            assert!(e < 1e-12, "threads={threads} {c:?}: y rel err {e:.3e}");
+
+            let g = r.backward(&q.dy);
+            let mut grads = SkHostParams::<f64>::zeros(&d);
+            let ones = |v: &mut Vec<f64>| v.iter_mut().for_each(|x| *x = 1.0);
+            ones(&mut grads.s1s);
+            ones(&mut grads.s2s);
+            grads.bias.iter_mut().for_each(ones);
+            let mut dx = vec![f64::NAN; q.x.len()];
+            let bwd = SkBackwardArgs::new(
+                Tensor::new(&q.x, &c.x_shape()),
+                q.params(&c),
+                Tensor::new(&q.dy, &c.y_shape()),
+            )
+            .dx(TensorMut::new(&mut dx, &c.x_shape()))
+            .dparams(&mut grads);
+            plan.backward(GradMode::Accumulate, &bwd).unwrap();
+            drop(bwd);
+            let plus1 = |v: &[f64]| v.iter().map(|x| x + 1.0).collect::<Vec<_>>();
+            let errs = [
+                ("dx", rel_err64(&dx, &g.dx)),
+                ("dS1s", rel_err64(&grads.s1s, &plus1(&g.ds1))),
+                ("dS2s", rel_err64(&grads.s2s, &plus1(&g.ds2))),
+                ("dbias", if c.bias { rel_err64(grads.bias.as_ref().unwrap(), &plus1(&g.db)) } else { 0.0 }),
+            ];
+            for (name, e) in errs {
+                assert!(e < 1e-12, "threads={threads} {c:?}: {name} rel err {e:.3e}");
+            }
+        }
+    }
+}
