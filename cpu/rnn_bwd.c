@@ -246,9 +246,14 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
     else
         memset(sl->st, 0, (size_t)(nb * H) * sizeof(float));
     const bool gy_direct = f->dy && !f->dr.on; /* else masked rows of dy, or zeros, into t2 */
+    /* GRU with the per-step dW_hh: dG_h is used within its step only (products and sums), so its
+     * rows go to the slice's buffer, in cache, not to big[1] (154 MB written at T=784) */
+    float *dgh_step = NULL;
+    if (lo->whh_fused)
+        dgh_step = (float *)kf__at(f->ws, lo->wpart + (size_t)s * lo->wpart_bytes + lo->dgh_step);
     bwd_step st = {.nb = nb, .H = H, .len = c->lengths ? c->lengths + b0 : NULL,
-                   .sv_ld = lo->bs * lo->ng * H, .hp_ld = lo->bs * H,
-                   .dgx_ld = lo->bs * 3 * H, .aux_ld = lo->bs * aux_w, .dh = sl->st,
+                   .sv_ld = lo->bs * lo->ng * H, .hp_ld = lo->bs * H, .dgx_ld = lo->bs * 3 * H,
+                   .aux_ld = dgh_step ? 3 * H : lo->bs * aux_w, .dh = sl->st,
                    .gy = sl->t2, .gy_ld = gy_direct ? lo->bs * DH : H};
     float *wp = fused_whh(f, d) ? (float *)kf__at(f->ws, lo->wpart + (size_t)s * lo->wpart_bytes)
                                 : NULL;
@@ -262,7 +267,7 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
         st.sv = gates + r0 * lo->ng * H;
         st.hp = hp + r0 * H;
         st.dgx = dgx + r0 * 3 * H;
-        st.aux = aux + r0 * aux_w;
+        st.aux = dgh_step ? dgh_step : aux + r0 * aux_w;
         if (gy_direct) st.gy = f->dy + r0 * DH + d * H;
         for (int64_t i = 0; i < nb && !gy_direct; i++) {
             const int64_t r = r0 + i * lo->bs;

@@ -30,7 +30,8 @@
  *   gmat     A-GRU backward: G = sum dpre_d^T q [H, H]
  *   epsacc   A-GRU backward: per-slice partial sums of d loss / d eps (double)
  *   wpart[s] GRU backward where whh_fused: slice s's part of dW_hh = sum dG_h^T Hp [3H, H],
- *            accumulated step by step while its rows are in cache
+ *            accumulated step by step while its rows are in cache; then, dgh_step after it, the
+ *            step's dG_h rows [nbmax, 3H] (used within the step only, so big[1] is not)
  *   bsum[s]  backward: slice s's bias-gradient sums (double), colsum dG_x [3H] and (GRU) the
  *            colsum of dG_h's n part [H], accumulated step by step (float32 plans only)
  * A float64 plan (cpu/rnn_f64.c) has the same layout in doubles, except: no pack (its GEMMs read
@@ -108,6 +109,7 @@ typedef struct kf__rnn_cpu_layout {
     size_t big[2], seq[2], slice0, slice_bytes, slice_buf, gmat, epsacc, wpart, wpart_bytes;
     size_t bsum, bsum_bytes, ws_bytes;
     bool whh_fused; /* GRU backward: dW_hh by kf__mk_st per step (wpart), not one GEMM */
+    size_t dgh_step; /* where whh_fused: the step's dG_h rows, this far into wpart[s] */
     /* reserve offsets (bytes) */
     size_t cell_bytes, hp_bytes, out0, out_bytes, reserve_bytes;
 } kf__rnn_cpu_layout;
