@@ -5,10 +5,13 @@
  *      fused pointwise pass turns dh into the pre-activation gradients of every row (dG_x on the
  *      input side, stored for all T*B rows; GRU: dG_h on the recurrent side), then the recurrent
  *      products carry dh to the previous step (micro-kernel kf__mk on the weights packed once per
- *      call, adding into dh in its epilogue; A-GRU: pass 2 fused into the epilogue of da_d A);
- *  (2) after a barrier, weight gradients as whole-sequence GEMMs over all T*B rows, split across
- *      threads by output rows (deterministic, no atomics), bias sums in double, and
- *      dX = dG_x W3, which is the next-lower layer's d(output).
+ *      call, adding into dh in its epilogue; A-GRU: pass 2 fused into the epilogue of da_d A),
+ *      and the slice adds the step's rows into its own bias sums (double) and, GRU where H is
+ *      whole panels, its own part of dW_hh (kf__mk_st);
+ *  (2) after a barrier, the other weight gradients as whole-sequence GEMMs over all T*B rows,
+ *      split across threads by output rows, the slices' parts added in slice order
+ *      (deterministic, no atomics), and dX = dG_x W3, which is the next-lower layer's
+ *      d(output).
  * Dropout masks are recomputed from the counter (core/rnn_backend.h). Nothing is allocated. */
 #include "blas.h"
 #include "rnn_cpu.h"
