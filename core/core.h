@@ -85,6 +85,9 @@ struct kf_context {
     /* Device properties, queried once at creation by the backend's init (0 on the CPU). */
     int32_t sm_count;          /* streaming multiprocessors */
     size_t smem_optin_bytes;   /* opt-in shared memory per block */
+    /* CPU: the instruction set of the recurrent kernels, picked once at creation by the
+     * backend's init (cpu/cpu_backend.h); 0 elsewhere. */
+    int32_t isa;
 };
 
 /* The thread count of a context created with num_threads = 0 (threads.c; kfuse.h). */

@@ -5,7 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static kf_status cpu_init(kf_context *ctx, const char *fn) { return KF_OK; }
+static kf_status cpu_init(kf_context *ctx, const char *fn) {
+    return kf__cpu_isa_pick(fn, &ctx->isa);
+}
 
 static void cpu_release(kf_context *ctx) {}
 

@@ -9,6 +9,25 @@
 #include "sklinear_backend.h"
 
 extern const kf__rnn_ops kf__cpu_rnn_ops;
+
+/* The instruction sets of the CPU recurrent kernels (kf_context.isa): the build's baseline
+ * (KF_CPU_ARCH) and, where the build has them (KF_HAVE_CPU_V4), x86-64-v4 (AVX-512). */
+enum { KF__CPU_ISA_BASE = 0, KF__CPU_ISA_V4 = 1 };
+
+/* The ISA a new context's kernels use (cpu/isa.c): the best this build and CPU can run, unless
+ * the environment variable KF_CPU_ISA says otherwise ("avx2": the baseline; "avx512":
+ * x86-64-v4, KF_ERR_UNSUPPORTED where it cannot run; another value: KF_ERR_INVALID_ARGUMENT). */
+kf_status kf__cpu_isa_pick(const char *fn, int32_t *isa);
+
+/* Each ISA's recurrent op table for float32 plans (cpu/rnn_layout.c compiled per ISA;
+ * rnn_cpu.h), and the float64 forward and backward (cpu/rnn_f64.c, on the baseline's layout),
+ * which kf__cpu_rnn_ops (cpu/rnn_ops.c) forwards to. */
+kf_status kf__cpu_rnn_forward_f64(kf_context *ctx, const kf__rnn_fwd *c);
+kf_status kf__cpu_rnn_backward_f64(kf_context *ctx, const kf__rnn_bwd *c);
+extern const kf__rnn_ops kf__cpu_rnn_ops_base;
+#ifdef KF_HAVE_CPU_V4
+extern const kf__rnn_ops kf__cpu_rnn_ops_v4;
+#endif
 extern const kf__skl_ops kf__cpu_skl_ops;
 extern const kf__kan_ops kf__cpu_kan_ops;
 

@@ -5,10 +5,13 @@
  *      fused pointwise pass turns dh into the pre-activation gradients of every row (dG_x on the
  *      input side, stored for all T*B rows; GRU: dG_h on the recurrent side), then the recurrent
  *      products carry dh to the previous step (micro-kernel kf__mk on the weights packed once per
- *      call, adding into dh in its epilogue; A-GRU: pass 2 fused into the epilogue of da_d A);
- *  (2) after a barrier, weight gradients as whole-sequence GEMMs over all T*B rows, split across
- *      threads by output rows (deterministic, no atomics), bias sums in double, and
- *      dX = dG_x W3, which is the next-lower layer's d(output).
+ *      call, adding into dh in its epilogue; A-GRU: pass 2 fused into the epilogue of da_d A),
+ *      and the slice adds the step's rows into its own bias sums (double) and, GRU where H is
+ *      whole panels, its own part of dW_hh (kf__mk_st);
+ *  (2) after a barrier, the other weight gradients as whole-sequence GEMMs over all T*B rows,
+ *      split across threads by output rows, the slices' parts added in slice order
+ *      (deterministic, no atomics), and dX = dG_x W3, which is the next-lower layer's
+ *      d(output).
  * Dropout masks are recomputed from the counter (core/rnn_backend.h). Nothing is allocated. */
 #include "blas.h"
 #include "rnn_cpu.h"
@@ -111,23 +114,46 @@ KF__VEC_CLONES static double agru_bwd_pointwise1(const bwd_step *s, float eps) {
     return deps;
 }
 
-/* dh[nb, H] += A[nb, K] B, B [K, H] in plain panels of 16 columns (GRU: dG_h W_hh, K = 3H;
+/* dh[nb, H] += A[nb, K] B, B [K, H] in plain panels of KF__NV_P vectors (GRU: dG_h W_hh, K = 3H;
  * A-GRU: [da_z, da_r] [U_z; U_r], K = 2H), A's rows lda apart. */
 KF__MK_CLONES static void add_product(const bwd_step *s, const float *a, int64_t lda, int64_t K,
                                        const float *pk) {
     const int64_t H = s->H;
-    for (int64_t p = 0; p < kf__num_panels(1, 2, H); p++) {
-        for (int64_t i0 = 0; i0 < s->nb; i0 += 6) {
-            const int64_t mr = s->nb - i0 < 6 ? s->nb - i0 : 6;
-            kf__v8 acc[KF__MR_MAX * KF__NV_MAX];
-            kf__mk(6, 2, K, a + i0 * lda, lda, mr, pk + p * K * 16, acc);
-            for (int v = 0; v < 2; v++) {
-                const int64_t j = kf__panel_col(1, 2, p, v);
+    for (int64_t p = 0; p < kf__num_panels(1, KF__NV_P, H); p++) {
+        for (int64_t i0 = 0; i0 < s->nb; i0 += KF__MR_P) {
+            const int64_t mr = s->nb - i0 < KF__MR_P ? s->nb - i0 : KF__MR_P;
+            kf__vf acc[KF__MR_MAX * KF__NV_MAX];
+            kf__mk(KF__MR_P, KF__NV_P, K, a + i0 * lda, lda, mr, pk + p * K * KF__NV_P * KF__VW,
+                   acc);
+            for (int v = 0; v < KF__NV_P; v++) {
+                const int64_t j = kf__panel_col(1, KF__NV_P, p, v);
                 const int nc = kf__cols_left(j, H);
                 if (!nc) break;
                 for (int64_t i = i0; i < i0 + mr; i++) {
                     float *dh = s->dh + i * H + j;
-                    kf__v8_store_n(dh, kf__v8_load_n(dh, nc) + acc[(i - i0) * 2 + v], nc);
+                    kf__vf_store_n(dh, kf__vf_load_n(dh, nc) + acc[(i - i0) * KF__NV_P + v], nc);
+                }
+            }
+        }
+    }
+}
+
+/* GRU, where whh_fused: slice part wp[3H, H] of dW_hh += dG_h^T Hp over this step's rows, while
+ * they are in cache (one GEMM over all T*B rows read both back from memory at T=784, and
+ * OpenBLAS spent a third of its time packing them). Tiles of KF__MR_P rows of dW_hh by KF__NV_P
+ * vectors of columns, K = the slice's rows: A = dG_h^T and B = Hp read in place. */
+KF__MK_CLONES static void gru_whh_step(const bwd_step *s, float *wp) {
+    const int64_t H = s->H, M = 3 * H;
+    for (int64_t j0 = 0; j0 < H; j0 += KF__NV_P * KF__VW) {
+        for (int64_t m0 = 0; m0 < M; m0 += KF__MR_P) {
+            const int64_t mr = M - m0 < KF__MR_P ? M - m0 : KF__MR_P;
+            kf__vf acc[KF__MR_MAX * KF__NV_MAX];
+            kf__mk_st(KF__MR_P, KF__NV_P, s->nb, s->aux + m0, 1, s->aux_ld, mr, s->hp + j0,
+                      s->hp_ld, acc);
+            for (int64_t i = 0; i < mr; i++) {
+                for (int v = 0; v < KF__NV_P; v++) {
+                    float *c = wp + (m0 + i) * H + j0 + v * KF__VW;
+                    kf__vf_store_n(c, kf__vf_load(c) + acc[i * KF__NV_P + v], KF__VW);
                 }
             }
         }
@@ -137,23 +163,24 @@ KF__MK_CLONES static void add_product(const bwd_step *s, const float *a, int64_t
 /* A-GRU pass 2 in the epilogue of dq = da_d A: da_r = dq hp r(1-r); dh += dq r. */
 KF__MK_CLONES static void agru_bwd_dq(const bwd_step *s, const float *pk) {
     const int64_t H = s->H;
-    for (int64_t p = 0; p < kf__num_panels(1, 2, H); p++) {
-        for (int64_t i0 = 0; i0 < s->nb; i0 += 6) {
-            const int64_t mr = s->nb - i0 < 6 ? s->nb - i0 : 6;
-            kf__v8 acc[KF__MR_MAX * KF__NV_MAX];
-            kf__mk(6, 2, H, s->dgx + i0 * s->dgx_ld + 2 * H, s->dgx_ld, mr, pk + p * H * 16, acc);
-            for (int v = 0; v < 2; v++) {
-                const int64_t j = kf__panel_col(1, 2, p, v);
+    for (int64_t p = 0; p < kf__num_panels(1, KF__NV_P, H); p++) {
+        for (int64_t i0 = 0; i0 < s->nb; i0 += KF__MR_P) {
+            const int64_t mr = s->nb - i0 < KF__MR_P ? s->nb - i0 : KF__MR_P;
+            kf__vf acc[KF__MR_MAX * KF__NV_MAX];
+            kf__mk(KF__MR_P, KF__NV_P, H, s->dgx + i0 * s->dgx_ld + 2 * H, s->dgx_ld, mr,
+                   pk + p * H * KF__NV_P * KF__VW, acc);
+            for (int v = 0; v < KF__NV_P; v++) {
+                const int64_t j = kf__panel_col(1, KF__NV_P, p, v);
                 const int nc = kf__cols_left(j, H);
                 if (!nc) break;
                 for (int64_t i = i0; i < i0 + mr; i++) {
                     if (!bstep_valid(s, i)) continue;
-                    const kf__v8 dq = acc[(i - i0) * 2 + v];
-                    const kf__v8 r = kf__v8_load_n(s->sv + i * s->sv_ld + H + j, nc);
-                    const kf__v8 hp = kf__v8_load_n(s->hp + i * s->hp_ld + j, nc);
+                    const kf__vf dq = acc[(i - i0) * KF__NV_P + v];
+                    const kf__vf r = kf__vf_load_n(s->sv + i * s->sv_ld + H + j, nc);
+                    const kf__vf hp = kf__vf_load_n(s->hp + i * s->hp_ld + j, nc);
                     float *dh = s->dh + i * H + j;
-                    kf__v8_store_n(s->dgx + i * s->dgx_ld + H + j, dq * hp * r * (1.0f - r), nc);
-                    kf__v8_store_n(dh, kf__v8_fma(dq, r, kf__v8_load_n(dh, nc)), nc);
+                    kf__vf_store_n(s->dgx + i * s->dgx_ld + H + j, dq * hp * r * (1.0f - r), nc);
+                    kf__vf_store_n(dh, kf__vf_fma(dq, r, kf__vf_load_n(dh, nc)), nc);
                 }
             }
         }
@@ -176,6 +203,34 @@ typedef struct bwd_layer {
 
 static int64_t cell_index(const bwd_layer *f, int32_t d) { return (int64_t)f->l * f->lo->D + d; }
 
+/* acc[0:m] += column sums of the n rows g[r * ld + 0:m], in double, four rows per update of the
+ * accumulators (which live in L1: one load and store per update). */
+static void colsum(const float *g, int64_t ld, int64_t n, int64_t m, double *acc) {
+    int64_t r = 0;
+    for (; r + 4 <= n; r += 4, g += 4 * ld)
+        for (int64_t j = 0; j < m; j++)
+            acc[j] += ((double)g[j] + (double)g[ld + j]) +
+                      ((double)g[2 * ld + j] + (double)g[3 * ld + j]);
+    for (; r < n; r++, g += ld)
+        for (int64_t j = 0; j < m; j++) acc[j] += g[j];
+}
+
+/* The bias gradients' sums of this step's rows into the slice's part bs (double): bs[0:3H] +=
+ * colsum dG_x and, for the GRU, bs[3H:4H] += colsum of dG_h's n part (its r, z parts are dG_x's),
+ * while the rows are in cache: passes over all T*B rows after the recurrence read dG_x and dG_h
+ * back from memory (308 MB at T=784). */
+static void bias_step(const bwd_step *s, bool gru, double *bs) {
+    colsum(s->dgx, s->dgx_ld, s->nb, 3 * s->H, bs);
+    if (gru) colsum(s->aux + 2 * s->H, s->aux_ld, s->nb, s->H, bs + 3 * s->H);
+}
+
+/* dW_hh of cell (l, d) where the recurrence accumulates it (lo->whh_fused) and it is wanted. */
+static float *fused_whh(const bwd_layer *f, int32_t d) {
+    const kf__rnn_bwd *c = f->c;
+    if (!f->lo->whh_fused || !c->dw) return NULL;
+    return c->dw[cell_index(f, d) * c->plan->nw + KF__GRU_W_HH];
+}
+
 /* Reverse recurrence of direction d for the batch rows of slice `sl` (slice index s). */
 static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, int32_t s) {
     const kf__rnn_bwd *c = f->c;
@@ -194,10 +249,20 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
     else
         memset(sl->st, 0, (size_t)(nb * H) * sizeof(float));
     const bool gy_direct = f->dy && !f->dr.on; /* else masked rows of dy, or zeros, into t2 */
+    /* GRU with the per-step dW_hh: dG_h is used within its step only (products and sums), so its
+     * rows go to the slice's buffer, in cache, not to big[1] (154 MB written at T=784) */
+    float *dgh_step = NULL;
+    if (lo->whh_fused)
+        dgh_step = (float *)kf__at(f->ws, lo->wpart + (size_t)s * lo->wpart_bytes + lo->dgh_step);
     bwd_step st = {.nb = nb, .H = H, .len = c->lengths ? c->lengths + b0 : NULL,
-                   .sv_ld = lo->bs * lo->ng * H, .hp_ld = lo->bs * H,
-                   .dgx_ld = lo->bs * 3 * H, .aux_ld = lo->bs * aux_w, .dh = sl->st,
+                   .sv_ld = lo->bs * lo->ng * H, .hp_ld = lo->bs * H, .dgx_ld = lo->bs * 3 * H,
+                   .aux_ld = dgh_step ? 3 * H : lo->bs * aux_w, .dh = sl->st,
                    .gy = sl->t2, .gy_ld = gy_direct ? lo->bs * DH : H};
+    float *wp = fused_whh(f, d) ? (float *)kf__at(f->ws, lo->wpart + (size_t)s * lo->wpart_bytes)
+                                : NULL;
+    if (wp) memset(wp, 0, (size_t)(3 * H * H) * sizeof(float));
+    double *bs = c->dw ? (double *)kf__at(f->ws, lo->bsum + (size_t)s * lo->bsum_bytes) : NULL;
+    if (bs) memset(bs, 0, (size_t)(4 * H) * sizeof(double));
     double deps = 0.0;
     for (int64_t k = 0; k < T; k++) {
         const int64_t t = d ? k : T - 1 - k, r0 = kf__rnn_row(lo, t, b0);
@@ -205,7 +270,7 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
         st.sv = gates + r0 * lo->ng * H;
         st.hp = hp + r0 * H;
         st.dgx = dgx + r0 * 3 * H;
-        st.aux = aux + r0 * aux_w;
+        st.aux = dgh_step ? dgh_step : aux + r0 * aux_w;
         if (gy_direct) st.gy = f->dy + r0 * DH + d * H;
         for (int64_t i = 0; i < nb && !gy_direct; i++) {
             const int64_t r = r0 + i * lo->bs;
@@ -214,10 +279,13 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
         }
         if (!lo->agru) {
             gru_bwd_pointwise(&st);
+            if (wp) gru_whh_step(&st, wp);
+            if (bs) bias_step(&st, true, bs);
             add_product(&st, st.aux, st.aux_ld, 3 * H, cw->pk[0]);
         } else {
             deps += agru_bwd_pointwise1(&st, cw->eps);
             agru_bwd_dq(&st, cw->pk[1]);
+            if (bs) bias_step(&st, false, bs);
             add_product(&st, st.dgx, st.dgx_ld, 2 * H, cw->pk[0]);
         }
     }
@@ -226,8 +294,7 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
     if (lo->agru) ((double *)kf__at(f->ws, lo->epsacc))[s] = deps;
 }
 
-/* One weight-gradient product dst[M, n] (+)= G[:, 0:M]^T X over all N rows (G rows ldg apart),
- * or, with x NULL, a bias: dst[M] (+)= column sums of G[:, 0:M]. */
+/* One weight-gradient product dst[M, n] (+)= G[:, 0:M]^T X over all N rows (G rows ldg apart). */
 typedef struct wgrad {
     float *dst;
     const float *g;
@@ -237,25 +304,13 @@ typedef struct wgrad {
     bool beta1;
 } wgrad;
 
-/* Rows [m0, m1) of a product, or columns [m0, m1) of a bias (summed in double, 16 at a time so
- * each pass over the rows reads whole cache lines). */
+/* Rows [m0, m1) of a product. */
 static void wgrad_part(const wgrad *w, int64_t N, int64_t m0, int64_t m1) {
-    if (w->x) {
-        kf__sgemm(true, false, m1 - m0, w->n, N, 1.0f, w->g + m0, w->ldg, w->x, w->n,
-                  w->beta1 ? 1.0f : 0.0f, w->dst + m0 * w->n, w->n);
-        return;
-    }
-    for (int64_t j0 = m0; j0 < m1; j0 += 16) {
-        const int64_t nj = m1 - j0 < 16 ? m1 - j0 : 16;
-        double acc[16] = {0};
-        for (int64_t r = 0; r < N; r++)
-            for (int64_t j = 0; j < nj; j++) acc[j] += w->g[r * w->ldg + j0 + j];
-        for (int64_t j = 0; j < nj; j++)
-            w->dst[j0 + j] = (float)acc[j] + (w->beta1 ? w->dst[j0 + j] : 0.0f);
-    }
+    kf__sgemm(true, false, m1 - m0, w->n, N, 1.0f, w->g + m0, w->ldg, w->x, w->n,
+              w->beta1 ? 1.0f : 0.0f, w->dst + m0 * w->n, w->n);
 }
 
-/* The gradient products of cell (l, d); returns how many it wrote into `out` (at most 9). */
+/* The gradient products of cell (l, d); returns how many it wrote into `out` (at most 6). */
 static int wgrad_list(const bwd_layer *f, int32_t d, wgrad *out) {
     const kf__rnn_bwd *c = f->c;
     const kf__rnn_cpu_layout *lo = f->lo;
@@ -273,15 +328,11 @@ static int wgrad_list(const bwd_layer *f, int32_t d, wgrad *out) {
     } while (0)
     if (!lo->agru) {
         KF__WG(dw[KF__GRU_W_IH], dgx, 3 * H, f->x, in, acc);
-        KF__WG(dw[KF__GRU_B_IH], dgx, 3 * H, NULL, 0, acc);
-        KF__WG(dw[KF__GRU_W_HH], aux, 3 * H, hp, H, acc);
-        KF__WG(dw[KF__GRU_B_HH], aux, 3 * H, NULL, 0, acc);
+        if (!lo->whh_fused) KF__WG(dw[KF__GRU_W_HH], aux, 3 * H, hp, H, acc);
     } else {
         static const int wx[3] = {KF__AGRU_W_Z, KF__AGRU_W_R, KF__AGRU_V_H};
-        static const int bx[3] = {KF__AGRU_B_Z, KF__AGRU_B_R, KF__AGRU_B_H};
         static const int wu[2] = {KF__AGRU_U_Z, KF__AGRU_U_R};
         for (int g = 0; g < 3; g++) KF__WG(dw[wx[g]], dgx + g * H, H, f->x, in, acc);
-        for (int g = 0; g < 3; g++) KF__WG(dw[bx[g]], dgx + g * H, H, NULL, 0, acc);
         for (int g = 0; g < 2; g++) KF__WG(dw[wu[g]], dgx + g * H, H, hp, H, acc);
         /* G = da_d^T q, combined into dW_h = G - G^T after a barrier (q rows are H apart) */
         if (dw[KF__AGRU_W_H])
@@ -298,7 +349,7 @@ static void bwd_cell_grads(const bwd_layer *f, int32_t d, int tid, int nth) {
     const kf__rnn_bwd *c = f->c;
     const kf__rnn_cpu_layout *lo = f->lo;
     const int64_t H = lo->H, in = f->cell[d].in;
-    wgrad w[9];
+    wgrad w[6];
     const int nw = wgrad_list(f, d, w);
     /* Consecutive products of the same x (A-GRU: dW_z, dW_r, dV_h; dU_z, dU_r) are split across
      * threads as one of their summed rows, so a thread packs that x for OpenBLAS once, not once
@@ -321,7 +372,44 @@ static void bwd_cell_grads(const bwd_layer *f, int32_t d, int tid, int nth) {
         kf__sgemm(false, false, r1 - r0, in, 3 * H, 1.0f, dgx + r0 * 3 * H, 3 * H, f->cell[d].w3,
                   in, d ? 1.0f : 0.0f, f->dx + r0 * in, in);
     }
+    float *whh = fused_whh(f, d);
+    if (whh) { /* dW_hh (+)= the slices' parts, in slice order */
+        int64_t m0, m1;
+        kf__part(3 * H, nth, tid, &m0, &m1);
+        for (int32_t s = 0; s < lo->ns; s++) {
+            const float *part =
+                (const float *)kf__at(f->ws, lo->wpart + (size_t)s * lo->wpart_bytes);
+            const bool add = s > 0 || c->accumulate;
+            for (int64_t e = m0 * H; e < m1 * H; e++) whh[e] = (add ? whh[e] : 0.0f) + part[e];
+        }
+    }
     void *const *dw = c->dw ? c->dw + cell_index(f, d) * c->plan->nw : NULL;
+    if (dw) { /* biases (+)= the slices' sums (bias_step), in slice order; segments: where in the
+               * sums each bias's columns are */
+        struct { float *dst; int64_t off, n; } seg[3];
+        if (!lo->agru) {
+            seg[0].dst = dw[KF__GRU_B_IH], seg[0].off = 0, seg[0].n = 3 * H;
+            seg[1].dst = dw[KF__GRU_B_HH], seg[1].off = 0, seg[1].n = 2 * H;
+            seg[2].dst = dw[KF__GRU_B_HH] ? (float *)dw[KF__GRU_B_HH] + 2 * H : NULL;
+            seg[2].off = 3 * H, seg[2].n = H;
+        } else {
+            static const int bx[3] = {KF__AGRU_B_Z, KF__AGRU_B_R, KF__AGRU_B_H};
+            for (int g = 0; g < 3; g++) seg[g].dst = dw[bx[g]], seg[g].off = g * H, seg[g].n = H;
+        }
+        for (int g = 0; g < 3; g++) {
+            if (!seg[g].dst) continue;
+            int64_t j0, j1;
+            kf__part(seg[g].n, nth, tid, &j0, &j1);
+            for (int64_t j = j0; j < j1; j++) {
+                double sum = 0.0;
+                for (int32_t s = 0; s < lo->ns; s++) {
+                    const size_t at = lo->bsum + (size_t)s * lo->bsum_bytes;
+                    sum += ((const double *)kf__cat(f->ws, at))[seg[g].off + j];
+                }
+                seg[g].dst[j] = (float)sum + (c->accumulate ? seg[g].dst[j] : 0.0f);
+            }
+        }
+    }
     if (lo->agru && dw && dw[KF__AGRU_EPS] && tid == 0) {
         const double *part = (const double *)kf__at(f->ws, lo->epsacc);
         double sum = 0.0;

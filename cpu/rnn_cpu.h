@@ -29,6 +29,11 @@
  *   slice[s] per slice: st, t1, t2, each [nb, H]
  *   gmat     A-GRU backward: G = sum dpre_d^T q [H, H]
  *   epsacc   A-GRU backward: per-slice partial sums of d loss / d eps (double)
+ *   wpart[s] GRU backward where whh_fused: slice s's part of dW_hh = sum dG_h^T Hp [3H, H],
+ *            accumulated step by step while its rows are in cache; then, dgh_step after it, the
+ *            step's dG_h rows [nbmax, 3H] (used within the step only, so big[1] is not)
+ *   bsum[s]  backward: slice s's bias-gradient sums (double), colsum dG_x [3H] and (GRU) the
+ *            colsum of dG_h's n part [H], accumulated step by step (float32 plans only)
  * A float64 plan (cpu/rnn_f64.c) has the same layout in doubles, except: no pack (its GEMMs read
  * the caller's weights in place), and rec[c] is A = W_h - W_h^T - gamma I [H, H] for an A-GRU,
  * nothing for a GRU; big[0] holds the input projection of all rows of the direction in flight,
@@ -43,22 +48,43 @@
 #include <math.h>
 #include <string.h>
 
-/* The op table's entries (cpu/rnn_layout.c, rnn_fwd.c, rnn_bwd.c; the plan's dtype picks float32
- * or float64, cpu/rnn_f64.c). */
+/* Instruction sets. This header, rnn_layout.c, rnn_fwd.c and rnn_bwd.c are one source compiled
+ * once per instruction set the build has: for the build's baseline (KF_CPU_ARCH, x86-64-v3 by
+ * default) and, where CMake's KF_CPU_AVX512 holds, again for x86-64-v4 (AVX-512) by cpu/rnn_v4.c,
+ * which defines KF__RNN_V4 and includes the three. Each compilation's cross-file names get the
+ * suffix of its ISA, and its op-table entries are gathered in that ISA's op table; the context
+ * picks an ISA once, at creation (cpu/isa.c), and cpu/rnn_ops.c calls that ISA's table. */
+#ifdef KF__RNN_V4
+#define KF__RNN_ISA(name) name##_v4
+#else
+#define KF__RNN_ISA(name) name##_base
+#endif
+#define kf__rnn_cpu_layout_init KF__RNN_ISA(kf__rnn_cpu_layout_init)
+#define kf__rnn_cpu_cell KF__RNN_ISA(kf__rnn_cpu_cell)
+#define kf__rnn_cpu_pack KF__RNN_ISA(kf__rnn_cpu_pack)
+#define kf__rnn_cpu_drop_row KF__RNN_ISA(kf__rnn_cpu_drop_row)
+#define kf__cpu_rnn_sizes KF__RNN_ISA(kf__cpu_rnn_sizes)
+#define kf__cpu_rnn_forward KF__RNN_ISA(kf__cpu_rnn_forward)
+#define kf__cpu_rnn_backward KF__RNN_ISA(kf__cpu_rnn_backward)
+#define kf__cpu_rnn_isa_ops KF__RNN_ISA(kf__cpu_rnn_ops) /* cpu/cpu_backend.h */
+
+#define kf__rnn_cpu_drop_row_f64 KF__RNN_ISA(kf__rnn_cpu_drop_row_f64)
+
+/* This ISA's op-table entries (cpu/rnn_layout.c, rnn_fwd.c, rnn_bwd.c), gathered in
+ * kf__cpu_rnn_isa_ops: float32 plans, and the baseline's sizes for float64 ones too (cpu/rnn_f64.c
+ * runs on the baseline's layout; the float64 entries are declared in cpu_backend.h). */
 void kf__cpu_rnn_sizes(const struct kf_rnn_plan *p, int64_t T, int64_t B, bool training,
                        size_t *ws_bytes, size_t *reserve_bytes);
 kf_status kf__cpu_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c);
 kf_status kf__cpu_rnn_backward(kf_context *ctx, const kf__rnn_bwd *c);
-kf_status kf__cpu_rnn_forward_f64(kf_context *ctx, const kf__rnn_fwd *c);
-kf_status kf__cpu_rnn_backward_f64(kf_context *ctx, const kf__rnn_bwd *c);
-#ifdef __FMA__
+#if defined(__FMA__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
 /* When the build's baseline lacks AVX2 (KF_CPU_ARCH empty), the kernels get an x86-64-v3 (AVX2 +
  * FMA) clone chosen at load time where the CPU has it. `flatten` inlines the vector helpers into
  * each clone. KF__MK_CLONES, for the functions around the micro-kernel, adds `fp-contract=fast`
- * so the clone fuses kf__v8_fma's a*b+c (the preprocessor cannot see the clone's FMA, and ISO C
+ * so the clone fuses kf__vf_fma's a*b+c (the preprocessor cannot see the clone's FMA, and ISO C
  * mode never contracts on its own); the pointwise passes keep their exact rounding. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__AVX2__)
 #define KF__VEC_CLONES __attribute__((target_clones("arch=x86-64-v3", "default"), flatten))
@@ -80,7 +106,10 @@ typedef struct kf__rnn_cpu_layout {
     /* workspace offsets (bytes) */
     size_t pack_first, pack_stride; /* pack[l] at l ? pack_first + (l-1)*pack_stride : 0 */
     size_t rec, rec_bytes, rec_pk1; /* rec[c] at rec + c*rec_bytes; its pk[1] rec_pk1 after it */
-    size_t big[2], seq[2], slice0, slice_bytes, slice_buf, gmat, epsacc, ws_bytes;
+    size_t big[2], seq[2], slice0, slice_bytes, slice_buf, gmat, epsacc, wpart, wpart_bytes;
+    size_t bsum, bsum_bytes, ws_bytes;
+    bool whh_fused; /* GRU backward: dW_hh by kf__mk_st per step (wpart), not one GEMM */
+    size_t dgh_step; /* where whh_fused: the step's dG_h rows, this far into wpart[s] */
     /* reserve offsets (bytes) */
     size_t cell_bytes, hp_bytes, out0, out_bytes, reserve_bytes;
 } kf__rnn_cpu_layout;
@@ -176,72 +205,84 @@ static inline kf__rnn_slice kf__rnn_cpu_slice(const kf__rnn_cpu_layout *lo, void
     return sl;
 }
 
-/* ---- 8-wide float vectors ---------------------------------------------------------------------
- * GCC vector extensions, so the kernels compile for any target (on x86-64-v3 one kf__v8 is one ymm
- * register); only the fused multiply-add needs the intrinsic (ISO C mode never contracts a*b+c).
- * Full speed needs the build's -march to have FMA; otherwise the KF__VEC_CLONES functions run
- * an AVX2 clone with separate multiply and add. */
-#pragma GCC diagnostic ignored "-Wpsabi" /* helpers taking kf__v8 are always inlined: */
+/* ---- float vectors of KF__VW lanes -------------------------------------------------------------
+ * GCC vector extensions, so the kernels compile for any target: 8 floats (one ymm register) for
+ * the baseline, 16 (one zmm) for x86-64-v4; only the fused multiply-add needs the intrinsic (ISO C
+ * mode never contracts a*b+c). Full speed needs the build's -march to have FMA; otherwise the
+ * KF__VEC_CLONES functions run an AVX2 clone with separate multiply and add. */
+#pragma GCC diagnostic ignored "-Wpsabi" /* helpers taking kf__vf are always inlined: */
 #define KF__VINLINE static inline __attribute__((always_inline))
-typedef float kf__v8 __attribute__((vector_size(32)));
-typedef int32_t kf__v8i __attribute__((vector_size(32)));
+#ifdef __AVX512F__
+#define KF__VW 16
+#else
+#define KF__VW 8
+#endif
+typedef float kf__vf __attribute__((vector_size(KF__VW * 4)));
+typedef int32_t kf__vfi __attribute__((vector_size(KF__VW * 4)));
 
 /* A broadcast written as vector + scalar: the element-list form is SLP-vectorised in the v3
  * clone into lane inserts across the kernel's rows instead of one vbroadcastss. */
-KF__VINLINE kf__v8 kf__v8_set1(float x) { return (kf__v8){0} + x; }
+KF__VINLINE kf__vf kf__vf_set1(float x) { return (kf__vf){0} + x; }
 
 /* *p in every lane, for the micro-kernel's inner loop: with AVX one vbroadcastss from memory, a
- * pure load. kf__v8_set1 of a variable costs an FP add (0 + x, which IEEE signed zeros keep) and
+ * pure load. kf__vf_set1 of a variable costs an FP add (0 + x, which IEEE signed zeros keep) and
  * a register broadcast, two FP-port uops per row beside the FMAs (30% of the A-GRU forward's
- * time, 20% of the GRU's); GCC forms neither the memory broadcast from a plain load nor keeps the accumulators in
- * registers around _mm256_broadcast_ss, hence the asm. */
-KF__VINLINE kf__v8 kf__v8_bcast(const float *p) {
-#if defined(__AVX__) && defined(__GNUC__)
-    kf__v8 v;
+ * time, 20% of the GRU's); GCC forms neither the memory broadcast from a plain load nor keeps the
+ * accumulators in registers around _mm256_broadcast_ss, hence the asm ("v": any of AVX-512's 32
+ * vector registers). */
+KF__VINLINE kf__vf kf__vf_bcast(const float *p) {
+#if defined(__AVX512F__) && defined(__GNUC__)
+    kf__vf v;
+    __asm__("vbroadcastss %1, %0" : "=v"(v) : "m"(*p));
+    return v;
+#elif defined(__AVX__) && defined(__GNUC__)
+    kf__vf v;
     __asm__("vbroadcastss %1, %0" : "=x"(v) : "m"(*p));
     return v;
 #else
-    return kf__v8_set1(*p);
+    return kf__vf_set1(*p);
 #endif
 }
 
-KF__VINLINE kf__v8 kf__v8_load(const float *p) {
-    kf__v8 v;
+KF__VINLINE kf__vf kf__vf_load(const float *p) {
+    kf__vf v;
     memcpy(&v, p, sizeof v);
     return v;
 }
 
-/* The first n <= 8 floats at p, zeros after them (never reads past p + n). */
-KF__VINLINE kf__v8 kf__v8_load_n(const float *p, int n) {
-    if (n == 8) return kf__v8_load(p);
-    kf__v8 v = kf__v8_set1(0.0f);
+/* The first n <= KF__VW floats at p, zeros after them (never reads past p + n). */
+KF__VINLINE kf__vf kf__vf_load_n(const float *p, int n) {
+    if (n == KF__VW) return kf__vf_load(p);
+    kf__vf v = kf__vf_set1(0.0f);
     memcpy(&v, p, (size_t)n * sizeof(float));
     return v;
 }
 
-/* The first n <= 8 lanes of v to p (n == 8, every column tile but a ragged last one, is one
- * store; a variable-length memcpy would be a library call). */
-KF__VINLINE void kf__v8_store_n(float *p, kf__v8 v, int n) {
-    if (n == 8)
+/* The first n <= KF__VW lanes of v to p (n == KF__VW, every column tile but a ragged last one,
+ * is one store; a variable-length memcpy would be a library call). */
+KF__VINLINE void kf__vf_store_n(float *p, kf__vf v, int n) {
+    if (n == KF__VW)
         memcpy(p, &v, sizeof v);
     else
         memcpy(p, &v, (size_t)n * sizeof(float));
 }
 
-KF__VINLINE kf__v8 kf__v8_fma(kf__v8 a, kf__v8 b, kf__v8 c) {
-#ifdef __FMA__
-    return (kf__v8)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+KF__VINLINE kf__vf kf__vf_fma(kf__vf a, kf__vf b, kf__vf c) {
+#ifdef __AVX512F__
+    return (kf__vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__FMA__)
+    return (kf__vf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
 #else
     return a * b + c;
 #endif
 }
 
 /* m ? a : b per lane, m from a vector comparison (all ones or zero). */
-KF__VINLINE kf__v8 kf__v8_select(kf__v8i m, kf__v8 a, kf__v8 b) {
-    return (kf__v8)((m & (kf__v8i)a) | (~m & (kf__v8i)b));
+KF__VINLINE kf__vf kf__vf_select(kf__vfi m, kf__vf a, kf__vf b) {
+    return (kf__vf)((m & (kf__vfi)a) | (~m & (kf__vfi)b));
 }
 
-KF__VINLINE kf__v8 kf__v8_abs(kf__v8 x) { return (kf__v8)((kf__v8i)x & 0x7fffffff); }
+KF__VINLINE kf__vf kf__vf_abs(kf__vf x) { return (kf__vf)((kf__vfi)x & 0x7fffffff); }
 
 /* ---- activations ----------------------------------------------------------------------------
  * float32 throughout, within 2 ulp of the exact function (checked against double on a dense
@@ -252,99 +293,129 @@ KF__VINLINE kf__v8 kf__v8_abs(kf__v8 x) { return (kf__v8)((kf__v8i)x & 0x7ffffff
  * hold n), r = -a - n ln 2 in [-ln2/2, ln2/2] with ln 2 split in two so n ln2_hi is exact,
  * exp(r) = 1 + r + r^2 P(r) with Cephes' degree-5 minimax P (expf, < 1 ulp), scaled by 2^n
  * through a multiply (a NaN polynomial stays NaN whatever the bits of n). */
-KF__VINLINE kf__v8 kf__v8_exp_neg(kf__v8 a) {
-    const kf__v8 big = kf__v8_set1(87.0f), shifter = kf__v8_set1(12582912.0f);
-    a = kf__v8_select(a >= big, big, a);
-    const kf__v8 t = -a;
-    const kf__v8 nb = kf__v8_fma(t, kf__v8_set1(1.44269504088896341f), shifter);
-    const kf__v8 n = nb - shifter;
-    kf__v8 r = kf__v8_fma(n, kf__v8_set1(-0.693359375f), t);
-    r = kf__v8_fma(n, kf__v8_set1(2.12194440e-4f), r);
-    kf__v8 q = kf__v8_set1(1.9875691500e-4f);
-    q = kf__v8_fma(q, r, kf__v8_set1(1.3981999507e-3f));
-    q = kf__v8_fma(q, r, kf__v8_set1(8.3334519073e-3f));
-    q = kf__v8_fma(q, r, kf__v8_set1(4.1665795894e-2f));
-    q = kf__v8_fma(q, r, kf__v8_set1(1.6666665459e-1f));
-    q = kf__v8_fma(q, r, kf__v8_set1(5.0000001201e-1f));
-    q = kf__v8_fma(q, r * r, r + 1.0f);
-    const kf__v8i scale = ((kf__v8i)nb - (kf__v8i)shifter + 127) << 23; /* 2^n, n in [-126, 0] */
-    return q * (kf__v8)scale;
+KF__VINLINE kf__vf kf__vf_exp_neg(kf__vf a) {
+    const kf__vf big = kf__vf_set1(87.0f), shifter = kf__vf_set1(12582912.0f);
+    a = kf__vf_select(a >= big, big, a);
+    const kf__vf t = -a;
+    const kf__vf nb = kf__vf_fma(t, kf__vf_set1(1.44269504088896341f), shifter);
+    const kf__vf n = nb - shifter;
+    kf__vf r = kf__vf_fma(n, kf__vf_set1(-0.693359375f), t);
+    r = kf__vf_fma(n, kf__vf_set1(2.12194440e-4f), r);
+    kf__vf q = kf__vf_set1(1.9875691500e-4f);
+    q = kf__vf_fma(q, r, kf__vf_set1(1.3981999507e-3f));
+    q = kf__vf_fma(q, r, kf__vf_set1(8.3334519073e-3f));
+    q = kf__vf_fma(q, r, kf__vf_set1(4.1665795894e-2f));
+    q = kf__vf_fma(q, r, kf__vf_set1(1.6666665459e-1f));
+    q = kf__vf_fma(q, r, kf__vf_set1(5.0000001201e-1f));
+    q = kf__vf_fma(q, r * r, r + 1.0f);
+    const kf__vfi scale = ((kf__vfi)nb - (kf__vfi)shifter + 127) << 23; /* 2^n, n in [-126, 0] */
+    return q * (kf__vf)scale;
 }
 
 /* q = e / (1 + e), e = exp(-|x|): sigmoid(x) = q for x < 0 and 1 - q for x >= 0. No cancellation,
  * and near saturation (x >> 0) the only rounding left is that of 1 - q, so sigmoid(x) is within
  * about half an ulp there: the backward's z (1 - z) is then as exact as float32 allows. */
-KF__VINLINE kf__v8 kf__v8_sigmoid(kf__v8 x) {
-    const kf__v8 e = kf__v8_exp_neg(kf__v8_abs(x));
-    const kf__v8 q = e / (1.0f + e);
-    return kf__v8_select(x >= 0.0f, 1.0f - q, q);
+KF__VINLINE kf__vf kf__vf_sigmoid(kf__vf x) {
+    const kf__vf e = kf__vf_exp_neg(kf__vf_abs(x));
+    const kf__vf q = e / (1.0f + e);
+    return kf__vf_select(x >= 0.0f, 1.0f - q, q);
 }
 
 /* |x| < 0.625: Cephes' odd minimax polynomial (tanhf); else 1 - 2e / (1 + e), e = exp(-2|x|)
  * <= 0.287: near saturation the only rounding left is that of the final subtraction, so |d| is
  * within about half an ulp of tanh and the backward's 1 - d^2 (which cancels there) keeps the
  * accuracy a correctly rounded tanhf would give it. Sign restored from x. */
-KF__VINLINE kf__v8 kf__v8_tanh(kf__v8 x) {
-    const kf__v8 ax = kf__v8_abs(x);
-    const kf__v8 e = kf__v8_exp_neg(ax + ax);
-    const kf__v8 big = 1.0f - (e + e) / (1.0f + e);
-    const kf__v8 z = x * x;
-    kf__v8 p = kf__v8_set1(-5.70498872745e-3f);
-    p = kf__v8_fma(p, z, kf__v8_set1(2.06390887954e-2f));
-    p = kf__v8_fma(p, z, kf__v8_set1(-5.37397155531e-2f));
-    p = kf__v8_fma(p, z, kf__v8_set1(1.33314422036e-1f));
-    p = kf__v8_fma(p, z, kf__v8_set1(-3.33332819422e-1f));
-    const kf__v8 small = kf__v8_fma(p * z, ax, ax);
-    const kf__v8 t = kf__v8_select(ax < 0.625f, small, big);
-    return (kf__v8)((kf__v8i)t | ((kf__v8i)x & INT32_MIN));
+KF__VINLINE kf__vf kf__vf_tanh(kf__vf x) {
+    const kf__vf ax = kf__vf_abs(x);
+    const kf__vf e = kf__vf_exp_neg(ax + ax);
+    const kf__vf big = 1.0f - (e + e) / (1.0f + e);
+    const kf__vf z = x * x;
+    kf__vf p = kf__vf_set1(-5.70498872745e-3f);
+    p = kf__vf_fma(p, z, kf__vf_set1(2.06390887954e-2f));
+    p = kf__vf_fma(p, z, kf__vf_set1(-5.37397155531e-2f));
+    p = kf__vf_fma(p, z, kf__vf_set1(1.33314422036e-1f));
+    p = kf__vf_fma(p, z, kf__vf_set1(-3.33332819422e-1f));
+    const kf__vf small = kf__vf_fma(p * z, ax, ax);
+    const kf__vf t = kf__vf_select(ax < 0.625f, small, big);
+    return (kf__vf)((kf__vfi)t | ((kf__vfi)x & INT32_MIN));
 }
 
 /* ---- the register-blocked micro-kernel ------------------------------------------------------
  * Every per-step recurrent product of forward and backward, C[nb, N] = A[nb, K] B[K, N], goes
  * through kf__mk with B packed once per call into panels (kf__rnn_cpu_pack): panel p holds, for
- * each k, its nv * 8 columns contiguously (vector v of the panel = 8 columns; which ones is the
- * packing's business: with gates, vector v is gate v of the same 8 columns, so an epilogue sees
- * r, z and n of one column together). kf__mk computes an mr x (nv * 8) tile of C in mr * nv
- * vector accumulators (at most 12 of the 16 ymm registers, leaving nv for B and one for the
- * broadcast A element): per k, nv loads of B (one cache line at nv = 2), mr broadcasts of A and
- * mr * nv FMAs. The tile is handed to the caller's epilogue in registers; C is never stored.
- * Rows past `mr` (the slice's last, partial block) repeat row mr-1, and the epilogue drops them.
- * MR and NV must be compile-time constants at the call site (the loops unroll, and acc stays in
- * registers). */
-#define KF__MR_MAX 6
+ * each k, its nv * KF__VW columns contiguously (vector v of the panel = KF__VW columns; which ones
+ * is the packing's business: with gates, vector v is gate v of the same columns, so an epilogue
+ * sees r, z and n of one column together). kf__mk computes an mr x (nv * KF__VW) tile of C in
+ * mr * nv vector accumulators, leaving nv registers for B and one for the broadcast A element:
+ * per k, nv loads of B, mr broadcasts of A and mr * nv FMAs. The tile is handed to the caller's
+ * epilogue in registers; C is never stored. Rows past `mr` (the slice's last, partial block)
+ * repeat row mr-1, and the epilogue drops them. MR and NV must be compile-time constants at the
+ * call site (the loops unroll, and acc stays in registers).
+ *
+ * Tiles (rows MR x vectors NV) per product and ISA: with 16 vector registers at most 12
+ * accumulators; AVX-512's 32 take up to 24, so each B row loaded serves twice the rows.
+ *   KF__MR_G3  GRU forward, h W_hh^T: NV = 3 gates (r, z, n of the same columns)
+ *   KF__MR_G2  A-GRU forward, h [U_z; U_r]^T: NV = 2 gates
+ *   KF__MR_P x KF__NV_P  the plain products (A-GRU q A^T; backward dG_h W_hh, da_d A, ...) */
+#ifdef __AVX512F__
+#define KF__MR_G3 8
+#define KF__MR_G2 8
+#define KF__MR_P 8
+#define KF__NV_P 2
+#else
+#define KF__MR_G3 4
+#define KF__MR_G2 6
+#define KF__MR_P 6
+#define KF__NV_P 2
+#endif
+#define KF__MR_MAX 8
 #define KF__NV_MAX 3
 
+/* kf__mk on operands in place: A[i, k] at a[i * lda + k * ak], row k of B's nv vectors at
+ * bp + k * bk (kf__mk: ak = 1 and packed panels; the GRU backward's dW_hh += dG_h^T Hp reads
+ * dG_h^T and Hp where they lie). */
 KF__VINLINE void
-kf__mk(const int MR, const int NV, int64_t K, const float *a, int64_t lda, int64_t mr,
-       const float *restrict bp, kf__v8 acc[KF__MR_MAX * KF__NV_MAX]) {
+kf__mk_st(const int MR, const int NV, int64_t K, const float *a, int64_t lda, int64_t ak,
+          int64_t mr, const float *restrict bp, int64_t bk,
+          kf__vf acc[KF__MR_MAX * KF__NV_MAX]) {
     const float *ap[KF__MR_MAX];
     for (int i = 0; i < MR; i++) ap[i] = a + (i < mr ? i : mr - 1) * lda;
-    /* c: constant indices only, so it lives in registers across the asm of kf__v8_bcast */
-    kf__v8 c[KF__MR_MAX * KF__NV_MAX];
-    for (int i = 0; i < MR * NV; i++) c[i] = kf__v8_set1(0.0f);
-    for (int64_t k = 0; k < K; k++, bp += NV * 8) {
-        kf__v8 b[KF__NV_MAX];
-        for (int v = 0; v < NV; v++) b[v] = kf__v8_load(bp + v * 8);
+    /* c: constant indices only, so it lives in registers across the asm of kf__vf_bcast (the
+     * pragmas: GCC peels no loop of more than 16 iterations whole on its own, and MR * NV is 24
+     * on AVX-512) */
+    kf__vf c[KF__MR_MAX * KF__NV_MAX];
+#pragma GCC unroll 32
+    for (int i = 0; i < MR * NV; i++) c[i] = kf__vf_set1(0.0f);
+    for (int64_t k = 0; k < K; k++, bp += bk) {
+        kf__vf b[KF__NV_MAX];
+        for (int v = 0; v < NV; v++) b[v] = kf__vf_load(bp + v * KF__VW);
         for (int i = 0; i < MR; i++) {
-            const kf__v8 x = kf__v8_bcast(ap[i] + k);
-            for (int v = 0; v < NV; v++) c[i * NV + v] = kf__v8_fma(x, b[v], c[i * NV + v]);
+            const kf__vf x = kf__vf_bcast(ap[i] + k * ak);
+            for (int v = 0; v < NV; v++) c[i * NV + v] = kf__vf_fma(x, b[v], c[i * NV + v]);
         }
     }
+#pragma GCC unroll 32
     for (int i = 0; i < MR * NV; i++) acc[i] = c[i];
 }
 
-/* Columns of vector v of panel p: its first column, and how many of its 8 lie before hc (the
- * columns per gate). Gated panels (ng > 1) hold gate v of columns 8p..; plain ones columns
- * 8(p*nv + v).. */
+KF__VINLINE void
+kf__mk(const int MR, const int NV, int64_t K, const float *a, int64_t lda, int64_t mr,
+       const float *restrict bp, kf__vf acc[KF__MR_MAX * KF__NV_MAX]) {
+    kf__mk_st(MR, NV, K, a, lda, 1, mr, bp, NV * KF__VW, acc);
+}
+
+/* Columns of vector v of panel p: its first column, and how many of its KF__VW lie before hc
+ * (the columns per gate). Gated panels (ng > 1) hold gate v of columns KF__VW p..; plain ones
+ * columns KF__VW (p nv + v).. */
 KF__VINLINE int64_t kf__panel_col(int ng, int nv, int64_t p, int v) {
-    return ng > 1 ? 8 * p : 8 * (p * nv + v);
+    return ng > 1 ? KF__VW * p : KF__VW * (p * nv + v);
 }
 KF__VINLINE int kf__cols_left(int64_t j0, int64_t hc) {
-    return hc - j0 >= 8 ? 8 : hc - j0 > 0 ? (int)(hc - j0) : 0;
+    return hc - j0 >= KF__VW ? KF__VW : hc - j0 > 0 ? (int)(hc - j0) : 0;
 }
 /* Panels of a product whose B has ng gates of hc columns each, nv vectors per panel. */
 KF__VINLINE int64_t kf__num_panels(int ng, int nv, int64_t hc) {
-    return ng > 1 ? (hc + 7) / 8 : (hc + 8 * nv - 1) / (8 * nv);
+    return ng > 1 ? (hc + KF__VW - 1) / KF__VW : (hc + KF__VW * nv - 1) / (KF__VW * nv);
 }
 
 #endif /* KF_CPU_RNN_CPU_H */

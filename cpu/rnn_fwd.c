@@ -36,110 +36,111 @@ static bool step_valid(const fwd_step *s, int64_t i) { return !s->len || s->t < 
 
 /* Columns j.. of row i of the new state, h' (valid rows; y gets h') or the unchanged h (rows past
  * their length; y gets 0), into y and the next hp. */
-KF__VINLINE void put_state(const fwd_step *s, int64_t i, int64_t j, kf__v8 h, bool valid, int nc) {
-    if (s->y) kf__v8_store_n(s->y + i * s->y_ld + j, valid ? h : kf__v8_set1(0.0f), nc);
-    if (s->hpn) kf__v8_store_n(s->hpn + i * s->hpn_ld + j, h, nc);
+KF__VINLINE void put_state(const fwd_step *s, int64_t i, int64_t j, kf__vf h, bool valid, int nc) {
+    if (s->y) kf__vf_store_n(s->y + i * s->y_ld + j, valid ? h : kf__vf_set1(0.0f), nc);
+    if (s->hpn) kf__vf_store_n(s->hpn + i * s->hpn_ld + j, h, nc);
 }
 
-/* GRU: [a_r, a_z, hn] = h W_hh^T + b_hh on 4 rows x 8 columns of each gate, then
+/* GRU: [a_r, a_z, hn] = h W_hh^T + b_hh on KF__MR_G3 rows x KF__VW columns of each gate, then
  * r, z = sigmoid(gx + a); n = tanh(gx_n + r hn); h' = n + z (h - n) (gx = x W_ih^T + b_ih).
  * h is read whole by the products, so h' goes to a second buffer (invalid rows copy h). */
 KF__MK_CLONES static void gru_step(const fwd_step *s, const float *pk,
                                    const float *restrict bhh, const float *h, float *hout) {
     const int64_t H = s->H;
     for (int64_t p = 0; p < kf__num_panels(3, 3, H); p++) {
-        const int64_t j = 8 * p;
+        const int64_t j = KF__VW * p;
         const int nc = kf__cols_left(j, H);
-        const kf__v8 br = kf__v8_load_n(bhh + j, nc), bz = kf__v8_load_n(bhh + H + j, nc);
-        const kf__v8 bhn = kf__v8_load_n(bhh + 2 * H + j, nc);
-        for (int64_t i0 = 0; i0 < s->nb; i0 += 4) {
-            const int64_t mr = s->nb - i0 < 4 ? s->nb - i0 : 4;
-            kf__v8 acc[KF__MR_MAX * KF__NV_MAX];
-            kf__mk(4, 3, H, h + i0 * H, H, mr, pk + p * H * 24, acc);
+        const kf__vf br = kf__vf_load_n(bhh + j, nc), bz = kf__vf_load_n(bhh + H + j, nc);
+        const kf__vf bhn = kf__vf_load_n(bhh + 2 * H + j, nc);
+        for (int64_t i0 = 0; i0 < s->nb; i0 += KF__MR_G3) {
+            const int64_t mr = s->nb - i0 < KF__MR_G3 ? s->nb - i0 : KF__MR_G3;
+            kf__vf acc[KF__MR_MAX * KF__NV_MAX];
+            kf__mk(KF__MR_G3, 3, H, h + i0 * H, H, mr, pk + p * H * 3 * KF__VW, acc);
             for (int64_t i = i0; i < i0 + mr; i++) {
-                const kf__v8 hp = kf__v8_load_n(h + i * H + j, nc);
+                const kf__vf hp = kf__vf_load_n(h + i * H + j, nc);
                 if (!step_valid(s, i)) {
-                    kf__v8_store_n(hout + i * H + j, hp, nc);
+                    kf__vf_store_n(hout + i * H + j, hp, nc);
                     put_state(s, i, j, hp, false, nc);
                     continue;
                 }
                 const float *gx = s->gx + i * s->gx_ld + j;
-                const kf__v8 *a = acc + (i - i0) * 3;
-                const kf__v8 r = kf__v8_sigmoid(kf__v8_load_n(gx, nc) + a[0] + br);
-                const kf__v8 z = kf__v8_sigmoid(kf__v8_load_n(gx + H, nc) + a[1] + bz);
-                const kf__v8 hn = a[2] + bhn;
-                const kf__v8 n = kf__v8_tanh(kf__v8_fma(r, hn, kf__v8_load_n(gx + 2 * H, nc)));
-                const kf__v8 hnew = kf__v8_fma(z, hp - n, n);
-                kf__v8_store_n(hout + i * H + j, hnew, nc);
+                const kf__vf *a = acc + (i - i0) * 3;
+                const kf__vf r = kf__vf_sigmoid(kf__vf_load_n(gx, nc) + a[0] + br);
+                const kf__vf z = kf__vf_sigmoid(kf__vf_load_n(gx + H, nc) + a[1] + bz);
+                const kf__vf hn = a[2] + bhn;
+                const kf__vf n = kf__vf_tanh(kf__vf_fma(r, hn, kf__vf_load_n(gx + 2 * H, nc)));
+                const kf__vf hnew = kf__vf_fma(z, hp - n, n);
+                kf__vf_store_n(hout + i * H + j, hnew, nc);
                 put_state(s, i, j, hnew, true, nc);
                 if (s->sv) {
                     float *sv = s->sv + i * s->sv_ld + j;
-                    kf__v8_store_n(sv, r, nc);
-                    kf__v8_store_n(sv + H, z, nc);
-                    kf__v8_store_n(sv + 2 * H, n, nc);
-                    kf__v8_store_n(sv + 3 * H, hn, nc);
+                    kf__vf_store_n(sv, r, nc);
+                    kf__vf_store_n(sv + H, z, nc);
+                    kf__vf_store_n(sv + 2 * H, n, nc);
+                    kf__vf_store_n(sv + 3 * H, hn, nc);
                 }
             }
         }
     }
 }
 
-/* A-GRU, first product: [a_z, a_r] = h [U_z; U_r]^T on 6 rows x 8 columns of each gate, then
- * z, r = sigmoid(gx + a) into zb; q = r h. Every row (the second product reads all). */
+/* A-GRU, first product: [a_z, a_r] = h [U_z; U_r]^T on KF__MR_G2 rows x KF__VW columns of each
+ * gate, then z, r = sigmoid(gx + a) into zb; q = r h. Every row (the second product reads all). */
 KF__MK_CLONES static void agru_step1(const fwd_step *s, const float *pk, const float *h,
                                      float *zb, float *q) {
     const int64_t H = s->H;
     for (int64_t p = 0; p < kf__num_panels(2, 2, H); p++) {
-        const int64_t j = 8 * p;
+        const int64_t j = KF__VW * p;
         const int nc = kf__cols_left(j, H);
-        for (int64_t i0 = 0; i0 < s->nb; i0 += 6) {
-            const int64_t mr = s->nb - i0 < 6 ? s->nb - i0 : 6;
-            kf__v8 acc[KF__MR_MAX * KF__NV_MAX];
-            kf__mk(6, 2, H, h + i0 * H, H, mr, pk + p * H * 16, acc);
+        for (int64_t i0 = 0; i0 < s->nb; i0 += KF__MR_G2) {
+            const int64_t mr = s->nb - i0 < KF__MR_G2 ? s->nb - i0 : KF__MR_G2;
+            kf__vf acc[KF__MR_MAX * KF__NV_MAX];
+            kf__mk(KF__MR_G2, 2, H, h + i0 * H, H, mr, pk + p * H * 2 * KF__VW, acc);
             for (int64_t i = i0; i < i0 + mr; i++) {
                 const float *gx = s->gx + i * s->gx_ld + j;
-                const kf__v8 *a = acc + (i - i0) * 2;
-                const kf__v8 z = kf__v8_sigmoid(kf__v8_load_n(gx, nc) + a[0]);
-                const kf__v8 r = kf__v8_sigmoid(kf__v8_load_n(gx + H, nc) + a[1]);
-                kf__v8_store_n(zb + i * H + j, z, nc);
-                kf__v8_store_n(q + i * H + j, r * kf__v8_load_n(h + i * H + j, nc), nc);
+                const kf__vf *a = acc + (i - i0) * 2;
+                const kf__vf z = kf__vf_sigmoid(kf__vf_load_n(gx, nc) + a[0]);
+                const kf__vf r = kf__vf_sigmoid(kf__vf_load_n(gx + H, nc) + a[1]);
+                kf__vf_store_n(zb + i * H + j, z, nc);
+                kf__vf_store_n(q + i * H + j, r * kf__vf_load_n(h + i * H + j, nc), nc);
                 if (s->sv) {
-                    kf__v8_store_n(s->sv + i * s->sv_ld + j, z, nc);
-                    kf__v8_store_n(s->sv + i * s->sv_ld + H + j, r, nc);
+                    kf__vf_store_n(s->sv + i * s->sv_ld + j, z, nc);
+                    kf__vf_store_n(s->sv + i * s->sv_ld + H + j, r, nc);
                 }
             }
         }
     }
 }
 
-/* A-GRU, second product: a_d = q A^T on 6 rows x 16 columns, then d = tanh(gx_d + a_d);
- * h += eps z d in place (this product reads q, not h). */
+/* A-GRU, second product: a_d = q A^T on KF__MR_P rows x KF__NV_P vectors, then
+ * d = tanh(gx_d + a_d); h += eps z d in place (this product reads q, not h). */
 KF__MK_CLONES static void agru_step2(const fwd_step *s, const float *pk, float eps, const float *q,
                        const float *zb, float *h) {
     const int64_t H = s->H;
-    for (int64_t p = 0; p < kf__num_panels(1, 2, H); p++) {
-        for (int64_t i0 = 0; i0 < s->nb; i0 += 6) {
-            const int64_t mr = s->nb - i0 < 6 ? s->nb - i0 : 6;
-            kf__v8 acc[KF__MR_MAX * KF__NV_MAX];
-            kf__mk(6, 2, H, q + i0 * H, H, mr, pk + p * H * 16, acc);
-            for (int v = 0; v < 2; v++) {
-                const int64_t j = kf__panel_col(1, 2, p, v);
+    for (int64_t p = 0; p < kf__num_panels(1, KF__NV_P, H); p++) {
+        for (int64_t i0 = 0; i0 < s->nb; i0 += KF__MR_P) {
+            const int64_t mr = s->nb - i0 < KF__MR_P ? s->nb - i0 : KF__MR_P;
+            kf__vf acc[KF__MR_MAX * KF__NV_MAX];
+            kf__mk(KF__MR_P, KF__NV_P, H, q + i0 * H, H, mr, pk + p * H * KF__NV_P * KF__VW,
+                   acc);
+            for (int v = 0; v < KF__NV_P; v++) {
+                const int64_t j = kf__panel_col(1, KF__NV_P, p, v);
                 const int nc = kf__cols_left(j, H);
                 if (!nc) break;
                 for (int64_t i = i0; i < i0 + mr; i++) {
                     float *hr = h + i * H + j;
                     if (!step_valid(s, i)) {
-                        put_state(s, i, j, kf__v8_load_n(hr, nc), false, nc);
+                        put_state(s, i, j, kf__vf_load_n(hr, nc), false, nc);
                         continue;
                     }
                     const float *gx = s->gx + i * s->gx_ld + 2 * H + j;
-                    const kf__v8 a = acc[(i - i0) * 2 + v];
-                    const kf__v8 d = kf__v8_tanh(kf__v8_load_n(gx, nc) + a);
-                    const kf__v8 ez = kf__v8_set1(eps) * kf__v8_load_n(zb + i * H + j, nc);
-                    const kf__v8 hnew = kf__v8_fma(ez, d, kf__v8_load_n(hr, nc));
-                    kf__v8_store_n(hr, hnew, nc);
+                    const kf__vf a = acc[(i - i0) * KF__NV_P + v];
+                    const kf__vf d = kf__vf_tanh(kf__vf_load_n(gx, nc) + a);
+                    const kf__vf ez = kf__vf_set1(eps) * kf__vf_load_n(zb + i * H + j, nc);
+                    const kf__vf hnew = kf__vf_fma(ez, d, kf__vf_load_n(hr, nc));
+                    kf__vf_store_n(hr, hnew, nc);
                     put_state(s, i, j, hnew, true, nc);
-                    if (s->sv) kf__v8_store_n(s->sv + i * s->sv_ld + 2 * H + j, d, nc);
+                    if (s->sv) kf__vf_store_n(s->sv + i * s->sv_ld + 2 * H + j, d, nc);
                 }
             }
         }

@@ -1,6 +1,6 @@
 /* The CPU recurrent backend's layout and the helpers its forward and backward share
- * (cpu/rnn_cpu.h): workspace and reserve sizes, weight views and packing, the dropout row; and
- * its op table, which hands a float64 plan to cpu/rnn_f64.c. */
+ * (cpu/rnn_cpu.h): workspace and reserve sizes (float64 plans' too: cpu/rnn_f64.c), weight views
+ * and packing, the dropout row; and this ISA's op table (cpu/rnn_ops.c). */
 #include "rnn_cpu.h"
 
 static size_t fbytes(int64_t n) { return kf__align_up((size_t)n * sizeof(float)); }
@@ -12,7 +12,7 @@ static size_t agru_pack_bytes(int64_t in, int64_t H) { return fbytes(3 * H * in)
 
 /* Floats of the panels of a product with K rows (kf__mk). */
 static int64_t panel_floats(int ng, int nv, int64_t K, int64_t hc) {
-    return kf__num_panels(ng, nv, hc) * K * nv * 8;
+    return kf__num_panels(ng, nv, hc) * K * nv * KF__VW;
 }
 
 void kf__rnn_cpu_layout_init(kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p, int64_t T,
@@ -43,10 +43,10 @@ void kf__rnn_cpu_layout_init(kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p
     if (f64) { /* A (A-GRU) or nothing: rec_pk1 = 0 */
         lo->rec_bytes = lo->agru ? ebytes(e, H * H) : 0;
     } else {
-        lo->rec_pk1 = fbytes(panel_floats(ngr, ngr, H, H) > panel_floats(1, 2, ngr * H, H)
-                                 ? panel_floats(ngr, ngr, H, H)
-                                 : panel_floats(1, 2, ngr * H, H));
-        lo->rec_bytes = lo->rec_pk1 + (lo->agru ? fbytes(panel_floats(1, 2, H, H)) : 0);
+        const int64_t fwd_pk0 = panel_floats(ngr, ngr, H, H);
+        const int64_t bwd_pk0 = panel_floats(1, KF__NV_P, ngr * H, H);
+        lo->rec_pk1 = fbytes(fwd_pk0 > bwd_pk0 ? fwd_pk0 : bwd_pk0);
+        lo->rec_bytes = lo->rec_pk1 + (lo->agru ? fbytes(panel_floats(1, KF__NV_P, H, H)) : 0);
     }
     off += (size_t)(p->L * D) * lo->rec_bytes;
     for (int i = 0; i < 2; i++) {
@@ -65,6 +65,15 @@ void kf__rnn_cpu_layout_init(kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p
     off += lo->agru ? ebytes(e, H * H) : 0;
     lo->epsacc = off;
     off += lo->agru ? kf__align_up((size_t)lo->ns * sizeof(double)) : 0;
+    /* the fused dW_hh reads rows of Hp as whole vectors, so only where they hold whole panels */
+    lo->whh_fused = !f64 && !lo->agru && H % (KF__NV_P * KF__VW) == 0;
+    lo->wpart = off;
+    lo->dgh_step = fbytes(3 * H * H);
+    lo->wpart_bytes = lo->whh_fused ? lo->dgh_step + fbytes(lo->nbmax * 3 * H) : 0;
+    off += (size_t)lo->ns * lo->wpart_bytes;
+    lo->bsum = off;
+    lo->bsum_bytes = f64 ? 0 : kf__align_up((size_t)(4 * H) * sizeof(double));
+    off += (size_t)lo->ns * lo->bsum_bytes;
     lo->ws_bytes = off;
 
     lo->hp_bytes = ebytes(e, N * H);
@@ -127,13 +136,13 @@ static float spec_at(const pack_spec *ps, int64_t H, float gamma, int64_t k, int
 
 /* Panel p of `ps` into dst (layout: kf__mk in rnn_cpu.h; columns past H are zeros). */
 static void pack_panel(const pack_spec *ps, int64_t H, float gamma, int64_t p, float *dst) {
-    const int w = ps->nv * 8;
+    const int w = ps->nv * KF__VW;
     dst += p * ps->K * w;
     for (int v = 0; v < ps->nv; v++) {
         const int64_t j0 = kf__panel_col(ps->ng, ps->nv, p, v), n0 = (ps->ng > 1 ? v : 0) * H;
-        for (int cc = 0; cc < 8; cc++)
+        for (int cc = 0; cc < KF__VW; cc++)
             for (int64_t k = 0; k < ps->K; k++)
-                dst[k * w + v * 8 + cc] =
+                dst[k * w + v * KF__VW + cc] =
                     j0 + cc < H ? spec_at(ps, H, gamma, k, n0 + j0 + cc) : 0.0f;
     }
 }
@@ -147,12 +156,12 @@ static int cell_specs(const kf__rnn_cpu_layout *lo, const void *const *cw, bool 
     if (!lo->agru) {
         const float *whh = cw[KF__GRU_W_HH];
         ps[0] = (pack_spec){{whh, whh + H * H, whh + 2 * H * H}, !bwd, false, bwd ? 1 : 3,
-                            bwd ? 2 : 3, bwd ? 3 * H : H};
+                            bwd ? KF__NV_P : 3, bwd ? 3 * H : H};
         return 1;
     }
-    ps[0] = (pack_spec){{cw[KF__AGRU_U_Z], cw[KF__AGRU_U_R]}, !bwd, false, bwd ? 1 : 2, 2,
-                        bwd ? 2 * H : H};
-    ps[1] = (pack_spec){{cw[KF__AGRU_W_H]}, !bwd, true, 1, 2, H};
+    ps[0] = (pack_spec){{cw[KF__AGRU_U_Z], cw[KF__AGRU_U_R]}, !bwd, false, bwd ? 1 : 2,
+                        bwd ? KF__NV_P : 2, bwd ? 2 * H : H};
+    ps[1] = (pack_spec){{cw[KF__AGRU_W_H]}, !bwd, true, 1, KF__NV_P, H};
     return 2;
 }
 
@@ -206,14 +215,6 @@ void kf__rnn_cpu_pack(const kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p,
 KF__RNN_DROP_ROW_DEFINE(kf__rnn_cpu_drop_row, float, dr->scale)
 KF__RNN_DROP_ROW_DEFINE(kf__rnn_cpu_drop_row_f64, double, 1.0 / (1.0 - (double)dr->p))
 
-static kf_status cpu_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c) {
-    return c->plan->dtype == KF_DTYPE_F64 ? kf__cpu_rnn_forward_f64(ctx, c)
-                                          : kf__cpu_rnn_forward(ctx, c);
-}
-
-static kf_status cpu_rnn_backward(kf_context *ctx, const kf__rnn_bwd *c) {
-    return c->plan->dtype == KF_DTYPE_F64 ? kf__cpu_rnn_backward_f64(ctx, c)
-                                          : kf__cpu_rnn_backward(ctx, c);
-}
-
-const kf__rnn_ops kf__cpu_rnn_ops = {NULL, kf__cpu_rnn_sizes, cpu_rnn_forward, cpu_rnn_backward};
+/* This ISA's entries; cpu/rnn_ops.c calls the table of the ISA the context picked. */
+const kf__rnn_ops kf__cpu_rnn_isa_ops = {NULL, kf__cpu_rnn_sizes, kf__cpu_rnn_forward,
+                                         kf__cpu_rnn_backward};

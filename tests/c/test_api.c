@@ -418,6 +418,47 @@ Test(api, context_create_errors) {
     cr_expect(ctx == NULL);
 }
 
+/* KF_CPU_ISA picks the CPU recurrent kernels' instruction set at context creation: unset, empty
+ * and "avx2" always work, "avx512" where the build and the CPU have AVX-512 kernels, anything
+ * else is refused (Criterion runs each test in its own process, so the environment is ours). */
+Test(api, cpu_isa_environment) {
+    kf_context_desc d;
+    kf_context_desc_init(&d);
+    static const char *ok[] = {"avx2", ""};
+    for (int i = 0; i < 2; i++) {
+        kf_context *ctx = NULL;
+        cr_assert_eq(setenv("KF_CPU_ISA", ok[i], 1), 0);
+        cr_expect_eq(kf_context_create(&d, &ctx), KF_OK, "KF_CPU_ISA='%s': %s", ok[i],
+                     kf_last_error_message());
+        kf_context_destroy(ctx);
+    }
+    static const char *bad[] = {"avx-512", "AVX2", "x86-64-v4 "};
+    for (int i = 0; i < 3; i++) {
+        kf_context *ctx = (kf_context *)(uintptr_t)0x5A5A;
+        cr_assert_eq(setenv("KF_CPU_ISA", bad[i], 1), 0);
+        check_error(bad[i], kf_context_create(&d, &ctx), KF_ERR_INVALID_ARGUMENT,
+                    "kf_context_create", "KF_CPU_ISA");
+        cr_expect(ctx == NULL, "KF_CPU_ISA='%s': *out = %p after a failure", bad[i], (void *)ctx);
+    }
+    kf_context *ctx = (kf_context *)(uintptr_t)0x5A5A;
+    cr_assert_eq(setenv("KF_CPU_ISA", "avx512", 1), 0);
+    kf_status s = kf_context_create(&d, &ctx);
+    if (s == KF_OK) {
+        kf_context_destroy(ctx);
+    } else {
+        check_error("avx512", s, KF_ERR_UNSUPPORTED, "kf_context_create", "KF_CPU_ISA");
+        cr_expect(ctx == NULL, "KF_CPU_ISA=avx512: *out = %p after a failure", (void *)ctx);
+    }
+#if defined(__x86_64__) && defined(__GNUC__)
+    /* where the CPU runs x86-64-v4 only a build without the kernels may refuse */
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512cd") && s != KF_OK)
+        cr_expect(strstr(kf_last_error_message(), "built without") != NULL,
+                  "AVX-512 CPU, KF_CPU_ISA=avx512 refused: '%s'", kf_last_error_message());
+#endif
+}
+
 Test(api, context_null_handles) {
     const kf_status INV = KF_ERR_INVALID_ARGUMENT;
     int32_t dt = 77;

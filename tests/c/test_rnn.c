@@ -791,6 +791,23 @@ Test(rnn_numerics, wider_hidden) {
     run_case("A-GRU H=37", &a, &o);
 }
 
+/* Hidden sizes of whole micro-kernel panels (H = 32: the AVX2 and the AVX-512 kernels; 48: the
+ * AVX2 ones only), where the GRU backward sums dW_hh per step and slice instead of in one GEMM:
+ * two slices, lengths, both directions, overwrite and accumulate, and dW_hh absent. */
+Test(rnn_numerics, whole_panel_hidden) {
+    static const int32_t len[5] = {6, 2, 6, 5, 1};
+    opts o = {.h0 = 1, .lengths = len, .num_threads = 2};
+    ref_rnn_cfg c = gru(2, 2, 5, 32, 6, 5);
+    run_case("GRU H=32", &c, &o);
+    ref_rnn_cfg c48 = gru(1, 1, 3, 48, 6, 5);
+    o.accumulate = 1;
+    run_case("GRU H=48 accumulate", &c48, &o);
+    run_case("GRU H=32 accumulate", &c, &o);
+    o.accumulate = 0;
+    o.dw_mode = 2;
+    run_case("GRU H=32 every other dweight", &c, &o);
+}
+
 /* ---- repeated calls agree bit for bit ------------------------------------------------------
  * The CPU backend's sums have a fixed order (no atomics; slices own their rows), so the same call
  * repeated on the same context gives identical bits. A difference means a data race, which the
