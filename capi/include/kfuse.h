@@ -151,9 +151,9 @@ KF_API void kf_context_desc_init(kf_context_desc *desc);
 /* Creates a context: device, stream (the CUDA default stream until set), BLAS handle, arena.
  * A CPU context picks here, once, the instruction set of its recurrent kernels: x86-64-v4
  * (AVX-512) where the library was built with them and the CPU runs them, else the build's
- * baseline (x86-64-v3: AVX2+FMA). The environment variable KF_CPU_ISA overrides: "avx2" the
- * baseline, "avx512" x86-64-v4 (KF_ERR_UNSUPPORTED where it cannot run); any other non-empty
- * value is KF_ERR_INVALID_ARGUMENT. Results agree within float32 rounding either way.
+ * baseline (x86-64-v3: AVX2+FMA). The environment variable KF_CPU_ISA (since 1.4) overrides:
+ * "avx2" the baseline, "avx512" x86-64-v4 (KF_ERR_UNSUPPORTED where it cannot run); any other
+ * non-empty value is KF_ERR_INVALID_ARGUMENT. Results agree within float32 rounding either way.
  * @return KF_OK and *out set; KF_ERR_BACKEND_UNAVAILABLE for CUDA in a CPU-only build or with no
  * usable driver/device; KF_ERR_OUT_OF_MEMORY; KF_ERR_INVALID_ARGUMENT; KF_ERR_UNSUPPORTED.
  * *out is NULL on failure. Since 1.0. */

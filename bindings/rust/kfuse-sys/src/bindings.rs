@@ -275,9 +275,14 @@ extern "C" {
 }
 extern "C" {
     #[doc = " Creates a context: device, stream (the CUDA default stream until set), BLAS handle, arena."]
+    #[doc = " A CPU context picks here, once, the instruction set of its recurrent kernels: x86-64-v4"]
+    #[doc = " (AVX-512) where the library was built with them and the CPU runs them, else the build's"]
+    #[doc = " baseline (x86-64-v3: AVX2+FMA). The environment variable KF_CPU_ISA (since 1.4) overrides:"]
+    #[doc = " \"avx2\" the baseline, \"avx512\" x86-64-v4 (KF_ERR_UNSUPPORTED where it cannot run); any other"]
+    #[doc = " non-empty value is KF_ERR_INVALID_ARGUMENT. Results agree within float32 rounding either way."]
     #[doc = " @return KF_OK and *out set; KF_ERR_BACKEND_UNAVAILABLE for CUDA in a CPU-only build or with no"]
-    #[doc = " usable driver/device; KF_ERR_OUT_OF_MEMORY; KF_ERR_INVALID_ARGUMENT. *out is NULL on failure."]
-    #[doc = " Since 1.0."]
+    #[doc = " usable driver/device; KF_ERR_OUT_OF_MEMORY; KF_ERR_INVALID_ARGUMENT; KF_ERR_UNSUPPORTED."]
+    #[doc = " *out is NULL on failure. Since 1.0."]
     pub fn kf_context_create(desc: *const kf_context_desc, out: *mut *mut kf_context) -> kf_status;
 }
 extern "C" {
