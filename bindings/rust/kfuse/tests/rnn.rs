@@ -106,6 +106,49 @@ fn backward_matches_f64_finite_differences_default_threads() {
     }
 }
 
+/// What [`fwd_bwd`] returns: y, hn and every gradient (all poisoned with NaN before the calls).
+struct FwdBwd<T> {
+    y: Vec<T>,
+    hn: Vec<T>,
+    dx: Vec<T>,
+    dh0: Vec<T>,
+    dw: Vec<Vec<T>>,
+}
+
+/// A training forward with h0 and hn, then backward of L = sum(cy * y) + sum(ch * hn) with
+/// every gradient output, through a plan of element type `T`.
+fn fwd_bwd<T: Float + From<f32>>(
+    plan: &mut RnnPlan<'_, T>,
+    c: &Cfg,
+    x: &[T],
+    h0: &[T],
+    w: &[Vec<T>],
+    cy: &[T],
+    ch: &[T],
+) -> FwdBwd<T> {
+    let nan = T::from(f32::NAN);
+    let (mut y, mut hn) = (vec![nan; cy.len()], vec![nan; ch.len()]);
+    let (mut dx, mut dh0) = (vec![nan; x.len()], vec![nan; h0.len()]);
+    let mut dw: Vec<Vec<T>> = w.iter().map(|v| vec![nan; v.len()]).collect();
+    let fwd = ForwardArgs::new(
+        Tensor::new(x, &plan.x_shape(c.t, c.b)),
+        w,
+        TensorMut::new(&mut y, &plan.y_shape(c.t, c.b)),
+    )
+    .h0(Tensor::new(h0, &plan.state_shape(c.b)))
+    .hn(TensorMut::new(&mut hn, &plan.state_shape(c.b)));
+    let reserve = plan.forward(Mode::Training, &fwd).unwrap().unwrap();
+    let bwd = BackwardArgs::from_forward(&fwd)
+        .dy(Tensor::new(cy, &plan.y_shape(c.t, c.b)))
+        .dhn(Tensor::new(ch, &plan.state_shape(c.b)))
+        .dx(TensorMut::new(&mut dx, &plan.x_shape(c.t, c.b)))
+        .dh0(TensorMut::new(&mut dh0, &plan.state_shape(c.b)))
+        .dweights(WeightGrads::from_vecs(&mut dw));
+    plan.backward(GradMode::Overwrite, &bwd, &reserve).unwrap();
+    drop((fwd, bwd));
+    FwdBwd { y, hn, dx, dh0, dw }
+}
+
 fn backward_vs_fd(threads: u32) {
     let ctx = Context::builder(Device::Cpu).with_threads(threads).build().unwrap();
     for (n, mut c) in configs().into_iter().enumerate() {
@@ -119,27 +162,7 @@ fn backward_vs_fd(threads: u32) {
         let cy = rng.vec(ny, -1.0, 1.0);
         let ch = rng.vec(nh, -1.0, 1.0);
 
-        let mut y = vec![0.0f32; ny];
-        let mut hn = vec![0.0f32; nh];
-        let mut dx = vec![f32::NAN; p.x.len()];
-        let mut dh0 = vec![f32::NAN; nh];
-        let mut dw: Vec<Vec<f32>> = p.w.iter().map(|v| vec![f32::NAN; v.len()]).collect();
-        let fwd = ForwardArgs::new(
-            Tensor::new(&p.x, &plan.x_shape(c.t, c.b)),
-            &p.w,
-            TensorMut::new(&mut y, &plan.y_shape(c.t, c.b)),
-        )
-        .h0(Tensor::new(&p.h0, &plan.state_shape(c.b)))
-        .hn(TensorMut::new(&mut hn, &plan.state_shape(c.b)));
-        let reserve = plan.forward(Mode::Training, &fwd).unwrap().unwrap();
-        let bwd = BackwardArgs::from_forward(&fwd)
-            .dy(Tensor::new(&cy, &plan.y_shape(c.t, c.b)))
-            .dhn(Tensor::new(&ch, &plan.state_shape(c.b)))
-            .dx(TensorMut::new(&mut dx, &plan.x_shape(c.t, c.b)))
-            .dh0(TensorMut::new(&mut dh0, &plan.state_shape(c.b)))
-            .dweights(WeightGrads::from_vecs(&mut dw));
-        plan.backward(GradMode::Overwrite, &bwd, &reserve).unwrap();
-        drop(bwd);
+        let FwdBwd { dx, dh0, dw, .. } = fwd_bwd(&mut plan, &c, &p.x, &p.h0, &p.w, &cy, &ch);
 
         let (x64, h064, cy64, ch64) = (to_f64(&p.x), to_f64(&p.h0), to_f64(&cy), to_f64(&ch));
         let w64: Vec<Vec<f64>> = p.w.iter().map(|v| to_f64(v)).collect();
@@ -394,25 +417,7 @@ fn float64_plan_matches_f64_reference() {
             let cy = f(rng.vec(yr.len(), -1.0, 1.0));
             let ch = f(rng.vec(hr.len(), -1.0, 1.0));
 
-            let (mut y, mut hn) = (vec![f64::NAN; yr.len()], vec![f64::NAN; hr.len()]);
-            let (mut dx, mut dh0) = (vec![f64::NAN; x.len()], vec![f64::NAN; h0.len()]);
-            let mut dw: Vec<Vec<f64>> = w.iter().map(|v| vec![f64::NAN; v.len()]).collect();
-            let fwd = ForwardArgs::new(
-                Tensor::new(&x, &plan.x_shape(c.t, c.b)),
-                &w,
-                TensorMut::new(&mut y, &plan.y_shape(c.t, c.b)),
-            )
-            .h0(Tensor::new(&h0, &plan.state_shape(c.b)))
-            .hn(TensorMut::new(&mut hn, &plan.state_shape(c.b)));
-            let reserve = plan.forward(Mode::Training, &fwd).unwrap().unwrap();
-            let bwd = BackwardArgs::from_forward(&fwd)
-                .dy(Tensor::new(&cy, &plan.y_shape(c.t, c.b)))
-                .dhn(Tensor::new(&ch, &plan.state_shape(c.b)))
-                .dx(TensorMut::new(&mut dx, &plan.x_shape(c.t, c.b)))
-                .dh0(TensorMut::new(&mut dh0, &plan.state_shape(c.b)))
-                .dweights(WeightGrads::from_vecs(&mut dw));
-            plan.backward(GradMode::Overwrite, &bwd, &reserve).unwrap();
-            drop((fwd, bwd));
+            let FwdBwd { y, hn, dx, dh0, dw } = fwd_bwd(&mut plan, &c, &x, &h0, &w, &cy, &ch);
             let (ey, eh) = (rel_err64(&y, &yr), rel_err64(&hn, &hr));
             assert!(ey < 1e-12 && eh < 1e-12, "threads={threads} {c:?}: y {ey:.3e}, hn {eh:.3e}");
 

@@ -71,20 +71,32 @@ fn problem(c: &Cfg, seed: u64) -> Problem {
     }
 }
 
+/// Views of S1s, S2s, U1s, U2s and (when `c` has one) the bias, of either element type.
+fn sk_params<'a, T: Float>(
+    c: &Cfg,
+    s1: &'a [T],
+    s2: &'a [T],
+    u1: &'a [T],
+    u2: &'a [T],
+    b: &'a [T],
+) -> SkParams<'a, T> {
+    let d = c.desc();
+    let p = SkParams::new(
+        Tensor::new(s1, &d.s1s_shape()),
+        Tensor::new(s2, &d.s2s_shape()),
+        Tensor::new(u1, &d.u1s_shape()),
+        Tensor::new(u2, &d.u2s_shape()),
+    );
+    if c.bias {
+        p.bias(Tensor::new(b, &d.bias_shape()))
+    } else {
+        p
+    }
+}
+
 impl Problem {
     fn params(&self, c: &Cfg) -> SkParams<'_> {
-        let d = c.desc();
-        let p = SkParams::new(
-            Tensor::new(&self.s1, &d.s1s_shape()),
-            Tensor::new(&self.s2, &d.s2s_shape()),
-            Tensor::new(&self.u1, &d.u1s_shape()),
-            Tensor::new(&self.u2, &d.u2s_shape()),
-        );
-        if c.bias {
-            p.bias(Tensor::new(&self.b, &d.bias_shape()))
-        } else {
-            p
-        }
+        sk_params(c, &self.s1, &self.s2, &self.u1, &self.u2, &self.b)
     }
 }
 
@@ -604,18 +616,7 @@ fn rel_err64(out: &[f64], r: &[f64]) -> f64 {
 
 impl P64 {
     fn params(&self, c: &Cfg) -> SkParams<'_, f64> {
-        let d = c.desc();
-        let p = SkParams::new(
-            Tensor::new(&self.s1, &d.s1s_shape()),
-            Tensor::new(&self.s2, &d.s2s_shape()),
-            Tensor::new(&self.u1, &d.u1s_shape()),
-            Tensor::new(&self.u2, &d.u2s_shape()),
-        );
-        if c.bias {
-            p.bias(Tensor::new(&self.b, &d.bias_shape()))
-        } else {
-            p
-        }
+        sk_params(c, &self.s1, &self.s2, &self.u1, &self.u2, &self.b)
     }
 }
 
@@ -638,7 +639,6 @@ fn float64_plan_matches_f64_reference() {
                 TensorMut::new(&mut y, &c.y_shape()),
             );
             plan.forward(&fwd).unwrap();
-            drop(fwd);
             let e = rel_err64(&y, &r.forward());
             assert!(e < 1e-12, "threads={threads} {c:?}: y rel err {e:.3e}");
 
@@ -657,7 +657,6 @@ fn float64_plan_matches_f64_reference() {
             .dx(TensorMut::new(&mut dx, &c.x_shape()))
             .dparams(&mut grads);
             plan.backward(GradMode::Accumulate, &bwd).unwrap();
-            drop(bwd);
             let plus1 = |v: &[f64]| v.iter().map(|x| x + 1.0).collect::<Vec<_>>();
             let errs = [
                 ("dx", rel_err64(&dx, &g.dx)),
