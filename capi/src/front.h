@@ -40,14 +40,13 @@ typedef struct kf__param {
     int64_t shape[3];
 } kf__param;
 
-#define KF__MAX_PARAMS 5 /* the most tensors any layer lists */
+/* A layer's list (`plan` is that layer's plan type): returns how many tensors it has and, when
+ * 0 <= index < that count, writes tensor `index` to *out. */
+typedef int32_t (*kf__param_list)(const void *plan, int32_t index, kf__param *out);
 
-/* A layer's list: writes its tensors to out[KF__MAX_PARAMS] and returns how many (`plan` is that
- * layer's plan type). */
-typedef int32_t (*kf__param_list)(const void *plan, kf__param *out);
-
-/* The bodies of every kf_*_param_count / kf_*_param_info entry point (messages under `fn`):
- * check the plan and the index, then answer from the layer's list; outputs of _info optional. */
+/* The bodies of every kf_*_param_count / kf_*_param_info entry point and of the recurrent layer's
+ * kf_rnn_weight_count / kf_rnn_weight_info (messages under `fn`): check the plan and the index,
+ * then answer from the layer's list; outputs of _info optional. */
 kf_status kf__param_count(const char *fn, const void *plan, kf__param_list list, int32_t *count);
 kf_status kf__param_info(const char *fn, const void *plan, kf__param_list list, int32_t index,
                          const char **name, int32_t *ndim, int64_t *shape);

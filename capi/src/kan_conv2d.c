@@ -138,8 +138,8 @@ KF_API kf_status kf_kan_conv2d_workspace_size(const kf_kan_conv2d_plan *plan, in
 }
 
 /* The conv layer's tensors are those of its KANLinear. */
-static int32_t kf__kan_conv_params(const void *plan, kf__param *out) {
-    return kf__kan_params(&((const kf_kan_conv2d_plan *)plan)->lin, out);
+static int32_t kf__kan_conv_params(const void *plan, int32_t index, kf__param *out) {
+    return kf__kan_params(&((const kf_kan_conv2d_plan *)plan)->lin, index, out);
 }
 
 KF_API kf_status kf_kan_conv2d_param_count(const kf_kan_conv2d_plan *plan, int32_t *count) {

@@ -24,7 +24,7 @@ kf_status kf__kan_plan_init(const char *fn, kf_context *ctx, int64_t in, int64_t
                             struct kf_kan_linear_plan *p);
 /* efficient-kan's state: grid, base_weight, spline_weight and (standalone_scale) spline_scaler
  * into out[4]; returns the count. */
-int32_t kf__kan_params(const void *plan, kf__param *out); /* a kf__param_list: grid, weights */
+int32_t kf__kan_params(const void *plan, int32_t index, kf__param *out); /* a kf__param_list */
 /* N rows within limits and N * (in + out) addressable. */
 kf_status kf__kan_check_rows(const char *fn, const struct kf_kan_linear_plan *p, int64_t N);
 /* The grid and parameters, checked against the plan (grid values where the device's memory is

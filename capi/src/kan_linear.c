@@ -108,14 +108,14 @@ KF_API kf_status kf_kan_linear_plan_create(kf_context *ctx, const kf_kan_linear_
 
 KF_API void kf_kan_linear_plan_destroy(kf_kan_linear_plan *plan) { free(plan); }
 
-int32_t kf__kan_params(const void *plan, kf__param *out) {
+int32_t kf__kan_params(const void *plan, int32_t index, kf__param *out) {
     const struct kf_kan_linear_plan *p = plan;
     const kf__param all[4] = {{"grid", 2, {p->in, p->nk, 0}},
                               {"base_weight", 2, {p->out, p->in, 0}},
                               {"spline_weight", 3, {p->out, p->in, p->C}},
                               {"spline_scaler", 2, {p->out, p->in, 0}}};
     const int32_t n = p->scaled ? 4 : 3;
-    for (int32_t i = 0; i < n; ++i) out[i] = all[i];
+    if (index >= 0 && index < n) *out = all[index];
     return n;
 }
 

@@ -6,8 +6,7 @@ kf_status kf__param_count(const char *fn, const void *plan, kf__param_list list,
     kf__clear_error();
     KF_CHECK_FN(fn, plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
     KF_CHECK_FN(fn, count != NULL, KF_ERR_INVALID_ARGUMENT, "count is NULL");
-    kf__param ps[KF__MAX_PARAMS];
-    *count = list(plan, ps);
+    *count = list(plan, -1, NULL);
     return KF_OK;
 }
 
@@ -15,14 +14,14 @@ kf_status kf__param_info(const char *fn, const void *plan, kf__param_list list, 
                          const char **name, int32_t *ndim, int64_t *shape) {
     kf__clear_error();
     KF_CHECK_FN(fn, plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
-    kf__param ps[KF__MAX_PARAMS];
-    const int32_t count = list(plan, ps);
+    const int32_t count = list(plan, -1, NULL);
     KF_CHECK_FN(fn, index >= 0 && index < count, KF_ERR_INVALID_ARGUMENT,
                 "index = %d, expected 0..%d", (int)index, (int)count - 1);
-    const kf__param *p = &ps[index];
-    if (name) *name = p->name;
-    if (ndim) *ndim = p->ndim;
+    kf__param p;
+    list(plan, index, &p);
+    if (name) *name = p.name;
+    if (ndim) *ndim = p.ndim;
     if (shape)
-        for (int32_t i = 0; i < p->ndim; ++i) shape[i] = p->shape[i];
+        for (int32_t i = 0; i < p.ndim; ++i) shape[i] = p.shape[i];
     return KF_OK;
 }

@@ -172,28 +172,25 @@ KF_API void kf_rnn_plan_destroy(kf_rnn_plan *plan) {
     free(plan);
 }
 
+/* The weights in canonical order, cell by cell: a kf__param_list. */
+static int32_t kf__rnn_params(const void *plan, int32_t index, kf__param *out) {
+    const kf_rnn_plan *p = plan;
+    if (index >= 0 && index < p->num_weights) {
+        const int32_t cell = index / p->nw, j = index % p->nw;
+        out->name = p->names[index];
+        out->shape[0] = out->shape[1] = out->shape[2] = 0;
+        out->ndim = kf__rnn_weight_shape(p, cell / p->D, j, out->shape);
+    }
+    return p->num_weights;
+}
+
 KF_API kf_status kf_rnn_weight_count(const kf_rnn_plan *plan, int32_t *count) {
-    kf__clear_error();
-    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
-    KF_CHECK(count != NULL, KF_ERR_INVALID_ARGUMENT, "count is NULL");
-    *count = plan->num_weights;
-    return KF_OK;
+    return kf__param_count(__func__, plan, kf__rnn_params, count);
 }
 
 KF_API kf_status kf_rnn_weight_info(const kf_rnn_plan *plan, int32_t index, const char **name,
                                     int32_t *ndim, int64_t *shape) {
-    kf__clear_error();
-    KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
-    KF_CHECK(index >= 0 && index < plan->num_weights, KF_ERR_INVALID_ARGUMENT,
-             "index = %d, expected 0..%d", (int)index, (int)plan->num_weights - 1);
-    int32_t cell = index / plan->nw, j = index % plan->nw;
-    int64_t s[2] = {0, 0};
-    int32_t n = kf__rnn_weight_shape(plan, cell / plan->D, j, s);
-    if (name) *name = plan->names[index];
-    if (ndim) *ndim = n;
-    if (shape)
-        for (int32_t i = 0; i < n; ++i) shape[i] = s[i];
-    return KF_OK;
+    return kf__param_info(__func__, plan, kf__rnn_params, index, name, ndim, shape);
 }
 
 /* T, B within limits and every size the backends derive from them representable: the backends'

@@ -110,7 +110,7 @@ KF_API kf_status kf_sklinear_param_ratio(const kf_sklinear_plan *plan, double *r
 }
 
 /* Panther's state: S1s, S2s, U1s, U2s and (with a bias) bias; returns the count. */
-static int32_t kf__skl_params(const void *plan, kf__param *out) {
+static int32_t kf__skl_params(const void *plan, int32_t index, kf__param *out) {
     const kf_sklinear_plan *p = plan;
     const int64_t L = p->L, k = p->k;
     const kf__param all[5] = {{"S1s", 3, {L, p->in, k}},
@@ -119,7 +119,7 @@ static int32_t kf__skl_params(const void *plan, kf__param *out) {
                               {"U2s", 3, {L, p->in, k}},
                               {"bias", 1, {p->out, 0, 0}}};
     const int32_t n = p->has_bias ? 5 : 4;
-    for (int32_t i = 0; i < n; ++i) out[i] = all[i];
+    if (index >= 0 && index < n) *out = all[index];
     return n;
 }
 
