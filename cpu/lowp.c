@@ -168,6 +168,43 @@ static lp_ctx lp_begin(lp_pass pass, const kf_context *ctx, kf_dtype dt, void *w
 
 static size_t lp_max(size_t a, size_t b) { return a > b ? a : b; }
 
+/* A float32 copy `q` of plan `p` (type PLAN): the plan the float32 table runs. */
+#define LP_PLAN_F32(PLAN, q, p)                                                                   \
+    PLAN q = *(p);                                                                                \
+    q.dtype = KF_DTYPE_F32
+
+/* Defines the wrapped entry `name` of an op (REC its call record, PLAN its plan type): a call of
+ * a low plan converted around `inner`, the float32 table's entry; any other call passed to it.
+ * WS32 is the float32 op's workspace for the record `c` and float32 plan `q`, LIST the record's
+ * tensor list (lp_*_tensors), ACC whether gradients accumulate. */
+#define LP_DEFINE_CALL(name, REC, PLAN, inner, WS32, LIST, ACC)                                  \
+    static kf_status name(kf_context *ctx, const REC *c) {                                        \
+        if (!kf__dtype_is_lowp(c->plan->dtype)) return inner(ctx, c);                             \
+        LP_PLAN_F32(PLAN, q, c->plan);                                                            \
+        const size_t ws32 = (WS32);                                                               \
+        REC f = *c;                                                                               \
+        f.plan = &q;                                                                              \
+        f.ws_bytes = ws32;                                                                        \
+        lp_ctx l = lp_begin(LP_PASS_LOAD, ctx, c->plan->dtype, c->ws, ws32, (ACC));               \
+        LIST(&l, c, &f);                                                                          \
+        KF_TRY(inner(ctx, &f));                                                                   \
+        l = lp_begin(LP_PASS_STORE, ctx, c->plan->dtype, c->ws, ws32, (ACC));                     \
+        LIST(&l, c, &f);                                                                          \
+        return KF_OK;                                                                             \
+    }
+
+/* The workspace of both calls of a record pair (FWD, BWD) of `p` in the SIZE pass: the larger
+ * of the two tensor sets (BWD's only when `both`), after the float32 op's `ws32`. */
+#define LP_SIZE_BOTH(FWD, BWD, fwd_list, bwd_list, p, both, ws32, ...)                           \
+    do {                                                                                          \
+        FWD cf_ = {.plan = (p), __VA_ARGS__}, ff_ = cf_;                                          \
+        BWD cb_ = {.plan = (p), __VA_ARGS__}, fb_ = cb_;                                          \
+        lp_ctx lf_ = lp_begin(LP_PASS_SIZE, NULL, (p)->dtype, NULL, 0, false), lb_ = lf_;         \
+        fwd_list(&lf_, &cf_, &ff_);                                                               \
+        if (both) bwd_list(&lb_, &cb_, &fb_);                                                     \
+        (ws32) = kf__align_up(ws32) + lp_max(lf_.off, lb_.off);                                   \
+    } while (0)
+
 /* ---- recurrent layers ---------------------------------------------------------------------- */
 
 static int64_t lp_rnn_weight_elems(const struct kf_rnn_plan *p, int32_t k) {
@@ -193,22 +230,24 @@ static const void **lp_rnn_weights(lp_ctx *l, const struct kf_rnn_plan *p,
     return w;
 }
 
+/* The inputs shared by forward and backward (x, h0, the weights); TB = T * B and hn, the
+ * elements of h0, defined for the rest of the list. */
+#define LP_RNN_INPUTS(l, p, c, f)                                                                 \
+    const int64_t TB = (c)->T * (c)->B, hn = (int64_t)(p)->L * (p)->D * (c)->B * (p)->H;          \
+    (f)->x = lp_in(l, (c)->x, TB * (p)->I);                                                       \
+    (f)->h0 = lp_in(l, (c)->h0, hn);                                                              \
+    (f)->w = lp_rnn_weights(l, p, (c)->w)
+
 static void lp_rnn_fwd_tensors(lp_ctx *l, const kf__rnn_fwd *c, kf__rnn_fwd *f) {
     const struct kf_rnn_plan *p = c->plan;
-    const int64_t TB = c->T * c->B, hn = (int64_t)p->L * p->D * c->B * p->H;
-    f->x = lp_in(l, c->x, TB * p->I);
-    f->h0 = lp_in(l, c->h0, hn);
-    f->w = lp_rnn_weights(l, p, c->w);
+    LP_RNN_INPUTS(l, p, c, f);
     f->y = lp_out(l, c->y, TB * p->D * p->H, false);
     f->hn = lp_out(l, c->hn, hn, false);
 }
 
 static void lp_rnn_bwd_tensors(lp_ctx *l, const kf__rnn_bwd *c, kf__rnn_bwd *f) {
     const struct kf_rnn_plan *p = c->plan;
-    const int64_t TB = c->T * c->B, hn = (int64_t)p->L * p->D * c->B * p->H;
-    f->x = lp_in(l, c->x, TB * p->I);
-    f->h0 = lp_in(l, c->h0, hn);
-    f->w = lp_rnn_weights(l, p, c->w);
+    LP_RNN_INPUTS(l, p, c, f);
     f->dy = lp_in(l, c->dy, TB * p->D * p->H);
     f->dhn = lp_in(l, c->dhn, hn);
     f->dx = lp_out(l, c->dx, TB * p->I, false);
@@ -221,71 +260,29 @@ static void lp_rnn_bwd_tensors(lp_ctx *l, const kf__rnn_bwd *c, kf__rnn_bwd *f) 
     f->dw = dw;
     f->accumulate = false;
 }
-
-static struct kf_rnn_plan lp_rnn_f32(const struct kf_rnn_plan *p) {
-    struct kf_rnn_plan q = *p;
-    q.dtype = KF_DTYPE_F32;
-    return q;
-}
+#undef LP_RNN_INPUTS
 
 static void lp_rnn_sizes(const struct kf_rnn_plan *p, int64_t T, int64_t B, bool training,
                          size_t *ws_bytes, size_t *reserve_bytes) {
-    if (!kf__dtype_is_lowp(p->dtype)) {
-        kf__cpu_rnn_ops.sizes(p, T, B, training, ws_bytes, reserve_bytes);
-        return;
-    }
-    const struct kf_rnn_plan q = lp_rnn_f32(p);
-    size_t ws32 = 0;
-    kf__cpu_rnn_ops.sizes(&q, T, B, training, &ws32, reserve_bytes);
-    /* The SIZE pass counts every tensor: the most any call of this shape converts. */
-    kf__rnn_fwd cf = {.plan = p, .T = T, .B = B};
-    kf__rnn_fwd ff = cf;
-    lp_ctx l = lp_begin(LP_PASS_SIZE, NULL, p->dtype, NULL, 0, false);
-    lp_rnn_fwd_tensors(&l, &cf, &ff);
-    size_t need = l.off;
-    if (training) {
-        kf__rnn_bwd cb = {.plan = p, .T = T, .B = B};
-        kf__rnn_bwd fb = cb;
-        l = lp_begin(LP_PASS_SIZE, NULL, p->dtype, NULL, 0, false);
-        lp_rnn_bwd_tensors(&l, &cb, &fb);
-        need = lp_max(need, l.off);
-    }
-    *ws_bytes = kf__align_up(ws32) + need;
+    const bool low = kf__dtype_is_lowp(p->dtype);
+    LP_PLAN_F32(struct kf_rnn_plan, q, p);
+    kf__cpu_rnn_ops.sizes(low ? &q : p, T, B, training, ws_bytes, reserve_bytes);
+    if (!low) return;
+    LP_SIZE_BOTH(kf__rnn_fwd, kf__rnn_bwd, lp_rnn_fwd_tensors, lp_rnn_bwd_tensors, p, training,
+                 *ws_bytes, .T = T, .B = B);
 }
 
-static kf_status lp_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c) {
-    const struct kf_rnn_plan *p = c->plan;
-    if (!kf__dtype_is_lowp(p->dtype)) return kf__cpu_rnn_ops.forward(ctx, c);
-    const struct kf_rnn_plan q = lp_rnn_f32(p);
-    size_t ws32 = 0, rs32 = 0;
-    kf__cpu_rnn_ops.sizes(&q, c->T, c->B, c->training, &ws32, &rs32);
-    kf__rnn_fwd f = *c;
-    f.plan = &q;
-    f.ws_bytes = ws32;
-    lp_ctx l = lp_begin(LP_PASS_LOAD, ctx, p->dtype, c->ws, ws32, false);
-    lp_rnn_fwd_tensors(&l, c, &f);
-    KF_TRY(kf__cpu_rnn_ops.forward(ctx, &f));
-    l = lp_begin(LP_PASS_STORE, ctx, p->dtype, c->ws, ws32, false);
-    lp_rnn_fwd_tensors(&l, c, &f);
-    return KF_OK;
+/* The float32 op's workspace for a call of T, B (backward: a training size). */
+static size_t lp_rnn_ws32(const struct kf_rnn_plan *q, int64_t T, int64_t B, bool training) {
+    size_t ws = 0, rs = 0;
+    kf__cpu_rnn_ops.sizes(q, T, B, training, &ws, &rs);
+    return ws;
 }
 
-static kf_status lp_rnn_backward(kf_context *ctx, const kf__rnn_bwd *c) {
-    const struct kf_rnn_plan *p = c->plan;
-    if (!kf__dtype_is_lowp(p->dtype)) return kf__cpu_rnn_ops.backward(ctx, c);
-    const struct kf_rnn_plan q = lp_rnn_f32(p);
-    size_t ws32 = 0, rs32 = 0;
-    kf__cpu_rnn_ops.sizes(&q, c->T, c->B, true, &ws32, &rs32);
-    kf__rnn_bwd f = *c;
-    f.plan = &q;
-    f.ws_bytes = ws32;
-    lp_ctx l = lp_begin(LP_PASS_LOAD, ctx, p->dtype, c->ws, ws32, c->accumulate);
-    lp_rnn_bwd_tensors(&l, c, &f);
-    KF_TRY(kf__cpu_rnn_ops.backward(ctx, &f));
-    l = lp_begin(LP_PASS_STORE, ctx, p->dtype, c->ws, ws32, c->accumulate);
-    lp_rnn_bwd_tensors(&l, c, &f);
-    return KF_OK;
-}
+LP_DEFINE_CALL(lp_rnn_forward, kf__rnn_fwd, struct kf_rnn_plan, kf__cpu_rnn_ops.forward,
+               lp_rnn_ws32(&q, c->T, c->B, c->training), lp_rnn_fwd_tensors, false)
+LP_DEFINE_CALL(lp_rnn_backward, kf__rnn_bwd, struct kf_rnn_plan, kf__cpu_rnn_ops.backward,
+               lp_rnn_ws32(&q, c->T, c->B, true), lp_rnn_bwd_tensors, c->accumulate)
 
 const kf__rnn_ops kf__cpu_rnn_any_ops = {NULL, lp_rnn_sizes, lp_rnn_forward, lp_rnn_backward};
 
@@ -322,52 +319,19 @@ static void lp_skl_bwd_tensors(lp_ctx *l, const kf__skl_bwd *c, kf__skl_bwd *f) 
 }
 #undef LP_SKL_PARAMS
 
-static struct kf_sklinear_plan lp_skl_f32(const struct kf_sklinear_plan *p) {
-    struct kf_sklinear_plan q = *p;
-    q.dtype = KF_DTYPE_F32;
-    return q;
-}
-
 static size_t lp_skl_workspace(const struct kf_sklinear_plan *p, int64_t N) {
     if (!kf__dtype_is_lowp(p->dtype)) return kf__cpu_skl_ops.workspace(p, N);
-    const struct kf_sklinear_plan q = lp_skl_f32(p);
-    kf__skl_fwd cf = {.plan = p, .N = N}, ff = cf;
-    kf__skl_bwd cb = {.plan = p, .N = N}, fb = cb;
-    lp_ctx lf = lp_begin(LP_PASS_SIZE, NULL, p->dtype, NULL, 0, false), lb = lf;
-    lp_skl_fwd_tensors(&lf, &cf, &ff);
-    lp_skl_bwd_tensors(&lb, &cb, &fb);
-    return kf__align_up(kf__cpu_skl_ops.workspace(&q, N)) + lp_max(lf.off, lb.off);
+    LP_PLAN_F32(struct kf_sklinear_plan, q, p);
+    size_t ws = kf__cpu_skl_ops.workspace(&q, N);
+    LP_SIZE_BOTH(kf__skl_fwd, kf__skl_bwd, lp_skl_fwd_tensors, lp_skl_bwd_tensors, p, true, ws,
+                 .N = N);
+    return ws;
 }
 
-static kf_status lp_skl_forward(kf_context *ctx, const kf__skl_fwd *c) {
-    if (!kf__dtype_is_lowp(c->plan->dtype)) return kf__cpu_skl_ops.forward(ctx, c);
-    const struct kf_sklinear_plan q = lp_skl_f32(c->plan);
-    const size_t ws32 = kf__cpu_skl_ops.workspace(&q, c->N);
-    kf__skl_fwd f = *c;
-    f.plan = &q;
-    f.ws_bytes = ws32;
-    lp_ctx l = lp_begin(LP_PASS_LOAD, ctx, c->plan->dtype, c->ws, ws32, false);
-    lp_skl_fwd_tensors(&l, c, &f);
-    KF_TRY(kf__cpu_skl_ops.forward(ctx, &f));
-    l = lp_begin(LP_PASS_STORE, ctx, c->plan->dtype, c->ws, ws32, false);
-    lp_skl_fwd_tensors(&l, c, &f);
-    return KF_OK;
-}
-
-static kf_status lp_skl_backward(kf_context *ctx, const kf__skl_bwd *c) {
-    if (!kf__dtype_is_lowp(c->plan->dtype)) return kf__cpu_skl_ops.backward(ctx, c);
-    const struct kf_sklinear_plan q = lp_skl_f32(c->plan);
-    const size_t ws32 = kf__cpu_skl_ops.workspace(&q, c->N);
-    kf__skl_bwd f = *c;
-    f.plan = &q;
-    f.ws_bytes = ws32;
-    lp_ctx l = lp_begin(LP_PASS_LOAD, ctx, c->plan->dtype, c->ws, ws32, c->accumulate);
-    lp_skl_bwd_tensors(&l, c, &f);
-    KF_TRY(kf__cpu_skl_ops.backward(ctx, &f));
-    l = lp_begin(LP_PASS_STORE, ctx, c->plan->dtype, c->ws, ws32, c->accumulate);
-    lp_skl_bwd_tensors(&l, c, &f);
-    return KF_OK;
-}
+LP_DEFINE_CALL(lp_skl_forward, kf__skl_fwd, struct kf_sklinear_plan, kf__cpu_skl_ops.forward,
+               kf__cpu_skl_ops.workspace(&q, c->N), lp_skl_fwd_tensors, false)
+LP_DEFINE_CALL(lp_skl_backward, kf__skl_bwd, struct kf_sklinear_plan, kf__cpu_skl_ops.backward,
+               kf__cpu_skl_ops.workspace(&q, c->N), lp_skl_bwd_tensors, c->accumulate)
 
 const kf__skl_ops kf__cpu_skl_any_ops = {NULL, lp_skl_workspace, lp_skl_forward,
                                          lp_skl_backward};
@@ -407,53 +371,21 @@ static void lp_kan_bwd_tensors(lp_ctx *l, const kf__kan_bwd *c, kf__kan_bwd *f) 
 }
 #undef LP_KAN_PARAMS
 
-static struct kf_kan_linear_plan lp_kan_f32(const struct kf_kan_linear_plan *p) {
-    struct kf_kan_linear_plan q = *p;
-    q.dtype = KF_DTYPE_F32;
-    return q;
-}
-
 static size_t lp_kan_workspace(const struct kf_kan_linear_plan *p, int64_t N,
                                const kf__kan_patches *patches) {
     if (!kf__dtype_is_lowp(p->dtype)) return kf__cpu_kan_ops.workspace(p, N, patches);
-    const struct kf_kan_linear_plan q = lp_kan_f32(p);
-    kf__kan_fwd cf = {.plan = p, .N = N, .patches = patches}, ff = cf;
-    kf__kan_bwd cb = {.plan = p, .N = N, .patches = patches}, fb = cb;
-    lp_ctx lf = lp_begin(LP_PASS_SIZE, NULL, p->dtype, NULL, 0, false), lb = lf;
-    lp_kan_fwd_tensors(&lf, &cf, &ff);
-    lp_kan_bwd_tensors(&lb, &cb, &fb);
-    return kf__align_up(kf__cpu_kan_ops.workspace(&q, N, patches)) + lp_max(lf.off, lb.off);
+    LP_PLAN_F32(struct kf_kan_linear_plan, q, p);
+    size_t ws = kf__cpu_kan_ops.workspace(&q, N, patches);
+    LP_SIZE_BOTH(kf__kan_fwd, kf__kan_bwd, lp_kan_fwd_tensors, lp_kan_bwd_tensors, p, true, ws,
+                 .N = N, .patches = patches);
+    return ws;
 }
 
-static kf_status lp_kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
-    if (!kf__dtype_is_lowp(c->plan->dtype)) return kf__cpu_kan_ops.forward(ctx, c);
-    const struct kf_kan_linear_plan q = lp_kan_f32(c->plan);
-    const size_t ws32 = kf__cpu_kan_ops.workspace(&q, c->N, c->patches);
-    kf__kan_fwd f = *c;
-    f.plan = &q;
-    f.ws_bytes = ws32;
-    lp_ctx l = lp_begin(LP_PASS_LOAD, ctx, c->plan->dtype, c->ws, ws32, false);
-    lp_kan_fwd_tensors(&l, c, &f);
-    KF_TRY(kf__cpu_kan_ops.forward(ctx, &f));
-    l = lp_begin(LP_PASS_STORE, ctx, c->plan->dtype, c->ws, ws32, false);
-    lp_kan_fwd_tensors(&l, c, &f);
-    return KF_OK;
-}
-
-static kf_status lp_kan_backward(kf_context *ctx, const kf__kan_bwd *c) {
-    if (!kf__dtype_is_lowp(c->plan->dtype)) return kf__cpu_kan_ops.backward(ctx, c);
-    const struct kf_kan_linear_plan q = lp_kan_f32(c->plan);
-    const size_t ws32 = kf__cpu_kan_ops.workspace(&q, c->N, c->patches);
-    kf__kan_bwd f = *c;
-    f.plan = &q;
-    f.ws_bytes = ws32;
-    lp_ctx l = lp_begin(LP_PASS_LOAD, ctx, c->plan->dtype, c->ws, ws32, c->accumulate);
-    lp_kan_bwd_tensors(&l, c, &f);
-    KF_TRY(kf__cpu_kan_ops.backward(ctx, &f));
-    l = lp_begin(LP_PASS_STORE, ctx, c->plan->dtype, c->ws, ws32, c->accumulate);
-    lp_kan_bwd_tensors(&l, c, &f);
-    return KF_OK;
-}
+LP_DEFINE_CALL(lp_kan_forward, kf__kan_fwd, struct kf_kan_linear_plan, kf__cpu_kan_ops.forward,
+               kf__cpu_kan_ops.workspace(&q, c->N, c->patches), lp_kan_fwd_tensors, false)
+LP_DEFINE_CALL(lp_kan_backward, kf__kan_bwd, struct kf_kan_linear_plan, kf__cpu_kan_ops.backward,
+               kf__cpu_kan_ops.workspace(&q, c->N, c->patches), lp_kan_bwd_tensors,
+               c->accumulate)
 
 const kf__kan_ops kf__cpu_kan_any_ops = {NULL, lp_kan_workspace, lp_kan_forward,
                                          lp_kan_backward};
