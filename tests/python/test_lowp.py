@@ -222,3 +222,34 @@ def test_opcheck_low_dtypes(dt):
             ("rnn", (xr, h0[:1], None, agru._canonical_weights(), "agru", 3, 4, 1, False, False,
                      0.0, 0.01, True, None))]:
         torch.library.opcheck(getattr(torch.ops.kfuse, name).default, args)
+
+
+# ---- the numpy front end (numpy has float16, no bfloat16) ----------------------------------------
+
+def test_numpy_kan_float16_vs_float64():
+    """A float16 KanLinearPlan through kfuse.numpy: float16 grid, outputs and gradients, within
+    u + 1e-5 of float64 on the same float16 inputs; a bfloat16 plan is a clear TypeError."""
+    np = pytest.importorskip("numpy")
+    import kfuse
+    import kfuse.numpy as knp
+    from kfuse._lowlevel import DTYPE_BF16, DTYPE_F16
+    from kfuse.kan import KanLinearPlan
+    from kan_reference import reference_grads
+    ctx = kfuse.Context("cpu")
+    plan = KanLinearPlan(ctx, 20, 12, grid_size=4, spline_order=2, dtype=DTYPE_F16)
+    rng = np.random.default_rng(0)
+    params = {n: rng.uniform(-0.3, 0.3, s).astype(np.float16) for n, s in plan.param_info}
+    params["grid"] = knp.kan_linear_uniform_grid(plan, -1.0, 1.0)
+    assert params["grid"].dtype == np.float16
+    x = (rng.standard_normal((9, 20)) * 1.2).astype(np.float16)
+    dy = rng.standard_normal((9, 12)).astype(np.float16)
+    y = knp.kan_linear_forward(plan, x, params)
+    dx, dp = knp.kan_linear_backward(plan, x, params, dy)
+    yr, dxr, gr = reference_grads(x, params, dy, 2)
+    bound = UNIT[torch.float16] + E32
+    assert y.dtype == dx.dtype == np.float16
+    for got, want in [(y, yr), (dx, dxr)] + [(dp[n], gr[n]) for n in dp]:
+        assert got.dtype == np.float16
+        assert _rel(torch.from_numpy(got), want) <= bound
+    with pytest.raises(TypeError, match="bfloat16"):
+        knp.kan_linear_uniform_grid(KanLinearPlan(ctx, 4, 3, dtype=DTYPE_BF16))
