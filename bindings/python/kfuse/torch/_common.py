@@ -120,6 +120,9 @@ def module_attrs(module, classes, names):
 # ---- autocast ------------------------------------------------------------------------------------
 # torch.get_autocast_dtype(device_type) and is_autocast_enabled(device_type): torch >= 2.4.
 _AUTOCAST_BY_DEVICE = hasattr(torch, "get_autocast_dtype")
+# Whether autocast is on for any device: one call on the per-call path (torch 2.x has it).
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (
+    lambda: torch.is_autocast_cpu_enabled() or torch.is_autocast_enabled())
 
 
 def autocast_dtype(device):
@@ -143,7 +146,7 @@ def autocast_inputs(x, tensors):
     the low dtypes (no tensor-core kernels yet): there everything is cast to float32 instead and
     the caller casts the output to the autocast dtype. Returns (x, tensors, dtype of the output
     or None where autocast is off: nothing cast)."""
-    dt = autocast_dtype(x.device)
+    dt = autocast_dtype(x.device) if _any_autocast() else None
     if dt is None:
         return x, tensors, None
     run = dt if x.device.type == "cpu" else torch.float32
