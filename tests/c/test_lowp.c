@@ -266,8 +266,9 @@ static void check_skl(kf_dtype dt, int64_t N, int64_t in, int64_t out, int32_t L
 Test(lowp, sklinear) {
     check_skl(KF_DTYPE_BF16, 9, 24, 20, 2, 3);
     check_skl(KF_DTYPE_F16, 9, 24, 20, 2, 3);
-    check_skl(KF_DTYPE_BF16, 64, 256, 192, 1, 16); /* the vector and threaded conversions */
-    check_skl(KF_DTYPE_F16, 64, 256, 192, 1, 16);
+    /* x, y, dy, dx of 81920 elements: the vector conversions split over 2 threads */
+    check_skl(KF_DTYPE_BF16, 320, 256, 256, 1, 16);
+    check_skl(KF_DTYPE_F16, 320, 256, 256, 1, 16);
 }
 
 /* ---- KANLinear and KANConv2d ----------------------------------------------------------------
@@ -376,8 +377,8 @@ static void check_kan(kf_dtype dt, int64_t B, int64_t N, int64_t in, int64_t out
 Test(lowp, kan_linear) {
     check_kan(KF_DTYPE_BF16, 0, 37, 6, 5, 5, 3);
     check_kan(KF_DTYPE_F16, 0, 37, 6, 5, 5, 3);
-    check_kan(KF_DTYPE_BF16, 0, 256, 64, 48, 5, 3);
-    check_kan(KF_DTYPE_F16, 0, 256, 64, 48, 5, 3);
+    check_kan(KF_DTYPE_BF16, 0, 1100, 64, 48, 5, 3); /* x, dx: 70400 elements, threaded */
+    check_kan(KF_DTYPE_F16, 0, 1100, 64, 48, 5, 3);
 }
 
 Test(lowp, kan_conv2d) {
@@ -476,7 +477,7 @@ static void check_rnn(kf_dtype dt, int cell, int L, int D, int64_t I, int64_t H,
 Test(lowp, gru) {
     check_rnn(KF_DTYPE_BF16, REF_GRU, 2, 2, 5, 8, 7, 3);
     check_rnn(KF_DTYPE_F16, REF_GRU, 2, 2, 5, 8, 7, 3);
-    check_rnn(KF_DTYPE_BF16, REF_GRU, 1, 1, 28, 128, 6, 16); /* vector and threaded paths */
+    check_rnn(KF_DTYPE_BF16, REF_GRU, 1, 1, 28, 128, 6, 16); /* 8-lane vectors, tails */
     check_rnn(KF_DTYPE_F16, REF_GRU, 1, 1, 28, 128, 6, 16);
 }
 
