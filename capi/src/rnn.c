@@ -2,6 +2,7 @@
  * backends receive records whose every pointer, extent and buffer size has been checked. */
 #include "backend.h"
 #include "front.h"
+#include "lowp.h"
 #include "rnn_backend.h"
 
 #include <inttypes.h>
@@ -172,7 +173,8 @@ KF_API kf_status kf_rnn_weight_info(const kf_rnn_plan *plan, int32_t index, cons
 }
 
 /* T, B within limits and every size the backends derive from them representable: the backends'
- * buffers are bounded by T*B*(I + 16*L*D*H) elements of the plan's dtype. */
+ * buffers are bounded by T*B*(I + 16*L*D*H) elements of the plan's dtype; a bfloat16/float16
+ * plan's (cpu/lowp.c) by as many float32 elements plus their float32 copies, 8 bytes each. */
 static kf_status kf__rnn_check_extent(const char *fn, const kf_rnn_plan *p, int64_t T, int64_t B) {
     KF_CHECK_FN(fn, T >= 1 && T <= KF__RNN_MAX_EXTENT, KF_ERR_INVALID_ARGUMENT,
                 "T = %" PRId64 ", expected 1..%d", T, KF__RNN_MAX_EXTENT);
@@ -182,7 +184,9 @@ static kf_status kf__rnn_check_extent(const char *fn, const kf_rnn_plan *p, int6
     bool ok = kf__mul_size((size_t)T, (size_t)B, &rows) &&
               kf__mul_size((size_t)(16 * p->L * p->D), (size_t)p->H, &width) &&
               kf__add_size(width, (size_t)p->I, &width) && kf__mul_size(rows, width, &bytes) &&
-              kf__mul_size(bytes, kf__dtype_bytes(p->dtype), &bytes) &&
+              kf__mul_size(bytes, kf__dtype_is_lowp(p->dtype) ? 2 * sizeof(float)
+                                                             : kf__dtype_bytes(p->dtype),
+                           &bytes) &&
               bytes <= (size_t)INT64_MAX &&
               rows <= (size_t)KF__RNN_MAX_EXTENT;
     KF_CHECK_FN(fn, ok, KF_ERR_INVALID_ARGUMENT,
