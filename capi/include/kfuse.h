@@ -72,7 +72,8 @@ typedef enum kf_status {
     KF_ERR_INVALID_ARGUMENT = 1,    /* NULL, bad size, shape/dtype mismatch, unknown flag, ... */
     KF_ERR_UNSUPPORTED = 2,         /* valid request this build or backend does not implement */
     KF_ERR_OUT_OF_MEMORY = 3,       /* host or device allocation failed */
-    KF_ERR_WORKSPACE_TOO_SMALL = 4, /* caller workspace/reserve, or a fixed arena, too small */
+    KF_ERR_WORKSPACE_TOO_SMALL = 4, /* caller workspace/reserve, a fixed arena, or an arena that
+                                       would grow during a CUDA graph capture: too small */
     KF_ERR_BACKEND_UNAVAILABLE = 5, /* e.g. CUDA asked for in a CPU-only build or without driver */
     KF_ERR_DEVICE = 6,              /* a CUDA / cuBLAS call failed (message has its error text) */
     KF_ERR_INTERNAL = 7             /* a bug in kfuse; please report it with the message */
@@ -172,15 +173,20 @@ KF_API void kf_context_destroy(kf_context *ctx);
 KF_API kf_status kf_context_device_type(const kf_context *ctx, int32_t *device_type);
 
 /* Sets the CUDA stream (a cudaStream_t; NULL = the legacy default stream) that later calls
- * enqueue on. KF_ERR_INVALID_ARGUMENT on a CPU context unless `stream` is NULL. Since 1.0. */
+ * enqueue on. Since 1.5, work on the new stream is ordered after the work already queued on the
+ * old one (it may use the arena), unless either stream is capturing a CUDA graph. No wait.
+ * KF_ERR_INVALID_ARGUMENT on a CPU context unless `stream` is NULL. Since 1.0. */
 KF_API kf_status kf_context_set_stream(kf_context *ctx, void *stream);
 
 /* The stream calls enqueue on (NULL on a CPU context). Since 1.0. */
 KF_API kf_status kf_context_get_stream(const kf_context *ctx, void **stream);
 
 /* Grows the arena to at least `bytes` now, so later calls needing up to that much never
- * allocate (also under KF_CONTEXT_FIXED_ARENA). Never shrinks it. On CUDA, waits for the
- * context's stream before replacing a smaller arena. Since 1.0. */
+ * allocate (also under KF_CONTEXT_FIXED_ARENA). Never shrinks it. On CUDA the growth is ordered on
+ * the context's stream (since 1.5: no wait; the smaller block is freed once the work queued
+ * before it is done), and refused with KF_ERR_WORKSPACE_TOO_SMALL while that stream captures a
+ * CUDA graph: reserve before capturing. A call that would grow the arena during a capture is
+ * refused the same way, before anything is enqueued. Since 1.0. */
 KF_API kf_status kf_context_reserve(kf_context *ctx, size_t bytes);
 
 /* Bytes the arena holds now, and how many times it has been (re)allocated since creation: a

@@ -173,7 +173,9 @@ static const shape kShapes[] = {
     {1, 64, 49, 2, 8, 1},      /* batch 1, out % 8 = 1 */
     {37, 130, 70, 4, 5, 0},    /* no bias */
     {64, 256, 256, 1, 16, 1},  /* a team of threads */
-    {33, 300, 131, 2, 32, 1},  /* several row blocks, out % 8 = 3 */
+    {33, 300, 131, 2, 32, 1},  /* out % 8 = 3 */
+    {40, 1100, 600, 2, 16, 1}, /* few rows: the wide split, 5 blocks of in, 3 of out */
+    {300, 90, 70, 2, 8, 0},    /* many rows: the row split, 10 row blocks */
 };
 
 ParameterizedTestParameters(sklinear_f64, matches_reference) {

@@ -32,7 +32,8 @@ pub const kf_status_KF_ERR_INVALID_ARGUMENT: kf_status = 1;
 pub const kf_status_KF_ERR_UNSUPPORTED: kf_status = 2;
 #[doc = " host or device allocation failed"]
 pub const kf_status_KF_ERR_OUT_OF_MEMORY: kf_status = 3;
-#[doc = " caller workspace/reserve, or a fixed arena, too small"]
+#[doc = " caller workspace/reserve, a fixed arena, or an arena that"]
+#[doc = "would grow during a CUDA graph capture: too small"]
 pub const kf_status_KF_ERR_WORKSPACE_TOO_SMALL: kf_status = 4;
 #[doc = " e.g. CUDA asked for in a CPU-only build or without driver"]
 pub const kf_status_KF_ERR_BACKEND_UNAVAILABLE: kf_status = 5;
@@ -304,7 +305,9 @@ extern "C" {
 }
 extern "C" {
     #[doc = " Sets the CUDA stream (a cudaStream_t; NULL = the legacy default stream) that later calls"]
-    #[doc = " enqueue on. KF_ERR_INVALID_ARGUMENT on a CPU context unless `stream` is NULL. Since 1.0."]
+    #[doc = " enqueue on. Since 1.5, work on the new stream is ordered after the work already queued on the"]
+    #[doc = " old one (it may use the arena), unless either stream is capturing a CUDA graph. No wait."]
+    #[doc = " KF_ERR_INVALID_ARGUMENT on a CPU context unless `stream` is NULL. Since 1.0."]
     pub fn kf_context_set_stream(ctx: *mut kf_context, stream: *mut ::std::os::raw::c_void) -> kf_status;
 }
 extern "C" {
@@ -316,8 +319,11 @@ extern "C" {
 }
 extern "C" {
     #[doc = " Grows the arena to at least `bytes` now, so later calls needing up to that much never"]
-    #[doc = " allocate (also under KF_CONTEXT_FIXED_ARENA). Never shrinks it. On CUDA, waits for the"]
-    #[doc = " context's stream before replacing a smaller arena. Since 1.0."]
+    #[doc = " allocate (also under KF_CONTEXT_FIXED_ARENA). Never shrinks it. On CUDA the growth is ordered on"]
+    #[doc = " the context's stream (since 1.5: no wait; the smaller block is freed once the work queued"]
+    #[doc = " before it is done), and refused with KF_ERR_WORKSPACE_TOO_SMALL while that stream captures a"]
+    #[doc = " CUDA graph: reserve before capturing. A call that would grow the arena during a capture is"]
+    #[doc = " refused the same way, before anything is enqueued. Since 1.0."]
     pub fn kf_context_reserve(ctx: *mut kf_context, bytes: usize) -> kf_status;
 }
 extern "C" {
