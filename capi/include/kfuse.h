@@ -473,8 +473,9 @@ KF_API void kf_sklinear_init_args_init(kf_sklinear_init_args *args);
 
 /* Panther's initialisation: U1s[i] = scaled sign sketch [k, out] and U2s[i] = (sign sketch
  * [k, in])^T, entries +-1/sqrt(k); S1s[i] = W U1s[i]^T, S2s[i] = U2s[i]^T W with W = W_init^T
- * or drawn. Not a hot path: it synchronises with the context's stream and may allocate host
- * memory. Since 1.1. */
+ * or drawn. A bfloat16 or float16 plan gets the float32 values rounded to its type (since 1.5).
+ * Not a hot path: it synchronises with the context's stream and may allocate host memory.
+ * Since 1.1. */
 KF_API kf_status kf_sklinear_init_params(kf_sklinear_plan *plan,
                                          const kf_sklinear_init_args *args);
 
@@ -540,7 +541,7 @@ KF_API kf_status kf_kan_linear_param_info(const kf_kan_linear_plan *plan, int32_
 
 /* Writes efficient-kan's initial knots into `grid` [in, G + 2k + 1] (memory of the context's
  * device): grid[i][j] = lo + (j - k) * (hi - lo) / G for every feature, rounded as torch forms
- * it in the plan's dtype. Since 1.1. */
+ * it in the plan's dtype (bfloat16, float16: the float32 knots rounded to the type). Since 1.1. */
 KF_API kf_status kf_kan_linear_uniform_grid(const kf_kan_linear_plan *plan, float lo, float hi,
                                             kf_tensor *grid);
 

@@ -1671,8 +1671,9 @@ extern "C" {
 extern "C" {
     #[doc = " Panther's initialisation: U1s[i] = scaled sign sketch [k, out] and U2s[i] = (sign sketch"]
     #[doc = " [k, in])^T, entries +-1/sqrt(k); S1s[i] = W U1s[i]^T, S2s[i] = U2s[i]^T W with W = W_init^T"]
-    #[doc = " or drawn. Not a hot path: it synchronises with the context's stream and may allocate host"]
-    #[doc = " memory. Since 1.1."]
+    #[doc = " or drawn. A bfloat16 or float16 plan gets the float32 values rounded to its type (since 1.5)."]
+    #[doc = " Not a hot path: it synchronises with the context's stream and may allocate host memory."]
+    #[doc = " Since 1.1."]
     pub fn kf_sklinear_init_params(
         plan: *mut kf_sklinear_plan,
         args: *const kf_sklinear_init_args,
@@ -1850,7 +1851,7 @@ extern "C" {
 extern "C" {
     #[doc = " Writes efficient-kan's initial knots into `grid` [in, G + 2k + 1] (memory of the context's"]
     #[doc = " device): grid[i][j] = lo + (j - k) * (hi - lo) / G for every feature, rounded as torch forms"]
-    #[doc = " it in the plan's dtype. Since 1.1."]
+    #[doc = " it in the plan's dtype (bfloat16, float16: the float32 knots rounded to the type). Since 1.1."]
     pub fn kf_kan_linear_uniform_grid(
         plan: *const kf_kan_linear_plan,
         lo: f32,
