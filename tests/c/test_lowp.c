@@ -561,3 +561,68 @@ Test(lowp, cuda_refuses_at_plan_creation) {
     }
     kf_context_destroy(ctx);
 }
+
+/* Panther's initialisation (with and without W_init) and the uniform grid of a low plan are the
+ * float32 plan's values, same seed, rounded to the type: bit for bit. */
+static void check_setup(kf_dtype dt) {
+    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 1);
+    const int64_t in = 12, out = 10, L = 2, k = 3, G = 5, sk = 3, nk = G + 2 * sk + 1;
+    const int64_t n[5] = {L * in * k, L * k * out, L * k * out, L * in * k, out};
+    const int64_t sh[5][3] = {{L, in, k}, {L, k, out}, {L, k, out}, {L, in, k}, {out, 0, 0}};
+    float *f[5], *wf = xalloc((size_t)(out * in) * 4), *gf = xalloc((size_t)(in * nk) * 4);
+    uint16_t *lo[5], *wl = xalloc((size_t)(out * in) * 2), *gl = xalloc((size_t)(in * nk) * 2);
+    ref_rng r;
+    ref_rng_seed(&r, 9);
+    for (int64_t i = 0; i < out * in; i++)
+        wl[i] = to_low(ref_rng_uniform(&r, -0.5, 0.5), dt), wf[i] = (float)from_low(wl[i], dt);
+    for (int t = 0; t < 5; t++) f[t] = xalloc((size_t)n[t] * 4), lo[t] = xalloc((size_t)n[t] * 2);
+    for (int with_w = 0; with_w < 2; with_w++) {
+        for (int i = 0; i < 2; i++) {
+            const kf_dtype pd = i ? dt : KF_DTYPE_F32;
+            kf_sklinear_desc d;
+            kf_sklinear_desc_init(&d);
+            d.in_features = in, d.out_features = out, d.num_terms = L, d.low_rank = k;
+            d.dtype = pd;
+            kf_sklinear_plan *plan = NULL;
+            KF_OK_(kf_sklinear_plan_create(ctx, &d, &plan));
+            kf_sklinear_init_args a;
+            kf_sklinear_init_args_init(&a);
+            a.seed = 77;
+            if (with_w) a.W_init = tens(i ? (void *)wl : wf, pd, 2, (int64_t[]){out, in});
+            kf_tensor *t[5] = {&a.S1s, &a.S2s, &a.U1s, &a.U2s, &a.bias};
+            for (int j = 0; j < 5; j++)
+                *t[j] = tens(i ? (void *)lo[j] : f[j], pd, j < 4 ? 3 : 1, sh[j]);
+            KF_OK_(kf_sklinear_init_params(plan, &a));
+            kf_sklinear_plan_destroy(plan);
+        }
+        for (int j = 0; j < 5; j++)
+            for (int64_t e = 0; e < n[j]; e++)
+                if (lo[j][e] != to_low(f[j][e], dt)) {
+                    cr_expect(0, "init tensor %d element %lld (W_init %d): %g, want round(%.9g)",
+                              j, (long long)e, with_w, from_low(lo[j][e], dt), (double)f[j][e]);
+                    break;
+                }
+    }
+    for (int i = 0; i < 2; i++) {
+        kf_kan_linear_desc d;
+        kf_kan_linear_desc_init(&d);
+        d.in_features = in, d.out_features = out, d.grid_size = G, d.spline_order = sk;
+        d.dtype = i ? dt : KF_DTYPE_F32;
+        kf_kan_linear_plan *plan = NULL;
+        KF_OK_(kf_kan_linear_plan_create(ctx, &d, &plan));
+        kf_tensor g = tens(i ? (void *)gl : gf, d.dtype, 2, (int64_t[]){in, nk});
+        KF_OK_(kf_kan_linear_uniform_grid(plan, -1.3f, 0.7f, &g));
+        kf_kan_linear_plan_destroy(plan);
+    }
+    for (int64_t e = 0; e < in * nk; e++)
+        cr_expect(gl[e] == to_low(gf[e], dt), "knot %lld: %g, want round(%.9g)", (long long)e,
+                  from_low(gl[e], dt), (double)gf[e]);
+    for (int t = 0; t < 5; t++) free(f[t]), free(lo[t]);
+    free(wf), free(wl), free(gf), free(gl);
+    kf_context_destroy(ctx);
+}
+
+Test(lowp, init_and_uniform_grid) {
+    check_setup(KF_DTYPE_BF16);
+    check_setup(KF_DTYPE_F16);
+}
