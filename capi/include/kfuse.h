@@ -53,7 +53,7 @@ extern "C" {
 
 /* ---- version (the build reads these three lines to form the SONAME and package version) - */
 #define KF_VERSION_MAJOR 1
-#define KF_VERSION_MINOR 4
+#define KF_VERSION_MINOR 5
 #define KF_VERSION_PATCH 0
 /* The ABI generation; equals KF_VERSION_MAJOR. */
 #define KF_ABI_VERSION KF_VERSION_MAJOR
@@ -95,11 +95,16 @@ KF_API const char *kf_last_error_message(void);
  * memory). Since 1.3. */
 #define KF_ALIGN_BYTES 64
 
+/* Element types. KF_DTYPE_F16 and KF_DTYPE_BF16 are storage types (every op on the CPU backend
+ * since 1.5): a plan's tensors are in the type, its arithmetic (products, reductions, gates, the
+ * recurrent state) is float32, results are rounded to nearest even (NaN stays NaN), and an
+ * accumulated gradient is round(g_old + g) with the sum in float32. Their workspace queries
+ * include float32 copies of the call's tensors; their reserves are float32's. */
 typedef enum kf_dtype {
     KF_DTYPE_F32 = 1, /* IEEE binary32: the only dtype of 1.0's ops */
-    KF_DTYPE_F64 = 2,
-    KF_DTYPE_F16 = 3,
-    KF_DTYPE_BF16 = 4,
+    KF_DTYPE_F64 = 2, /* IEEE binary64: every op on the CPU backend since 1.4 */
+    KF_DTYPE_F16 = 3, /* IEEE binary16 storage (CPU, since 1.5) */
+    KF_DTYPE_BF16 = 4, /* bfloat16 storage (CPU, since 1.5) */
     KF_DTYPE_I32 = 5, /* sequence lengths */
     KF_DTYPE_I64 = 6
 } kf_dtype;
@@ -243,8 +248,9 @@ typedef struct kf_rnn_desc {
     float dropout;       /* in [0, 1); default 0 */
     float gamma;         /* A-GRU diffusion constant in A = W_h - W_h^T - gamma I; default 0.01 */
     int32_t dtype;       /* kf_dtype of x, y, h and weights: KF_DTYPE_F32 (default), or
-                            KF_DTYPE_F64 on the CPU backend (since 1.4; KF_ERR_UNSUPPORTED on
-                            CUDA). dropout and gamma stay float whatever the dtype */
+                            KF_DTYPE_F64 (since 1.4), KF_DTYPE_F16 or KF_DTYPE_BF16 (since 1.5)
+                            on the CPU backend (KF_ERR_UNSUPPORTED on CUDA). dropout and gamma
+                            stay float whatever the dtype */
     /* appended in later versions below this line; never reorder or remove */
 } kf_rnn_desc;
 
@@ -371,7 +377,8 @@ typedef struct kf_sklinear_desc {
     int32_t low_rank;     /* k >= 1; no default (0) */
     int32_t bias;         /* 1 (default): a bias [out] is added; 0: none */
     int32_t dtype;        /* kf_dtype of every tensor: KF_DTYPE_F32 (default), or KF_DTYPE_F64
-                             on the CPU backend (since 1.3; KF_ERR_UNSUPPORTED on CUDA) */
+                             (since 1.3), KF_DTYPE_F16 or KF_DTYPE_BF16 (since 1.5) on the CPU
+                             backend (KF_ERR_UNSUPPORTED on CUDA) */
     /* appended in later versions below this line; never reorder or remove */
 } kf_sklinear_desc;
 
@@ -466,8 +473,9 @@ KF_API void kf_sklinear_init_args_init(kf_sklinear_init_args *args);
 
 /* Panther's initialisation: U1s[i] = scaled sign sketch [k, out] and U2s[i] = (sign sketch
  * [k, in])^T, entries +-1/sqrt(k); S1s[i] = W U1s[i]^T, S2s[i] = U2s[i]^T W with W = W_init^T
- * or drawn. Not a hot path: it synchronises with the context's stream and may allocate host
- * memory. Since 1.1. */
+ * or drawn. A bfloat16 or float16 plan gets the float32 values rounded to its type (since 1.5).
+ * Not a hot path: it synchronises with the context's stream and may allocate host memory.
+ * Since 1.1. */
 KF_API kf_status kf_sklinear_init_params(kf_sklinear_plan *plan,
                                          const kf_sklinear_init_args *args);
 
@@ -496,7 +504,8 @@ typedef struct kf_kan_linear_desc {
     int32_t spline_order;     /* k >= 0; default 3 */
     int32_t standalone_scale; /* 1 (default): spline_scaler multiplies spline_weight; 0: none */
     int32_t dtype;            /* kf_dtype of every tensor: KF_DTYPE_F32 (default), or KF_DTYPE_F64
-                                 on a CPU context (since 1.4) */
+                                 (since 1.4), KF_DTYPE_F16 or KF_DTYPE_BF16 (since 1.5) on a
+                                 CPU context */
     /* appended in later versions below this line; never reorder or remove */
 } kf_kan_linear_desc;
 
@@ -505,7 +514,7 @@ KF_API void kf_kan_linear_desc_init(kf_kan_linear_desc *desc);
 
 /* Creates a plan bound to `ctx` (which must outlive it). @return KF_OK and *out,
  * KF_ERR_INVALID_ARGUMENT (message names the field), KF_ERR_UNSUPPORTED (a dtype other than
- * KF_DTYPE_F32 and, on a CPU context, KF_DTYPE_F64; on a CUDA context a spline_order above 15:
+ * KF_DTYPE_F32 and, on a CPU context, KF_DTYPE_F64, KF_DTYPE_F16 and KF_DTYPE_BF16; on a CUDA context a spline_order above 15:
  * since 1.3 reported here, before 1.3 by forward and backward), KF_ERR_OUT_OF_MEMORY. On failure
  * *out is set to NULL (when `out` is not NULL). Since 1.1. */
 KF_API kf_status kf_kan_linear_plan_create(kf_context *ctx, const kf_kan_linear_desc *desc,
@@ -532,7 +541,7 @@ KF_API kf_status kf_kan_linear_param_info(const kf_kan_linear_plan *plan, int32_
 
 /* Writes efficient-kan's initial knots into `grid` [in, G + 2k + 1] (memory of the context's
  * device): grid[i][j] = lo + (j - k) * (hi - lo) / G for every feature, rounded as torch forms
- * it in the plan's dtype. Since 1.1. */
+ * it in the plan's dtype (bfloat16, float16: the float32 knots rounded to the type). Since 1.1. */
 KF_API kf_status kf_kan_linear_uniform_grid(const kf_kan_linear_plan *plan, float lo, float hi,
                                             kf_tensor *grid);
 
@@ -610,7 +619,8 @@ typedef struct kf_kan_conv2d_desc {
     int32_t spline_order;          /* k >= 0; default 3 */
     int32_t standalone_scale;      /* 1 (default): spline_scaler multiplies spline_weight; 0: none */
     int32_t dtype;                 /* kf_dtype of every tensor: KF_DTYPE_F32 (default), or
-                                      KF_DTYPE_F64 on a CPU context (since 1.4) */
+                                      KF_DTYPE_F64 (since 1.4), KF_DTYPE_F16 or KF_DTYPE_BF16
+                                      (since 1.5) on a CPU context */
     /* appended in later versions below this line; never reorder or remove */
 } kf_kan_conv2d_desc;
 
@@ -711,7 +721,8 @@ KF_API kf_status kf_kan_conv2d_backward(kf_kan_conv2d_plan *plan, kf_grad_mode g
  * output on the samples is kept up to the fit (efficient-kan fits the scaled weights and then
  * scales again; kfuse does not). The knots are formed in the plan's dtype in torch's order of
  * operations (the same bits as kfuse.torch's update_grid; a float64 plan takes margin and
- * grid_eps at their float32 values). Not a hot path: it synchronises with the
+ * grid_eps at their float32 values; a float16 or bfloat16 plan forms them in float32 and
+ * rounds each knot to its type). Not a hot path: it synchronises with the
  * context's stream, allocates and computes on the host, and writes grid and spline_weight only on
  * success (on a CUDA context a failure of the final copy of spline_weight can leave the new grid
  * written).

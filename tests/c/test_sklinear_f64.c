@@ -292,7 +292,8 @@ Test(sklinear_f64, mixed_dtype_names_the_argument) {
     free_prob(&p);
 }
 
-/* Float16 and bfloat16 are refused at plan creation, naming the field. */
+/* Integer dtypes are refused at plan creation, naming the field (float16 and bfloat16:
+ * tests/c/test_lowp.c). */
 Test(sklinear_f64, other_dtypes_unsupported) {
     kf_context *ctx = make_ctx(KF_DEVICE_CPU, 1);
     const ref_skl_cfg c = {1, 8, 8, 1, 2};
@@ -300,7 +301,7 @@ Test(sklinear_f64, other_dtypes_unsupported) {
     kf_sklinear_desc_init(&d);
     d.in_features = c.in, d.out_features = c.out, d.num_terms = 1, d.low_rank = 2;
     kf_sklinear_plan *plan = NULL;
-    d.dtype = KF_DTYPE_BF16;
+    d.dtype = KF_DTYPE_I64;
     EXPECT_FAIL(kf_sklinear_plan_create(ctx, &d, &plan), KF_ERR_UNSUPPORTED, "desc->dtype");
     cr_expect(plan == NULL);
     kf_context_destroy(ctx);

@@ -644,7 +644,7 @@ def test_constructor_errors():
     with pytest.raises(kfuse.InvalidArgument, match="in_features"):
         KanLinearPlan(kfuse.Context(), 0, 6)
     with pytest.raises(kfuse.Unsupported, match="dtype"):
-        kt.KANLinear(8, 6, dtype=torch.float16)
+        kt.KANLinear(8, 6, dtype=torch.int32)
     with pytest.raises(kfuse.InvalidArgument):
         kt.KANLinear(8, 6, grid_range=[1, -1])
 
