@@ -199,6 +199,7 @@ typedef struct bwd_layer {
     kf__rnn_drop dr;  /* the forward's dropout on this layer's output */
     kf__rnn_cell cell[2];
     void *ws;
+    kf__cpu_barrier *bar; /* the call's team barrier */
 } bwd_layer;
 
 static int64_t cell_index(const bwd_layer *f, int32_t d) { return (int64_t)f->l * f->lo->D + d; }
@@ -417,7 +418,7 @@ static void bwd_cell_grads(const bwd_layer *f, int32_t d, int tid, int nth) {
         float *deps = dw[KF__AGRU_EPS];
         *deps = (float)sum + (c->accumulate ? *deps : 0.0f);
     }
-#pragma omp barrier
+    kf__cpu_barrier_wait(f->bar, nth);
     if (lo->agru && dw && dw[KF__AGRU_W_H]) {
         /* dA = G and A = W_h - W_h^T - gamma I, so dW_h = G - G^T */
         const float *g = (const float *)kf__at(f->ws, lo->gmat);
@@ -433,16 +434,18 @@ static void bwd_cell_grads(const bwd_layer *f, int32_t d, int tid, int nth) {
 typedef struct bwd_call {
     const kf__rnn_bwd *c;
     const kf__rnn_cpu_layout *lo;
+    kf__cpu_barrier bar;
 } bwd_call;
 
 static void bwd_team(void *arg, int tid, int nth) {
-    const kf__rnn_bwd *c = ((const bwd_call *)arg)->c;
-    const kf__rnn_cpu_layout *lo = ((const bwd_call *)arg)->lo;
+    bwd_call *call = arg;
+    const kf__rnn_bwd *c = call->c;
+    const kf__rnn_cpu_layout *lo = call->lo;
     const struct kf_rnn_plan *p = c->plan;
     kf__rnn_cpu_pack(lo, p, c->w, c->ws, true, tid, nth);
-#pragma omp barrier
+    kf__cpu_barrier_wait(&call->bar, nth);
     for (int32_t l = p->L - 1; l >= 0; l--) {
-        bwd_layer f = {.c = c, .lo = lo, .l = l, .ws = c->ws};
+        bwd_layer f = {.c = c, .lo = lo, .l = l, .ws = c->ws, .bar = &call->bar};
         f.x = l ? (const float *)kf__cat(c->reserve, lo->out0 + (size_t)(l - 1) * lo->out_bytes)
                 : c->x;
         f.dy = l == p->L - 1 ? c->dy : (const float *)kf__at(c->ws, lo->seq[l % 2]);
@@ -456,9 +459,10 @@ static void bwd_team(void *arg, int tid, int nth) {
                 kf__rnn_slice sl = kf__rnn_cpu_slice(lo, c->ws, s);
                 bwd_slice(&f, d, &sl, s);
             }
-#pragma omp barrier
+            kf__cpu_barrier_wait(&call->bar, nth);
             bwd_cell_grads(&f, d, tid, nth);
-#pragma omp barrier
+            /* the next cell reads this one's dX and weights; after the last, the team's end */
+            if (l > 0 || d + 1 < lo->D) kf__cpu_barrier_wait(&call->bar, nth);
         }
     }
 }
@@ -467,7 +471,7 @@ kf_status kf__cpu_rnn_backward(kf_context *ctx, const kf__rnn_bwd *c) {
     kf__rnn_cpu_layout lo;
     kf__rnn_cpu_layout_init(&lo, c->plan, c->T, c->B, true);
     (void)ctx; /* the thread count comes from the plan's context, as the sizes did */
-    bwd_call call = {.c = c, .lo = &lo};
+    bwd_call call = {.c = c, .lo = &lo, .bar = {0}};
     kf__cpu_team(lo.ns, bwd_team, &call);
     return KF_OK;
 }
