@@ -6,8 +6,9 @@
  *      input side, stored for all T*B rows; GRU: dG_h on the recurrent side), then the recurrent
  *      products carry dh to the previous step (micro-kernel kf__mk on the weights packed once per
  *      call, adding into dh in its epilogue; A-GRU: pass 2 fused into the epilogue of da_d A),
- *      and the slice adds the step's rows into its own bias sums (double) and, GRU where H is
- *      whole panels, its own part of dW_hh (kf__mk_st);
+ *      and the slice adds the step's rows into its own bias sums (double) and, where H is whole
+ *      panels, its own part of the recurrent side's weight gradients (kf__mk_st: GRU dW_hh,
+ *      A-GRU dU_z, dU_r and G);
  *  (2) after a barrier, the other weight gradients as whole-sequence GEMMs over all T*B rows,
  *      split across threads by output rows, the slices' parts added in slice order
  *      (deterministic, no atomics), and dX = dG_x W3, which is the next-lower layer's
@@ -138,18 +139,21 @@ KF__MK_CLONES static void add_product(const bwd_step *s, const float *a, int64_t
     }
 }
 
-/* GRU, where whh_fused: slice part wp[3H, H] of dW_hh += dG_h^T Hp over this step's rows, while
- * they are in cache (one GEMM over all T*B rows read both back from memory at T=784, and
- * OpenBLAS spent a third of its time packing them). Tiles of KF__MR_P rows of dW_hh by KF__NV_P
- * vectors of columns, K = the slice's rows: A = dG_h^T and B = Hp read in place. */
-KF__MK_CLONES static void gru_whh_step(const bwd_step *s, float *wp) {
-    const int64_t H = s->H, M = 3 * H;
+/* Where wrec_fused: a slice part wp[M, H] += G[:, 0:M]^T X over this step's rows, while they are
+ * in cache (GRU: dW_hh += dG_h^T Hp; A-GRU: [dU_z; dU_r] += [da_z, da_r]^T Hp and G += da_d^T q).
+ * One GEMM over all T*B rows read both back from memory (205 MB at T=784) and OpenBLAS spent a
+ * third of its time packing them; for the A-GRU at T=28 the three GEMMs after the recurrence took
+ * 2.3 ms of a 1-thread fwd+bwd of 17 ms, the per-step tiles 1.6. Tiles of KF__MR_P rows of wp by
+ * KF__NV_P vectors of columns, K = the slice's rows: A = G^T and B = X read in place (G rows
+ * ldg apart, X rows ldx apart). */
+KF__MK_CLONES static void wrec_step(const bwd_step *s, const float *g, int64_t ldg, int64_t M,
+                                    const float *x, int64_t ldx, float *wp) {
+    const int64_t H = s->H;
     for (int64_t j0 = 0; j0 < H; j0 += KF__NV_P * KF__VW) {
         for (int64_t m0 = 0; m0 < M; m0 += KF__MR_P) {
             const int64_t mr = M - m0 < KF__MR_P ? M - m0 : KF__MR_P;
             kf__vf acc[KF__MR_MAX * KF__NV_MAX];
-            kf__mk_st(KF__MR_P, KF__NV_P, s->nb, s->aux + m0, 1, s->aux_ld, mr, s->hp + j0,
-                      s->hp_ld, acc);
+            kf__mk_st(KF__MR_P, KF__NV_P, s->nb, g + m0, 1, ldg, mr, x + j0, ldx, acc);
             for (int64_t i = 0; i < mr; i++) {
                 for (int v = 0; v < KF__NV_P; v++) {
                     float *c = wp + (m0 + i) * H + j0 + v * KF__VW;
@@ -225,11 +229,28 @@ static void bias_step(const bwd_step *s, bool gru, double *bs) {
     if (gru) colsum(s->aux + 2 * s->H, s->aux_ld, s->nb, s->H, bs + 3 * s->H);
 }
 
-/* dW_hh of cell (l, d) where the recurrence accumulates it (lo->whh_fused) and it is wanted. */
-static float *fused_whh(const bwd_layer *f, int32_t d) {
+/* Where the recurrence accumulates the recurrent side's weight gradients (lo->wrec_fused): the
+ * destination of row block g (H rows) of the slices' parts, NULL if not wanted (GRU: dW_hh's
+ * gates; A-GRU: dU_z, dU_r, and G into gmat where dW_h is wanted), and whether it honours
+ * KF_GRAD_ACCUMULATE (G does not: it is a temporary). */
+static float *wrec_block(const bwd_layer *f, int32_t d, int g, bool *acc) {
     const kf__rnn_bwd *c = f->c;
-    if (!f->lo->whh_fused || !c->dw) return NULL;
-    return c->dw[cell_index(f, d) * c->plan->nw + KF__GRU_W_HH];
+    const int64_t H = f->lo->H;
+    if (!f->lo->wrec_fused || !c->dw) return NULL;
+    void *const *dw = c->dw + cell_index(f, d) * c->plan->nw;
+    *acc = c->accumulate;
+    if (!f->lo->agru) return dw[KF__GRU_W_HH] ? (float *)dw[KF__GRU_W_HH] + g * H * H : NULL;
+    if (g < 2) return dw[g ? KF__AGRU_U_R : KF__AGRU_U_Z];
+    *acc = false;
+    return dw[KF__AGRU_W_H] ? (float *)kf__at(f->ws, f->lo->gmat) : NULL;
+}
+
+/* Whether the recurrence accumulates any part (wrec_block). */
+static bool wrec_wanted(const bwd_layer *f, int32_t d) {
+    bool acc;
+    for (int g = 0; g < 3; g++)
+        if (wrec_block(f, d, g, &acc)) return true;
+    return false;
 }
 
 /* Reverse recurrence of direction d for the batch rows of slice `sl` (slice index s). */
@@ -250,17 +271,19 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
     else
         memset(sl->st, 0, (size_t)(nb * H) * sizeof(float));
     const bool gy_direct = f->dy && !f->dr.on; /* else masked rows of dy, or zeros, into t2 */
-    /* GRU with the per-step dW_hh: dG_h is used within its step only (products and sums), so its
-     * rows go to the slice's buffer, in cache, not to big[1] (154 MB written at T=784) */
-    float *dgh_step = NULL;
-    if (lo->whh_fused)
-        dgh_step = (float *)kf__at(f->ws, lo->wpart + (size_t)s * lo->wpart_bytes + lo->dgh_step);
+    /* With the per-step weight gradients, the aux rows (GRU dG_h, A-GRU q) are used within their
+     * step only (products and sums), so they go to the slice's buffer, in cache, not to big[1]
+     * (154 MB written at T=784) */
+    float *aux_step = NULL;
+    if (lo->wrec_fused)
+        aux_step = (float *)kf__at(f->ws, lo->wpart + (size_t)s * lo->wpart_bytes + lo->aux_step);
     bwd_step st = {.nb = nb, .H = H, .len = c->lengths ? c->lengths + b0 : NULL,
                    .sv_ld = lo->bs * lo->ng * H, .hp_ld = lo->bs * H, .dgx_ld = lo->bs * 3 * H,
-                   .aux_ld = dgh_step ? 3 * H : lo->bs * aux_w, .dh = sl->st,
+                   .aux_ld = aux_step ? aux_w : lo->bs * aux_w, .dh = sl->st,
                    .gy = sl->t2, .gy_ld = gy_direct ? lo->bs * DH : H};
-    float *wp = fused_whh(f, d) ? (float *)kf__at(f->ws, lo->wpart + (size_t)s * lo->wpart_bytes)
-                                : NULL;
+    float *wp = wrec_wanted(f, d)
+                    ? (float *)kf__at(f->ws, lo->wpart + (size_t)s * lo->wpart_bytes)
+                    : NULL;
     if (wp) memset(wp, 0, (size_t)(3 * H * H) * sizeof(float));
     double *bs = c->dw ? (double *)kf__at(f->ws, lo->bsum + (size_t)s * lo->bsum_bytes) : NULL;
     if (bs) memset(bs, 0, (size_t)(4 * H) * sizeof(double));
@@ -271,7 +294,7 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
         st.sv = gates + r0 * lo->ng * H;
         st.hp = hp + r0 * H;
         st.dgx = dgx + r0 * 3 * H;
-        st.aux = dgh_step ? dgh_step : aux + r0 * aux_w;
+        st.aux = aux_step ? aux_step : aux + r0 * aux_w;
         if (gy_direct) st.gy = f->dy + r0 * DH + d * H;
         for (int64_t i = 0; i < nb && !gy_direct; i++) {
             const int64_t r = r0 + i * lo->bs;
@@ -280,12 +303,16 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
         }
         if (!lo->agru) {
             gru_bwd_pointwise(&st);
-            if (wp) gru_whh_step(&st, wp);
+            if (wp) wrec_step(&st, st.aux, st.aux_ld, 3 * H, st.hp, st.hp_ld, wp);
             if (bs) bias_step(&st, true, bs);
             add_product(&st, st.aux, st.aux_ld, 3 * H, cw->pk[0]);
         } else {
             deps += agru_bwd_pointwise1(&st, cw->eps);
             agru_bwd_dq(&st, cw->pk[1]);
+            if (wp) {
+                wrec_step(&st, st.dgx, st.dgx_ld, 2 * H, st.hp, st.hp_ld, wp);
+                wrec_step(&st, st.dgx + 2 * H, st.dgx_ld, H, st.aux, st.aux_ld, wp + 2 * H * H);
+            }
             if (bs) bias_step(&st, false, bs);
             add_product(&st, st.dgx, st.dgx_ld, 2 * H, cw->pk[0]);
         }
@@ -329,11 +356,12 @@ static int wgrad_list(const bwd_layer *f, int32_t d, wgrad *out) {
     } while (0)
     if (!lo->agru) {
         KF__WG(dw[KF__GRU_W_IH], dgx, 3 * H, f->x, in, acc);
-        if (!lo->whh_fused) KF__WG(dw[KF__GRU_W_HH], aux, 3 * H, hp, H, acc);
+        if (!lo->wrec_fused) KF__WG(dw[KF__GRU_W_HH], aux, 3 * H, hp, H, acc);
     } else {
         static const int wx[3] = {KF__AGRU_W_Z, KF__AGRU_W_R, KF__AGRU_V_H};
         static const int wu[2] = {KF__AGRU_U_Z, KF__AGRU_U_R};
         for (int g = 0; g < 3; g++) KF__WG(dw[wx[g]], dgx + g * H, H, f->x, in, acc);
+        if (lo->wrec_fused) return n;
         for (int g = 0; g < 2; g++) KF__WG(dw[wu[g]], dgx + g * H, H, hp, H, acc);
         /* G = da_d^T q, combined into dW_h = G - G^T after a barrier (q rows are H apart) */
         if (dw[KF__AGRU_W_H])
@@ -373,15 +401,20 @@ static void bwd_cell_grads(const bwd_layer *f, int32_t d, int tid, int nth) {
         kf__sgemm(false, false, r1 - r0, in, 3 * H, 1.0f, dgx + r0 * 3 * H, 3 * H, f->cell[d].w3,
                   in, d ? 1.0f : 0.0f, f->dx + r0 * in, in);
     }
-    float *whh = fused_whh(f, d);
-    if (whh) { /* dW_hh (+)= the slices' parts, in slice order */
+    if (wrec_wanted(f, d)) { /* wrec_block (+)= the slices' parts, in slice order, by rows */
         int64_t m0, m1;
         kf__part(3 * H, nth, tid, &m0, &m1);
-        for (int32_t s = 0; s < lo->ns; s++) {
-            const float *part =
-                (const float *)kf__at(f->ws, lo->wpart + (size_t)s * lo->wpart_bytes);
-            const bool add = s > 0 || c->accumulate;
-            for (int64_t e = m0 * H; e < m1 * H; e++) whh[e] = (add ? whh[e] : 0.0f) + part[e];
+        for (int64_t m = m0; m < m1; m++) {
+            bool acc;
+            float *dst = wrec_block(f, d, (int)(m / H), &acc);
+            if (!dst) continue;
+            dst += (m % H) * H;
+            for (int32_t s = 0; s < lo->ns; s++) {
+                const float *part = (const float *)kf__at(
+                    f->ws, lo->wpart + (size_t)s * lo->wpart_bytes + (size_t)(m * H) * sizeof(float));
+                const bool add = s > 0 || acc;
+                for (int64_t j = 0; j < H; j++) dst[j] = (add ? dst[j] : 0.0f) + part[j];
+            }
         }
     }
     void *const *dw = c->dw ? c->dw + cell_index(f, d) * c->plan->nw : NULL;

@@ -23,15 +23,17 @@
  *            pk[1] = A^T (A-GRU); backward pk[0] = W_hh (GRU) or [U_z; U_r] (A-GRU), pk[1] = A
  *   big[0]   [N, 3H]  forward: direction 0's input projection of one step, slice s in rows
  *                     b0.. of its own; backward: dG_x (input-side pre-activation gradients)
- *   big[1]   [N, 3H]  forward: the same for direction 1; backward GRU: dG_h (recurrent-side);
- *                     backward A-GRU: q = r*h [N, H]
+ *   big[1]   [N, 3H]  forward: the same for direction 1; backward where not wrec_fused: GRU
+ *                     dG_h (recurrent-side), A-GRU q = r*h [N, H]
  *   seq[2]   [N, D*H] (L > 1) forward inference: layer outputs; backward: d(layer output)
  *   slice[s] per slice: st, t1, t2, each [nb, H]
- *   gmat     A-GRU backward: G = sum dpre_d^T q [H, H]
+ *   gmat     A-GRU backward: G = sum da_d^T q [H, H]
  *   epsacc   A-GRU backward: per-slice partial sums of d loss / d eps (double)
- *   wpart[s] GRU backward where whh_fused: slice s's part of dW_hh = sum dG_h^T Hp [3H, H],
- *            accumulated step by step while its rows are in cache; then, dgh_step after it, the
- *            step's dG_h rows [nbmax, 3H] (used within the step only, so big[1] is not)
+ *   wpart[s] backward where wrec_fused: slice s's part [3H, H] of the recurrent side's weight
+ *            gradients, accumulated step by step while its rows are in cache: GRU dW_hh =
+ *            sum dG_h^T Hp; A-GRU [dU_z; dU_r] = sum [da_z, da_r]^T Hp, then G = sum da_d^T q;
+ *            then, aux_step after it, the step's aux rows, dG_h [nbmax, 3H] or q [nbmax, H]
+ *            (used within the step only, so big[1] is not)
  *   bsum[s]  backward: slice s's bias-gradient sums (double), colsum dG_x [3H] and (GRU) the
  *            colsum of dG_h's n part [H], accumulated step by step (float32 plans only)
  * A float64 plan (cpu/rnn_f64.c) has the same layout in doubles, except: no pack (its GEMMs read
@@ -108,8 +110,9 @@ typedef struct kf__rnn_cpu_layout {
     size_t rec, rec_bytes, rec_pk1; /* rec[c] at rec + c*rec_bytes; its pk[1] rec_pk1 after it */
     size_t big[2], seq[2], slice0, slice_bytes, slice_buf, gmat, epsacc, wpart, wpart_bytes;
     size_t bsum, bsum_bytes, ws_bytes;
-    bool whh_fused; /* GRU backward: dW_hh by kf__mk_st per step (wpart), not one GEMM */
-    size_t dgh_step; /* where whh_fused: the step's dG_h rows, this far into wpart[s] */
+    bool wrec_fused; /* backward: dW_hh (GRU) or dU_z, dU_r, G (A-GRU) by kf__mk_st per step
+                      * (wpart), not by GEMMs after the recurrence */
+    size_t aux_step; /* where wrec_fused: the step's aux rows (dG_h, q), this far into wpart[s] */
     /* reserve offsets (bytes) */
     size_t cell_bytes, hp_bytes, out0, out_bytes, reserve_bytes;
 } kf__rnn_cpu_layout;

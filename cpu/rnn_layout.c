@@ -65,11 +65,12 @@ void kf__rnn_cpu_layout_init(kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p
     off += lo->agru ? ebytes(e, H * H) : 0;
     lo->epsacc = off;
     off += lo->agru ? kf__align_up((size_t)lo->ns * sizeof(double)) : 0;
-    /* the fused dW_hh reads rows of Hp as whole vectors, so only where they hold whole panels */
-    lo->whh_fused = !f64 && !lo->agru && H % (KF__NV_P * KF__VW) == 0;
+    /* the per-step products read rows of Hp (and q) as whole vectors, so only where they hold
+     * whole panels */
+    lo->wrec_fused = !f64 && H % (KF__NV_P * KF__VW) == 0;
     lo->wpart = off;
-    lo->dgh_step = fbytes(3 * H * H);
-    lo->wpart_bytes = lo->whh_fused ? lo->dgh_step + fbytes(lo->nbmax * 3 * H) : 0;
+    lo->aux_step = fbytes(3 * H * H);
+    lo->wpart_bytes = lo->wrec_fused ? lo->aux_step + fbytes(lo->nbmax * (lo->agru ? H : 3 * H)) : 0;
     off += (size_t)lo->ns * lo->wpart_bytes;
     lo->bsum = off;
     lo->bsum_bytes = f64 ? 0 : kf__align_up((size_t)(4 * H) * sizeof(double));
