@@ -139,24 +139,24 @@ KF__MK_CLONES static void add_product(const bwd_step *s, const float *a, int64_t
     }
 }
 
-/* Where wrec_fused: a slice part wp[M, H] += G[:, 0:M]^T X over this step's rows, while they are
- * in cache (GRU: dW_hh += dG_h^T Hp; A-GRU: [dU_z; dU_r] += [da_z, da_r]^T Hp and G += da_d^T q).
- * One GEMM over all T*B rows read both back from memory (205 MB at T=784) and OpenBLAS spent a
- * third of its time packing them; for the A-GRU at T=28 the three GEMMs after the recurrence took
- * 2.3 ms of a 1-thread fwd+bwd of 17 ms, the per-step tiles 1.6. Tiles of KF__MR_P rows of wp by
- * KF__NV_P vectors of columns, K = the slice's rows: A = G^T and B = X read in place (G rows
- * ldg apart, X rows ldx apart). */
+/* Where wrec_fused: a slice part wp[M, N] += G[:, 0:M]^T X[:, 0:N] over this step's rows, while
+ * they are in cache (GRU: dW_hh += dG_h^T Hp; A-GRU: [dU_z; dU_r] += [da_z, da_r]^T Hp and
+ * G += da_d^T q; where in_fused, both cells: dW3^T += X^T dG_x). One GEMM over all T*B rows read
+ * both back from memory (205 MB at T=784) and OpenBLAS spent a third of its time packing them
+ * (at T=28, I=28, dW3 = dG_x^T X took 10% of an A-GRU's 1-thread forward+backward for 6% of its
+ * flops: n = I = 28 columns and a transposed, packed dG_x). Tiles of KF__MR_P rows of wp by
+ * KF__NV_P vectors of columns (N whole panels), K = the slice's rows: A = G^T and B = X read in
+ * place (G rows ldg apart, X rows ldx apart). */
 KF__MK_CLONES static void wrec_step(const bwd_step *s, const float *g, int64_t ldg, int64_t M,
-                                    const float *x, int64_t ldx, float *wp) {
-    const int64_t H = s->H;
-    for (int64_t j0 = 0; j0 < H; j0 += KF__NV_P * KF__VW) {
+                                    const float *x, int64_t ldx, int64_t N, float *wp) {
+    for (int64_t j0 = 0; j0 < N; j0 += KF__NV_P * KF__VW) {
         for (int64_t m0 = 0; m0 < M; m0 += KF__MR_P) {
             const int64_t mr = M - m0 < KF__MR_P ? M - m0 : KF__MR_P;
             kf__vf acc[KF__MR_MAX * KF__NV_MAX];
             kf__mk_st(KF__MR_P, KF__NV_P, s->nb, g + m0, 1, ldg, mr, x + j0, ldx, acc);
             for (int64_t i = 0; i < mr; i++) {
                 for (int v = 0; v < KF__NV_P; v++) {
-                    float *c = wp + (m0 + i) * H + j0 + v * KF__VW;
+                    float *c = wp + (m0 + i) * N + j0 + v * KF__VW;
                     kf__vf_store_n(c, kf__vf_load(c) + acc[i * KF__NV_P + v], KF__VW);
                 }
             }
@@ -245,6 +245,31 @@ static float *wrec_block(const bwd_layer *f, int32_t d, int g, bool *acc) {
     return dw[KF__AGRU_W_H] ? (float *)kf__at(f->ws, f->lo->gmat) : NULL;
 }
 
+/* Row block g (H rows) of dW3 = dG_x^T X of cell (l, d), NULL if not wanted: GRU weight_ih's
+ * gates, A-GRU W_z, W_r, V_h. */
+static float *win_block(const bwd_layer *f, int32_t d, int g) {
+    const kf__rnn_bwd *c = f->c;
+    if (!c->dw) return NULL;
+    void *const *dw = c->dw + cell_index(f, d) * c->plan->nw;
+    if (f->lo->agru) {
+        static const int wx[3] = {KF__AGRU_W_Z, KF__AGRU_W_R, KF__AGRU_V_H};
+        return dw[wx[g]];
+    }
+    return dw[KF__GRU_W_IH] ? (float *)dw[KF__GRU_W_IH] + g * f->lo->H * f->cell[d].in : NULL;
+}
+
+/* Whether the recurrence also sums dW3 per step and slice (as dW3^T = X^T dG_x, by wrec_step into
+ * wpart's win): where wrec_fused, dW3 is wanted, and the tiles of KF__MR_P rows of dW3^T over the
+ * `in` rows are at least 7/8 full (I = 28 in tiles of 8: yes; I = 1, the pixel-sequence input:
+ * no, one row in eight would be work, and that layer's OpenBLAS GEMM stays). */
+static bool in_fused(const bwd_layer *f, int32_t d) {
+    const int64_t in = f->cell[d].in, tiled = (in + KF__MR_P - 1) / KF__MR_P * KF__MR_P;
+    if (!f->lo->wrec_fused || 7 * tiled > 8 * in) return false;
+    for (int g = 0; g < 3; g++)
+        if (win_block(f, d, g)) return true;
+    return false;
+}
+
 /* Whether the recurrence accumulates any part (wrec_block). */
 static bool wrec_wanted(const bwd_layer *f, int32_t d) {
     bool acc;
@@ -285,6 +310,11 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
                     ? (float *)kf__at(f->ws, lo->wpart + (size_t)s * lo->wpart_bytes)
                     : NULL;
     if (wp) memset(wp, 0, (size_t)(3 * H * H) * sizeof(float));
+    const int64_t in = cw->in;
+    float *wi = in_fused(f, d)
+                    ? (float *)kf__at(f->ws, lo->wpart + (size_t)s * lo->wpart_bytes + lo->win)
+                    : NULL;
+    if (wi) memset(wi, 0, (size_t)(in * 3 * H) * sizeof(float));
     double *bs = c->dw ? (double *)kf__at(f->ws, lo->bsum + (size_t)s * lo->bsum_bytes) : NULL;
     if (bs) memset(bs, 0, (size_t)(4 * H) * sizeof(double));
     double deps = 0.0;
@@ -303,15 +333,17 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
         }
         if (!lo->agru) {
             gru_bwd_pointwise(&st);
-            if (wp) wrec_step(&st, st.aux, st.aux_ld, 3 * H, st.hp, st.hp_ld, wp);
+            if (wi) wrec_step(&st, f->x + r0 * in, lo->bs * in, in, st.dgx, st.dgx_ld, 3 * H, wi);
+            if (wp) wrec_step(&st, st.aux, st.aux_ld, 3 * H, st.hp, st.hp_ld, H, wp);
             if (bs) bias_step(&st, true, bs);
             add_product(&st, st.aux, st.aux_ld, 3 * H, cw->pk[0]);
         } else {
             deps += agru_bwd_pointwise1(&st, cw->eps);
             agru_bwd_dq(&st, cw->pk[1]);
+            if (wi) wrec_step(&st, f->x + r0 * in, lo->bs * in, in, st.dgx, st.dgx_ld, 3 * H, wi);
             if (wp) {
-                wrec_step(&st, st.dgx, st.dgx_ld, 2 * H, st.hp, st.hp_ld, wp);
-                wrec_step(&st, st.dgx + 2 * H, st.dgx_ld, H, st.aux, st.aux_ld, wp + 2 * H * H);
+                wrec_step(&st, st.dgx, st.dgx_ld, 2 * H, st.hp, st.hp_ld, H, wp);
+                wrec_step(&st, st.dgx + 2 * H, st.dgx_ld, H, st.aux, st.aux_ld, H, wp + 2 * H * H);
             }
             if (bs) bias_step(&st, false, bs);
             add_product(&st, st.dgx, st.dgx_ld, 2 * H, cw->pk[0]);
@@ -354,13 +386,14 @@ static int wgrad_list(const bwd_layer *f, int32_t d, wgrad *out) {
     do {                                                                                        \
         if (DST) out[n++] = (wgrad){(DST), (G), 3 * H, (M), (X), (NX), (B1)};                   \
     } while (0)
+    const bool in_done = in_fused(f, d);
     if (!lo->agru) {
-        KF__WG(dw[KF__GRU_W_IH], dgx, 3 * H, f->x, in, acc);
+        if (!in_done) KF__WG(dw[KF__GRU_W_IH], dgx, 3 * H, f->x, in, acc);
         if (!lo->wrec_fused) KF__WG(dw[KF__GRU_W_HH], aux, 3 * H, hp, H, acc);
     } else {
         static const int wx[3] = {KF__AGRU_W_Z, KF__AGRU_W_R, KF__AGRU_V_H};
         static const int wu[2] = {KF__AGRU_U_Z, KF__AGRU_U_R};
-        for (int g = 0; g < 3; g++) KF__WG(dw[wx[g]], dgx + g * H, H, f->x, in, acc);
+        for (int g = 0; g < 3 && !in_done; g++) KF__WG(dw[wx[g]], dgx + g * H, H, f->x, in, acc);
         if (lo->wrec_fused) return n;
         for (int g = 0; g < 2; g++) KF__WG(dw[wu[g]], dgx + g * H, H, hp, H, acc);
         /* G = da_d^T q, combined into dW_h = G - G^T after a barrier (q rows are H apart) */
@@ -414,6 +447,22 @@ static void bwd_cell_grads(const bwd_layer *f, int32_t d, int tid, int nth) {
                     f->ws, lo->wpart + (size_t)s * lo->wpart_bytes + (size_t)(m * H) * sizeof(float));
                 const bool add = s > 0 || acc;
                 for (int64_t j = 0; j < H; j++) dst[j] = (add ? dst[j] : 0.0f) + part[j];
+            }
+        }
+    }
+    if (in_fused(f, d)) { /* dW3 (+)= the slices' parts of dW3^T, in slice order, by rows */
+        int64_t m0, m1;
+        kf__part(3 * H, nth, tid, &m0, &m1);
+        for (int64_t m = m0; m < m1; m++) {
+            float *dst = win_block(f, d, (int)(m / H));
+            if (!dst) continue;
+            dst += (m % H) * in;
+            for (int32_t s = 0; s < lo->ns; s++) {
+                const float *part = (const float *)kf__at(
+                    f->ws, lo->wpart + (size_t)s * lo->wpart_bytes + lo->win);
+                const bool add = s > 0 || c->accumulate;
+                for (int64_t i = 0; i < in; i++)
+                    dst[i] = (add ? dst[i] : 0.0f) + part[i * 3 * H + m];
             }
         }
     }

@@ -33,7 +33,8 @@
  *            gradients, accumulated step by step while its rows are in cache: GRU dW_hh =
  *            sum dG_h^T Hp; A-GRU [dU_z; dU_r] = sum [da_z, da_r]^T Hp, then G = sum da_d^T q;
  *            then, aux_step after it, the step's aux rows, dG_h [nbmax, 3H] or q [nbmax, H]
- *            (used within the step only, so big[1] is not)
+ *            (used within the step only, so big[1] is not); then, win after it, the slice's
+ *            part of dW3^T = sum X^T dG_x [in, 3H] (largest layer input)
  *   bsum[s]  backward: slice s's bias-gradient sums (double), colsum dG_x [3H] and (GRU) the
  *            colsum of dG_h's n part [H], accumulated step by step (float32 plans only)
  * A float64 plan (cpu/rnn_f64.c) has the same layout in doubles, except: no pack (its GEMMs read
@@ -113,6 +114,7 @@ typedef struct kf__rnn_cpu_layout {
     bool wrec_fused; /* backward: dW_hh (GRU) or dU_z, dU_r, G (A-GRU) by kf__mk_st per step
                       * (wpart), not by GEMMs after the recurrence */
     size_t aux_step; /* where wrec_fused: the step's aux rows (dG_h, q), this far into wpart[s] */
+    size_t win;      /* and the part of dW3^T [in, 3H] (rnn_bwd.c: in_fused), this far */
     /* reserve offsets (bytes) */
     size_t cell_bytes, hp_bytes, out0, out_bytes, reserve_bytes;
 } kf__rnn_cpu_layout;

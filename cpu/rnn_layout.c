@@ -70,7 +70,9 @@ void kf__rnn_cpu_layout_init(kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p
     lo->wrec_fused = !f64 && H % (KF__NV_P * KF__VW) == 0;
     lo->wpart = off;
     lo->aux_step = fbytes(3 * H * H);
-    lo->wpart_bytes = lo->wrec_fused ? lo->aux_step + fbytes(lo->nbmax * (lo->agru ? H : 3 * H)) : 0;
+    lo->win = lo->aux_step + fbytes(lo->nbmax * (lo->agru ? H : 3 * H));
+    const int64_t in_max = p->L > 1 && D * H > p->I ? D * H : p->I;
+    lo->wpart_bytes = lo->wrec_fused ? lo->win + fbytes(in_max * 3 * H) : 0;
     off += (size_t)lo->ns * lo->wpart_bytes;
     lo->bsum = off;
     lo->bsum_bytes = f64 ? 0 : kf__align_up((size_t)(4 * H) * sizeof(double));
