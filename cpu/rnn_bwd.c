@@ -143,10 +143,11 @@ KF__MK_CLONES static void add_product(const bwd_step *s, const float *a, int64_t
  * they are in cache (GRU: dW_hh += dG_h^T Hp; A-GRU: [dU_z; dU_r] += [da_z, da_r]^T Hp and
  * G += da_d^T q; where in_fused, both cells: dW3^T += X^T dG_x). One GEMM over all T*B rows read
  * both back from memory (205 MB at T=784) and OpenBLAS spent a third of its time packing them
- * (at T=28, I=28, dW3 = dG_x^T X took 10% of an A-GRU's 1-thread forward+backward for 6% of its
- * flops: n = I = 28 columns and a transposed, packed dG_x). Tiles of KF__MR_P rows of wp by
- * KF__NV_P vectors of columns (N whole panels), K = the slice's rows: A = G^T and B = X read in
- * place (G rows ldg apart, X rows ldx apart). */
+ * (perf of an A-GRU's 1-thread forward+backward at T=28 I=28 H=128 B=128: OpenBLAS spent 24% of
+ * the samples on dW3, dU_z, dU_r and G, a third of it packing, dW3's n = I = 28 columns the
+ * worst; per step they take 16% of a run with 12% fewer samples in all). Tiles of KF__MR_P rows
+ * of wp by KF__NV_P vectors of columns (N whole panels), K = the slice's rows: A = G^T and B = X
+ * read in place (G rows ldg apart, X rows ldx apart). */
 KF__MK_CLONES static void wrec_step(const bwd_step *s, const float *g, int64_t ldg, int64_t M,
                                     const float *x, int64_t ldx, int64_t N, float *wp) {
     for (int64_t j0 = 0; j0 < N; j0 += KF__NV_P * KF__VW) {
