@@ -9,10 +9,11 @@
  *      and the slice adds the step's rows into its own bias sums (double) and, where H is whole
  *      panels, its own part of the recurrent side's weight gradients (kf__mk_st: GRU dW_hh,
  *      A-GRU dU_z, dU_r and G);
+ *      and, where the layer input fills its tiles, dW3 the same way and the step's rows of
+ *      dX = dG_x W3 (the next-lower layer's d(output));
  *  (2) after a barrier, the other weight gradients as whole-sequence GEMMs over all T*B rows,
  *      split across threads by output rows, the slices' parts added in slice order
- *      (deterministic, no atomics), and dX = dG_x W3, which is the next-lower layer's
- *      d(output).
+ *      (deterministic, no atomics), and dX where it was not done per step.
  * Dropout masks are recomputed from the counter (core/rnn_backend.h). Nothing is allocated. */
 #include "blas.h"
 #include "rnn_cpu.h"
@@ -115,12 +116,14 @@ KF__VEC_CLONES static double agru_bwd_pointwise1(const bwd_step *s, float eps) {
     return deps;
 }
 
-/* dh[nb, H] += A[nb, K] B, B [K, H] in plain panels of KF__NV_P vectors (GRU: dG_h W_hh, K = 3H;
- * A-GRU: [da_z, da_r] [U_z; U_r], K = 2H), A's rows lda apart. */
-KF__MK_CLONES static void add_product(const bwd_step *s, const float *a, int64_t lda, int64_t K,
-                                       const float *pk) {
-    const int64_t H = s->H;
-    for (int64_t p = 0; p < kf__num_panels(1, KF__NV_P, H); p++) {
+/* C[nb, n] (+)= A[nb, K] B, B [K, n] in plain panels of KF__NV_P vectors, A's rows lda apart,
+ * C's ldc apart, added into where `add`: dh += (GRU: dG_h W_hh, K = 3H; A-GRU: [da_z, da_r]
+ * [U_z; U_r], K = 2H), and where kf__rnn_dx_fused, the step's rows of dX (+)= dG_x W3 (the
+ * second direction adds). */
+KF__MK_CLONES static void product_into(const bwd_step *s, const float *a, int64_t lda, int64_t K,
+                                        const float *pk, float *c, int64_t ldc, int64_t n,
+                                        bool add) {
+    for (int64_t p = 0; p < kf__num_panels(1, KF__NV_P, n); p++) {
         for (int64_t i0 = 0; i0 < s->nb; i0 += KF__MR_P) {
             const int64_t mr = s->nb - i0 < KF__MR_P ? s->nb - i0 : KF__MR_P;
             kf__vf acc[KF__MR_MAX * KF__NV_MAX];
@@ -128,11 +131,12 @@ KF__MK_CLONES static void add_product(const bwd_step *s, const float *a, int64_t
                    acc);
             for (int v = 0; v < KF__NV_P; v++) {
                 const int64_t j = kf__panel_col(1, KF__NV_P, p, v);
-                const int nc = kf__cols_left(j, H);
+                const int nc = kf__cols_left(j, n);
                 if (!nc) break;
                 for (int64_t i = i0; i < i0 + mr; i++) {
-                    float *dh = s->dh + i * H + j;
-                    kf__vf_store_n(dh, kf__vf_load_n(dh, nc) + acc[(i - i0) * KF__NV_P + v], nc);
+                    float *ci = c + i * ldc + j;
+                    const kf__vf v0 = acc[(i - i0) * KF__NV_P + v];
+                    kf__vf_store_n(ci, add ? kf__vf_load_n(ci, nc) + v0 : v0, nc);
                 }
             }
         }
@@ -260,12 +264,10 @@ static float *win_block(const bwd_layer *f, int32_t d, int g) {
 }
 
 /* Whether the recurrence also sums dW3 per step and slice (as dW3^T = X^T dG_x, by wrec_step into
- * wpart's win): where wrec_fused, dW3 is wanted, and the tiles of KF__MR_P rows of dW3^T over the
- * `in` rows are at least 7/8 full (I = 28 in tiles of 8: yes; I = 1, the pixel-sequence input:
- * no, one row in eight would be work, and that layer's OpenBLAS GEMM stays). */
+ * wpart's win): where wrec_fused, dW3 is wanted, and the layer input fills the tiles of KF__MR_P
+ * rows of dW3^T (kf__tiles_full). */
 static bool in_fused(const bwd_layer *f, int32_t d) {
-    const int64_t in = f->cell[d].in, tiled = (in + KF__MR_P - 1) / KF__MR_P * KF__MR_P;
-    if (!f->lo->wrec_fused || 7 * tiled > 8 * in) return false;
+    if (!f->lo->wrec_fused || !kf__tiles_full(f->cell[d].in, KF__MR_P)) return false;
     for (int g = 0; g < 3; g++)
         if (win_block(f, d, g)) return true;
     return false;
@@ -316,6 +318,9 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
                     ? (float *)kf__at(f->ws, lo->wpart + (size_t)s * lo->wpart_bytes + lo->win)
                     : NULL;
     if (wi) memset(wi, 0, (size_t)(in * 3 * H) * sizeof(float));
+    /* dX rows of the step, while dG_x is in cache (the GEMM after the recurrence packed all of
+     * dG_x, 5.5 MB at T=28, and took 7% of a GRU's 1-thread forward+backward) */
+    float *dxs = f->dx && kf__rnn_dx_fused(in) ? f->dx : NULL;
     double *bs = c->dw ? (double *)kf__at(f->ws, lo->bsum + (size_t)s * lo->bsum_bytes) : NULL;
     if (bs) memset(bs, 0, (size_t)(4 * H) * sizeof(double));
     double deps = 0.0;
@@ -334,20 +339,26 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
         }
         if (!lo->agru) {
             gru_bwd_pointwise(&st);
+            if (dxs)
+                product_into(&st, st.dgx, st.dgx_ld, 3 * H, cw->pk[2], dxs + r0 * in, lo->bs * in,
+                             in, d > 0);
             if (wi) wrec_step(&st, f->x + r0 * in, lo->bs * in, in, st.dgx, st.dgx_ld, 3 * H, wi);
             if (wp) wrec_step(&st, st.aux, st.aux_ld, 3 * H, st.hp, st.hp_ld, H, wp);
             if (bs) bias_step(&st, true, bs);
-            add_product(&st, st.aux, st.aux_ld, 3 * H, cw->pk[0]);
+            product_into(&st, st.aux, st.aux_ld, 3 * H, cw->pk[0], st.dh, H, H, true);
         } else {
             deps += agru_bwd_pointwise1(&st, cw->eps);
             agru_bwd_dq(&st, cw->pk[1]);
+            if (dxs)
+                product_into(&st, st.dgx, st.dgx_ld, 3 * H, cw->pk[2], dxs + r0 * in, lo->bs * in,
+                             in, d > 0);
             if (wi) wrec_step(&st, f->x + r0 * in, lo->bs * in, in, st.dgx, st.dgx_ld, 3 * H, wi);
             if (wp) {
                 wrec_step(&st, st.dgx, st.dgx_ld, 2 * H, st.hp, st.hp_ld, H, wp);
                 wrec_step(&st, st.dgx + 2 * H, st.dgx_ld, H, st.aux, st.aux_ld, H, wp + 2 * H * H);
             }
             if (bs) bias_step(&st, false, bs);
-            add_product(&st, st.dgx, st.dgx_ld, 2 * H, cw->pk[0]);
+            product_into(&st, st.dgx, st.dgx_ld, 2 * H, cw->pk[0], st.dh, H, H, true);
         }
     }
     if (c->dh0)
@@ -428,7 +439,7 @@ static void bwd_cell_grads(const bwd_layer *f, int32_t d, int tid, int nth) {
             if (a < b) wgrad_part(&w[j], lo->N, a, b);
         }
     }
-    if (f->dx) {
+    if (f->dx && !kf__rnn_dx_fused(in)) {
         int64_t r0, r1;
         kf__part(lo->N, nth, tid, &r0, &r1);
         const float *dgx = (const float *)kf__at(f->ws, lo->big[0]);
