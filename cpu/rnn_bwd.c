@@ -145,7 +145,7 @@ KF__MK_CLONES static void product_into(const bwd_step *s, const float *a, int64_
 
 /* Where wrec_fused: a slice part wp[M, N] += G[:, 0:M]^T X[:, 0:N] over this step's rows, while
  * they are in cache (GRU: dW_hh += dG_h^T Hp; A-GRU: [dU_z; dU_r] += [da_z, da_r]^T Hp and
- * G += da_d^T q; where in_fused, both cells: dW3^T += X^T dG_x). One GEMM over all T*B rows read
+ * G += da_d^T q; input_side_step: dW3^T += X^T dG_x). One GEMM over all T*B rows read
  * both back from memory (205 MB at T=784) and OpenBLAS spent a third of its time packing them
  * (perf of an A-GRU's 1-thread forward+backward at T=28 I=28 H=128 B=128: OpenBLAS spent 24% of
  * the samples on dW3, dU_z, dU_r and G, a third of it packing, dW3's n = I = 28 columns the
@@ -167,6 +167,54 @@ KF__MK_CLONES static void wrec_step(const bwd_step *s, const float *g, int64_t l
             }
         }
     }
+}
+
+/* Where wrec_fused, the input side per step: dW3^T [in, 3H] += X^T dG_x (X rows ldx apart) into
+ * the slice's part wi, and the step's rows of dX (+)= dG_x W3 (rows ldd apart; the second
+ * direction adds). Where the layer input fills the micro-kernel's tiles (kf__tiles_full,
+ * kf__rnn_dx_fused) by wrec_step and product_into; else (I = 1, the pixel sequence) by plain
+ * loops over the 3H columns, whose work is as small as `in`. Either way dG_x is used within its
+ * step only: at T=784 the GEMMs after the recurrence had to write all of it to memory (154 MB)
+ * and read it back twice, packing it (9% of a 1-thread forward+backward, for n = 1 column). */
+KF__VEC_CLONES static void win_thin(const bwd_step *s, const float *x, int64_t ldx, int64_t in,
+                                    float *wi) {
+    const int64_t G = 3 * s->H;
+    for (int64_t i = 0; i < s->nb; i++) {
+        const float *restrict g = s->dgx + i * s->dgx_ld;
+        for (int64_t f = 0; f < in; f++) {
+            const float a = x[i * ldx + f];
+            float *restrict w = wi + f * G;
+#pragma omp simd
+            for (int64_t m = 0; m < G; m++) w[m] += a * g[m];
+        }
+    }
+}
+
+KF__VEC_CLONES static void dx_thin(const bwd_step *s, const float *w3, int64_t in, float *dx,
+                                   int64_t ldd, bool add) {
+    const int64_t G = 3 * s->H;
+    for (int64_t i = 0; i < s->nb; i++) {
+        const float *restrict g = s->dgx + i * s->dgx_ld;
+        for (int64_t f = 0; f < in; f++) {
+            float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+            for (int64_t m = 0; m < G; m++) acc += g[m] * w3[m * in + f];
+            dx[i * ldd + f] = add ? dx[i * ldd + f] + acc : acc;
+        }
+    }
+}
+
+static void input_side_step(const bwd_step *s, const kf__rnn_cell *cw, const float *x,
+                            int64_t ldx, float *wi, float *dx, bool add) {
+    const int64_t in = cw->in, G = 3 * s->H;
+    if (dx && kf__rnn_dx_fused(in))
+        product_into(s, s->dgx, s->dgx_ld, G, cw->pk[2], dx, ldx, in, add);
+    else if (dx)
+        dx_thin(s, cw->w3, in, dx, ldx, add);
+    if (wi && kf__tiles_full(in, KF__MR_P))
+        wrec_step(s, x, ldx, in, s->dgx, s->dgx_ld, G, wi);
+    else if (wi)
+        win_thin(s, x, ldx, in, wi);
 }
 
 /* A-GRU pass 2 in the epilogue of dq = da_d A: da_r = dq hp r(1-r); dh += dq r. */
@@ -263,11 +311,10 @@ static float *win_block(const bwd_layer *f, int32_t d, int g) {
     return dw[KF__GRU_W_IH] ? (float *)dw[KF__GRU_W_IH] + g * f->lo->H * f->cell[d].in : NULL;
 }
 
-/* Whether the recurrence also sums dW3 per step and slice (as dW3^T = X^T dG_x, by wrec_step into
- * wpart's win): where wrec_fused, dW3 is wanted, and the layer input fills the tiles of KF__MR_P
- * rows of dW3^T (kf__tiles_full). */
-static bool in_fused(const bwd_layer *f, int32_t d) {
-    if (!f->lo->wrec_fused || !kf__tiles_full(f->cell[d].in, KF__MR_P)) return false;
+/* Whether the recurrence sums dW3 per step and slice (as dW3^T = X^T dG_x into wpart's win,
+ * win_step): where wrec_fused and dW3 is wanted. */
+static bool win_wanted(const bwd_layer *f, int32_t d) {
+    if (!f->lo->wrec_fused) return false;
     for (int g = 0; g < 3; g++)
         if (win_block(f, d, g)) return true;
     return false;
@@ -306,7 +353,8 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
     if (lo->wrec_fused)
         aux_step = (float *)kf__at(f->ws, lo->wpart + (size_t)s * lo->wpart_bytes + lo->aux_step);
     bwd_step st = {.nb = nb, .H = H, .len = c->lengths ? c->lengths + b0 : NULL,
-                   .sv_ld = lo->bs * lo->ng * H, .hp_ld = lo->bs * H, .dgx_ld = lo->bs * 3 * H,
+                   .sv_ld = lo->bs * lo->ng * H, .hp_ld = lo->bs * H,
+                   .dgx_ld = lo->wrec_fused ? 3 * H : lo->bs * 3 * H,
                    .aux_ld = aux_step ? aux_w : lo->bs * aux_w, .dh = sl->st,
                    .gy = sl->t2, .gy_ld = gy_direct ? lo->bs * DH : H};
     float *wp = wrec_wanted(f, d)
@@ -314,13 +362,17 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
                     : NULL;
     if (wp) memset(wp, 0, (size_t)(3 * H * H) * sizeof(float));
     const int64_t in = cw->in;
-    float *wi = in_fused(f, d)
+    float *wi = win_wanted(f, d)
                     ? (float *)kf__at(f->ws, lo->wpart + (size_t)s * lo->wpart_bytes + lo->win)
                     : NULL;
     if (wi) memset(wi, 0, (size_t)(in * 3 * H) * sizeof(float));
     /* dX rows of the step, while dG_x is in cache (the GEMM after the recurrence packed all of
-     * dG_x, 5.5 MB at T=28, and took 7% of a GRU's 1-thread forward+backward) */
-    float *dxs = f->dx && kf__rnn_dx_fused(in) ? f->dx : NULL;
+     * dG_x, 5.5 MB at T=28, and took 7% of a GRU's 1-thread forward+backward); dG_x itself then
+     * stays in the slice's buffer */
+    float *dxs = lo->wrec_fused ? f->dx : NULL;
+    float *dgx_step = lo->wrec_fused ? (float *)kf__at(f->ws, lo->wpart +
+                                                       (size_t)s * lo->wpart_bytes + lo->dgx_step)
+                                     : NULL;
     double *bs = c->dw ? (double *)kf__at(f->ws, lo->bsum + (size_t)s * lo->bsum_bytes) : NULL;
     if (bs) memset(bs, 0, (size_t)(4 * H) * sizeof(double));
     double deps = 0.0;
@@ -329,7 +381,7 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
         st.t = t;
         st.sv = gates + r0 * lo->ng * H;
         st.hp = hp + r0 * H;
-        st.dgx = dgx + r0 * 3 * H;
+        st.dgx = dgx_step ? dgx_step : dgx + r0 * 3 * H;
         st.aux = aux_step ? aux_step : aux + r0 * aux_w;
         if (gy_direct) st.gy = f->dy + r0 * DH + d * H;
         for (int64_t i = 0; i < nb && !gy_direct; i++) {
@@ -339,20 +391,18 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
         }
         if (!lo->agru) {
             gru_bwd_pointwise(&st);
-            if (dxs)
-                product_into(&st, st.dgx, st.dgx_ld, 3 * H, cw->pk[2], dxs + r0 * in, lo->bs * in,
-                             in, d > 0);
-            if (wi) wrec_step(&st, f->x + r0 * in, lo->bs * in, in, st.dgx, st.dgx_ld, 3 * H, wi);
+            if (lo->wrec_fused)
+                input_side_step(&st, cw, f->x + r0 * in, lo->bs * in, wi,
+                                dxs ? dxs + r0 * in : NULL, d > 0);
             if (wp) wrec_step(&st, st.aux, st.aux_ld, 3 * H, st.hp, st.hp_ld, H, wp);
             if (bs) bias_step(&st, true, bs);
             product_into(&st, st.aux, st.aux_ld, 3 * H, cw->pk[0], st.dh, H, H, true);
         } else {
             deps += agru_bwd_pointwise1(&st, cw->eps);
             agru_bwd_dq(&st, cw->pk[1]);
-            if (dxs)
-                product_into(&st, st.dgx, st.dgx_ld, 3 * H, cw->pk[2], dxs + r0 * in, lo->bs * in,
-                             in, d > 0);
-            if (wi) wrec_step(&st, f->x + r0 * in, lo->bs * in, in, st.dgx, st.dgx_ld, 3 * H, wi);
+            if (lo->wrec_fused)
+                input_side_step(&st, cw, f->x + r0 * in, lo->bs * in, wi,
+                                dxs ? dxs + r0 * in : NULL, d > 0);
             if (wp) {
                 wrec_step(&st, st.dgx, st.dgx_ld, 2 * H, st.hp, st.hp_ld, H, wp);
                 wrec_step(&st, st.dgx + 2 * H, st.dgx_ld, H, st.aux, st.aux_ld, H, wp + 2 * H * H);
@@ -398,7 +448,7 @@ static int wgrad_list(const bwd_layer *f, int32_t d, wgrad *out) {
     do {                                                                                        \
         if (DST) out[n++] = (wgrad){(DST), (G), 3 * H, (M), (X), (NX), (B1)};                   \
     } while (0)
-    const bool in_done = in_fused(f, d);
+    const bool in_done = lo->wrec_fused; /* per step, or not wanted */
     if (!lo->agru) {
         if (!in_done) KF__WG(dw[KF__GRU_W_IH], dgx, 3 * H, f->x, in, acc);
         if (!lo->wrec_fused) KF__WG(dw[KF__GRU_W_HH], aux, 3 * H, hp, H, acc);
@@ -439,7 +489,7 @@ static void bwd_cell_grads(const bwd_layer *f, int32_t d, int tid, int nth) {
             if (a < b) wgrad_part(&w[j], lo->N, a, b);
         }
     }
-    if (f->dx && !kf__rnn_dx_fused(in)) {
+    if (f->dx && !lo->wrec_fused) {
         int64_t r0, r1;
         kf__part(lo->N, nth, tid, &r0, &r1);
         const float *dgx = (const float *)kf__at(f->ws, lo->big[0]);
@@ -462,7 +512,7 @@ static void bwd_cell_grads(const bwd_layer *f, int32_t d, int tid, int nth) {
             }
         }
     }
-    if (in_fused(f, d)) { /* dW3 (+)= the slices' parts of dW3^T, in slice order, by rows */
+    if (win_wanted(f, d)) { /* dW3 (+)= the slices' parts of dW3^T, in slice order, by rows */
         int64_t m0, m1;
         kf__part(3 * H, nth, tid, &m0, &m1);
         for (int64_t m = m0; m < m1; m++) {

@@ -23,7 +23,8 @@
  *            pk[1] = A^T (A-GRU); backward pk[0] = W_hh (GRU) or [U_z; U_r] (A-GRU), pk[1] = A,
  *            pk[2] = W3 [3H, in] where kf__rnn_dx_fused(in) (room for the widest layer input)
  *   big[0]   [N, 3H]  forward: direction 0's input projection of one step, slice s in rows
- *                     b0.. of its own; backward: dG_x (input-side pre-activation gradients)
+ *                     b0.. of its own; backward where not wrec_fused: dG_x (input-side
+ *                     pre-activation gradients)
  *   big[1]   [N, 3H]  forward: the same for direction 1; backward where not wrec_fused: GRU
  *                     dG_h (recurrent-side), A-GRU q = r*h [N, H]
  *   seq[2]   [N, D*H] (L > 1) forward inference: layer outputs; backward: d(layer output)
@@ -35,7 +36,8 @@
  *            sum dG_h^T Hp; A-GRU [dU_z; dU_r] = sum [da_z, da_r]^T Hp, then G = sum da_d^T q;
  *            then, aux_step after it, the step's aux rows, dG_h [nbmax, 3H] or q [nbmax, H]
  *            (used within the step only, so big[1] is not); then, win after it, the slice's
- *            part of dW3^T = sum X^T dG_x [in, 3H] (largest layer input)
+ *            part of dW3^T = sum X^T dG_x [in, 3H] (largest layer input); then, dgx_step after
+ *            it, the step's dG_x rows [nbmax, 3H] (dX is per step too, so big[0] is not used)
  *   bsum[s]  backward: slice s's bias-gradient sums (double), colsum dG_x [3H] and (GRU) the
  *            colsum of dG_h's n part [H], accumulated step by step (float32 plans only)
  * A float64 plan (cpu/rnn_f64.c) has the same layout in doubles, except: no pack (its GEMMs read
@@ -116,7 +118,8 @@ typedef struct kf__rnn_cpu_layout {
     bool wrec_fused; /* backward: dW_hh (GRU) or dU_z, dU_r, G (A-GRU) by kf__mk_st per step
                       * (wpart), not by GEMMs after the recurrence */
     size_t aux_step; /* where wrec_fused: the step's aux rows (dG_h, q), this far into wpart[s] */
-    size_t win;      /* and the part of dW3^T [in, 3H] (rnn_bwd.c: in_fused), this far */
+    size_t win;      /* and the part of dW3^T [in, 3H] (rnn_bwd.c: input_side_step), this far */
+    size_t dgx_step; /* and the step's dG_x rows [nbmax, 3H], this far */
     /* reserve offsets (bytes) */
     size_t cell_bytes, hp_bytes, out0, out_bytes, reserve_bytes;
 } kf__rnn_cpu_layout;

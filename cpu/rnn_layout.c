@@ -73,7 +73,8 @@ void kf__rnn_cpu_layout_init(kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p
     lo->wpart = off;
     lo->aux_step = fbytes(3 * H * H);
     lo->win = lo->aux_step + fbytes(lo->nbmax * (lo->agru ? H : 3 * H));
-    lo->wpart_bytes = lo->wrec_fused ? lo->win + fbytes(in_max * 3 * H) : 0;
+    lo->dgx_step = lo->win + fbytes(in_max * 3 * H);
+    lo->wpart_bytes = lo->wrec_fused ? lo->dgx_step + fbytes(lo->nbmax * 3 * H) : 0;
     off += (size_t)lo->ns * lo->wpart_bytes;
     lo->bsum = off;
     lo->bsum_bytes = f64 ? 0 : kf__align_up((size_t)(4 * H) * sizeof(double));
