@@ -24,9 +24,9 @@
  *            pk[2] = W3 [3H, in] where kf__rnn_dx_fused(in) (room for the widest layer input)
  *   big[0]   [N, 3H]  forward: direction 0's input projection of one step, slice s in rows
  *                     b0.. of its own; backward where not wrec_fused: dG_x (input-side
- *                     pre-activation gradients)
+ *                     pre-activation gradients); only [B, 3H] where wrec_fused
  *   big[1]   [N, 3H]  forward: the same for direction 1; backward where not wrec_fused: GRU
- *                     dG_h (recurrent-side), A-GRU q = r*h [N, H]
+ *                     dG_h (recurrent-side), A-GRU q = r*h [N, H]; [B, 3H] where wrec_fused
  *   seq[2]   [N, D*H] (L > 1) forward inference: layer outputs; backward: d(layer output)
  *   slice[s] per slice: st, t1, t2, each [nb, H]
  *   gmat     A-GRU backward: G = sum da_d^T q [H, H]

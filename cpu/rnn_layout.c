@@ -51,9 +51,14 @@ void kf__rnn_cpu_layout_init(kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p
         lo->rec_bytes = lo->rec_pk2 + fbytes(panel_floats(1, KF__NV_P, 3 * H, in_max));
     }
     off += (size_t)(p->L * D) * lo->rec_bytes;
+    /* wrec_fused: the per-step products read rows of Hp (and q) as whole vectors, so only where
+     * they hold whole panels. Then the per-step weight gradients and dX leave the backward
+     * nothing to keep for all N rows, and the forward keeps one step's rows of each slice in
+     * big[]: B rows (T=784: 0.4 MB, not 308) */
+    const bool fused = !f64 && H % (KF__NV_P * KF__VW) == 0;
     for (int i = 0; i < 2; i++) {
         lo->big[i] = off;
-        off += ebytes(e, N * 3 * H);
+        off += ebytes(e, (fused ? B : N) * 3 * H);
     }
     for (int i = 0; i < 2; i++) {
         lo->seq[i] = off;
@@ -67,9 +72,7 @@ void kf__rnn_cpu_layout_init(kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p
     off += lo->agru ? ebytes(e, H * H) : 0;
     lo->epsacc = off;
     off += lo->agru ? kf__align_up((size_t)lo->ns * sizeof(double)) : 0;
-    /* the per-step products read rows of Hp (and q) as whole vectors, so only where they hold
-     * whole panels */
-    lo->wrec_fused = !f64 && H % (KF__NV_P * KF__VW) == 0;
+    lo->wrec_fused = fused;
     lo->wpart = off;
     lo->aux_step = fbytes(3 * H * H);
     lo->win = lo->aux_step + fbytes(lo->nbmax * (lo->agru ? H : 3 * H));
