@@ -3,17 +3,16 @@
  * Layers run from the last to the first, each direction in turn:
  *  (1) the reverse recurrence, each thread owning batch slices for the whole sequence: per step a
  *      fused pointwise pass turns dh into the pre-activation gradients of every row (dG_x on the
- *      input side, stored for all T*B rows; GRU: dG_h on the recurrent side), then the recurrent
- *      products carry dh to the previous step (micro-kernel kf__mk on the weights packed once per
- *      call, adding into dh in its epilogue; A-GRU: pass 2 fused into the epilogue of da_d A),
- *      and the slice adds the step's rows into its own bias sums (double) and, where H is whole
- *      panels, its own part of the recurrent side's weight gradients (kf__mk_st: GRU dW_hh,
- *      A-GRU dU_z, dU_r and G);
- *      and, where the layer input fills its tiles, dW3 the same way and the step's rows of
- *      dX = dG_x W3 (the next-lower layer's d(output));
- *  (2) after a barrier, the other weight gradients as whole-sequence GEMMs over all T*B rows,
- *      split across threads by output rows, the slices' parts added in slice order
- *      (deterministic, no atomics), and dX where it was not done per step.
+ *      input side; GRU: dG_h on the recurrent side), then the recurrent products carry dh to
+ *      the previous step (micro-kernel kf__mk on the weights packed once per call, adding into
+ *      dh in its epilogue; A-GRU: pass 2 fused into the epilogue of da_d A), and the slice adds
+ *      the step's rows into its own bias sums (double) and, where H is whole panels (wrec_fused),
+ *      into its own parts of every weight gradient (kf__mk_st: GRU dW_hh, A-GRU dU_z, dU_r and
+ *      G; dW3) and writes the step's rows of dX = dG_x W3 (the next-lower layer's d(output));
+ *      elsewhere dG_x (and dG_h, q) are stored for all T*B rows;
+ *  (2) after a barrier, the slices' parts added in slice order (deterministic, no atomics), or,
+ *      where H is not whole panels, the weight gradients as whole-sequence GEMMs over all T*B
+ *      rows split across threads by output rows, and dX split by rows.
  * Dropout masks are recomputed from the counter (core/rnn_backend.h). Nothing is allocated. */
 #include "blas.h"
 #include "rnn_cpu.h"
