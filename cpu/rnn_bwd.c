@@ -3,15 +3,16 @@
  * Layers run from the last to the first, each direction in turn:
  *  (1) the reverse recurrence, each thread owning batch slices for the whole sequence: per step a
  *      fused pointwise pass turns dh into the pre-activation gradients of every row (dG_x on the
- *      input side, stored for all T*B rows; GRU: dG_h on the recurrent side), then the recurrent
- *      products carry dh to the previous step (micro-kernel kf__mk on the weights packed once per
- *      call, adding into dh in its epilogue; A-GRU: pass 2 fused into the epilogue of da_d A),
- *      and the slice adds the step's rows into its own bias sums (double) and, GRU where H is
- *      whole panels, its own part of dW_hh (kf__mk_st);
- *  (2) after a barrier, the other weight gradients as whole-sequence GEMMs over all T*B rows,
- *      split across threads by output rows, the slices' parts added in slice order
- *      (deterministic, no atomics), and dX = dG_x W3, which is the next-lower layer's
- *      d(output).
+ *      input side; GRU: dG_h on the recurrent side), then the recurrent products carry dh to
+ *      the previous step (micro-kernel kf__mk on the weights packed once per call, adding into
+ *      dh in its epilogue; A-GRU: pass 2 fused into the epilogue of da_d A), and the slice adds
+ *      the step's rows into its own bias sums (double) and, where H is whole panels (wrec_fused),
+ *      into its own parts of every weight gradient (kf__mk_st: GRU dW_hh, A-GRU dU_z, dU_r and
+ *      G; dW3) and writes the step's rows of dX = dG_x W3 (the next-lower layer's d(output));
+ *      elsewhere dG_x (and dG_h, q) are stored for all T*B rows;
+ *  (2) after a barrier, the slices' parts added in slice order (deterministic, no atomics), or,
+ *      where H is not whole panels, the weight gradients as whole-sequence GEMMs over all T*B
+ *      rows split across threads by output rows, and dX split by rows.
  * Dropout masks are recomputed from the counter (core/rnn_backend.h). Nothing is allocated. */
 #include "blas.h"
 #include "rnn_cpu.h"
@@ -114,12 +115,14 @@ KF__VEC_CLONES static double agru_bwd_pointwise1(const bwd_step *s, float eps) {
     return deps;
 }
 
-/* dh[nb, H] += A[nb, K] B, B [K, H] in plain panels of KF__NV_P vectors (GRU: dG_h W_hh, K = 3H;
- * A-GRU: [da_z, da_r] [U_z; U_r], K = 2H), A's rows lda apart. */
-KF__MK_CLONES static void add_product(const bwd_step *s, const float *a, int64_t lda, int64_t K,
-                                       const float *pk) {
-    const int64_t H = s->H;
-    for (int64_t p = 0; p < kf__num_panels(1, KF__NV_P, H); p++) {
+/* C[nb, n] (+)= A[nb, K] B, B [K, n] in plain panels of KF__NV_P vectors, A's rows lda apart,
+ * C's ldc apart, added into where `add`: dh += (GRU: dG_h W_hh, K = 3H; A-GRU: [da_z, da_r]
+ * [U_z; U_r], K = 2H), and where kf__rnn_dx_fused, the step's rows of dX (+)= dG_x W3 (the
+ * second direction adds). */
+KF__MK_CLONES static void product_into(const bwd_step *s, const float *a, int64_t lda, int64_t K,
+                                        const float *pk, float *c, int64_t ldc, int64_t n,
+                                        bool add) {
+    for (int64_t p = 0; p < kf__num_panels(1, KF__NV_P, n); p++) {
         for (int64_t i0 = 0; i0 < s->nb; i0 += KF__MR_P) {
             const int64_t mr = s->nb - i0 < KF__MR_P ? s->nb - i0 : KF__MR_P;
             kf__vf acc[KF__MR_MAX * KF__NV_MAX];
@@ -127,37 +130,90 @@ KF__MK_CLONES static void add_product(const bwd_step *s, const float *a, int64_t
                    acc);
             for (int v = 0; v < KF__NV_P; v++) {
                 const int64_t j = kf__panel_col(1, KF__NV_P, p, v);
-                const int nc = kf__cols_left(j, H);
+                const int nc = kf__cols_left(j, n);
                 if (!nc) break;
                 for (int64_t i = i0; i < i0 + mr; i++) {
-                    float *dh = s->dh + i * H + j;
-                    kf__vf_store_n(dh, kf__vf_load_n(dh, nc) + acc[(i - i0) * KF__NV_P + v], nc);
+                    float *ci = c + i * ldc + j;
+                    const kf__vf v0 = acc[(i - i0) * KF__NV_P + v];
+                    kf__vf_store_n(ci, add ? kf__vf_load_n(ci, nc) + v0 : v0, nc);
                 }
             }
         }
     }
 }
 
-/* GRU, where whh_fused: slice part wp[3H, H] of dW_hh += dG_h^T Hp over this step's rows, while
- * they are in cache (one GEMM over all T*B rows read both back from memory at T=784, and
- * OpenBLAS spent a third of its time packing them). Tiles of KF__MR_P rows of dW_hh by KF__NV_P
- * vectors of columns, K = the slice's rows: A = dG_h^T and B = Hp read in place. */
-KF__MK_CLONES static void gru_whh_step(const bwd_step *s, float *wp) {
-    const int64_t H = s->H, M = 3 * H;
-    for (int64_t j0 = 0; j0 < H; j0 += KF__NV_P * KF__VW) {
+/* Where wrec_fused: a slice part wp[M, N] += G[:, 0:M]^T X[:, 0:N] over this step's rows, while
+ * they are in cache (GRU: dW_hh += dG_h^T Hp; A-GRU: [dU_z; dU_r] += [da_z, da_r]^T Hp and
+ * G += da_d^T q; input_side_step: dW3^T += X^T dG_x). One GEMM over all T*B rows read
+ * both back from memory (205 MB at T=784) and OpenBLAS spent a third of its time packing them
+ * (perf of an A-GRU's 1-thread forward+backward at T=28 I=28 H=128 B=128: OpenBLAS spent 24% of
+ * the samples on dW3, dU_z, dU_r and G, a third of it packing, dW3's n = I = 28 columns the
+ * worst; per step they take 16% of a run with 12% fewer samples in all). Tiles of KF__MR_P rows
+ * of wp by KF__NV_P vectors of columns (N whole panels), K = the slice's rows: A = G^T and B = X
+ * read in place (G rows ldg apart, X rows ldx apart). */
+KF__MK_CLONES static void wrec_step(const bwd_step *s, const float *g, int64_t ldg, int64_t M,
+                                    const float *x, int64_t ldx, int64_t N, float *wp) {
+    for (int64_t j0 = 0; j0 < N; j0 += KF__NV_P * KF__VW) {
         for (int64_t m0 = 0; m0 < M; m0 += KF__MR_P) {
             const int64_t mr = M - m0 < KF__MR_P ? M - m0 : KF__MR_P;
             kf__vf acc[KF__MR_MAX * KF__NV_MAX];
-            kf__mk_st(KF__MR_P, KF__NV_P, s->nb, s->aux + m0, 1, s->aux_ld, mr, s->hp + j0,
-                      s->hp_ld, acc);
+            kf__mk_st(KF__MR_P, KF__NV_P, s->nb, g + m0, 1, ldg, mr, x + j0, ldx, acc);
             for (int64_t i = 0; i < mr; i++) {
                 for (int v = 0; v < KF__NV_P; v++) {
-                    float *c = wp + (m0 + i) * H + j0 + v * KF__VW;
+                    float *c = wp + (m0 + i) * N + j0 + v * KF__VW;
                     kf__vf_store_n(c, kf__vf_load(c) + acc[i * KF__NV_P + v], KF__VW);
                 }
             }
         }
     }
+}
+
+/* Where wrec_fused, the input side per step: dW3^T [in, 3H] += X^T dG_x (X rows ldx apart) into
+ * the slice's part wi, and the step's rows of dX (+)= dG_x W3 (rows ldd apart; the second
+ * direction adds). Where the layer input fills the micro-kernel's tiles (kf__tiles_full,
+ * kf__rnn_dx_fused) by wrec_step and product_into; else (I = 1, the pixel sequence) by plain
+ * loops over the 3H columns, whose work is as small as `in`. Either way dG_x is used within its
+ * step only: at T=784 the GEMMs after the recurrence had to write all of it to memory (154 MB)
+ * and read it back twice, packing it (9% of a 1-thread forward+backward, for n = 1 column). */
+KF__VEC_CLONES static void win_thin(const bwd_step *s, const float *x, int64_t ldx, int64_t in,
+                                    float *wi) {
+    const int64_t G = 3 * s->H;
+    for (int64_t i = 0; i < s->nb; i++) {
+        const float *restrict g = s->dgx + i * s->dgx_ld;
+        for (int64_t f = 0; f < in; f++) {
+            const float a = x[i * ldx + f];
+            float *restrict w = wi + f * G;
+#pragma omp simd
+            for (int64_t m = 0; m < G; m++) w[m] += a * g[m];
+        }
+    }
+}
+
+KF__VEC_CLONES static void dx_thin(const bwd_step *s, const float *w3, int64_t in, float *dx,
+                                   int64_t ldd, bool add) {
+    const int64_t G = 3 * s->H;
+    for (int64_t i = 0; i < s->nb; i++) {
+        const float *restrict g = s->dgx + i * s->dgx_ld;
+        for (int64_t f = 0; f < in; f++) {
+            float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+            for (int64_t m = 0; m < G; m++) acc += g[m] * w3[m * in + f];
+            dx[i * ldd + f] = add ? dx[i * ldd + f] + acc : acc;
+        }
+    }
+}
+
+static void input_side_step(const bwd_step *s, const kf__rnn_cell *cw, const float *x,
+                            int64_t ldx, float *wi, float *dx, bool add) {
+    const int64_t in = cw->in, G = 3 * s->H;
+    if (dx && kf__rnn_dx_fused(in))
+        product_into(s, s->dgx, s->dgx_ld, G, cw->pk[2], dx, ldx, in, add);
+    else if (dx)
+        dx_thin(s, cw->w3, in, dx, ldx, add);
+    if (wi && kf__tiles_full(in, KF__MR_P))
+        wrec_step(s, x, ldx, in, s->dgx, s->dgx_ld, G, wi);
+    else if (wi)
+        win_thin(s, x, ldx, in, wi);
 }
 
 /* A-GRU pass 2 in the epilogue of dq = da_d A: da_r = dq hp r(1-r); dh += dq r. */
@@ -199,6 +255,7 @@ typedef struct bwd_layer {
     kf__rnn_drop dr;  /* the forward's dropout on this layer's output */
     kf__rnn_cell cell[2];
     void *ws;
+    kf__cpu_barrier *bar; /* the call's team barrier */
 } bwd_layer;
 
 static int64_t cell_index(const bwd_layer *f, int32_t d) { return (int64_t)f->l * f->lo->D + d; }
@@ -224,11 +281,50 @@ static void bias_step(const bwd_step *s, bool gru, double *bs) {
     if (gru) colsum(s->aux + 2 * s->H, s->aux_ld, s->nb, s->H, bs + 3 * s->H);
 }
 
-/* dW_hh of cell (l, d) where the recurrence accumulates it (lo->whh_fused) and it is wanted. */
-static float *fused_whh(const bwd_layer *f, int32_t d) {
+/* Where the recurrence accumulates the recurrent side's weight gradients (lo->wrec_fused): the
+ * destination of row block g (H rows) of the slices' parts, NULL if not wanted (GRU: dW_hh's
+ * gates; A-GRU: dU_z, dU_r, and G into gmat where dW_h is wanted), and whether it honours
+ * KF_GRAD_ACCUMULATE (G does not: it is a temporary). */
+static float *wrec_block(const bwd_layer *f, int32_t d, int g, bool *acc) {
     const kf__rnn_bwd *c = f->c;
-    if (!f->lo->whh_fused || !c->dw) return NULL;
-    return c->dw[cell_index(f, d) * c->plan->nw + KF__GRU_W_HH];
+    const int64_t H = f->lo->H;
+    if (!f->lo->wrec_fused || !c->dw) return NULL;
+    void *const *dw = c->dw + cell_index(f, d) * c->plan->nw;
+    *acc = c->accumulate;
+    if (!f->lo->agru) return dw[KF__GRU_W_HH] ? (float *)dw[KF__GRU_W_HH] + g * H * H : NULL;
+    if (g < 2) return dw[g ? KF__AGRU_U_R : KF__AGRU_U_Z];
+    *acc = false;
+    return dw[KF__AGRU_W_H] ? (float *)kf__at(f->ws, f->lo->gmat) : NULL;
+}
+
+/* Row block g (H rows) of dW3 = dG_x^T X of cell (l, d), NULL if not wanted: GRU weight_ih's
+ * gates, A-GRU W_z, W_r, V_h. */
+static float *win_block(const bwd_layer *f, int32_t d, int g) {
+    const kf__rnn_bwd *c = f->c;
+    if (!c->dw) return NULL;
+    void *const *dw = c->dw + cell_index(f, d) * c->plan->nw;
+    if (f->lo->agru) {
+        static const int wx[3] = {KF__AGRU_W_Z, KF__AGRU_W_R, KF__AGRU_V_H};
+        return dw[wx[g]];
+    }
+    return dw[KF__GRU_W_IH] ? (float *)dw[KF__GRU_W_IH] + g * f->lo->H * f->cell[d].in : NULL;
+}
+
+/* Whether the recurrence sums dW3 per step and slice (as dW3^T = X^T dG_x into wpart's win,
+ * win_step): where wrec_fused and dW3 is wanted. */
+static bool win_wanted(const bwd_layer *f, int32_t d) {
+    if (!f->lo->wrec_fused) return false;
+    for (int g = 0; g < 3; g++)
+        if (win_block(f, d, g)) return true;
+    return false;
+}
+
+/* Whether the recurrence accumulates any part (wrec_block). */
+static bool wrec_wanted(const bwd_layer *f, int32_t d) {
+    bool acc;
+    for (int g = 0; g < 3; g++)
+        if (wrec_block(f, d, g, &acc)) return true;
+    return false;
 }
 
 /* Reverse recurrence of direction d for the batch rows of slice `sl` (slice index s). */
@@ -249,18 +345,33 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
     else
         memset(sl->st, 0, (size_t)(nb * H) * sizeof(float));
     const bool gy_direct = f->dy && !f->dr.on; /* else masked rows of dy, or zeros, into t2 */
-    /* GRU with the per-step dW_hh: dG_h is used within its step only (products and sums), so its
-     * rows go to the slice's buffer, in cache, not to big[1] (154 MB written at T=784) */
-    float *dgh_step = NULL;
-    if (lo->whh_fused)
-        dgh_step = (float *)kf__at(f->ws, lo->wpart + (size_t)s * lo->wpart_bytes + lo->dgh_step);
+    /* With the per-step weight gradients, the aux rows (GRU dG_h, A-GRU q) are used within their
+     * step only (products and sums), so they go to the slice's buffer, in cache, not to big[1]
+     * (154 MB written at T=784) */
+    float *aux_step = NULL;
+    if (lo->wrec_fused)
+        aux_step = (float *)kf__at(f->ws, lo->wpart + (size_t)s * lo->wpart_bytes + lo->aux_step);
     bwd_step st = {.nb = nb, .H = H, .len = c->lengths ? c->lengths + b0 : NULL,
-                   .sv_ld = lo->bs * lo->ng * H, .hp_ld = lo->bs * H, .dgx_ld = lo->bs * 3 * H,
-                   .aux_ld = dgh_step ? 3 * H : lo->bs * aux_w, .dh = sl->st,
+                   .sv_ld = lo->bs * lo->ng * H, .hp_ld = lo->bs * H,
+                   .dgx_ld = lo->wrec_fused ? 3 * H : lo->bs * 3 * H,
+                   .aux_ld = aux_step ? aux_w : lo->bs * aux_w, .dh = sl->st,
                    .gy = sl->t2, .gy_ld = gy_direct ? lo->bs * DH : H};
-    float *wp = fused_whh(f, d) ? (float *)kf__at(f->ws, lo->wpart + (size_t)s * lo->wpart_bytes)
-                                : NULL;
+    float *wp = wrec_wanted(f, d)
+                    ? (float *)kf__at(f->ws, lo->wpart + (size_t)s * lo->wpart_bytes)
+                    : NULL;
     if (wp) memset(wp, 0, (size_t)(3 * H * H) * sizeof(float));
+    const int64_t in = cw->in;
+    float *wi = win_wanted(f, d)
+                    ? (float *)kf__at(f->ws, lo->wpart + (size_t)s * lo->wpart_bytes + lo->win)
+                    : NULL;
+    if (wi) memset(wi, 0, (size_t)(in * 3 * H) * sizeof(float));
+    /* dX rows of the step, while dG_x is in cache (the GEMM after the recurrence packed all of
+     * dG_x, 5.5 MB at T=28, and took 7% of a GRU's 1-thread forward+backward); dG_x itself then
+     * stays in the slice's buffer */
+    float *dxs = lo->wrec_fused ? f->dx : NULL;
+    float *dgx_step = lo->wrec_fused ? (float *)kf__at(f->ws, lo->wpart +
+                                                       (size_t)s * lo->wpart_bytes + lo->dgx_step)
+                                     : NULL;
     double *bs = c->dw ? (double *)kf__at(f->ws, lo->bsum + (size_t)s * lo->bsum_bytes) : NULL;
     if (bs) memset(bs, 0, (size_t)(4 * H) * sizeof(double));
     double deps = 0.0;
@@ -269,8 +380,8 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
         st.t = t;
         st.sv = gates + r0 * lo->ng * H;
         st.hp = hp + r0 * H;
-        st.dgx = dgx + r0 * 3 * H;
-        st.aux = dgh_step ? dgh_step : aux + r0 * aux_w;
+        st.dgx = dgx_step ? dgx_step : dgx + r0 * 3 * H;
+        st.aux = aux_step ? aux_step : aux + r0 * aux_w;
         if (gy_direct) st.gy = f->dy + r0 * DH + d * H;
         for (int64_t i = 0; i < nb && !gy_direct; i++) {
             const int64_t r = r0 + i * lo->bs;
@@ -279,14 +390,24 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
         }
         if (!lo->agru) {
             gru_bwd_pointwise(&st);
-            if (wp) gru_whh_step(&st, wp);
+            if (lo->wrec_fused)
+                input_side_step(&st, cw, f->x + r0 * in, lo->bs * in, wi,
+                                dxs ? dxs + r0 * in : NULL, d > 0);
+            if (wp) wrec_step(&st, st.aux, st.aux_ld, 3 * H, st.hp, st.hp_ld, H, wp);
             if (bs) bias_step(&st, true, bs);
-            add_product(&st, st.aux, st.aux_ld, 3 * H, cw->pk[0]);
+            product_into(&st, st.aux, st.aux_ld, 3 * H, cw->pk[0], st.dh, H, H, true);
         } else {
             deps += agru_bwd_pointwise1(&st, cw->eps);
             agru_bwd_dq(&st, cw->pk[1]);
+            if (lo->wrec_fused)
+                input_side_step(&st, cw, f->x + r0 * in, lo->bs * in, wi,
+                                dxs ? dxs + r0 * in : NULL, d > 0);
+            if (wp) {
+                wrec_step(&st, st.dgx, st.dgx_ld, 2 * H, st.hp, st.hp_ld, H, wp);
+                wrec_step(&st, st.dgx + 2 * H, st.dgx_ld, H, st.aux, st.aux_ld, H, wp + 2 * H * H);
+            }
             if (bs) bias_step(&st, false, bs);
-            add_product(&st, st.dgx, st.dgx_ld, 2 * H, cw->pk[0]);
+            product_into(&st, st.dgx, st.dgx_ld, 2 * H, cw->pk[0], st.dh, H, H, true);
         }
     }
     if (c->dh0)
@@ -326,13 +447,15 @@ static int wgrad_list(const bwd_layer *f, int32_t d, wgrad *out) {
     do {                                                                                        \
         if (DST) out[n++] = (wgrad){(DST), (G), 3 * H, (M), (X), (NX), (B1)};                   \
     } while (0)
+    const bool in_done = lo->wrec_fused; /* per step, or not wanted */
     if (!lo->agru) {
-        KF__WG(dw[KF__GRU_W_IH], dgx, 3 * H, f->x, in, acc);
-        if (!lo->whh_fused) KF__WG(dw[KF__GRU_W_HH], aux, 3 * H, hp, H, acc);
+        if (!in_done) KF__WG(dw[KF__GRU_W_IH], dgx, 3 * H, f->x, in, acc);
+        if (!lo->wrec_fused) KF__WG(dw[KF__GRU_W_HH], aux, 3 * H, hp, H, acc);
     } else {
         static const int wx[3] = {KF__AGRU_W_Z, KF__AGRU_W_R, KF__AGRU_V_H};
         static const int wu[2] = {KF__AGRU_U_Z, KF__AGRU_U_R};
-        for (int g = 0; g < 3; g++) KF__WG(dw[wx[g]], dgx + g * H, H, f->x, in, acc);
+        for (int g = 0; g < 3 && !in_done; g++) KF__WG(dw[wx[g]], dgx + g * H, H, f->x, in, acc);
+        if (lo->wrec_fused) return n;
         for (int g = 0; g < 2; g++) KF__WG(dw[wu[g]], dgx + g * H, H, hp, H, acc);
         /* G = da_d^T q, combined into dW_h = G - G^T after a barrier (q rows are H apart) */
         if (dw[KF__AGRU_W_H])
@@ -365,22 +488,43 @@ static void bwd_cell_grads(const bwd_layer *f, int32_t d, int tid, int nth) {
             if (a < b) wgrad_part(&w[j], lo->N, a, b);
         }
     }
-    if (f->dx) {
+    if (f->dx && !lo->wrec_fused) {
         int64_t r0, r1;
         kf__part(lo->N, nth, tid, &r0, &r1);
         const float *dgx = (const float *)kf__at(f->ws, lo->big[0]);
         kf__sgemm(false, false, r1 - r0, in, 3 * H, 1.0f, dgx + r0 * 3 * H, 3 * H, f->cell[d].w3,
                   in, d ? 1.0f : 0.0f, f->dx + r0 * in, in);
     }
-    float *whh = fused_whh(f, d);
-    if (whh) { /* dW_hh (+)= the slices' parts, in slice order */
+    if (wrec_wanted(f, d)) { /* wrec_block (+)= the slices' parts, in slice order, by rows */
         int64_t m0, m1;
         kf__part(3 * H, nth, tid, &m0, &m1);
-        for (int32_t s = 0; s < lo->ns; s++) {
-            const float *part =
-                (const float *)kf__at(f->ws, lo->wpart + (size_t)s * lo->wpart_bytes);
-            const bool add = s > 0 || c->accumulate;
-            for (int64_t e = m0 * H; e < m1 * H; e++) whh[e] = (add ? whh[e] : 0.0f) + part[e];
+        for (int64_t m = m0; m < m1; m++) {
+            bool acc;
+            float *dst = wrec_block(f, d, (int)(m / H), &acc);
+            if (!dst) continue;
+            dst += (m % H) * H;
+            for (int32_t s = 0; s < lo->ns; s++) {
+                const float *part = (const float *)kf__at(
+                    f->ws, lo->wpart + (size_t)s * lo->wpart_bytes + (size_t)(m * H) * sizeof(float));
+                const bool add = s > 0 || acc;
+                for (int64_t j = 0; j < H; j++) dst[j] = (add ? dst[j] : 0.0f) + part[j];
+            }
+        }
+    }
+    if (win_wanted(f, d)) { /* dW3 (+)= the slices' parts of dW3^T, in slice order, by rows */
+        int64_t m0, m1;
+        kf__part(3 * H, nth, tid, &m0, &m1);
+        for (int64_t m = m0; m < m1; m++) {
+            float *dst = win_block(f, d, (int)(m / H));
+            if (!dst) continue;
+            dst += (m % H) * in;
+            for (int32_t s = 0; s < lo->ns; s++) {
+                const float *part = (const float *)kf__at(
+                    f->ws, lo->wpart + (size_t)s * lo->wpart_bytes + lo->win);
+                const bool add = s > 0 || c->accumulate;
+                for (int64_t i = 0; i < in; i++)
+                    dst[i] = (add ? dst[i] : 0.0f) + part[i * 3 * H + m];
+            }
         }
     }
     void *const *dw = c->dw ? c->dw + cell_index(f, d) * c->plan->nw : NULL;
@@ -417,7 +561,7 @@ static void bwd_cell_grads(const bwd_layer *f, int32_t d, int tid, int nth) {
         float *deps = dw[KF__AGRU_EPS];
         *deps = (float)sum + (c->accumulate ? *deps : 0.0f);
     }
-#pragma omp barrier
+    kf__cpu_barrier_wait(f->bar, nth);
     if (lo->agru && dw && dw[KF__AGRU_W_H]) {
         /* dA = G and A = W_h - W_h^T - gamma I, so dW_h = G - G^T */
         const float *g = (const float *)kf__at(f->ws, lo->gmat);
@@ -433,16 +577,18 @@ static void bwd_cell_grads(const bwd_layer *f, int32_t d, int tid, int nth) {
 typedef struct bwd_call {
     const kf__rnn_bwd *c;
     const kf__rnn_cpu_layout *lo;
+    kf__cpu_barrier bar;
 } bwd_call;
 
 static void bwd_team(void *arg, int tid, int nth) {
-    const kf__rnn_bwd *c = ((const bwd_call *)arg)->c;
-    const kf__rnn_cpu_layout *lo = ((const bwd_call *)arg)->lo;
+    bwd_call *call = arg;
+    const kf__rnn_bwd *c = call->c;
+    const kf__rnn_cpu_layout *lo = call->lo;
     const struct kf_rnn_plan *p = c->plan;
     kf__rnn_cpu_pack(lo, p, c->w, c->ws, true, tid, nth);
-#pragma omp barrier
+    kf__cpu_barrier_wait(&call->bar, nth);
     for (int32_t l = p->L - 1; l >= 0; l--) {
-        bwd_layer f = {.c = c, .lo = lo, .l = l, .ws = c->ws};
+        bwd_layer f = {.c = c, .lo = lo, .l = l, .ws = c->ws, .bar = &call->bar};
         f.x = l ? (const float *)kf__cat(c->reserve, lo->out0 + (size_t)(l - 1) * lo->out_bytes)
                 : c->x;
         f.dy = l == p->L - 1 ? c->dy : (const float *)kf__at(c->ws, lo->seq[l % 2]);
@@ -456,9 +602,10 @@ static void bwd_team(void *arg, int tid, int nth) {
                 kf__rnn_slice sl = kf__rnn_cpu_slice(lo, c->ws, s);
                 bwd_slice(&f, d, &sl, s);
             }
-#pragma omp barrier
+            kf__cpu_barrier_wait(&call->bar, nth);
             bwd_cell_grads(&f, d, tid, nth);
-#pragma omp barrier
+            /* the next cell reads this one's dX and weights; after the last, the team's end */
+            if (l > 0 || d + 1 < lo->D) kf__cpu_barrier_wait(&call->bar, nth);
         }
     }
 }
@@ -467,7 +614,7 @@ kf_status kf__cpu_rnn_backward(kf_context *ctx, const kf__rnn_bwd *c) {
     kf__rnn_cpu_layout lo;
     kf__rnn_cpu_layout_init(&lo, c->plan, c->T, c->B, true);
     (void)ctx; /* the thread count comes from the plan's context, as the sizes did */
-    bwd_call call = {.c = c, .lo = &lo};
+    bwd_call call = {.c = c, .lo = &lo, .bar = {0}};
     kf__cpu_team(lo.ns, bwd_team, &call);
     return KF_OK;
 }

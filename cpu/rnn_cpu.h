@@ -20,18 +20,24 @@
  *   pack[l]  A-GRU only: W3 = [W_z; W_r; V_h] [3H, I_l], b3 = [b_z; b_r; b_h]
  *   rec[c]   per cell: the recurrent weights as micro-kernel panels (kf__mk), packed once per
  *            call: forward pk[0] = W_hh^T gated r,z,n (GRU) or [U_z; U_r]^T gated z,r (A-GRU),
- *            pk[1] = A^T (A-GRU); backward pk[0] = W_hh (GRU) or [U_z; U_r] (A-GRU), pk[1] = A
+ *            pk[1] = A^T (A-GRU); backward pk[0] = W_hh (GRU) or [U_z; U_r] (A-GRU), pk[1] = A,
+ *            pk[2] = W3 [3H, in] where kf__rnn_dx_fused(in) (room for the widest layer input)
  *   big[0]   [N, 3H]  forward: direction 0's input projection of one step, slice s in rows
- *                     b0.. of its own; backward: dG_x (input-side pre-activation gradients)
- *   big[1]   [N, 3H]  forward: the same for direction 1; backward GRU: dG_h (recurrent-side);
- *                     backward A-GRU: q = r*h [N, H]
+ *                     b0.. of its own; backward where not wrec_fused: dG_x (input-side
+ *                     pre-activation gradients); only [B, 3H] where wrec_fused
+ *   big[1]   [N, 3H]  forward: the same for direction 1; backward where not wrec_fused: GRU
+ *                     dG_h (recurrent-side), A-GRU q = r*h [N, H]; [B, 3H] where wrec_fused
  *   seq[2]   [N, D*H] (L > 1) forward inference: layer outputs; backward: d(layer output)
  *   slice[s] per slice: st, t1, t2, each [nb, H]
- *   gmat     A-GRU backward: G = sum dpre_d^T q [H, H]
+ *   gmat     A-GRU backward: G = sum da_d^T q [H, H]
  *   epsacc   A-GRU backward: per-slice partial sums of d loss / d eps (double)
- *   wpart[s] GRU backward where whh_fused: slice s's part of dW_hh = sum dG_h^T Hp [3H, H],
- *            accumulated step by step while its rows are in cache; then, dgh_step after it, the
- *            step's dG_h rows [nbmax, 3H] (used within the step only, so big[1] is not)
+ *   wpart[s] backward where wrec_fused: slice s's part [3H, H] of the recurrent side's weight
+ *            gradients, accumulated step by step while its rows are in cache: GRU dW_hh =
+ *            sum dG_h^T Hp; A-GRU [dU_z; dU_r] = sum [da_z, da_r]^T Hp, then G = sum da_d^T q;
+ *            then, aux_step after it, the step's aux rows, dG_h [nbmax, 3H] or q [nbmax, H]
+ *            (used within the step only, so big[1] is not); then, win after it, the slice's
+ *            part of dW3^T = sum X^T dG_x [in, 3H] (largest layer input); then, dgx_step after
+ *            it, the step's dG_x rows [nbmax, 3H] (dX is per step too, so big[0] is not used)
  *   bsum[s]  backward: slice s's bias-gradient sums (double), colsum dG_x [3H] and (GRU) the
  *            colsum of dG_h's n part [H], accumulated step by step (float32 plans only)
  * A float64 plan (cpu/rnn_f64.c) has the same layout in doubles, except: no pack (its GEMMs read
@@ -105,11 +111,15 @@ typedef struct kf__rnn_cpu_layout {
     bool agru;
     /* workspace offsets (bytes) */
     size_t pack_first, pack_stride; /* pack[l] at l ? pack_first + (l-1)*pack_stride : 0 */
-    size_t rec, rec_bytes, rec_pk1; /* rec[c] at rec + c*rec_bytes; its pk[1] rec_pk1 after it */
+    size_t rec, rec_bytes, rec_pk1, rec_pk2; /* rec[c] at rec + c*rec_bytes; its pk[i] rec_pki
+                                              * after it */
     size_t big[2], seq[2], slice0, slice_bytes, slice_buf, gmat, epsacc, wpart, wpart_bytes;
     size_t bsum, bsum_bytes, ws_bytes;
-    bool whh_fused; /* GRU backward: dW_hh by kf__mk_st per step (wpart), not one GEMM */
-    size_t dgh_step; /* where whh_fused: the step's dG_h rows, this far into wpart[s] */
+    bool wrec_fused; /* backward: dW_hh (GRU) or dU_z, dU_r, G (A-GRU) by kf__mk_st per step
+                      * (wpart), not by GEMMs after the recurrence */
+    size_t aux_step; /* where wrec_fused: the step's aux rows (dG_h, q), this far into wpart[s] */
+    size_t win;      /* and the part of dW3^T [in, 3H] (rnn_bwd.c: input_side_step), this far */
+    size_t dgx_step; /* and the step's dG_x rows [nbmax, 3H], this far */
     /* reserve offsets (bytes) */
     size_t cell_bytes, hp_bytes, out0, out_bytes, reserve_bytes;
 } kf__rnn_cpu_layout;
@@ -123,7 +133,7 @@ void kf__rnn_cpu_layout_init(kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p
  * z, r, d; brec = NULL. pk: the recurrent panels of the workspace (rec[c] above), for the
  * direction of the call that packed them. */
 typedef struct kf__rnn_cell {
-    const float *w3, *b3, *brec, *pk[2];
+    const float *w3, *b3, *brec, *pk[3];
     float eps;
     int64_t in; /* I_l */
 } kf__rnn_cell;
@@ -417,5 +427,17 @@ KF__VINLINE int kf__cols_left(int64_t j0, int64_t hc) {
 KF__VINLINE int64_t kf__num_panels(int ng, int nv, int64_t hc) {
     return ng > 1 ? (hc + KF__VW - 1) / KF__VW : (hc + KF__VW * nv - 1) / (KF__VW * nv);
 }
+
+/* Whether n rows (or columns) in tiles of `tile` fill at least 7/8 of them: where a per-step
+ * product of the backward over a layer input of n features pays against OpenBLAS's GEMM after
+ * the recurrence (I = 28 in tiles of 8 or 32: yes; I = 1, the pixel sequence: no, the micro-
+ * kernel would do 8 or 32 times the work). */
+static inline bool kf__tiles_full(int64_t n, int64_t tile) {
+    return 7 * ((n + tile - 1) / tile * tile) <= 8 * n;
+}
+
+/* Whether the backward computes dX = dG_x W3 per step and slice (cpu/rnn_bwd.c) for a layer
+ * input of `in` features, its columns in panels of KF__NV_P vectors (W3 packed as pk[2]). */
+static inline bool kf__rnn_dx_fused(int64_t in) { return kf__tiles_full(in, KF__NV_P * KF__VW); }
 
 #endif /* KF_CPU_RNN_CPU_H */

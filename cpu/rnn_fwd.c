@@ -11,8 +11,6 @@
 #include "blas.h"
 #include "rnn_cpu.h"
 
-#include <omp.h>
-
 /* ---- one step of a slice --------------------------------------------------------------------
  * Row i of the slice is sample b0 + i; its rows of G_x and of the saved gates sit i*gx_ld and
  * i*sv_ld floats after row 0 (sv NULL in inference). The micro-kernel's tile is mr rows by 8
@@ -224,27 +222,32 @@ static void fwd_slice(const fwd_layer *f, int32_t d, const kf__rnn_slice *sl) {
         memcpy((float *)c->hn + (cidx * lo->B + b0) * H, h, (size_t)(nb * H) * sizeof(float));
 }
 
+/* No barrier after a layer: a thread runs the same slices in every layer, and a slice's rows of
+ * layer l+1 read only the same batch rows of layer l's output, which that thread wrote (both
+ * directions, dropout included); every other buffer is per slice or per cell. */
 static void fwd_layer_run(const fwd_layer *f, int tid, int nth) {
     const kf__rnn_cpu_layout *lo = f->lo;
     for (int32_t s = tid; s < lo->ns; s += nth) {
         kf__rnn_slice sl = kf__rnn_cpu_slice(lo, f->ws, s);
         for (int32_t d = 0; d < lo->D; d++) fwd_slice(f, d, &sl);
     }
-#pragma omp barrier
 }
 
 typedef struct fwd_call {
     const kf__rnn_fwd *c;
     const kf__rnn_cpu_layout *lo;
+    kf__cpu_barrier bar;
 } fwd_call;
 
+/* One barrier per call: after the packing, which every slice reads. */
 static void fwd_team(void *arg, int tid, int nth) {
-    const kf__rnn_fwd *c = ((const fwd_call *)arg)->c;
-    const kf__rnn_cpu_layout *lo = ((const fwd_call *)arg)->lo;
+    fwd_call *call = arg;
+    const kf__rnn_fwd *c = call->c;
+    const kf__rnn_cpu_layout *lo = call->lo;
     const struct kf_rnn_plan *p = c->plan;
     const bool drop = c->training && p->dropout > 0.0f;
     kf__rnn_cpu_pack(lo, p, c->w, c->ws, false, tid, nth);
-#pragma omp barrier
+    kf__cpu_barrier_wait(&call->bar, nth);
     const float *x = c->x;
     for (int32_t l = 0; l < p->L; l++) {
         fwd_layer f = {.c = c, .lo = lo, .l = l, .x = x, .ws = c->ws};
@@ -267,7 +270,7 @@ kf_status kf__cpu_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c) {
     kf__rnn_cpu_layout lo;
     kf__rnn_cpu_layout_init(&lo, c->plan, c->T, c->B, c->training);
     (void)ctx; /* the thread count comes from the plan's context, as the sizes did */
-    fwd_call call = {.c = c, .lo = &lo};
+    fwd_call call = {.c = c, .lo = &lo, .bar = {0}};
     kf__cpu_team(lo.ns, fwd_team, &call);
     return KF_OK;
 }

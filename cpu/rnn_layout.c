@@ -39,6 +39,7 @@ void kf__rnn_cpu_layout_init(kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p
     /* pk[0]: forward gated (3 gates, GRU; 2, A-GRU) or backward plain with K = 3H / 2H;
      * pk[1] (A-GRU): A or A^T, [H, H] either way */
     const int ngr = lo->agru ? 2 : 3;
+    const int64_t in_max = p->L > 1 && D * H > p->I ? D * H : p->I; /* widest layer input */
     lo->rec = off;
     if (f64) { /* A (A-GRU) or nothing: rec_pk1 = 0 */
         lo->rec_bytes = lo->agru ? ebytes(e, H * H) : 0;
@@ -46,12 +47,18 @@ void kf__rnn_cpu_layout_init(kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p
         const int64_t fwd_pk0 = panel_floats(ngr, ngr, H, H);
         const int64_t bwd_pk0 = panel_floats(1, KF__NV_P, ngr * H, H);
         lo->rec_pk1 = fbytes(fwd_pk0 > bwd_pk0 ? fwd_pk0 : bwd_pk0);
-        lo->rec_bytes = lo->rec_pk1 + (lo->agru ? fbytes(panel_floats(1, KF__NV_P, H, H)) : 0);
+        lo->rec_pk2 = lo->rec_pk1 + (lo->agru ? fbytes(panel_floats(1, KF__NV_P, H, H)) : 0);
+        lo->rec_bytes = lo->rec_pk2 + fbytes(panel_floats(1, KF__NV_P, 3 * H, in_max));
     }
     off += (size_t)(p->L * D) * lo->rec_bytes;
+    /* wrec_fused: the per-step products read rows of Hp (and q) as whole vectors, so only where
+     * they hold whole panels. Then the per-step weight gradients and dX leave the backward
+     * nothing to keep for all N rows, and the forward keeps one step's rows of each slice in
+     * big[]: B rows (T=784: 0.4 MB, not 308) */
+    const bool fused = !f64 && H % (KF__NV_P * KF__VW) == 0;
     for (int i = 0; i < 2; i++) {
         lo->big[i] = off;
-        off += ebytes(e, N * 3 * H);
+        off += ebytes(e, (fused ? B : N) * 3 * H);
     }
     for (int i = 0; i < 2; i++) {
         lo->seq[i] = off;
@@ -65,11 +72,12 @@ void kf__rnn_cpu_layout_init(kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p
     off += lo->agru ? ebytes(e, H * H) : 0;
     lo->epsacc = off;
     off += lo->agru ? kf__align_up((size_t)lo->ns * sizeof(double)) : 0;
-    /* the fused dW_hh reads rows of Hp as whole vectors, so only where they hold whole panels */
-    lo->whh_fused = !f64 && !lo->agru && H % (KF__NV_P * KF__VW) == 0;
+    lo->wrec_fused = fused;
     lo->wpart = off;
-    lo->dgh_step = fbytes(3 * H * H);
-    lo->wpart_bytes = lo->whh_fused ? lo->dgh_step + fbytes(lo->nbmax * 3 * H) : 0;
+    lo->aux_step = fbytes(3 * H * H);
+    lo->win = lo->aux_step + fbytes(lo->nbmax * (lo->agru ? H : 3 * H));
+    lo->dgx_step = lo->win + fbytes(in_max * 3 * H);
+    lo->wpart_bytes = lo->wrec_fused ? lo->dgx_step + fbytes(lo->nbmax * 3 * H) : 0;
     off += (size_t)lo->ns * lo->wpart_bytes;
     lo->bsum = off;
     lo->bsum_bytes = f64 ? 0 : kf__align_up((size_t)(4 * H) * sizeof(double));
@@ -103,6 +111,7 @@ kf__rnn_cell kf__rnn_cpu_cell(const kf__rnn_cpu_layout *lo, const struct kf_rnn_
     const char *rec = (const char *)ws + lo->rec + (size_t)(l * p->D + d) * lo->rec_bytes;
     c.pk[0] = (const float *)rec;
     c.pk[1] = (const float *)(rec + lo->rec_pk1);
+    c.pk[2] = (const float *)(rec + lo->rec_pk2);
     if (!lo->agru) {
         c.w3 = cw[KF__GRU_W_IH];
         c.b3 = cw[KF__GRU_B_IH];
@@ -116,53 +125,67 @@ kf__rnn_cell kf__rnn_cpu_cell(const kf__rnn_cpu_layout *lo, const struct kf_rnn_
     return c;
 }
 
-/* A recurrent product's B [K, N = ng*hc] as a view of the caller's weights: M is the matrix of
- * up to 3 row blocks of [H, H] (blk[g] = rows gH..gH+H), B = M^T (trans) or M; with skew,
- * M = S - S^T - gamma I for S = blk[0] (A-GRU's A, built while packing). */
+/* A per-step product's B [K, N = ng*nc] as a view of the caller's weights: M is the matrix of
+ * up to 3 row blocks of H rows and ld columns (blk[g] = rows gH..gH+H), B = M^T (trans) or M;
+ * with skew, M = S - S^T - gamma I for S = blk[0] (A-GRU's A, built while packing; ld = H). */
 typedef struct pack_spec {
     const float *blk[3];
     bool trans, skew;
     int ng, nv;
-    int64_t K;
+    int64_t K, ld, nc;
 } pack_spec;
 
 static float spec_at(const pack_spec *ps, int64_t H, float gamma, int64_t k, int64_t n) {
     const int64_t r = ps->trans ? n : k, c = ps->trans ? k : n;
     const float *m = ps->blk[r / H];
-    float v = m[(r % H) * H + c];
+    float v = m[(r % H) * ps->ld + c];
     if (ps->skew) v -= m[c * H + r] + (r == c ? gamma : 0.0f);
     return v;
 }
 
-/* Panel p of `ps` into dst (layout: kf__mk in rnn_cpu.h; columns past H are zeros). */
+/* Panel p of `ps` into dst (layout: kf__mk in rnn_cpu.h; columns past nc are zeros). */
 static void pack_panel(const pack_spec *ps, int64_t H, float gamma, int64_t p, float *dst) {
     const int w = ps->nv * KF__VW;
     dst += p * ps->K * w;
     for (int v = 0; v < ps->nv; v++) {
-        const int64_t j0 = kf__panel_col(ps->ng, ps->nv, p, v), n0 = (ps->ng > 1 ? v : 0) * H;
+        const int64_t j0 = kf__panel_col(ps->ng, ps->nv, p, v);
+        const int64_t n0 = (ps->ng > 1 ? v : 0) * ps->nc;
         for (int cc = 0; cc < KF__VW; cc++)
             for (int64_t k = 0; k < ps->K; k++)
                 dst[k * w + v * KF__VW + cc] =
-                    j0 + cc < H ? spec_at(ps, H, gamma, k, n0 + j0 + cc) : 0.0f;
+                    j0 + cc < ps->nc ? spec_at(ps, H, gamma, k, n0 + j0 + cc) : 0.0f;
     }
 }
 
-/* The recurrent products of cell (l, d), pk[0] and pk[1] (notation of rnn_bwd.c / rnn_fwd.c):
+/* The per-step products of cell (l, d), pk[0..2] (notation of rnn_bwd.c / rnn_fwd.c):
  * forward GRU  h W_hh^T (gates r, z, n side by side); A-GRU h [U_z; U_r]^T (z, r), q A^T;
- * backward GRU dG_h W_hh (K = 3H); A-GRU [da_z, da_r] [U_z; U_r] (K = 2H), da_d A. */
-static int cell_specs(const kf__rnn_cpu_layout *lo, const void *const *cw, bool bwd,
-                      pack_spec *ps) {
+ * backward GRU dG_h W_hh (K = 3H); A-GRU [da_z, da_r] [U_z; U_r] (K = 2H), da_d A; and where
+ * kf__rnn_dx_fused, both cells' dX = dG_x W3 (K = 3H, `in` columns). Returns which of ps[0..2]
+ * it filled, bit i for ps[i]. */
+static unsigned cell_specs(const kf__rnn_cpu_layout *lo, const void *const *cw, bool bwd,
+                           int64_t in, pack_spec *ps) {
     const int64_t H = lo->H;
+    unsigned used;
     if (!lo->agru) {
         const float *whh = cw[KF__GRU_W_HH];
         ps[0] = (pack_spec){{whh, whh + H * H, whh + 2 * H * H}, !bwd, false, bwd ? 1 : 3,
-                            bwd ? KF__NV_P : 3, bwd ? 3 * H : H};
-        return 1;
+                            bwd ? KF__NV_P : 3, bwd ? 3 * H : H, H, H};
+        used = 1u;
+    } else {
+        ps[0] = (pack_spec){{cw[KF__AGRU_U_Z], cw[KF__AGRU_U_R]}, !bwd, false, bwd ? 1 : 2,
+                            bwd ? KF__NV_P : 2, bwd ? 2 * H : H, H, H};
+        ps[1] = (pack_spec){{cw[KF__AGRU_W_H]}, !bwd, true, 1, KF__NV_P, H, H, H};
+        used = 3u;
     }
-    ps[0] = (pack_spec){{cw[KF__AGRU_U_Z], cw[KF__AGRU_U_R]}, !bwd, false, bwd ? 1 : 2,
-                        bwd ? KF__NV_P : 2, bwd ? 2 * H : H};
-    ps[1] = (pack_spec){{cw[KF__AGRU_W_H]}, !bwd, true, 1, KF__NV_P, H};
-    return 2;
+    if (bwd && kf__rnn_dx_fused(in)) {
+        const float *w3 = cw[KF__GRU_W_IH];
+        ps[2] = lo->agru ? (pack_spec){{cw[KF__AGRU_W_Z], cw[KF__AGRU_W_R], cw[KF__AGRU_V_H]},
+                                       false, false, 1, KF__NV_P, 3 * H, in, in}
+                         : (pack_spec){{w3, w3 + H * in, w3 + 2 * H * in}, false, false, 1,
+                                       KF__NV_P, 3 * H, in, in};
+        used |= 4u;
+    }
+    return used;
 }
 
 /* Work items are whole panels of every cell's products, and rows of the A-GRU W3 / b3 copy. */
@@ -171,11 +194,12 @@ void kf__rnn_cpu_pack(const kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p,
     const int64_t H = p->H;
     for (int32_t c = 0; c < p->L * p->D; c++) {
         kf__rnn_cell cell = kf__rnn_cpu_cell(lo, p, w, ws, c / p->D, c % p->D);
-        pack_spec ps[2];
-        const int n = cell_specs(lo, w + (size_t)c * (size_t)p->nw, bwd, ps);
-        for (int i = 0; i < n; i++) {
+        pack_spec ps[3];
+        const unsigned used = cell_specs(lo, w + (size_t)c * (size_t)p->nw, bwd, cell.in, ps);
+        for (int i = 0; i < 3; i++) {
+            if (!(used >> i & 1u)) continue;
             int64_t p0, p1;
-            kf__part(kf__num_panels(ps[i].ng, ps[i].nv, H), nth, tid, &p0, &p1);
+            kf__part(kf__num_panels(ps[i].ng, ps[i].nv, ps[i].nc), nth, tid, &p0, &p1);
             for (int64_t pi = p0; pi < p1; pi++)
                 pack_panel(&ps[i], H, p->gamma, pi, (float *)cell.pk[i]);
         }

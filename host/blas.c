@@ -7,9 +7,29 @@
  * Debian is built without USE_LOCKING, so concurrent calls race on its buffer pool and return
  * wrong results (checked: two threads calling sgemm at once); the threaded OpenBLAS locks that
  * pool. So kfuse links the threaded build and pins it to one thread here: each call runs entirely
- * in the calling thread and OpenBLAS never wakes its own workers against ours. */
+ * in the calling thread and OpenBLAS never wakes its own workers against ours.
+ *
+ * Those workers exist all the same: OpenBLAS starts them when it loads (one per core but one),
+ * and each spins in a sched_yield loop until OPENBLAS_THREAD_TIMEOUT (2^28 cycles, about 0.1 s)
+ * before it sleeps. On the 2-core box that spinner took one core from kfuse's own threads for
+ * the first 0.1 s of every process: perf showed it on the second CPU, and the 2-thread GRU
+ * forward at T=28 H=128 B=128 (30 repetitions right after start) had a median of 4.9-5.8 ms
+ * against 3.1-3.6 ms with OPENBLAS_THREAD_TIMEOUT=4, minima 2.8 both ways: the bimodal medians
+ * of benches/cpu_rnn.py. Where the OpenBLAS is the shared library's own (KF_BLAS_PRIVATE: the
+ * static archive hidden inside libkfuse.so), nothing else can ever hand it work, so its workers
+ * are ended here, once, by OpenBLAS's own shutdown (the one its fork handler calls); a shared,
+ * process-wide OpenBLAS (FindBLAS) or one that the static libkfuse shares with its program keeps
+ * its workers, which that program may want. */
+#ifdef KF_BLAS_PRIVATE
+int blas_thread_shutdown_(void); /* OpenBLAS's, declared in no public header */
+#endif
 static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
-static void blas_single_thread(void) { openblas_set_num_threads(1); }
+static void blas_single_thread(void) {
+    openblas_set_num_threads(1);
+#ifdef KF_BLAS_PRIVATE
+    blas_thread_shutdown_();
+#endif
+}
 
 void kf__blas_init(void) { pthread_once(&blas_once, blas_single_thread); }
 

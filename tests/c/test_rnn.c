@@ -792,20 +792,29 @@ Test(rnn_numerics, wider_hidden) {
 }
 
 /* Hidden sizes of whole micro-kernel panels (H = 32: the AVX2 and the AVX-512 kernels; 48: the
- * AVX2 ones only), where the GRU backward sums dW_hh per step and slice instead of in one GEMM:
- * two slices, lengths, both directions, overwrite and accumulate, and dW_hh absent. */
+ * AVX2 ones only), where the backward sums the recurrent side's weight gradients per step and
+ * slice instead of in GEMMs after the recurrence (GRU dW_hh; A-GRU dU_z, dU_r and G, whence
+ * dW_h), and dW3 and dX too, by the micro-kernel where the layer input fills its tiles (layers
+ * above the first; I = 28; I = 16 for dW3, and for dX on AVX2), else by plain loops (I = 1):
+ * two slices, lengths, both directions, overwrite and accumulate, and some absent. */
 Test(rnn_numerics, whole_panel_hidden) {
     static const int32_t len[5] = {6, 2, 6, 5, 1};
     opts o = {.h0 = 1, .lengths = len, .num_threads = 2};
-    ref_rnn_cfg c = gru(2, 2, 5, 32, 6, 5);
+    ref_rnn_cfg c = gru(2, 2, 28, 32, 6, 5); /* I = 28: dW3 and dX per step too */
     run_case("GRU H=32", &c, &o);
     ref_rnn_cfg c48 = gru(1, 1, 3, 48, 6, 5);
     o.accumulate = 1;
     run_case("GRU H=48 accumulate", &c48, &o);
     run_case("GRU H=32 accumulate", &c, &o);
+    ref_rnn_cfg a = agru(2, 16, 32, 6, 5);
+    run_case("A-GRU H=32 accumulate", &a, &o);
+    ref_rnn_cfg c1 = gru(1, 2, 1, 32, 6, 5); /* I = 1: dW3 and dX by the thin loops */
+    run_case("GRU H=32 I=1 accumulate", &c1, &o);
     o.accumulate = 0;
+    run_case("A-GRU H=32", &a, &o);
     o.dw_mode = 2;
     run_case("GRU H=32 every other dweight", &c, &o);
+    run_case("A-GRU H=32 every other dweight", &a, &o);
 }
 
 /* ---- repeated calls agree bit for bit ------------------------------------------------------
@@ -856,6 +865,7 @@ Test(rnn_numerics, repeated_calls_are_bitwise_identical) {
     repeat_bitwise("GRU L=2 D=2", g, len);
     ref_rnn_cfg a = agru(2, 6, 16, 5, 6);
     repeat_bitwise("A-GRU L=2", a, NULL);
+    repeat_bitwise("A-GRU H=32", agru(1, 5, 32, 5, 6), len); /* per-step dU, G (two slices) */
 }
 
 /* ---- separate contexts run concurrently (one thread each) ---------------------------------- */
