@@ -397,4 +397,5 @@ def test_calls_use_torchs_thread_count():
                          timeout=60)
     assert out.returncode == 0, out.stderr
     before, after = map(int, out.stdout.split())
-    assert after == before, (before, after)
+    # fewer is fine: the first GEMM ends the idle workers of libkfuse's private OpenBLAS
+    assert after <= before, (before, after)
