@@ -57,8 +57,26 @@
  * by chunk, so fewer chunks than threads would leave threads idle. */
 #define KF__KAN_MIN_CHUNKS 8
 
+/* The windowed path (kan_sparse_pick): output block of KF__KAN_NV vectors of 32 bytes held in
+ * registers (64 floats, 32 doubles), features per group of the row-wise products, the largest
+ * spline order it takes. */
+#define KF__KAN_NV 8
+#define KF__KAN_OB(e) (KF__KAN_NV * 32 / (e))
+#define KF__KAN_FG 8
+#define KF__KAN_SPARSE_KMAX 8
+typedef float kan_vs __attribute__((vector_size(32), __may_alias__, aligned(1)));
+typedef double kan_vd __attribute__((vector_size(32), __may_alias__, aligned(1)));
+
 static int64_t kan_min(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t kan_max(int64_t a, int64_t b) { return a > b ? a : b; }
+static inline int32_t kan_clamp32(int32_t v, int32_t lo, int32_t hi) {
+    return v < lo ? lo : v > hi ? hi : v;
+}
+
+/* Dense or windowed, from the shape alone (so bit-identical results for any thread count). */
+static bool kan_sparse_pick(const struct kf_kan_linear_plan *p) {
+    return p->k <= KF__KAN_SPARSE_KMAX && p->out >= 32 && p->C + 1 >= p->k + 3;
+}
 
 /* Everything a call derives from (plan, N, patches): blocking, team size and the workspace
  * layout. Workspace bytes (each term rounded up to 64; e the element size, 4 or 8):
@@ -80,36 +98,61 @@ typedef struct kan_geom {
                             bases S [nk - 1, rows], clamped x [rows], patch offsets
                             [kh kw, rows] (int64, KANConv2d only) */
     size_t tile, dw, xt, dxt, s, xb, off; /* offsets inside a thread's region */
+    /* The windowed path (kan_sparse_pick): */
+    bool sparse;
+    int64_t outp;        /* out rounded up to the output block KF__KAN_OB(e) */
+    int64_t Fw;          /* features whose windows are held at once: max(Fs, F) */
+    size_t vals, sidx, win, ints; /* thread offsets: window values [rows, Fw, k+2], starts
+                                     [rows, Fw] (int32), window scratch [5k+8, rows], [3, rows]
+                                     (int32); tile is then y or dy [rows, outp] */
     size_t bytes;
 } kan_geom;
 
 static kan_geom kan_geom_of(const struct kf_kan_linear_plan *p, int64_t N,
                             const kf__kan_patches *patches) {
     kan_geom g;
+    memset(&g, 0, sizeof g);
     g.L = patches ? patches->Ho * patches->Wo : N;
     g.rows = kan_min(KF__KAN_ROWS, g.L);
     g.bpi = (g.L + g.rows - 1) / g.rows;
     g.blocks = g.bpi * (N / g.L);
     g.unit = patches ? g.bpi : 1;
-    g.Fr = kan_min(p->in, kan_max(1, KF__KAN_COLS / p->cw));
+    g.sparse = kan_sparse_pick(p);
+    g.Fr = g.sparse ? kan_min(p->in, KF__KAN_FG) : kan_min(p->in, kan_max(1, KF__KAN_COLS / p->cw));
     g.rchunks = (p->in + g.Fr - 1) / g.Fr;
-    g.F = kan_min(g.Fr, (p->in + KF__KAN_MIN_CHUNKS - 1) / KF__KAN_MIN_CHUNKS);
+    g.F = kan_min(kan_min(p->in, kan_max(1, KF__KAN_COLS / p->cw)),
+                  (p->in + KF__KAN_MIN_CHUNKS - 1) / KF__KAN_MIN_CHUNKS);
     g.chunks = (p->in + g.F - 1) / g.F;
     const double flops = 2.0 * (double)N * (double)p->out * (double)p->K;
     g.team = flops < KF__KAN_TEAM_MIN_FLOPS
                  ? 1
                  : (int32_t)kan_min(p->ctx->num_threads, kan_max(g.blocks, g.chunks));
     const size_t e = p->dtype == KF_DTYPE_F64 ? sizeof(double) : sizeof(float);
+    const int64_t ob = KF__KAN_OB((int64_t)e);
+    g.outp = g.sparse ? (p->out + ob - 1) / ob * ob : p->out;
+    g.Fw = kan_max(g.Fr, g.F);
+    const int64_t wcols = g.sparse ? g.outp : p->out; /* W [out, K], or W^T [K, outp] */
     g.wc = 0;
-    g.inv = kf__align_up((size_t)(p->out * p->K) * e);
+    g.inv = kf__align_up((size_t)(wcols * p->K) * e);
     g.thr = g.inv + kf__align_up((size_t)(p->in * p->k * p->nk) * e);
+    /* a thread's region: the tile (dense: A^T [Fr cw, rows]; windowed: y or dy [rows, outp]),
+     * the weight-gradient accumulator (dense: [out, F cw]; windowed: [F cw, outp]), x^T and
+     * dx^T, then the dense path's bases and clamped x or the windowed path's windows */
     g.tile = 0;
-    g.dw = kf__align_up((size_t)(g.rows * g.Fr * p->cw) * e);
-    g.xt = g.dw + kf__align_up((size_t)(p->out * g.F * p->cw) * e);
-    g.dxt = g.xt + kf__align_up((size_t)(g.rows * g.Fr) * e);
+    g.dw = kf__align_up((size_t)(g.sparse ? g.rows * g.outp : g.rows * g.Fr * p->cw) * e);
+    g.xt = g.dw + kf__align_up((size_t)(wcols * g.F * p->cw) * e);
+    g.dxt = g.xt + kf__align_up((size_t)(g.rows * g.Fw) * e);
     g.s = g.dxt + kf__align_up((size_t)(g.rows * g.Fr) * e);
-    g.xb = g.s + kf__align_up((size_t)(g.rows * (p->nk - 1)) * e);
-    g.off = g.xb + kf__align_up((size_t)g.rows * e);
+    if (g.sparse) {
+        g.vals = g.s;
+        g.sidx = g.vals + kf__align_up((size_t)(g.rows * g.Fw * (p->k + 2)) * e);
+        g.win = g.sidx + kf__align_up((size_t)(g.rows * g.Fw) * sizeof(int32_t));
+        g.ints = g.win + kf__align_up((size_t)((5 * p->k + 8) * g.rows) * e);
+        g.off = g.ints + kf__align_up((size_t)(3 * g.rows) * sizeof(int32_t));
+    } else {
+        g.xb = g.s + kf__align_up((size_t)(g.rows * (p->nk - 1)) * e);
+        g.off = g.xb + kf__align_up((size_t)g.rows * e);
+    }
     g.thr_bytes = g.off + (patches ? kf__align_up((size_t)(g.rows * patches->kh * patches->kw) *
                                                   sizeof(int64_t))
                                    : 0);
@@ -398,30 +441,32 @@ typedef struct kan_bwd_call {
         }                                                                                          \
     }                                                                                              \
                                                                                                    \
-    /* Folds the chunk [f0, f1) of dW = dy^T A ([out, (f1-f0)*cw]) into the parameter gradients:   \
+    /* Folds the chunk [f0, f1) of dW = dy^T A into the parameter gradients, dW[o, col] at         \
+     * o so + col sc ([out, (f1-f0)*cw]: so = (f1-f0)*cw, sc = 1; transposed: so = 1, sc = ld):    \
      *     d base_weight = dW_silu,   d spline_weight = dW_spline * spline_scaler,                 \
      *     d spline_scaler = sum_c dW_spline[c] * spline_weight[c]. */                             \
-    static void kan_fold_dw_##X(const kf__kan_bwd *c, const T *dW, int64_t f0, int64_t f1) {       \
+    static void kan_fold_dw_##X(const kf__kan_bwd *c, const T *dW, int64_t f0, int64_t f1,         \
+                                int64_t so, int64_t sc) {                                          \
         const struct kf_kan_linear_plan *p = c->plan;                                              \
-        const int64_t in = p->in, C = p->C, cw = p->cw, ld = (f1 - f0) * cw;                       \
+        const int64_t in = p->in, C = p->C, cw = p->cw;                                            \
         const bool acc = c->accumulate;                                                            \
         const T *scaler = c->scaler, *spline = c->spline;                                          \
         T *dbase = c->dbase, *dspline = c->dspline, *dscaler = c->dscaler;                         \
         for (int64_t o = 0; o < p->out; ++o)                                                       \
             for (int64_t i = f0; i < f1; ++i) {                                                    \
                 const int64_t oi = o * in + i;                                                     \
-                const T *g = dW + o * ld + (i - f0) * cw;                                          \
+                const T *g = dW + o * so + (i - f0) * cw * sc;                                     \
                 if (dbase) dbase[oi] = acc ? dbase[oi] + g[0] : g[0];                              \
                 if (dspline) {                                                                     \
                     const T s = scaler ? scaler[oi] : (T)1;                                        \
                     T *d = dspline + oi * C;                                                       \
                     for (int64_t q = 0; q < C; ++q)                                                \
-                        d[q] = acc ? d[q] + g[1 + q] * s : g[1 + q] * s;                           \
+                        d[q] = acc ? d[q] + g[(1 + q) * sc] * s : g[(1 + q) * sc] * s;             \
                 }                                                                                  \
                 if (dscaler) {                                                                     \
                     const T *sw = spline + oi * C;                                                 \
                     T sum = 0;                                                                     \
-                    for (int64_t q = 0; q < C; ++q) sum += g[1 + q] * sw[q];                       \
+                    for (int64_t q = 0; q < C; ++q) sum += g[(1 + q) * sc] * sw[q];                \
                     dscaler[oi] = acc ? dscaler[oi] + sum : sum;                                   \
                 }                                                                                  \
             }                                                                                      \
@@ -482,23 +527,336 @@ typedef struct kan_bwd_call {
                 kf__##X##gemm(!P, true, out, cols, k.rows, 1, dy, ld, tile, k.rows, b ? 1 : 0, dW, \
                               cols);                                                               \
             }                                                                                      \
-            kan_fold_dw_##X(c, dW, f0, f1);                                                        \
+            kan_fold_dw_##X(c, dW, f0, f1, cols, 1);                                               \
         }                                                                                          \
     }
 
 KF__KAN_CPU_DEFINE(float, s)
 KF__KAN_CPU_DEFINE(double, d)
 
+/* For element type T, suffix X and VEC, the 32-byte vector of T: the windowed path's kernels
+ * (the header comment says why and when). */
+#define KF__KAN_SPARSE_DEFINE(T, X, VEC)                                                             \
+    /* Rows [i0, i1) of W^T [K, outp] (row i cw + c: feature i's column c of the combined          \
+     * weight, over the outputs, zero past out). Read per (o, i) so that spline_weight's C         \
+     * coefficients are read contiguously. */                                                      \
+    static void kan_pack_wt_##X(const struct kf_kan_linear_plan *p, const T *base,                 \
+                                const T *spline, const T *scaler, T *WT, int64_t outp,             \
+                                int64_t i0, int64_t i1) {                                          \
+        const int64_t in = p->in, out = p->out, C = p->C, cw = p->cw;                              \
+        for (int64_t i = i0; i < i1; ++i) {                                                        \
+            T *d = WT + i * cw * outp;                                                             \
+            for (int64_t o = 0; o < out; ++o) {                                                    \
+                const int64_t oi = o * in + i;                                                     \
+                const T sc = scaler ? scaler[oi] : (T)1;                                           \
+                d[o] = base ? base[oi] : (T)0;                                                     \
+                for (int64_t c = 0; c < C; ++c) d[(1 + c) * outp + o] = spline[oi * C + c] * sc;   \
+            }                                                                                      \
+            for (int64_t c = 0; c < cw; ++c)                                                       \
+                memset(d + c * outp + out, 0, (size_t)(outp - out) * sizeof(T));                   \
+        }                                                                                          \
+    }                                                                                              \
+                                                                                                   \
+    /* The window of one feature at x[0..rows) (kf__bspline_rows' bases, computed only where       \
+     * they can be non-zero). Per row: the span j (t_j <= x < t_{j+1}, counted as the knots        \
+     * t_1..t_{nk-2} at or below x; any j, with every basis 0, outside [t_0, t_{nk-1}) and for     \
+     * NaN), the order-k bases B_{j-k..j} by the triangular recurrence (descending r, so that      \
+     * B_{m,p-1} and B_{m+1,p-1} are read before being overwritten; the same expression as the     \
+     * dense form, hence the same bits), then moved to the window start                            \
+     * s = clamp(j - k, 0, C - 1 - k) so that its k + 1 columns are all real ones. Bases of        \
+     * indices outside [0, C) (order p: [0, nk - 1 - p)) are computed from clamped knot indices    \
+     * and never read by a real one; the move drops them by selection, not by a product.           \
+     * deriv: V[0] = SiLU'(x) and the window of B' (the formula above kan_dx), else SiLU(x) and    \
+     * the window of B. V [k+2, rows], s [rows]; scr [4k+6, rows], ints [2, rows] scratch. */      \
+    static void kan_window_##X(const struct kf_kan_linear_plan *p, const T *t, const T *inv,       \
+                               const T *x, int64_t rows, bool deriv, T *V, int32_t *s, T *scr,     \
+                               int32_t *ints) {                                                    \
+        const int32_t nk = (int32_t)p->nk, k = p->k, C = (int32_t)p->C;                            \
+        T *restrict xc = scr, *Z = xc + rows, *Nb = Z + rows, *Q = Nb + (k + 1) * rows,            \
+                    *D = Q + (k + 1) * rows;                                                       \
+        int32_t *restrict jj = ints, *restrict dl = ints + rows;                                   \
+        kan_exp_neg_rows_##X(x, rows, V);                                                          \
+        for (int64_t n = 0; n < rows; ++n) {                                                       \
+            const T sg = (T)1 / ((T)1 + V[n]);                                                     \
+            V[n] = deriv ? sg * ((T)1 + x[n] * ((T)1 - sg)) : x[n] / ((T)1 + V[n]);                \
+        }                                                                                          \
+        const T first = t[0], last = t[nk - 1];                                                    \
+        for (int64_t n = 0; n < rows; ++n) {                                                       \
+            const bool inside = x[n] >= first && x[n] < last;                                          \
+            xc[n] = inside ? x[n] : first;                                                             \
+            Nb[n] = inside ? (T)1 : (T)0;                                                              \
+            Z[n] = 0;                                                                              \
+            jj[n] = 0;                                                                             \
+        }                                                                                          \
+        for (int32_t m = 1; m + 1 < nk; ++m) {                                                     \
+            const T tm = t[m];                                                                     \
+            for (int64_t n = 0; n < rows; ++n) jj[n] += tm <= xc[n];                               \
+        }                                                                                          \
+        for (int32_t q = 1; q <= k; ++q) {                                                         \
+            if (deriv && q == k) memcpy(Q, Nb, (size_t)(k * rows) * sizeof(T));                    \
+            const T *ip = inv + (int64_t)(q - 1) * nk;                                             \
+            for (int32_t r = q; r >= 0; --r) {                                                     \
+                const T *b0 = r >= 1 ? Nb + (r - 1) * rows : Z, *b1 = r < q ? Nb + r * rows : Z;   \
+                T *d = Nb + r * rows;                                                              \
+                _Pragma("omp simd")                                                                \
+                for (int64_t n = 0; n < rows; ++n) {                                               \
+                    const int32_t m = jj[n] - q + r;                                               \
+                    const int32_t ml = kan_clamp32(m, 0, nk - 1),                                  \
+                                  mi = kan_clamp32(m + 1, 0, nk - 1),                              \
+                                  mr = kan_clamp32(m + q + 1, 0, nk - 1);                          \
+                    d[n] = (xc[n] - t[ml]) * ip[ml] * b0[n] + (t[mr] - xc[n]) * ip[mi] * b1[n];    \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+        const T *src = Nb;                                                                         \
+        if (deriv) {                                                                               \
+            src = D;                                                                               \
+            const T *ik = inv + (int64_t)(k - 1) * nk;                                             \
+            for (int32_t r = 0; r <= k; ++r) {                                                     \
+                const T *s0 = r >= 1 ? Q + (r - 1) * rows : Z, *s1 = r < k ? Q + r * rows : Z;     \
+                T *d = D + r * rows;                                                               \
+                if (k == 0) {                                                                      \
+                    memset(d, 0, (size_t)rows * sizeof(T));                                        \
+                    continue;                                                                      \
+                }                                                                                  \
+                _Pragma("omp simd")                                                                \
+                for (int64_t n = 0; n < rows; ++n) {                                               \
+                    const int32_t m = jj[n] - k + r;                                               \
+                    const T a = (T)k * ik[kan_clamp32(m, 0, nk - 1)],                              \
+                            b = (T)k * ik[kan_clamp32(m + 1, 0, nk - 1)];                          \
+                    d[n] = a * s0[n] - b * s1[n];                                                  \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+        for (int64_t n = 0; n < rows; ++n) {                                                       \
+            s[n] = kan_clamp32(jj[n] - k, 0, C - 1 - k);                                           \
+            dl[n] = s[n] - (jj[n] - k);                                                            \
+        }                                                                                          \
+        for (int32_t u = 0; u <= k; ++u) {                                                         \
+            T *v = V + (1 + u) * rows;                                                             \
+            memset(v, 0, (size_t)rows * sizeof(T));                                                \
+            for (int32_t r = 0; r <= k; ++r) {                                                     \
+                const T *a = src + r * rows;                                                       \
+                for (int64_t n = 0; n < rows; ++n) v[n] = r == u + dl[n] ? a[n] : v[n];            \
+            }                                                                                      \
+        }                                                                                          \
+    }                                                                                              \
+                                                                                                   \
+    /* The windows of features [f0, f1) of block k (x^T from kan_gather_x in xT), stored per row:  \
+     * vals[(n Fw + f - f0)(k+2) + c] = V_c, sidx[n Fw + f - f0] = s. */                           \
+    static void kan_windows_##X(const struct kf_kan_linear_plan *p, const kan_geom *g,             \
+                                const T *grid, const T *inv, const T *xT, int64_t rows,            \
+                                int64_t f0, int64_t f1, bool deriv, T *vals, int32_t *sidx,        \
+                                T *V, T *scr, int32_t *ints) {                                     \
+        const int64_t k2 = p->k + 2, Fw = g->Fw;                                                   \
+        int32_t *s = ints + 2 * rows;                                                              \
+        for (int64_t i = f0; i < f1; ++i) {                                                        \
+            kan_window_##X(p, grid + i * p->nk, inv + i * p->k * p->nk, xT + (i - f0) * rows,      \
+                           rows, deriv, V, s, scr, ints);                                          \
+            for (int64_t n = 0; n < rows; ++n) {                                                   \
+                T *v = vals + (n * Fw + i - f0) * k2;                                              \
+                for (int64_t c = 0; c < k2; ++c) v[c] = V[c * rows + n];                           \
+                sidx[n * Fw + i - f0] = s[n];                                                      \
+            }                                                                                      \
+        }                                                                                          \
+    }                                                                                              \
+                                                                                                   \
+    /* Block k's y or dy <-> buf [rows, outp] (to_buf: dy in, zero past out; else y out). */       \
+    static void kan_rows_io_##X(void *y, const kf__kan_patches *P, const kan_geom *g,              \
+                                int64_t out, const kan_blk *k, T *buf, bool to_buf) {              \
+        int64_t ld;                                                                                \
+        T *yb = kan_yblk_##X(y, P, g, out, k, &ld);                                                \
+        for (int64_t n = 0; n < k->rows; ++n) {                                                    \
+            T *b = buf + n * g->outp;                                                              \
+            for (int64_t o = 0; o < out; ++o) {                                                    \
+                T *e = P ? yb + o * ld + n : yb + n * ld + o;                                      \
+                if (to_buf) b[o] = *e;                                                             \
+                else *e = b[o];                                                                    \
+            }                                                                                      \
+            if (to_buf) memset(b + out, 0, (size_t)(g->outp - out) * sizeof(T));                   \
+        }                                                                                          \
+    }                                                                                              \
+                                                                                                   \
+    /* ybuf[n, :] += sum over features [f0, f1) of V_0 W^T[i cw] + sum_t V_{1+t} W^T[i cw + 1 + s + t]: \
+     * per output block of KF__KAN_NV vectors, the row's block stays in registers over the group   \
+     * (the group's W^T columns for the block, Fr cw x 256 bytes, stay in L1). */                  \
+    static void kan_sfwd_product_##X(const T *WT, const kan_geom *g, int64_t cw, int64_t k2,       \
+                                     const T *vals, const int32_t *sidx, int64_t f0, int64_t f1,   \
+                                     int64_t rows, T *ybuf) {                                      \
+        enum { L = 32 / sizeof(T) };                                                               \
+        const int64_t outp = g->outp, Fw = g->Fw;                                                  \
+        for (int64_t o = 0; o < outp; o += KF__KAN_NV * L)                                         \
+            for (int64_t n = 0; n < rows; ++n) {                                                   \
+                VEC acc[KF__KAN_NV];                                                                 \
+                T *yn = ybuf + n * outp + o;                                                       \
+                for (int q = 0; q < KF__KAN_NV; ++q) acc[q] = *(const VEC *)(yn + q * L);            \
+                for (int64_t i = f0; i < f1; ++i) {                                                \
+                    const T *v = vals + (n * Fw + i - f0) * k2;                                    \
+                    const T *w = WT + i * cw * outp + o;                                           \
+                    for (int q = 0; q < KF__KAN_NV; ++q) acc[q] += v[0] * *(const VEC *)(w + q * L); \
+                    const T *ws = w + (1 + sidx[n * Fw + i - f0]) * outp;                          \
+                    for (int64_t t = 1; t < k2; ++t, ws += outp)                                   \
+                        for (int q = 0; q < KF__KAN_NV; ++q)                                       \
+                            acc[q] += v[t] * *(const VEC *)(ws + q * L);                             \
+                }                                                                                  \
+                for (int q = 0; q < KF__KAN_NV; ++q) *(VEC *)(yn + q * L) = acc[q];                  \
+            }                                                                                      \
+    }                                                                                              \
+                                                                                                   \
+    /* dxT[i - f0, n] = V_0 dA_0 + sum_t V_{1+t} dA_{1+s+t} with dA_c = dbuf[n, :] . W^T[i cw + c] \
+     * (V from kan_windows with deriv: SiLU' and B'). */                                           \
+    static void kan_sdx_product_##X(const T *WT, const kan_geom *g, int64_t cw, int64_t k2,        \
+                                    const T *vals, const int32_t *sidx, int64_t f0, int64_t f1,    \
+                                    int64_t rows, const T *dbuf, T *dxT) {                         \
+        enum { L = 32 / sizeof(T) };                                                               \
+        const int64_t outp = g->outp, Fw = g->Fw;                                                  \
+        for (int64_t n = 0; n < rows; ++n)                                                         \
+            for (int64_t i = f0; i < f1; ++i) {                                                    \
+                const T *v = vals + (n * Fw + i - f0) * k2, *dn = dbuf + n * outp;                 \
+                const T *w0 = WT + i * cw * outp, *ws = w0 + (1 + sidx[n * Fw + i - f0]) * outp;   \
+                T dx = 0;                                                                          \
+                for (int64_t t = 0; t < k2; ++t) {                                                 \
+                    const T *w = t ? ws + (t - 1) * outp : w0;                                     \
+                    VEC a0 = {0}, a1 = {0};                                                          \
+                    for (int64_t o = 0; o < outp; o += 2 * L) {                                    \
+                        a0 += *(const VEC *)(dn + o) * *(const VEC *)(w + o);                          \
+                        a1 += *(const VEC *)(dn + o + L) * *(const VEC *)(w + o + L);                  \
+                    }                                                                              \
+                    a0 += a1;                                                                      \
+                    T dA = 0;                                                                      \
+                    for (int l = 0; l < L; ++l) dA += a0[l];                                       \
+                    dx += v[t] * dA;                                                               \
+                }                                                                                  \
+                dxT[(i - f0) * rows + n] = dx;                                                     \
+            }                                                                                      \
+    }                                                                                              \
+                                                                                                   \
+    /* dWT[(i - f0) cw + c, :] += V_c dbuf[n, :] over the window's columns, row by row in order    \
+     * (each thread owns its features' accumulator: deterministic). */                             \
+    static void kan_sdw_product_##X(T *dWT, const kan_geom *g, int64_t cw, int64_t k2,             \
+                                    const T *vals, const int32_t *sidx, int64_t nf, int64_t rows,  \
+                                    const T *dbuf) {                                               \
+        enum { L = 32 / sizeof(T) };                                                               \
+        const int64_t outp = g->outp, Fw = g->Fw;                                                  \
+        for (int64_t o = 0; o < outp; o += KF__KAN_NV * L)                                         \
+            for (int64_t n = 0; n < rows; ++n) {                                                   \
+                VEC d[KF__KAN_NV];                                                                   \
+                for (int q = 0; q < KF__KAN_NV; ++q) d[q] = *(const VEC *)(dbuf + n * outp + o + q * L); \
+                for (int64_t f = 0; f < nf; ++f) {                                                 \
+                    const T *v = vals + (n * Fw + f) * k2;                                         \
+                    T *w = dWT + f * cw * outp + o;                                                \
+                    for (int q = 0; q < KF__KAN_NV; ++q) *(VEC *)(w + q * L) += v[0] * d[q];         \
+                    T *ws = w + (1 + sidx[n * Fw + f]) * outp;                                     \
+                    for (int64_t t = 1; t < k2; ++t, ws += outp)                                   \
+                        for (int q = 0; q < KF__KAN_NV; ++q) *(VEC *)(ws + q * L) += v[t] * d[q];    \
+                }                                                                                  \
+            }                                                                                      \
+    }                                                                                              \
+                                                                                                   \
+    static void kan_sfwd_team_##X(void *arg, int tid, int nth) {                                   \
+        const kf__kan_fwd *c = ((const kan_fwd_call *)arg)->c;                                     \
+        const kan_geom *g = &((const kan_fwd_call *)arg)->g;                                       \
+        const struct kf_kan_linear_plan *p = c->plan;                                              \
+        const kf__kan_patches *P = c->patches;                                                     \
+        const int64_t in = p->in, k2 = p->k + 2;                                                   \
+        T *WT = kan_at(c->ws, g->wc), *inv = kan_at(c->ws, g->inv);                                \
+        char *mine = (char *)c->ws + g->thr + (size_t)tid * g->thr_bytes;                          \
+        T *ybuf = kan_at(mine, g->tile), *xT = kan_at(mine, g->xt), *vals = kan_at(mine, g->vals), \
+          *win = kan_at(mine, g->win);                                                             \
+        int32_t *sidx = kan_at(mine, g->sidx), *ints = kan_at(mine, g->ints);                      \
+        int64_t *off = kan_at(mine, g->off);                                                       \
+        int64_t a0, a1;                                                                            \
+        kf__cpu_share(in, tid, nth, &a0, &a1);                                                     \
+        kan_pack_wt_##X(p, c->base, c->spline, c->scaler, WT, g->outp, a0, a1);                    \
+        kan_inv_table_##X(p, c->grid, inv, a0, a1);                                                \
+        _Pragma("omp barrier")                                                                     \
+        for (int64_t b = tid; b < g->blocks; b += nth) {                                           \
+            const kan_blk k = kan_blk_of(g, b);                                                    \
+            if (P) kan_block_offsets(P, &k, off);                                                  \
+            memset(ybuf, 0, (size_t)(k.rows * g->outp) * sizeof(T));                               \
+            for (int64_t ch = 0; ch < g->rchunks; ++ch) {                                          \
+                const int64_t f0 = ch * g->Fr, f1 = kan_min(in, f0 + g->Fr);                       \
+                kan_gather_x_##X(c->x, P, in, &k, f0, f1, xT, off);                                \
+                kan_windows_##X(p, g, c->grid, inv, xT, k.rows, f0, f1, false, vals, sidx, win,    \
+                                win + k2 * k.rows, ints);                                          \
+                kan_sfwd_product_##X(WT, g, p->cw, k2, vals, sidx, f0, f1, k.rows, ybuf);          \
+            }                                                                                      \
+            kan_rows_io_##X(c->y, P, g, p->out, &k, ybuf, false);                                  \
+        }                                                                                          \
+    }                                                                                              \
+                                                                                                   \
+    static void kan_sbwd_team_##X(void *arg, int tid, int nth) {                                   \
+        const kf__kan_bwd *c = ((const kan_bwd_call *)arg)->c;                                     \
+        const kan_geom *g = &((const kan_bwd_call *)arg)->g;                                       \
+        const struct kf_kan_linear_plan *p = c->plan;                                              \
+        const kf__kan_patches *P = c->patches;                                                     \
+        const int64_t in = p->in, k2 = p->k + 2, cw = p->cw;                                       \
+        T *WT = kan_at(c->ws, g->wc), *inv = kan_at(c->ws, g->inv), *DX = c->dx;                   \
+        char *mine = (char *)c->ws + g->thr + (size_t)tid * g->thr_bytes;                          \
+        T *dbuf = kan_at(mine, g->tile), *dWT = kan_at(mine, g->dw), *xT = kan_at(mine, g->xt),    \
+          *dxT = kan_at(mine, g->dxt), *vals = kan_at(mine, g->vals), *win = kan_at(mine, g->win); \
+        int32_t *sidx = kan_at(mine, g->sidx), *ints = kan_at(mine, g->ints);                      \
+        int64_t *off = kan_at(mine, g->off);                                                       \
+        int64_t a0, a1;                                                                            \
+        kf__cpu_share(in, tid, nth, &a0, &a1);                                                     \
+        if (DX) kan_pack_wt_##X(p, c->base, c->spline, c->scaler, WT, g->outp, a0, a1);            \
+        kan_inv_table_##X(p, c->grid, inv, a0, a1);                                                \
+        _Pragma("omp barrier")                                                                     \
+        /* dx, unit by unit as on the dense path */                                                \
+        const size_t img_bytes = P ? (size_t)(P->Cin * P->H * P->W) * sizeof(T) : 0;               \
+        for (int64_t u = tid; DX && u * g->unit < g->blocks; u += nth) {                           \
+            if (P) memset(DX + u * P->Cin * P->H * P->W, 0, img_bytes);                            \
+            for (int64_t b = u * g->unit; b < (u + 1) * g->unit; ++b) {                            \
+                const kan_blk k = kan_blk_of(g, b);                                                \
+                if (P) kan_block_offsets(P, &k, off);                                              \
+                kan_rows_io_##X((void *)c->dy, P, g, p->out, &k, dbuf, true);                      \
+                for (int64_t ch = 0; ch < g->rchunks; ++ch) {                                      \
+                    const int64_t f0 = ch * g->Fr, f1 = kan_min(in, f0 + g->Fr);                   \
+                    kan_gather_x_##X(c->x, P, in, &k, f0, f1, xT, off);                            \
+                    kan_windows_##X(p, g, c->grid, inv, xT, k.rows, f0, f1, true, vals, sidx,      \
+                                    win, win + k2 * k.rows, ints);                                 \
+                    kan_sdx_product_##X(WT, g, cw, k2, vals, sidx, f0, f1, k.rows, dbuf, dxT);     \
+                    kan_scatter_dx_##X(dxT, P, in, &k, f0, f1, DX, off);                           \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+        /* the weight gradient, chunk by chunk over all rows in a fixed order */                   \
+        const bool want_w = c->dbase || c->dspline || c->dscaler;                                  \
+        for (int64_t ch = tid; want_w && ch < g->chunks; ch += nth) {                              \
+            const int64_t f0 = ch * g->F, f1 = kan_min(in, f0 + g->F);                             \
+            memset(dWT, 0, (size_t)((f1 - f0) * cw * g->outp) * sizeof(T));                        \
+            for (int64_t b = 0; b < g->blocks; ++b) {                                              \
+                const kan_blk k = kan_blk_of(g, b);                                                \
+                if (P) kan_block_offsets(P, &k, off);                                              \
+                kan_rows_io_##X((void *)c->dy, P, g, p->out, &k, dbuf, true);                      \
+                kan_gather_x_##X(c->x, P, in, &k, f0, f1, xT, off);                                \
+                kan_windows_##X(p, g, c->grid, inv, xT, k.rows, f0, f1, false, vals, sidx, win,    \
+                                win + k2 * k.rows, ints);                                          \
+                kan_sdw_product_##X(dWT, g, cw, k2, vals, sidx, f1 - f0, k.rows, dbuf);            \
+            }                                                                                      \
+            kan_fold_dw_##X(c, dWT, f0, f1, 1, g->outp);                                           \
+        }                                                                                          \
+    }
+
+KF__KAN_SPARSE_DEFINE(float, s, kan_vs)
+KF__KAN_SPARSE_DEFINE(double, d, kan_vd)
+
 static kf_status kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
     kan_fwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N, c->patches)};
-    kf__cpu_team(call.g.team, c->plan->dtype == KF_DTYPE_F64 ? kan_fwd_team_d : kan_fwd_team_s,
+    const bool f64 = c->plan->dtype == KF_DTYPE_F64;
+    kf__cpu_team(call.g.team,
+                 call.g.sparse ? (f64 ? kan_sfwd_team_d : kan_sfwd_team_s)
+                               : (f64 ? kan_fwd_team_d : kan_fwd_team_s),
                  &call);
     return KF_OK;
 }
 
 static kf_status kan_backward(kf_context *ctx, const kf__kan_bwd *c) {
     kan_bwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N, c->patches)};
-    kf__cpu_team(call.g.team, c->plan->dtype == KF_DTYPE_F64 ? kan_bwd_team_d : kan_bwd_team_s,
+    const bool f64 = c->plan->dtype == KF_DTYPE_F64;
+    kf__cpu_team(call.g.team,
+                 call.g.sparse ? (f64 ? kan_sbwd_team_d : kan_sbwd_team_s)
+                               : (f64 ? kan_bwd_team_d : kan_bwd_team_s),
                  &call);
     return KF_OK;
 }
