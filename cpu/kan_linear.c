@@ -41,6 +41,9 @@
 #include <float.h>
 #include <math.h>
 #include <string.h>
+#if defined(__AVX2__) || defined(__FMA__)
+#include <immintrin.h>
+#endif
 
 /* Small calls run in the caller's thread: waking a sleeping team (OMP_WAIT_POLICY=PASSIVE) costs
  * ~25 us, more than it saves below this many multiply-adds (as for SKLinear). */
@@ -66,6 +69,54 @@
 #define KF__KAN_SPARSE_KMAX 8
 typedef float kan_vs __attribute__((vector_size(32), __may_alias__, aligned(1)));
 typedef double kan_vd __attribute__((vector_size(32), __may_alias__, aligned(1)));
+typedef int32_t kan_vis __attribute__((vector_size(32), __may_alias__, aligned(1))); /* 8 lanes */
+typedef int32_t kan_vid __attribute__((vector_size(16), __may_alias__, aligned(1))); /* 4 lanes */
+
+/* a b + c with one rounding where the build has FMA (the dense path's BLAS uses it too; ISO C
+ * mode leaves the compiler no licence to contract a * b + c itself), and the gathers
+ * b[ix[lane]] (AVX2, else lane by lane). */
+static inline kan_vs kan_fma_s(kan_vs a, kan_vs b, kan_vs c) {
+#ifdef __FMA__
+    return (kan_vs)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+    return a * b + c;
+#endif
+}
+static inline kan_vd kan_fma_d(kan_vd a, kan_vd b, kan_vd c) {
+#ifdef __FMA__
+    return (kan_vd)_mm256_fmadd_pd((__m256d)a, (__m256d)b, (__m256d)c);
+#else
+    return a * b + c;
+#endif
+}
+static inline kan_vis kan_clampv_s(kan_vis m, kan_vis lo, kan_vis hi) {
+    m = m & ~(m < lo);
+    const kan_vis over = m > hi;
+    return (m & ~over) | (hi & over);
+}
+static inline kan_vid kan_clampv_d(kan_vid m, kan_vid lo, kan_vid hi) {
+    m = m & ~(m < lo);
+    const kan_vid over = m > hi;
+    return (m & ~over) | (hi & over);
+}
+static inline kan_vs kan_gather_s(const float *b, kan_vis ix) {
+#ifdef __AVX2__
+    return (kan_vs)_mm256_i32gather_ps(b, (__m256i)ix, 4);
+#else
+    kan_vs r;
+    for (int l = 0; l < 8; ++l) r[l] = b[ix[l]];
+    return r;
+#endif
+}
+static inline kan_vd kan_gather_d(const double *b, kan_vid ix) {
+#ifdef __AVX2__
+    return (kan_vd)_mm256_i32gather_pd(b, (__m128i)ix, 8);
+#else
+    kan_vd r;
+    for (int l = 0; l < 4; ++l) r[l] = b[ix[l]];
+    return r;
+#endif
+}
 
 static int64_t kan_min(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t kan_max(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -103,7 +154,7 @@ typedef struct kan_geom {
     int64_t outp;        /* out rounded up to the output block KF__KAN_OB(e) */
     int64_t Fw;          /* features whose windows are held at once: max(Fs, F) */
     size_t vals, sidx, win, ints; /* thread offsets: window values [rows, Fw, k+2], starts
-                                     [rows, Fw] (int32), window scratch [5k+8, rows], [3, rows]
+                                     [rows, Fw] (int32), window values [k+2, rows] and scratch [2k+3, rl], [3, rl] (rl: rows in whole vectors)
                                      (int32); tile is then y or dy [rows, outp] */
     size_t bytes;
 } kan_geom;
@@ -147,8 +198,9 @@ static kan_geom kan_geom_of(const struct kf_kan_linear_plan *p, int64_t N,
         g.vals = g.s;
         g.sidx = g.vals + kf__align_up((size_t)(g.rows * g.Fw * (p->k + 2)) * e);
         g.win = g.sidx + kf__align_up((size_t)(g.rows * g.Fw) * sizeof(int32_t));
-        g.ints = g.win + kf__align_up((size_t)((5 * p->k + 8) * g.rows) * e);
-        g.off = g.ints + kf__align_up((size_t)(3 * g.rows) * sizeof(int32_t));
+        const int64_t rl = (g.rows + 7) / 8 * 8; /* rows in whole vectors */
+        g.ints = g.win + kf__align_up((size_t)((p->k + 2) * g.rows + (2 * p->k + 3) * rl) * e);
+        g.off = g.ints + kf__align_up((size_t)(3 * rl) * sizeof(int32_t));
     } else {
         g.xb = g.s + kf__align_up((size_t)(g.rows * (p->nk - 1)) * e);
         g.off = g.xb + kf__align_up((size_t)g.rows * e);
@@ -446,7 +498,7 @@ typedef struct kan_bwd_call {
      *     d base_weight = dW_silu,   d spline_weight = dW_spline * spline_scaler,                 \
      *     d spline_scaler = sum_c dW_spline[c] * spline_weight[c]. */                             \
     static void kan_fold_dw_##X(const kf__kan_bwd *c, const T *dW, int64_t f0, int64_t f1,         \
-                                int64_t so, int64_t sc) {                                          \
+                                int64_t ob, int64_t sb, int64_t so, int64_t sc) {                  \
         const struct kf_kan_linear_plan *p = c->plan;                                              \
         const int64_t in = p->in, C = p->C, cw = p->cw;                                            \
         const bool acc = c->accumulate;                                                            \
@@ -455,7 +507,7 @@ typedef struct kan_bwd_call {
         for (int64_t o = 0; o < p->out; ++o)                                                       \
             for (int64_t i = f0; i < f1; ++i) {                                                    \
                 const int64_t oi = o * in + i;                                                     \
-                const T *g = dW + o * so + (i - f0) * cw * sc;                                     \
+                const T *g = dW + o / ob * sb + o % ob * so + (i - f0) * cw * sc;                  \
                 if (dbase) dbase[oi] = acc ? dbase[oi] + g[0] : g[0];                              \
                 if (dspline) {                                                                     \
                     const T s = scaler ? scaler[oi] : (T)1;                                        \
@@ -527,105 +579,100 @@ typedef struct kan_bwd_call {
                 kf__##X##gemm(!P, true, out, cols, k.rows, 1, dy, ld, tile, k.rows, b ? 1 : 0, dW, \
                               cols);                                                               \
             }                                                                                      \
-            kan_fold_dw_##X(c, dW, f0, f1, cols, 1);                                               \
+            kan_fold_dw_##X(c, dW, f0, f1, out, 0, cols, 1);                                       \
         }                                                                                          \
     }
 
 KF__KAN_CPU_DEFINE(float, s)
 KF__KAN_CPU_DEFINE(double, d)
 
-/* For element type T, suffix X and VEC, the 32-byte vector of T: the windowed path's kernels
+/* For element type T, suffix X, VEC the 32-byte vector of T and VI the int32 vector of as many lanes: the windowed path's kernels
  * (the header comment says why and when). */
-#define KF__KAN_SPARSE_DEFINE(T, X, VEC)                                                             \
-    /* Rows [i0, i1) of W^T [K, outp] (row i cw + c: feature i's column c of the combined          \
-     * weight, over the outputs, zero past out). Read per (o, i) so that spline_weight's C         \
-     * coefficients are read contiguously. */                                                      \
+#define KF__KAN_SPARSE_DEFINE(T, X, VEC, VI)                                                       \
+    /* Features [i0, i1) of W^T in output panels: panel b = o / OB is [K, OB] (row i cw + c:       \
+     * feature i's column c of the combined weight over the panel's outputs, zero past out), so    \
+     * that a group of features' columns for one output block are contiguous (rows of one [K,      \
+     * outp] matrix at a power-of-two stride would share L1 sets). Read per (o, i) so that         \
+     * spline_weight's C coefficients are read contiguously. */                                    \
     static void kan_pack_wt_##X(const struct kf_kan_linear_plan *p, const T *base,                 \
                                 const T *spline, const T *scaler, T *WT, int64_t outp,             \
                                 int64_t i0, int64_t i1) {                                          \
-        const int64_t in = p->in, out = p->out, C = p->C, cw = p->cw;                              \
-        for (int64_t i = i0; i < i1; ++i) {                                                        \
-            T *d = WT + i * cw * outp;                                                             \
-            for (int64_t o = 0; o < out; ++o) {                                                    \
+        const int64_t in = p->in, out = p->out, C = p->C, cw = p->cw, OB = KF__KAN_OB(sizeof(T));  \
+        for (int64_t i = i0; i < i1; ++i)                                                          \
+            for (int64_t o = 0; o < outp; ++o) {                                                   \
+                T *d = WT + o / OB * p->K * OB + i * cw * OB + o % OB;                             \
                 const int64_t oi = o * in + i;                                                     \
-                const T sc = scaler ? scaler[oi] : (T)1;                                           \
-                d[o] = base ? base[oi] : (T)0;                                                     \
-                for (int64_t c = 0; c < C; ++c) d[(1 + c) * outp + o] = spline[oi * C + c] * sc;   \
+                const T sc = scaler && o < out ? scaler[oi] : (T)1;                                \
+                d[0] = base && o < out ? base[oi] : (T)0;                                          \
+                for (int64_t c = 0; c < C; ++c) d[(1 + c) * OB] = o < out ? spline[oi * C + c] * sc : (T)0; \
             }                                                                                      \
-            for (int64_t c = 0; c < cw; ++c)                                                       \
-                memset(d + c * outp + out, 0, (size_t)(outp - out) * sizeof(T));                   \
-        }                                                                                          \
     }                                                                                              \
                                                                                                    \
     /* The window of one feature at x[0..rows) (kf__bspline_rows' bases, computed only where       \
      * they can be non-zero). Per row: the span j (t_j <= x < t_{j+1}, counted as the knots        \
      * t_1..t_{nk-2} at or below x; any j, with every basis 0, outside [t_0, t_{nk-1}) and for     \
-     * NaN), the order-k bases B_{j-k..j} by the triangular recurrence (descending r, so that      \
-     * B_{m,p-1} and B_{m+1,p-1} are read before being overwritten; the same expression as the     \
-     * dense form, hence the same bits), then moved to the window start                            \
+     * NaN), the order-k bases B_{j-k..j} by the triangular recurrence, L rows at a time in        \
+     * registers with the knots t_{j-k..j+k+1} and reciprocals gathered per row (descending r,     \
+     * so that B_{m,p-1} and B_{m+1,p-1} are read before being overwritten; the same expression    \
+     * as the dense form, hence the same bits), then moved to the window start                     \
      * s = clamp(j - k, 0, C - 1 - k) so that its k + 1 columns are all real ones. Bases of        \
-     * indices outside [0, C) (order p: [0, nk - 1 - p)) are computed from clamped knot indices    \
-     * and never read by a real one; the move drops them by selection, not by a product.           \
+     * indices outside [0, C) (order p: [0, nk - 1 - p)) come from clamped knot indices and        \
+     * never feed a real one; the move drops them by selection, not by a product.                  \
      * deriv: V[0] = SiLU'(x) and the window of B' (the formula above kan_dx), else SiLU(x) and    \
-     * the window of B. V [k+2, rows], s [rows]; scr [4k+6, rows], ints [2, rows] scratch. */      \
+     * the window of B. V [k+2, rows], s [rows]; scr [2k+3, rl], ints [2, rl] scratch, rl =        \
+     * rows rounded up to whole vectors. */                                                        \
     static void kan_window_##X(const struct kf_kan_linear_plan *p, const T *t, const T *inv,       \
                                const T *x, int64_t rows, bool deriv, T *V, int32_t *s, T *scr,     \
                                int32_t *ints) {                                                    \
+        enum { L = 32 / sizeof(T) };                                                               \
         const int32_t nk = (int32_t)p->nk, k = p->k, C = (int32_t)p->C;                            \
-        T *restrict xc = scr, *Z = xc + rows, *Nb = Z + rows, *Q = Nb + (k + 1) * rows,            \
-                    *D = Q + (k + 1) * rows;                                                       \
-        int32_t *restrict jj = ints, *restrict dl = ints + rows;                                   \
+        const int64_t rl = (rows + L - 1) / L * L;                                                 \
+        T *restrict xc = scr, *restrict Nb = xc + rl;                                              \
+        int32_t *restrict jj = ints, *restrict dl = ints + rl;                                     \
         kan_exp_neg_rows_##X(x, rows, V);                                                          \
         for (int64_t n = 0; n < rows; ++n) {                                                       \
             const T sg = (T)1 / ((T)1 + V[n]);                                                     \
             V[n] = deriv ? sg * ((T)1 + x[n] * ((T)1 - sg)) : x[n] / ((T)1 + V[n]);                \
         }                                                                                          \
         const T first = t[0], last = t[nk - 1];                                                    \
-        for (int64_t n = 0; n < rows; ++n) {                                                       \
-            const bool inside = x[n] >= first && x[n] < last;                                          \
-            xc[n] = inside ? x[n] : first;                                                             \
-            Nb[n] = inside ? (T)1 : (T)0;                                                              \
-            Z[n] = 0;                                                                              \
+        for (int64_t n = 0; n < rl; ++n) {                                                         \
+            const bool inside = n < rows && x[n] >= first && x[n] < last;                          \
+            xc[n] = inside ? x[n] : first;                                                         \
+            Nb[n] = inside ? (T)1 : (T)0;                                                          \
             jj[n] = 0;                                                                             \
         }                                                                                          \
         for (int32_t m = 1; m + 1 < nk; ++m) {                                                     \
             const T tm = t[m];                                                                     \
-            for (int64_t n = 0; n < rows; ++n) jj[n] += tm <= xc[n];                               \
+            for (int64_t n = 0; n < rl; ++n) jj[n] += tm <= xc[n];                                 \
         }                                                                                          \
-        for (int32_t q = 1; q <= k; ++q) {                                                         \
-            if (deriv && q == k) memcpy(Q, Nb, (size_t)(k * rows) * sizeof(T));                    \
-            const T *ip = inv + (int64_t)(q - 1) * nk;                                             \
-            for (int32_t r = q; r >= 0; --r) {                                                     \
-                const T *b0 = r >= 1 ? Nb + (r - 1) * rows : Z, *b1 = r < q ? Nb + r * rows : Z;   \
-                T *d = Nb + r * rows;                                                              \
-                _Pragma("omp simd")                                                                \
-                for (int64_t n = 0; n < rows; ++n) {                                               \
-                    const int32_t m = jj[n] - q + r;                                               \
-                    const int32_t ml = kan_clamp32(m, 0, nk - 1),                                  \
-                                  mi = kan_clamp32(m + 1, 0, nk - 1),                              \
-                                  mr = kan_clamp32(m + q + 1, 0, nk - 1);                          \
-                    d[n] = (xc[n] - t[ml]) * ip[ml] * b0[n] + (t[mr] - xc[n]) * ip[mi] * b1[n];    \
+        const VI zi = {0}, hi = zi + (nk - 1);                                                     \
+        const VEC zero = {0};                                                                      \
+        for (int64_t n = 0; n < rl; n += L) {                                                      \
+            const VEC xv = *(const VEC *)(xc + n);                                                 \
+            const VI j = *(const VI *)(jj + n);                                                    \
+            VEC tk[2 * KF__KAN_SPARSE_KMAX + 2], Nv[KF__KAN_SPARSE_KMAX + 1],                      \
+                Qv[KF__KAN_SPARSE_KMAX + 1], iq[KF__KAN_SPARSE_KMAX + 2];                          \
+            for (int32_t u = -k; u <= k + 1; ++u) tk[u + k] = kan_gather_##X(t, kan_clampv_##X(j + u, zi, hi)); \
+            Nv[0] = *(const VEC *)(Nb + n);                                                        \
+            for (int32_t q = 1; q <= k; ++q) {                                                     \
+                const T *ip = inv + (int64_t)(q - 1) * nk;                                         \
+                for (int32_t r = 0; r <= q + 1; ++r)                                               \
+                    iq[r] = kan_gather_##X(ip, kan_clampv_##X(j + (r - q), zi, hi));               \
+                if (q == k)                                                                        \
+                    for (int32_t r = 0; r < k; ++r) Qv[r] = Nv[r];                                 \
+                for (int32_t r = q; r >= 0; --r) {                                                 \
+                    const VEC b0 = r >= 1 ? Nv[r - 1] : zero, b1 = r < q ? Nv[r] : zero;           \
+                    Nv[r] = (xv - tk[r - q + k]) * iq[r] * b0 + (tk[r + 1 + k] - xv) * iq[r + 1] * b1; \
                 }                                                                                  \
             }                                                                                      \
-        }                                                                                          \
-        const T *src = Nb;                                                                         \
-        if (deriv) {                                                                               \
-            src = D;                                                                               \
-            const T *ik = inv + (int64_t)(k - 1) * nk;                                             \
             for (int32_t r = 0; r <= k; ++r) {                                                     \
-                const T *s0 = r >= 1 ? Q + (r - 1) * rows : Z, *s1 = r < k ? Q + r * rows : Z;     \
-                T *d = D + r * rows;                                                               \
-                if (k == 0) {                                                                      \
-                    memset(d, 0, (size_t)rows * sizeof(T));                                        \
-                    continue;                                                                      \
+                VEC v = Nv[r];                                                                     \
+                if (deriv) { /* B'_{j-k+r} from the order-(k-1) bases; iq holds inv_k[j-k..j+1] */ \
+                    const VEC s0 = r >= 1 ? Qv[r - 1] : zero, s1 = r < k ? Qv[r] : zero;           \
+                    v = zero;                                                                      \
+                    if (k) v = ((T)k * iq[r]) * s0 - ((T)k * iq[r + 1]) * s1;                      \
                 }                                                                                  \
-                _Pragma("omp simd")                                                                \
-                for (int64_t n = 0; n < rows; ++n) {                                               \
-                    const int32_t m = jj[n] - k + r;                                               \
-                    const T a = (T)k * ik[kan_clamp32(m, 0, nk - 1)],                              \
-                            b = (T)k * ik[kan_clamp32(m + 1, 0, nk - 1)];                          \
-                    d[n] = a * s0[n] - b * s1[n];                                                  \
-                }                                                                                  \
+                *(VEC *)(Nb + r * rl + n) = v;                                                     \
             }                                                                                      \
         }                                                                                          \
         for (int64_t n = 0; n < rows; ++n) {                                                       \
@@ -636,7 +683,7 @@ KF__KAN_CPU_DEFINE(double, d)
             T *v = V + (1 + u) * rows;                                                             \
             memset(v, 0, (size_t)rows * sizeof(T));                                                \
             for (int32_t r = 0; r <= k; ++r) {                                                     \
-                const T *a = src + r * rows;                                                       \
+                const T *a = Nb + r * rl;                                                          \
                 for (int64_t n = 0; n < rows; ++n) v[n] = r == u + dl[n] ? a[n] : v[n];            \
             }                                                                                      \
         }                                                                                          \
@@ -649,7 +696,7 @@ KF__KAN_CPU_DEFINE(double, d)
                                 int64_t f0, int64_t f1, bool deriv, T *vals, int32_t *sidx,        \
                                 T *V, T *scr, int32_t *ints) {                                     \
         const int64_t k2 = p->k + 2, Fw = g->Fw;                                                   \
-        int32_t *s = ints + 2 * rows;                                                              \
+        int32_t *s = ints + 2 * ((rows + 7) / 8 * 8);                                              \
         for (int64_t i = f0; i < f1; ++i) {                                                        \
             kan_window_##X(p, grid + i * p->nk, inv + i * p->k * p->nk, xT + (i - f0) * rows,      \
                            rows, deriv, V, s, scr, ints);                                          \
@@ -680,75 +727,95 @@ KF__KAN_CPU_DEFINE(double, d)
     /* ybuf[n, :] += sum over features [f0, f1) of V_0 W^T[i cw] + sum_t V_{1+t} W^T[i cw + 1 + s + t]: \
      * per output block of KF__KAN_NV vectors, the row's block stays in registers over the group   \
      * (the group's W^T columns for the block, Fr cw x 256 bytes, stay in L1). */                  \
-    static void kan_sfwd_product_##X(const T *WT, const kan_geom *g, int64_t cw, int64_t k2,       \
+    static void kan_sfwd_product_##X(const T *WT, const kan_geom *g, int64_t cw, int64_t K, int64_t k2, \
                                      const T *vals, const int32_t *sidx, int64_t f0, int64_t f1,   \
                                      int64_t rows, T *ybuf) {                                      \
         enum { L = 32 / sizeof(T) };                                                               \
+        enum { OB = KF__KAN_NV * L };                                                              \
         const int64_t outp = g->outp, Fw = g->Fw;                                                  \
-        for (int64_t o = 0; o < outp; o += KF__KAN_NV * L)                                         \
+        const VEC zero = {0};                                                                      \
+        for (int64_t o = 0; o < outp; o += OB)                                                     \
             for (int64_t n = 0; n < rows; ++n) {                                                   \
-                VEC acc[KF__KAN_NV];                                                                 \
+                VEC acc[KF__KAN_NV];                                                               \
                 T *yn = ybuf + n * outp + o;                                                       \
-                for (int q = 0; q < KF__KAN_NV; ++q) acc[q] = *(const VEC *)(yn + q * L);            \
+                for (int q = 0; q < KF__KAN_NV; ++q) acc[q] = *(const VEC *)(yn + q * L);          \
                 for (int64_t i = f0; i < f1; ++i) {                                                \
                     const T *v = vals + (n * Fw + i - f0) * k2;                                    \
-                    const T *w = WT + i * cw * outp + o;                                           \
-                    for (int q = 0; q < KF__KAN_NV; ++q) acc[q] += v[0] * *(const VEC *)(w + q * L); \
-                    const T *ws = w + (1 + sidx[n * Fw + i - f0]) * outp;                          \
-                    for (int64_t t = 1; t < k2; ++t, ws += outp)                                   \
+                    const T *w = WT + o * K + i * cw * OB;                                         \
+                    const VEC v0 = zero + v[0];                                                    \
+                    for (int q = 0; q < KF__KAN_NV; ++q)                                           \
+                        acc[q] = kan_fma_##X(v0, *(const VEC *)(w + q * L), acc[q]);               \
+                    const T *ws = w + (1 + sidx[n * Fw + i - f0]) * OB;                            \
+                    for (int64_t t = 1; t < k2; ++t, ws += OB) {                                   \
+                        const VEC vt = zero + v[t];                                                \
                         for (int q = 0; q < KF__KAN_NV; ++q)                                       \
-                            acc[q] += v[t] * *(const VEC *)(ws + q * L);                             \
+                            acc[q] = kan_fma_##X(vt, *(const VEC *)(ws + q * L), acc[q]);          \
+                    }                                                                              \
                 }                                                                                  \
-                for (int q = 0; q < KF__KAN_NV; ++q) *(VEC *)(yn + q * L) = acc[q];                  \
+                for (int q = 0; q < KF__KAN_NV; ++q) *(VEC *)(yn + q * L) = acc[q];                \
             }                                                                                      \
     }                                                                                              \
                                                                                                    \
-    /* dxT[i - f0, n] = V_0 dA_0 + sum_t V_{1+t} dA_{1+s+t} with dA_c = dbuf[n, :] . W^T[i cw + c] \
-     * (V from kan_windows with deriv: SiLU' and B'). */                                           \
-    static void kan_sdx_product_##X(const T *WT, const kan_geom *g, int64_t cw, int64_t k2,        \
+    /* dxT[i - f0, n] = dbuf[n, :] . (V_0 W^T[i cw] + sum_t V_{1+t} W^T[i cw + 1 + s + t])         \
+     * = V_0 dA_0 + sum_t V_{1+t} dA_{1+s+t} (V from kan_windows with deriv: SiLU' and B'): the    \
+     * window's weight columns combined as in the forward, then one dot product per (n, i). */     \
+    static void kan_sdx_product_##X(const T *WT, const kan_geom *g, int64_t cw, int64_t K, int64_t k2, \
                                     const T *vals, const int32_t *sidx, int64_t f0, int64_t f1,    \
                                     int64_t rows, const T *dbuf, T *dxT) {                         \
         enum { L = 32 / sizeof(T) };                                                               \
+        enum { OB = KF__KAN_NV * L };                                                              \
         const int64_t outp = g->outp, Fw = g->Fw;                                                  \
+        const VEC zero = {0};                                                                      \
         for (int64_t n = 0; n < rows; ++n)                                                         \
             for (int64_t i = f0; i < f1; ++i) {                                                    \
                 const T *v = vals + (n * Fw + i - f0) * k2, *dn = dbuf + n * outp;                 \
-                const T *w0 = WT + i * cw * outp, *ws = w0 + (1 + sidx[n * Fw + i - f0]) * outp;   \
-                T dx = 0;                                                                          \
-                for (int64_t t = 0; t < k2; ++t) {                                                 \
-                    const T *w = t ? ws + (t - 1) * outp : w0;                                     \
-                    VEC a0 = {0}, a1 = {0};                                                          \
-                    for (int64_t o = 0; o < outp; o += 2 * L) {                                    \
-                        a0 += *(const VEC *)(dn + o) * *(const VEC *)(w + o);                          \
-                        a1 += *(const VEC *)(dn + o + L) * *(const VEC *)(w + o + L);                  \
+                const int64_t s1 = (1 + sidx[n * Fw + i - f0]) * OB;                               \
+                VEC vt[KF__KAN_SPARSE_KMAX + 2], a0 = zero, a1 = zero;                             \
+                for (int64_t t = 0; t < k2; ++t) vt[t] = zero + v[t];                              \
+                for (int64_t o = 0; o < outp; o += 2 * L) {                                        \
+                    const T *w0 = WT + o / OB * K * OB + i * cw * OB + o % OB, *ws = w0 + s1;      \
+                    VEC e0 = vt[0] * *(const VEC *)w0, e1 = vt[0] * *(const VEC *)(w0 + L);        \
+                    for (int64_t t = 1; t < k2; ++t) {                                             \
+                        const T *w = ws + (t - 1) * OB;                                            \
+                        e0 = kan_fma_##X(vt[t], *(const VEC *)w, e0);                              \
+                        e1 = kan_fma_##X(vt[t], *(const VEC *)(w + L), e1);                        \
                     }                                                                              \
-                    a0 += a1;                                                                      \
-                    T dA = 0;                                                                      \
-                    for (int l = 0; l < L; ++l) dA += a0[l];                                       \
-                    dx += v[t] * dA;                                                               \
+                    a0 = kan_fma_##X(*(const VEC *)(dn + o), e0, a0);                              \
+                    a1 = kan_fma_##X(*(const VEC *)(dn + o + L), e1, a1);                          \
                 }                                                                                  \
+                a0 += a1;                                                                          \
+                T dx = 0;                                                                          \
+                for (int l = 0; l < L; ++l) dx += a0[l];                                           \
                 dxT[(i - f0) * rows + n] = dx;                                                     \
             }                                                                                      \
     }                                                                                              \
                                                                                                    \
-    /* dWT[(i - f0) cw + c, :] += V_c dbuf[n, :] over the window's columns, row by row in order    \
-     * (each thread owns its features' accumulator: deterministic). */                             \
+    /* dW^T[(i - f0) cw + c, :] += V_c dbuf[n, :] over the window's columns, row by row in order   \
+     * (each thread owns its features' accumulator: deterministic), in output panels as W^T,       \
+     * panel b = o / OB being [F cw, OB]. */                                                       \
     static void kan_sdw_product_##X(T *dWT, const kan_geom *g, int64_t cw, int64_t k2,             \
                                     const T *vals, const int32_t *sidx, int64_t nf, int64_t rows,  \
                                     const T *dbuf) {                                               \
         enum { L = 32 / sizeof(T) };                                                               \
-        const int64_t outp = g->outp, Fw = g->Fw;                                                  \
-        for (int64_t o = 0; o < outp; o += KF__KAN_NV * L)                                         \
+        enum { OB = KF__KAN_NV * L };                                                              \
+        const int64_t outp = g->outp, Fw = g->Fw, FK = g->F * cw;                                  \
+        const VEC zero = {0};                                                                      \
+        for (int64_t o = 0; o < outp; o += OB)                                                     \
             for (int64_t n = 0; n < rows; ++n) {                                                   \
-                VEC d[KF__KAN_NV];                                                                   \
+                VEC d[KF__KAN_NV];                                                                 \
                 for (int q = 0; q < KF__KAN_NV; ++q) d[q] = *(const VEC *)(dbuf + n * outp + o + q * L); \
                 for (int64_t f = 0; f < nf; ++f) {                                                 \
                     const T *v = vals + (n * Fw + f) * k2;                                         \
-                    T *w = dWT + f * cw * outp + o;                                                \
-                    for (int q = 0; q < KF__KAN_NV; ++q) *(VEC *)(w + q * L) += v[0] * d[q];         \
-                    T *ws = w + (1 + sidx[n * Fw + f]) * outp;                                     \
-                    for (int64_t t = 1; t < k2; ++t, ws += outp)                                   \
-                        for (int q = 0; q < KF__KAN_NV; ++q) *(VEC *)(ws + q * L) += v[t] * d[q];    \
+                    T *w = dWT + o * FK + f * cw * OB;                                             \
+                    const VEC v0 = zero + v[0];                                                    \
+                    for (int q = 0; q < KF__KAN_NV; ++q)                                           \
+                        *(VEC *)(w + q * L) = kan_fma_##X(v0, d[q], *(const VEC *)(w + q * L));    \
+                    T *ws = w + (1 + sidx[n * Fw + f]) * OB;                                       \
+                    for (int64_t t = 1; t < k2; ++t, ws += OB) {                                   \
+                        const VEC vt = zero + v[t];                                                \
+                        for (int q = 0; q < KF__KAN_NV; ++q)                                       \
+                            *(VEC *)(ws + q * L) = kan_fma_##X(vt, d[q], *(const VEC *)(ws + q * L)); \
+                    }                                                                              \
                 }                                                                                  \
             }                                                                                      \
     }                                                                                              \
@@ -779,7 +846,7 @@ KF__KAN_CPU_DEFINE(double, d)
                 kan_gather_x_##X(c->x, P, in, &k, f0, f1, xT, off);                                \
                 kan_windows_##X(p, g, c->grid, inv, xT, k.rows, f0, f1, false, vals, sidx, win,    \
                                 win + k2 * k.rows, ints);                                          \
-                kan_sfwd_product_##X(WT, g, p->cw, k2, vals, sidx, f0, f1, k.rows, ybuf);          \
+                kan_sfwd_product_##X(WT, g, p->cw, p->K, k2, vals, sidx, f0, f1, k.rows, ybuf);    \
             }                                                                                      \
             kan_rows_io_##X(c->y, P, g, p->out, &k, ybuf, false);                                  \
         }                                                                                          \
@@ -815,7 +882,7 @@ KF__KAN_CPU_DEFINE(double, d)
                     kan_gather_x_##X(c->x, P, in, &k, f0, f1, xT, off);                            \
                     kan_windows_##X(p, g, c->grid, inv, xT, k.rows, f0, f1, true, vals, sidx,      \
                                     win, win + k2 * k.rows, ints);                                 \
-                    kan_sdx_product_##X(WT, g, cw, k2, vals, sidx, f0, f1, k.rows, dbuf, dxT);     \
+                    kan_sdx_product_##X(WT, g, cw, p->K, k2, vals, sidx, f0, f1, k.rows, dbuf, dxT); \
                     kan_scatter_dx_##X(dxT, P, in, &k, f0, f1, DX, off);                           \
                 }                                                                                  \
             }                                                                                      \
@@ -824,7 +891,7 @@ KF__KAN_CPU_DEFINE(double, d)
         const bool want_w = c->dbase || c->dspline || c->dscaler;                                  \
         for (int64_t ch = tid; want_w && ch < g->chunks; ch += nth) {                              \
             const int64_t f0 = ch * g->F, f1 = kan_min(in, f0 + g->F);                             \
-            memset(dWT, 0, (size_t)((f1 - f0) * cw * g->outp) * sizeof(T));                        \
+            memset(dWT, 0, (size_t)(g->F * cw * g->outp) * sizeof(T)); /* whole panels */          \
             for (int64_t b = 0; b < g->blocks; ++b) {                                              \
                 const kan_blk k = kan_blk_of(g, b);                                                \
                 if (P) kan_block_offsets(P, &k, off);                                              \
@@ -834,12 +901,13 @@ KF__KAN_CPU_DEFINE(double, d)
                                 win + k2 * k.rows, ints);                                          \
                 kan_sdw_product_##X(dWT, g, cw, k2, vals, sidx, f1 - f0, k.rows, dbuf);            \
             }                                                                                      \
-            kan_fold_dw_##X(c, dWT, f0, f1, 1, g->outp);                                           \
+            kan_fold_dw_##X(c, dWT, f0, f1, KF__KAN_OB(sizeof(T)), g->F * cw * KF__KAN_OB(sizeof(T)), 1, \
+                            KF__KAN_OB(sizeof(T)));                                                \
         }                                                                                          \
     }
 
-KF__KAN_SPARSE_DEFINE(float, s, kan_vs)
-KF__KAN_SPARSE_DEFINE(double, d, kan_vd)
+KF__KAN_SPARSE_DEFINE(float, s, kan_vs, kan_vis)
+KF__KAN_SPARSE_DEFINE(double, d, kan_vd, kan_vid)
 
 static kf_status kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
     kan_fwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N, c->patches)};
