@@ -592,20 +592,22 @@ KF__KAN_CPU_DEFINE(double, d)
     /* Features [i0, i1) of W^T in output panels: panel b = o / OB is [K, OB] (row i cw + c:       \
      * feature i's column c of the combined weight over the panel's outputs, zero past out), so    \
      * that a group of features' columns for one output block are contiguous (rows of one [K,      \
-     * outp] matrix at a power-of-two stride would share L1 sets). Read per (o, i) so that         \
-     * spline_weight's C coefficients are read contiguously. */                                    \
+     * outp] matrix at a power-of-two stride would share L1 sets). Written panel row by panel      \
+     * row. */                                                                                     \
     static void kan_pack_wt_##X(const struct kf_kan_linear_plan *p, const T *base,                 \
                                 const T *spline, const T *scaler, T *WT, int64_t outp,             \
                                 int64_t i0, int64_t i1) {                                          \
         const int64_t in = p->in, out = p->out, C = p->C, cw = p->cw, OB = KF__KAN_OB(sizeof(T));  \
-        for (int64_t i = i0; i < i1; ++i)                                                          \
-            for (int64_t o = 0; o < outp; ++o) {                                                   \
-                T *d = WT + o / OB * p->K * OB + i * cw * OB + o % OB;                             \
-                const int64_t oi = o * in + i;                                                     \
-                const T sc = scaler && o < out ? scaler[oi] : (T)1;                                \
-                d[0] = base && o < out ? base[oi] : (T)0;                                          \
-                for (int64_t c = 0; c < C; ++c) d[(1 + c) * OB] = o < out ? spline[oi * C + c] * sc : (T)0; \
-            }                                                                                      \
+        for (int64_t ob = 0; ob < outp; ob += OB)                                                  \
+            for (int64_t i = i0; i < i1; ++i)                                                      \
+                for (int64_t o = ob; o < ob + OB; ++o) {                                           \
+                    T *d = WT + ob * p->K + i * cw * OB + o % OB;                                  \
+                    const int64_t oi = o * in + i;                                                 \
+                    const T sc = scaler && o < out ? scaler[oi] : (T)1;                            \
+                    d[0] = base && o < out ? base[oi] : (T)0;                                      \
+                    for (int64_t c = 0; c < C; ++c)                                                \
+                        d[(1 + c) * OB] = o < out ? spline[oi * C + c] * sc : (T)0;                \
+                }                                                                                  \
     }                                                                                              \
                                                                                                    \
     /* The window of one feature at x[0..rows) (kf__bspline_rows' bases, computed only where       \
@@ -772,16 +774,19 @@ KF__KAN_CPU_DEFINE(double, d)
                 const int64_t s1 = (1 + sidx[n * Fw + i - f0]) * OB;                               \
                 VEC vt[KF__KAN_SPARSE_KMAX + 2], a0 = zero, a1 = zero;                             \
                 for (int64_t t = 0; t < k2; ++t) vt[t] = zero + v[t];                              \
-                for (int64_t o = 0; o < outp; o += 2 * L) {                                        \
-                    const T *w0 = WT + o / OB * K * OB + i * cw * OB + o % OB, *ws = w0 + s1;      \
-                    VEC e0 = vt[0] * *(const VEC *)w0, e1 = vt[0] * *(const VEC *)(w0 + L);        \
-                    for (int64_t t = 1; t < k2; ++t) {                                             \
-                        const T *w = ws + (t - 1) * OB;                                            \
-                        e0 = kan_fma_##X(vt[t], *(const VEC *)w, e0);                              \
-                        e1 = kan_fma_##X(vt[t], *(const VEC *)(w + L), e1);                        \
+                for (int64_t o = 0; o < outp; o += OB) {                                           \
+                    const T *w0 = WT + o * K + i * cw * OB, *ws = w0 + s1;                         \
+                    for (int q = 0; q < KF__KAN_NV; q += 2) {                                      \
+                        VEC e0 = vt[0] * *(const VEC *)(w0 + q * L),                               \
+                            e1 = vt[0] * *(const VEC *)(w0 + q * L + L);                           \
+                        for (int64_t t = 1; t < k2; ++t) {                                         \
+                            const T *w = ws + (t - 1) * OB + q * L;                                \
+                            e0 = kan_fma_##X(vt[t], *(const VEC *)w, e0);                          \
+                            e1 = kan_fma_##X(vt[t], *(const VEC *)(w + L), e1);                    \
+                        }                                                                          \
+                        a0 = kan_fma_##X(*(const VEC *)(dn + o + q * L), e0, a0);                  \
+                        a1 = kan_fma_##X(*(const VEC *)(dn + o + q * L + L), e1, a1);              \
                     }                                                                              \
-                    a0 = kan_fma_##X(*(const VEC *)(dn + o), e0, a0);                              \
-                    a1 = kan_fma_##X(*(const VEC *)(dn + o + L), e1, a1);                          \
                 }                                                                                  \
                 a0 += a1;                                                                          \
                 T dx = 0;                                                                          \
