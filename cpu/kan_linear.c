@@ -153,7 +153,7 @@ typedef struct kan_geom {
     bool sparse;
     int64_t outp;        /* out rounded up to the output block KF__KAN_OB(e) */
     int64_t Fw;          /* features whose windows are held at once: max(Fs, F) */
-    size_t vals, sidx, win, ints; /* thread offsets: window values [rows, Fw, k+2], starts
+    size_t vals, sidx, win, ints, part; /* thread offsets: dx's partial sums [rows, Fr] (vectors); window values [rows, Fw, k+2], starts
                                      [rows, Fw] (int32), window values [k+2, rows] and scratch [2k+3, rl], [3, rl] (rl: rows in whole vectors)
                                      (int32); tile is then y or dy [rows, outp] */
     size_t bytes;
@@ -200,7 +200,8 @@ static kan_geom kan_geom_of(const struct kf_kan_linear_plan *p, int64_t N,
         g.win = g.sidx + kf__align_up((size_t)(g.rows * g.Fw) * sizeof(int32_t));
         const int64_t rl = (g.rows + 7) / 8 * 8; /* rows in whole vectors */
         g.ints = g.win + kf__align_up((size_t)((p->k + 2) * g.rows + (2 * p->k + 3) * rl) * e);
-        g.off = g.ints + kf__align_up((size_t)(3 * rl) * sizeof(int32_t));
+        g.part = g.ints + kf__align_up((size_t)(3 * rl) * sizeof(int32_t));
+        g.off = g.part + (size_t)(g.rows * g.Fr) * 32; /* 32-byte vectors */
     } else {
         g.xb = g.s + kf__align_up((size_t)(g.rows * (p->nk - 1)) * e);
         g.off = g.xb + kf__align_up((size_t)g.rows * e);
@@ -760,37 +761,40 @@ KF__KAN_CPU_DEFINE(double, d)
                                                                                                    \
     /* dxT[i - f0, n] = dbuf[n, :] . (V_0 W^T[i cw] + sum_t V_{1+t} W^T[i cw + 1 + s + t])         \
      * = V_0 dA_0 + sum_t V_{1+t} dA_{1+s+t} (V from kan_windows with deriv: SiLU' and B'): the    \
-     * window's weight columns combined as in the forward, then one dot product per (n, i). */     \
+     * window's weight columns combined as in the forward, then dotted with dy; output panel by    \
+     * panel as the forward (the group's panel rows stay in L1), the dot products' partial sums    \
+     * in part [rows, Fr] vectors. */                                                              \
     static void kan_sdx_product_##X(const T *WT, const kan_geom *g, int64_t cw, int64_t K, int64_t k2, \
                                     const T *vals, const int32_t *sidx, int64_t f0, int64_t f1,    \
-                                    int64_t rows, const T *dbuf, T *dxT) {                         \
+                                    int64_t rows, const T *dbuf, VEC *part, T *dxT) {              \
         enum { L = 32 / sizeof(T) };                                                               \
         enum { OB = KF__KAN_NV * L };                                                              \
-        const int64_t outp = g->outp, Fw = g->Fw;                                                  \
+        const int64_t outp = g->outp, Fw = g->Fw, nf = f1 - f0;                                    \
         const VEC zero = {0};                                                                      \
+        for (int64_t j = 0; j < rows * nf; ++j) part[j] = zero;                                    \
+        for (int64_t o = 0; o < outp; o += OB)                                                     \
+            for (int64_t n = 0; n < rows; ++n)                                                     \
+                for (int64_t i = f0; i < f1; ++i) {                                                \
+                    const T *v = vals + (n * Fw + i - f0) * k2, *dn = dbuf + n * outp + o;         \
+                    const T *w0 = WT + o * K + i * cw * OB, *ws = w0 + (1 + sidx[n * Fw + i - f0]) * OB; \
+                    VEC e[KF__KAN_NV], a0 = part[n * nf + i - f0], a1 = zero;                      \
+                    for (int q = 0; q < KF__KAN_NV; ++q) e[q] = v[0] * *(const VEC *)(w0 + q * L); \
+                    for (int64_t t = 1; t < k2; ++t, ws += OB) {                                   \
+                        const VEC vt = zero + v[t];                                                \
+                        for (int q = 0; q < KF__KAN_NV; ++q)                                       \
+                            e[q] = kan_fma_##X(vt, *(const VEC *)(ws + q * L), e[q]);              \
+                    }                                                                              \
+                    for (int q = 0; q < KF__KAN_NV; q += 2) {                                      \
+                        a0 = kan_fma_##X(*(const VEC *)(dn + q * L), e[q], a0);                    \
+                        a1 = kan_fma_##X(*(const VEC *)(dn + q * L + L), e[q + 1], a1);            \
+                    }                                                                              \
+                    part[n * nf + i - f0] = a0 + a1;                                               \
+                }                                                                                  \
         for (int64_t n = 0; n < rows; ++n)                                                         \
             for (int64_t i = f0; i < f1; ++i) {                                                    \
-                const T *v = vals + (n * Fw + i - f0) * k2, *dn = dbuf + n * outp;                 \
-                const int64_t s1 = (1 + sidx[n * Fw + i - f0]) * OB;                               \
-                VEC vt[KF__KAN_SPARSE_KMAX + 2], a0 = zero, a1 = zero;                             \
-                for (int64_t t = 0; t < k2; ++t) vt[t] = zero + v[t];                              \
-                for (int64_t o = 0; o < outp; o += OB) {                                           \
-                    const T *w0 = WT + o * K + i * cw * OB, *ws = w0 + s1;                         \
-                    for (int q = 0; q < KF__KAN_NV; q += 2) {                                      \
-                        VEC e0 = vt[0] * *(const VEC *)(w0 + q * L),                               \
-                            e1 = vt[0] * *(const VEC *)(w0 + q * L + L);                           \
-                        for (int64_t t = 1; t < k2; ++t) {                                         \
-                            const T *w = ws + (t - 1) * OB + q * L;                                \
-                            e0 = kan_fma_##X(vt[t], *(const VEC *)w, e0);                          \
-                            e1 = kan_fma_##X(vt[t], *(const VEC *)(w + L), e1);                    \
-                        }                                                                          \
-                        a0 = kan_fma_##X(*(const VEC *)(dn + o + q * L), e0, a0);                  \
-                        a1 = kan_fma_##X(*(const VEC *)(dn + o + q * L + L), e1, a1);              \
-                    }                                                                              \
-                }                                                                                  \
-                a0 += a1;                                                                          \
+                const VEC a = part[n * nf + i - f0];                                               \
                 T dx = 0;                                                                          \
-                for (int l = 0; l < L; ++l) dx += a0[l];                                           \
+                for (int l = 0; l < L; ++l) dx += a[l];                                            \
                 dxT[(i - f0) * rows + n] = dx;                                                     \
             }                                                                                      \
     }                                                                                              \
@@ -806,10 +810,11 @@ KF__KAN_CPU_DEFINE(double, d)
         const int64_t outp = g->outp, Fw = g->Fw, FK = g->F * cw;                                  \
         const VEC zero = {0};                                                                      \
         for (int64_t o = 0; o < outp; o += OB)                                                     \
+            for (int64_t f0 = 0; f0 < nf; f0 += KF__KAN_FG) /* the group's panel rows stay in L1 */ \
             for (int64_t n = 0; n < rows; ++n) {                                                   \
                 VEC d[KF__KAN_NV];                                                                 \
                 for (int q = 0; q < KF__KAN_NV; ++q) d[q] = *(const VEC *)(dbuf + n * outp + o + q * L); \
-                for (int64_t f = 0; f < nf; ++f) {                                                 \
+                for (int64_t f = f0; f < kan_min(nf, f0 + KF__KAN_FG); ++f) {                      \
                     const T *v = vals + (n * Fw + f) * k2;                                         \
                     T *w = dWT + o * FK + f * cw * OB;                                             \
                     const VEC v0 = zero + v[0];                                                    \
@@ -865,6 +870,7 @@ KF__KAN_CPU_DEFINE(double, d)
         const int64_t in = p->in, k2 = p->k + 2, cw = p->cw;                                       \
         T *WT = kan_at(c->ws, g->wc), *inv = kan_at(c->ws, g->inv), *DX = c->dx;                   \
         char *mine = (char *)c->ws + g->thr + (size_t)tid * g->thr_bytes;                          \
+        VEC *part = kan_at(mine, g->part);                                                         \
         T *dbuf = kan_at(mine, g->tile), *dWT = kan_at(mine, g->dw), *xT = kan_at(mine, g->xt),    \
           *dxT = kan_at(mine, g->dxt), *vals = kan_at(mine, g->vals), *win = kan_at(mine, g->win); \
         int32_t *sidx = kan_at(mine, g->sidx), *ints = kan_at(mine, g->ints);                      \
@@ -887,7 +893,7 @@ KF__KAN_CPU_DEFINE(double, d)
                     kan_gather_x_##X(c->x, P, in, &k, f0, f1, xT, off);                            \
                     kan_windows_##X(p, g, c->grid, inv, xT, k.rows, f0, f1, true, vals, sidx,      \
                                     win, win + k2 * k.rows, ints);                                 \
-                    kan_sdx_product_##X(WT, g, cw, p->K, k2, vals, sidx, f0, f1, k.rows, dbuf, dxT); \
+                    kan_sdx_product_##X(WT, g, cw, p->K, k2, vals, sidx, f0, f1, k.rows, dbuf, part, dxT); \
                     kan_scatter_dx_##X(dxT, P, in, &k, f0, f1, DX, off);                           \
                 }                                                                                  \
             }                                                                                      \
