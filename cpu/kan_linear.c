@@ -124,9 +124,19 @@ static inline int32_t kan_clamp32(int32_t v, int32_t lo, int32_t hi) {
     return v < lo ? lo : v > hi ? hi : v;
 }
 
-/* Dense or windowed, from the shape alone (so bit-identical results for any thread count). */
-static bool kan_sparse_pick(const struct kf_kan_linear_plan *p) {
-    return p->k <= KF__KAN_SPARSE_KMAX && p->out >= 32 && p->C + 1 >= p->k + 3;
+/* Windowed (true) or dense, per direction, from the shape alone (so that the bits never depend
+ * on the thread count). The windowed products do k + 2 of the C + 1 multiply-adds per (row,
+ * feature, output) but with one load per multiply-add, against a register-blocked GEMM on the
+ * dense side, and pay a window (span count, gathers) per (row, feature) that only a wide output
+ * amortises; the weight gradient adds to memory per multiply-add. Measured on one thread of the
+ * 2-core EPYC (AVX2 kernels against OpenBLAS; header comment): break-even forward at
+ * (C + 1) / (k + 2) ~ 1.8 for out >= 512 and ~ 2 for out >= 256; backward at ~ 2.5 for
+ * out >= 256; below out = 256 the dense path won at every G measured. */
+static bool kan_sparse_pick(const struct kf_kan_linear_plan *p, bool backward) {
+    const int64_t ratio10 = 10 * p->cw / (p->k + 2); /* (C + 1) / (k + 2), in tenths */
+    if (p->k > KF__KAN_SPARSE_KMAX || p->out < 256) return false;
+    if (backward) return ratio10 >= 25;
+    return ratio10 >= (p->out >= 512 ? 18 : 20);
 }
 
 /* Everything a call derives from (plan, N, patches): blocking, team size and the workspace
@@ -160,7 +170,7 @@ typedef struct kan_geom {
 } kan_geom;
 
 static kan_geom kan_geom_of(const struct kf_kan_linear_plan *p, int64_t N,
-                            const kf__kan_patches *patches) {
+                            const kf__kan_patches *patches, bool backward) {
     kan_geom g;
     memset(&g, 0, sizeof g);
     g.L = patches ? patches->Ho * patches->Wo : N;
@@ -168,7 +178,7 @@ static kan_geom kan_geom_of(const struct kf_kan_linear_plan *p, int64_t N,
     g.bpi = (g.L + g.rows - 1) / g.rows;
     g.blocks = g.bpi * (N / g.L);
     g.unit = patches ? g.bpi : 1;
-    g.sparse = kan_sparse_pick(p);
+    g.sparse = kan_sparse_pick(p, backward);
     g.Fr = g.sparse ? kan_min(p->in, KF__KAN_FG) : kan_min(p->in, kan_max(1, KF__KAN_COLS / p->cw));
     g.rchunks = (p->in + g.Fr - 1) / g.Fr;
     g.F = kan_min(kan_min(p->in, kan_max(1, KF__KAN_COLS / p->cw)),
@@ -215,7 +225,9 @@ static kan_geom kan_geom_of(const struct kf_kan_linear_plan *p, int64_t N,
 
 static size_t kan_workspace(const struct kf_kan_linear_plan *p, int64_t N,
                              const kf__kan_patches *patches) {
-    return kan_geom_of(p, N, patches).bytes;
+    const size_t f = kan_geom_of(p, N, patches, false).bytes,
+                 b = kan_geom_of(p, N, patches, true).bytes;
+    return f > b ? f : b;
 }
 
 /* Row block b: image img, its rows (output pixels) [p0, p0 + rows), global rows from n0. */
@@ -921,7 +933,7 @@ KF__KAN_SPARSE_DEFINE(float, s, kan_vs, kan_vis)
 KF__KAN_SPARSE_DEFINE(double, d, kan_vd, kan_vid)
 
 static kf_status kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
-    kan_fwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N, c->patches)};
+    kan_fwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N, c->patches, false)};
     const bool f64 = c->plan->dtype == KF_DTYPE_F64;
     kf__cpu_team(call.g.team,
                  call.g.sparse ? (f64 ? kan_sfwd_team_d : kan_sfwd_team_s)
@@ -931,7 +943,7 @@ static kf_status kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
 }
 
 static kf_status kan_backward(kf_context *ctx, const kf__kan_bwd *c) {
-    kan_bwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N, c->patches)};
+    kan_bwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N, c->patches, true)};
     const bool f64 = c->plan->dtype == KF_DTYPE_F64;
     kf__cpu_team(call.g.team,
                  call.g.sparse ? (f64 ? kan_sbwd_team_d : kan_sbwd_team_s)
