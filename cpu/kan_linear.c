@@ -1,8 +1,9 @@
 /* CPU backend of the KAN linear layer (notation of core/kan_backend.h; math in
- * docs/ops/kan.md): OpenBLAS from the context's own threads, no allocation.
+ * docs/ops/kan.md): OpenBLAS from the context's own threads, no allocation. Two algorithms for
+ * the same products, chosen per direction from the shape alone (kan_sparse_pick):
  *
- * The layer is one product y = A W^T over the combined operand A [N, K] (per feature: SiLU(x)
- * and the C bases) and the combined weight W [out, K], which every call forms once in the
+ * DENSE. The layer is one product y = A W^T over the combined operand A [N, K] (per feature:
+ * SiLU(x) and the C bases) and the combined weight W [out, K], which every call forms once in the
  * workspace. A is never stored for the batch: it is built in per-thread tiles of one block of
  * rows (KF__KAN_ROWS) by one chunk of features (about KF__KAN_COLS columns), stored transposed,
  * A^T [cols, rows], so that the bases are computed by branch-free loops over contiguous rows with
@@ -17,21 +18,47 @@
  * forward of 30 calls was 17.3-17.4 ms against 17.5-17.9 ms), and the tile stays bounded
  * whatever `in` is (128 x 512 elements instead of 128 x K).
  *
- * Blocks (row blocks, feature chunks) and therefore every BLAS call depend on the shape alone;
- * they go round-robin to the threads and every output element has one writer (the weight
- * gradient is split by chunk, each thread summing its chunks over all rows in a fixed order), so
- * the bits do not depend on the thread count.
+ * WINDOWED. Only k + 1 of a feature's C bases are non-zero at any x (B_{j-k..j} for the span
+ * t_j <= x < t_{j+1}; none outside the grid or for NaN), so A is mostly zeros: 1 - (k+2)/(C+1)
+ * of the dense multiply-adds (44% at G = 5, k = 3; 64% at G = 10; 79% at G = 20). Per row block
+ * and group of KF__KAN_FG features, kan_window finds each (row, feature)'s span by counting
+ * knots and evaluates the k + 1 bases (or, for dx, SiLU' and the k + 1 derivatives) by the
+ * triangular recurrence, O(k^2) with gathered knots instead of the dense O(C k), moved to a
+ * window start s in [0, C - 1 - k] so that all k + 1 columns are real ones. W is packed
+ * transposed, W^T [K, outp] in output panels of 64 floats (32 doubles) so that a group's
+ * columns for one panel are contiguous and stay in L1. Then, with 8 vectors of 32 bytes of
+ * outputs in registers:
+ *   forward   y[n, panel] += V_silu W^T[i cw] + sum_t V_t W^T[i cw + 1 + s + t]  over the group
+ *   dx        dx[n, i] = dy[n, :] . (SiLU' W^T[i cw] + sum_t B'_t W^T[i cw + 1 + s + t])
+ *   weights   dW^T[i cw + c, :] += V_c dy[n, :], each thread owning a chunk of features and
+ *             summing over every row in order (deterministic), then the same fold
+ * These do k + 2 of the C + 1 multiply-adds, but each with a load (no register blocking over
+ * rows is possible: every row has its own window), the window costs a span count and ~20
+ * gathers per (row, feature) whatever out is, and the weight gradient adds to memory. Measured
+ * (2-core EPYC, one thread, AVX2 kernels here against OpenBLAS's AVX-512 ones, new/old interleaved
+ * on a shared box, ms): forward (1024, 512, 512) G = 10: 63 vs 104-128, G = 20: 78-82 vs
+ * 162-166; (2048, 1024, 1024) G = 5: 390-400 vs 475-488; forward+backward with the windowed
+ * backward at G = 5: 1490 vs 1380 (the weight gradient's stores), at G = 10 (1024, 512, 512):
+ * 227-250 vs 277; at out = 64, G = 10: 13.2 vs 7.7 (the window dominates), out = 128: 13.7 vs
+ * 14.3. Hence the rule in kan_sparse_pick.
+ *
+ * Blocks (row blocks, feature chunks and groups) and therefore every BLAS call and every sum
+ * depend on the shape alone; they go round-robin to the threads and every output element has
+ * one writer (the weight gradient is split by chunk, each thread summing its chunks over all
+ * rows in a fixed order), so the bits do not depend on the thread count.
  *
  * KANConv2d (kf__kan_patches) is the same product over the patches of x as rows. Only the row
  * blocks' addressing changes: blocks never cross an image (a block is up to 128 output pixels of
  * one image); a block's x^T is gathered from the image (im2col per tile, zeros outside it); its
  * y and dy are the columns [p0, p0 + rows) of the image's [out, Ho Wo] plane, so the GEMMs take
- * them transposed; and dx is a scatter-add over the patches, so one thread owns each image's dx
- * (zeroed first, then summed over the image's blocks in order: deterministic).
+ * them transposed (the windowed path copies them through a [rows, outp] buffer); and dx is a
+ * scatter-add over the patches, so one thread owns each image's dx (zeroed first, then summed
+ * over the image's blocks in order: deterministic).
  *
- * One implementation for both dtypes: KF__KAN_CPU_DEFINE(T, X) below defines the kernels for
- * element type T with the BLAS prefix X (s: float32, d: float64); the op picks them by the
- * plan's dtype. Only exp(-x) differs by type (kan_exp_neg_rows_s, kan_exp_neg_rows_d). */
+ * One implementation for both dtypes: KF__KAN_CPU_DEFINE(T, X) (dense) and
+ * KF__KAN_SPARSE_DEFINE(T, X, VEC, VI) (windowed) below define the kernels for element type T
+ * with the BLAS prefix X (s: float32, d: float64); the op picks them by the plan's dtype. Only
+ * exp(-x), the FMA and the gathers differ by type (the *_s and *_d helpers). */
 #include "blas.h"
 #include "bspline.h"
 #include "cpu_backend.h"
@@ -139,11 +166,17 @@ static bool kan_sparse_pick(const struct kf_kan_linear_plan *p, bool backward) {
     return ratio10 >= (p->out >= 512 ? 18 : 20);
 }
 
-/* Everything a call derives from (plan, N, patches): blocking, team size and the workspace
- * layout. Workspace bytes (each term rounded up to 64; e the element size, 4 or 8):
+/* Everything a call derives from (plan, N, patches, direction): the path, blocking, team size
+ * and the workspace layout. Workspace bytes (each term rounded up to 64; e the element size, 4
+ * or 8), dense:
  *     e out K  +  e in k nk  +  team * (e (rows Fr cw + out F cw + 2 rows Fr + rows nk)
  *                                       + 8 rows kh kw for KANConv2d's patch offsets)
- * with rows = min(128, L): bounded by tiles, never by N times the bases. */
+ * windowed (outp = out rounded up to the panel, Fr = KF__KAN_FG, Fw = max(Fr, F)):
+ *     e outp K  +  e in k nk  +  team * (e (rows outp + outp F cw + rows (Fw + Fr)
+ *                                       + rows Fw (k+2) + rows (k+2) + rl (2k+3))
+ *                                       + 4 (rows Fw + 3 rl) + 32 rows Fr + 8 rows kh kw)
+ * with rows = min(128, L): bounded by tiles, never by N times the bases; the query answers the
+ * larger of the two directions. */
 typedef struct kan_geom {
     int64_t rows;        /* rows per block: min(KF__KAN_ROWS, L) */
     int64_t L;           /* rows per image: Ho Wo (KANConv2d) or N (KANLinear: one image) */
@@ -159,13 +192,16 @@ typedef struct kan_geom {
                             bases S [nk - 1, rows], clamped x [rows], patch offsets
                             [kh kw, rows] (int64, KANConv2d only) */
     size_t tile, dw, xt, dxt, s, xb, off; /* offsets inside a thread's region */
-    /* The windowed path (kan_sparse_pick): */
+    /* The windowed path (kan_sparse_pick): tile is y or dy [rows, outp], dw dW^T in panels
+     * [outp / OB][F cw, OB], s the window values [rows, Fw, k+2], then: */
     bool sparse;
-    int64_t outp;        /* out rounded up to the output block KF__KAN_OB(e) */
-    int64_t Fw;          /* features whose windows are held at once: max(Fs, F) */
-    size_t vals, sidx, win, ints, part; /* thread offsets: dx's partial sums [rows, Fr] (vectors); window values [rows, Fw, k+2], starts
-                                     [rows, Fw] (int32), window values [k+2, rows] and scratch [2k+3, rl], [3, rl] (rl: rows in whole vectors)
-                                     (int32); tile is then y or dy [rows, outp] */
+    int64_t outp;        /* out rounded up to the output panel KF__KAN_OB(e) */
+    int64_t Fw;          /* features whose windows are held at once: max(Fr, F) */
+    size_t vals, sidx, win, ints, part; /* thread offsets: window values [rows, Fw, k+2] (= s),
+                                           starts [rows, Fw] (int32), one feature's window
+                                           [k+2, rows] and scratch [2k+3, rl], int32 scratch
+                                           [3, rl] (rl: rows in whole vectors), dx's partial
+                                           sums [rows, Fr] (32-byte vectors) */
     size_t bytes;
 } kan_geom;
 
