@@ -19,7 +19,7 @@ targets as PASS/MISS lines:
 """
 import argparse, json, os, statistics, subprocess, sys
 
-from cpu_kan import find_driver, kan_forward, time_interleaved
+from cpu_kan import ekan_passes, find_driver, time_interleaved
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
@@ -49,27 +49,9 @@ def worker(spec):
     import torch
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     B, n_in, n_out, G, reps = (int(v) for v in spec.split(","))
-    torch.manual_seed(0)
-    C = G + K_ORD
-    h = 2.0 / G
-    grid = (torch.arange(-K_ORD, G + K_ORD + 1) * h - 1.0).expand(n_in, -1).contiguous()
-    x = torch.rand(B, n_in) * 2.4 - 1.2
-    params = [torch.rand(n_out, n_in) * 0.2 - 0.1, torch.rand(n_out, n_in, C) * 0.2 - 0.1,
-              torch.rand(n_out, n_in) + 0.5]
-    dy = torch.rand(B, n_out) * 2 - 1
-    A, W = torch.rand(B, n_in * C), torch.rand(n_in * C, n_out)
-    xg = x.clone().requires_grad_(True)
-    pg = [q.clone().requires_grad_(True) for q in params]
-
-    def kan_fwd():
-        with torch.no_grad():
-            kan_forward(x, grid, *params, K_ORD)
-
-    def kan_fb():
-        xg.grad = None
-        for q in pg:
-            q.grad = None
-        kan_forward(xg, grid, *pg, K_ORD).backward(dy)
+    kan_fwd, kan_fb, dy, _, _, _ = ekan_passes(B, n_in, n_out, G, K_ORD)
+    Kd = n_in * (G + K_ORD)
+    A, W = torch.rand(B, Kd), torch.rand(Kd, n_out)
 
     out = {}
     for pas, fns in (("fwd", {"ekan": kan_fwd, "gemm": lambda: torch.mm(A, W)}),
