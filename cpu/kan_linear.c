@@ -99,51 +99,42 @@ typedef double kan_vd __attribute__((vector_size(32), __may_alias__, aligned(1))
 typedef int32_t kan_vis __attribute__((vector_size(32), __may_alias__, aligned(1))); /* 8 lanes */
 typedef int32_t kan_vid __attribute__((vector_size(16), __may_alias__, aligned(1))); /* 4 lanes */
 
-/* a b + c with one rounding where the build has FMA (the dense path's BLAS uses it too; ISO C
- * mode leaves the compiler no licence to contract a * b + c itself), and the gathers
- * b[ix[lane]] (AVX2, else lane by lane). */
-static inline kan_vs kan_fma_s(kan_vs a, kan_vs b, kan_vs c) {
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__AVX__)
+/* Builds without AVX (KF_CPU_ARCH empty): 32-byte vectors pass by value between static functions
+ * only, so GCC's note that their ABI differs from an AVX build's concerns no caller. */
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+/* Per vector type: kan_fma_X(a, b, c) = a b + c with one rounding where the build has FMA (the
+ * dense path's BLAS uses it too; ISO C mode leaves the compiler no licence to contract a * b + c
+ * itself), kan_clampv_X(m, lo, hi) lane by lane, and kan_gather_X(b, ix) = b[ix[lane]] (AVX2,
+ * else lane by lane). MT, MI: the intrinsics' vector and index types; L: lanes. */
 #ifdef __FMA__
-    return (kan_vs)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#define KF__KAN_FMADD(f, MT, a, b, c) f((MT)(a), (MT)(b), (MT)(c))
 #else
-    return a * b + c;
+#define KF__KAN_FMADD(f, MT, a, b, c) ((a) * (b) + (c))
 #endif
-}
-static inline kan_vd kan_fma_d(kan_vd a, kan_vd b, kan_vd c) {
-#ifdef __FMA__
-    return (kan_vd)_mm256_fmadd_pd((__m256d)a, (__m256d)b, (__m256d)c);
-#else
-    return a * b + c;
-#endif
-}
-static inline kan_vis kan_clampv_s(kan_vis m, kan_vis lo, kan_vis hi) {
-    m = m & ~(m < lo);
-    const kan_vis over = m > hi;
-    return (m & ~over) | (hi & over);
-}
-static inline kan_vid kan_clampv_d(kan_vid m, kan_vid lo, kan_vid hi) {
-    m = m & ~(m < lo);
-    const kan_vid over = m > hi;
-    return (m & ~over) | (hi & over);
-}
-static inline kan_vs kan_gather_s(const float *b, kan_vis ix) {
 #ifdef __AVX2__
-    return (kan_vs)_mm256_i32gather_ps(b, (__m256i)ix, 4);
+#define KF__KAN_GATHER(f, MI, VEC, L, b, ix) return (VEC)f(b, (MI)(ix), sizeof *(b))
 #else
-    kan_vs r;
-    for (int l = 0; l < 8; ++l) r[l] = b[ix[l]];
-    return r;
+#define KF__KAN_GATHER(f, MI, VEC, L, b, ix)                                                       \
+    VEC r;                                                                                         \
+    for (int l = 0; l < L; ++l) r[l] = b[ix[l]];                                                   \
+    return r
 #endif
-}
-static inline kan_vd kan_gather_d(const double *b, kan_vid ix) {
-#ifdef __AVX2__
-    return (kan_vd)_mm256_i32gather_pd(b, (__m128i)ix, 8);
-#else
-    kan_vd r;
-    for (int l = 0; l < 4; ++l) r[l] = b[ix[l]];
-    return r;
-#endif
-}
+#define KF__KAN_VEC_DEFINE(T, X, VEC, VI, L, MT, MI, FMADD, GATHER)                                \
+    static inline VEC kan_fma_##X(VEC a, VEC b, VEC c) {                                           \
+        return (VEC)KF__KAN_FMADD(FMADD, MT, a, b, c);                                             \
+    }                                                                                              \
+    static inline VI kan_clampv_##X(VI m, VI lo, VI hi) {                                          \
+        m = m & ~(m < lo);                                                                         \
+        const VI over = m > hi;                                                                    \
+        return (m & ~over) | (hi & over);                                                          \
+    }                                                                                              \
+    static inline VEC kan_gather_##X(const T *b, VI ix) { KF__KAN_GATHER(GATHER, MI, VEC, L, b, ix); }
+KF__KAN_VEC_DEFINE(float, s, kan_vs, kan_vis, 8, __m256, __m256i, _mm256_fmadd_ps,
+                   _mm256_i32gather_ps)
+KF__KAN_VEC_DEFINE(double, d, kan_vd, kan_vid, 4, __m256d, __m128i, _mm256_fmadd_pd,
+                   _mm256_i32gather_pd)
 
 static int64_t kan_min(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t kan_max(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -347,9 +338,8 @@ typedef struct kan_bwd_call {
     kan_geom g;
 } kan_bwd_call;
 
-/* For element type T, BLAS prefix X (s: float, d: double): the kernels of forward and
- * backward, each named with the suffix _X; kan_fwd_team_X and kan_bwd_team_X run one
- * thread's share of a call. */
+/* For element type T, BLAS prefix X (s: float, d: double): the dense path's kernels and the
+ * helpers both paths share, each named with the suffix _X. */
 #define KF__KAN_CPU_DEFINE(T, X)                                                                   \
     /* ---- the combined weight and the knot reciprocals ---- */                                   \
                                                                                                    \
@@ -474,43 +464,6 @@ typedef struct kan_bwd_call {
         return (T *)y + (P ? k->img * out * g->L + k->p0 : k->n0 * out);                           \
     }                                                                                              \
                                                                                                    \
-    static void kan_fwd_team_##X(void *arg, int tid, int nth) {                                    \
-        const kf__kan_fwd *c = ((const kan_fwd_call *)arg)->c;                                     \
-        const kan_geom *g = &((const kan_fwd_call *)arg)->g;                                       \
-        const struct kf_kan_linear_plan *p = c->plan;                                              \
-        const kf__kan_patches *P = c->patches;                                                     \
-        const int64_t in = p->in, out = p->out, cw = p->cw, K = p->K;                              \
-        T *W = kan_at(c->ws, g->wc), *inv = kan_at(c->ws, g->inv);                                 \
-        char *mine = (char *)c->ws + g->thr + (size_t)tid * g->thr_bytes;                          \
-        T *tile = kan_at(mine, g->tile), *xT = kan_at(mine, g->xt), *S = kan_at(mine, g->s),       \
-          *xb = kan_at(mine, g->xb);                                                               \
-        int64_t *off = kan_at(mine, g->off);                                                       \
-        int64_t a0, a1, ld;                                                                        \
-        kf__cpu_share(out, tid, nth, &a0, &a1);                                                    \
-        kan_pack_w_##X(p, c->base, c->spline, c->scaler, W, a0, a1);                               \
-        kf__cpu_share(in, tid, nth, &a0, &a1);                                                     \
-        kan_inv_table_##X(p, c->grid, inv, a0, a1);                                                \
-        _Pragma("omp barrier")                                                                     \
-        for (int64_t b = tid; b < g->blocks; b += nth) {                                           \
-            const kan_blk k = kan_blk_of(g, b);                                                    \
-            T *y = kan_yblk_##X(c->y, P, g, out, &k, &ld);                                         \
-            if (P) kan_block_offsets(P, &k, off);                                                  \
-            for (int64_t ch = 0; ch < g->rchunks; ++ch) {                                          \
-                const int64_t f0 = ch * g->Fr, f1 = kan_min(in, f0 + g->Fr);                       \
-                const int64_t cols = (f1 - f0) * cw;                                               \
-                const T beta = ch ? (T)1 : (T)0;                                                   \
-                kan_gather_x_##X(c->x, P, in, &k, f0, f1, xT, off);                                \
-                kan_tile_##X(p, c->grid, inv, xT, k.rows, f0, f1, tile, S, xb);                    \
-                if (P) /* y^T [out, rows] = W_chunk A_chunk^T */                                   \
-                    kf__##X##gemm(false, false, out, k.rows, cols, 1, W + f0 * cw, K, tile,        \
-                                  k.rows, beta, y, ld);                                            \
-                else /* y [rows, out] = A_chunk W_chunk^T */                                       \
-                    kf__##X##gemm(true, true, k.rows, out, cols, 1, tile, k.rows, W + f0 * cw, K,  \
-                                  beta, y, ld);                                                    \
-            }                                                                                      \
-        }                                                                                          \
-    }                                                                                              \
-                                                                                                   \
     /* ---- backward ---- */                                                                       \
                                                                                                    \
     /* dx^T [f1-f0, rows] for features [f0, f1) from dA^T = (dy W)^T over the same columns:        \
@@ -571,65 +524,6 @@ typedef struct kan_bwd_call {
                     dscaler[oi] = acc ? dscaler[oi] + sum : sum;                                   \
                 }                                                                                  \
             }                                                                                      \
-    }                                                                                              \
-                                                                                                   \
-    static void kan_bwd_team_##X(void *arg, int tid, int nth) {                                    \
-        const kf__kan_bwd *c = ((const kan_bwd_call *)arg)->c;                                     \
-        const kan_geom *g = &((const kan_bwd_call *)arg)->g;                                       \
-        const struct kf_kan_linear_plan *p = c->plan;                                              \
-        const kf__kan_patches *P = c->patches;                                                     \
-        const int64_t in = p->in, out = p->out, cw = p->cw, K = p->K;                              \
-        T *W = kan_at(c->ws, g->wc), *inv = kan_at(c->ws, g->inv), *DX = c->dx;                    \
-        char *mine = (char *)c->ws + g->thr + (size_t)tid * g->thr_bytes;                          \
-        T *tile = kan_at(mine, g->tile), *dW = kan_at(mine, g->dw), *xT = kan_at(mine, g->xt),     \
-          *dxT = kan_at(mine, g->dxt), *S = kan_at(mine, g->s), *xb = kan_at(mine, g->xb);         \
-        int64_t *off = kan_at(mine, g->off);                                                       \
-        int64_t a0, a1, ld;                                                                        \
-        if (DX) {                                                                                  \
-            kf__cpu_share(out, tid, nth, &a0, &a1);                                                \
-            kan_pack_w_##X(p, c->base, c->spline, c->scaler, W, a0, a1);                           \
-        }                                                                                          \
-        kf__cpu_share(in, tid, nth, &a0, &a1);                                                     \
-        kan_inv_table_##X(p, c->grid, inv, a0, a1);                                                \
-        _Pragma("omp barrier")                                                                     \
-        /* dx, unit by unit (a row block, or a whole image whose dx this thread alone sums):       \
-         * dA^T = (dy W)^T chunk by chunk (each chunk owns its features). dy is taken transposed   \
-         * when it is stored [rows, out] (KANLinear) and as it is when it is already               \
-         * [out, rows]. */                                                                         \
-        const size_t img_bytes = P ? (size_t)(P->Cin * P->H * P->W) * sizeof(T) : 0;               \
-        for (int64_t u = tid; DX && u * g->unit < g->blocks; u += nth) {                           \
-            if (P) memset(DX + u * P->Cin * P->H * P->W, 0, img_bytes);                            \
-            for (int64_t b = u * g->unit; b < (u + 1) * g->unit; ++b) {                            \
-                const kan_blk k = kan_blk_of(g, b);                                                \
-                const T *dy = kan_yblk_##X(c->dy, P, g, out, &k, &ld);                             \
-                if (P) kan_block_offsets(P, &k, off);                                              \
-                for (int64_t ch = 0; ch < g->rchunks; ++ch) {                                      \
-                    const int64_t f0 = ch * g->Fr, f1 = kan_min(in, f0 + g->Fr);                   \
-                    const int64_t cols = (f1 - f0) * cw;                                           \
-                    kf__##X##gemm(true, !P, cols, k.rows, out, 1, W + f0 * cw, K, dy, ld, 0, tile, \
-                                  k.rows);                                                         \
-                    kan_gather_x_##X(c->x, P, in, &k, f0, f1, xT, off);                            \
-                    kan_dx_##X(p, c->grid, inv, xT, tile, k.rows, f0, f1, dxT, S, xb);             \
-                    kan_scatter_dx_##X(dxT, P, in, &k, f0, f1, DX, off);                           \
-                }                                                                                  \
-            }                                                                                      \
-        }                                                                                          \
-        /* dW = dy^T A, chunk by chunk over all rows in a fixed order (no barrier needed: the two  \
-         * loops write disjoint outputs and read only inputs, W and inv). */                       \
-        const bool want_w = c->dbase || c->dspline || c->dscaler;                                  \
-        for (int64_t ch = tid; want_w && ch < g->chunks; ch += nth) {                              \
-            const int64_t f0 = ch * g->F, f1 = kan_min(in, f0 + g->F), cols = (f1 - f0) * cw;      \
-            for (int64_t b = 0; b < g->blocks; ++b) {                                              \
-                const kan_blk k = kan_blk_of(g, b);                                                \
-                const T *dy = kan_yblk_##X(c->dy, P, g, out, &k, &ld);                             \
-                if (P) kan_block_offsets(P, &k, off);                                              \
-                kan_gather_x_##X(c->x, P, in, &k, f0, f1, xT, off);                                \
-                kan_tile_##X(p, c->grid, inv, xT, k.rows, f0, f1, tile, S, xb);                    \
-                kf__##X##gemm(!P, true, out, cols, k.rows, 1, dy, ld, tile, k.rows, b ? 1 : 0, dW, \
-                              cols);                                                               \
-            }                                                                                      \
-            kan_fold_dw_##X(c, dW, f0, f1, out, 0, cols, 1);                                       \
-        }                                                                                          \
     }
 
 KF__KAN_CPU_DEFINE(float, s)
@@ -876,115 +770,157 @@ KF__KAN_CPU_DEFINE(double, d)
                     }                                                                              \
                 }                                                                                  \
             }                                                                                      \
-    }                                                                                              \
-                                                                                                   \
-    static void kan_sfwd_team_##X(void *arg, int tid, int nth) {                                   \
-        const kf__kan_fwd *c = ((const kan_fwd_call *)arg)->c;                                     \
-        const kan_geom *g = &((const kan_fwd_call *)arg)->g;                                       \
-        const struct kf_kan_linear_plan *p = c->plan;                                              \
-        const kf__kan_patches *P = c->patches;                                                     \
-        const int64_t in = p->in, k2 = p->k + 2;                                                   \
-        T *WT = kan_at(c->ws, g->wc), *inv = kan_at(c->ws, g->inv);                                \
-        char *mine = (char *)c->ws + g->thr + (size_t)tid * g->thr_bytes;                          \
-        T *ybuf = kan_at(mine, g->tile), *xT = kan_at(mine, g->xt), *vals = kan_at(mine, g->vals), \
-          *win = kan_at(mine, g->win);                                                             \
-        int32_t *sidx = kan_at(mine, g->sidx), *ints = kan_at(mine, g->ints);                      \
-        int64_t *off = kan_at(mine, g->off);                                                       \
-        int64_t a0, a1;                                                                            \
-        kf__cpu_share(in, tid, nth, &a0, &a1);                                                     \
-        kan_pack_wt_##X(p, c->base, c->spline, c->scaler, WT, g->outp, a0, a1);                    \
-        kan_inv_table_##X(p, c->grid, inv, a0, a1);                                                \
-        _Pragma("omp barrier")                                                                     \
-        for (int64_t b = tid; b < g->blocks; b += nth) {                                           \
-            const kan_blk k = kan_blk_of(g, b);                                                    \
-            if (P) kan_block_offsets(P, &k, off);                                                  \
-            memset(ybuf, 0, (size_t)(k.rows * g->outp) * sizeof(T));                               \
-            for (int64_t ch = 0; ch < g->rchunks; ++ch) {                                          \
-                const int64_t f0 = ch * g->Fr, f1 = kan_min(in, f0 + g->Fr);                       \
-                kan_gather_x_##X(c->x, P, in, &k, f0, f1, xT, off);                                \
-                kan_windows_##X(p, g, c->grid, inv, xT, k.rows, f0, f1, false, vals, sidx, win,    \
-                                win + k2 * k.rows, ints);                                          \
-                kan_sfwd_product_##X(WT, g, p->cw, p->K, k2, vals, sidx, f0, f1, k.rows, ybuf);    \
-            }                                                                                      \
-            kan_rows_io_##X(c->y, P, g, p->out, &k, ybuf, false);                                  \
-        }                                                                                          \
-    }                                                                                              \
-                                                                                                   \
-    static void kan_sbwd_team_##X(void *arg, int tid, int nth) {                                   \
-        const kf__kan_bwd *c = ((const kan_bwd_call *)arg)->c;                                     \
-        const kan_geom *g = &((const kan_bwd_call *)arg)->g;                                       \
-        const struct kf_kan_linear_plan *p = c->plan;                                              \
-        const kf__kan_patches *P = c->patches;                                                     \
-        const int64_t in = p->in, k2 = p->k + 2, cw = p->cw;                                       \
-        T *WT = kan_at(c->ws, g->wc), *inv = kan_at(c->ws, g->inv), *DX = c->dx;                   \
-        char *mine = (char *)c->ws + g->thr + (size_t)tid * g->thr_bytes;                          \
-        VEC *part = kan_at(mine, g->part);                                                         \
-        T *dbuf = kan_at(mine, g->tile), *dWT = kan_at(mine, g->dw), *xT = kan_at(mine, g->xt),    \
-          *dxT = kan_at(mine, g->dxt), *vals = kan_at(mine, g->vals), *win = kan_at(mine, g->win); \
-        int32_t *sidx = kan_at(mine, g->sidx), *ints = kan_at(mine, g->ints);                      \
-        int64_t *off = kan_at(mine, g->off);                                                       \
-        int64_t a0, a1;                                                                            \
-        kf__cpu_share(in, tid, nth, &a0, &a1);                                                     \
-        if (DX) kan_pack_wt_##X(p, c->base, c->spline, c->scaler, WT, g->outp, a0, a1);            \
-        kan_inv_table_##X(p, c->grid, inv, a0, a1);                                                \
-        _Pragma("omp barrier")                                                                     \
-        /* dx, unit by unit as on the dense path */                                                \
-        const size_t img_bytes = P ? (size_t)(P->Cin * P->H * P->W) * sizeof(T) : 0;               \
-        for (int64_t u = tid; DX && u * g->unit < g->blocks; u += nth) {                           \
-            if (P) memset(DX + u * P->Cin * P->H * P->W, 0, img_bytes);                            \
-            for (int64_t b = u * g->unit; b < (u + 1) * g->unit; ++b) {                            \
-                const kan_blk k = kan_blk_of(g, b);                                                \
-                if (P) kan_block_offsets(P, &k, off);                                              \
-                kan_rows_io_##X((void *)c->dy, P, g, p->out, &k, dbuf, true);                      \
-                for (int64_t ch = 0; ch < g->rchunks; ++ch) {                                      \
-                    const int64_t f0 = ch * g->Fr, f1 = kan_min(in, f0 + g->Fr);                   \
-                    kan_gather_x_##X(c->x, P, in, &k, f0, f1, xT, off);                            \
-                    kan_windows_##X(p, g, c->grid, inv, xT, k.rows, f0, f1, true, vals, sidx,      \
-                                    win, win + k2 * k.rows, ints);                                 \
-                    kan_sdx_product_##X(WT, g, cw, p->K, k2, vals, sidx, f0, f1, k.rows, dbuf, part, dxT); \
-                    kan_scatter_dx_##X(dxT, P, in, &k, f0, f1, DX, off);                           \
-                }                                                                                  \
-            }                                                                                      \
-        }                                                                                          \
-        /* the weight gradient, chunk by chunk over all rows in a fixed order */                   \
-        const bool want_w = c->dbase || c->dspline || c->dscaler;                                  \
-        for (int64_t ch = tid; want_w && ch < g->chunks; ch += nth) {                              \
-            const int64_t f0 = ch * g->F, f1 = kan_min(in, f0 + g->F);                             \
-            memset(dWT, 0, (size_t)(g->F * cw * g->outp) * sizeof(T)); /* whole panels */          \
-            for (int64_t b = 0; b < g->blocks; ++b) {                                              \
-                const kan_blk k = kan_blk_of(g, b);                                                \
-                if (P) kan_block_offsets(P, &k, off);                                              \
-                kan_rows_io_##X((void *)c->dy, P, g, p->out, &k, dbuf, true);                      \
-                kan_gather_x_##X(c->x, P, in, &k, f0, f1, xT, off);                                \
-                kan_windows_##X(p, g, c->grid, inv, xT, k.rows, f0, f1, false, vals, sidx, win,    \
-                                win + k2 * k.rows, ints);                                          \
-                kan_sdw_product_##X(dWT, g, cw, k2, vals, sidx, f1 - f0, k.rows, dbuf);            \
-            }                                                                                      \
-            kan_fold_dw_##X(c, dWT, f0, f1, KF__KAN_OB(sizeof(T)), g->F * cw * KF__KAN_OB(sizeof(T)), 1, \
-                            KF__KAN_OB(sizeof(T)));                                                \
-        }                                                                                          \
     }
 
 KF__KAN_SPARSE_DEFINE(float, s, kan_vs, kan_vis)
 KF__KAN_SPARSE_DEFINE(double, d, kan_vd, kan_vid)
 
+/* For element type T, BLAS prefix X, vector VEC: kan_fwd_team_X and kan_bwd_team_X, one
+ * thread's share of a call on either path (g->sparse: the windowed kernels above, else the
+ * dense tiles + GEMM). */
+#define KF__KAN_TEAMS_DEFINE(T, X, VEC)                                                            \
+    static void kan_fwd_team_##X(void *arg, int tid, int nth) {                                    \
+        const kf__kan_fwd *c = ((const kan_fwd_call *)arg)->c;                                     \
+        const kan_geom *g = &((const kan_fwd_call *)arg)->g;                                       \
+        const struct kf_kan_linear_plan *p = c->plan;                                              \
+        const kf__kan_patches *P = c->patches;                                                     \
+        const int64_t in = p->in, out = p->out, cw = p->cw, K = p->K, k2 = p->k + 2;               \
+        T *W = kan_at(c->ws, g->wc), *inv = kan_at(c->ws, g->inv);                                 \
+        char *mine = (char *)c->ws + g->thr + (size_t)tid * g->thr_bytes;                          \
+        T *tile = kan_at(mine, g->tile), *xT = kan_at(mine, g->xt), *S = kan_at(mine, g->s),       \
+          *xb = kan_at(mine, g->xb), *win = kan_at(mine, g->win);                                  \
+        int32_t *sidx = kan_at(mine, g->sidx), *ints = kan_at(mine, g->ints);                      \
+        int64_t *off = kan_at(mine, g->off);                                                       \
+        int64_t a0, a1, ld;                                                                        \
+        kf__cpu_share(g->sparse ? in : out, tid, nth, &a0, &a1);                                   \
+        if (g->sparse) kan_pack_wt_##X(p, c->base, c->spline, c->scaler, W, g->outp, a0, a1);      \
+        else kan_pack_w_##X(p, c->base, c->spline, c->scaler, W, a0, a1);                          \
+        kf__cpu_share(in, tid, nth, &a0, &a1);                                                     \
+        kan_inv_table_##X(p, c->grid, inv, a0, a1);                                                \
+        _Pragma("omp barrier")                                                                     \
+        for (int64_t b = tid; b < g->blocks; b += nth) {                                           \
+            const kan_blk k = kan_blk_of(g, b);                                                    \
+            T *y = kan_yblk_##X(c->y, P, g, out, &k, &ld);                                         \
+            if (P) kan_block_offsets(P, &k, off);                                                  \
+            if (g->sparse) memset(tile, 0, (size_t)(k.rows * g->outp) * sizeof(T));                \
+            for (int64_t ch = 0; ch < g->rchunks; ++ch) {                                          \
+                const int64_t f0 = ch * g->Fr, f1 = kan_min(in, f0 + g->Fr);                       \
+                const int64_t cols = (f1 - f0) * cw;                                               \
+                const T beta = ch ? (T)1 : (T)0;                                                   \
+                kan_gather_x_##X(c->x, P, in, &k, f0, f1, xT, off);                                \
+                if (g->sparse) { /* y[rows, outp] in the tile */                                   \
+                    kan_windows_##X(p, g, c->grid, inv, xT, k.rows, f0, f1, false, S, sidx, win,   \
+                                    win + k2 * k.rows, ints);                                      \
+                    kan_sfwd_product_##X(W, g, cw, K, k2, S, sidx, f0, f1, k.rows, tile);          \
+                    continue;                                                                      \
+                }                                                                                  \
+                kan_tile_##X(p, c->grid, inv, xT, k.rows, f0, f1, tile, S, xb);                    \
+                if (P) /* y^T [out, rows] = W_chunk A_chunk^T */                                   \
+                    kf__##X##gemm(false, false, out, k.rows, cols, 1, W + f0 * cw, K, tile,        \
+                                  k.rows, beta, y, ld);                                            \
+                else /* y [rows, out] = A_chunk W_chunk^T */                                       \
+                    kf__##X##gemm(true, true, k.rows, out, cols, 1, tile, k.rows, W + f0 * cw, K,  \
+                                  beta, y, ld);                                                    \
+            }                                                                                      \
+            if (g->sparse) kan_rows_io_##X(c->y, P, g, out, &k, tile, false);                      \
+        }                                                                                          \
+    }                                                                                              \
+                                                                                                   \
+    static void kan_bwd_team_##X(void *arg, int tid, int nth) {                                    \
+        const kf__kan_bwd *c = ((const kan_bwd_call *)arg)->c;                                     \
+        const kan_geom *g = &((const kan_bwd_call *)arg)->g;                                       \
+        const struct kf_kan_linear_plan *p = c->plan;                                              \
+        const kf__kan_patches *P = c->patches;                                                     \
+        const int64_t in = p->in, out = p->out, cw = p->cw, K = p->K, k2 = p->k + 2;               \
+        T *W = kan_at(c->ws, g->wc), *inv = kan_at(c->ws, g->inv), *DX = c->dx;                    \
+        char *mine = (char *)c->ws + g->thr + (size_t)tid * g->thr_bytes;                          \
+        T *tile = kan_at(mine, g->tile), *dW = kan_at(mine, g->dw), *xT = kan_at(mine, g->xt),     \
+          *dxT = kan_at(mine, g->dxt), *S = kan_at(mine, g->s), *xb = kan_at(mine, g->xb),         \
+          *win = kan_at(mine, g->win);                                                             \
+        int32_t *sidx = kan_at(mine, g->sidx), *ints = kan_at(mine, g->ints);                      \
+        VEC *part = kan_at(mine, g->part);                                                         \
+        int64_t *off = kan_at(mine, g->off);                                                       \
+        int64_t a0, a1, ld;                                                                        \
+        kf__cpu_share(g->sparse ? in : out, tid, nth, &a0, &a1);                                   \
+        if (DX && g->sparse) kan_pack_wt_##X(p, c->base, c->spline, c->scaler, W, g->outp, a0, a1); \
+        else if (DX) kan_pack_w_##X(p, c->base, c->spline, c->scaler, W, a0, a1);                  \
+        kf__cpu_share(in, tid, nth, &a0, &a1);                                                     \
+        kan_inv_table_##X(p, c->grid, inv, a0, a1);                                                \
+        _Pragma("omp barrier")                                                                     \
+        /* dx, unit by unit (a row block, or a whole image whose dx this thread alone sums).       \
+         * Dense: dA^T = (dy W)^T chunk by chunk (each chunk owns its features), dy taken          \
+         * transposed when it is stored [rows, out] (KANLinear) and as it is when it is already    \
+         * [out, rows]. Windowed: dy copied to the tile [rows, outp]. */                           \
+        const size_t img_bytes = P ? (size_t)(P->Cin * P->H * P->W) * sizeof(T) : 0;               \
+        for (int64_t u = tid; DX && u * g->unit < g->blocks; u += nth) {                           \
+            if (P) memset(DX + u * P->Cin * P->H * P->W, 0, img_bytes);                            \
+            for (int64_t b = u * g->unit; b < (u + 1) * g->unit; ++b) {                            \
+                const kan_blk k = kan_blk_of(g, b);                                                \
+                const T *dy = kan_yblk_##X(c->dy, P, g, out, &k, &ld);                             \
+                if (P) kan_block_offsets(P, &k, off);                                              \
+                if (g->sparse) kan_rows_io_##X((void *)c->dy, P, g, out, &k, tile, true);          \
+                for (int64_t ch = 0; ch < g->rchunks; ++ch) {                                      \
+                    const int64_t f0 = ch * g->Fr, f1 = kan_min(in, f0 + g->Fr);                   \
+                    const int64_t cols = (f1 - f0) * cw;                                           \
+                    if (!g->sparse)                                                                \
+                        kf__##X##gemm(true, !P, cols, k.rows, out, 1, W + f0 * cw, K, dy, ld, 0,   \
+                                      tile, k.rows);                                               \
+                    kan_gather_x_##X(c->x, P, in, &k, f0, f1, xT, off);                            \
+                    if (g->sparse) {                                                               \
+                        kan_windows_##X(p, g, c->grid, inv, xT, k.rows, f0, f1, true, S, sidx,     \
+                                        win, win + k2 * k.rows, ints);                             \
+                        kan_sdx_product_##X(W, g, cw, K, k2, S, sidx, f0, f1, k.rows, tile, part,  \
+                                            dxT);                                                  \
+                    } else {                                                                       \
+                        kan_dx_##X(p, c->grid, inv, xT, tile, k.rows, f0, f1, dxT, S, xb);         \
+                    }                                                                              \
+                    kan_scatter_dx_##X(dxT, P, in, &k, f0, f1, DX, off);                           \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+        /* The weight gradient, chunk by chunk over all rows in a fixed order (no barrier needed:  \
+         * the two loops write disjoint outputs and read only inputs, W and inv). Dense:           \
+         * dW = dy^T A by GEMM into [out, F cw]; windowed: dW^T in panels (zeroed first). */       \
+        const bool want_w = c->dbase || c->dspline || c->dscaler;                                  \
+        const int64_t OB = KF__KAN_OB((int64_t)sizeof(T));                                         \
+        for (int64_t ch = tid; want_w && ch < g->chunks; ch += nth) {                              \
+            const int64_t f0 = ch * g->F, f1 = kan_min(in, f0 + g->F), cols = (f1 - f0) * cw;      \
+            if (g->sparse) memset(dW, 0, (size_t)(g->F * cw * g->outp) * sizeof(T));               \
+            for (int64_t b = 0; b < g->blocks; ++b) {                                              \
+                const kan_blk k = kan_blk_of(g, b);                                                \
+                const T *dy = kan_yblk_##X(c->dy, P, g, out, &k, &ld);                             \
+                if (P) kan_block_offsets(P, &k, off);                                              \
+                kan_gather_x_##X(c->x, P, in, &k, f0, f1, xT, off);                                \
+                if (g->sparse) {                                                                   \
+                    kan_rows_io_##X((void *)c->dy, P, g, out, &k, tile, true);                     \
+                    kan_windows_##X(p, g, c->grid, inv, xT, k.rows, f0, f1, false, S, sidx, win,   \
+                                    win + k2 * k.rows, ints);                                      \
+                    kan_sdw_product_##X(dW, g, cw, k2, S, sidx, f1 - f0, k.rows, tile);            \
+                    continue;                                                                      \
+                }                                                                                  \
+                kan_tile_##X(p, c->grid, inv, xT, k.rows, f0, f1, tile, S, xb);                    \
+                kf__##X##gemm(!P, true, out, cols, k.rows, 1, dy, ld, tile, k.rows, b ? 1 : 0, dW, \
+                              cols);                                                               \
+            }                                                                                      \
+            if (g->sparse) kan_fold_dw_##X(c, dW, f0, f1, OB, g->F * cw * OB, 1, OB);              \
+            else kan_fold_dw_##X(c, dW, f0, f1, out, 0, cols, 1);                                  \
+        }                                                                                          \
+    }
+
+KF__KAN_TEAMS_DEFINE(float, s, kan_vs)
+KF__KAN_TEAMS_DEFINE(double, d, kan_vd)
+
 static kf_status kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
     kan_fwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N, c->patches, false)};
     const bool f64 = c->plan->dtype == KF_DTYPE_F64;
-    kf__cpu_team(call.g.team,
-                 call.g.sparse ? (f64 ? kan_sfwd_team_d : kan_sfwd_team_s)
-                               : (f64 ? kan_fwd_team_d : kan_fwd_team_s),
-                 &call);
+    kf__cpu_team(call.g.team, f64 ? kan_fwd_team_d : kan_fwd_team_s, &call);
     return KF_OK;
 }
 
 static kf_status kan_backward(kf_context *ctx, const kf__kan_bwd *c) {
     kan_bwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N, c->patches, true)};
     const bool f64 = c->plan->dtype == KF_DTYPE_F64;
-    kf__cpu_team(call.g.team,
-                 call.g.sparse ? (f64 ? kan_sbwd_team_d : kan_sbwd_team_s)
-                               : (f64 ? kan_bwd_team_d : kan_bwd_team_s),
-                 &call);
+    kf__cpu_team(call.g.team, f64 ? kan_bwd_team_d : kan_bwd_team_s, &call);
     return KF_OK;
 }
 
