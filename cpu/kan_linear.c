@@ -130,7 +130,9 @@ typedef int32_t kan_vid __attribute__((vector_size(16), __may_alias__, aligned(1
         const VI over = m > hi;                                                                    \
         return (m & ~over) | (hi & over);                                                          \
     }                                                                                              \
-    static inline VEC kan_gather_##X(const T *b, VI ix) { KF__KAN_GATHER(GATHER, MI, VEC, L, b, ix); }
+    static inline VEC kan_gather_##X(const T *b, VI ix) {                                          \
+        KF__KAN_GATHER(GATHER, MI, VEC, L, b, ix);                                                 \
+    }
 KF__KAN_VEC_DEFINE(float, s, kan_vs, kan_vis, 8, __m256, __m256i, _mm256_fmadd_ps,
                    _mm256_i32gather_ps)
 KF__KAN_VEC_DEFINE(double, d, kan_vd, kan_vid, 4, __m256d, __m128i, _mm256_fmadd_pd,
@@ -164,7 +166,7 @@ static bool kan_sparse_pick(const struct kf_kan_linear_plan *p, bool backward) {
  *                                       + 8 rows kh kw for KANConv2d's patch offsets)
  * windowed (outp = out rounded up to the panel, Fr = KF__KAN_FG, Fw = max(Fr, F)):
  *     e outp K  +  e in k nk  +  team * (e (rows outp + outp F cw + rows (Fw + Fr)
- *                                       + rows Fw (k+2) + rows (k+2) + rl (2k+3))
+ *                                       + rows Fw (k+2) + (rows + rl) (k+2))
  *                                       + 4 (rows Fw + 3 rl) + 32 rows Fr + 8 rows kh kw)
  * with rows = min(128, L): bounded by tiles, never by N times the bases; the query answers the
  * larger of the two directions. */
@@ -190,7 +192,7 @@ typedef struct kan_geom {
     int64_t Fw;          /* features whose windows are held at once: max(Fr, F) */
     size_t vals, sidx, win, ints, part; /* thread offsets: window values [rows, Fw, k+2] (= s),
                                            starts [rows, Fw] (int32), one feature's window
-                                           [k+2, rows] and scratch [2k+3, rl], int32 scratch
+                                           [k+2, rows] and scratch [k+2, rl], int32 scratch
                                            [3, rl] (rl: rows in whole vectors), dx's partial
                                            sums [rows, Fr] (32-byte vectors) */
     size_t bytes;
@@ -236,7 +238,7 @@ static kan_geom kan_geom_of(const struct kf_kan_linear_plan *p, int64_t N,
         g.sidx = g.vals + kf__align_up((size_t)(g.rows * g.Fw * (p->k + 2)) * e);
         g.win = g.sidx + kf__align_up((size_t)(g.rows * g.Fw) * sizeof(int32_t));
         const int64_t rl = (g.rows + 7) / 8 * 8; /* rows in whole vectors */
-        g.ints = g.win + kf__align_up((size_t)((p->k + 2) * g.rows + (2 * p->k + 3) * rl) * e);
+        g.ints = g.win + kf__align_up((size_t)((p->k + 2) * (g.rows + rl)) * e);
         g.part = g.ints + kf__align_up((size_t)(3 * rl) * sizeof(int32_t));
         g.off = g.part + (size_t)(g.rows * g.Fr) * 32; /* 32-byte vectors */
     } else {
@@ -529,8 +531,8 @@ typedef struct kan_bwd_call {
 KF__KAN_CPU_DEFINE(float, s)
 KF__KAN_CPU_DEFINE(double, d)
 
-/* For element type T, suffix X, VEC the 32-byte vector of T and VI the int32 vector of as many lanes: the windowed path's kernels
- * (the header comment says why and when). */
+/* For element type T, suffix X, VEC the 32-byte vector of T and VI the int32 vector of as many
+ * lanes: the windowed path's kernels (the header comment says why and when). */
 #define KF__KAN_SPARSE_DEFINE(T, X, VEC, VI)                                                       \
     /* Features [i0, i1) of W^T in output panels: panel b = o / OB is [K, OB] (row i cw + c:       \
      * feature i's column c of the combined weight over the panel's outputs, zero past out), so    \
@@ -564,7 +566,7 @@ KF__KAN_CPU_DEFINE(double, d)
      * indices outside [0, C) (order p: [0, nk - 1 - p)) come from clamped knot indices and        \
      * never feed a real one; the move drops them by selection, not by a product.                  \
      * deriv: V[0] = SiLU'(x) and the window of B' (the formula above kan_dx), else SiLU(x) and    \
-     * the window of B. V [k+2, rows], s [rows]; scr [2k+3, rl], ints [2, rl] scratch, rl =        \
+     * the window of B. V [k+2, rows], s [rows]; scr [k+2, rl], ints [2, rl] scratch, rl =         \
      * rows rounded up to whole vectors. */                                                        \
     static void kan_window_##X(const struct kf_kan_linear_plan *p, const T *t, const T *inv,       \
                                const T *x, int64_t rows, bool deriv, T *V, int32_t *s, T *scr,     \
@@ -597,7 +599,8 @@ KF__KAN_CPU_DEFINE(double, d)
             const VI j = *(const VI *)(jj + n);                                                    \
             VEC tk[2 * KF__KAN_SPARSE_KMAX + 2], Nv[KF__KAN_SPARSE_KMAX + 1],                      \
                 Qv[KF__KAN_SPARSE_KMAX + 1], iq[KF__KAN_SPARSE_KMAX + 2];                          \
-            for (int32_t u = -k; u <= k + 1; ++u) tk[u + k] = kan_gather_##X(t, kan_clampv_##X(j + u, zi, hi)); \
+            for (int32_t u = -k; u <= k + 1; ++u)                                                  \
+                tk[u + k] = kan_gather_##X(t, kan_clampv_##X(j + u, zi, hi));                      \
             Nv[0] = *(const VEC *)(Nb + n);                                                        \
             for (int32_t q = 1; q <= k; ++q) {                                                     \
                 const T *ip = inv + (int64_t)(q - 1) * nk;                                         \
@@ -607,7 +610,8 @@ KF__KAN_CPU_DEFINE(double, d)
                     for (int32_t r = 0; r < k; ++r) Qv[r] = Nv[r];                                 \
                 for (int32_t r = q; r >= 0; --r) {                                                 \
                     const VEC b0 = r >= 1 ? Nv[r - 1] : zero, b1 = r < q ? Nv[r] : zero;           \
-                    Nv[r] = (xv - tk[r - q + k]) * iq[r] * b0 + (tk[r + 1 + k] - xv) * iq[r + 1] * b1; \
+                    Nv[r] = (xv - tk[r - q + k]) * iq[r] * b0 +                                    \
+                            (tk[r + 1 + k] - xv) * iq[r + 1] * b1;                                 \
                 }                                                                                  \
             }                                                                                      \
             for (int32_t r = 0; r <= k; ++r) {                                                     \
@@ -641,7 +645,7 @@ KF__KAN_CPU_DEFINE(double, d)
                                 int64_t f0, int64_t f1, bool deriv, T *vals, int32_t *sidx,        \
                                 T *V, T *scr, int32_t *ints) {                                     \
         const int64_t k2 = p->k + 2, Fw = g->Fw;                                                   \
-        int32_t *s = ints + 2 * ((rows + 7) / 8 * 8);                                              \
+        int32_t *s = ints + 2 * ((rows + 7) / 8 * 8); /* past kan_window's [2, rl] */              \
         for (int64_t i = f0; i < f1; ++i) {                                                        \
             kan_window_##X(p, grid + i * p->nk, inv + i * p->k * p->nk, xT + (i - f0) * rows,      \
                            rows, deriv, V, s, scr, ints);                                          \
@@ -669,12 +673,13 @@ KF__KAN_CPU_DEFINE(double, d)
         }                                                                                          \
     }                                                                                              \
                                                                                                    \
-    /* ybuf[n, :] += sum over features [f0, f1) of V_0 W^T[i cw] + sum_t V_{1+t} W^T[i cw + 1 + s + t]: \
-     * per output block of KF__KAN_NV vectors, the row's block stays in registers over the group   \
-     * (the group's W^T columns for the block, Fr cw x 256 bytes, stay in L1). */                  \
-    static void kan_sfwd_product_##X(const T *WT, const kan_geom *g, int64_t cw, int64_t K, int64_t k2, \
-                                     const T *vals, const int32_t *sidx, int64_t f0, int64_t f1,   \
-                                     int64_t rows, T *ybuf) {                                      \
+    /* ybuf[n, :] += sum over features i in [f0, f1) of                                            \
+     *     V_0 W^T[i cw] + sum_t V_{1+t} W^T[i cw + 1 + s + t]                                     \
+     * per output panel of KF__KAN_NV vectors, the row's panel in registers over the group (the    \
+     * group's W^T rows for the panel, Fr cw x 256 bytes, stay in L1). */                          \
+    static void kan_sfwd_product_##X(const T *WT, const kan_geom *g, int64_t cw, int64_t K,        \
+                                     int64_t k2, const T *vals, const int32_t *sidx, int64_t f0,   \
+                                     int64_t f1, int64_t rows, T *ybuf) {                          \
         enum { L = 32 / sizeof(T) };                                                               \
         enum { OB = KF__KAN_NV * L };                                                              \
         const int64_t outp = g->outp, Fw = g->Fw;                                                  \
@@ -706,9 +711,9 @@ KF__KAN_CPU_DEFINE(double, d)
      * window's weight columns combined as in the forward, then dotted with dy; output panel by    \
      * panel as the forward (the group's panel rows stay in L1), the dot products' partial sums    \
      * in part [rows, Fr] vectors. */                                                              \
-    static void kan_sdx_product_##X(const T *WT, const kan_geom *g, int64_t cw, int64_t K, int64_t k2, \
-                                    const T *vals, const int32_t *sidx, int64_t f0, int64_t f1,    \
-                                    int64_t rows, const T *dbuf, VEC *part, T *dxT) {              \
+    static void kan_sdx_product_##X(const T *WT, const kan_geom *g, int64_t cw, int64_t K,         \
+                                    int64_t k2, const T *vals, const int32_t *sidx, int64_t f0,    \
+                                    int64_t f1, int64_t rows, const T *dbuf, VEC *part, T *dxT) {  \
         enum { L = 32 / sizeof(T) };                                                               \
         enum { OB = KF__KAN_NV * L };                                                              \
         const int64_t outp = g->outp, Fw = g->Fw, nf = f1 - f0;                                    \
@@ -718,7 +723,8 @@ KF__KAN_CPU_DEFINE(double, d)
             for (int64_t n = 0; n < rows; ++n)                                                     \
                 for (int64_t i = f0; i < f1; ++i) {                                                \
                     const T *v = vals + (n * Fw + i - f0) * k2, *dn = dbuf + n * outp + o;         \
-                    const T *w0 = WT + o * K + i * cw * OB, *ws = w0 + (1 + sidx[n * Fw + i - f0]) * OB; \
+                    const T *w0 = WT + o * K + i * cw * OB,                                        \
+                            *ws = w0 + (1 + sidx[n * Fw + i - f0]) * OB;                           \
                     VEC e[KF__KAN_NV], a0 = part[n * nf + i - f0], a1 = zero;                      \
                     for (int q = 0; q < KF__KAN_NV; ++q) e[q] = v[0] * *(const VEC *)(w0 + q * L); \
                     for (int64_t t = 1; t < k2; ++t, ws += OB) {                                   \
@@ -752,10 +758,11 @@ KF__KAN_CPU_DEFINE(double, d)
         const int64_t outp = g->outp, Fw = g->Fw, FK = g->F * cw;                                  \
         const VEC zero = {0};                                                                      \
         for (int64_t o = 0; o < outp; o += OB)                                                     \
-            for (int64_t f0 = 0; f0 < nf; f0 += KF__KAN_FG) /* the group's panel rows stay in L1 */ \
+            for (int64_t f0 = 0; f0 < nf; f0 += KF__KAN_FG) /* the group's rows stay in L1 */      \
             for (int64_t n = 0; n < rows; ++n) {                                                   \
                 VEC d[KF__KAN_NV];                                                                 \
-                for (int q = 0; q < KF__KAN_NV; ++q) d[q] = *(const VEC *)(dbuf + n * outp + o + q * L); \
+                for (int q = 0; q < KF__KAN_NV; ++q)                                               \
+                    d[q] = *(const VEC *)(dbuf + n * outp + o + q * L);                            \
                 for (int64_t f = f0; f < kan_min(nf, f0 + KF__KAN_FG); ++f) {                      \
                     const T *v = vals + (n * Fw + f) * k2;                                         \
                     T *w = dWT + o * FK + f * cw * OB;                                             \
@@ -766,7 +773,8 @@ KF__KAN_CPU_DEFINE(double, d)
                     for (int64_t t = 1; t < k2; ++t, ws += OB) {                                   \
                         const VEC vt = zero + v[t];                                                \
                         for (int q = 0; q < KF__KAN_NV; ++q)                                       \
-                            *(VEC *)(ws + q * L) = kan_fma_##X(vt, d[q], *(const VEC *)(ws + q * L)); \
+                            *(VEC *)(ws + q * L) =                                                 \
+                                kan_fma_##X(vt, d[q], *(const VEC *)(ws + q * L));                 \
                     }                                                                              \
                 }                                                                                  \
             }                                                                                      \
@@ -842,8 +850,10 @@ KF__KAN_SPARSE_DEFINE(double, d, kan_vd, kan_vid)
         int64_t *off = kan_at(mine, g->off);                                                       \
         int64_t a0, a1, ld;                                                                        \
         kf__cpu_share(g->sparse ? in : out, tid, nth, &a0, &a1);                                   \
-        if (DX && g->sparse) kan_pack_wt_##X(p, c->base, c->spline, c->scaler, W, g->outp, a0, a1); \
-        else if (DX) kan_pack_w_##X(p, c->base, c->spline, c->scaler, W, a0, a1);                  \
+        if (DX && g->sparse)                                                                       \
+            kan_pack_wt_##X(p, c->base, c->spline, c->scaler, W, g->outp, a0, a1);                 \
+        else if (DX)                                                                               \
+            kan_pack_w_##X(p, c->base, c->spline, c->scaler, W, a0, a1);                           \
         kf__cpu_share(in, tid, nth, &a0, &a1);                                                     \
         kan_inv_table_##X(p, c->grid, inv, a0, a1);                                                \
         _Pragma("omp barrier")                                                                     \
