@@ -485,9 +485,10 @@ Test(kan_linear, backward_subsets) {
 }
 
 /* The workspace is bounded by tiles, not by N times the bases; a caller workspace of exactly
- * that size serves; repeated calls do not grow the arena. */
-Test(kan_linear, workspace_bounded_and_steady) {
-    prob p = make_prob(200, 24, 16, 5, 3, 1, 0, GRID_UNIFORM, 5);
+ * that size serves (an overrun of it shows under the sanitizer build); repeated calls do not
+ * grow the arena. On the dense path and on the windowed one (out 300, G 10). */
+static void check_workspace_bounded_and_steady(int64_t out, int64_t G) {
+    prob p = make_prob(200, 24, out, G, 3, 1, 0, GRID_UNIFORM, 5);
     kf_context *ctx = make_ctx(KF_DEVICE_CPU, 2);
     kf_kan_linear_plan *plan = make_plan(ctx, &p);
     size_t w4 = 0, w7 = 0, w200 = 0;
@@ -495,20 +496,20 @@ Test(kan_linear, workspace_bounded_and_steady) {
     KF_OK_(kf_kan_linear_workspace_size(plan, 10000000, &w7));
     KF_OK_(kf_kan_linear_workspace_size(plan, 200, &w200));
     cr_expect(w4 == w7, "workspace grows with N: %zu at 1e4 rows, %zu at 1e7", w4, w7);
-    cr_expect(w4 < (size_t)10000 * 24 * 8 * sizeof(float),
+    cr_expect(w4 < (size_t)10000 * 24 * (G + 3) * sizeof(float),
               "workspace %zu bytes at 1e4 rows: as large as the batch's bases", w4);
 
-    float *y = poisoned(200 * 16);
+    float *y = poisoned(200 * out);
     void *ws = aligned_alloc(64, (w200 + 63) / 64 * 64);
     kf_kan_linear_forward_args a;
     kf_kan_linear_forward_args_init(&a);
     a.x = t3(p.x, 2, 200, 24, 0);
     set_params(&p, &a.grid, &a.base_weight, &a.spline_weight, &a.spline_scaler);
-    a.y = t3(y, 2, 200, 16, 0);
+    a.y = t3(y, 2, 200, out, 0);
     KF_OK_(kf_kan_linear_forward(plan, &a, ws, w200));
-    double *yr = malloc(200 * 16 * sizeof *yr);
+    double *yr = malloc((size_t)(200 * out) * sizeof *yr);
     ref_kan_forward(&p.c, p.x64, p.grid64, p.bw64, p.sw64, p.sc64, yr);
-    cr_expect(ref_rel_err_f32(y, yr, 200 * 16) < TOL, "y with a caller workspace");
+    cr_expect(ref_rel_err_f32(y, yr, 200 * out) < TOL, "y with a caller workspace");
 
     grads g = poisoned_grads(&p);
     KF_OK_(run_forward(plan, &p, y));
@@ -527,6 +528,11 @@ Test(kan_linear, workspace_bounded_and_steady) {
     kf_kan_linear_plan_destroy(plan);
     kf_context_destroy(ctx);
     free_prob(&p);
+}
+
+Test(kan_linear, workspace_bounded_and_steady) {
+    check_workspace_bounded_and_steady(16, 5);
+    check_workspace_bounded_and_steady(300, 10);
 }
 
 /* efficient-kan's initial knots: lo + (j - k) (hi - lo) / G on every row, rounded as torch
