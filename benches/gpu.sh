@@ -18,8 +18,13 @@
 # the KAN targets). Each benchmark writes its table to gpu_<name>.md; their logs (JSON rows) go to
 # one file, gpu_benches.log. Everything goes to $OUT (default /tmp/kf-gpu-out), at most 8 files
 # (tests.log, sanitizer-memcheck.log, sanitizer-racecheck.log, gpu_rnn.md, gpu_sklinear.md,
-# gpu_kan.md, gpu_benches.log, summary.txt); a summary table prints last. Aim: under 10 minutes
-# (one device call) for all parts.
+# gpu_kan.md, gpu_benches.log, summary.txt); a summary table prints last, one per call.
+#
+# All parts take longer than one 600-second device call: run them as three calls, each of which
+# fits and prints its own summary (a step cut by its timeout reads TIMEOUT, not FAIL):
+#   KF_GPU_PARTS=tests                         every C test, the big shapes included (~3 min)
+#   KF_GPU_PARTS=sanitizer                     memcheck + racecheck, big shapes left out (<= 9 min)
+#   KF_GPU_PARTS="bench_rnn bench_sklinear bench_kan"                                 (<= 9 min)
 set -u
 cd "$(dirname "$0")/.."
 BUILD=$(cd "${1:-build-gpu}" && pwd -P) || { echo "no build directory ${1:-build-gpu}"; exit 2; }
@@ -49,6 +54,9 @@ PARTS=" ${KF_GPU_PARTS:-tests sanitizer bench_rnn bench_sklinear bench_kan} "
 part() { [[ "$PARTS" == *" $1 "* ]]; }
 declare -a ROWS
 row() { ROWS+=("$(printf '%-34s %-8s %s' "$1" "$2" "$3")"); }
+# The verdict of a step's exit status: a step cut by its `timeout` is TIMEOUT (its log ends early;
+# rerun it alone with a larger limit), never read as a test failure.
+verdict() { case $1 in 0) echo ok ;; 124) echo TIMEOUT ;; *) echo "FAIL($1)" ;; esac; }
 
 # 1. the device (its report heads tests.log)
 nvidia-smi > "$OUT/tests.log" 2>&1 && row "nvidia-smi" ok "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)" \
@@ -66,7 +74,7 @@ for t in $run_tests; do
     timeout 120 "$t" $args >> "$OUT/tests.log" 2>&1
     rc=$?
     echo "=== $name rc=$rc" >> "$OUT/tests.log"
-    if [ $rc -eq 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); failed="$failed $name"; fi
+    if [ $rc -eq 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); failed="$failed $name$([ $rc -eq 124 ] && echo '(TIMEOUT)')"; fi
 done
 row "C tests" "$([ $fail -eq 0 ] && [ $pass -gt 0 ] && echo ok || echo FAIL)" "$pass passed, $fail failed${failed:+:$failed}"
 for name in test_rnn_cuda test_sklinear_cuda test_kan_linear_cuda test_kan_conv2d_cuda; do
@@ -87,10 +95,13 @@ elif [ -n "$SAN" ]; then
         for tool in memcheck racecheck; do
             extra=""
             [ "$tool" = memcheck ] && extra="--leak-check no"
+            # the big shapes (a test of their own) take minutes under the sanitizer: left out
+            filt="--filter ${name#test_}/!(big_shapes)"
+            [ "$name" = test_sklinear_cuda ] && filt=""
             timeout 150 "$SAN" --tool "$tool" $extra --target-processes all --error-exitcode 86 \
-                "$bin" --jobs 1 > "$OUT/sanitizer-$tool.log.$name" 2>&1
+                "$bin" --jobs 1 $filt > "$OUT/sanitizer-$tool.log.$name" 2>&1
             rc=$?
-            row "$tool $name" "$([ $rc -eq 0 ] && echo ok || echo "FAIL($rc)")" \
+            row "$tool $name" "$(verdict $rc)" \
                 "$(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$tool.log.$name" || echo "no summary")"
         done
     done
@@ -109,7 +120,7 @@ elif [ -n "$SAN" ] && [ -n "$RNN_CUDA" ]; then
             "$RNN_CUDA" --jobs 1 $filt > "$log" 2>&1
         rc=$?
         errs=$(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" || echo "no summary")
-        row "$tool test_rnn_cuda" "$([ $rc -eq 0 ] && echo ok || echo "FAIL($rc)")" "$errs"
+        row "$tool test_rnn_cuda" "$(verdict $rc)" "$errs"
     done
 else
     row "compute-sanitizer" SKIP "compute-sanitizer or test_rnn_cuda not found"
@@ -134,7 +145,7 @@ for b in rnn sklinear kan; do
             --md "$OUT/gpu_$b.md" >> "$OUT/gpu_benches.log" 2>&1
         rc=$?
         echo "=== benches/gpu_$b.py rc=$rc" >> "$OUT/gpu_benches.log"
-        row "benches/gpu_$b.py" "$([ $rc -eq 0 ] && echo ok || echo "FAIL($rc)")" "gpu_$b.md / gpu_benches.log"
+        row "benches/gpu_$b.py" "$(verdict $rc)" "gpu_$b.md / gpu_benches.log"
     else
         row "benches/gpu_$b.py" SKIP "kf_bench_$b not found under $BUILD"
     fi

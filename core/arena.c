@@ -12,8 +12,8 @@ kf_status kf__arena_acquire(kf_context *ctx, const char *fn, size_t bytes, void 
         KF_CHECK_FN(fn, !(ctx->flags & KF_CONTEXT_FIXED_ARENA), KF_ERR_WORKSPACE_TOO_SMALL,
                     "the call needs %zu bytes of workspace, the fixed arena holds %zu "
                     "(kf_context_reserve() it, or pass a workspace)", bytes, ctx->arena_bytes);
-        /* Work already enqueued may still read the old block. */
-        if (ctx->arena != NULL) KF_TRY(ctx->backend->synchronize(ctx, fn));
+        /* No wait: the backend's alloc and free are ordered on the context's stream (core/backend.h),
+         * so work already enqueued keeps the old block until it is done. */
         void *fresh;
         KF_TRY(ctx->backend->alloc(ctx, fn, bytes, &fresh));
         ctx->backend->free(ctx, ctx->arena);

@@ -32,7 +32,10 @@ typedef struct kf__backend {
     kf_status (*init)(kf_context *ctx, const char *fn);
     void (*release)(kf_context *ctx);
     kf_status (*set_stream)(kf_context *ctx, const char *fn, void *stream);
-    /* `bytes` of device memory, KF__ALIGN-aligned; free accepts NULL. */
+    /* An arena block of `bytes` of device memory, KF__ALIGN-aligned, and its release (free accepts
+     * NULL). Both are ordered on the context's stream: the block serves work queued after alloc,
+     * and free releases it once the work queued before free is done, so growing the arena never
+     * waits for the stream. CUDA refuses alloc while the stream captures a graph. */
     kf_status (*alloc)(kf_context *ctx, const char *fn, size_t bytes, void **out);
     void (*free)(kf_context *ctx, void *p);
     /* Waits for the work queued on the context's stream. */

@@ -65,6 +65,27 @@ static inline int64_t kf__rnn_layer_input(const struct kf_rnn_plan *p, int32_t l
     return l == 0 ? p->I : (int64_t)p->D * p->H;
 }
 
+/* Rank and shape of weight j of layer l (any direction); shape has room for 2 entries. */
+static inline int32_t kf__rnn_weight_shape(const struct kf_rnn_plan *p, int32_t l, int32_t j,
+                                           int64_t *shape) {
+    const int64_t in = kf__rnn_layer_input(p, l), H = p->H;
+    if (p->cell == KF_RNN_GRU) {
+        shape[0] = 3 * H;
+        shape[1] = j == KF__GRU_W_IH ? in : H;
+        return j <= KF__GRU_W_HH ? 2 : 1;
+    }
+    switch (j) {
+    case KF__AGRU_W_Z: case KF__AGRU_W_R: case KF__AGRU_V_H:
+        shape[0] = H; shape[1] = in; return 2;
+    case KF__AGRU_U_Z: case KF__AGRU_U_R: case KF__AGRU_W_H:
+        shape[0] = H; shape[1] = H; return 2;
+    case KF__AGRU_EPS:
+        shape[0] = 1; return 1;
+    default:
+        shape[0] = H; return 1;
+    }
+}
+
 typedef struct kf__rnn_fwd {
     const struct kf_rnn_plan *plan;
     int64_t T, B;

@@ -1,5 +1,6 @@
 /* The CPU backend's table (core/backend.h): host memory, no stream, every op, every plan the
- * front ends accept (float32, any spline order). */
+ * front ends accept (float32, float64, bfloat16 and float16 storage through cpu/lowp.c, any
+ * spline order). */
 #include "cpu_backend.h"
 
 #include <stdlib.h>
@@ -52,7 +53,7 @@ const kf__backend kf__cpu_backend = {
     .check_pointer = cpu_check_pointer,
     .copy = cpu_copy,
     .host_memory = true,
-    .rnn = &kf__cpu_rnn_ops,
-    .skl = &kf__cpu_skl_ops,
-    .kan = &kf__cpu_kan_ops,
+    .rnn = &kf__cpu_rnn_any_ops,
+    .skl = &kf__cpu_skl_any_ops,
+    .kan = &kf__cpu_kan_any_ops,
 };

@@ -1,5 +1,6 @@
 /* The CPU backend's op tables, one per op file (cpu/rnn_layout.c, cpu/sklinear.c,
- * cpu/kan_linear.c), gathered into its kf__backend by cpu/backend.c. Private to cpu/. */
+ * cpu/kan_linear.c) for float32 and float64 plans, wrapped for bfloat16 and float16 plans by
+ * cpu/lowp.c and gathered into its kf__backend by cpu/backend.c. Private to cpu/. */
 #ifndef KF_CPU_BACKEND_H
 #define KF_CPU_BACKEND_H
 
@@ -30,5 +31,11 @@ extern const kf__rnn_ops kf__cpu_rnn_ops_v4;
 #endif
 extern const kf__skl_ops kf__cpu_skl_ops;
 extern const kf__kan_ops kf__cpu_kan_ops;
+
+/* The tables cpu/backend.c installs (cpu/lowp.c): a bfloat16 or float16 plan converts its
+ * tensors around the float32 table above; any other plan goes straight to it. */
+extern const kf__rnn_ops kf__cpu_rnn_any_ops;
+extern const kf__skl_ops kf__cpu_skl_any_ops;
+extern const kf__kan_ops kf__cpu_kan_any_ops;
 
 #endif /* KF_CPU_BACKEND_H */

@@ -55,34 +55,88 @@ void cuda_release(kf_context *ctx) {
     }
 }
 
+// Whether `stream` is capturing a CUDA graph. A query that fails counts as capturing: it fails for
+// the legacy default stream while another stream captures in global mode, where an allocation
+// would break that capture too.
+bool capturing(cudaStream_t stream) {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    cudaError_t e = cudaStreamIsCapturing(stream, &st);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError(); // not sticky; clear it for later calls
+        return true;
+    }
+    return st != cudaStreamCaptureStatusNone;
+}
+
 kf_status cuda_set_stream(kf_context *ctx, const char *fn, void *stream) {
     KF__CUDA_TRY(fn, cudaSetDevice(ctx->device_index));
-    KF_TRY(kf__cublas_check(cublasSetStream(kf__blas(ctx), (cudaStream_t)stream), fn,
-                            "cublasSetStream"));
+    // The arena may still be in use by work queued on the old stream: the new stream waits for
+    // that work (one event, recorded and released here), so a call on the new stream never
+    // overwrites scratch an earlier call is still reading, and the arena's stream-ordered free
+    // (cuda_free) on the new stream comes after both. Not when either stream is capturing a
+    // graph: a capturing stream may not wait on work outside its capture, and a wait on an event
+    // recorded inside one would pull the new stream into it. A capture's caller orders it after
+    // the work it depends on (torch.cuda.graph synchronises the device before capturing).
+    cudaStream_t from = kf__stream(ctx), to = (cudaStream_t)stream;
+    if (ctx->arena != NULL && to != from && !capturing(from) && !capturing(to)) {
+        cudaEvent_t ev;
+        KF__CUDA_TRY(fn, cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+        cudaError_t e = cudaEventRecord(ev, from);
+        if (e == cudaSuccess) e = cudaStreamWaitEvent(to, ev, 0);
+        (void)cudaEventDestroy(ev); // released once the recorded work completes
+        KF_TRY(kf__cuda_check(e, fn, "ordering the new stream after the old one's arena work"));
+    }
+    KF_TRY(kf__cublas_check(cublasSetStream(kf__blas(ctx), to), fn, "cublasSetStream"));
     ctx->stream = stream;
     return KF_OK;
 }
 
+// Whether the device has stream-ordered allocation (cudaMallocAsync). Asked per arena growth
+// (rare) by alloc and free alike, so both take the same branch for a block.
+bool stream_ordered(const kf_context *ctx) {
+    int v = 0;
+    cudaError_t e = cudaDeviceGetAttribute(&v, cudaDevAttrMemoryPoolsSupported, ctx->device_index);
+    if (e != cudaSuccess) (void)cudaGetLastError();
+    return e == cudaSuccess && v != 0;
+}
+
+// An arena block, stream-ordered: usable by work queued on the context's stream after this call,
+// without waiting for the work already queued (cudaMallocAsync; cudaMalloc on devices without
+// memory pools). Never while the stream captures a graph: the block would become a graph-owned
+// allocation (or, with cudaMalloc, invalidate the capture), so the call is refused by name first.
 kf_status cuda_alloc(kf_context *ctx, const char *fn, size_t bytes, void **out) {
     *out = NULL;
     if (bytes == 0) return KF_OK;
     KF__CUDA_TRY(fn, cudaSetDevice(ctx->device_index));
+    if (capturing(kf__stream(ctx)))
+        return kf__error(KF_ERR_WORKSPACE_TOO_SMALL, fn,
+                         "the call needs an arena of %zu bytes (it holds %zu), but the context's "
+                         "stream is capturing a CUDA graph, where growing it would break the "
+                         "capture: kf_context_reserve(ctx, %zu) before capturing, or pass a "
+                         "workspace",
+                         bytes, ctx->arena_bytes, bytes);
     void *p = NULL;
-    cudaError_t e = cudaMalloc(&p, bytes);
+    cudaError_t e = stream_ordered(ctx) ? cudaMallocAsync(&p, bytes, kf__stream(ctx))
+                                        : cudaMalloc(&p, bytes);
     if (e == cudaErrorMemoryAllocation) {
         (void)cudaGetLastError(); // clear the sticky-free allocation error
-        return kf__error(KF_ERR_OUT_OF_MEMORY, fn, "cudaMalloc(%zu bytes) failed: %s", bytes,
-                         cudaGetErrorString(e));
+        return kf__error(KF_ERR_OUT_OF_MEMORY, fn, "allocating an arena of %zu bytes failed: %s",
+                         bytes, cudaGetErrorString(e));
     }
-    KF_TRY(kf__cuda_check(e, fn, "cudaMalloc"));
+    KF_TRY(kf__cuda_check(e, fn, "arena allocation"));
     *out = p;
     return KF_OK;
 }
 
+// Frees an arena block once the work queued on the context's stream before this call is done:
+// cudaFreeAsync, or cudaFree (which waits for the device) without memory pools.
 void cuda_free(kf_context *ctx, void *p) {
     if (p == NULL) return;
     (void)cudaSetDevice(ctx->device_index);
-    (void)cudaFree(p);
+    if (stream_ordered(ctx))
+        (void)cudaFreeAsync(p, kf__stream(ctx));
+    else
+        (void)cudaFree(p);
 }
 
 kf_status cuda_synchronize(kf_context *ctx, const char *fn) {

@@ -3,7 +3,8 @@
  *
  * Per feature i, with its M = N samples (x's column i, or feature i of every KANConv2d patch,
  * padding as 0.0):
- *   1. the new knots, formed in the plan's dtype (float32 or float64) exactly as kfuse.torch's
+ *   1. the new knots, formed in the plan's dtype (float32 or float64; a bfloat16 or float16
+ *      plan forms them in float32 and rounds each knot to its type) exactly as kfuse.torch's
  *      (and efficient-kan's) update_grid forms them with torch on the CPU: the samples sorted,
  *      the quantiles
  *      x_sorted[torch.linspace(0, M - 1, G + 1, dtype=int64)] (kan_linspace_idx reproduces
@@ -21,6 +22,7 @@
  * only the knots' arithmetic is typed (kan_new_knots_s, kan_new_knots_d). */
 #include "bspline.h"
 #include "host.h"
+#include "lowp.h"
 
 #include "blas.h"
 
@@ -67,18 +69,6 @@ KF__BSPLINE_DEFINE(double, d)
 static int kan_cmp_double(const void *a, const void *b) {
     const double u = *(const double *)a, v = *(const double *)b;
     return (u > v) - (u < v);
-}
-
-/* Element i of host array `a` of `dtype` (float32 or float64) as a double, and back. */
-static double kan_load(const void *a, kf_dtype dtype, int64_t i) {
-    return dtype == KF_DTYPE_F64 ? ((const double *)a)[i] : (double)((const float *)a)[i];
-}
-
-static void kan_store(void *a, kf_dtype dtype, int64_t i, double v) {
-    if (dtype == KF_DTYPE_F64)
-        ((double *)a)[i] = v;
-    else
-        ((float *)a)[i] = (float)v;
 }
 
 /* The new knots t [nk] of one feature from its M sorted samples s (values of type T), in type T
@@ -131,6 +121,7 @@ kf_status kf__kan_update_grid_host(const char *fn, const struct kf_kan_linear_pl
     int64_t *aidx = malloc((size_t)(p->G + 1) * sizeof *aidx);
     int64_t *off = patches ? malloc((size_t)HoWo * sizeof *off) : NULL;
     double *t_old = malloc((size_t)nk * sizeof *t_old), *t_new = malloc((size_t)nk * sizeof *t_new);
+    float *tf = malloc((size_t)nk * sizeof *tf); /* float32 knots before rounding */
     /* The bases of every sample, basis-major: Bo [C, M] on the old knots and A [C, M] on the
      * new ones (that is A [M, C] column-major, as dgelsd takes it); S [nk - 1, M], xs [M] and
      * inv [k, nk] are the evaluator's scratch. */
@@ -143,7 +134,7 @@ kf_status kf__kan_update_grid_host(const char *fn, const struct kf_kan_linear_pl
     double *work = NULL;
     int *iwork = NULL;
     kf_status st = KF_OK;
-    if (!s || !aidx || (patches && !off) || !t_old || !t_new || !S || !xs || !inv || !xd ||
+    if (!s || !aidx || (patches && !off) || !t_old || !t_new || !tf || !S || !xs || !inv || !xd ||
         !Bo || !A || !U || !sv) {
         st = kf__error(KF_ERR_OUT_OF_MEMORY, fn, "cannot allocate the host buffers of the fit of "
                        "%" PRId64 " samples", M);
@@ -172,7 +163,7 @@ kf_status kf__kan_update_grid_host(const char *fn, const struct kf_kan_linear_pl
     for (int64_t i = 0; i < in; ++i) {
         /* the samples of feature i, in row order */
         if (!patches) {
-            for (int64_t m = 0; m < M; ++m) xd[m] = kan_load(x, dt, m * in + i);
+            for (int64_t m = 0; m < M; ++m) xd[m] = kf__elem_load(x, dt, m * in + i);
         } else {
             const int64_t kk = (int64_t)patches->kh * patches->kw;
             kf__kan_patch_offsets(patches, i % kk, 0, HoWo, off);
@@ -180,18 +171,20 @@ kf_status kf__kan_update_grid_host(const char *fn, const struct kf_kan_linear_pl
                 const int64_t xi = b * img + i / kk * patches->H * patches->W;
                 double *d = xd + b * HoWo;
                 for (int64_t r = 0; r < HoWo; ++r)
-                    d[r] = off[r] >= 0 ? kan_load(x, dt, xi + off[r]) : 0.0;
+                    d[r] = off[r] >= 0 ? kf__elem_load(x, dt, xi + off[r]) : 0.0;
             }
         }
         memcpy(s, xd, (size_t)M * sizeof *s);
         qsort(s, (size_t)M, sizeof *s, kan_cmp_double);
-        if (dt == KF_DTYPE_F64)
+        if (dt == KF_DTYPE_F64) {
             kan_new_knots_d(p, s, M, aidx, margin, grid_eps, (double *)new_grid + i * nk);
-        else
-            kan_new_knots_s(p, s, M, aidx, margin, grid_eps, (float *)new_grid + i * nk);
+        } else { /* float32, or float32 rounded to the storage type */
+            kan_new_knots_s(p, s, M, aidx, margin, grid_eps, tf);
+            for (int64_t j = 0; j < nk; ++j) kf__elem_store(new_grid, dt, i * nk + j, tf[j]);
+        }
         for (int64_t j = 0; j < nk; ++j) {
-            t_new[j] = kan_load(new_grid, dt, i * nk + j);
-            t_old[j] = kan_load(grid, dt, i * nk + j);
+            t_new[j] = kf__elem_load(new_grid, dt, i * nk + j);
+            t_old[j] = kf__elem_load(grid, dt, i * nk + j);
             if (!isfinite(t_new[j])) {
                 st = kf__error(KF_ERR_INVALID_ARGUMENT, fn,
                                "args->x: the samples of feature %" PRId64 " span [%g, %g], too "
@@ -213,7 +206,7 @@ kf_status kf__kan_update_grid_host(const char *fn, const struct kf_kan_linear_pl
             const int64_t w = (o * in + i) * C;
             for (int64_t m = 0; m < M; ++m) {
                 double acc = 0.0;
-                for (int64_t c = 0; c < C; ++c) acc += Bo[c * M + m] * kan_load(spline, dt, w + c);
+                for (int64_t c = 0; c < C; ++c) acc += Bo[c * M + m] * kf__elem_load(spline, dt, w + c);
                 U[m + o * ldb] = acc;
             }
         }
@@ -225,10 +218,10 @@ kf_status kf__kan_update_grid_host(const char *fn, const struct kf_kan_linear_pl
         }
         for (int64_t o = 0; o < out; ++o)
             for (int64_t c = 0; c < C; ++c)
-                kan_store(new_spline, dt, (o * in + i) * C + c, U[c + o * ldb]);
+                kf__elem_store(new_spline, dt, (o * in + i) * C + c, U[c + o * ldb]);
     }
 done:
-    free(s), free(aidx), free(off), free(t_old), free(t_new), free(S), free(xs);
+    free(s), free(aidx), free(off), free(t_old), free(t_new), free(tf), free(S), free(xs);
     free(inv), free(xd), free(Bo);
     free(A), free(U), free(sv), free(work), free(iwork);
     return st;

@@ -2,6 +2,7 @@
  * (the CPU kernels' im2col and the grid update's samples) and efficient-kan's initial knots
  * (host.h). */
 #include "host.h"
+#include "lowp.h"
 
 #include <string.h>
 
@@ -30,26 +31,25 @@ void kf__kan_patch_offsets(const kf__kan_patches *P, int64_t pos, int64_t p0, in
 }
 
 /* torch: arange(-k, G + k + 1) * h + lo in the grid's dtype T, h = (hi - lo) / G a Python
- * float; one row, then copied to every feature. */
+ * float: knot j of every feature. */
 #define KF__KAN_UNIFORM_DEFINE(T, X)                                                              \
-    static void kan_uniform_grid_##X(const struct kf_kan_linear_plan *p, float lo, float hi,     \
-                                     T *grid) {                                                  \
+    static T kan_uniform_knot_##X(const struct kf_kan_linear_plan *p, float lo, float hi,        \
+                                  int64_t j) {                                                   \
         const T h = (T)(((double)hi - (double)lo) / (double)p->G);                               \
-        for (int64_t j = 0; j < p->nk; ++j) {                                                    \
-            const T prod = (T)(j - p->k) * h;                                                    \
-            grid[j] = prod + (T)lo;                                                              \
-        }                                                                                        \
-        for (int64_t i = 1; i < p->in; ++i)                                                      \
-            memcpy(grid + i * p->nk, grid, (size_t)p->nk * sizeof(T));                           \
+        const T prod = (T)(j - p->k) * h;                                                        \
+        return prod + (T)lo;                                                                     \
     }
 
 KF__KAN_UNIFORM_DEFINE(float, s)
 KF__KAN_UNIFORM_DEFINE(double, d)
 
+/* A bfloat16 or float16 grid holds the float32 knots rounded to its type, as efficient-kan's
+ * float32 buffer gives them after module.to(dtype). */
 void kf__kan_uniform_grid_host(const struct kf_kan_linear_plan *p, float lo, float hi,
                                void *grid) {
-    if (p->dtype == KF_DTYPE_F64)
-        kan_uniform_grid_d(p, lo, hi, grid);
-    else
-        kan_uniform_grid_s(p, lo, hi, grid);
+    for (int64_t j = 0; j < p->nk; ++j) {
+        const double t = p->dtype == KF_DTYPE_F64 ? kan_uniform_knot_d(p, lo, hi, j)
+                                                  : kan_uniform_knot_s(p, lo, hi, j);
+        for (int64_t i = 0; i < p->in; ++i) kf__elem_store(grid, p->dtype, i * p->nk + j, t);
+    }
 }

@@ -12,6 +12,7 @@
  * blocks in a fixed order, in the caller's thread (so the bits are the same on every backend).
  * A float64 plan takes the same draws (uniforms of 24 bits) and computes in float64. */
 #include "host.h"
+#include "lowp.h"
 
 #include "blas.h"
 #include "counter_rng.h"
@@ -86,9 +87,39 @@ KF__SKL_INIT_DEFINE(float, s)
 KF__SKL_INIT_DEFINE(double, d)
 #undef KF__SKL_IK
 
+/* A bfloat16 or float16 plan: the float32 algorithm on float32 copies (W_init widened exactly),
+ * each result rounded to the plan's type, as Panther's float32 layer gives them after
+ * module.to(dtype). */
+static kf_status kf__skl_init_lowp(const struct kf_sklinear_plan *p, const char *fn,
+                                   uint64_t seed, const void *W_init, void *S1, void *S2,
+                                   void *U1, void *U2, void *bias) {
+    const int64_t ik = p->in * p->r, ko = p->r * p->out, w = W_init ? p->in * p->out : 0;
+    const int64_t nb = bias ? p->out : 0, n = 2 * ik + 2 * ko + nb + w;
+    float *f = malloc((size_t)n * sizeof *f);
+    if (!f)
+        return kf__error(KF_ERR_OUT_OF_MEMORY, fn, "cannot allocate %zu bytes of host scratch",
+                         (size_t)n * sizeof *f);
+    float *fS1 = f, *fU2 = f + ik, *fS2 = f + 2 * ik, *fU1 = fS2 + ko, *fb = fU1 + ko;
+    float *fW = fb + nb;
+    for (int64_t e = 0; e < w; ++e) fW[e] = (float)kf__elem_load(W_init, p->dtype, e);
+    const kf_status st = kf__skl_init_s(p, fn, seed, W_init ? fW : NULL, fS1, fS2, fU1, fU2,
+                                        bias ? fb : NULL);
+    if (st == KF_OK) {
+        void *const dst[5] = {S1, U2, S2, U1, bias};
+        const float *const src[5] = {fS1, fU2, fS2, fU1, fb};
+        const int64_t len[5] = {ik, ik, ko, ko, nb};
+        for (int t = 0; t < 5; ++t)
+            for (int64_t e = 0; e < len[t]; ++e) kf__elem_store(dst[t], p->dtype, e, src[t][e]);
+    }
+    free(f);
+    return st;
+}
+
 kf_status kf__skl_init_host(const struct kf_sklinear_plan *p, const char *fn, uint64_t seed,
                             const void *W_init, void *S1, void *S2, void *U1, void *U2,
                             void *bias) {
+    if (kf__dtype_is_lowp(p->dtype))
+        return kf__skl_init_lowp(p, fn, seed, W_init, S1, S2, U1, U2, bias);
     return p->dtype == KF_DTYPE_F64 ? kf__skl_init_d(p, fn, seed, W_init, S1, S2, U1, U2, bias)
                                     : kf__skl_init_s(p, fn, seed, W_init, S1, S2, U1, U2, bias);
 }

@@ -53,7 +53,7 @@ extern "C" {
 
 /* ---- version (the build reads these three lines to form the SONAME and package version) - */
 #define KF_VERSION_MAJOR 1
-#define KF_VERSION_MINOR 4
+#define KF_VERSION_MINOR 5
 #define KF_VERSION_PATCH 0
 /* The ABI generation; equals KF_VERSION_MAJOR. */
 #define KF_ABI_VERSION KF_VERSION_MAJOR
@@ -72,7 +72,8 @@ typedef enum kf_status {
     KF_ERR_INVALID_ARGUMENT = 1,    /* NULL, bad size, shape/dtype mismatch, unknown flag, ... */
     KF_ERR_UNSUPPORTED = 2,         /* valid request this build or backend does not implement */
     KF_ERR_OUT_OF_MEMORY = 3,       /* host or device allocation failed */
-    KF_ERR_WORKSPACE_TOO_SMALL = 4, /* caller workspace/reserve, or a fixed arena, too small */
+    KF_ERR_WORKSPACE_TOO_SMALL = 4, /* caller workspace/reserve, a fixed arena, or an arena that
+                                       would grow during a CUDA graph capture: too small */
     KF_ERR_BACKEND_UNAVAILABLE = 5, /* e.g. CUDA asked for in a CPU-only build or without driver */
     KF_ERR_DEVICE = 6,              /* a CUDA / cuBLAS call failed (message has its error text) */
     KF_ERR_INTERNAL = 7             /* a bug in kfuse; please report it with the message */
@@ -94,11 +95,16 @@ KF_API const char *kf_last_error_message(void);
  * memory). Since 1.3. */
 #define KF_ALIGN_BYTES 64
 
+/* Element types. KF_DTYPE_F16 and KF_DTYPE_BF16 are storage types (every op on the CPU backend
+ * since 1.5): a plan's tensors are in the type, its arithmetic (products, reductions, gates, the
+ * recurrent state) is float32, results are rounded to nearest even (NaN stays NaN), and an
+ * accumulated gradient is round(g_old + g) with the sum in float32. Their workspace queries
+ * include float32 copies of the call's tensors; their reserves are float32's. */
 typedef enum kf_dtype {
     KF_DTYPE_F32 = 1, /* IEEE binary32: the only dtype of 1.0's ops */
-    KF_DTYPE_F64 = 2,
-    KF_DTYPE_F16 = 3,
-    KF_DTYPE_BF16 = 4,
+    KF_DTYPE_F64 = 2, /* IEEE binary64: every op on the CPU backend since 1.4 */
+    KF_DTYPE_F16 = 3, /* IEEE binary16 storage (CPU, since 1.5) */
+    KF_DTYPE_BF16 = 4, /* bfloat16 storage (CPU, since 1.5) */
     KF_DTYPE_I32 = 5, /* sequence lengths */
     KF_DTYPE_I64 = 6
 } kf_dtype;
@@ -167,15 +173,20 @@ KF_API void kf_context_destroy(kf_context *ctx);
 KF_API kf_status kf_context_device_type(const kf_context *ctx, int32_t *device_type);
 
 /* Sets the CUDA stream (a cudaStream_t; NULL = the legacy default stream) that later calls
- * enqueue on. KF_ERR_INVALID_ARGUMENT on a CPU context unless `stream` is NULL. Since 1.0. */
+ * enqueue on. Since 1.5, work on the new stream is ordered after the work already queued on the
+ * old one (it may use the arena), unless either stream is capturing a CUDA graph. No wait.
+ * KF_ERR_INVALID_ARGUMENT on a CPU context unless `stream` is NULL. Since 1.0. */
 KF_API kf_status kf_context_set_stream(kf_context *ctx, void *stream);
 
 /* The stream calls enqueue on (NULL on a CPU context). Since 1.0. */
 KF_API kf_status kf_context_get_stream(const kf_context *ctx, void **stream);
 
 /* Grows the arena to at least `bytes` now, so later calls needing up to that much never
- * allocate (also under KF_CONTEXT_FIXED_ARENA). Never shrinks it. On CUDA, waits for the
- * context's stream before replacing a smaller arena. Since 1.0. */
+ * allocate (also under KF_CONTEXT_FIXED_ARENA). Never shrinks it. On CUDA the growth is ordered on
+ * the context's stream (since 1.5: no wait; the smaller block is freed once the work queued
+ * before it is done), and refused with KF_ERR_WORKSPACE_TOO_SMALL while that stream captures a
+ * CUDA graph: reserve before capturing. A call that would grow the arena during a capture is
+ * refused the same way, before anything is enqueued. Since 1.0. */
 KF_API kf_status kf_context_reserve(kf_context *ctx, size_t bytes);
 
 /* Bytes the arena holds now, and how many times it has been (re)allocated since creation: a
@@ -237,8 +248,9 @@ typedef struct kf_rnn_desc {
     float dropout;       /* in [0, 1); default 0 */
     float gamma;         /* A-GRU diffusion constant in A = W_h - W_h^T - gamma I; default 0.01 */
     int32_t dtype;       /* kf_dtype of x, y, h and weights: KF_DTYPE_F32 (default), or
-                            KF_DTYPE_F64 on the CPU backend (since 1.4; KF_ERR_UNSUPPORTED on
-                            CUDA). dropout and gamma stay float whatever the dtype */
+                            KF_DTYPE_F64 (since 1.4), KF_DTYPE_F16 or KF_DTYPE_BF16 (since 1.5)
+                            on the CPU backend (KF_ERR_UNSUPPORTED on CUDA). dropout and gamma
+                            stay float whatever the dtype */
     /* appended in later versions below this line; never reorder or remove */
 } kf_rnn_desc;
 
@@ -365,7 +377,8 @@ typedef struct kf_sklinear_desc {
     int32_t low_rank;     /* k >= 1; no default (0) */
     int32_t bias;         /* 1 (default): a bias [out] is added; 0: none */
     int32_t dtype;        /* kf_dtype of every tensor: KF_DTYPE_F32 (default), or KF_DTYPE_F64
-                             on the CPU backend (since 1.3; KF_ERR_UNSUPPORTED on CUDA) */
+                             (since 1.3), KF_DTYPE_F16 or KF_DTYPE_BF16 (since 1.5) on the CPU
+                             backend (KF_ERR_UNSUPPORTED on CUDA) */
     /* appended in later versions below this line; never reorder or remove */
 } kf_sklinear_desc;
 
@@ -460,8 +473,9 @@ KF_API void kf_sklinear_init_args_init(kf_sklinear_init_args *args);
 
 /* Panther's initialisation: U1s[i] = scaled sign sketch [k, out] and U2s[i] = (sign sketch
  * [k, in])^T, entries +-1/sqrt(k); S1s[i] = W U1s[i]^T, S2s[i] = U2s[i]^T W with W = W_init^T
- * or drawn. Not a hot path: it synchronises with the context's stream and may allocate host
- * memory. Since 1.1. */
+ * or drawn. A bfloat16 or float16 plan gets the float32 values rounded to its type (since 1.5).
+ * Not a hot path: it synchronises with the context's stream and may allocate host memory.
+ * Since 1.1. */
 KF_API kf_status kf_sklinear_init_params(kf_sklinear_plan *plan,
                                          const kf_sklinear_init_args *args);
 
@@ -490,7 +504,8 @@ typedef struct kf_kan_linear_desc {
     int32_t spline_order;     /* k >= 0; default 3 */
     int32_t standalone_scale; /* 1 (default): spline_scaler multiplies spline_weight; 0: none */
     int32_t dtype;            /* kf_dtype of every tensor: KF_DTYPE_F32 (default), or KF_DTYPE_F64
-                                 on a CPU context (since 1.4) */
+                                 (since 1.4), KF_DTYPE_F16 or KF_DTYPE_BF16 (since 1.5) on a
+                                 CPU context */
     /* appended in later versions below this line; never reorder or remove */
 } kf_kan_linear_desc;
 
@@ -499,7 +514,7 @@ KF_API void kf_kan_linear_desc_init(kf_kan_linear_desc *desc);
 
 /* Creates a plan bound to `ctx` (which must outlive it). @return KF_OK and *out,
  * KF_ERR_INVALID_ARGUMENT (message names the field), KF_ERR_UNSUPPORTED (a dtype other than
- * KF_DTYPE_F32 and, on a CPU context, KF_DTYPE_F64; on a CUDA context a spline_order above 15:
+ * KF_DTYPE_F32 and, on a CPU context, KF_DTYPE_F64, KF_DTYPE_F16 and KF_DTYPE_BF16; on a CUDA context a spline_order above 15:
  * since 1.3 reported here, before 1.3 by forward and backward), KF_ERR_OUT_OF_MEMORY. On failure
  * *out is set to NULL (when `out` is not NULL). Since 1.1. */
 KF_API kf_status kf_kan_linear_plan_create(kf_context *ctx, const kf_kan_linear_desc *desc,
@@ -526,7 +541,7 @@ KF_API kf_status kf_kan_linear_param_info(const kf_kan_linear_plan *plan, int32_
 
 /* Writes efficient-kan's initial knots into `grid` [in, G + 2k + 1] (memory of the context's
  * device): grid[i][j] = lo + (j - k) * (hi - lo) / G for every feature, rounded as torch forms
- * it in the plan's dtype. Since 1.1. */
+ * it in the plan's dtype (bfloat16, float16: the float32 knots rounded to the type). Since 1.1. */
 KF_API kf_status kf_kan_linear_uniform_grid(const kf_kan_linear_plan *plan, float lo, float hi,
                                             kf_tensor *grid);
 
@@ -604,7 +619,8 @@ typedef struct kf_kan_conv2d_desc {
     int32_t spline_order;          /* k >= 0; default 3 */
     int32_t standalone_scale;      /* 1 (default): spline_scaler multiplies spline_weight; 0: none */
     int32_t dtype;                 /* kf_dtype of every tensor: KF_DTYPE_F32 (default), or
-                                      KF_DTYPE_F64 on a CPU context (since 1.4) */
+                                      KF_DTYPE_F64 (since 1.4), KF_DTYPE_F16 or KF_DTYPE_BF16
+                                      (since 1.5) on a CPU context */
     /* appended in later versions below this line; never reorder or remove */
 } kf_kan_conv2d_desc;
 
@@ -705,7 +721,8 @@ KF_API kf_status kf_kan_conv2d_backward(kf_kan_conv2d_plan *plan, kf_grad_mode g
  * output on the samples is kept up to the fit (efficient-kan fits the scaled weights and then
  * scales again; kfuse does not). The knots are formed in the plan's dtype in torch's order of
  * operations (the same bits as kfuse.torch's update_grid; a float64 plan takes margin and
- * grid_eps at their float32 values). Not a hot path: it synchronises with the
+ * grid_eps at their float32 values; a float16 or bfloat16 plan forms them in float32 and
+ * rounds each knot to its type). Not a hot path: it synchronises with the
  * context's stream, allocates and computes on the host, and writes grid and spline_weight only on
  * success (on a CUDA context a failure of the final copy of spline_weight can leave the new grid
  * written).

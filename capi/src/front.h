@@ -30,6 +30,10 @@ kf_status kf__check_rows_of(const kf_context *ctx, const char *fn, const char *a
                             int64_t width, bool optional, int64_t *shape, bool *present,
                             int64_t *rows);
 size_t kf__dtype_bytes(int32_t dtype);
+/* A layer descriptor's dtype is one of the float dtypes every op implements (KF_DTYPE_F32,
+ * KF_DTYPE_F64, KF_DTYPE_F16, KF_DTYPE_BF16); else KF_ERR_UNSUPPORTED naming desc->dtype. What
+ * a backend cannot run is its supports()'s to refuse. */
+kf_status kf__check_layer_dtype(const char *fn, int32_t dtype);
 
 /* ---- parameter lists (params.c) ---------------------------------------------------------
  * One tensor of a layer's state, for the *_param_count / *_param_info calls: the reference's

@@ -5,6 +5,7 @@
 
 #include "front.h"
 #include "kan_backend.h"
+#include "lowp.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -33,10 +34,6 @@ kf_status kf__kan_check_params(const struct kf_kan_linear_plan *p, const char *f
                                const kf_tensor *grid, const kf_tensor *base,
                                const kf_tensor *spline, const kf_tensor *scaler, const void **g,
                                const void **bw, const void **sw, const void **sc);
-/* Element i of host array `a` of the plan's dtype (float32 or float64), as a double. */
-static inline double kf__kan_elem(const void *a, kf_dtype dtype, size_t i) {
-    return dtype == KF_DTYPE_F64 ? ((const double *)a)[i] : (double)((const float *)a)[i];
-}
 /* Every knot of grid [in, nk] (host memory, the plan's dtype) finite and each feature's row
  * non-decreasing; messages name `arg`. */
 kf_status kf__kan_check_grid_host(const struct kf_kan_linear_plan *p, const char *fn,

@@ -43,12 +43,12 @@ static void kan_format_index(const kf_tensor *t, size_t e, char *buf, size_t cap
 static kf_status kan_check_finite(const char *fn, const char *arg, const kf_tensor *t,
                                   const void *h, kf_dtype dtype, size_t n, const char *what) {
     for (size_t e = 0; e < n; ++e)
-        if (!isfinite(kf__kan_elem(h, dtype, e))) {
+        if (!isfinite(kf__elem_load(h, dtype, e))) {
             char ix[KF_MAX_DIMS * 24];
             kan_format_index(t, e, ix, sizeof ix);
             return kf__error(KF_ERR_INVALID_ARGUMENT, fn,
                              "%s%s = %g (element %zu), expected %s", arg, ix,
-                             kf__kan_elem(h, dtype, e), e, what);
+                             kf__elem_load(h, dtype, e), e, what);
         }
     return KF_OK;
 }

@@ -48,9 +48,7 @@ kf_status kf__kan_plan_init(const char *fn, kf_context *ctx, int64_t in, int64_t
                 (int)k);
     KF_CHECK_FN(fn, standalone_scale == 0 || standalone_scale == 1, KF_ERR_INVALID_ARGUMENT,
                 "desc->standalone_scale = %d, expected 0 or 1", (int)standalone_scale);
-    KF_CHECK_FN(fn, dtype == KF_DTYPE_F32 || dtype == KF_DTYPE_F64, KF_ERR_UNSUPPORTED,
-                "desc->dtype = %d, only KF_DTYPE_F32 (1) and KF_DTYPE_F64 (2) are implemented",
-                (int)dtype);
+    KF_TRY(kf__check_layer_dtype(fn, dtype));
     /* Knots per feature and the combined operand's width K = in * (C + 1) within int32, and the
      * buffers a call derives from the plan addressable (in doubles, for headroom): the combined
      * weight [out, K] and the knot reciprocals [in, k, nk]. */
@@ -156,13 +154,13 @@ kf_status kf__kan_check_grid_host(const struct kf_kan_linear_plan *p, const char
     for (int64_t i = 0; i < p->in; ++i) {
         const int64_t row = i * p->nk;
         for (int64_t j = 0; j < p->nk; ++j)
-            KF_CHECK_FN(fn, isfinite(kf__kan_elem(grid, p->dtype, row + j)),
+            KF_CHECK_FN(fn, isfinite(kf__elem_load(grid, p->dtype, row + j)),
                         KF_ERR_INVALID_ARGUMENT, "%s[%" PRId64 "][%" PRId64 "] = %g (feature %"
                         PRId64 "), expected a finite knot", arg, i, j,
-                        kf__kan_elem(grid, p->dtype, row + j), i);
+                        kf__elem_load(grid, p->dtype, row + j), i);
         for (int64_t j = 0; j + 1 < p->nk; ++j) {
-            const double a = kf__kan_elem(grid, p->dtype, row + j),
-                         b = kf__kan_elem(grid, p->dtype, row + j + 1);
+            const double a = kf__elem_load(grid, p->dtype, row + j),
+                         b = kf__elem_load(grid, p->dtype, row + j + 1);
             KF_CHECK_FN(fn, a <= b, KF_ERR_INVALID_ARGUMENT,
                         "%s row %" PRId64 " (feature %" PRId64 ") decreases: %s[%" PRId64
                         "][%" PRId64 "] = %.*g > %s[%" PRId64 "][%" PRId64 "] = %.*g, expected "

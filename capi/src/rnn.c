@@ -2,6 +2,7 @@
  * backends receive records whose every pointer, extent and buffer size has been checked. */
 #include "backend.h"
 #include "front.h"
+#include "lowp.h"
 #include "rnn_backend.h"
 
 #include <inttypes.h>
@@ -53,26 +54,6 @@ static int kf__rnn_weight_name(const kf_rnn_plan *p, int32_t l, int32_t d, int32
     return snprintf(buf, n, "cells.%d.%s", (int)l, kf__agru_suffix[j]);
 }
 
-/* Rank and shape of weight (l, d, j); shape has room for 2 entries. */
-static int32_t kf__rnn_weight_shape(const kf_rnn_plan *p, int32_t l, int32_t j, int64_t *shape) {
-    int64_t in = kf__rnn_layer_input(p, l), H = p->H;
-    if (p->cell == KF_RNN_GRU) {
-        shape[0] = 3 * H;
-        shape[1] = j == KF__GRU_W_IH ? in : H;
-        return j <= KF__GRU_W_HH ? 2 : 1;
-    }
-    switch (j) {
-    case KF__AGRU_W_Z: case KF__AGRU_W_R: case KF__AGRU_V_H:
-        shape[0] = H; shape[1] = in; return 2;
-    case KF__AGRU_U_Z: case KF__AGRU_U_R: case KF__AGRU_W_H:
-        shape[0] = H; shape[1] = H; return 2;
-    case KF__AGRU_EPS:
-        shape[0] = 1; return 1;
-    default:
-        shape[0] = H; return 1;
-    }
-}
-
 KF_API kf_status kf_rnn_plan_create(kf_context *ctx, const kf_rnn_desc *desc, kf_rnn_plan **out) {
     kf__clear_error();
     KF_CHECK(out != NULL, KF_ERR_INVALID_ARGUMENT, "out is NULL");
@@ -100,9 +81,7 @@ KF_API kf_status kf_rnn_plan_create(kf_context *ctx, const kf_rnn_desc *desc, kf
              "desc->dropout = %g, expected a probability in [0, 1)", (double)desc->dropout);
     KF_CHECK(isfinite(desc->gamma), KF_ERR_INVALID_ARGUMENT, "desc->gamma = %g, expected finite",
              (double)desc->gamma);
-    KF_CHECK(desc->dtype == KF_DTYPE_F32 || desc->dtype == KF_DTYPE_F64, KF_ERR_UNSUPPORTED,
-             "desc->dtype = %d, only KF_DTYPE_F32 (1) and KF_DTYPE_F64 (2) are implemented",
-             (int)desc->dtype);
+    KF_TRY(kf__check_layer_dtype(__func__, desc->dtype));
     /* Every weight must be addressable: 3H * max(I, 2H) elements of the dtype. */
     size_t biggest;
     KF_CHECK(kf__mul_size((size_t)(3 * desc->hidden_size),
@@ -194,7 +173,8 @@ KF_API kf_status kf_rnn_weight_info(const kf_rnn_plan *plan, int32_t index, cons
 }
 
 /* T, B within limits and every size the backends derive from them representable: the backends'
- * buffers are bounded by T*B*(I + 16*L*D*H) elements of the plan's dtype. */
+ * buffers are bounded by T*B*(I + 16*L*D*H) elements of the plan's dtype; a bfloat16/float16
+ * plan's (cpu/lowp.c) by as many float32 elements plus their float32 copies, 8 bytes each. */
 static kf_status kf__rnn_check_extent(const char *fn, const kf_rnn_plan *p, int64_t T, int64_t B) {
     KF_CHECK_FN(fn, T >= 1 && T <= KF__RNN_MAX_EXTENT, KF_ERR_INVALID_ARGUMENT,
                 "T = %" PRId64 ", expected 1..%d", T, KF__RNN_MAX_EXTENT);
@@ -204,7 +184,9 @@ static kf_status kf__rnn_check_extent(const char *fn, const kf_rnn_plan *p, int6
     bool ok = kf__mul_size((size_t)T, (size_t)B, &rows) &&
               kf__mul_size((size_t)(16 * p->L * p->D), (size_t)p->H, &width) &&
               kf__add_size(width, (size_t)p->I, &width) && kf__mul_size(rows, width, &bytes) &&
-              kf__mul_size(bytes, kf__dtype_bytes(p->dtype), &bytes) &&
+              kf__mul_size(bytes, kf__dtype_is_lowp(p->dtype) ? 2 * sizeof(float)
+                                                             : kf__dtype_bytes(p->dtype),
+                           &bytes) &&
               bytes <= (size_t)INT64_MAX &&
               rows <= (size_t)KF__RNN_MAX_EXTENT;
     KF_CHECK_FN(fn, ok, KF_ERR_INVALID_ARGUMENT,

@@ -67,9 +67,7 @@ KF_API kf_status kf_sklinear_plan_create(kf_context *ctx, const kf_sklinear_desc
              "is 2 * num_terms * low_rank wide)", r, KF__SKL_MAX_EXTENT / 2);
     KF_CHECK(desc->bias == 0 || desc->bias == 1, KF_ERR_INVALID_ARGUMENT,
              "desc->bias = %d, expected 0 or 1", (int)desc->bias);
-    KF_CHECK(desc->dtype == KF_DTYPE_F32 || desc->dtype == KF_DTYPE_F64, KF_ERR_UNSUPPORTED,
-             "desc->dtype = %d, only KF_DTYPE_F32 (1) and KF_DTYPE_F64 (2) are implemented",
-             (int)desc->dtype);
+    KF_TRY(kf__check_layer_dtype(__func__, desc->dtype));
     /* Every parameter must be addressable: r * max(in, out) elements of up to 8 bytes. */
     size_t biggest;
     int64_t wide = desc->in_features > desc->out_features ? desc->in_features

@@ -28,6 +28,14 @@ static const char *kf__dtype_name(int32_t dtype) {
     return "unknown dtype";
 }
 
+kf_status kf__check_layer_dtype(const char *fn, int32_t dtype) {
+    KF_CHECK_FN(fn, dtype == KF_DTYPE_F32 || dtype == KF_DTYPE_F64 || dtype == KF_DTYPE_F16 ||
+                        dtype == KF_DTYPE_BF16,
+                KF_ERR_UNSUPPORTED, "desc->dtype = %d, expected a float dtype: KF_DTYPE_F32 (1), "
+                "KF_DTYPE_F64 (2), KF_DTYPE_F16 (3) or KF_DTYPE_BF16 (4)", (int)dtype);
+    return KF_OK;
+}
+
 KF_API kf_status kf_tensor_init(kf_tensor *t, void *data, kf_dtype dtype, int32_t ndim,
                                 const int64_t *shape) {
     kf__clear_error();

@@ -198,7 +198,6 @@ static const shape kShapes[] = {
     {40, 5, 9, 70, 3, 1, GRID_RANDOM},     /* cw = 74 > 64 columns per feature */
     {3, 200, 130, 5, 3, 1, GRID_UNIFORM},  /* few rows: forward split over features */
     {3000, 9, 10, 5, 3, 1, GRID_REPEATED}, /* many rows, few tiles: dW split over rows */
-    {1024, 256, 256, 5, 3, 1, GRID_UNIFORM}, /* the benchmark shape */
     {129, 300, 77, 8, 1, 1, GRID_RANDOM},
 };
 
@@ -207,6 +206,17 @@ ParameterizedTestParameters(kan_linear_cuda, matches_cpu) {
 }
 
 ParameterizedTest(const shape *s, kan_linear_cuda, matches_cpu) { check_shape(s); }
+
+/* The big shapes, in a test of their own so that sanitizer runs can leave them out
+ * (--filter 'kan_linear_cuda/!(big_shapes)', benches/gpu.sh): the benchmark shape, and enough
+ * rows and outputs that the forward takes its unsplit path with several output tiles. */
+Test(kan_linear_cuda, big_shapes) {
+    static const shape big[] = {
+        {1024, 256, 256, 5, 3, 1, GRID_UNIFORM}, /* the benchmark shape */
+        {4096, 32, 256, 5, 3, 1, GRID_RANDOM},   /* unsplit forward, 4 output tiles */
+    };
+    for (size_t i = 0; i < sizeof big / sizeof big[0]; i++) check_shape(&big[i]);
+}
 
 /* Float64 is a CPU dtype for now: a CUDA context refuses it at plan creation, naming the field,
  * for both KAN layers. */

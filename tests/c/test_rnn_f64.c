@@ -439,14 +439,15 @@ Test(rnn_f64, size_queries_report_float64) {
     kf_context_destroy(ctx);
 }
 
-/* Float16 and bfloat16 stay refused at plan creation, naming the field. */
+/* Integer dtypes are refused at plan creation, naming the field (float16 and bfloat16:
+ * tests/c/test_lowp.c). */
 Test(rnn_f64, other_dtypes_unsupported) {
     ref_rnn_cfg c = cfg(REF_GRU, 1, 1, 3, 4, 2, 2);
     kf_context *ctx = make_ctx(KF_DEVICE_CPU, 1);
     kf_rnn_plan *plan = NULL;
-    EXPECT_FAIL(plan_for(ctx, &c, KF_DTYPE_BF16, &plan), KF_ERR_UNSUPPORTED, "desc->dtype");
+    EXPECT_FAIL(plan_for(ctx, &c, KF_DTYPE_I32, &plan), KF_ERR_UNSUPPORTED, "desc->dtype");
     cr_expect(plan == NULL);
-    EXPECT_FAIL(plan_for(ctx, &c, KF_DTYPE_F16, &plan), KF_ERR_UNSUPPORTED, "desc->dtype");
+    EXPECT_FAIL(plan_for(ctx, &c, KF_DTYPE_I64, &plan), KF_ERR_UNSUPPORTED, "desc->dtype");
     cr_expect(plan == NULL);
     kf_context_destroy(ctx);
 }

@@ -187,6 +187,8 @@ static const shape kShapes[] = {
     {37, 130, 70, 4, 5, 0, 0},  /* no bias; nothing a multiple of 8 */
     {64, 256, 256, 1, 16, 1, 0},/* the benchmark's small shape, team of threads */
     {33, 300, 129, 2, 32, 1, 1},
+    {40, 1100, 600, 2, 16, 1, 0}, /* few rows: the wide split, 5 blocks of in, 3 of out */
+    {300, 90, 70, 2, 8, 1, 1},    /* many rows: the row split, 10 row blocks */
 };
 
 ParameterizedTestParameters(sklinear, matches_reference) {

@@ -173,7 +173,9 @@ static const shape kShapes[] = {
     {1, 64, 49, 2, 8, 1},      /* batch 1, out % 8 = 1 */
     {37, 130, 70, 4, 5, 0},    /* no bias */
     {64, 256, 256, 1, 16, 1},  /* a team of threads */
-    {33, 300, 131, 2, 32, 1},  /* several row blocks, out % 8 = 3 */
+    {33, 300, 131, 2, 32, 1},  /* out % 8 = 3 */
+    {40, 1100, 600, 2, 16, 1}, /* few rows: the wide split, 5 blocks of in, 3 of out */
+    {300, 90, 70, 2, 8, 0},    /* many rows: the row split, 10 row blocks */
 };
 
 ParameterizedTestParameters(sklinear_f64, matches_reference) {
@@ -290,7 +292,8 @@ Test(sklinear_f64, mixed_dtype_names_the_argument) {
     free_prob(&p);
 }
 
-/* Float16 and bfloat16 are refused at plan creation, naming the field. */
+/* Integer dtypes are refused at plan creation, naming the field (float16 and bfloat16:
+ * tests/c/test_lowp.c). */
 Test(sklinear_f64, other_dtypes_unsupported) {
     kf_context *ctx = make_ctx(KF_DEVICE_CPU, 1);
     const ref_skl_cfg c = {1, 8, 8, 1, 2};
@@ -298,7 +301,7 @@ Test(sklinear_f64, other_dtypes_unsupported) {
     kf_sklinear_desc_init(&d);
     d.in_features = c.in, d.out_features = c.out, d.num_terms = 1, d.low_rank = 2;
     kf_sklinear_plan *plan = NULL;
-    d.dtype = KF_DTYPE_BF16;
+    d.dtype = KF_DTYPE_I64;
     EXPECT_FAIL(kf_sklinear_plan_create(ctx, &d, &plan), KF_ERR_UNSUPPORTED, "desc->dtype");
     cr_expect(plan == NULL);
     kf_context_destroy(ctx);

@@ -4,6 +4,9 @@
 #ifndef KF_FUZZ_INPUT_H
 #define KF_FUZZ_INPUT_H
 
+#include "kfuse.h"
+
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -27,6 +30,13 @@ static inline uint64_t u64(rd *r) { return rd_bytes(r, 8); }
 /* Uniform-ish in [lo, hi] from one byte (hi - lo < 256). */
 static inline int64_t range(rd *r, int64_t lo, int64_t hi) {
     return lo + (int64_t)(u8(r) % (uint32_t)(hi - lo + 1));
+}
+
+/* The layer dtypes plan creation accepts on the CPU: float32, float64 (since 1.3), float16 and
+ * bfloat16 storage (since 1.5). */
+static inline bool fuzz_float_dtype(int32_t dtype) {
+    return dtype == KF_DTYPE_F32 || dtype == KF_DTYPE_F64 || dtype == KF_DTYPE_F16 ||
+           dtype == KF_DTYPE_BF16;
 }
 
 #endif /* KF_FUZZ_INPUT_H */

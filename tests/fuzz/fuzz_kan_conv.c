@@ -674,7 +674,7 @@ static bool plan_from_fuzzed_desc(sess *s, rd *r) {
         d->stride_w < 1 || d->pad_h < 0 || d->pad_w < 0 || d->dilation_h < 1 || d->dilation_w < 1 ||
         d->grid_size < 1 || d->spline_order < 0 ||
         (d->standalone_scale != 0 && d->standalone_scale != 1) ||
-        (d->dtype != KF_DTYPE_F32 && d->dtype != KF_DTYPE_F64)) { /* float64 since 1.3 (CPU) */
+        !fuzz_float_dtype(d->dtype)) {
         must_fail = true;
     } else {
         unsigned __int128 F = (unsigned __int128)d->in_channels * (unsigned)d->kernel_h * (unsigned)d->kernel_w;

@@ -437,7 +437,7 @@ static bool plan_from_fuzzed_desc(sess *s, rd *r) {
         if (d->in_features < 1 || d->in_features > INT32_MAX || d->out_features < 1 ||
             d->out_features > INT32_MAX || d->num_terms < 1 || d->low_rank < 1 ||
             lr > INT32_MAX / 2 || (d->bias != 0 && d->bias != 1) ||
-            (d->dtype != KF_DTYPE_F32 && d->dtype != KF_DTYPE_F64) || /* float64 since 1.3 (CPU) */
+            !fuzz_float_dtype(d->dtype) ||
             !mul_ok((unsigned __int128)lr * (unsigned __int128)wide * 8))
             must_fail = true;
         if (d->in_features > 6 || d->out_features > 6 || d->num_terms > 3 || d->low_rank > 4 ||
@@ -469,7 +469,7 @@ static bool plan_from_fuzzed_desc(sess *s, rd *r) {
         if (d->in_features < 1 || d->in_features > INT32_MAX || d->out_features < 1 ||
             d->out_features > INT32_MAX || d->grid_size < 1 || d->spline_order < 0 ||
             (d->standalone_scale != 0 && d->standalone_scale != 1) ||
-            (d->dtype != KF_DTYPE_F32 && d->dtype != KF_DTYPE_F64)) { /* float64 since 1.3 (CPU) */
+            !fuzz_float_dtype(d->dtype)) {
             must_fail = true;
         } else {
             int64_t G = d->grid_size, k = d->spline_order, nk = G + 2 * k + 1, cw = G + k + 1;

@@ -926,7 +926,7 @@ static int LLVMFuzzerTestOneInputImpl(const uint8_t *data, size_t size) {
     if (d->struct_size < sizeof *d || (d->cell != 1 && d->cell != 2) || d->num_layers < 1 ||
         d->input_size < 1 || d->hidden_size < 1 || (d->flags & ~3u) ||
         !(d->dropout >= 0.0f && d->dropout < 1.0f) || !isfinite(d->gamma) ||
-        (d->dtype != KF_DTYPE_F32 && d->dtype != KF_DTYPE_F64) ||
+        !fuzz_float_dtype(d->dtype) ||
         (d->cell == 2 && (d->flags & 2)))
         must_fail = true;
     for (size_t i = sizeof *d; i < d->struct_size && i < sizeof db; i++)
@@ -971,16 +971,17 @@ static int LLVMFuzzerTestOneInputImpl(const uint8_t *data, size_t size) {
         kf_context_destroy(s.ctx);
         return 0;
     }
-    /* a float64 plan (CPU): its size queries, then the float32 calls below on a fresh plan (the
-     * harness's buffers are float32; tests/c/test_rnn_f64.c holds float64 to the reference) */
-    if (st == KF_OK && d->dtype == KF_DTYPE_F64) {
+    /* a float64, float16 or bfloat16 plan (CPU): its size queries, then the float32 calls below
+     * on a fresh plan (the harness's buffers are float32; tests/c/test_rnn_f64.c and
+     * tests/c/test_lowp.c hold those dtypes to the reference) */
+    if (st == KF_OK && d->dtype != KF_DTYPE_F32) {
         size_t wsb = 0, rsb = 0;
         if (kf_rnn_workspace_size(plan, range(&r, 1, 6), range(&r, 1, 5), KF_MODE_TRAINING, &wsb,
                                   &rsb) != KF_OK || rsb == 0)
-            FAIL("float64 plan: workspace_size");
+            FAIL("float64/float16/bfloat16 plan: workspace_size");
         kf_rnn_plan_destroy(plan);
     }
-    if (st != KF_OK || d->dtype == KF_DTYPE_F64) { /* fall back to a bounded float32 plan */
+    if (st != KF_OK || d->dtype != KF_DTYPE_F32) { /* fall back to a bounded float32 plan */
         kf_rnn_desc_init(d);
         d->cell = (v & 1) ? KF_RNN_AGRU : KF_RNN_GRU;
         d->input_size = 1 + (v >> 4) % 6;

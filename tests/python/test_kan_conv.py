@@ -547,7 +547,7 @@ def test_constructor_errors():
     with pytest.raises(kfuse.InvalidArgument, match="in_channels"):
         KanConv2dPlan(kfuse.Context(), 0, 4, 3)
     with pytest.raises(kfuse.Unsupported, match="dtype"):
-        kt.KANConv2d(3, 4, 3, dtype=torch.float16)
+        kt.KANConv2d(3, 4, 3, dtype=torch.int32)
 
 
 def test_default_init_scale_is_sane():

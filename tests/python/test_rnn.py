@@ -541,7 +541,7 @@ def test_descriptor_errors_at_construction():
         kfuse.RnnPlan(kfuse.Context(), "agru", 3, 4, bidirectional=True)
     assert isinstance(e.value, NotImplementedError) and "kf_rnn_plan_create" in e.value.message
     with pytest.raises(kfuse.Unsupported, match="dtype"):
-        kt.GRU(3, 4, dtype=torch.float16)
+        kt.GRU(3, 4, dtype=torch.int32)
     with pytest.raises(kfuse.InvalidArgument, match="cell"):
         kfuse.RnnPlan(kfuse.Context(), "lstm", 3, 4)
 

@@ -633,7 +633,7 @@ def test_descriptor_errors_at_construction():
     with pytest.raises(kfuse.InvalidArgument, match="in_features"):
         SkLinearPlan(kfuse.Context(), 0, 6, 1, 2)
     with pytest.raises(kfuse.Unsupported, match="dtype"):
-        kt.SKLinear(8, 6, 1, 2, dtype=torch.float16)
+        kt.SKLinear(8, 6, 1, 2, dtype=torch.int32)
 
 
 # ---- float64 (CPU) -----------------------------------------------------------------------------

@@ -19,7 +19,7 @@ every check (dtype, C-contiguous, shapes) is the library's own and fails with it
 as kfuse.InvalidArgument. Anything numpy can view without copying works as input: ndarrays,
 objects exposing __array_interface__ or the buffer protocol, and DLPack producers (__dlpack__,
 through np.from_dlpack). Outputs are new float32 arrays (the kan_* functions': arrays of the
-plan's dtype, float32 or float64). The GIL is released during each call.
+plan's dtype, float32, float64 or float16). The GIL is released during each call.
 `plan` is a kfuse.RnnPlan, kfuse.sklinear.SkLinearPlan, kfuse.kan.KanLinearPlan
 or kfuse.kan.KanConv2dPlan on a CPU context (numpy memory is host memory).
 """
@@ -27,7 +27,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from kfuse._lowlevel import ALIGN_BYTES, DTYPE_F64, TensorRef
+from kfuse._lowlevel import ALIGN_BYTES, DTYPE_BF16, DTYPE_F16, DTYPE_F64, TensorRef
 from kfuse.kan import QUANTILES_TORCH1
 
 __all__ = ["rnn_forward", "rnn_backward", "sklinear_init", "sklinear_forward",
@@ -224,8 +224,12 @@ _KAN_GRADS = ("base_weight", "spline_weight", "spline_scaler")
 
 
 def _kan_dtype(plan):
-    """The numpy dtype of a KAN plan's tensors (its descriptor's dtype: float32 or float64)."""
-    return np.float64 if plan.dtype == DTYPE_F64 else np.float32
+    """The numpy dtype of a KAN plan's tensors (its descriptor's dtype: float32, float64 or
+    float16; numpy has no bfloat16: such a plan is for the torch front end)."""
+    if plan.dtype == DTYPE_BF16:
+        raise TypeError("kfuse.numpy: a bfloat16 KAN plan has no numpy dtype (numpy has no "
+                        "bfloat16); use kfuse.torch")
+    return {DTYPE_F64: np.float64, DTYPE_F16: np.float16}.get(plan.dtype, np.float32)
 
 
 def _kan_params(plan, params):

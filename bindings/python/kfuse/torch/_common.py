@@ -117,6 +117,45 @@ def module_attrs(module, classes, names):
     return tuple([getattr(module, n) for n in names])
 
 
+# ---- autocast ------------------------------------------------------------------------------------
+# torch.get_autocast_dtype(device_type) and is_autocast_enabled(device_type): torch >= 2.4.
+_AUTOCAST_BY_DEVICE = hasattr(torch, "get_autocast_dtype")
+# Whether autocast is on for any device: one call on the per-call path (torch 2.x has it).
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (
+    lambda: torch.is_autocast_cpu_enabled() or torch.is_autocast_enabled())
+
+
+def autocast_dtype(device):
+    """The dtype torch's autocast gives an nn.Linear on `device` now, or None where it is off."""
+    kind = device.type
+    if _AUTOCAST_BY_DEVICE:
+        return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
+    if kind == "cpu":
+        return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
+    if kind == "cuda":
+        return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
+    return None
+
+
+def autocast_inputs(x, tensors):
+    """A kfuse layer under autocast, as torch's autocast treats nn.Linear (and, on the CPU,
+    torch.nn.GRU): where autocast is on for x's device, x and the layer's floating tensors
+    (parameters, buffers, h0) are cast to its dtype for this call, so the layer runs in that
+    dtype (bfloat16/float16 storage, float32 arithmetic) and its output has it; the casts are
+    differentiable, so float32 master parameters receive float32 gradients. A CUDA plan refuses
+    the low dtypes (no tensor-core kernels yet): there everything is cast to float32 instead and
+    the caller casts the output to the autocast dtype. Returns (x, tensors, dtype of the output
+    or None where autocast is off: nothing cast)."""
+    dt = autocast_dtype(x.device) if _any_autocast() else None
+    if dt is None:
+        return x, tensors, None
+    run = dt if x.device.type == "cpu" else torch.float32
+
+    def cast(t):
+        return t.to(run) if t is not None and t.is_floating_point() else t
+    return cast(x), [cast(t) for t in tensors], dt
+
+
 def on_device(x, body, *args):
     """body(*args) with torch.cuda.device(x.device) current where x is a CUDA tensor (as
     device_guard; on the CPU without a `with`, which costs the per-call path more than the

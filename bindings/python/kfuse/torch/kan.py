@@ -9,7 +9,8 @@ from torch import nn
 from kfuse._lowlevel import dtype_code
 from kfuse.kan import QUANTILES_TORCH1, QUANTILES_TORCH2, _pair
 from kfuse.torch._common import (
-    Op, check_devices, check_rank, device_guard, empty_grad, module_attrs, plan, workspace,
+    Op, autocast_inputs, check_devices, check_rank, device_guard, empty_grad, module_attrs, plan,
+    workspace,
 )
 
 __all__ = ["KANLinear", "KANConv2d", "kan_linear_function", "kan_conv2d_function"]
@@ -358,9 +359,12 @@ class _KANLayer(nn.Module):
             self, _PLAIN_LAYERS, _RUN_ATTRS if self.enable_standalone_scale_spline
             else _RUN_ATTRS[:-1])
         ss = ss[0] if ss else None
+        x, (grid, bw, sw, ss), cast = autocast_inputs(x, (grid, bw, sw, ss))
         if type(act) is nn.SiLU:
-            return self._op(x, grid, bw, sw, ss)
-        return self._base_branch(x, bw) + self._op(x, grid, None, sw, ss)
+            y = self._op(x, grid, bw, sw, ss)
+        else:
+            y = self._base_branch(x, bw) + self._op(x, grid, None, sw, ss)
+        return y if cast is None else y.to(cast)
 
     @torch.no_grad()
     def update_grid(self, x, margin=0.01):
@@ -435,9 +439,14 @@ class KANLinear(_KANLayer):
     kfuse gives the mathematical value (kfuse.h). base_activation is any activation module class,
     as in efficient-kan: SiLU is computed inside the library; with another the base branch
     base_activation(x) base_weight^T is computed in torch and the spline branch by kfuse. The
-    module follows its parameters' dtype: float32, or float64 (dtype=torch.float64 or .double(),
-    on the CPU); another dtype, or float64 on CUDA, raises kfuse.Unsupported, and an input of
-    another dtype than the parameters' a kfuse.InvalidArgument naming it.
+    module follows its parameters' dtype: float32, or on the CPU float64 (dtype=torch.float64,
+    .double()), bfloat16 or float16 (.bfloat16(), .half(): storage in the type, float32
+    arithmetic); another dtype, or any but float32 on CUDA, raises kfuse.Unsupported, and an
+    input of another dtype than the parameters' a kfuse.InvalidArgument naming it. Autocast:
+    under torch.autocast (CPU bfloat16), input and parameters are cast to the autocast dtype
+    for the call and the output has it, as torch's autocast treats nn.Linear (float32 master
+    parameters get float32 gradients; on CUDA, whose plans refuse the low dtypes, the layer
+    computes in float32 and casts its output); docs/precision.md.
 
     The initial grid comes from kf_kan_linear_uniform_grid (the same bits as efficient-kan's
     buffer); reset_parameters draws as efficient-kan does, from torch's default generator in the
@@ -515,7 +524,7 @@ class KANConv2d(_KANLayer):
     bases are stored for the batch. Backward gives the gradients of x, base_weight,
     spline_weight and spline_scaler (none for the grid). base_activation as in KANLinear (with
     another than SiLU, the base branch is a torch.nn.functional.conv2d of the activated, padded
-    image); dtypes as in KANLinear (float32, or float64 on the CPU); argument checks (a wrong
+    image); dtypes and autocast as in KANLinear; argument checks (a wrong
     channel count, an image smaller than the kernel's reach, a bad descriptor, a dtype) are the
     library's."""
 

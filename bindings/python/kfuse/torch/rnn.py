@@ -8,7 +8,7 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from kfuse._lowlevel import dtype_code
-from kfuse.torch._common import Op, device_guard, empty_grad, plan
+from kfuse.torch._common import Op, autocast_inputs, device_guard, empty_grad, plan
 
 __all__ = ["GRU", "AGRU", "AGRUCell", "rnn_function"]
 
@@ -217,7 +217,7 @@ class _KfuseRNNBase(nn.Module):
         return torch.zeros(w.shape[0], dtype=w.dtype, device=w.device)
 
     def _run(self, x, hx, lengths):
-        weights = self._canonical_weights()
+        x, (hx, *weights), cast = autocast_inputs(x, [hx] + self._canonical_weights())
         dropout = self.dropout if self.training else 0.0
         # (a trace must not depend on the grad mode it was recorded in: torch.jit.trace's check
         # reruns under no_grad)
@@ -234,7 +234,7 @@ class _KfuseRNNBase(nn.Module):
                        self.num_layers, bool(self.batch_first),
                        bool(getattr(self, "bidirectional", False)), float(dropout),
                        float(self.__dict__.get("gamma", 0.01)), training, seed)
-        return y, hn
+        return (y, hn) if cast is None else (y.to(cast), hn.to(cast))
 
     def forward(self, input, hx=None):
         if isinstance(input, PackedSequence):
@@ -266,9 +266,15 @@ class GRU(_KfuseRNNBase):
     """Drop-in for torch.nn.GRU (same arguments, defaults, parameter names, shapes and
     initialisation; same seed gives the same weights). With bias=False, as in torch, there are
     no bias parameters; the library runs the cell with zero biases. The dtype is the
-    parameters' (dtype=, .double(), .float()): float32, or float64 on the CPU; another dtype (or
-    float64 on a CUDA device) raises kfuse.Unsupported with the library's message, and an input
-    of another dtype than the parameters' kfuse.InvalidArgument (a ValueError) naming both."""
+    parameters' (dtype=, .double(), .float(), .bfloat16(), .half()): float32, or on the CPU
+    float64, bfloat16 or float16 (storage in the type, float32 arithmetic and state); another
+    dtype (or any but float32 on a CUDA device) raises kfuse.Unsupported with the library's
+    message, and an input of another dtype than the parameters' kfuse.InvalidArgument (a
+    ValueError) naming both. Autocast, as torch.nn.GRU does on the CPU (torch 1.13 and 2.x):
+    under torch.autocast (CPU bfloat16), input, h0 and parameters are cast to the autocast
+    dtype for the call and output and h_n have it (float32 master parameters get float32
+    gradients; on CUDA, whose plans refuse the low dtypes, the layer computes in float32 and
+    casts its outputs); docs/precision.md."""
 
     _cell = "gru"
 
@@ -374,7 +380,7 @@ class AGRU(_KfuseRNNBase):
     """Drop-in for the reference A-GRU model: AGRU(input_size, hidden_size, num_layers=1,
     batch_first=False, dropout=0.0, gamma=0.01, epsilon=1.0); parameters cells.{l}.W_z.weight,
     ...; forward(input, hx=None) -> (output [T, B, H], h_n [L, B, H]), with unbatched 2-D input
-    and PackedSequence also accepted. Dtypes as GRU's: float32, or float64 on the CPU."""
+    and PackedSequence also accepted. Dtypes and autocast as GRU's."""
 
     _cell = "agru"
 

@@ -8,8 +8,8 @@ from torch import nn
 
 from kfuse._lowlevel import dtype_code, lib
 from kfuse.torch._common import (
-    Op, check_devices, check_rank, device_guard, empty_grad, module_attrs, on_device, plan,
-    workspace,
+    Op, autocast_inputs, check_devices, check_rank, device_guard, empty_grad, module_attrs,
+    on_device, plan, workspace,
 )
 
 __all__ = ["SKLinear", "sklinear_function"]
@@ -161,8 +161,13 @@ class SKLinear(nn.Module):
     S2s[i] = U2s[i]^T W with W = W_init^T or Kaiming-uniform; bias U(-1/sqrt(out), 1/sqrt(out)))
     drawn by the library from a seed taken from torch's default generator, so torch.manual_seed()
     makes it repeatable (the values differ from Panther's own draws). The dtype is the
-    parameters': float32, or float64 on the CPU; another dtype (or float64 on a CUDA device)
-    raises kfuse.Unsupported at construction with the library's message.
+    parameters': float32, or on the CPU float64, bfloat16 or float16 (storage in the type,
+    float32 arithmetic; Panther's kernel tests run float16); another dtype (or any but float32
+    on a CUDA device) raises kfuse.Unsupported at construction with the library's message.
+    Autocast: under torch.autocast (CPU bfloat16), input and parameters are cast to the autocast dtype
+    for the call and the output has it, as torch's autocast treats nn.Linear (float32 master
+    parameters get float32 gradients; on CUDA, whose plans refuse the low dtypes, the layer
+    computes in float32 and casts its output); docs/precision.md.
 
     Panther's public attributes are here: the class attributes WARNING_MSG_FC, WARNING_MSG_TC and
     WARNING_MSG_BATCH with its texts (the tensor-core warnings are not raised: they describe a
@@ -239,12 +244,14 @@ class SKLinear(nn.Module):
     def forward(self, h_in):
         # x [..., in] -> y [..., out]; the library takes up to KF_MAX_DIMS dims as they are
         # (a 1-D x is one row and gives a 1-D y, as in Panther), more are flattened here.
-        x = h_in
+        x, tensors, cast = autocast_inputs(h_in, self._tensors())
         if x.dim() > _MAX_DIMS and x.shape[-1] > 0:
             lead = x.shape[:-1]
-            y = sklinear(x.reshape(-1, x.shape[-1]), *self._tensors())
-            return y.view(*lead, y.shape[-1])
-        return sklinear(x, *self._tensors())
+            y = sklinear(x.reshape(-1, x.shape[-1]), *tensors)
+            y = y.view(*lead, y.shape[-1])
+        else:
+            y = sklinear(x, *tensors)
+        return y if cast is None else y.to(cast)
 
     def _tensors(self):
         return module_attrs(self, (SKLinear,), _NAMES)

@@ -4,10 +4,10 @@
 // Do not edit: change the header, rerun generate.sh, commit the result.
 
 pub const KF_VERSION_MAJOR: u32 = 1;
-pub const KF_VERSION_MINOR: u32 = 4;
+pub const KF_VERSION_MINOR: u32 = 5;
 pub const KF_VERSION_PATCH: u32 = 0;
 pub const KF_ABI_VERSION: u32 = 1;
-pub const KF_VERSION_NUMBER: u32 = 10400;
+pub const KF_VERSION_NUMBER: u32 = 10500;
 pub const KF_MAX_DIMS: u32 = 6;
 pub const KF_ALIGN_BYTES: u32 = 64;
 pub const KF_CONTEXT_FIXED_ARENA: u32 = 1;
@@ -32,7 +32,8 @@ pub const kf_status_KF_ERR_INVALID_ARGUMENT: kf_status = 1;
 pub const kf_status_KF_ERR_UNSUPPORTED: kf_status = 2;
 #[doc = " host or device allocation failed"]
 pub const kf_status_KF_ERR_OUT_OF_MEMORY: kf_status = 3;
-#[doc = " caller workspace/reserve, or a fixed arena, too small"]
+#[doc = " caller workspace/reserve, a fixed arena, or an arena that"]
+#[doc = "would grow during a CUDA graph capture: too small"]
 pub const kf_status_KF_ERR_WORKSPACE_TOO_SMALL: kf_status = 4;
 #[doc = " e.g. CUDA asked for in a CPU-only build or without driver"]
 pub const kf_status_KF_ERR_BACKEND_UNAVAILABLE: kf_status = 5;
@@ -56,12 +57,20 @@ extern "C" {
 }
 #[doc = " IEEE binary32: the only dtype of 1.0's ops"]
 pub const kf_dtype_KF_DTYPE_F32: kf_dtype = 1;
+#[doc = " IEEE binary64: every op on the CPU backend since 1.4"]
 pub const kf_dtype_KF_DTYPE_F64: kf_dtype = 2;
+#[doc = " IEEE binary16 storage (CPU, since 1.5)"]
 pub const kf_dtype_KF_DTYPE_F16: kf_dtype = 3;
+#[doc = " bfloat16 storage (CPU, since 1.5)"]
 pub const kf_dtype_KF_DTYPE_BF16: kf_dtype = 4;
 #[doc = " sequence lengths"]
 pub const kf_dtype_KF_DTYPE_I32: kf_dtype = 5;
 pub const kf_dtype_KF_DTYPE_I64: kf_dtype = 6;
+#[doc = " Element types. KF_DTYPE_F16 and KF_DTYPE_BF16 are storage types (every op on the CPU backend"]
+#[doc = " since 1.5): a plan's tensors are in the type, its arithmetic (products, reductions, gates, the"]
+#[doc = " recurrent state) is float32, results are rounded to nearest even (NaN stays NaN), and an"]
+#[doc = " accumulated gradient is round(g_old + g) with the sum in float32. Their workspace queries"]
+#[doc = " include float32 copies of the call's tensors; their reserves are float32's."]
 pub type kf_dtype = ::std::os::raw::c_uint;
 #[doc = " A plain view of memory, shaped like DLPack's DLTensor. The library never frees `data`. A tensor"]
 #[doc = " whose `data` is NULL is \"absent\"; only arguments documented as optional may be absent."]
@@ -296,7 +305,9 @@ extern "C" {
 }
 extern "C" {
     #[doc = " Sets the CUDA stream (a cudaStream_t; NULL = the legacy default stream) that later calls"]
-    #[doc = " enqueue on. KF_ERR_INVALID_ARGUMENT on a CPU context unless `stream` is NULL. Since 1.0."]
+    #[doc = " enqueue on. Since 1.5, work on the new stream is ordered after the work already queued on the"]
+    #[doc = " old one (it may use the arena), unless either stream is capturing a CUDA graph. No wait."]
+    #[doc = " KF_ERR_INVALID_ARGUMENT on a CPU context unless `stream` is NULL. Since 1.0."]
     pub fn kf_context_set_stream(ctx: *mut kf_context, stream: *mut ::std::os::raw::c_void) -> kf_status;
 }
 extern "C" {
@@ -308,8 +319,11 @@ extern "C" {
 }
 extern "C" {
     #[doc = " Grows the arena to at least `bytes` now, so later calls needing up to that much never"]
-    #[doc = " allocate (also under KF_CONTEXT_FIXED_ARENA). Never shrinks it. On CUDA, waits for the"]
-    #[doc = " context's stream before replacing a smaller arena. Since 1.0."]
+    #[doc = " allocate (also under KF_CONTEXT_FIXED_ARENA). Never shrinks it. On CUDA the growth is ordered on"]
+    #[doc = " the context's stream (since 1.5: no wait; the smaller block is freed once the work queued"]
+    #[doc = " before it is done), and refused with KF_ERR_WORKSPACE_TOO_SMALL while that stream captures a"]
+    #[doc = " CUDA graph: reserve before capturing. A call that would grow the arena during a capture is"]
+    #[doc = " refused the same way, before anything is enqueued. Since 1.0."]
     pub fn kf_context_reserve(ctx: *mut kf_context, bytes: usize) -> kf_status;
 }
 extern "C" {
@@ -365,8 +379,9 @@ pub struct kf_rnn_desc {
     #[doc = " A-GRU diffusion constant in A = W_h - W_h^T - gamma I; default 0.01"]
     pub gamma: f32,
     #[doc = " kf_dtype of x, y, h and weights: KF_DTYPE_F32 (default), or"]
-    #[doc = "KF_DTYPE_F64 on the CPU backend (since 1.4; KF_ERR_UNSUPPORTED on"]
-    #[doc = "CUDA). dropout and gamma stay float whatever the dtype"]
+    #[doc = "KF_DTYPE_F64 (since 1.4), KF_DTYPE_F16 or KF_DTYPE_BF16 (since 1.5)"]
+    #[doc = "on the CPU backend (KF_ERR_UNSUPPORTED on CUDA). dropout and gamma"]
+    #[doc = "stay float whatever the dtype"]
     pub dtype: i32,
 }
 #[test]
@@ -1028,7 +1043,8 @@ pub struct kf_sklinear_desc {
     #[doc = " 1 (default): a bias [out] is added; 0: none"]
     pub bias: i32,
     #[doc = " kf_dtype of every tensor: KF_DTYPE_F32 (default), or KF_DTYPE_F64"]
-    #[doc = "on the CPU backend (since 1.3; KF_ERR_UNSUPPORTED on CUDA)"]
+    #[doc = "(since 1.3), KF_DTYPE_F16 or KF_DTYPE_BF16 (since 1.5) on the CPU"]
+    #[doc = "backend (KF_ERR_UNSUPPORTED on CUDA)"]
     pub dtype: i32,
 }
 #[test]
@@ -1655,8 +1671,9 @@ extern "C" {
 extern "C" {
     #[doc = " Panther's initialisation: U1s[i] = scaled sign sketch [k, out] and U2s[i] = (sign sketch"]
     #[doc = " [k, in])^T, entries +-1/sqrt(k); S1s[i] = W U1s[i]^T, S2s[i] = U2s[i]^T W with W = W_init^T"]
-    #[doc = " or drawn. Not a hot path: it synchronises with the context's stream and may allocate host"]
-    #[doc = " memory. Since 1.1."]
+    #[doc = " or drawn. A bfloat16 or float16 plan gets the float32 values rounded to its type (since 1.5)."]
+    #[doc = " Not a hot path: it synchronises with the context's stream and may allocate host memory."]
+    #[doc = " Since 1.1."]
     pub fn kf_sklinear_init_params(
         plan: *mut kf_sklinear_plan,
         args: *const kf_sklinear_init_args,
@@ -1683,7 +1700,8 @@ pub struct kf_kan_linear_desc {
     #[doc = " 1 (default): spline_scaler multiplies spline_weight; 0: none"]
     pub standalone_scale: i32,
     #[doc = " kf_dtype of every tensor: KF_DTYPE_F32 (default), or KF_DTYPE_F64"]
-    #[doc = "on a CPU context (since 1.4)"]
+    #[doc = "(since 1.4), KF_DTYPE_F16 or KF_DTYPE_BF16 (since 1.5) on a"]
+    #[doc = "CPU context"]
     pub dtype: i32,
 }
 #[test]
@@ -1790,7 +1808,7 @@ extern "C" {
 extern "C" {
     #[doc = " Creates a plan bound to `ctx` (which must outlive it). @return KF_OK and *out,"]
     #[doc = " KF_ERR_INVALID_ARGUMENT (message names the field), KF_ERR_UNSUPPORTED (a dtype other than"]
-    #[doc = " KF_DTYPE_F32 and, on a CPU context, KF_DTYPE_F64; on a CUDA context a spline_order above 15:"]
+    #[doc = " KF_DTYPE_F32 and, on a CPU context, KF_DTYPE_F64, KF_DTYPE_F16 and KF_DTYPE_BF16; on a CUDA context a spline_order above 15:"]
     #[doc = " since 1.3 reported here, before 1.3 by forward and backward), KF_ERR_OUT_OF_MEMORY. On failure"]
     #[doc = " *out is set to NULL (when `out` is not NULL). Since 1.1."]
     pub fn kf_kan_linear_plan_create(
@@ -1833,7 +1851,7 @@ extern "C" {
 extern "C" {
     #[doc = " Writes efficient-kan's initial knots into `grid` [in, G + 2k + 1] (memory of the context's"]
     #[doc = " device): grid[i][j] = lo + (j - k) * (hi - lo) / G for every feature, rounded as torch forms"]
-    #[doc = " it in the plan's dtype. Since 1.1."]
+    #[doc = " it in the plan's dtype (bfloat16, float16: the float32 knots rounded to the type). Since 1.1."]
     pub fn kf_kan_linear_uniform_grid(
         plan: *const kf_kan_linear_plan,
         lo: f32,
@@ -2254,7 +2272,8 @@ pub struct kf_kan_conv2d_desc {
     #[doc = " 1 (default): spline_scaler multiplies spline_weight; 0: none"]
     pub standalone_scale: i32,
     #[doc = " kf_dtype of every tensor: KF_DTYPE_F32 (default), or"]
-    #[doc = "KF_DTYPE_F64 on a CPU context (since 1.4)"]
+    #[doc = "KF_DTYPE_F64 (since 1.4), KF_DTYPE_F16 or KF_DTYPE_BF16"]
+    #[doc = "(since 1.5) on a CPU context"]
     pub dtype: i32,
 }
 #[test]
@@ -2907,7 +2926,8 @@ extern "C" {
 #[doc = " output on the samples is kept up to the fit (efficient-kan fits the scaled weights and then"]
 #[doc = " scales again; kfuse does not). The knots are formed in the plan's dtype in torch's order of"]
 #[doc = " operations (the same bits as kfuse.torch's update_grid; a float64 plan takes margin and"]
-#[doc = " grid_eps at their float32 values). Not a hot path: it synchronises with the"]
+#[doc = " grid_eps at their float32 values; a float16 or bfloat16 plan forms them in float32 and"]
+#[doc = " rounds each knot to its type). Not a hot path: it synchronises with the"]
 #[doc = " context's stream, allocates and computes on the host, and writes grid and spline_weight only on"]
 #[doc = " success (on a CUDA context a failure of the final copy of spline_weight can leave the new grid"]
 #[doc = " written)."]
