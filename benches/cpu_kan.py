@@ -68,6 +68,33 @@ def kan_forward(x, grid, bw, sw, ss, k):  # efficient-kan's KANLinear.forward, x
     return base_output + spline_output
 
 
+def ekan_passes(B, n_in, n_out, G, k):
+    """efficient-kan's forward (no grad) and forward+backward (all gradients) on a seeded
+    problem: efficient-kan's initial grid on [-1, 1], x U(-1.2, 1.2), weights U(-0.1, 0.1), the
+    scaler U(0.5, 1.5). Returns (fwd, fwdbwd, dy, x leaf, grid, parameter leaves)."""
+    import torch
+    torch.manual_seed(0)
+    h = 2.0 / G
+    grid = (torch.arange(-k, G + k + 1) * h - 1.0).expand(n_in, -1).contiguous()
+    x = torch.rand(B, n_in) * 2.4 - 1.2
+    params = [torch.rand(n_out, n_in) * 0.2 - 0.1, torch.rand(n_out, n_in, G + k) * 0.2 - 0.1,
+              torch.rand(n_out, n_in) + 0.5]
+    dy = torch.rand(B, n_out) * 2 - 1
+    xg = x.clone().requires_grad_(True)
+    pg = [q.clone().requires_grad_(True) for q in params]
+
+    def fwd():
+        with torch.no_grad():
+            kan_forward(x, grid, *params, k)
+
+    def fwdbwd():
+        xg.grad = None
+        for q in pg:
+            q.grad = None
+        kan_forward(xg, grid, *pg, k).backward(dy)
+    return fwd, fwdbwd, dy, xg, grid, pg
+
+
 def peak_alloc(fn):
     """Peak bytes torch allocates during fn(): torch.profiler allocation events in time order,
     running allocations minus frees (op granularity)."""
@@ -134,28 +161,10 @@ def worker(a):
     for case in a.cases.split(";"):
         B, n_in, n_out, reps, warmup, budget, want_mem = (float(v) for v in case.split(","))
         B, n_in, n_out, reps, warmup = int(B), int(n_in), int(n_out), int(reps), int(warmup)
-        torch.manual_seed(0)
-        h = 2.0 / G
-        grid = (torch.arange(-K_ORD, G + K_ORD + 1) * h - 1.0).expand(n_in, -1).contiguous()
         C = G + K_ORD
-        x = torch.rand(B, n_in) * 2.4 - 1.2
-        params = [torch.rand(n_out, n_in) * 0.2 - 0.1, torch.rand(n_out, n_in, C) * 0.2 - 0.1,
-                  torch.rand(n_out, n_in) + 0.5]
-        dy = torch.rand(B, n_out) * 2 - 1
+        kan_fwd, kan_fb, dy, xg, grid, pg = ekan_passes(B, n_in, n_out, G, K_ORD)
         Kd = n_in * (C + 1)
         A, W = torch.rand(B, Kd), torch.rand(Kd, n_out)
-        xg = x.clone().requires_grad_(True)
-        pg = [q.clone().requires_grad_(True) for q in params]
-
-        def kan_fwd():
-            with torch.no_grad():
-                kan_forward(x, grid, *params, K_ORD)
-
-        def kan_fb():
-            xg.grad = None
-            for q in pg:
-                q.grad = None
-            kan_forward(xg, grid, *pg, K_ORD).backward(dy)
 
         def gemm_fwd():
             torch.mm(A, W)

@@ -1,8 +1,9 @@
 /* CPU backend of the KAN linear layer (notation of core/kan_backend.h; math in
- * docs/ops/kan.md): OpenBLAS from the context's own threads, no allocation.
+ * docs/ops/kan.md): OpenBLAS from the context's own threads, no allocation. Two algorithms for
+ * the same products, chosen per direction from the shape alone (kan_sparse_pick):
  *
- * The layer is one product y = A W^T over the combined operand A [N, K] (per feature: SiLU(x)
- * and the C bases) and the combined weight W [out, K], which every call forms once in the
+ * DENSE. The layer is one product y = A W^T over the combined operand A [N, K] (per feature:
+ * SiLU(x) and the C bases) and the combined weight W [out, K], which every call forms once in the
  * workspace. A is never stored for the batch: it is built in per-thread tiles of one block of
  * rows (KF__KAN_ROWS) by one chunk of features (about KF__KAN_COLS columns), stored transposed,
  * A^T [cols, rows], so that the bases are computed by branch-free loops over contiguous rows with
@@ -17,21 +18,47 @@
  * forward of 30 calls was 17.3-17.4 ms against 17.5-17.9 ms), and the tile stays bounded
  * whatever `in` is (128 x 512 elements instead of 128 x K).
  *
- * Blocks (row blocks, feature chunks) and therefore every BLAS call depend on the shape alone;
- * they go round-robin to the threads and every output element has one writer (the weight
- * gradient is split by chunk, each thread summing its chunks over all rows in a fixed order), so
- * the bits do not depend on the thread count.
+ * WINDOWED. Only k + 1 of a feature's C bases are non-zero at any x (B_{j-k..j} for the span
+ * t_j <= x < t_{j+1}; none outside the grid or for NaN), so A is mostly zeros: 1 - (k+2)/(C+1)
+ * of the dense multiply-adds (44% at G = 5, k = 3; 64% at G = 10; 79% at G = 20). Per row block
+ * and group of KF__KAN_FG features, kan_window finds each (row, feature)'s span by counting
+ * knots and evaluates the k + 1 bases (or, for dx, SiLU' and the k + 1 derivatives) by the
+ * triangular recurrence, O(k^2) with gathered knots instead of the dense O(C k), moved to a
+ * window start s in [0, C - 1 - k] so that all k + 1 columns are real ones. W is packed
+ * transposed, W^T [K, outp] in output panels of 64 floats (32 doubles) so that a group's
+ * columns for one panel are contiguous and stay in L1. Then, with 8 vectors of 32 bytes of
+ * outputs in registers:
+ *   forward   y[n, panel] += V_silu W^T[i cw] + sum_t V_t W^T[i cw + 1 + s + t]  over the group
+ *   dx        dx[n, i] = dy[n, :] . (SiLU' W^T[i cw] + sum_t B'_t W^T[i cw + 1 + s + t])
+ *   weights   dW^T[i cw + c, :] += V_c dy[n, :], each thread owning a chunk of features and
+ *             summing over every row in order (deterministic), then the same fold
+ * These do k + 2 of the C + 1 multiply-adds, but each with a load (no register blocking over
+ * rows is possible: every row has its own window), the window costs a span count and ~20
+ * gathers per (row, feature) whatever out is, and the weight gradient adds to memory. Measured
+ * (2-core EPYC, one thread, AVX2 kernels here against OpenBLAS's AVX-512 ones, new/old interleaved
+ * on a shared box, ms): forward (1024, 512, 512) G = 10: 63 vs 104-128, G = 20: 78-82 vs
+ * 162-166; (2048, 1024, 1024) G = 5: 390-400 vs 475-488; forward+backward with the windowed
+ * backward at G = 5: 1490 vs 1380 (the weight gradient's stores), at G = 10 (1024, 512, 512):
+ * 227-250 vs 277; at out = 64, G = 10: 13.2 vs 7.7 (the window dominates), out = 128: 13.7 vs
+ * 14.3. Hence the rule in kan_sparse_pick.
+ *
+ * Blocks (row blocks, feature chunks and groups) and therefore every BLAS call and every sum
+ * depend on the shape alone; they go round-robin to the threads and every output element has
+ * one writer (the weight gradient is split by chunk, each thread summing its chunks over all
+ * rows in a fixed order), so the bits do not depend on the thread count.
  *
  * KANConv2d (kf__kan_patches) is the same product over the patches of x as rows. Only the row
  * blocks' addressing changes: blocks never cross an image (a block is up to 128 output pixels of
  * one image); a block's x^T is gathered from the image (im2col per tile, zeros outside it); its
  * y and dy are the columns [p0, p0 + rows) of the image's [out, Ho Wo] plane, so the GEMMs take
- * them transposed; and dx is a scatter-add over the patches, so one thread owns each image's dx
- * (zeroed first, then summed over the image's blocks in order: deterministic).
+ * them transposed (the windowed path copies them through a [rows, outp] buffer); and dx is a
+ * scatter-add over the patches, so one thread owns each image's dx (zeroed first, then summed
+ * over the image's blocks in order: deterministic).
  *
- * One implementation for both dtypes: KF__KAN_CPU_DEFINE(T, X) below defines the kernels for
- * element type T with the BLAS prefix X (s: float32, d: float64); the op picks them by the
- * plan's dtype. Only exp(-x) differs by type (kan_exp_neg_rows_s, kan_exp_neg_rows_d). */
+ * One implementation for both dtypes: KF__KAN_CPU_DEFINE(T, X) (dense) and
+ * KF__KAN_SPARSE_DEFINE(T, X, VEC, VI) (windowed) below define the kernels for element type T
+ * with the BLAS prefix X (s: float32, d: float64); the op picks them by the plan's dtype. Only
+ * exp(-x), the FMA and the gathers differ by type (the *_s and *_d helpers). */
 #include "blas.h"
 #include "bspline.h"
 #include "cpu_backend.h"
@@ -41,6 +68,9 @@
 #include <float.h>
 #include <math.h>
 #include <string.h>
+#if defined(__AVX2__) || defined(__FMA__)
+#include <immintrin.h>
+#endif
 
 /* Small calls run in the caller's thread: waking a sleeping team (OMP_WAIT_POLICY=PASSIVE) costs
  * ~25 us, more than it saves below this many multiply-adds (as for SKLinear). */
@@ -57,14 +87,89 @@
  * by chunk, so fewer chunks than threads would leave threads idle. */
 #define KF__KAN_MIN_CHUNKS 8
 
+/* The windowed path (kan_sparse_pick): output block of KF__KAN_NV vectors of 32 bytes held in
+ * registers (64 floats, 32 doubles), features per group of the row-wise products, the largest
+ * spline order it takes. */
+#define KF__KAN_NV 8
+#define KF__KAN_OB(e) (KF__KAN_NV * 32 / (e))
+#define KF__KAN_FG 8
+#define KF__KAN_SPARSE_KMAX 8
+typedef float kan_vs __attribute__((vector_size(32), __may_alias__, aligned(1)));
+typedef double kan_vd __attribute__((vector_size(32), __may_alias__, aligned(1)));
+typedef int32_t kan_vis __attribute__((vector_size(32), __may_alias__, aligned(1))); /* 8 lanes */
+typedef int32_t kan_vid __attribute__((vector_size(16), __may_alias__, aligned(1))); /* 4 lanes */
+
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__AVX__)
+/* Builds without AVX (KF_CPU_ARCH empty): 32-byte vectors pass by value between static functions
+ * only, so GCC's note that their ABI differs from an AVX build's concerns no caller. */
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+/* Per vector type: kan_fma_X(a, b, c) = a b + c with one rounding where the build has FMA (the
+ * dense path's BLAS uses it too; ISO C mode leaves the compiler no licence to contract a * b + c
+ * itself), kan_clampv_X(m, lo, hi) lane by lane, and kan_gather_X(b, ix) = b[ix[lane]] (AVX2,
+ * else lane by lane). MT, MI: the intrinsics' vector and index types; L: lanes. */
+#ifdef __FMA__
+#define KF__KAN_FMADD(f, MT, a, b, c) f((MT)(a), (MT)(b), (MT)(c))
+#else
+#define KF__KAN_FMADD(f, MT, a, b, c) ((a) * (b) + (c))
+#endif
+#ifdef __AVX2__
+#define KF__KAN_GATHER(f, MI, VEC, L, b, ix) return (VEC)f(b, (MI)(ix), sizeof *(b))
+#else
+#define KF__KAN_GATHER(f, MI, VEC, L, b, ix)                                                       \
+    VEC r;                                                                                         \
+    for (int l = 0; l < L; ++l) r[l] = b[ix[l]];                                                   \
+    return r
+#endif
+#define KF__KAN_VEC_DEFINE(T, X, VEC, VI, L, MT, MI, FMADD, GATHER)                                \
+    static inline VEC kan_fma_##X(VEC a, VEC b, VEC c) {                                           \
+        return (VEC)KF__KAN_FMADD(FMADD, MT, a, b, c);                                             \
+    }                                                                                              \
+    static inline VI kan_clampv_##X(VI m, VI lo, VI hi) {                                          \
+        m = m & ~(m < lo);                                                                         \
+        const VI over = m > hi;                                                                    \
+        return (m & ~over) | (hi & over);                                                          \
+    }                                                                                              \
+    static inline VEC kan_gather_##X(const T *b, VI ix) {                                          \
+        KF__KAN_GATHER(GATHER, MI, VEC, L, b, ix);                                                 \
+    }
+KF__KAN_VEC_DEFINE(float, s, kan_vs, kan_vis, 8, __m256, __m256i, _mm256_fmadd_ps,
+                   _mm256_i32gather_ps)
+KF__KAN_VEC_DEFINE(double, d, kan_vd, kan_vid, 4, __m256d, __m128i, _mm256_fmadd_pd,
+                   _mm256_i32gather_pd)
+
 static int64_t kan_min(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t kan_max(int64_t a, int64_t b) { return a > b ? a : b; }
+static inline int32_t kan_clamp32(int32_t v, int32_t lo, int32_t hi) {
+    return v < lo ? lo : v > hi ? hi : v;
+}
 
-/* Everything a call derives from (plan, N, patches): blocking, team size and the workspace
- * layout. Workspace bytes (each term rounded up to 64; e the element size, 4 or 8):
+/* Windowed (true) or dense, per direction, from the shape alone (so that the bits never depend
+ * on the thread count). The windowed products do k + 2 of the C + 1 multiply-adds per (row,
+ * feature, output) but with one load per multiply-add, against a register-blocked GEMM on the
+ * dense side, and pay a window (span count, gathers) per (row, feature) that only a wide output
+ * amortises; the weight gradient adds to memory per multiply-add. Measured on one thread of the
+ * 2-core EPYC (AVX2 kernels against OpenBLAS; header comment): break-even forward at
+ * (C + 1) / (k + 2) ~ 1.8 for out >= 512 and ~ 2 for out >= 256; backward at ~ 2.5 for
+ * out >= 256; below out = 256 the dense path won at every G measured. */
+static bool kan_sparse_pick(const struct kf_kan_linear_plan *p, bool backward) {
+    const int64_t ratio10 = 10 * p->cw / (p->k + 2); /* (C + 1) / (k + 2), in tenths */
+    if (p->k > KF__KAN_SPARSE_KMAX || p->out < 256) return false;
+    if (backward) return ratio10 >= 25;
+    return ratio10 >= (p->out >= 512 ? 18 : 20);
+}
+
+/* Everything a call derives from (plan, N, patches, direction): the path, blocking, team size
+ * and the workspace layout. Workspace bytes (each term rounded up to 64; e the element size, 4
+ * or 8), dense:
  *     e out K  +  e in k nk  +  team * (e (rows Fr cw + out F cw + 2 rows Fr + rows nk)
  *                                       + 8 rows kh kw for KANConv2d's patch offsets)
- * with rows = min(128, L): bounded by tiles, never by N times the bases. */
+ * windowed (outp = out rounded up to the panel, Fr = KF__KAN_FG, Fw = max(Fr, F)):
+ *     e outp K  +  e in k nk  +  team * (e (rows outp + outp F cw + rows (Fw + Fr)
+ *                                       + rows Fw (k+2) + (rows + rl) (k+2))
+ *                                       + 4 (rows Fw + 3 rl) + 32 rows Fr + 8 rows kh kw)
+ * with rows = min(128, L): bounded by tiles, never by N times the bases; the query answers the
+ * larger of the two directions. */
 typedef struct kan_geom {
     int64_t rows;        /* rows per block: min(KF__KAN_ROWS, L) */
     int64_t L;           /* rows per image: Ho Wo (KANConv2d) or N (KANLinear: one image) */
@@ -80,36 +185,66 @@ typedef struct kan_geom {
                             bases S [nk - 1, rows], clamped x [rows], patch offsets
                             [kh kw, rows] (int64, KANConv2d only) */
     size_t tile, dw, xt, dxt, s, xb, off; /* offsets inside a thread's region */
+    /* The windowed path (kan_sparse_pick): tile is y or dy [rows, outp], dw dW^T in panels
+     * [outp / OB][F cw, OB], s the window values [rows, Fw, k+2], then: */
+    bool sparse;
+    int64_t outp;        /* out rounded up to the output panel KF__KAN_OB(e) */
+    int64_t Fw;          /* features whose windows are held at once: max(Fr, F) */
+    size_t vals, sidx, win, ints, part; /* thread offsets: window values [rows, Fw, k+2] (= s),
+                                           starts [rows, Fw] (int32), one feature's window
+                                           [k+2, rows] and scratch [k+2, rl], int32 scratch
+                                           [3, rl] (rl: rows in whole vectors), dx's partial
+                                           sums [rows, Fr] (32-byte vectors) */
     size_t bytes;
 } kan_geom;
 
 static kan_geom kan_geom_of(const struct kf_kan_linear_plan *p, int64_t N,
-                            const kf__kan_patches *patches) {
+                            const kf__kan_patches *patches, bool backward) {
     kan_geom g;
+    memset(&g, 0, sizeof g);
     g.L = patches ? patches->Ho * patches->Wo : N;
     g.rows = kan_min(KF__KAN_ROWS, g.L);
     g.bpi = (g.L + g.rows - 1) / g.rows;
     g.blocks = g.bpi * (N / g.L);
     g.unit = patches ? g.bpi : 1;
-    g.Fr = kan_min(p->in, kan_max(1, KF__KAN_COLS / p->cw));
+    g.sparse = kan_sparse_pick(p, backward);
+    g.Fr = g.sparse ? kan_min(p->in, KF__KAN_FG) : kan_min(p->in, kan_max(1, KF__KAN_COLS / p->cw));
     g.rchunks = (p->in + g.Fr - 1) / g.Fr;
-    g.F = kan_min(g.Fr, (p->in + KF__KAN_MIN_CHUNKS - 1) / KF__KAN_MIN_CHUNKS);
+    g.F = kan_min(kan_min(p->in, kan_max(1, KF__KAN_COLS / p->cw)),
+                  (p->in + KF__KAN_MIN_CHUNKS - 1) / KF__KAN_MIN_CHUNKS);
     g.chunks = (p->in + g.F - 1) / g.F;
     const double flops = 2.0 * (double)N * (double)p->out * (double)p->K;
     g.team = flops < KF__KAN_TEAM_MIN_FLOPS
                  ? 1
                  : (int32_t)kan_min(p->ctx->num_threads, kan_max(g.blocks, g.chunks));
     const size_t e = p->dtype == KF_DTYPE_F64 ? sizeof(double) : sizeof(float);
+    const int64_t ob = KF__KAN_OB((int64_t)e);
+    g.outp = g.sparse ? (p->out + ob - 1) / ob * ob : p->out;
+    g.Fw = kan_max(g.Fr, g.F);
+    const int64_t wcols = g.sparse ? g.outp : p->out; /* W [out, K], or W^T [K, outp] */
     g.wc = 0;
-    g.inv = kf__align_up((size_t)(p->out * p->K) * e);
+    g.inv = kf__align_up((size_t)(wcols * p->K) * e);
     g.thr = g.inv + kf__align_up((size_t)(p->in * p->k * p->nk) * e);
+    /* a thread's region: the tile (dense: A^T [Fr cw, rows]; windowed: y or dy [rows, outp]),
+     * the weight-gradient accumulator (dense: [out, F cw]; windowed: [F cw, outp]), x^T and
+     * dx^T, then the dense path's bases and clamped x or the windowed path's windows */
     g.tile = 0;
-    g.dw = kf__align_up((size_t)(g.rows * g.Fr * p->cw) * e);
-    g.xt = g.dw + kf__align_up((size_t)(p->out * g.F * p->cw) * e);
-    g.dxt = g.xt + kf__align_up((size_t)(g.rows * g.Fr) * e);
+    g.dw = kf__align_up((size_t)(g.sparse ? g.rows * g.outp : g.rows * g.Fr * p->cw) * e);
+    g.xt = g.dw + kf__align_up((size_t)(wcols * g.F * p->cw) * e);
+    g.dxt = g.xt + kf__align_up((size_t)(g.rows * g.Fw) * e);
     g.s = g.dxt + kf__align_up((size_t)(g.rows * g.Fr) * e);
-    g.xb = g.s + kf__align_up((size_t)(g.rows * (p->nk - 1)) * e);
-    g.off = g.xb + kf__align_up((size_t)g.rows * e);
+    if (g.sparse) {
+        g.vals = g.s;
+        g.sidx = g.vals + kf__align_up((size_t)(g.rows * g.Fw * (p->k + 2)) * e);
+        g.win = g.sidx + kf__align_up((size_t)(g.rows * g.Fw) * sizeof(int32_t));
+        const int64_t rl = (g.rows + 7) / 8 * 8; /* rows in whole vectors */
+        g.ints = g.win + kf__align_up((size_t)((p->k + 2) * (g.rows + rl)) * e);
+        g.part = g.ints + kf__align_up((size_t)(3 * rl) * sizeof(int32_t));
+        g.off = g.part + (size_t)(g.rows * g.Fr) * 32; /* 32-byte vectors */
+    } else {
+        g.xb = g.s + kf__align_up((size_t)(g.rows * (p->nk - 1)) * e);
+        g.off = g.xb + kf__align_up((size_t)g.rows * e);
+    }
     g.thr_bytes = g.off + (patches ? kf__align_up((size_t)(g.rows * patches->kh * patches->kw) *
                                                   sizeof(int64_t))
                                    : 0);
@@ -119,7 +254,9 @@ static kan_geom kan_geom_of(const struct kf_kan_linear_plan *p, int64_t N,
 
 static size_t kan_workspace(const struct kf_kan_linear_plan *p, int64_t N,
                              const kf__kan_patches *patches) {
-    return kan_geom_of(p, N, patches).bytes;
+    const size_t f = kan_geom_of(p, N, patches, false).bytes,
+                 b = kan_geom_of(p, N, patches, true).bytes;
+    return f > b ? f : b;
 }
 
 /* Row block b: image img, its rows (output pixels) [p0, p0 + rows), global rows from n0. */
@@ -203,9 +340,8 @@ typedef struct kan_bwd_call {
     kan_geom g;
 } kan_bwd_call;
 
-/* For element type T, BLAS prefix X (s: float, d: double): the kernels of forward and
- * backward, each named with the suffix _X; kan_fwd_team_X and kan_bwd_team_X run one
- * thread's share of a call. */
+/* For element type T, BLAS prefix X (s: float, d: double): the dense path's kernels and the
+ * helpers both paths share, each named with the suffix _X. */
 #define KF__KAN_CPU_DEFINE(T, X)                                                                   \
     /* ---- the combined weight and the knot reciprocals ---- */                                   \
                                                                                                    \
@@ -330,43 +466,6 @@ typedef struct kan_bwd_call {
         return (T *)y + (P ? k->img * out * g->L + k->p0 : k->n0 * out);                           \
     }                                                                                              \
                                                                                                    \
-    static void kan_fwd_team_##X(void *arg, int tid, int nth) {                                    \
-        const kf__kan_fwd *c = ((const kan_fwd_call *)arg)->c;                                     \
-        const kan_geom *g = &((const kan_fwd_call *)arg)->g;                                       \
-        const struct kf_kan_linear_plan *p = c->plan;                                              \
-        const kf__kan_patches *P = c->patches;                                                     \
-        const int64_t in = p->in, out = p->out, cw = p->cw, K = p->K;                              \
-        T *W = kan_at(c->ws, g->wc), *inv = kan_at(c->ws, g->inv);                                 \
-        char *mine = (char *)c->ws + g->thr + (size_t)tid * g->thr_bytes;                          \
-        T *tile = kan_at(mine, g->tile), *xT = kan_at(mine, g->xt), *S = kan_at(mine, g->s),       \
-          *xb = kan_at(mine, g->xb);                                                               \
-        int64_t *off = kan_at(mine, g->off);                                                       \
-        int64_t a0, a1, ld;                                                                        \
-        kf__cpu_share(out, tid, nth, &a0, &a1);                                                    \
-        kan_pack_w_##X(p, c->base, c->spline, c->scaler, W, a0, a1);                               \
-        kf__cpu_share(in, tid, nth, &a0, &a1);                                                     \
-        kan_inv_table_##X(p, c->grid, inv, a0, a1);                                                \
-        _Pragma("omp barrier")                                                                     \
-        for (int64_t b = tid; b < g->blocks; b += nth) {                                           \
-            const kan_blk k = kan_blk_of(g, b);                                                    \
-            T *y = kan_yblk_##X(c->y, P, g, out, &k, &ld);                                         \
-            if (P) kan_block_offsets(P, &k, off);                                                  \
-            for (int64_t ch = 0; ch < g->rchunks; ++ch) {                                          \
-                const int64_t f0 = ch * g->Fr, f1 = kan_min(in, f0 + g->Fr);                       \
-                const int64_t cols = (f1 - f0) * cw;                                               \
-                const T beta = ch ? (T)1 : (T)0;                                                   \
-                kan_gather_x_##X(c->x, P, in, &k, f0, f1, xT, off);                                \
-                kan_tile_##X(p, c->grid, inv, xT, k.rows, f0, f1, tile, S, xb);                    \
-                if (P) /* y^T [out, rows] = W_chunk A_chunk^T */                                   \
-                    kf__##X##gemm(false, false, out, k.rows, cols, 1, W + f0 * cw, K, tile,        \
-                                  k.rows, beta, y, ld);                                            \
-                else /* y [rows, out] = A_chunk W_chunk^T */                                       \
-                    kf__##X##gemm(true, true, k.rows, out, cols, 1, tile, k.rows, W + f0 * cw, K,  \
-                                  beta, y, ld);                                                    \
-            }                                                                                      \
-        }                                                                                          \
-    }                                                                                              \
-                                                                                                   \
     /* ---- backward ---- */                                                                       \
                                                                                                    \
     /* dx^T [f1-f0, rows] for features [f0, f1) from dA^T = (dy W)^T over the same columns:        \
@@ -398,33 +497,341 @@ typedef struct kan_bwd_call {
         }                                                                                          \
     }                                                                                              \
                                                                                                    \
-    /* Folds the chunk [f0, f1) of dW = dy^T A ([out, (f1-f0)*cw]) into the parameter gradients:   \
+    /* Folds the chunk [f0, f1) of dW = dy^T A into the parameter gradients, dW[o, col] at         \
+     * o so + col sc ([out, (f1-f0)*cw]: so = (f1-f0)*cw, sc = 1; transposed: so = 1, sc = ld):    \
      *     d base_weight = dW_silu,   d spline_weight = dW_spline * spline_scaler,                 \
      *     d spline_scaler = sum_c dW_spline[c] * spline_weight[c]. */                             \
-    static void kan_fold_dw_##X(const kf__kan_bwd *c, const T *dW, int64_t f0, int64_t f1) {       \
+    static void kan_fold_dw_##X(const kf__kan_bwd *c, const T *dW, int64_t f0, int64_t f1,         \
+                                int64_t ob, int64_t sb, int64_t so, int64_t sc) {                  \
         const struct kf_kan_linear_plan *p = c->plan;                                              \
-        const int64_t in = p->in, C = p->C, cw = p->cw, ld = (f1 - f0) * cw;                       \
+        const int64_t in = p->in, C = p->C, cw = p->cw;                                            \
         const bool acc = c->accumulate;                                                            \
         const T *scaler = c->scaler, *spline = c->spline;                                          \
         T *dbase = c->dbase, *dspline = c->dspline, *dscaler = c->dscaler;                         \
         for (int64_t o = 0; o < p->out; ++o)                                                       \
             for (int64_t i = f0; i < f1; ++i) {                                                    \
                 const int64_t oi = o * in + i;                                                     \
-                const T *g = dW + o * ld + (i - f0) * cw;                                          \
+                const T *g = dW + o / ob * sb + o % ob * so + (i - f0) * cw * sc;                  \
                 if (dbase) dbase[oi] = acc ? dbase[oi] + g[0] : g[0];                              \
                 if (dspline) {                                                                     \
                     const T s = scaler ? scaler[oi] : (T)1;                                        \
                     T *d = dspline + oi * C;                                                       \
                     for (int64_t q = 0; q < C; ++q)                                                \
-                        d[q] = acc ? d[q] + g[1 + q] * s : g[1 + q] * s;                           \
+                        d[q] = acc ? d[q] + g[(1 + q) * sc] * s : g[(1 + q) * sc] * s;             \
                 }                                                                                  \
                 if (dscaler) {                                                                     \
                     const T *sw = spline + oi * C;                                                 \
                     T sum = 0;                                                                     \
-                    for (int64_t q = 0; q < C; ++q) sum += g[1 + q] * sw[q];                       \
+                    for (int64_t q = 0; q < C; ++q) sum += g[(1 + q) * sc] * sw[q];                \
                     dscaler[oi] = acc ? dscaler[oi] + sum : sum;                                   \
                 }                                                                                  \
             }                                                                                      \
+    }
+
+KF__KAN_CPU_DEFINE(float, s)
+KF__KAN_CPU_DEFINE(double, d)
+
+/* For element type T, suffix X, VEC the 32-byte vector of T and VI the int32 vector of as many
+ * lanes: the windowed path's kernels (the header comment says why and when). */
+#define KF__KAN_SPARSE_DEFINE(T, X, VEC, VI)                                                       \
+    /* Features [i0, i1) of W^T in output panels: panel b = o / OB is [K, OB] (row i cw + c:       \
+     * feature i's column c of the combined weight over the panel's outputs, zero past out), so    \
+     * that a group of features' columns for one output block are contiguous (rows of one [K,      \
+     * outp] matrix at a power-of-two stride would share L1 sets). Written panel row by panel      \
+     * row. */                                                                                     \
+    static void kan_pack_wt_##X(const struct kf_kan_linear_plan *p, const T *base,                 \
+                                const T *spline, const T *scaler, T *WT, int64_t outp,             \
+                                int64_t i0, int64_t i1) {                                          \
+        const int64_t in = p->in, out = p->out, C = p->C, cw = p->cw, OB = KF__KAN_OB(sizeof(T));  \
+        for (int64_t ob = 0; ob < outp; ob += OB)                                                  \
+            for (int64_t i = i0; i < i1; ++i)                                                      \
+                for (int64_t o = ob; o < ob + OB; ++o) {                                           \
+                    T *d = WT + ob * p->K + i * cw * OB + o % OB;                                  \
+                    const int64_t oi = o * in + i;                                                 \
+                    const T sc = scaler && o < out ? scaler[oi] : (T)1;                            \
+                    d[0] = base && o < out ? base[oi] : (T)0;                                      \
+                    for (int64_t c = 0; c < C; ++c)                                                \
+                        d[(1 + c) * OB] = o < out ? spline[oi * C + c] * sc : (T)0;                \
+                }                                                                                  \
+    }                                                                                              \
+                                                                                                   \
+    /* The window of one feature at x[0..rows) (kf__bspline_rows' bases, computed only where       \
+     * they can be non-zero). Per row: the span j (t_j <= x < t_{j+1}, counted as the knots        \
+     * t_1..t_{nk-2} at or below x; any j, with every basis 0, outside [t_0, t_{nk-1}) and for     \
+     * NaN), the order-k bases B_{j-k..j} by the triangular recurrence, L rows at a time in        \
+     * registers with the knots t_{j-k..j+k+1} and reciprocals gathered per row (descending r,     \
+     * so that B_{m,p-1} and B_{m+1,p-1} are read before being overwritten; the same expression    \
+     * as the dense form, hence the same bits), then moved to the window start                     \
+     * s = clamp(j - k, 0, C - 1 - k) so that its k + 1 columns are all real ones. Bases of        \
+     * indices outside [0, C) (order p: [0, nk - 1 - p)) come from clamped knot indices and        \
+     * never feed a real one; the move drops them by selection, not by a product.                  \
+     * deriv: V[0] = SiLU'(x) and the window of B' (the formula above kan_dx), else SiLU(x) and    \
+     * the window of B. V [k+2, rows], s [rows]; scr [k+2, rl], ints [2, rl] scratch, rl =         \
+     * rows rounded up to whole vectors. */                                                        \
+    static void kan_window_##X(const struct kf_kan_linear_plan *p, const T *t, const T *inv,       \
+                               const T *x, int64_t rows, bool deriv, T *V, int32_t *s, T *scr,     \
+                               int32_t *ints) {                                                    \
+        enum { L = 32 / sizeof(T) };                                                               \
+        const int32_t nk = (int32_t)p->nk, k = p->k, C = (int32_t)p->C;                            \
+        const int64_t rl = (rows + L - 1) / L * L;                                                 \
+        T *restrict xc = scr, *restrict Nb = xc + rl;                                              \
+        int32_t *restrict jj = ints, *restrict dl = ints + rl;                                     \
+        kan_exp_neg_rows_##X(x, rows, V);                                                          \
+        for (int64_t n = 0; n < rows; ++n) {                                                       \
+            const T sg = (T)1 / ((T)1 + V[n]);                                                     \
+            V[n] = deriv ? sg * ((T)1 + x[n] * ((T)1 - sg)) : x[n] / ((T)1 + V[n]);                \
+        }                                                                                          \
+        const T first = t[0], last = t[nk - 1];                                                    \
+        for (int64_t n = 0; n < rl; ++n) {                                                         \
+            const bool inside = n < rows && x[n] >= first && x[n] < last;                          \
+            xc[n] = inside ? x[n] : first;                                                         \
+            Nb[n] = inside ? (T)1 : (T)0;                                                          \
+            jj[n] = 0;                                                                             \
+        }                                                                                          \
+        for (int32_t m = 1; m + 1 < nk; ++m) {                                                     \
+            const T tm = t[m];                                                                     \
+            for (int64_t n = 0; n < rl; ++n) jj[n] += tm <= xc[n];                                 \
+        }                                                                                          \
+        const VI zi = {0}, hi = zi + (nk - 1);                                                     \
+        const VEC zero = {0};                                                                      \
+        for (int64_t n = 0; n < rl; n += L) {                                                      \
+            const VEC xv = *(const VEC *)(xc + n);                                                 \
+            const VI j = *(const VI *)(jj + n);                                                    \
+            VEC tk[2 * KF__KAN_SPARSE_KMAX + 2], Nv[KF__KAN_SPARSE_KMAX + 1],                      \
+                Qv[KF__KAN_SPARSE_KMAX + 1], iq[KF__KAN_SPARSE_KMAX + 2];                          \
+            for (int32_t u = -k; u <= k + 1; ++u)                                                  \
+                tk[u + k] = kan_gather_##X(t, kan_clampv_##X(j + u, zi, hi));                      \
+            Nv[0] = *(const VEC *)(Nb + n);                                                        \
+            for (int32_t q = 1; q <= k; ++q) {                                                     \
+                const T *ip = inv + (int64_t)(q - 1) * nk;                                         \
+                for (int32_t r = 0; r <= q + 1; ++r)                                               \
+                    iq[r] = kan_gather_##X(ip, kan_clampv_##X(j + (r - q), zi, hi));               \
+                if (q == k)                                                                        \
+                    for (int32_t r = 0; r < k; ++r) Qv[r] = Nv[r];                                 \
+                for (int32_t r = q; r >= 0; --r) {                                                 \
+                    const VEC b0 = r >= 1 ? Nv[r - 1] : zero, b1 = r < q ? Nv[r] : zero;           \
+                    Nv[r] = (xv - tk[r - q + k]) * iq[r] * b0 +                                    \
+                            (tk[r + 1 + k] - xv) * iq[r + 1] * b1;                                 \
+                }                                                                                  \
+            }                                                                                      \
+            for (int32_t r = 0; r <= k; ++r) {                                                     \
+                VEC v = Nv[r];                                                                     \
+                if (deriv) { /* B'_{j-k+r} from the order-(k-1) bases; iq holds inv_k[j-k..j+1] */ \
+                    const VEC s0 = r >= 1 ? Qv[r - 1] : zero, s1 = r < k ? Qv[r] : zero;           \
+                    v = zero;                                                                      \
+                    if (k) v = ((T)k * iq[r]) * s0 - ((T)k * iq[r + 1]) * s1;                      \
+                }                                                                                  \
+                *(VEC *)(Nb + r * rl + n) = v;                                                     \
+            }                                                                                      \
+        }                                                                                          \
+        for (int64_t n = 0; n < rows; ++n) {                                                       \
+            s[n] = kan_clamp32(jj[n] - k, 0, C - 1 - k);                                           \
+            dl[n] = s[n] - (jj[n] - k);                                                            \
+        }                                                                                          \
+        for (int32_t u = 0; u <= k; ++u) {                                                         \
+            T *v = V + (1 + u) * rows;                                                             \
+            memset(v, 0, (size_t)rows * sizeof(T));                                                \
+            for (int32_t r = 0; r <= k; ++r) {                                                     \
+                const T *a = Nb + r * rl;                                                          \
+                for (int64_t n = 0; n < rows; ++n) v[n] = r == u + dl[n] ? a[n] : v[n];            \
+            }                                                                                      \
+        }                                                                                          \
+    }                                                                                              \
+                                                                                                   \
+    /* The windows of features [f0, f1) of block k (x^T from kan_gather_x in xT), stored per row:  \
+     * vals[(n Fw + f - f0)(k+2) + c] = V_c, sidx[n Fw + f - f0] = s. */                           \
+    static void kan_windows_##X(const struct kf_kan_linear_plan *p, const kan_geom *g,             \
+                                const T *grid, const T *inv, const T *xT, int64_t rows,            \
+                                int64_t f0, int64_t f1, bool deriv, T *vals, int32_t *sidx,        \
+                                T *V, T *scr, int32_t *ints) {                                     \
+        const int64_t k2 = p->k + 2, Fw = g->Fw;                                                   \
+        int32_t *s = ints + 2 * ((rows + 7) / 8 * 8); /* past kan_window's [2, rl] */              \
+        for (int64_t i = f0; i < f1; ++i) {                                                        \
+            kan_window_##X(p, grid + i * p->nk, inv + i * p->k * p->nk, xT + (i - f0) * rows,      \
+                           rows, deriv, V, s, scr, ints);                                          \
+            for (int64_t n = 0; n < rows; ++n) {                                                   \
+                T *v = vals + (n * Fw + i - f0) * k2;                                              \
+                for (int64_t c = 0; c < k2; ++c) v[c] = V[c * rows + n];                           \
+                sidx[n * Fw + i - f0] = s[n];                                                      \
+            }                                                                                      \
+        }                                                                                          \
+    }                                                                                              \
+                                                                                                   \
+    /* Block k's y or dy <-> buf [rows, outp] (to_buf: dy in, zero past out; else y out). */       \
+    static void kan_rows_io_##X(void *y, const kf__kan_patches *P, const kan_geom *g,              \
+                                int64_t out, const kan_blk *k, T *buf, bool to_buf) {              \
+        int64_t ld;                                                                                \
+        T *yb = kan_yblk_##X(y, P, g, out, k, &ld);                                                \
+        for (int64_t n = 0; n < k->rows; ++n) {                                                    \
+            T *b = buf + n * g->outp;                                                              \
+            for (int64_t o = 0; o < out; ++o) {                                                    \
+                T *e = P ? yb + o * ld + n : yb + n * ld + o;                                      \
+                if (to_buf) b[o] = *e;                                                             \
+                else *e = b[o];                                                                    \
+            }                                                                                      \
+            if (to_buf) memset(b + out, 0, (size_t)(g->outp - out) * sizeof(T));                   \
+        }                                                                                          \
+    }                                                                                              \
+                                                                                                   \
+    /* ybuf[n, :] += sum over features i in [f0, f1) of                                            \
+     *     V_0 W^T[i cw] + sum_t V_{1+t} W^T[i cw + 1 + s + t]                                     \
+     * per output panel of KF__KAN_NV vectors, the row's panel in registers over the group (the    \
+     * group's W^T rows for the panel, Fr cw x 256 bytes, stay in L1). */                          \
+    static void kan_sfwd_product_##X(const T *WT, const kan_geom *g, int64_t cw, int64_t K,        \
+                                     int64_t k2, const T *vals, const int32_t *sidx, int64_t f0,   \
+                                     int64_t f1, int64_t rows, T *ybuf) {                          \
+        enum { L = 32 / sizeof(T) };                                                               \
+        enum { OB = KF__KAN_NV * L };                                                              \
+        const int64_t outp = g->outp, Fw = g->Fw;                                                  \
+        const VEC zero = {0};                                                                      \
+        for (int64_t o = 0; o < outp; o += OB)                                                     \
+            for (int64_t n = 0; n < rows; ++n) {                                                   \
+                VEC acc[KF__KAN_NV];                                                               \
+                T *yn = ybuf + n * outp + o;                                                       \
+                for (int q = 0; q < KF__KAN_NV; ++q) acc[q] = *(const VEC *)(yn + q * L);          \
+                for (int64_t i = f0; i < f1; ++i) {                                                \
+                    const T *v = vals + (n * Fw + i - f0) * k2;                                    \
+                    const T *w = WT + o * K + i * cw * OB;                                         \
+                    const VEC v0 = zero + v[0];                                                    \
+                    for (int q = 0; q < KF__KAN_NV; ++q)                                           \
+                        acc[q] = kan_fma_##X(v0, *(const VEC *)(w + q * L), acc[q]);               \
+                    const T *ws = w + (1 + sidx[n * Fw + i - f0]) * OB;                            \
+                    for (int64_t t = 1; t < k2; ++t, ws += OB) {                                   \
+                        const VEC vt = zero + v[t];                                                \
+                        for (int q = 0; q < KF__KAN_NV; ++q)                                       \
+                            acc[q] = kan_fma_##X(vt, *(const VEC *)(ws + q * L), acc[q]);          \
+                    }                                                                              \
+                }                                                                                  \
+                for (int q = 0; q < KF__KAN_NV; ++q) *(VEC *)(yn + q * L) = acc[q];                \
+            }                                                                                      \
+    }                                                                                              \
+                                                                                                   \
+    /* dxT[i - f0, n] = dbuf[n, :] . (V_0 W^T[i cw] + sum_t V_{1+t} W^T[i cw + 1 + s + t])         \
+     * = V_0 dA_0 + sum_t V_{1+t} dA_{1+s+t} (V from kan_windows with deriv: SiLU' and B'): the    \
+     * window's weight columns combined as in the forward, then dotted with dy; output panel by    \
+     * panel as the forward (the group's panel rows stay in L1), the dot products' partial sums    \
+     * in part [rows, Fr] vectors. */                                                              \
+    static void kan_sdx_product_##X(const T *WT, const kan_geom *g, int64_t cw, int64_t K,         \
+                                    int64_t k2, const T *vals, const int32_t *sidx, int64_t f0,    \
+                                    int64_t f1, int64_t rows, const T *dbuf, VEC *part, T *dxT) {  \
+        enum { L = 32 / sizeof(T) };                                                               \
+        enum { OB = KF__KAN_NV * L };                                                              \
+        const int64_t outp = g->outp, Fw = g->Fw, nf = f1 - f0;                                    \
+        const VEC zero = {0};                                                                      \
+        for (int64_t j = 0; j < rows * nf; ++j) part[j] = zero;                                    \
+        for (int64_t o = 0; o < outp; o += OB)                                                     \
+            for (int64_t n = 0; n < rows; ++n)                                                     \
+                for (int64_t i = f0; i < f1; ++i) {                                                \
+                    const T *v = vals + (n * Fw + i - f0) * k2, *dn = dbuf + n * outp + o;         \
+                    const T *w0 = WT + o * K + i * cw * OB,                                        \
+                            *ws = w0 + (1 + sidx[n * Fw + i - f0]) * OB;                           \
+                    VEC e[KF__KAN_NV], a0 = part[n * nf + i - f0], a1 = zero;                      \
+                    for (int q = 0; q < KF__KAN_NV; ++q) e[q] = v[0] * *(const VEC *)(w0 + q * L); \
+                    for (int64_t t = 1; t < k2; ++t, ws += OB) {                                   \
+                        const VEC vt = zero + v[t];                                                \
+                        for (int q = 0; q < KF__KAN_NV; ++q)                                       \
+                            e[q] = kan_fma_##X(vt, *(const VEC *)(ws + q * L), e[q]);              \
+                    }                                                                              \
+                    for (int q = 0; q < KF__KAN_NV; q += 2) {                                      \
+                        a0 = kan_fma_##X(*(const VEC *)(dn + q * L), e[q], a0);                    \
+                        a1 = kan_fma_##X(*(const VEC *)(dn + q * L + L), e[q + 1], a1);            \
+                    }                                                                              \
+                    part[n * nf + i - f0] = a0 + a1;                                               \
+                }                                                                                  \
+        for (int64_t n = 0; n < rows; ++n)                                                         \
+            for (int64_t i = f0; i < f1; ++i) {                                                    \
+                const VEC a = part[n * nf + i - f0];                                               \
+                T dx = 0;                                                                          \
+                for (int l = 0; l < L; ++l) dx += a[l];                                            \
+                dxT[(i - f0) * rows + n] = dx;                                                     \
+            }                                                                                      \
+    }                                                                                              \
+                                                                                                   \
+    /* dW^T[(i - f0) cw + c, :] += V_c dbuf[n, :] over the window's columns, row by row in order   \
+     * (each thread owns its features' accumulator: deterministic), in output panels as W^T,       \
+     * panel b = o / OB being [F cw, OB]. */                                                       \
+    static void kan_sdw_product_##X(T *dWT, const kan_geom *g, int64_t cw, int64_t k2,             \
+                                    const T *vals, const int32_t *sidx, int64_t nf, int64_t rows,  \
+                                    const T *dbuf) {                                               \
+        enum { L = 32 / sizeof(T) };                                                               \
+        enum { OB = KF__KAN_NV * L };                                                              \
+        const int64_t outp = g->outp, Fw = g->Fw, FK = g->F * cw;                                  \
+        const VEC zero = {0};                                                                      \
+        for (int64_t o = 0; o < outp; o += OB)                                                     \
+            for (int64_t f0 = 0; f0 < nf; f0 += KF__KAN_FG) /* the group's rows stay in L1 */      \
+            for (int64_t n = 0; n < rows; ++n) {                                                   \
+                VEC d[KF__KAN_NV];                                                                 \
+                for (int q = 0; q < KF__KAN_NV; ++q)                                               \
+                    d[q] = *(const VEC *)(dbuf + n * outp + o + q * L);                            \
+                for (int64_t f = f0; f < kan_min(nf, f0 + KF__KAN_FG); ++f) {                      \
+                    const T *v = vals + (n * Fw + f) * k2;                                         \
+                    T *w = dWT + o * FK + f * cw * OB;                                             \
+                    const VEC v0 = zero + v[0];                                                    \
+                    for (int q = 0; q < KF__KAN_NV; ++q)                                           \
+                        *(VEC *)(w + q * L) = kan_fma_##X(v0, d[q], *(const VEC *)(w + q * L));    \
+                    T *ws = w + (1 + sidx[n * Fw + f]) * OB;                                       \
+                    for (int64_t t = 1; t < k2; ++t, ws += OB) {                                   \
+                        const VEC vt = zero + v[t];                                                \
+                        for (int q = 0; q < KF__KAN_NV; ++q)                                       \
+                            *(VEC *)(ws + q * L) =                                                 \
+                                kan_fma_##X(vt, d[q], *(const VEC *)(ws + q * L));                 \
+                    }                                                                              \
+                }                                                                                  \
+            }                                                                                      \
+    }
+
+KF__KAN_SPARSE_DEFINE(float, s, kan_vs, kan_vis)
+KF__KAN_SPARSE_DEFINE(double, d, kan_vd, kan_vid)
+
+/* For element type T, BLAS prefix X, vector VEC: kan_fwd_team_X and kan_bwd_team_X, one
+ * thread's share of a call on either path (g->sparse: the windowed kernels above, else the
+ * dense tiles + GEMM). */
+#define KF__KAN_TEAMS_DEFINE(T, X, VEC)                                                            \
+    static void kan_fwd_team_##X(void *arg, int tid, int nth) {                                    \
+        const kf__kan_fwd *c = ((const kan_fwd_call *)arg)->c;                                     \
+        const kan_geom *g = &((const kan_fwd_call *)arg)->g;                                       \
+        const struct kf_kan_linear_plan *p = c->plan;                                              \
+        const kf__kan_patches *P = c->patches;                                                     \
+        const int64_t in = p->in, out = p->out, cw = p->cw, K = p->K, k2 = p->k + 2;               \
+        T *W = kan_at(c->ws, g->wc), *inv = kan_at(c->ws, g->inv);                                 \
+        char *mine = (char *)c->ws + g->thr + (size_t)tid * g->thr_bytes;                          \
+        T *tile = kan_at(mine, g->tile), *xT = kan_at(mine, g->xt), *S = kan_at(mine, g->s),       \
+          *xb = kan_at(mine, g->xb), *win = kan_at(mine, g->win);                                  \
+        int32_t *sidx = kan_at(mine, g->sidx), *ints = kan_at(mine, g->ints);                      \
+        int64_t *off = kan_at(mine, g->off);                                                       \
+        int64_t a0, a1, ld;                                                                        \
+        kf__cpu_share(g->sparse ? in : out, tid, nth, &a0, &a1);                                   \
+        if (g->sparse) kan_pack_wt_##X(p, c->base, c->spline, c->scaler, W, g->outp, a0, a1);      \
+        else kan_pack_w_##X(p, c->base, c->spline, c->scaler, W, a0, a1);                          \
+        kf__cpu_share(in, tid, nth, &a0, &a1);                                                     \
+        kan_inv_table_##X(p, c->grid, inv, a0, a1);                                                \
+        _Pragma("omp barrier")                                                                     \
+        for (int64_t b = tid; b < g->blocks; b += nth) {                                           \
+            const kan_blk k = kan_blk_of(g, b);                                                    \
+            T *y = kan_yblk_##X(c->y, P, g, out, &k, &ld);                                         \
+            if (P) kan_block_offsets(P, &k, off);                                                  \
+            if (g->sparse) memset(tile, 0, (size_t)(k.rows * g->outp) * sizeof(T));                \
+            for (int64_t ch = 0; ch < g->rchunks; ++ch) {                                          \
+                const int64_t f0 = ch * g->Fr, f1 = kan_min(in, f0 + g->Fr);                       \
+                const int64_t cols = (f1 - f0) * cw;                                               \
+                const T beta = ch ? (T)1 : (T)0;                                                   \
+                kan_gather_x_##X(c->x, P, in, &k, f0, f1, xT, off);                                \
+                if (g->sparse) { /* y[rows, outp] in the tile */                                   \
+                    kan_windows_##X(p, g, c->grid, inv, xT, k.rows, f0, f1, false, S, sidx, win,   \
+                                    win + k2 * k.rows, ints);                                      \
+                    kan_sfwd_product_##X(W, g, cw, K, k2, S, sidx, f0, f1, k.rows, tile);          \
+                    continue;                                                                      \
+                }                                                                                  \
+                kan_tile_##X(p, c->grid, inv, xT, k.rows, f0, f1, tile, S, xb);                    \
+                if (P) /* y^T [out, rows] = W_chunk A_chunk^T */                                   \
+                    kf__##X##gemm(false, false, out, k.rows, cols, 1, W + f0 * cw, K, tile,        \
+                                  k.rows, beta, y, ld);                                            \
+                else /* y [rows, out] = A_chunk W_chunk^T */                                       \
+                    kf__##X##gemm(true, true, k.rows, out, cols, 1, tile, k.rows, W + f0 * cw, K,  \
+                                  beta, y, ld);                                                    \
+            }                                                                                      \
+            if (g->sparse) kan_rows_io_##X(c->y, P, g, out, &k, tile, false);                      \
+        }                                                                                          \
     }                                                                                              \
                                                                                                    \
     static void kan_bwd_team_##X(void *arg, int tid, int nth) {                                    \
@@ -432,24 +839,28 @@ typedef struct kan_bwd_call {
         const kan_geom *g = &((const kan_bwd_call *)arg)->g;                                       \
         const struct kf_kan_linear_plan *p = c->plan;                                              \
         const kf__kan_patches *P = c->patches;                                                     \
-        const int64_t in = p->in, out = p->out, cw = p->cw, K = p->K;                              \
+        const int64_t in = p->in, out = p->out, cw = p->cw, K = p->K, k2 = p->k + 2;               \
         T *W = kan_at(c->ws, g->wc), *inv = kan_at(c->ws, g->inv), *DX = c->dx;                    \
         char *mine = (char *)c->ws + g->thr + (size_t)tid * g->thr_bytes;                          \
         T *tile = kan_at(mine, g->tile), *dW = kan_at(mine, g->dw), *xT = kan_at(mine, g->xt),     \
-          *dxT = kan_at(mine, g->dxt), *S = kan_at(mine, g->s), *xb = kan_at(mine, g->xb);         \
+          *dxT = kan_at(mine, g->dxt), *S = kan_at(mine, g->s), *xb = kan_at(mine, g->xb),         \
+          *win = kan_at(mine, g->win);                                                             \
+        int32_t *sidx = kan_at(mine, g->sidx), *ints = kan_at(mine, g->ints);                      \
+        VEC *part = kan_at(mine, g->part);                                                         \
         int64_t *off = kan_at(mine, g->off);                                                       \
         int64_t a0, a1, ld;                                                                        \
-        if (DX) {                                                                                  \
-            kf__cpu_share(out, tid, nth, &a0, &a1);                                                \
+        kf__cpu_share(g->sparse ? in : out, tid, nth, &a0, &a1);                                   \
+        if (DX && g->sparse)                                                                       \
+            kan_pack_wt_##X(p, c->base, c->spline, c->scaler, W, g->outp, a0, a1);                 \
+        else if (DX)                                                                               \
             kan_pack_w_##X(p, c->base, c->spline, c->scaler, W, a0, a1);                           \
-        }                                                                                          \
         kf__cpu_share(in, tid, nth, &a0, &a1);                                                     \
         kan_inv_table_##X(p, c->grid, inv, a0, a1);                                                \
         _Pragma("omp barrier")                                                                     \
-        /* dx, unit by unit (a row block, or a whole image whose dx this thread alone sums):       \
-         * dA^T = (dy W)^T chunk by chunk (each chunk owns its features). dy is taken transposed   \
-         * when it is stored [rows, out] (KANLinear) and as it is when it is already               \
-         * [out, rows]. */                                                                         \
+        /* dx, unit by unit (a row block, or a whole image whose dx this thread alone sums).       \
+         * Dense: dA^T = (dy W)^T chunk by chunk (each chunk owns its features), dy taken          \
+         * transposed when it is stored [rows, out] (KANLinear) and as it is when it is already    \
+         * [out, rows]. Windowed: dy copied to the tile [rows, outp]. */                           \
         const size_t img_bytes = P ? (size_t)(P->Cin * P->H * P->W) * sizeof(T) : 0;               \
         for (int64_t u = tid; DX && u * g->unit < g->blocks; u += nth) {                           \
             if (P) memset(DX + u * P->Cin * P->H * P->W, 0, img_bytes);                            \
@@ -457,49 +868,69 @@ typedef struct kan_bwd_call {
                 const kan_blk k = kan_blk_of(g, b);                                                \
                 const T *dy = kan_yblk_##X(c->dy, P, g, out, &k, &ld);                             \
                 if (P) kan_block_offsets(P, &k, off);                                              \
+                if (g->sparse) kan_rows_io_##X((void *)c->dy, P, g, out, &k, tile, true);          \
                 for (int64_t ch = 0; ch < g->rchunks; ++ch) {                                      \
                     const int64_t f0 = ch * g->Fr, f1 = kan_min(in, f0 + g->Fr);                   \
                     const int64_t cols = (f1 - f0) * cw;                                           \
-                    kf__##X##gemm(true, !P, cols, k.rows, out, 1, W + f0 * cw, K, dy, ld, 0, tile, \
-                                  k.rows);                                                         \
+                    if (!g->sparse)                                                                \
+                        kf__##X##gemm(true, !P, cols, k.rows, out, 1, W + f0 * cw, K, dy, ld, 0,   \
+                                      tile, k.rows);                                               \
                     kan_gather_x_##X(c->x, P, in, &k, f0, f1, xT, off);                            \
-                    kan_dx_##X(p, c->grid, inv, xT, tile, k.rows, f0, f1, dxT, S, xb);             \
+                    if (g->sparse) {                                                               \
+                        kan_windows_##X(p, g, c->grid, inv, xT, k.rows, f0, f1, true, S, sidx,     \
+                                        win, win + k2 * k.rows, ints);                             \
+                        kan_sdx_product_##X(W, g, cw, K, k2, S, sidx, f0, f1, k.rows, tile, part,  \
+                                            dxT);                                                  \
+                    } else {                                                                       \
+                        kan_dx_##X(p, c->grid, inv, xT, tile, k.rows, f0, f1, dxT, S, xb);         \
+                    }                                                                              \
                     kan_scatter_dx_##X(dxT, P, in, &k, f0, f1, DX, off);                           \
                 }                                                                                  \
             }                                                                                      \
         }                                                                                          \
-        /* dW = dy^T A, chunk by chunk over all rows in a fixed order (no barrier needed: the two  \
-         * loops write disjoint outputs and read only inputs, W and inv). */                       \
+        /* The weight gradient, chunk by chunk over all rows in a fixed order (no barrier needed:  \
+         * the two loops write disjoint outputs and read only inputs, W and inv). Dense:           \
+         * dW = dy^T A by GEMM into [out, F cw]; windowed: dW^T in panels (zeroed first). */       \
         const bool want_w = c->dbase || c->dspline || c->dscaler;                                  \
+        const int64_t OB = KF__KAN_OB((int64_t)sizeof(T));                                         \
         for (int64_t ch = tid; want_w && ch < g->chunks; ch += nth) {                              \
             const int64_t f0 = ch * g->F, f1 = kan_min(in, f0 + g->F), cols = (f1 - f0) * cw;      \
+            if (g->sparse) memset(dW, 0, (size_t)(g->F * cw * g->outp) * sizeof(T));               \
             for (int64_t b = 0; b < g->blocks; ++b) {                                              \
                 const kan_blk k = kan_blk_of(g, b);                                                \
                 const T *dy = kan_yblk_##X(c->dy, P, g, out, &k, &ld);                             \
                 if (P) kan_block_offsets(P, &k, off);                                              \
                 kan_gather_x_##X(c->x, P, in, &k, f0, f1, xT, off);                                \
+                if (g->sparse) {                                                                   \
+                    kan_rows_io_##X((void *)c->dy, P, g, out, &k, tile, true);                     \
+                    kan_windows_##X(p, g, c->grid, inv, xT, k.rows, f0, f1, false, S, sidx, win,   \
+                                    win + k2 * k.rows, ints);                                      \
+                    kan_sdw_product_##X(dW, g, cw, k2, S, sidx, f1 - f0, k.rows, tile);            \
+                    continue;                                                                      \
+                }                                                                                  \
                 kan_tile_##X(p, c->grid, inv, xT, k.rows, f0, f1, tile, S, xb);                    \
                 kf__##X##gemm(!P, true, out, cols, k.rows, 1, dy, ld, tile, k.rows, b ? 1 : 0, dW, \
                               cols);                                                               \
             }                                                                                      \
-            kan_fold_dw_##X(c, dW, f0, f1);                                                        \
+            if (g->sparse) kan_fold_dw_##X(c, dW, f0, f1, OB, g->F * cw * OB, 1, OB);              \
+            else kan_fold_dw_##X(c, dW, f0, f1, out, 0, cols, 1);                                  \
         }                                                                                          \
     }
 
-KF__KAN_CPU_DEFINE(float, s)
-KF__KAN_CPU_DEFINE(double, d)
+KF__KAN_TEAMS_DEFINE(float, s, kan_vs)
+KF__KAN_TEAMS_DEFINE(double, d, kan_vd)
 
 static kf_status kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
-    kan_fwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N, c->patches)};
-    kf__cpu_team(call.g.team, c->plan->dtype == KF_DTYPE_F64 ? kan_fwd_team_d : kan_fwd_team_s,
-                 &call);
+    kan_fwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N, c->patches, false)};
+    const bool f64 = c->plan->dtype == KF_DTYPE_F64;
+    kf__cpu_team(call.g.team, f64 ? kan_fwd_team_d : kan_fwd_team_s, &call);
     return KF_OK;
 }
 
 static kf_status kan_backward(kf_context *ctx, const kf__kan_bwd *c) {
-    kan_bwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N, c->patches)};
-    kf__cpu_team(call.g.team, c->plan->dtype == KF_DTYPE_F64 ? kan_bwd_team_d : kan_bwd_team_s,
-                 &call);
+    kan_bwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N, c->patches, true)};
+    const bool f64 = c->plan->dtype == KF_DTYPE_F64;
+    kf__cpu_team(call.g.team, f64 ? kan_bwd_team_d : kan_bwd_team_s, &call);
     return KF_OK;
 }
 

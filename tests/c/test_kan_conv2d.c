@@ -262,6 +262,11 @@ static const shape kShapes[] = {
     {2, 2, 23, 21, 9, 3, 3, 1, 1, 1, 1, 1, 1, 5, 3, 1, 0, 1},   /* > 128 pixels: several blocks */
     {2, 3, 4, 4, 3, 3, 3, 1, 1, 3, 2, 1, 1, 5, 1, 1, 0, 0},     /* padding wider than the kernel */
     {2, 40, 6, 6, 70, 3, 3, 1, 1, 1, 1, 1, 1, 5, 3, 0, 0, 1},   /* F 360: several feature chunks */
+    /* The windowed path (out >= 256; cpu/kan_linear.c kan_sparse_pick), both directions: */
+    {2, 3, 9, 8, 260, 3, 3, 2, 1, 1, 0, 1, 2, 10, 3, 1, 0, 1}, /* stride, padding, dilation */
+    {1, 2, 13, 12, 256, 3, 2, 1, 1, 1, 1, 1, 1, 20, 2, 0, 0, 0}, /* > 128 pixels, no scaler */
+    {1, 2, 6, 6, 300, 2, 2, 1, 1, 0, 0, 1, 1, 5, 0, 1, 1, 1},   /* k 0, unbatched */
+    {1, 3, 7, 7, 520, 3, 3, 1, 1, 1, 1, 1, 1, 5, 3, 1, 0, 1},   /* forward only (1.8) */
 };
 
 ParameterizedTestParameters(kan_conv2d, matches_reference) {
@@ -273,9 +278,9 @@ ParameterizedTest(const shape *s, kan_conv2d, matches_reference) {
     check_against_reference(s, 2);
 }
 
-/* The bits do not depend on the thread count (dx: one thread sums each image). */
-Test(kan_conv2d, thread_count_invariant) {
-    const shape s = {6, 8, 20, 20, 16, 3, 3, 1, 1, 1, 1, 1, 1, 5, 3, 1, 0, 1};
+/* The bits do not depend on the thread count (dx: one thread sums each image), on the dense
+ * path and on the windowed one (out 256, G 10). */
+static void check_thread_count_invariant(const shape s) {
     prob p = make_prob(&s, 77);
     float *y[2];
     grads g[2];
@@ -295,6 +300,11 @@ Test(kan_conv2d, thread_count_invariant) {
     cr_expect(memcmp(g[0].dsc, g[1].dsc, (size_t)n_oi(&p) * 4) == 0, "dscaler differs");
     for (int t = 0; t < 2; t++) free(y[t]), free_grads(&g[t]);
     free_prob(&p);
+}
+
+Test(kan_conv2d, thread_count_invariant) {
+    check_thread_count_invariant((shape){6, 8, 20, 20, 16, 3, 3, 1, 1, 1, 1, 1, 1, 5, 3, 1, 0, 1});
+    check_thread_count_invariant((shape){3, 4, 12, 12, 256, 3, 3, 1, 1, 1, 1, 1, 1, 10, 3, 1, 0, 1});
 }
 
 /* The workspace is bounded by tiles: the same for 1 image as for 10^4, far below the batch's

@@ -328,12 +328,17 @@ static const shape kShapes[] = {
     LIN(20, 17, 9, 5, 3, 1, 1, 0),     /* efficient-kan's defaults */
     LIN(260, 40, 23, 8, 3, 1, 1, 1),   /* a team: 3 row blocks, several feature chunks */
     LIN(130, 61, 37, 5, 2, 0, 0, 0),   /* 2 row blocks, no scaler, no base_weight */
+    /* the windowed path (out >= 256; cpu/kan_linear.c kan_sparse_pick) */
+    LIN(140, 9, 260, 10, 3, 1, 1, 1),  /* both directions, 2 row blocks */
+    LIN(20, 7, 256, 20, 5, 0, 0, 1),   /* both directions, no scaler, no base_weight */
+    LIN(15, 6, 530, 5, 3, 1, 1, 0),    /* forward only */
     /* KANConv2d: B, Cin, H, W, out, kh, kw, sh, sw, ph, pw, dh, dw, G, k, scaled, base, rnd */
     {2, 3, 7, 6, 4, 3, 3, 1, 1, 0, 0, 1, 1, 5, 3, 1, 1, 0},
     {2, 2, 9, 8, 3, 3, 2, 2, 1, 1, 0, 1, 1, 4, 2, 0, 1, 1},   /* stride 2 x 1, padding 1 x 0 */
     {1, 2, 11, 10, 5, 3, 3, 1, 2, 2, 1, 2, 1, 5, 3, 1, 0, 1}, /* dilation 2, no base_weight */
     {3, 4, 14, 13, 6, 3, 3, 1, 1, 1, 1, 1, 1, 5, 3, 1, 1, 0}, /* 182 pixels: 2 row blocks */
     {2, 5, 6, 6, 3, 1, 1, 1, 1, 0, 0, 1, 1, 3, 0, 0, 1, 1},   /* 1x1 kernel, k = 0 */
+    {2, 2, 9, 8, 256, 3, 3, 2, 1, 1, 0, 1, 2, 10, 1, 1, 1, 1}, /* windowed, both directions */
 };
 
 ParameterizedTestParameters(kan_f64, matches_reference) {

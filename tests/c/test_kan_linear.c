@@ -265,10 +265,40 @@ ParameterizedTest(const shape *s, kan_linear, matches_reference) {
     check_against_reference(s, 2);
 }
 
-/* Results do not depend on the team size: 1 and 2 threads give the same bits. */
-Test(kan_linear, thread_count_invariant) {
-    const int64_t N = 300, in = 37, out = 45;
-    prob p = make_prob(N, in, out, 5, 3, 1, 0, GRID_RANDOM, 7);
+/* The CPU backend's windowed path (cpu/kan_linear.c, kan_sparse_pick: out >= 256 and
+ * (G + k + 1) / (k + 2) >= 1.8 (forward, out >= 512), 2 (forward, out >= 256), 2.5 (backward)),
+ * with the dense path at the same widths where the ratio is lower: every G in {1, 5, 10, 20} and
+ * k in {0, 1, 2, 3, 5}, knots repeated, x outside the grid and on knots (make_x), more than
+ * one row block and output panel (out not a multiple of the 64-float panel). */
+static const shape kWindowed[] = {
+    /*  N   in  out  G  k  scaled 3d grid */
+    {40, 9, 256, 1, 0, 1, 0, GRID_REPEATED},   /* dense: (G + k + 1) / (k + 2) = 1 */
+    {30, 7, 300, 1, 3, 0, 1, GRID_RANDOM},     /* dense */
+    {50, 11, 256, 5, 0, 1, 0, GRID_REPEATED},  /* windowed both ways: ratio 3 */
+    {33, 6, 260, 5, 1, 0, 1, GRID_RANDOM},     /* windowed forward (2.33), dense backward */
+    {21, 8, 520, 5, 3, 1, 0, GRID_REPEATED},   /* windowed forward (1.8 at out >= 512) */
+    {19, 5, 300, 5, 3, 1, 0, GRID_RANDOM},     /* dense both ways (1.8 at out < 512) */
+    {140, 13, 257, 10, 2, 1, 1, GRID_REPEATED},/* windowed both ways, 2 row blocks */
+    {25, 10, 256, 10, 3, 0, 0, GRID_UNIFORM},  /* windowed both ways */
+    {27, 6, 270, 10, 5, 1, 0, GRID_RANDOM},    /* windowed forward (2.29) */
+    {31, 9, 300, 20, 1, 1, 0, GRID_REPEATED},  /* windowed both ways */
+    {18, 4, 256, 20, 3, 0, 1, GRID_RANDOM},    /* windowed both ways */
+    {23, 7, 280, 20, 5, 1, 0, GRID_REPEATED},  /* windowed both ways (3.71) */
+};
+
+ParameterizedTestParameters(kan_linear, windowed_matches_reference) {
+    return cr_make_param_array(shape, kWindowed, sizeof kWindowed / sizeof kWindowed[0]);
+}
+
+ParameterizedTest(const shape *s, kan_linear, windowed_matches_reference) {
+    check_against_reference(s, 1);
+    check_against_reference(s, 2);
+}
+
+/* Results do not depend on the team size: 1 and 2 threads give the same bits (a dense shape and
+ * a windowed one). */
+static void check_thread_count_invariant(int64_t N, int64_t in, int64_t out, int64_t G) {
+    prob p = make_prob(N, in, out, G, 3, 1, 0, GRID_RANDOM, 7);
     float *y[2];
     grads g[2];
     for (int t = 0; t < 2; t++) {
@@ -291,6 +321,11 @@ Test(kan_linear, thread_count_invariant) {
               "dspline_scaler differs");
     for (int t = 0; t < 2; t++) free(y[t]), free_grads(&g[t]);
     free_prob(&p);
+}
+
+Test(kan_linear, thread_count_invariant) {
+    check_thread_count_invariant(300, 37, 45, 5);
+    check_thread_count_invariant(300, 37, 300, 10);
 }
 
 /* ---- finite differences --------------------------------------------------------------------- */
@@ -383,39 +418,41 @@ ParameterizedTest(const fd_case *f, kan_linear, gradients_match_finite_differenc
  * with no base term (its base weights all 0); a dbase_weight without a base_weight is refused,
  * nothing written. */
 Test(kan_linear, absent_base_weight) {
-    for (int scaled = 0; scaled <= 1; ++scaled) {
-        prob p = make_prob(37, 5, 4, 5, 3, scaled, 1, GRID_RANDOM, 77 + (uint64_t)scaled);
-        free(p.bw), free(p.bw64);
-        p.bw = NULL;
-        p.bw64 = calloc((size_t)n_oi(&p), sizeof(double));
-        kf_context *ctx = make_ctx(KF_DEVICE_CPU, 2);
-        kf_kan_linear_plan *plan = make_plan(ctx, &p);
-        const int64_t ny = p.c.N * p.c.out;
-        float *y = poisoned(ny);
-        KF_OK_(run_forward(plan, &p, y));
-        double *yr = malloc((size_t)ny * sizeof *yr);
-        ref_kan_forward(&p.c, p.x64, p.grid64, p.bw64, p.sw64, p.sc64, yr);
-        const double e = ref_rel_err_f32(y, yr, ny);
-        cr_expect(e < TOL, "y: rel err %.3g (scaled %d)", e, scaled);
-        grads g = poisoned_grads(&p);
-        free(g.dbw);
-        g.dbw = NULL;
-        KF_OK_(run_backward(plan, &p, KF_GRAD_OVERWRITE, &g));
-        ref_grads r = reference_grads(&p);
-        kan_grad_sizes n = grad_sizes(&p);
-        n.oi = 0; /* no d base_weight */
-        kan_expect_grads(&g, &r, n, TOL, scaled ? "no base, scaled" : "no base");
-        grads bad = poisoned_grads(&p);
-        cr_expect(run_backward(plan, &p, KF_GRAD_OVERWRITE, &bad) == KF_ERR_INVALID_ARGUMENT);
-        cr_expect(strstr(kf_last_error_message(), "args->dbase_weight") != NULL, "%s",
-                  kf_last_error_message());
-        cr_expect(isnan(bad.dx[0]) && isnan(bad.dsw[0]) && isnan(bad.dbw[0]));
-        free_grads(&bad), free_grads(&g), free_ref_grads(&r);
-        free(y), free(yr);
-        kf_kan_linear_plan_destroy(plan);
-        kf_context_destroy(ctx);
-        free_prob(&p);
-    }
+    for (int scaled = 0; scaled <= 1; ++scaled)
+        for (int wide = 0; wide <= 1; ++wide) { /* dense; windowed (out 300, G 10) */
+            prob p = make_prob(37, 5, wide ? 300 : 4, wide ? 10 : 5, 3, scaled, 1, GRID_RANDOM,
+                               77 + (uint64_t)scaled);
+            free(p.bw), free(p.bw64);
+            p.bw = NULL;
+            p.bw64 = calloc((size_t)n_oi(&p), sizeof(double));
+            kf_context *ctx = make_ctx(KF_DEVICE_CPU, 2);
+            kf_kan_linear_plan *plan = make_plan(ctx, &p);
+            const int64_t ny = p.c.N * p.c.out;
+            float *y = poisoned(ny);
+            KF_OK_(run_forward(plan, &p, y));
+            double *yr = malloc((size_t)ny * sizeof *yr);
+            ref_kan_forward(&p.c, p.x64, p.grid64, p.bw64, p.sw64, p.sc64, yr);
+            const double e = ref_rel_err_f32(y, yr, ny);
+            cr_expect(e < TOL, "y: rel err %.3g (scaled %d, wide %d)", e, scaled, wide);
+            grads g = poisoned_grads(&p);
+            free(g.dbw);
+            g.dbw = NULL;
+            KF_OK_(run_backward(plan, &p, KF_GRAD_OVERWRITE, &g));
+            ref_grads r = reference_grads(&p);
+            kan_grad_sizes n = grad_sizes(&p);
+            n.oi = 0; /* no d base_weight */
+            kan_expect_grads(&g, &r, n, TOL, scaled ? "no base, scaled" : "no base");
+            grads bad = poisoned_grads(&p);
+            cr_expect(run_backward(plan, &p, KF_GRAD_OVERWRITE, &bad) == KF_ERR_INVALID_ARGUMENT);
+            cr_expect(strstr(kf_last_error_message(), "args->dbase_weight") != NULL, "%s",
+                      kf_last_error_message());
+            cr_expect(isnan(bad.dx[0]) && isnan(bad.dsw[0]) && isnan(bad.dbw[0]));
+            free_grads(&bad), free_grads(&g), free_ref_grads(&r);
+            free(y), free(yr);
+            kf_kan_linear_plan_destroy(plan);
+            kf_context_destroy(ctx);
+            free_prob(&p);
+        }
 }
 
 Test(kan_linear, backward_subsets) {
@@ -448,9 +485,10 @@ Test(kan_linear, backward_subsets) {
 }
 
 /* The workspace is bounded by tiles, not by N times the bases; a caller workspace of exactly
- * that size serves; repeated calls do not grow the arena. */
-Test(kan_linear, workspace_bounded_and_steady) {
-    prob p = make_prob(200, 24, 16, 5, 3, 1, 0, GRID_UNIFORM, 5);
+ * that size serves (an overrun of it shows under the sanitizer build); repeated calls do not
+ * grow the arena. On the dense path and on the windowed one (out 300, G 10). */
+static void check_workspace_bounded_and_steady(int64_t out, int64_t G) {
+    prob p = make_prob(200, 24, out, G, 3, 1, 0, GRID_UNIFORM, 5);
     kf_context *ctx = make_ctx(KF_DEVICE_CPU, 2);
     kf_kan_linear_plan *plan = make_plan(ctx, &p);
     size_t w4 = 0, w7 = 0, w200 = 0;
@@ -458,20 +496,20 @@ Test(kan_linear, workspace_bounded_and_steady) {
     KF_OK_(kf_kan_linear_workspace_size(plan, 10000000, &w7));
     KF_OK_(kf_kan_linear_workspace_size(plan, 200, &w200));
     cr_expect(w4 == w7, "workspace grows with N: %zu at 1e4 rows, %zu at 1e7", w4, w7);
-    cr_expect(w4 < (size_t)10000 * 24 * 8 * sizeof(float),
+    cr_expect(w4 < (size_t)10000 * 24 * (G + 3) * sizeof(float),
               "workspace %zu bytes at 1e4 rows: as large as the batch's bases", w4);
 
-    float *y = poisoned(200 * 16);
+    float *y = poisoned(200 * out);
     void *ws = aligned_alloc(64, (w200 + 63) / 64 * 64);
     kf_kan_linear_forward_args a;
     kf_kan_linear_forward_args_init(&a);
     a.x = t3(p.x, 2, 200, 24, 0);
     set_params(&p, &a.grid, &a.base_weight, &a.spline_weight, &a.spline_scaler);
-    a.y = t3(y, 2, 200, 16, 0);
+    a.y = t3(y, 2, 200, out, 0);
     KF_OK_(kf_kan_linear_forward(plan, &a, ws, w200));
-    double *yr = malloc(200 * 16 * sizeof *yr);
+    double *yr = malloc((size_t)(200 * out) * sizeof *yr);
     ref_kan_forward(&p.c, p.x64, p.grid64, p.bw64, p.sw64, p.sc64, yr);
-    cr_expect(ref_rel_err_f32(y, yr, 200 * 16) < TOL, "y with a caller workspace");
+    cr_expect(ref_rel_err_f32(y, yr, 200 * out) < TOL, "y with a caller workspace");
 
     grads g = poisoned_grads(&p);
     KF_OK_(run_forward(plan, &p, y));
@@ -490,6 +528,11 @@ Test(kan_linear, workspace_bounded_and_steady) {
     kf_kan_linear_plan_destroy(plan);
     kf_context_destroy(ctx);
     free_prob(&p);
+}
+
+Test(kan_linear, workspace_bounded_and_steady) {
+    check_workspace_bounded_and_steady(16, 5);
+    check_workspace_bounded_and_steady(300, 10);
 }
 
 /* efficient-kan's initial knots: lo + (j - k) (hi - lo) / G on every row, rounded as torch
@@ -547,21 +590,22 @@ Test(kan_linear, desc_defaults) {
 }
 
 /* Large inputs (SiLU's exponential saturates both ways) against the reference, and a NaN input
- * poisons its own row of y (and its own dx) only, as in efficient-kan. */
-Test(kan_linear, extreme_and_nan_inputs) {
-    prob p = make_prob(6, 5, 4, 5, 3, 1, 0, GRID_UNIFORM, 21);
+ * poisons its own row of y (and its own dx) only, as in efficient-kan; on the dense path and on
+ * the windowed one (out = 300, G = 10). */
+static void check_extreme_and_nan_inputs(int64_t out, int64_t G) {
+    prob p = make_prob(6, 5, out, G, 3, 1, 0, GRID_UNIFORM, 21);
     const float big[] = {30.0f, -30.0f, 100.0f, -100.0f, 1e4f, -1e4f, 3e38f, -3e38f, 88.5f,
                          -87.5f};
     for (int64_t e = 0; e < 10; e++) p.x[5 + e] = big[e];
     refresh_f64(&p);
     kf_context *ctx = make_ctx(KF_DEVICE_CPU, 1);
     kf_kan_linear_plan *plan = make_plan(ctx, &p);
-    float *y = poisoned(6 * 4);
+    float *y = poisoned(6 * out);
     KF_OK_(run_forward(plan, &p, y));
-    double yr[6 * 4];
+    double *yr = malloc((size_t)(6 * out) * sizeof *yr);
     ref_kan_forward(&p.c, p.x64, p.grid64, p.bw64, p.sw64, p.sc64, yr);
     /* Rows 1..2 hold the large values; |x| = 3e38 makes y itself huge but finite. */
-    double e = ref_rel_err_f32(y, yr, 6 * 4);
+    double e = ref_rel_err_f32(y, yr, 6 * out);
     cr_expect(e < TOL, "y with large inputs: rel err %.3g", e);
     grads g = poisoned_grads(&p);
     KF_OK_(run_backward(plan, &p, KF_GRAD_OVERWRITE, &g));
@@ -572,11 +616,12 @@ Test(kan_linear, extreme_and_nan_inputs) {
 
     p.x[3 * 5 + 2] = NAN;
     KF_OK_(run_forward(plan, &p, y));
-    for (int64_t o = 0; o < 4; o++) {
-        cr_expect(isnan(y[3 * 4 + o]), "y[3][%lld] = %g, expected NaN", (long long)o, y[3 * 4 + o]);
+    for (int64_t o = 0; o < out; o++) {
+        cr_expect(isnan(y[3 * out + o]), "y[3][%lld] = %g, expected NaN", (long long)o,
+                  y[3 * out + o]);
         for (int64_t n = 0; n < 6; n++)
             if (n != 3)
-                cr_expect(isfinite(y[n * 4 + o]), "y[%lld][%lld] not finite", (long long)n,
+                cr_expect(isfinite(y[n * out + o]), "y[%lld][%lld] not finite", (long long)n,
                           (long long)o);
     }
     KF_OK_(run_backward(plan, &p, KF_GRAD_OVERWRITE, &g));
@@ -584,10 +629,15 @@ Test(kan_linear, extreme_and_nan_inputs) {
     for (int64_t i = 0; i < 6 * 5; i++)
         if (i != 3 * 5 + 2) cr_expect(isfinite(g.dx[i]), "dx[%lld] = %g", (long long)i, g.dx[i]);
     free_grads(&g);
-    free(y);
+    free(y), free(yr);
     kf_kan_linear_plan_destroy(plan);
     kf_context_destroy(ctx);
     free_prob(&p);
+}
+
+Test(kan_linear, extreme_and_nan_inputs) {
+    check_extreme_and_nan_inputs(4, 5);
+    check_extreme_and_nan_inputs(300, 10);
 }
 
 /* x of rank 1 ([in], one row) gives y [out], the same bits as the [1, in] call. */
@@ -600,11 +650,12 @@ Test(kan_linear, uniform_grids_on_knots) {
     const float ranges[][2] = {{-1.0f, 1.0f}, {-3.7f, 2.9f}, {0.1f, 0.7f}, {-1000.3f, 17.9f},
                                {5.0f, 5.3f}};
     const int64_t Gs[] = {3, 7, 10};
+    for (int64_t out = 2; out <= 300; out += 298) /* dense; windowed where the ratio allows */
     for (int64_t k = 0; k <= 2; k++)
         for (size_t gi = 0; gi < sizeof Gs / sizeof Gs[0]; gi++)
             for (size_t ri = 0; ri < sizeof ranges / sizeof ranges[0]; ri++) {
                 const int64_t G = Gs[gi], nk = G + 2 * k + 1, N = 3 * nk;
-                prob p = make_prob(N, 1, 2, G, k, 1, 0, GRID_UNIFORM, 100 + (uint64_t)ri);
+                prob p = make_prob(N, 1, out, G, k, 1, 0, GRID_UNIFORM, 100 + (uint64_t)ri);
                 kf_context *ctx = make_ctx(KF_DEVICE_CPU, 1);
                 kf_kan_linear_plan *plan = make_plan(ctx, &p);
                 kf_tensor gt = t3(p.grid, 2, 1, nk, 0);
@@ -617,19 +668,19 @@ Test(kan_linear, uniform_grids_on_knots) {
                 free(p.grid64);
                 p.grid64 = ref_to_f64(p.grid, nk);
                 refresh_f64(&p);
-                float *y = poisoned(N * 2);
+                float *y = poisoned(N * out);
                 KF_OK_(run_forward(plan, &p, y));
-                double *yr = malloc((size_t)(N * 2) * sizeof *yr);
+                double *yr = malloc((size_t)(N * out) * sizeof *yr);
                 ref_kan_forward(&p.c, p.x64, p.grid64, p.bw64, p.sw64, p.sc64, yr);
                 grads g = poisoned_grads(&p);
                 KF_OK_(run_backward(plan, &p, KF_GRAD_OVERWRITE, &g));
                 ref_grads r = reference_grads(&p);
-                const double ey = ref_rel_err_f32(y, yr, N * 2);
+                const double ey = ref_rel_err_f32(y, yr, N * out);
                 const double ex = ref_rel_err_f32(g.dx, r.dx, N);
                 const double ew = ref_rel_err_f32(g.dsw, r.dsw, n_oic(&p));
                 cr_expect(ey < TOL && ex < TOL && ew < TOL,
-                          "k %lld G %lld range [%g, %g]: rel err y %.3g dx %.3g dspline %.3g",
-                          (long long)k, (long long)G, (double)ranges[ri][0],
+                          "out %lld k %lld G %lld range [%g, %g]: rel err y %.3g dx %.3g "
+                          "dspline %.3g", (long long)out, (long long)k, (long long)G, (double)ranges[ri][0],
                           (double)ranges[ri][1], ey, ex, ew);
                 free_grads(&g), free_ref_grads(&r), free(y), free(yr);
                 kf_kan_linear_plan_destroy(plan);

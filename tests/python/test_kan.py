@@ -66,6 +66,10 @@ OP_CASES = [  # (in, out, G, k, leading dims of x, standalone scaler, x scale)
     (9, 6, 1, 1, (7,), False, 2.5),        # outside, no scaler, G = 1
     (12, 10, 5, 3, (2, 1, 2, 1, 1, 1, 3), True, 1.0),  # 8-D input: more dims than KF_MAX_DIMS
     (150, 70, 5, 3, (200,), True, 1.0),    # a GEMM-sized case (several threads' worth)
+    # the CPU backend's windowed path (out >= 256; cpu/kan_linear.c kan_sparse_pick)
+    (20, 300, 10, 3, (150,), True, 1.0),   # both directions, 2 row blocks
+    (12, 520, 5, 3, (30,), False, 2.0),    # forward only, inputs outside the grid
+    (9, 256, 20, 5, (2, 20), True, 3.0),   # both directions, k = 5
     (1, 1, 5, 3, (4,), True, 1.0),
 ]
 
