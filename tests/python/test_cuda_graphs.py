@@ -11,20 +11,9 @@ replay would repeat (issue 19 owes device-side seeds).
 Needs torch with CUDA and a CUDA build of kfuse; skipped otherwise (CPU-only CI)."""
 import pytest
 
-import kfuse
-
 torch = pytest.importorskip("torch")
 import kfuse.torch as kt  # noqa: E402
-
-
-def cuda_ok():
-    if not torch.cuda.is_available():
-        return False
-    try:
-        kfuse.Context("cuda")
-        return True
-    except kfuse.KfuseError:
-        return False
+from devices import cuda_ok  # noqa: E402
 
 
 pytestmark = pytest.mark.skipif(not cuda_ok(), reason="needs torch CUDA and a CUDA build of kfuse")

@@ -24,22 +24,13 @@ from kfuse.kan import KanLinearPlan
 
 torch = pytest.importorskip("torch")
 import kfuse.torch as kt  # noqa: E402
+from devices import cuda_ok  # noqa: E402
 from torch import nn  # noqa: E402
 
 from kan_reference import (  # noqa: E402  (shared with test_kan_conv.py)
     GRADS, TOL, TOL64, EfficientKANRef, params_of, randomize_, ref_bases, ref_forward,
     reference_grads, rel, tol, uniform_grid_torch,
 )
-
-
-def cuda_ok():
-    if not torch.cuda.is_available():
-        return False
-    try:
-        kfuse.Context("cuda")
-        return True
-    except kfuse.KfuseError:
-        return False
 
 
 def greville(grid, k):

@@ -19,6 +19,7 @@ import kfuse.numpy as knp
 
 torch = pytest.importorskip("torch")
 import kfuse.torch as kt  # noqa: E402
+from devices import cuda_ok  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import agru_reference as ref  # noqa: E402
@@ -32,16 +33,6 @@ def rel(out, want):
     assert out.shape == want.shape, (out.shape, want.shape)
     assert torch.isfinite(out).all()
     return ((out - want).norm() / want.norm()).item()
-
-
-def cuda_ok():
-    if not torch.cuda.is_available():
-        return False
-    try:
-        kfuse.Context("cuda")
-        return True
-    except kfuse.KfuseError:
-        return False
 
 
 DEVICES = ["cpu"] + (["cuda"] if cuda_ok() else [])

@@ -23,6 +23,7 @@ from kfuse.sklinear import SkLinearPlan
 
 torch = pytest.importorskip("torch")
 import kfuse.torch as kt  # noqa: E402
+from devices import cuda_ok  # noqa: E402
 from torch import nn  # noqa: E402
 
 # Many cases exceed in*out on purpose; the warning itself is tested in
@@ -42,16 +43,6 @@ def rel(out, want):
     assert out.shape == want.shape, (out.shape, want.shape)
     assert torch.isfinite(out).all()
     return ((out - want).norm() / want.norm()).item()
-
-
-def cuda_ok():
-    if not torch.cuda.is_available():
-        return False
-    try:
-        kfuse.Context("cuda")
-        return True
-    except kfuse.KfuseError:
-        return False
 
 
 def quiet(fn, *args, **kwargs):
