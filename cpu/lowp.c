@@ -13,7 +13,8 @@
  * So the workspace-size query answers the float32 op's workspace plus these buffers (the larger
  * of forward's and backward's set for a training size query), and a call never allocates.
  * Conversions are O(elements) against the O(flops) kernels: AVX2 + F16C (8 lanes), bfloat16 by
- * integer shifts, split over the context's threads for large tensors.
+ * integer shifts; all of a pass's conversions (the inputs, then the outputs) run on one team
+ * of the context's threads when they hold 64 Ki elements or more.
  * A float32 or float64 plan goes straight to the float32/float64 table. */
 #include "cpu_backend.h"
 #include "lowp.h"
@@ -99,23 +100,33 @@ static inline __attribute__((always_inline)) void lp_cvt_range(const lp_cvt *c, 
     }
 }
 
-static void lp_cvt_team(void *arg, int tid, int nth) {
-    const lp_cvt *c = arg;
-    int64_t lo, hi;
-    kf__cpu_share((c->n + 7) / 8, tid, nth, &lo, &hi); /* whole vectors per thread */
-    lo *= 8;
-    hi = hi * 8 < c->n ? hi * 8 : c->n;
-    if (c->bf16)
-        lp_cvt_range(c, lo, hi, true);
-    else
-        lp_cvt_range(c, lo, hi, false);
-}
-
-/* Below this many elements a conversion stays in the calling thread. */
+/* Below this many elements in all, a pass's conversions stay in the calling thread. */
 #define KF__LOWP_PAR_MIN ((int64_t)1 << 16)
+/* Conversions gathered per pass, so that one team runs all of a pass's tensors: a team per
+ * tensor cost a wake-up each (30-60 us on the 2-core box: SKLinear 8192^2 B=64 bfloat16 forward
+ * took 1.8x its float32 time on two threads with six of them). */
+#define KF__LOWP_BATCH 32
 
-static void lp_convert(int32_t threads, lp_cvt c) {
-    kf__cpu_team(c.n >= KF__LOWP_PAR_MIN ? threads : 1, lp_cvt_team, &c);
+typedef struct lp_batch {
+    lp_cvt c[KF__LOWP_BATCH];
+    int n;
+    int64_t elems;
+} lp_batch;
+
+/* This thread's share of every conversion of the batch: whole vectors of each. */
+static void lp_batch_team(void *arg, int tid, int nth) {
+    const lp_batch *b = arg;
+    for (int j = 0; j < b->n; ++j) {
+        const lp_cvt *c = &b->c[j];
+        int64_t lo, hi;
+        kf__cpu_share((c->n + 7) / 8, tid, nth, &lo, &hi);
+        lo *= 8;
+        hi = hi * 8 < c->n ? hi * 8 : c->n;
+        if (c->bf16)
+            lp_cvt_range(c, lo, hi, true);
+        else
+            lp_cvt_range(c, lo, hi, false);
+    }
 }
 
 /* ---- carving the float32 copies ------------------------------------------------------------
@@ -131,7 +142,22 @@ typedef struct lp_ctx {
     int32_t threads;
     char *base;      /* NULL in the SIZE pass */
     size_t off;
+    lp_batch todo;   /* conversions queued, run by lp_flush */
 } lp_ctx;
+
+/* Runs the queued conversions on one team (or the calling thread, for few elements). */
+static void lp_flush(lp_ctx *l) {
+    if (l->todo.n > 0)
+        kf__cpu_team(l->todo.elems >= KF__LOWP_PAR_MIN ? l->threads : 1, lp_batch_team, &l->todo);
+    l->todo.n = 0;
+    l->todo.elems = 0;
+}
+
+static void lp_queue(lp_ctx *l, lp_cvt c) {
+    if (l->todo.n == KF__LOWP_BATCH) lp_flush(l);
+    l->todo.c[l->todo.n++] = c;
+    l->todo.elems += c.n;
+}
 
 static void *lp_carve(lp_ctx *l, size_t bytes) {
     void *p = l->base ? l->base + l->off : NULL;
@@ -145,7 +171,7 @@ static const float *lp_in(lp_ctx *l, const void *low, int64_t n) {
     if (low == NULL && l->pass != LP_PASS_SIZE) return NULL;
     float *f = lp_carve(l, (size_t)n * sizeof(float));
     if (l->pass == LP_PASS_LOAD)
-        lp_convert(l->threads, (lp_cvt){(uint16_t *)low, f, n, l->bf16, LP_LOAD});
+        lp_queue(l, (lp_cvt){(uint16_t *)low, f, n, l->bf16, LP_LOAD});
     return f;
 }
 
@@ -155,15 +181,14 @@ static float *lp_out(lp_ctx *l, void *low, int64_t n, bool grad) {
     if (low == NULL && l->pass != LP_PASS_SIZE) return NULL;
     float *f = lp_carve(l, (size_t)n * sizeof(float));
     if (l->pass == LP_PASS_STORE)
-        lp_convert(l->threads, (lp_cvt){low, f, n, l->bf16,
-                                        grad && l->accumulate ? LP_ACC : LP_STORE});
+        lp_queue(l, (lp_cvt){low, f, n, l->bf16, grad && l->accumulate ? LP_ACC : LP_STORE});
     return f;
 }
 
 static lp_ctx lp_begin(lp_pass pass, const kf_context *ctx, kf_dtype dt, void *ws,
                        size_t ws32, bool accumulate) {
     return (lp_ctx){pass, dt == KF_DTYPE_BF16, accumulate, ctx ? ctx->num_threads : 1,
-                    ws ? (char *)ws + kf__align_up(ws32) : NULL, 0};
+                    ws ? (char *)ws + kf__align_up(ws32) : NULL, 0, {.n = 0}};
 }
 
 static size_t lp_max(size_t a, size_t b) { return a > b ? a : b; }
@@ -187,9 +212,11 @@ static size_t lp_max(size_t a, size_t b) { return a > b ? a : b; }
         f.ws_bytes = ws32;                                                                        \
         lp_ctx l = lp_begin(LP_PASS_LOAD, ctx, c->plan->dtype, c->ws, ws32, (ACC));               \
         LIST(&l, c, &f);                                                                          \
+        lp_flush(&l);                                                                             \
         KF_TRY(inner(ctx, &f));                                                                   \
         l = lp_begin(LP_PASS_STORE, ctx, c->plan->dtype, c->ws, ws32, (ACC));                     \
         LIST(&l, c, &f);                                                                          \
+        lp_flush(&l);                                                                             \
         return KF_OK;                                                                             \
     }
 
