@@ -3,7 +3,8 @@
  * and packing, the dropout row; and this ISA's op table (cpu/rnn_ops.c). */
 #include "rnn_cpu.h"
 
-/* Multiply-adds below which a call runs on one thread (kf__rnn_cpu_layout_init). */
+/* Flops of the gate products below which a call runs on one thread (kf__rnn_cpu_layout_init;
+ * the same bound as SKLinear's and KAN's). */
 #define KF__RNN_TEAM_MIN_FLOPS (1 << 21)
 
 static size_t fbytes(int64_t n) { return kf__align_up((size_t)n * sizeof(float)); }
@@ -24,9 +25,10 @@ void kf__rnn_cpu_layout_init(kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p
     int64_t H = p->H, D = p->D, N = T * B;
     int64_t nt = p->ctx->num_threads > 0 ? p->ctx->num_threads : 1;
     /* A small call runs in the caller's thread: waking the team costs ~30 us on the 2-core box
-     * (docs/ops/rnn.md), more than it saves below KF__RNN_TEAM_MIN_FLOPS multiply-adds of the
-     * gate products (torch 2.x's GRU(8, 16) at T=4 B=2 took 21.7 us on two threads from C,
-     * 4.5 us on one). Rows are split by batch, so the bits do not depend on it. */
+     * (docs/ops/rnn.md), more than it saves below KF__RNN_TEAM_MIN_FLOPS flops of the gate
+     * products (2 per multiply-add; the first layer's input size stands for every layer's).
+     * torch 2.x's GRU(8, 16) at T=4 B=2 took 21.7 us on two threads from C, 4.5 us on one.
+     * Rows are split by batch, so the bits do not depend on it. */
     const double flops = 6.0 * (double)N * (double)H * (double)(p->I + H) * (double)(D * p->L);
     if (flops < KF__RNN_TEAM_MIN_FLOPS) nt = 1;
     lo->T = T, lo->B = B, lo->N = N, lo->H = H, lo->D = D;

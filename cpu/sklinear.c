@@ -9,14 +9,14 @@
  * Work is split into fixed blocks, round-robin to the threads; every element has one writer, and
  * since the blocks (hence every BLAS call and every sum's order) depend on the shape alone, the
  * bits do not depend on the thread count. Two splits of the products through the bottleneck:
- *  - rows (N > KF__SKL_WIDE_ROWS): blocks of KF__SKL_ROWS rows of x run both stages; every block
- *    reads (and OpenBLAS packs) all of the weights again, which many rows amortise;
- *  - wide (few rows, the layer's usual batch): each stage is split along its weights instead,
- *    so that each weight is read and packed once per call. The first stage Z = x W1 is split
- *    over `in` (each block packs its rows of W1 and writes a partial Z, summed in block order),
- *    the second y = s Z [U1; S2] over `out`; backward likewise (dZ partials over `out`, the
- *    recomputed Z over `in`, then dx by blocks of `in`). Measured on the 2-core EPYC at
- *    in=out=8192, L=1, k=16, B=64: see KF__SKL_WIDE_ROWS.
+ *  - rows (the default): blocks of KF__SKL_ROWS rows of x run both stages; every block reads
+ *    (and OpenBLAS packs) all of the weights again, which many rows amortise;
+ *  - wide (few rows, the layer's usual batch, and in, out >= 512): each stage is split along its
+ *    weights instead, so that each weight is read and packed once per call. The first stage
+ *    Z = x W1 is split over `in` (each block packs its rows of W1 and writes a partial Z, summed
+ *    in block order), the second y = s Z [U1; S2] over `out`; backward likewise (dZ partials
+ *    over `out`, the recomputed Z over `in`, then dx by blocks of `in`). The rule and the
+ *    measured gain: KF__SKL_WIDE_ROWS.
  * The reductions over rows (dS1s, dS2s, dbias) are split by parameter columns in both.
  *
  * One implementation for both dtypes: KF__SKL_CPU_DEFINE(T, X) below defines the team functions

@@ -23,14 +23,13 @@ def rel(a, b):
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-def modules():
-    torch.manual_seed(0)
-    return {
-        "GRU": (kt.GRU(24, 32, num_layers=2, batch_first=True), (8, 12, 24)),
-        "AGRU": (kt.AGRU(24, 32, num_layers=1, batch_first=True), (8, 12, 24)),
-        "SKLinear": (kt.SKLinear(96, 80, 2, 16), (64, 96)),
-        "KANLinear": (kt.KANLinear(48, 40), (64, 48)),
-    }
+# name: (module factory, input shape)
+MODULES = {
+    "GRU": (lambda: kt.GRU(24, 32, num_layers=2, batch_first=True), (8, 12, 24)),
+    "AGRU": (lambda: kt.AGRU(24, 32, num_layers=1, batch_first=True), (8, 12, 24)),
+    "SKLinear": (lambda: kt.SKLinear(96, 80, 2, 16), (64, 96)),
+    "KANLinear": (lambda: kt.KANLinear(48, 40), (64, 48)),
+}
 
 
 def loss_of(name, module, x):
@@ -39,10 +38,11 @@ def loss_of(name, module, x):
     return y, (y * y).sum()
 
 
-@pytest.mark.parametrize("name", ["GRU", "AGRU", "SKLinear", "KANLinear"])
+@pytest.mark.parametrize("name", sorted(MODULES))
 def test_training_step_captured_and_replayed(name):
-    module, shape = modules()[name]
-    module = module.cuda()
+    make, shape = MODULES[name]
+    torch.manual_seed(0)
+    module = make().cuda()
     params = [p for p in module.parameters() if p.requires_grad]
     static_x = torch.randn(shape, device="cuda")
 
