@@ -1,22 +1,29 @@
-/* CPU backend of the sketched linear layer: two GEMMs through the 2r-wide bottleneck (notation
- * of core/sklinear_backend.h), OpenBLAS from the context's own threads, no allocation.
+/* CPU backend of the sketched linear layer: two products through the 2r-wide bottleneck
+ * (notation of core/sklinear_backend.h), from the context's own threads, no allocation.
  *
- * The first-stage operand W1 = [S1_1..S1_L | U2_1..U2_L] is packed [in, 2r] into the
- * workspace (the terms interleave in memory, so no single matrix view exists), making the first
- * stage one GEMM of width 2r instead of 2L GEMMs of width k. The second stage reads U1s and S2s
- * in place: each is an [r, out] matrix already.
+ * Every product has one side of 2r (or r, or k) columns and runs on kf__rowgemm (cpu/rowgemm.h),
+ * which reads its operands in place and writes each output once, bias included: a BLAS GEMM
+ * spends more on packing its operands and on separate passes over C than on the product at
+ * these shapes (measured against OpenBLAS, one thread, new/old ms: in=out=256 L=1 k=16 fwd
+ * 0.70, fwd+bwd 0.71; 8192 L=1 k=16 0.82 / 0.84; B=1024 rows 0.69 / 0.56).
+ *  - forward: Z = x W1 with W1 = [S1_1..S1_L | U2_1..U2_L] [in, 2r], k columns per term
+ *    straight from the sketches, then y = s Z [U1; S2] + bias (U1s and S2s are [r, out]
+ *    matrices already; s = 1 / (2L));
+ *  - backward: dZ = s dy [U1; S2]^T, over B2^T = [U1; S2]^T [out, 2r] copied into the workspace
+ *    where the bottleneck is narrow (2r <= KF__SKL_RG_MAX), else by BLAS on U1 and S2 in place;
+ *    dx = dZ W1^T over W1^T copied into the workspace; dS2 = s Z[:, r:]^T dy and
+ *    dS1_i = x^T dZ[:, i k:(i + 1) k] straight into the parameter layouts; dbias = the column
+ *    sums of dy.
  *
  * Work is split into fixed blocks, round-robin to the threads; every element has one writer, and
- * since the blocks (hence every BLAS call and every sum's order) depend on the shape alone, the
- * bits do not depend on the thread count. Two splits of the products through the bottleneck:
- *  - rows (the default): blocks of KF__SKL_ROWS rows of x run both stages; every block reads
- *    (and OpenBLAS packs) all of the weights again, which many rows amortise;
+ * since the blocks (hence every product call and every sum's order) depend on the shape alone,
+ * the bits do not depend on the thread count. Two splits of the products through the bottleneck:
+ *  - rows (the default): blocks of KF__SKL_ROWS rows of x run both stages;
  *  - wide (few rows, the layer's usual batch, and in, out >= 512): each stage is split along its
- *    weights instead, so that each weight is read and packed once per call. The first stage
- *    Z = x W1 is split over `in` (each block packs its rows of W1 and writes a partial Z, summed
- *    in block order), the second y = s Z [U1; S2] over `out`; backward likewise (dZ partials
- *    over `out`, the recomputed Z over `in`, then dx by blocks of `in`). The rule and the
- *    measured gain: KF__SKL_WIDE_ROWS.
+ *    weights instead, so that each weight is read once per call. The first stage Z = x W1 is
+ *    split over `in` (each block writes a partial Z, summed in block order), the second
+ *    y = s Z [U1; S2] over `out`; backward likewise (dZ partials over `out`, the recomputed Z
+ *    over `in`, then dx by blocks of `in`). The rule and the measured gain: KF__SKL_WIDE_ROWS.
  * The reductions over rows (dS1s, dS2s, dbias) are split by parameter columns in both.
  *
  * One implementation for both dtypes: KF__SKL_CPU_DEFINE(T, X) below defines the team functions
@@ -25,6 +32,7 @@
 #include "cpu_backend.h"
 
 #include "blas.h"
+#include "rowgemm.h"
 #include "team.h"
 
 #include <string.h>
@@ -47,6 +55,13 @@
  * 3.43 / 2.80; 1024 L=4 k=32: 0.47 / 0.41, 1.46 / 1.23. Many rows amortise the weights' re-reads
  * and give every thread row blocks, so larger batches keep the row split. */
 #define KF__SKL_WIDE_ROWS 256
+/* The widest bottleneck 2r whose dZ runs on kf__rowgemm. dZ's kf__rowgemm re-reads dy once per
+ * panel of 2r's columns, where BLAS's packing pays for wider ones: 1 thread, new/old, fwd+bwd,
+ * in=out=8192 L=4 k=32 (2r = 256): 1.07 with BLAS for dZ, 1.53 with kf__rowgemm. */
+#define KF__SKL_RG_MAX 64
+/* The transposed copies go by blocks of this many rows of the source, which stay in cache while
+ * every column of the copy takes its element from them. */
+#define KF__SKL_TBLOCK 64
 #define KF__SKL_COLSUM 256 /* dbias columns summed at a time (double accumulators on the stack) */
 static int64_t skl_cols(int64_t n) {
     int64_t c = (n + 7) / 8;
@@ -65,10 +80,14 @@ static bool skl_block(int64_t n, int64_t step, int64_t b, int64_t *lo, int64_t *
 typedef struct skl_layout {
     bool wide;        /* the wide split (header comment) */
     int64_t nbi, nbo; /* blocks over in and over out (skl_cols) */
-    /* byte offsets of W1 [in, 2r], Z [N, 2r], dZ [N, 2r], dW1 [in, r] and, in the wide split,
-     * the partial sums: forward nbi x [N, 2r] (Z); backward nbi x [N, r] (Z's second half)
-     * then nbo x [N, 2r] (dZ) */
-    size_t w1, z, dz, dw1, part, bytes;
+    /* byte offsets of W1^T [2r, in] (dx), B2^T [out, 2r] (dZ where narrow), Z [N, 2r], dZ [N, 2r] and, in the wide
+     * split, the partial sums: forward nbi x [N, 2r] (Z); backward nbi x [N, r] (Z's second
+     * half) then nbo x [N, 2r] (dZ) */
+    size_t w1, b2, z, dz, part, bytes;
+    /* W1^T's row stride in elements: in plus one cache line, so that its 2r rows (read together
+     * by dx's kf__rowgemm) do not all fall in one L1 set when in is a power of two */
+    int64_t ldw;
+    bool rg; /* a narrow bottleneck: dZ on kf__rowgemm (skl_dz_X) */
 } skl_layout;
 
 static skl_layout skl_layout_of(const struct kf_sklinear_plan *p, int64_t N) {
@@ -79,10 +98,12 @@ static skl_layout skl_layout_of(const struct kf_sklinear_plan *p, int64_t N) {
     lo.wide = N <= KF__SKL_WIDE_ROWS && lo.nbi > 1 && lo.nbo > 1;
     size_t z = kf__align_up((size_t)(N * 2 * p->r) * e);
     lo.w1 = 0;
-    lo.z = lo.w1 + kf__align_up((size_t)(p->in * 2 * p->r) * e);
+    lo.ldw = p->in + (int64_t)(64 / e);
+    lo.rg = 2 * p->r <= KF__SKL_RG_MAX;
+    lo.b2 = lo.w1 + kf__align_up((size_t)(lo.ldw * 2 * p->r) * e);
+    lo.z = lo.b2 + kf__align_up((size_t)(p->out * 2 * p->r) * e);
     lo.dz = lo.z + z;
-    lo.dw1 = lo.dz + z;
-    lo.part = lo.dw1 + kf__align_up((size_t)(p->in * p->r) * e);
+    lo.part = lo.dz + z;
     const int64_t fwd = lo.nbi * 2, bwd = lo.nbi + lo.nbo * 2; /* in units of N r elements */
     lo.bytes = lo.part + (lo.wide ? (size_t)((fwd > bwd ? fwd : bwd) * N * p->r) * e : 0);
     return lo;
@@ -110,194 +131,225 @@ typedef struct skl_bwd_call {
 } skl_bwd_call;
 
 /* For element type T, BLAS prefix X:
- *  skl_pack_w1_X: rows [a0, a1) of W1 = [S1_1..S1_L | U2_1..U2_L] (element (a, j): term j / k,
- *    column j % k);
+ *  skl_pack_w1t_X: columns [a0, a1) of W1^T [2r, in] (row stride ldw; element (j, a): term
+ *    j % r / k of S1s (j < r) or U2s, column j % k);
+ *  skl_pack_b2t_X: rows [o0, o1) of B2^T = [U1; S2]^T [out, 2r];
+ *  skl_z_X: Z[:, j0:2r] = x[:, a0:a1] W1[a0:a1, j0:2r] into Zj (column j0's address; row
+ *    stride ldz), j0 = 0 or r (backward needs only the second half);
+ *  skl_dz_X: dz [rows, 2r] = s dy[:, o0:o1] [U1; S2][:, o0:o1]^T;
  *  skl_sum_X: the wide split's partial sums, in block order;
  *  skl_fwd_team_X, skl_bwd_team_X: one thread's share of forward and backward. */
-#define KF__SKL_CPU_DEFINE(T, X)                                                                  \
-    static void skl_pack_w1_##X(const struct kf_sklinear_plan *p, const T *S1, const T *U2,      \
-                                T *W1, int64_t a0, int64_t a1) {                                 \
-        const int64_t in = p->in, k = p->k, r = p->r;                                            \
-        for (int64_t a = a0; a < a1; ++a)                                                        \
-            for (int64_t i = 0; i < p->L; ++i) {                                                 \
-                memcpy(W1 + a * 2 * r + i * k, S1 + (i * in + a) * k, (size_t)k * sizeof(T));   \
-                memcpy(W1 + a * 2 * r + r + i * k, U2 + (i * in + a) * k,                        \
-                       (size_t)k * sizeof(T));                                                   \
-            }                                                                                    \
-    }                                                                                            \
-                                                                                                 \
-    /* dst [N, w] (row stride ld) = the sum over b < nb of part + b N w ([N, w] each), summed in \
-     * block order whatever the thread: this thread's share of the rows. */                      \
-    static void skl_sum_##X(const T *part, int64_t nb, int64_t N, int64_t w, T *dst, int64_t ld, \
-                            int tid, int nth) {                                                  \
-        int64_t n0, n1;                                                                          \
-        kf__cpu_share(N, tid, nth, &n0, &n1);                                                    \
-        for (int64_t n = n0; n < n1; ++n) {                                                      \
-            T *d = dst + n * ld;                                                                 \
-            memcpy(d, part + n * w, (size_t)w * sizeof(T));                                      \
-            for (int64_t b = 1; b < nb; ++b) {                                                   \
-                const T *q = part + (b * N + n) * w;                                             \
-                for (int64_t j = 0; j < w; ++j) d[j] += q[j];                                    \
-            }                                                                                    \
-        }                                                                                        \
-    }                                                                                            \
-                                                                                                 \
-    /* db[o] (+)= sum over the N rows of dy[:, o], o in [o0, o1): rows outer, so the inner loop   \
-     * runs along memory; double accumulators, KF__SKL_COLSUM columns at a time. */              \
-    static void skl_colsum_##X(const T *dy, int64_t N, int64_t out, int64_t o0, int64_t o1,     \
-                               T *db, bool accumulate) {                                         \
-        double acc[KF__SKL_COLSUM];                                                              \
-        for (int64_t c0 = o0; c0 < o1; c0 += KF__SKL_COLSUM) {                                   \
-            const int64_t w = o1 - c0 < KF__SKL_COLSUM ? o1 - c0 : KF__SKL_COLSUM;               \
-            for (int64_t j = 0; j < w; ++j) acc[j] = 0.0;                                        \
-            for (int64_t n = 0; n < N; ++n)                                                      \
-                for (int64_t j = 0; j < w; ++j) acc[j] += dy[n * out + c0 + j];                  \
-            for (int64_t j = 0; j < w; ++j)                                                      \
-                db[c0 + j] = accumulate ? (T)(db[c0 + j] + acc[j]) : (T)acc[j];                  \
-        }                                                                                        \
-    }                                                                                            \
-                                                                                                 \
-    /* y[rows, o0:o1] = s Z_rows [U1; S2][:, o0:o1] (+ bias): the second stage for a block of    \
-     * rows (row split) or of output columns (wide split). */                                    \
-    static void skl_stage2_##X(const struct kf_sklinear_plan *p, const T *z, int64_t rows,      \
-                               const T *U1, const T *S2, const T *bias, int64_t o0, int64_t o1,  \
-                               T *y) {                                                           \
-        const int64_t out = p->out, r = p->r, w = o1 - o0;                                       \
-        const T s = (T)1 / ((T)2 * (T)p->L);                                                     \
-        if (bias)                                                                                \
-            for (int64_t n = 0; n < rows; ++n)                                                   \
-                memcpy(y + n * out + o0, bias + o0, (size_t)w * sizeof(T));                      \
-        kf__##X##gemm(false, false, rows, w, r, s, z, 2 * r, U1 + o0, out, bias ? 1 : 0, y + o0, \
-                      out);                                                                      \
-        kf__##X##gemm(false, false, rows, w, r, s, z + r, 2 * r, S2 + o0, out, 1, y + o0, out);  \
-    }                                                                                            \
-                                                                                                 \
-    static void skl_fwd_team_##X(void *arg, int tid, int nth) {                                  \
-        const kf__skl_fwd *c = ((const skl_fwd_call *)arg)->c;                                   \
-        const skl_layout *lo = &((const skl_fwd_call *)arg)->lo;                                 \
-        const struct kf_sklinear_plan *p = c->plan;                                              \
-        const int64_t in = p->in, out = p->out, r = p->r, N = c->N;                              \
-        const T *x = c->x;                                                                       \
-        T *W1 = skl_at(c->ws, lo->w1), *Z = skl_at(c->ws, lo->z), *P = skl_at(c->ws, lo->part);  \
-        int64_t a0, a1, n0, n1, o0, o1;                                                          \
-        if (lo->wide) {                                                                          \
-            /* Z = x W1 by blocks of `in`, each packing its own rows of W1 first */              \
-            for (int64_t b = tid; skl_block(in, skl_cols(in), b, &a0, &a1); b += nth) {          \
-                skl_pack_w1_##X(p, c->S1, c->U2, W1, a0, a1);                                    \
-                kf__##X##gemm(false, false, N, 2 * r, a1 - a0, 1, x + a0, in, W1 + a0 * 2 * r,   \
-                              2 * r, 0, lo->nbi > 1 ? P + b * N * 2 * r : Z, 2 * r);             \
-            }                                                                                    \
-            if (lo->nbi > 1) {                                                                   \
-                _Pragma("omp barrier")                                                           \
-                skl_sum_##X(P, lo->nbi, N, 2 * r, Z, 2 * r, tid, nth);                           \
-            }                                                                                    \
-            _Pragma("omp barrier")                                                               \
-            for (int64_t b = tid; skl_block(out, skl_cols(out), b, &o0, &o1); b += nth)          \
-                skl_stage2_##X(p, Z, N, c->U1, c->S2, c->bias, o0, o1, c->y);                    \
-            return;                                                                              \
-        }                                                                                        \
-        kf__cpu_share(in, tid, nth, &a0, &a1);                                                   \
-        skl_pack_w1_##X(p, c->S1, c->U2, W1, a0, a1);                                            \
-        _Pragma("omp barrier")                                                                   \
-        for (int64_t b = tid; skl_block(N, KF__SKL_ROWS, b, &n0, &n1); b += nth) {               \
-            T *z = Z + n0 * 2 * r;                                                               \
-            kf__##X##gemm(false, false, n1 - n0, 2 * r, in, 1, x + n0 * in, in, W1, 2 * r, 0, z, \
-                          2 * r);                                                                \
-            skl_stage2_##X(p, z, n1 - n0, c->U1, c->S2, c->bias, 0, out, (T *)c->y + n0 * out);  \
-        }                                                                                        \
-    }                                                                                            \
-                                                                                                 \
-    /* The wide split's products through the bottleneck: W1 packed; Z's second half (x U2, for  \
-     * dS2) by blocks of `in`; dZ = s dy [U1; S2]^T by blocks of `out`; partial sums in block    \
-     * order. dx is left to the column phase. */                                                 \
-    static void skl_bwd_wide_##X(const kf__skl_bwd *c, const skl_layout *lo, int tid, int nth) { \
-        const struct kf_sklinear_plan *p = c->plan;                                              \
-        const int64_t in = p->in, out = p->out, r = p->r, N = c->N;                              \
-        const T s = (T)1 / ((T)2 * (T)p->L);                                                     \
-        const T *x = c->x, *U1 = c->U1, *S2 = c->S2, *DY = c->dy;                                \
-        T *W1 = skl_at(c->ws, lo->w1), *Z = skl_at(c->ws, lo->z), *dZ = skl_at(c->ws, lo->dz);   \
-        T *Pz = skl_at(c->ws, lo->part), *Pd = Pz + lo->nbi * N * r;                             \
-        int64_t a0, a1, o0, o1;                                                                  \
-        const bool zsum = c->dS2 && lo->nbi > 1, dsum = lo->nbo > 1;                             \
-        for (int64_t j = tid; j < lo->nbi + lo->nbo; j += nth) {                                 \
-            if (j < lo->nbi) {                                                                   \
-                skl_block(in, skl_cols(in), j, &a0, &a1);                                        \
-                skl_pack_w1_##X(p, c->S1, c->U2, W1, a0, a1);                                    \
-                if (c->dS2)                                                                      \
-                    kf__##X##gemm(false, false, N, r, a1 - a0, 1, x + a0, in,                    \
-                                  W1 + a0 * 2 * r + r, 2 * r, 0, zsum ? Pz + j * N * r : Z + r,  \
-                                  zsum ? r : 2 * r);                                             \
-            } else {                                                                             \
-                const int64_t b = j - lo->nbi;                                                   \
-                skl_block(out, skl_cols(out), b, &o0, &o1);                                      \
-                T *d = dsum ? Pd + b * N * 2 * r : dZ;                                           \
-                kf__##X##gemm(false, true, N, r, o1 - o0, s, DY + o0, out, U1 + o0, out, 0, d,   \
-                              2 * r);                                                            \
-                kf__##X##gemm(false, true, N, r, o1 - o0, s, DY + o0, out, S2 + o0, out, 0,      \
-                              d + r, 2 * r);                                                     \
-            }                                                                                    \
-        }                                                                                        \
-        _Pragma("omp barrier")                                                                   \
-        if (zsum) skl_sum_##X(Pz, lo->nbi, N, r, Z + r, 2 * r, tid, nth);                        \
-        if (dsum) skl_sum_##X(Pd, lo->nbo, N, 2 * r, dZ, 2 * r, tid, nth);                       \
-    }                                                                                            \
-                                                                                                 \
-    static void skl_bwd_team_##X(void *arg, int tid, int nth) {                                  \
-        const kf__skl_bwd *c = ((const skl_bwd_call *)arg)->c;                                   \
-        const skl_layout *lo = &((const skl_bwd_call *)arg)->lo;                                 \
-        const struct kf_sklinear_plan *p = c->plan;                                              \
-        const int64_t in = p->in, out = p->out, r = p->r, k = p->k, N = c->N;                    \
-        const T s = (T)1 / ((T)2 * (T)p->L), beta = c->accumulate ? 1 : 0;                       \
-        const T *x = c->x, *U1 = c->U1, *S2 = c->S2, *DY = c->dy;                                \
-        T *dX = c->dx, *dS1 = c->dS1, *dS2 = c->dS2, *db = c->db;                                \
-        T *W1 = skl_at(c->ws, lo->w1), *Z = skl_at(c->ws, lo->z), *dZ = skl_at(c->ws, lo->dz),   \
-          *dW1 = skl_at(c->ws, lo->dw1);                                                         \
-        int64_t a0, a1, n0, n1, o0, o1;                                                          \
-        if (lo->wide) {                                                                          \
-            skl_bwd_wide_##X(c, lo, tid, nth);                                                   \
-        } else {                                                                                 \
-            kf__cpu_share(in, tid, nth, &a0, &a1);                                               \
-            skl_pack_w1_##X(p, c->S1, c->U2, W1, a0, a1);                                        \
-            _Pragma("omp barrier")                                                               \
-            /* Row-wise: the recomputed second half of Z (for dS2), dZ, dx. */                   \
-            for (int64_t b = tid; skl_block(N, KF__SKL_ROWS, b, &n0, &n1); b += nth) {           \
-                const int64_t rows = n1 - n0;                                                    \
-                const T *dy = DY + n0 * out;                                                     \
-                T *dz = dZ + n0 * 2 * r;                                                         \
-                if (dS2)                                                                         \
-                    kf__##X##gemm(false, false, rows, r, in, 1, x + n0 * in, in, W1 + r, 2 * r,  \
-                                  0, Z + n0 * 2 * r + r, 2 * r);                                 \
-                kf__##X##gemm(false, true, rows, r, out, s, dy, out, U1, out, 0, dz, 2 * r);     \
-                kf__##X##gemm(false, true, rows, r, out, s, dy, out, S2, out, 0, dz + r, 2 * r); \
-                if (dX)                                                                          \
-                    kf__##X##gemm(false, true, rows, in, 2 * r, 1, dz, 2 * r, W1, 2 * r, 0,      \
-                                  dX + n0 * in, in);                                             \
-            }                                                                                    \
-        }                                                                                        \
-        _Pragma("omp barrier")                                                                   \
-        /* Column-wise: dS2 and dbias by output column; dS1 (and, in the wide split, dx) by      \
-         * input column. */                                                                      \
-        for (int64_t b = tid; skl_block(out, skl_cols(out), b, &o0, &o1); b += nth) {            \
-            if (dS2)                                                                             \
-                kf__##X##gemm(true, false, r, o1 - o0, N, s, Z + r, 2 * r, DY + o0, out, beta,   \
-                              dS2 + o0, out);                                                    \
-            if (db) skl_colsum_##X(DY, N, out, o0, o1, db, c->accumulate);                       \
-        }                                                                                        \
-        for (int64_t b = tid; skl_block(in, skl_cols(in), b, &a0, &a1); b += nth) {              \
-            if (dX && lo->wide)                                                                  \
-                kf__##X##gemm(false, true, N, a1 - a0, 2 * r, 1, dZ, 2 * r, W1 + a0 * 2 * r,     \
-                              2 * r, 0, dX + a0, in);                                            \
-            if (!dS1) continue;                                                                  \
-            kf__##X##gemm(true, false, a1 - a0, r, N, 1, x + a0, in, dZ, 2 * r, 0, dW1 + a0 * r, \
-                          r);                                                                    \
-            /* dW1 row a holds the L terms' k columns side by side; dS1 is [L, in, k] */         \
-            for (int64_t a = a0; a < a1; ++a)                                                    \
-                for (int64_t i = 0; i < p->L; ++i) {                                             \
-                    T *d = dS1 + (i * in + a) * k;                                               \
-                    const T *g = dW1 + a * r + i * k;                                            \
-                    for (int64_t j = 0; j < k; ++j) d[j] = c->accumulate ? d[j] + g[j] : g[j];   \
-                }                                                                                \
-        }                                                                                        \
+#define KF__SKL_CPU_DEFINE(T, X)                                                                   \
+    static void skl_pack_w1t_##X(const struct kf_sklinear_plan *p, const T *S1, const T *U2,       \
+                                 T *W1T, int64_t ldw, int64_t a0, int64_t a1) {                    \
+        const int64_t in = p->in, k = p->k, r = p->r;                                              \
+        for (int64_t b0 = a0; b0 < a1; b0 += KF__SKL_TBLOCK) {                                     \
+            const int64_t b1 = b0 + KF__SKL_TBLOCK < a1 ? b0 + KF__SKL_TBLOCK : a1;                \
+            for (int64_t j = 0; j < 2 * r; ++j) {                                                  \
+                const T *src = (j < r ? S1 : U2) + (j % r / k) * in * k + j % k;                   \
+                T *dst = W1T + j * ldw;                                                            \
+                for (int64_t a = b0; a < b1; ++a) dst[a] = src[a * k];                             \
+            }                                                                                      \
+        }                                                                                          \
+    }                                                                                              \
+                                                                                                   \
+    static void skl_pack_b2t_##X(const struct kf_sklinear_plan *p, const T *U1, const T *S2,       \
+                                 T *B2T, int64_t o0, int64_t o1) {                                 \
+        const int64_t out = p->out, r = p->r;                                                      \
+        for (int64_t b0 = o0; b0 < o1; b0 += KF__SKL_TBLOCK) {                                     \
+            const int64_t b1 = b0 + KF__SKL_TBLOCK < o1 ? b0 + KF__SKL_TBLOCK : o1;                \
+            for (int64_t j = 0; j < 2 * r; ++j) {                                                  \
+                const T *src = (j < r ? U1 : S2) + (j % r) * out;                                  \
+                for (int64_t o = b0; o < b1; ++o) B2T[o * 2 * r + j] = src[o];                     \
+            }                                                                                      \
+        }                                                                                          \
+    }                                                                                              \
+                                                                                                   \
+    static void skl_z_##X(const struct kf_sklinear_plan *p, int64_t rows, const T *x,              \
+                          const T *S1, const T *U2, int64_t a0, int64_t a1, int64_t j0, T *Zj,     \
+                          int64_t ldz) {                                                           \
+        const int64_t in = p->in, k = p->k, r = p->r;                                              \
+        for (int64_t h = j0 / r; h < 2; ++h)                                                       \
+            for (int64_t i = 0; i < p->L; ++i) {                                                   \
+                const T *b = (h ? U2 : S1) + (i * in + a0) * k;                                    \
+                kf__rowgemm_##X(rows, k, a1 - a0, a1 - a0, 1, x + a0, in, 1, b, b, k, NULL,        \
+                                false, Zj + h * r - j0 + i * k, ldz);                              \
+            }                                                                                      \
+    }                                                                                              \
+                                                                                                   \
+    /* Narrow: over B2^T's rows [o0, o1) (packed by the caller); wide: two BLAS GEMMs on U1 and    \
+     * S2 in place. */                                                                             \
+    static void skl_dz_##X(const struct kf_sklinear_plan *p, const skl_layout *lo, int64_t rows,   \
+                           const T *dy, const T *U1, const T *S2, const T *B2T, int64_t o0,        \
+                           int64_t o1, T *dz) {                                                    \
+        const int64_t out = p->out, r = p->r;                                                      \
+        const T s = (T)1 / ((T)2 * (T)p->L);                                                       \
+        if (lo->rg) {                                                                              \
+            const T *bt = B2T + o0 * 2 * r;                                                        \
+            kf__rowgemm_##X(rows, 2 * r, o1 - o0, o1 - o0, s, dy + o0, out, 1, bt, bt, 2 * r,      \
+                            NULL, false, dz, 2 * r);                                               \
+            return;                                                                                \
+        }                                                                                          \
+        kf__##X##gemm(false, true, rows, r, o1 - o0, s, dy + o0, out, U1 + o0, out, 0, dz, 2 * r); \
+        kf__##X##gemm(false, true, rows, r, o1 - o0, s, dy + o0, out, S2 + o0, out, 0, dz + r,     \
+                      2 * r);                                                                      \
+    }                                                                                              \
+                                                                                                   \
+    /* dst [N, w] (row stride ld) = the sum over b < nb of part + b N w ([N, w] each), summed in   \
+     * block order whatever the thread: this thread's share of the rows. */                        \
+    static void skl_sum_##X(const T *part, int64_t nb, int64_t N, int64_t w, T *dst, int64_t ld,   \
+                            int tid, int nth) {                                                    \
+        int64_t n0, n1;                                                                            \
+        kf__cpu_share(N, tid, nth, &n0, &n1);                                                      \
+        for (int64_t n = n0; n < n1; ++n) {                                                        \
+            T *d = dst + n * ld;                                                                   \
+            memcpy(d, part + n * w, (size_t)w * sizeof(T));                                        \
+            for (int64_t b = 1; b < nb; ++b) {                                                     \
+                const T *q = part + (b * N + n) * w;                                               \
+                for (int64_t j = 0; j < w; ++j) d[j] += q[j];                                      \
+            }                                                                                      \
+        }                                                                                          \
+    }                                                                                              \
+                                                                                                   \
+    /* db[o] (+)= sum over the N rows of dy[:, o], o in [o0, o1): rows outer, so the inner loop    \
+     * runs along memory; double accumulators, KF__SKL_COLSUM columns at a time. */                \
+    static void skl_colsum_##X(const T *dy, int64_t N, int64_t out, int64_t o0, int64_t o1,        \
+                               T *db, bool accumulate) {                                           \
+        double acc[KF__SKL_COLSUM];                                                                \
+        for (int64_t c0 = o0; c0 < o1; c0 += KF__SKL_COLSUM) {                                     \
+            const int64_t w = o1 - c0 < KF__SKL_COLSUM ? o1 - c0 : KF__SKL_COLSUM;                 \
+            for (int64_t j = 0; j < w; ++j) acc[j] = 0.0;                                          \
+            for (int64_t n = 0; n < N; ++n)                                                        \
+                for (int64_t j = 0; j < w; ++j) acc[j] += dy[n * out + c0 + j];                    \
+            for (int64_t j = 0; j < w; ++j)                                                        \
+                db[c0 + j] = accumulate ? (T)(db[c0 + j] + acc[j]) : (T)acc[j];                    \
+        }                                                                                          \
+    }                                                                                              \
+                                                                                                   \
+    /* y[rows, o0:o1] = s Z_rows [U1; S2][:, o0:o1] + bias: the second stage for a block of rows   \
+     * (row split) or of output columns (wide split). */                                           \
+    static void skl_stage2_##X(const struct kf_sklinear_plan *p, const T *z, int64_t rows, const T *U1, const T *S2, const T *bias, \
+                               int64_t o0, int64_t o1, T *y) {                                     \
+        const int64_t out = p->out, r = p->r;                                                      \
+        const T s = (T)1 / ((T)2 * (T)p->L);                                                       \
+        kf__rowgemm_##X(rows, o1 - o0, 2 * r, r, s, z, 2 * r, 1, U1 + o0, S2 + o0, out,            \
+                   bias ? bias + o0 : NULL, false, y + o0, out);                                   \
+    }                                                                                              \
+                                                                                                   \
+    static void skl_fwd_team_##X(void *arg, int tid, int nth) {                                    \
+        const kf__skl_fwd *c = ((const skl_fwd_call *)arg)->c;                                     \
+        const skl_layout *lo = &((const skl_fwd_call *)arg)->lo;                                   \
+        const struct kf_sklinear_plan *p = c->plan;                                                \
+        const int64_t in = p->in, out = p->out, r = p->r, N = c->N;                                \
+        const T *x = c->x;                                                                         \
+        T *Z = skl_at(c->ws, lo->z), *P = skl_at(c->ws, lo->part);                                 \
+        int64_t a0, a1, n0, n1, o0, o1;                                                            \
+        if (lo->wide) {                                                                            \
+            /* Z = x W1 by blocks of `in` */                                                       \
+            for (int64_t b = tid; skl_block(in, skl_cols(in), b, &a0, &a1); b += nth) {            \
+                skl_z_##X(p, N, x, c->S1, c->U2, a0, a1, 0,                                        \
+                          lo->nbi > 1 ? P + b * N * 2 * r : Z, 2 * r);                             \
+            }                                                                                      \
+            if (lo->nbi > 1) {                                                                     \
+                _Pragma("omp barrier")                                                             \
+                skl_sum_##X(P, lo->nbi, N, 2 * r, Z, 2 * r, tid, nth);                             \
+            }                                                                                      \
+            _Pragma("omp barrier")                                                                 \
+            for (int64_t b = tid; skl_block(out, skl_cols(out), b, &o0, &o1); b += nth)            \
+                skl_stage2_##X(p, Z, N, c->U1, c->S2, c->bias, o0, o1, c->y);                      \
+            return;                                                                                \
+        }                                                                                          \
+        for (int64_t b = tid; skl_block(N, KF__SKL_ROWS, b, &n0, &n1); b += nth) {                 \
+            T *z = Z + n0 * 2 * r;                                                                 \
+            skl_z_##X(p, n1 - n0, x + n0 * in, c->S1, c->U2, 0, in, 0, z, 2 * r);                  \
+            skl_stage2_##X(p, z, n1 - n0, c->U1, c->S2, c->bias, 0, out,                           \
+                           (T *)c->y + n0 * out);                                                  \
+        }                                                                                          \
+    }                                                                                              \
+                                                                                                   \
+    /* The wide split's products through the bottleneck: W1^T packed (for dx); Z's second half     \
+     * (x U2, for dS2) by blocks of `in`; dZ by blocks of `out`; partial sums in block order. dx   \
+     * is left to the column phase. */                                                             \
+    static void skl_bwd_wide_##X(const kf__skl_bwd *c, const skl_layout *lo, int tid, int nth) {   \
+        const struct kf_sklinear_plan *p = c->plan;                                                \
+        const int64_t in = p->in, out = p->out, r = p->r, N = c->N;                                \
+        const T *x = c->x, *U1 = c->U1, *S2 = c->S2, *DY = c->dy;                                  \
+        T *W1T = skl_at(c->ws, lo->w1), *B2T = skl_at(c->ws, lo->b2);                              \
+        T *Z = skl_at(c->ws, lo->z), *dZ = skl_at(c->ws, lo->dz);                                  \
+        T *Pz = skl_at(c->ws, lo->part), *Pd = Pz + lo->nbi * N * r;                               \
+        int64_t a0, a1, o0, o1;                                                                    \
+        const bool zsum = c->dS2 && lo->nbi > 1, dsum = lo->nbo > 1;                               \
+        for (int64_t j = tid; j < lo->nbi + lo->nbo; j += nth) {                                   \
+            if (j < lo->nbi) {                                                                     \
+                skl_block(in, skl_cols(in), j, &a0, &a1);                                          \
+                if (c->dx) skl_pack_w1t_##X(p, c->S1, c->U2, W1T, lo->ldw, a0, a1);                \
+                if (c->dS2) /* a partial holds Z's second half only */                             \
+                    skl_z_##X(p, N, x, c->S1, c->U2, a0, a1, r,                                    \
+                              zsum ? Pz + j * N * r : Z + r, zsum ? r : 2 * r);                    \
+            } else {                                                                               \
+                const int64_t b = j - lo->nbi;                                                     \
+                skl_block(out, skl_cols(out), b, &o0, &o1);                                        \
+                if (lo->rg) skl_pack_b2t_##X(p, U1, S2, B2T, o0, o1);                              \
+                skl_dz_##X(p, lo, N, DY, U1, S2, B2T, o0, o1, dsum ? Pd + b * N * 2 * r : dZ);     \
+            }                                                                                      \
+        }                                                                                          \
+        _Pragma("omp barrier")                                                                     \
+        if (zsum) skl_sum_##X(Pz, lo->nbi, N, r, Z + r, 2 * r, tid, nth);                          \
+        if (dsum) skl_sum_##X(Pd, lo->nbo, N, 2 * r, dZ, 2 * r, tid, nth);                         \
+    }                                                                                              \
+                                                                                                   \
+    static void skl_bwd_team_##X(void *arg, int tid, int nth) {                                    \
+        const kf__skl_bwd *c = ((const skl_bwd_call *)arg)->c;                                     \
+        const skl_layout *lo = &((const skl_bwd_call *)arg)->lo;                                   \
+        const struct kf_sklinear_plan *p = c->plan;                                                \
+        const int64_t in = p->in, out = p->out, r = p->r, k = p->k, N = c->N;                      \
+        const T s = (T)1 / ((T)2 * (T)p->L);                                                       \
+        const bool acc = c->accumulate;                                                            \
+        const T *x = c->x, *U1 = c->U1, *S2 = c->S2, *DY = c->dy;                                  \
+        T *dX = c->dx, *dS1 = c->dS1, *dS2 = c->dS2, *db = c->db;                                  \
+        T *W1T = skl_at(c->ws, lo->w1), *B2T = skl_at(c->ws, lo->b2);                              \
+        T *Z = skl_at(c->ws, lo->z), *dZ = skl_at(c->ws, lo->dz);                                  \
+        int64_t a0, a1, n0, n1, o0, o1;                                                            \
+        if (lo->wide) {                                                                            \
+            skl_bwd_wide_##X(c, lo, tid, nth);                                                     \
+        } else {                                                                                   \
+            kf__cpu_share(in, tid, nth, &a0, &a1);                                                 \
+            if (dX) skl_pack_w1t_##X(p, c->S1, c->U2, W1T, lo->ldw, a0, a1);                       \
+            kf__cpu_share(out, tid, nth, &o0, &o1);                                                \
+            if (lo->rg) skl_pack_b2t_##X(p, U1, S2, B2T, o0, o1);                                  \
+            _Pragma("omp barrier")                                                                 \
+            /* Row-wise: the recomputed second half of Z (for dS2), dZ, dx. */                     \
+            for (int64_t b = tid; skl_block(N, KF__SKL_ROWS, b, &n0, &n1); b += nth) {             \
+                const int64_t rows = n1 - n0;                                                      \
+                T *dz = dZ + n0 * 2 * r;                                                           \
+                if (dS2)                                                                           \
+                    skl_z_##X(p, rows, x + n0 * in, c->S1, c->U2, 0, in, r,                        \
+                              Z + n0 * 2 * r + r, 2 * r);                                          \
+                skl_dz_##X(p, lo, rows, DY + n0 * out, U1, S2, B2T, 0, out, dz);                   \
+                if (dX)                                                                            \
+                    kf__rowgemm_##X(rows, in, 2 * r, 2 * r, 1, dz, 2 * r, 1, W1T, W1T, lo->ldw,    \
+                               NULL, false, dX + n0 * in, in);                                     \
+            }                                                                                      \
+        }                                                                                          \
+        _Pragma("omp barrier")                                                                     \
+        /* Column-wise: dS2 and dbias by output column; dS1 (and, in the wide split, dx) by        \
+         * input column. dS2 = s Z[:, r:]^T dy and dS1_i = x^T dZ[:, i k:(i + 1) k] go straight    \
+         * into the parameter layouts ([L, k, out] and [L, in, k]). */                             \
+        for (int64_t b = tid; skl_block(out, skl_cols(out), b, &o0, &o1); b += nth) {              \
+            if (dS2)                                                                               \
+                kf__rowgemm_##X(r, o1 - o0, N, N, s, Z + r, 1, 2 * r, DY + o0, DY + o0, out, NULL, \
+                           acc, dS2 + o0, out);                                                    \
+            if (db) skl_colsum_##X(DY, N, out, o0, o1, db, acc);                                   \
+        }                                                                                          \
+        for (int64_t b = tid; skl_block(in, skl_cols(in), b, &a0, &a1); b += nth) {                \
+            if (dX && lo->wide)                                                                    \
+                kf__rowgemm_##X(N, a1 - a0, 2 * r, 2 * r, 1, dZ, 2 * r, 1, W1T + a0, W1T + a0,     \
+                           lo->ldw, NULL, false, dX + a0, in);                                     \
+            if (dS1)                                                                               \
+                for (int64_t i = 0; i < p->L; ++i)                                                 \
+                    kf__rowgemm_##X(a1 - a0, k, N, N, 1, x + a0, 1, in, dZ + i * k, dZ + i * k,    \
+                               2 * r, NULL, acc, dS1 + (i * in + a0) * k, k);                      \
+        }                                                                                          \
     }
 
 KF__SKL_CPU_DEFINE(float, s)

@@ -189,6 +189,8 @@ static const shape kShapes[] = {
     {33, 300, 129, 2, 32, 1, 1},
     {40, 1100, 600, 2, 16, 1, 0}, /* few rows: the wide split, 5 blocks of in, 3 of out */
     {300, 90, 70, 2, 8, 1, 1},    /* many rows: the row split, 10 row blocks */
+    {20, 600, 520, 3, 12, 1, 0},  /* the wide split with a wide bottleneck (2r = 72: BLAS) */
+    {290, 70, 600, 5, 8, 0, 1},   /* the row split, 2r = 80: BLAS */
 };
 
 ParameterizedTestParameters(sklinear, matches_reference) {

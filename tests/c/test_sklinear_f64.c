@@ -176,6 +176,8 @@ static const shape kShapes[] = {
     {33, 300, 131, 2, 32, 1},  /* out % 8 = 3 */
     {40, 1100, 600, 2, 16, 1}, /* few rows: the wide split, 5 blocks of in, 3 of out */
     {300, 90, 70, 2, 8, 0},    /* many rows: the row split, 10 row blocks */
+    {20, 600, 520, 3, 12, 1},  /* the wide split with a wide bottleneck (2r = 72: BLAS) */
+    {290, 70, 600, 5, 8, 0},   /* the row split, 2r = 80: BLAS */
 };
 
 ParameterizedTestParameters(sklinear_f64, matches_reference) {
