@@ -48,8 +48,9 @@ impl Element for i32 {
 ///   float32's, relative to the output's norm (docs/precision.md). Workspace sizes include the
 ///   float32 copies.
 ///
-/// A plan whose backend cannot run `T` (a CUDA context, for `f64`, `bf16` and `f16`; a library
-/// older than the type) is refused at creation with [`Status::Unsupported`], before any call.
+/// A plan whose backend cannot run `T` (a CUDA context, for `f64`, `bf16` and `f16`) is refused
+/// at creation with [`Status::Unsupported`] (the library's message names `desc->dtype`), before
+/// any call.
 /// Descriptor scalars (`RnnDesc::gamma`, `dropout`, the grid arguments) stay `f32` whatever `T`.
 ///
 /// An example: [the crate docs](crate#element-types).
