@@ -16,6 +16,8 @@ ROOT=$PWD
 BUILD=$(cd "${1:-build/valgrind}" && pwd)
 OUT=$ROOT/build/rust-consumer
 export PATH="$HOME/.cargo/bin:$PATH"
+# kfuse's one crate dependency (half, offline from Debian's registry: ../.cargo/config.toml)
+bash scripts/install-deps.sh librust-half-dev
 export CARGO_TARGET_DIR=$OUT/target
 unset KFUSE_LIB_DIR KFUSE_CMAKE_ARGS
 rm -rf "$OUT/prefix"

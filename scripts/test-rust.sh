@@ -11,8 +11,8 @@
 # Exits non-zero on any failure. About 1-2 minutes on 2 cores once build/main exists (plus about
 # 1 minute the first time, to compile criterion and its dependencies).
 # Cargo reads ../.cargo/config.toml: crates.io is replaced by Debian's /usr/share/cargo/registry
-# and the network is off; the only third-party crate is criterion (librust-criterion-dev), a
-# dev-dependency of the benchmarks.
+# and the network is off; the third-party crates are half (librust-half-dev: kfuse's bfloat16 and
+# float16 element types) and criterion (librust-criterion-dev), a dev-dependency of the benchmarks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -23,6 +23,7 @@ stage "install dependencies"
 PACKAGES=(
   build-essential cmake pkg-config libopenblas-pthread-dev  # the C library
   bindgen libclang1-14 libclang-common-14-dev               # the bindings-current check
+  librust-half-dev                                          # kfuse's bf16/f16 (the half crate)
   librust-criterion-dev                                     # the benchmarks (benches/rust)
 )
 export PATH="$HOME/.cargo/bin:$PATH"

@@ -68,6 +68,7 @@ stage "install dependencies"
 export PATH="$HOME/.cargo/bin:$PATH"
 PACKAGES=(build-essential cmake pkg-config libopenblas-pthread-dev valgrind
   python3 python3-venv python3-numpy python3-torch python3-dev
+  librust-half-dev        # kfuse's bf16/f16 (the half crate)
   librust-criterion-dev)  # the workspace's benches member must resolve, though it is not built
 command -v cargo >/dev/null || PACKAGES+=(cargo rustc)
 bash scripts/install-deps.sh "${PACKAGES[@]}"

@@ -619,9 +619,9 @@ impl<'ctx, L: KanLayer> KanPlan<'ctx, L> {
 }
 
 impl<'ctx, L: KanLayer, T: Float> KanPlan<'ctx, L, T> {
-    /// Creates a plan computing in `T` (`f32` or `f64`): x, y, the knots, the parameters and
+    /// Creates a plan computing in `T` (any [`Float`]): x, y, the knots, the parameters and
     /// every gradient of its calls hold `T`. A backend without `T` refuses it here with
-    /// [`Status::Unsupported`](crate::Status::Unsupported) (float64: the CPU backend only).
+    /// [`Status::Unsupported`](crate::Status::Unsupported) (all but `f32`: the CPU backend only).
     ///
     /// ```
     /// use kfuse::*;

@@ -43,6 +43,29 @@
 //! # Ok::<(), kfuse::Error>(())
 //! ```
 //!
+//! # Element types
+//!
+//! Every plan computes in a [`Float`] chosen at creation: `f32` by default (`RnnPlan::new`),
+//! or through `new_typed` `f64`, [`half::bf16`] or [`half::f16`] (the `half` crate, re-exported
+//! here) on the CPU backend. The 16-bit types are storage types: every tensor of a call holds
+//! them, the arithmetic is float32, and each result is rounded once. A CUDA context refuses a
+//! plan of any but `f32` with [`Status::Unsupported`]. A bfloat16 SKLinear:
+//!
+//! ```
+//! use kfuse::*;
+//! use kfuse::half::bf16;
+//! let ctx = Context::cpu()?;
+//! let desc = SkLinearDesc::new(8, 4, 1, 2);
+//! let mut plan = SkLinearPlan::<bf16>::new_typed(&ctx, &desc)?;
+//! let params: SkHostParams<bf16> = plan.init_params(1, None)?; // Panther's init, in bfloat16
+//! let x: Vec<bf16> = (0..3 * 8).map(|k| bf16::from_f32(k as f32 / 24.0 - 0.5)).collect();
+//! let mut y = vec![bf16::NAN; 3 * 4];
+//! plan.forward(&SkForwardArgs::new(Tensor::new(&x, &[3, 8]), params.view(),
+//!                                  TensorMut::new(&mut y, &[3, 4])))?;
+//! assert!(y.iter().all(|v| v.is_finite()));
+//! # Ok::<(), kfuse::Error>(())
+//! ```
+//!
 //! `use kfuse::*` leaves std's `Result` as it is (this crate's alias is
 //! [`error::Result`]):
 //!
@@ -90,6 +113,19 @@
 //! plan.forward(Mode::Inference, &args).unwrap();
 //! ```
 //!
+//! and every view of a call holds the plan's element type (a bfloat16 plan takes no `f32` data):
+//!
+//! ```compile_fail
+//! use kfuse::*;
+//! let ctx = Context::cpu().unwrap();
+//! let desc = SkLinearDesc::new(2, 2, 1, 1);
+//! let mut plan = SkLinearPlan::<half::bf16>::new_typed(&ctx, &desc).unwrap();
+//! let p = SkHostParams::<half::bf16>::zeros_typed(&desc);
+//! let (x, mut y) = (vec![0.0f32; 2], vec![0.0f32; 2]);
+//! plan.forward(&SkForwardArgs::new(Tensor::new(&x, &[1, 2]), p.view(), TensorMut::new(&mut y, &[1, 2])))
+//!     .unwrap();
+//! ```
+//!
 //! # tch-rs interop
 //! The separate crate `kfuse-tch` (bindings/rust/kfuse-tch, its own workspace) wraps these plans
 //! as layers taking and returning `tch::Tensor`; it is kept out of this workspace so that building
@@ -123,6 +159,11 @@ pub use sklinear::{
     SkBackwardArgs, SkForwardArgs, SkHostParams, SkLinearDesc, SkLinearPlan, SkParams, SkParamsMut,
 };
 pub use tensor::{Element, Float, Tensor, TensorMut};
+
+/// The `half` crate (1.6), whose [`bf16`](half::bf16) and [`f16`](half::f16) are the 16-bit
+/// [`Float`]s: re-exported so that callers use the very version this crate implements `Float`
+/// for, with no dependency of their own to keep in step.
+pub use half;
 
 /// Raw bindings, re-exported for calls the safe API does not cover yet.
 pub use kfuse_sys as sys;

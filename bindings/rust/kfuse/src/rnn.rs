@@ -552,9 +552,9 @@ impl<'ctx> RnnPlan<'ctx> {
 }
 
 impl<'ctx, T: Float> RnnPlan<'ctx, T> {
-    /// Creates a plan computing in `T` (`f32` or `f64`): x, h, y, the weights and every gradient
+    /// Creates a plan computing in `T` (any [`Float`]): x, h, y, the weights and every gradient
     /// of its calls hold `T` (lengths stay `i32`). A backend without `T` refuses it here with
-    /// [`Status::Unsupported`] (float64: the CPU backend only).
+    /// [`Status::Unsupported`] (all but `f32`: the CPU backend only).
     ///
     /// ```
     /// use kfuse::*;

@@ -388,8 +388,9 @@ impl<'ctx> SkLinearPlan<'ctx> {
 }
 
 impl<'ctx, T: Float> SkLinearPlan<'ctx, T> {
-    /// Creates a plan computing in `T` (`f32` or `f64`): every tensor of its calls holds `T`.
-    /// A backend without `T` refuses it here with [`Status::Unsupported`].
+    /// Creates a plan computing in `T` (any [`Float`]): every tensor of its calls holds `T`.
+    /// A backend without `T` refuses it here with [`Status::Unsupported`] (all but `f32`: the
+    /// CPU backend only).
     ///
     /// ```
     /// use kfuse::*;

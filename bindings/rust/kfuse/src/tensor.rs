@@ -10,10 +10,12 @@ mod sealed {
     pub trait Sealed {}
     impl Sealed for f32 {}
     impl Sealed for f64 {}
+    impl Sealed for half::f16 {}
+    impl Sealed for half::bf16 {}
     impl Sealed for i32 {}
 }
 
-/// An element type a kfuse tensor can hold: `f32` and `f64` (data) and `i32` (sequence lengths).
+/// An element type a kfuse tensor can hold: the [`Float`]s (data) and `i32` (sequence lengths).
 pub trait Element: Copy + sealed::Sealed + 'static {
     /// The matching `kf_dtype`.
     const DTYPE: sys::kf_dtype;
@@ -24,17 +26,42 @@ impl Element for f32 {
 impl Element for f64 {
     const DTYPE: sys::kf_dtype = sys::kf_dtype_KF_DTYPE_F64;
 }
+impl Element for half::f16 {
+    const DTYPE: sys::kf_dtype = sys::kf_dtype_KF_DTYPE_F16;
+}
+impl Element for half::bf16 {
+    const DTYPE: sys::kf_dtype = sys::kf_dtype_KF_DTYPE_BF16;
+}
 impl Element for i32 {
     const DTYPE: sys::kf_dtype = sys::kf_dtype_KF_DTYPE_I32;
 }
 
-/// A type a layer computes in: `f32` (every op, every backend) or `f64` (where the backend
-/// supports it: a plan that cannot run it is refused at creation with [`Status::Unsupported`]).
+/// A type a layer computes in, chosen by the plan (`RnnPlan::<T>::new_typed` and the like; every
+/// tensor of its calls then holds `T`):
+///
+/// - `f32`: every op, every backend.
+/// - `f64`: every op on the CPU backend (library 1.4 and later).
+/// - [`half::bf16`] and [`half::f16`] (the `half` crate, re-exported as [`kfuse::half`]): every
+///   op on the CPU backend (library 1.5 and later). Storage only: the tensors hold the 16-bit
+///   type, the arithmetic is float32, and each result is the float32 one rounded once to nearest
+///   even, so it is within about the type's unit roundoff (2^-8 bfloat16, 2^-11 float16) of
+///   float32's, relative to the output's norm (docs/precision.md). Workspace sizes include the
+///   float32 copies.
+///
+/// A plan whose backend cannot run `T` (a CUDA context, for `f64`, `bf16` and `f16`) is refused
+/// at creation with [`Status::Unsupported`] (the library's message names `desc->dtype`), before
+/// any call.
+/// Descriptor scalars (`RnnDesc::gamma`, `dropout`, the grid arguments) stay `f32` whatever `T`.
+///
+/// An example: [the crate docs](crate#element-types).
 ///
 /// [`Status::Unsupported`]: crate::Status::Unsupported
+/// [`kfuse::half`]: crate::half
 pub trait Float: Element + Default {}
 impl Float for f32 {}
 impl Float for f64 {}
+impl Float for half::f16 {}
+impl Float for half::bf16 {}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Shape {

@@ -185,7 +185,7 @@ fn reference(c: &Cfg, x: &[f32], p: &KanHostParams, dy: &[f32]) -> Ref {
 /// Forward and backward through a plan of any KAN kind and element type `T` (the problem's
 /// float32 values converted exactly), x and y of the shapes `xs` and `ys`: [y, dx, d base_weight,
 /// d spline_weight, d spline_scaler (empty without a scaler)].
-fn run<L: KanLayer, T: Float + From<f32>>(
+fn run<L: KanLayer, T: TestFloat>(
     plan: &mut KanPlan<'_, L, T>,
     pr: &Problem,
     xs: &[usize],
@@ -193,19 +193,19 @@ fn run<L: KanLayer, T: Float + From<f32>>(
     mode: GradMode,
     init: f32,
 ) -> [Vec<T>; 5] {
-    let cv = |v: &[f32]| v.iter().map(|&a| T::from(a)).collect::<Vec<T>>();
+    let cv = cast::<T>;
     let mut p = KanHostParams::<T>::zeros_typed(plan.desc());
     p.grid = cv(&pr.p.grid);
     p.base_weight = cv(&pr.p.base_weight);
     p.spline_weight = cv(&pr.p.spline_weight);
     p.spline_scaler = pr.p.spline_scaler.as_deref().map(cv);
     let (x, dy) = (cv(&pr.x), cv(&pr.dy));
-    let mut y = vec![T::from(f32::NAN); ys.iter().product()];
-    let mut dx = vec![T::from(f32::NAN); x.len()];
+    let mut y = vec![T::from_f32(f32::NAN); ys.iter().product()];
+    let mut dx = vec![T::from_f32(f32::NAN); x.len()];
     let mut grads = KanHostParams::<T>::zeros_typed(plan.desc());
-    grads.base_weight.iter_mut().chain(&mut grads.spline_weight).for_each(|v| *v = T::from(init));
+    grads.base_weight.iter_mut().chain(&mut grads.spline_weight).for_each(|v| *v = T::from_f32(init));
     if let Some(s) = &mut grads.spline_scaler {
-        s.iter_mut().for_each(|v| *v = T::from(init));
+        s.iter_mut().for_each(|v| *v = T::from_f32(init));
     }
     let fwd = KanForwardArgs::new(Tensor::new(&x, xs), p.view(), TensorMut::new(&mut y, ys));
     plan.forward(&fwd).unwrap();
@@ -285,27 +285,28 @@ fn forward_and_backward_match_f64_reference() {
 }
 
 /// Every output of [`run`] against the reference (d spline_scaler empty without a scaler):
-/// relative error below `tol` (1e-5 for float32, 1e-12 for float64).
-fn check_all<T: Float + Into<f64>>(c: &dyn std::fmt::Debug, out: &[Vec<T>; 5], r: &Ref, tol: f64) {
+/// relative error below `tol` (1e-5 for float32, 1e-12 for float64, u + 1e-5 for 16 bits).
+fn check_all<T: TestFloat>(c: &dyn std::fmt::Debug, out: &[Vec<T>; 5], r: &Ref, tol: f64) {
     let refs = [&r.y, &r.dx, &r.dbw, &r.dsw, &r.dss];
     for (q, name) in NAMES.iter().enumerate() {
         if q == 4 && out[4].is_empty() {
             continue;
         }
-        assert_eq!(out[q].len(), refs[q].len());
-        let num: f64 = out[q].iter().zip(refs[q]).map(|(&a, b)| (a.into() - b).powi(2)).sum();
-        let den: f64 = refs[q].iter().map(|b| b * b).sum();
-        let e = (num / den.max(f64::MIN_POSITIVE)).sqrt();
+        let e = rel_err(&out[q], refs[q]);
         assert!(e < tol, "{c:?}: {name} rel err {e:.3e}");
     }
 }
 
-/// The parameter gradients of a [`run`] in Accumulate mode over buffers that held 0.25.
-fn check_accumulated(out: &[Vec<f32>; 5], r: &Ref) {
+/// The parameter gradients of a [`run`] in Accumulate mode over buffers that held 0.25, within
+/// `tol` (d spline_scaler empty without a scaler).
+fn check_accumulated<T: TestFloat>(c: &dyn std::fmt::Debug, out: &[Vec<T>; 5], r: &Ref, tol: f64) {
     for (q, want) in [(2, &r.dbw), (3, &r.dsw), (4, &r.dss)] {
+        if q == 4 && out[4].is_empty() {
+            continue;
+        }
         let shifted: Vec<f64> = want.iter().map(|v| v + 0.25).collect();
         let e = rel_err(&out[q], &shifted);
-        assert!(e < 1e-5, "accumulate {}: rel err {e:.3e}", NAMES[q]);
+        assert!(e < tol, "{c:?}: accumulate {}: rel err {e:.3e}", NAMES[q]);
     }
 }
 
@@ -329,7 +330,7 @@ fn accumulate_and_single_outputs<L: KanLayer>(
     r: &Ref,
 ) {
     let out = run(plan, pr, xs, ys, GradMode::Accumulate, 0.25);
-    check_accumulated(&out, r);
+    check_accumulated(&xs, &out, r, 1e-5);
     let lin = plan.desc().kan_linear();
     let bwd = || KanBackwardArgs::new(Tensor::new(&pr.x, xs), pr.p.view(), Tensor::new(&pr.dy, ys));
     let mut dx = vec![f32::NAN; pr.x.len()];
@@ -857,15 +858,36 @@ fn conv2d_bad_input_is_an_error_naming_the_argument() {
 /// the float64 reference bases). A bad margin is an error and writes nothing.
 #[test]
 fn update_grid_places_knots_and_refits() {
+    update_grid_case::<f32>();
+}
+
+/// update_grid of bfloat16 and float16 plans: the knots and the refit as for float32, bounds
+/// scaled to the type's unit roundoff.
+#[test]
+fn low_precision_update_grid() {
+    update_grid_case::<half::bf16>();
+    update_grid_case::<half::f16>();
+}
+
+/// update_grid through a plan of element type `T` (unit roundoff u): every knot within
+/// u |knot| + 1e-5 of the formula on the samples; the coefficients a float64 least-squares
+/// solution w* on the new knots rounded to `T` (w = w* + d, |d| <= u |w*|), so each entry of the
+/// normal equations' residual B^T r = B^T B d is within u / (1 - u) (|B|^T |B| |w|) of 0, plus
+/// 1e-9 |B^T u| for the float64 solve.
+fn update_grid_case<T: TestFloat>() {
+    let u_t = T::UNIT_ROUNDOFF;
+    let name = std::any::type_name::<T>();
     let (inf, outf, g, k, n) = (3usize, 2usize, 5usize, 3usize, 40usize);
     let (c, nk) = (g + k, g + 2 * k + 1);
     let ctx = Context::cpu().unwrap();
     let d = KanLinearDesc::new(inf, outf).grid_size(g as u32).spline_order(k as u32);
-    let mut plan = KanLinearPlan::new(&ctx, &d).unwrap();
+    let mut plan = KanLinearPlan::<T>::new_typed(&ctx, &d).unwrap();
     let mut rng = Rng::new(91);
-    let x = rng.vec(n * inf, -0.8, 0.8);
-    let old_grid = plan.uniform_grid(-1.0, 1.0).unwrap();
-    let old_w = rng.vec(outf * inf * c, -0.5, 0.5);
+    let mut x = rng.vec(n * inf, -0.8, 0.8);
+    round_to::<T>(&mut x);
+    let mut old_w = rng.vec(outf * inf * c, -0.5, 0.5);
+    round_to::<T>(&mut old_w);
+    let (x, old_grid, old_w) = (cast::<T>(&x), plan.uniform_grid(-1.0, 1.0).unwrap(), cast::<T>(&old_w));
     let (mut grid, mut w) = (old_grid.clone(), old_w.clone());
     let e = plan
         .update_grid(
@@ -877,8 +899,9 @@ fn update_grid_places_knots_and_refits() {
         )
         .unwrap_err();
     assert!(e.message().contains("margin"), "{e}");
-    assert_eq!(grid, old_grid);
-    assert_eq!(w, old_w);
+    let bits = |v: &[T]| -> Vec<u64> { v.iter().map(|&a| Into::<f64>::into(a).to_bits()).collect() };
+    assert_eq!(bits(&grid), bits(&old_grid));
+    assert_eq!(bits(&w), bits(&old_w));
     plan.update_grid(
         &Tensor::new(&x, &[n, inf]),
         TensorMut::new(&mut grid, &[inf, nk]),
@@ -888,7 +911,7 @@ fn update_grid_places_knots_and_refits() {
     )
     .unwrap();
     for i in 0..inf {
-        let mut s: Vec<f64> = (0..n).map(|r| x[r * inf + i] as f64).collect();
+        let mut s: Vec<f64> = (0..n).map(|r| x[r * inf + i].into()).collect();
         s.sort_by(|a, b| a.partial_cmp(b).unwrap());
         let h = (s[n - 1] - s[0] + 0.02) / g as f64;
         for j in 0..nk {
@@ -900,29 +923,35 @@ fn update_grid_places_knots_and_refits() {
                 let q = j - k;
                 0.02 * (s[0] - 0.01 + q as f64 * h) + 0.98 * s[q * (n - 1) / g]
             };
-            let got = grid[i * nk + j] as f64;
-            assert!((got - want).abs() < 1e-5, "grid[{i}][{j}] = {got}, want {want}");
+            let got: f64 = grid[i * nk + j].into();
+            let bound = u_t * want.abs() + 1e-5;
+            assert!((got - want).abs() < bound, "{name} grid[{i}][{j}] = {got}, want {want}");
         }
         let (to, tn): (Vec<f64>, Vec<f64>) = (
-            old_grid[i * nk..(i + 1) * nk].iter().map(|&v| v as f64).collect(),
-            grid[i * nk..(i + 1) * nk].iter().map(|&v| v as f64).collect(),
+            old_grid[i * nk..(i + 1) * nk].iter().map(|&v| v.into()).collect(),
+            grid[i * nk..(i + 1) * nk].iter().map(|&v| v.into()).collect(),
         );
         for o in 0..outf {
-            let coef = |v: &[f32], q: usize| v[(o * inf + i) * c + q] as f64;
-            let (mut bt_r, mut bt_u) = (vec![0.0; c], vec![0.0; c]);
+            let coef = |v: &[T], q: usize| v[(o * inf + i) * c + q].into();
+            let (mut bt_r, mut bt_u, mut bb_w) = (vec![0.0; c], vec![0.0; c], vec![0.0; c]);
             for r in 0..n {
-                let xv = x[r * inf + i] as f64;
+                let xv: f64 = x[r * inf + i].into();
                 let (bo, bn) = (bases(&to, k, xv).0, bases(&tn, k, xv).0);
                 let u: f64 = (0..c).map(|q| bo[q] * coef(&old_w, q)).sum();
                 let fit: f64 = (0..c).map(|q| bn[q] * coef(&w, q)).sum();
+                let abs_fit: f64 = (0..c).map(|q| (bn[q] * coef(&w, q)).abs()).sum();
                 for q in 0..c {
                     bt_r[q] += bn[q] * (fit - u);
                     bt_u[q] += bn[q] * u;
+                    bb_w[q] += bn[q].abs() * abs_fit;
                 }
             }
-            let norm = |v: &[f64]| v.iter().map(|a| a * a).sum::<f64>().sqrt();
-            let rel = norm(&bt_r) / norm(&bt_u);
-            assert!(rel < 1e-5, "feature {i} output {o}: |B^T r| / |B^T u| = {rel:e}");
+            let norm_bt_u = bt_u.iter().map(|a| a * a).sum::<f64>().sqrt();
+            for q in 0..c {
+                let bound = u_t / (1.0 - u_t) * bb_w[q] + 1e-9 * norm_bt_u;
+                let e = bt_r[q].abs();
+                assert!(e <= bound, "{name} feature {i} output {o}: (B^T r)[{q}] = {e:e}, bound {bound:e}");
+            }
         }
     }
 }
@@ -952,5 +981,57 @@ fn float64_plans_match_f64_reference() {
         let r = conv_reference(&c, &pr.x, &pr.p, &pr.dy);
         let out = run(&mut plan, &pr, &c.x_shape(), &c.y_shape(), GradMode::Overwrite, f32::NAN);
         check_all(&c, &out, &r, 1e-12);
+    }
+}
+
+/// `pr` with every value rounded to `T` (exactly representable in it).
+fn rounded<T: TestFloat>(mut pr: Problem) -> Problem {
+    let p = &mut pr.p;
+    for v in [&mut pr.x, &mut pr.dy, &mut p.grid, &mut p.base_weight, &mut p.spline_weight] {
+        round_to::<T>(v);
+    }
+    p.spline_scaler.iter_mut().for_each(|s| round_to::<T>(s));
+    pr
+}
+
+/// bfloat16 and float16 plans (`KanLinearPlan::<bf16>::new_typed`, `KanConv2dPlan::<f16>::...`):
+/// y and every gradient, overwritten and accumulated, within u + 1e-5 of the float64 reference
+/// on the same inputs (tests/c/test_lowp.c's bound); the uniform grid within u of efficient-kan's
+/// formula.
+#[test]
+fn low_precision_plans_match_f64_reference() {
+    low_precision_plans::<half::bf16>();
+    low_precision_plans::<half::f16>();
+}
+
+fn low_precision_plans<T: Low>() {
+    let ctx = Context::cpu().unwrap();
+    for c in configs() {
+        let mut plan = KanLinearPlan::<T>::new_typed(&ctx, &c.desc()).unwrap();
+        let pr = rounded::<T>(problem(&c, &KanLinearPlan::new(&ctx, &c.desc()).unwrap(), 31));
+        let r = reference(&c, &pr.x, &pr.p, &pr.dy);
+        let (xs, ys) = (c.x_shape(), c.y_shape());
+        let out = run(&mut plan, &pr, &xs, &ys, GradMode::Overwrite, f32::NAN);
+        check_all(&(T::NAME, c), &out, &r, T::TOL);
+        let out = run(&mut plan, &pr, &xs, &ys, GradMode::Accumulate, 0.25);
+        check_accumulated(&(T::NAME, c), &out, &r, T::TOL);
+        // efficient-kan's knots, lo + (j - k) * h with h = (hi - lo) / G, rounded once to T
+        let g = plan.uniform_grid(-1.0, 1.0).unwrap();
+        let h = 2.0 / c.g as f64;
+        for (j, &v) in g[..c.nk()].iter().enumerate() {
+            let (v, want) = (v.into(), (j as f64 - c.k as f64) * h - 1.0);
+            let bound = T::UNIT_ROUNDOFF * want.abs() + 1e-6;
+            assert!((v - want).abs() <= bound, "{} {c:?}: grid[{j}] = {v}, expected {want}", T::NAME);
+        }
+    }
+    for c in conv_configs() {
+        let mut plan = KanConv2dPlan::<T>::new_typed(&ctx, &c.desc()).unwrap();
+        let pr = rounded::<T>(conv_problem(&c, &KanConv2dPlan::new(&ctx, &c.desc()).unwrap(), 33));
+        let r = conv_reference(&c, &pr.x, &pr.p, &pr.dy);
+        let (xs, ys) = (c.x_shape(), c.y_shape());
+        let out = run(&mut plan, &pr, &xs, &ys, GradMode::Overwrite, f32::NAN);
+        check_all(&(T::NAME, c), &out, &r, T::TOL);
+        let out = run(&mut plan, &pr, &xs, &ys, GradMode::Accumulate, 0.25);
+        check_accumulated(&(T::NAME, c), &out, &r, T::TOL);
     }
 }

@@ -15,7 +15,7 @@ fn desc_of(c: &Cfg) -> RnnDesc {
     d.layers(c.l as u32).batch_first(c.batch_first).bidirectional(c.d == 2)
 }
 
-fn problem(plan: &RnnPlan<'_>, c: Cfg, seed: u64) -> Problem {
+fn problem<T: Float>(plan: &RnnPlan<'_, T>, c: Cfg, seed: u64) -> Problem {
     let mut rng = Rng::new(seed);
     let k = 1.0 / (c.h as f64).sqrt();
     let w = plan
@@ -94,15 +94,40 @@ fn fd_grad(c: &Cfg, x: &[f64], h0: &[f64], w: &[Vec<f64>], cy: &[f64], ch: &[f64
 /// One CPU thread: checks the bindings' plumbing of every gradient.
 #[test]
 fn backward_matches_f64_finite_differences_one_thread() {
-    backward_vs_fd(1);
+    backward_vs_fd(1, 1);
 }
 
 /// The default context (all cores), as users get it; run a few times, since a race would show
 /// only now and then.
 #[test]
 fn backward_matches_f64_finite_differences_default_threads() {
-    for _ in 0..3 {
-        backward_vs_fd(0);
+    backward_vs_fd(0, 3);
+}
+
+/// Every config's float32 plan on `threads` threads, `runs` times, against one reference each.
+fn backward_vs_fd(threads: u32, runs: usize) {
+    for n in 0..configs().len() {
+        let case = fd_case(n, |_| {});
+        for _ in 0..runs {
+            check_plan::<f32>(threads, &case, 1e-5);
+        }
+    }
+}
+
+/// bfloat16 and float16 plans (`RnnPlan::<bf16>::new_typed`, `<f16>`): storage in the type,
+/// float32 arithmetic, one rounding, so y, hn and every gradient (accumulated too) within
+/// u + 1e-5 of the float64 reference on the same inputs (tests/c/test_lowp.c's bound). One
+/// problem serves both: rounded to bfloat16 and then to float16, each value is both (8
+/// significant bits within float16's range, or a multiple of 2^-24 with fewer below it).
+#[test]
+fn low_precision_plans_match_f64_reference() {
+    for n in 0..configs().len() {
+        let case = fd_case(n, |v| {
+            round_to::<half::bf16>(v);
+            round_to::<half::f16>(v);
+        });
+        check_plan::<half::bf16>(0, &case, half::bf16::TOL);
+        check_plan::<half::f16>(0, &case, half::f16::TOL);
     }
 }
 
@@ -116,8 +141,10 @@ struct FwdBwd<T> {
 }
 
 /// A training forward with h0 and hn, then backward of L = sum(cy * y) + sum(ch * hn) with
-/// every gradient output, through a plan of element type `T`.
-fn fwd_bwd<T: Float + From<f32>>(
+/// every gradient output, through a plan of element type `T`; the weight gradients overwritten,
+/// or with `dw0` added to them (GradMode::Accumulate).
+#[allow(clippy::too_many_arguments)]
+fn fwd_bwd<T: TestFloat>(
     plan: &mut RnnPlan<'_, T>,
     c: &Cfg,
     x: &[T],
@@ -125,11 +152,15 @@ fn fwd_bwd<T: Float + From<f32>>(
     w: &[Vec<T>],
     cy: &[T],
     ch: &[T],
+    dw0: Option<&[Vec<T>]>,
 ) -> FwdBwd<T> {
-    let nan = T::from(f32::NAN);
+    let nan = T::from_f32(f32::NAN);
     let (mut y, mut hn) = (vec![nan; cy.len()], vec![nan; ch.len()]);
     let (mut dx, mut dh0) = (vec![nan; x.len()], vec![nan; h0.len()]);
-    let mut dw: Vec<Vec<T>> = w.iter().map(|v| vec![nan; v.len()]).collect();
+    let mut dw: Vec<Vec<T>> = match dw0 {
+        Some(d) => d.to_vec(),
+        None => w.iter().map(|v| vec![nan; v.len()]).collect(),
+    };
     let fwd = ForwardArgs::new(
         Tensor::new(x, &plan.x_shape(c.t, c.b)),
         w,
@@ -144,42 +175,84 @@ fn fwd_bwd<T: Float + From<f32>>(
         .dx(TensorMut::new(&mut dx, &plan.x_shape(c.t, c.b)))
         .dh0(TensorMut::new(&mut dh0, &plan.state_shape(c.b)))
         .dweights(WeightGrads::from_vecs(&mut dw));
-    plan.backward(GradMode::Overwrite, &bwd, &reserve).unwrap();
+    let mode = if dw0.is_some() { GradMode::Accumulate } else { GradMode::Overwrite };
+    plan.backward(mode, &bwd, &reserve).unwrap();
     drop((fwd, bwd));
     FwdBwd { y, hn, dx, dh0, dw }
 }
 
-fn backward_vs_fd(threads: u32) {
+/// Problem `n` of [`configs`] (T = 4, B = 2) with every value passed through `round`, the loss
+/// L = sum(cy * y) + sum(ch * hn), random weight gradients to accumulate onto, and the float64
+/// references: y and hn, and every gradient of L by central differences of the forward.
+struct FdCase {
+    c: Cfg,
+    p: Problem,
+    cy: Vec<f32>,
+    ch: Vec<f32>,
+    dw0: Vec<Vec<f32>>,
+    yr: Vec<f64>,
+    hr: Vec<f64>,
+    gx: Vec<f64>,
+    gh: Vec<f64>,
+    gw: Vec<Vec<f64>>,
+}
+
+fn fd_case(n: usize, round: fn(&mut [f32])) -> FdCase {
+    let c = Cfg { t: 4, b: 2, ..configs()[n] };
+    let ctx = Context::cpu().unwrap();
+    let mut p = problem(&RnnPlan::new(&ctx, &desc_of(&c)).unwrap(), c, 200 + n as u64);
+    let mut rng = Rng::new(300 + n as u64);
+    let mut cy = rng.vec(c.t * c.b * c.d * c.h, -1.0, 1.0);
+    let mut ch = rng.vec(c.l * c.d * c.b * c.h, -1.0, 1.0);
+    let mut dw0: Vec<Vec<f32>> = p.w.iter().map(|v| rng.vec(v.len(), -1.0, 1.0)).collect();
+    for v in [&mut p.x, &mut p.h0, &mut cy, &mut ch].into_iter().chain(&mut p.w).chain(&mut dw0) {
+        round(v);
+    }
+    let (x64, h064, cy64, ch64) = (to_f64(&p.x), to_f64(&p.h0), to_f64(&cy), to_f64(&ch));
+    let w64: Vec<Vec<f64>> = p.w.iter().map(|v| to_f64(v)).collect();
+    let (yr, hr) = forward(&c, &x64, Some(&h064), &w64);
+    let fd = |which: &dyn Fn(usize) -> Which, len: usize| -> Vec<f64> {
+        (0..len).map(|k| fd_grad(&c, &x64, &h064, &w64, &cy64, &ch64, which(k))).collect()
+    };
+    let (gx, gh) = (fd(&Which::X, x64.len()), fd(&Which::H0, h064.len()));
+    let gw = (0..w64.len()).map(|j| fd(&|k| Which::W(j, k), w64[j].len())).collect();
+    FdCase { c, p, cy, ch, dw0, yr, hr, gx, gh, gw }
+}
+
+/// A plan of element type `T` on `threads` threads (0: the default) with the case's values
+/// (exact in `T`) against its references, each output within `tol`: y and hn of the training
+/// forward, and every gradient overwritten, then accumulated onto the case's weight gradients
+/// (dx and dh0 overwritten in both).
+fn check_plan<T: TestFloat>(threads: u32, case: &FdCase, tol: f64) {
+    let FdCase { c, p, yr, hr, gx, gh, gw, .. } = case;
+    let at0 = format!("{} threads={threads} {c:?}", std::any::type_name::<T>());
     let ctx = Context::builder(Device::Cpu).with_threads(threads).build().unwrap();
-    for (n, mut c) in configs().into_iter().enumerate() {
-        c.t = 4;
-        c.b = 2;
-        let mut plan = RnnPlan::new(&ctx, &desc_of(&c)).unwrap();
-        let p = problem(&plan, c, 200 + n as u64);
-        let mut rng = Rng::new(300 + n as u64);
-        let ny = c.t * c.b * c.d * c.h;
-        let nh = c.l * c.d * c.b * c.h;
-        let cy = rng.vec(ny, -1.0, 1.0);
-        let ch = rng.vec(nh, -1.0, 1.0);
-
-        let FwdBwd { dx, dh0, dw, .. } = fwd_bwd(&mut plan, &c, &p.x, &p.h0, &p.w, &cy, &ch);
-
-        let (x64, h064, cy64, ch64) = (to_f64(&p.x), to_f64(&p.h0), to_f64(&cy), to_f64(&ch));
-        let w64: Vec<Vec<f64>> = p.w.iter().map(|v| to_f64(v)).collect();
-        let gx: Vec<f64> =
-            (0..x64.len()).map(|k| fd_grad(&c, &x64, &h064, &w64, &cy64, &ch64, Which::X(k))).collect();
-        let gh: Vec<f64> =
-            (0..h064.len()).map(|k| fd_grad(&c, &x64, &h064, &w64, &cy64, &ch64, Which::H0(k))).collect();
-        let e = rel_err(&dx, &gx);
-        assert!(e < 1e-5, "threads={threads} {c:?}: dx rel err {e:.3e}");
-        let e = rel_err(&dh0, &gh);
-        assert!(e < 1e-5, "threads={threads} {c:?}: dh0 rel err {e:.3e}");
+    let exact = |v: &[f32]| -> Vec<T> {
+        let t = cast::<T>(v);
+        assert!(t.iter().zip(v).all(|(&a, &b)| a.into() == b as f64), "{at0}: a value not exact in the type");
+        t
+    };
+    let mut plan = RnnPlan::<T>::new_typed(&ctx, &desc_of(c)).unwrap();
+    let (x, h0, cy, ch) = (exact(&p.x), exact(&p.h0), exact(&case.cy), exact(&case.ch));
+    let w: Vec<Vec<T>> = p.w.iter().map(|v| exact(v)).collect();
+    let dw0: Vec<Vec<T>> = case.dw0.iter().map(|v| exact(v)).collect();
+    for accumulate in [false, true] {
+        let at = format!("{at0} accumulate={accumulate}");
+        let out = fwd_bwd(&mut plan, c, &x, &h0, &w, &cy, &ch, accumulate.then_some(&dw0[..]));
+        for (what, out, r) in
+            [("y", &out.y, yr), ("hn", &out.hn, hr), ("dx", &out.dx, gx), ("dh0", &out.dh0, gh)]
+        {
+            let e = rel_err(out, r);
+            assert!(e <= tol, "{at}: {what} rel err {e:.3e}");
+        }
         for (j, info) in plan.weight_info().iter().enumerate() {
-            let gw: Vec<f64> = (0..w64[j].len())
-                .map(|k| fd_grad(&c, &x64, &h064, &w64, &cy64, &ch64, Which::W(j, k)))
-                .collect();
-            let e = rel_err(&dw[j], &gw);
-            assert!(e < 1e-5, "threads={threads} {c:?}: d{} rel err {e:.3e}", info.name);
+            let want: Vec<f64> = if accumulate {
+                gw[j].iter().zip(&case.dw0[j]).map(|(&g, &g0)| g + g0 as f64).collect()
+            } else {
+                gw[j].clone()
+            };
+            let e = rel_err(&out.dw[j], &want);
+            assert!(e <= tol, "{at}: d{} rel err {e:.3e}", info.name);
         }
     }
 }
@@ -377,14 +450,6 @@ fn version_is_the_headers() {
     );
 }
 
-/// ||out - r|| / ||r|| for a float64 result.
-fn rel_err64(out: &[f64], r: &[f64]) -> f64 {
-    assert_eq!(out.len(), r.len());
-    let num: f64 = out.iter().zip(r).map(|(a, b)| (a - b) * (a - b)).sum();
-    let den: f64 = r.iter().map(|b| b * b).sum();
-    (num / den.max(f64::MIN_POSITIVE)).sqrt()
-}
-
 /// A float64 plan (`RnnPlan::<f64>::new_typed`) computes in float64. Forward: y and hn within
 /// 1e-12 of the float64 reference. Backward: for random directions v over x, h0 and every weight,
 /// <gradient, v> against the fourth-order central difference of the reference's loss along v
@@ -417,8 +482,8 @@ fn float64_plan_matches_f64_reference() {
             let cy = f(rng.vec(yr.len(), -1.0, 1.0));
             let ch = f(rng.vec(hr.len(), -1.0, 1.0));
 
-            let FwdBwd { y, hn, dx, dh0, dw } = fwd_bwd(&mut plan, &c, &x, &h0, &w, &cy, &ch);
-            let (ey, eh) = (rel_err64(&y, &yr), rel_err64(&hn, &hr));
+            let FwdBwd { y, hn, dx, dh0, dw } = fwd_bwd(&mut plan, &c, &x, &h0, &w, &cy, &ch, None);
+            let (ey, eh) = (rel_err(&y, &yr), rel_err(&hn, &hr));
             assert!(ey < 1e-12 && eh < 1e-12, "threads={threads} {c:?}: y {ey:.3e}, hn {eh:.3e}");
 
             let loss = |x: &[f64], h0: &[f64], w: &[Vec<f64>]| {

@@ -364,36 +364,64 @@ fn accumulate_adds_and_outputs_are_optional() {
 /// reference; one byte less is refused.
 #[test]
 fn caller_workspace_of_the_queried_size() {
+    caller_workspace::<f32>(1e-5, |ws| ws - 1);
+}
+
+/// A 16-bit plan's scratch holds float32 copies of its tensors: its workspace_size() exceeds a
+/// float32 plan's, a caller workspace of the float32 size is refused, and one of the queried size
+/// works (results within u + 1e-5 of the reference).
+#[test]
+fn low_precision_caller_workspace_holds_float32_copies() {
+    let ctx = Context::cpu().unwrap();
+    let c = configs()[4];
+    let ws32 = SkLinearPlan::new(&ctx, &c.desc()).unwrap().workspace_size(c.n()).unwrap();
+    let float32_size = |ws: usize| {
+        assert!(ws > ws32, "16-bit workspace {ws} bytes, float32's {ws32}");
+        ws32
+    };
+    caller_workspace::<half::bf16>(half::bf16::TOL, float32_size);
+    caller_workspace::<half::f16>(half::f16::TOL, float32_size);
+}
+
+/// forward_raw/backward_raw of a plan of element type `T` with a caller workspace of
+/// workspace_size() bytes, against the reference on the problem rounded to `T` (within `tol`);
+/// `short(size)` bytes of the same buffer are refused with WorkspaceTooSmall.
+fn caller_workspace<T: TestFloat>(tol: f64, short: impl Fn(usize) -> usize) {
     let ctx = Context::builder(Device::Cpu).with_threads(1).fixed_arena(true).build().unwrap();
     let c = configs()[4];
-    let mut plan = SkLinearPlan::new(&ctx, &c.desc()).unwrap();
-    let p = problem(&c, 9);
+    let mut plan = SkLinearPlan::<T>::new_typed(&ctx, &c.desc()).unwrap();
+    let mut p = problem(&c, 9);
+    for v in [&mut p.x, &mut p.s1, &mut p.s2, &mut p.u1, &mut p.u2, &mut p.b, &mut p.dy] {
+        round_to::<T>(v);
+    }
     let q = p64(&p);
+    let (x, dy) = (cast::<T>(&p.x), cast::<T>(&p.dy));
+    let (s1, s2, u1, u2, b) = (cast(&p.s1), cast(&p.s2), cast(&p.u1), cast(&p.u2), cast(&p.b));
     let ws = plan.workspace_size(c.n()).unwrap();
     let buf = AlignedBuf::new(ws);
-    let mut y = vec![f32::NAN; c.n() * c.outf];
-    let mut dx = vec![f32::NAN; p.x.len()];
+    let mut y = vec![T::from_f32(f32::NAN); c.n() * c.outf];
+    let mut dx = vec![T::from_f32(f32::NAN); x.len()];
     {
         let fwd = SkForwardArgs::new(
-            Tensor::new(&p.x, &c.x_shape()),
-            p.params(&c),
+            Tensor::new(&x, &c.x_shape()),
+            sk_params(&c, &s1, &s2, &u1, &u2, &b),
             TensorMut::new(&mut y, &c.y_shape()),
         );
         // SAFETY: buf holds ws bytes, 64-byte aligned host memory on a CPU context.
         unsafe { plan.forward_raw(&fwd, buf.ptr(), ws) }.unwrap();
-        let bwd = SkBackwardArgs::from_forward(&fwd, Tensor::new(&p.dy, &c.y_shape()))
+        let bwd = SkBackwardArgs::from_forward(&fwd, Tensor::new(&dy, &c.y_shape()))
             .dx(TensorMut::new(&mut dx, &c.x_shape()));
         // SAFETY: as above.
         unsafe { plan.backward_raw(GradMode::Overwrite, &bwd, buf.ptr(), ws) }.unwrap();
         if ws > 0 {
             // SAFETY: as above, with fewer bytes declared than the buffer holds.
-            let e = unsafe { plan.forward_raw(&fwd, buf.ptr(), ws - 1) }.unwrap_err();
+            let e = unsafe { plan.forward_raw(&fwd, buf.ptr(), short(ws)) }.unwrap_err();
             assert_eq!(e.status(), Status::WorkspaceTooSmall, "{e}");
         }
     }
     drop(buf);
-    assert!(rel_err(&y, &reference(c, &q).forward()) < 1e-5);
-    assert!(rel_err(&dx, &reference(c, &q).backward(&q.dy).dx) < 1e-5);
+    assert!(rel_err(&y, &reference(c, &q).forward()) <= tol);
+    assert!(rel_err(&dx, &reference(c, &q).backward(&q.dy).dx) <= tol);
     // the fixed arena was never needed
     assert_eq!(ctx.arena_info().unwrap().grow_count, 0);
 }
@@ -413,25 +441,50 @@ fn param_ratio_is_the_parameter_count_ratio() {
 
 #[test]
 fn init_params_sketches_are_scaled_signs_and_s_follow_w_init() {
+    init_params_case::<f32>(1e-6, 1e-5);
+}
+
+/// Panther's initialisation by bfloat16 and float16 plans: the same formulas, each value rounded
+/// once to the type (the sketches within u of +-1/sqrt(k), S1s and S2s within u + 1e-5).
+#[test]
+fn low_precision_init_params() {
+    init_params_case::<half::bf16>(half::bf16::UNIT_ROUNDOFF + 1e-6, half::bf16::TOL);
+    init_params_case::<half::f16>(half::f16::UNIT_ROUNDOFF + 1e-6, half::f16::TOL);
+}
+
+/// init_params with W_init through a plan of element type `T` (W_init rounded to `T`): U1s and
+/// U2s are +-1/sqrt(k) within `sign_tol` relative, S1s = W_init^T U1s^T and S2s = U2s^T W_init^T
+/// within `tol` (relative, float64 products of the returned sketches), the bias in
+/// U(-1/sqrt(out), 1/sqrt(out)) but for rounding.
+fn init_params_case<T: TestFloat>(sign_tol: f64, tol: f64) {
+    let name = std::any::type_name::<T>();
     let ctx = Context::cpu().unwrap();
     for c in [configs()[0], configs()[1], configs()[2]] {
         let d = c.desc();
-        let mut plan = SkLinearPlan::new(&ctx, &d).unwrap();
-        let w = Rng::new(5).vec(c.outf * c.inf, -1.0, 1.0); // a Linear's weight [out, in]
-        let p = plan.init_params(42, Some(Tensor::new(&w, &d.w_init_shape()))).unwrap();
+        let mut plan = SkLinearPlan::<T>::new_typed(&ctx, &d).unwrap();
+        let mut w = Rng::new(5).vec(c.outf * c.inf, -1.0, 1.0); // a Linear's weight [out, in]
+        round_to::<T>(&mut w);
+        let p = plan.init_params(42, Some(Tensor::new(&cast::<T>(&w), &d.w_init_shape()))).unwrap();
+        let f = |v: &[T]| -> Vec<f64> { v.iter().map(|&a| a.into()).collect() };
 
         let u = 1.0 / (c.k as f64).sqrt();
-        for (name, v) in [("U1s", &p.u1s), ("U2s", &p.u2s)] {
+        for (what, v) in [("U1s", f(&p.u1s)), ("U2s", f(&p.u2s))] {
             for &e in v.iter() {
-                assert!(((e as f64).abs() - u).abs() <= 1e-6 * u, "{c:?}: {name} entry {e}, expected +-{u}");
+                assert!(
+                    (e.abs() - u).abs() <= sign_tol * u,
+                    "{name} {c:?}: {what} entry {e}, expected +-{u}"
+                );
             }
             if v.len() >= 32 {
-                assert!(v.iter().any(|&e| e > 0.0) && v.iter().any(|&e| e < 0.0), "{c:?}: {name} one sign");
+                assert!(
+                    v.iter().any(|&e| e > 0.0) && v.iter().any(|&e| e < 0.0),
+                    "{name} {c:?}: {what} one sign"
+                );
             }
         }
         // S1s[i] = W_init^T U1s[i]^T: S1[i,p,r] = sum_o W[o,p] U1[i,r,o]
         // S2s[i] = U2s[i]^T W_init^T: S2[i,r,o] = sum_p U2[i,p,r] W[o,p]
-        let (wf, u1, u2) = (to_f64(&w), to_f64(&p.u1s), to_f64(&p.u2s));
+        let (wf, u1, u2) = (to_f64(&w), f(&p.u1s), f(&p.u2s));
         let mut s1 = vec![0.0; p.s1s.len()];
         let mut s2 = vec![0.0; p.s2s.len()];
         for i in 0..c.l {
@@ -446,11 +499,14 @@ fn init_params_sketches_are_scaled_signs_and_s_follow_w_init() {
             }
         }
         let (e1, e2) = (rel_err(&p.s1s, &s1), rel_err(&p.s2s, &s2));
-        assert!(e1 < 1e-5 && e2 < 1e-5, "{c:?}: S1s rel err {e1:.3e}, S2s rel err {e2:.3e}");
+        assert!(e1 < tol && e2 < tol, "{name} {c:?}: S1s rel err {e1:.3e}, S2s rel err {e2:.3e}");
         match &p.bias {
             Some(b) => {
-                let bound = 1.0 / (c.outf as f32).sqrt();
-                assert!(b.iter().all(|v| v.abs() <= bound), "{c:?}: bias outside U(-{bound}, {bound})");
+                let bound = (1.0 + T::UNIT_ROUNDOFF) / (c.outf as f64).sqrt();
+                assert!(
+                    f(b).iter().all(|v| v.abs() <= bound),
+                    "{name} {c:?}: bias outside U(-{bound}, {bound})"
+                );
             }
             None => assert!(!c.bias),
         }
@@ -606,17 +662,85 @@ fn bad_input_is_an_error_naming_the_argument() {
     assert!(e.message().contains("SkLinearPlan::init_params_into: args.S2s has 11 elements"), "{e}");
 }
 
-/// ||out - r|| / ||r|| for a float64 result.
-fn rel_err64(out: &[f64], r: &[f64]) -> f64 {
-    assert_eq!(out.len(), r.len());
-    let num: f64 = out.iter().zip(r).map(|(a, b)| (a - b) * (a - b)).sum();
-    let den: f64 = r.iter().map(|b| b * b).sum();
-    (num / den.max(f64::MIN_POSITIVE)).sqrt()
-}
+/// A plan of element type `T` (`SkLinearPlan::<T>::new_typed`) against the float64 reference on
+/// the same inputs (the problem rounded to `T` first): y, then every gradient overwritten and
+/// accumulated onto random gradients (dx overwritten in both), each within `tol`, 1 and all
+/// threads.
+fn typed_plan_matches_f64_reference<T: TestFloat>(tol: f64) {
+    let name = std::any::type_name::<T>();
+    for threads in [1, 0] {
+        let ctx = Context::builder(Device::Cpu).with_threads(threads).build().unwrap();
+        for (t, c) in configs().into_iter().enumerate() {
+            let d = c.desc();
+            let mut plan = SkLinearPlan::<T>::new_typed(&ctx, &d).unwrap();
+            let mut p = problem(&c, 300 + t as u64);
+            for v in [&mut p.x, &mut p.s1, &mut p.s2, &mut p.u1, &mut p.u2, &mut p.b, &mut p.dy] {
+                round_to::<T>(v);
+            }
+            let q = p64(&p);
+            let r = reference(c, &q);
+            let (x, dy) = (cast::<T>(&p.x), cast::<T>(&p.dy));
+            let (s1, s2, u1, u2, b) = (cast(&p.s1), cast(&p.s2), cast(&p.u1), cast(&p.u2), cast(&p.b));
+            let params = || sk_params(&c, &s1, &s2, &u1, &u2, &b);
+            let nan = T::from_f32(f32::NAN);
+            let mut y = vec![nan; c.n() * c.outf];
+            let fwd = SkForwardArgs::new(
+                Tensor::new(&x, &c.x_shape()),
+                params(),
+                TensorMut::new(&mut y, &c.y_shape()),
+            );
+            plan.forward(&fwd).unwrap();
+            let e = rel_err(&y, &r.forward());
+            assert!(e <= tol, "{name} threads={threads} {c:?}: y rel err {e:.3e}");
 
-impl P64 {
-    fn params(&self, c: &Cfg) -> SkParams<'_, f64> {
-        sk_params(c, &self.s1, &self.s2, &self.u1, &self.u2, &self.b)
+            let g = r.backward(&q.dy);
+            for mode in [GradMode::Overwrite, GradMode::Accumulate] {
+                // Overwrite: every gradient poisoned; Accumulate: random finite gradients in T
+                let mut rng = Rng::new(700 + t as u64);
+                let mut start = |n: usize| -> Vec<f32> {
+                    let mut v = rng.vec(n, -1.0, 1.0);
+                    round_to::<T>(&mut v);
+                    if mode == GradMode::Overwrite {
+                        v.iter_mut().for_each(|a| *a = f32::NAN);
+                    }
+                    v
+                };
+                let (s1_0, s2_0) = (start(p.s1.len()), start(p.s2.len()));
+                let b_0 = start(p.b.len());
+                let mut grads = SkHostParams::<T>::zeros_typed(&d);
+                grads.s1s = cast(&s1_0);
+                grads.s2s = cast(&s2_0);
+                grads.bias = c.bias.then(|| cast(&b_0));
+                let mut dx = vec![nan; x.len()];
+                let bwd = SkBackwardArgs::new(
+                    Tensor::new(&x, &c.x_shape()),
+                    params(),
+                    Tensor::new(&dy, &c.y_shape()),
+                )
+                .dx(TensorMut::new(&mut dx, &c.x_shape()))
+                .dparams(&mut grads);
+                plan.backward(mode, &bwd).unwrap();
+                let plus = |g0: &[f32], g: &[f64]| -> Vec<f64> {
+                    if mode == GradMode::Overwrite {
+                        g.to_vec()
+                    } else {
+                        g0.iter().zip(g).map(|(&a, &b)| a as f64 + b).collect()
+                    }
+                };
+                let errs = [
+                    ("dx", rel_err(&dx, &g.dx)),
+                    ("dS1s", rel_err(&grads.s1s, &plus(&s1_0, &g.ds1))),
+                    ("dS2s", rel_err(&grads.s2s, &plus(&s2_0, &g.ds2))),
+                    (
+                        "dbias",
+                        if c.bias { rel_err(grads.bias.as_ref().unwrap(), &plus(&b_0, &g.db)) } else { 0.0 },
+                    ),
+                ];
+                for (what, e) in errs {
+                    assert!(e <= tol, "{name} threads={threads} {c:?} {mode:?}: {what} rel err {e:.3e}");
+                }
+            }
+        }
     }
 }
 
@@ -625,48 +749,14 @@ impl P64 {
 /// cannot be written through the safe API: every view of a call has the plan's `T`.)
 #[test]
 fn float64_plan_matches_f64_reference() {
-    for threads in [1, 0] {
-        let ctx = Context::builder(Device::Cpu).with_threads(threads).build().unwrap();
-        for (t, c) in configs().into_iter().enumerate() {
-            let d = c.desc();
-            let mut plan = SkLinearPlan::<f64>::new_typed(&ctx, &d).unwrap();
-            let q = p64(&problem(&c, 300 + t as u64));
-            let r = reference(c, &q);
-            let mut y = vec![f64::NAN; c.n() * c.outf];
-            let fwd = SkForwardArgs::new(
-                Tensor::new(&q.x, &c.x_shape()),
-                q.params(&c),
-                TensorMut::new(&mut y, &c.y_shape()),
-            );
-            plan.forward(&fwd).unwrap();
-            let e = rel_err64(&y, &r.forward());
-            assert!(e < 1e-12, "threads={threads} {c:?}: y rel err {e:.3e}");
+    typed_plan_matches_f64_reference::<f64>(1e-12);
+}
 
-            let g = r.backward(&q.dy);
-            let mut grads = SkHostParams::<f64>::zeros_typed(&d);
-            let ones = |v: &mut Vec<f64>| v.iter_mut().for_each(|x| *x = 1.0);
-            ones(&mut grads.s1s);
-            ones(&mut grads.s2s);
-            grads.bias.iter_mut().for_each(ones);
-            let mut dx = vec![f64::NAN; q.x.len()];
-            let bwd = SkBackwardArgs::new(
-                Tensor::new(&q.x, &c.x_shape()),
-                q.params(&c),
-                Tensor::new(&q.dy, &c.y_shape()),
-            )
-            .dx(TensorMut::new(&mut dx, &c.x_shape()))
-            .dparams(&mut grads);
-            plan.backward(GradMode::Accumulate, &bwd).unwrap();
-            let plus1 = |v: &[f64]| v.iter().map(|x| x + 1.0).collect::<Vec<_>>();
-            let errs = [
-                ("dx", rel_err64(&dx, &g.dx)),
-                ("dS1s", rel_err64(&grads.s1s, &plus1(&g.ds1))),
-                ("dS2s", rel_err64(&grads.s2s, &plus1(&g.ds2))),
-                ("dbias", if c.bias { rel_err64(grads.bias.as_ref().unwrap(), &plus1(&g.db)) } else { 0.0 }),
-            ];
-            for (name, e) in errs {
-                assert!(e < 1e-12, "threads={threads} {c:?}: {name} rel err {e:.3e}");
-            }
-        }
-    }
+/// bfloat16 and float16 plans (`SkLinearPlan::<bf16>::new_typed`, `<f16>`): storage in the type,
+/// float32 arithmetic, one rounding, so within u + 1e-5 of the float64 reference on the same
+/// inputs (tests/c/test_lowp.c's bound), accumulation included.
+#[test]
+fn low_precision_plans_match_f64_reference() {
+    typed_plan_matches_f64_reference::<half::bf16>(half::bf16::TOL);
+    typed_plan_matches_f64_reference::<half::f16>(half::f16::TOL);
 }

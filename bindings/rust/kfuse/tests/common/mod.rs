@@ -1,5 +1,8 @@
-//! Float64 references (torch.nn.GRU and the A-GRU of DESIGN.md), random data, error norms.
+//! Float64 references (torch.nn.GRU and the A-GRU of DESIGN.md), random data, error norms, the
+//! element types the tests run plans in.
 #![allow(dead_code)]
+use kfuse::half::{bf16, f16};
+use kfuse::Float;
 
 /// A small deterministic generator (SplitMix64), so the tests need no crate.
 pub struct Rng(u64);
@@ -56,15 +59,75 @@ pub fn to_f64(v: &[f32]) -> Vec<f64> {
     v.iter().map(|&x| x as f64).collect()
 }
 
-/// ||out - ref|| / ||ref||
-pub fn rel_err(out: &[f32], r: &[f64]) -> f64 {
+/// ||out - ref|| / ||ref||, for an output of any element type.
+pub fn rel_err<T: Copy + Into<f64>>(out: &[T], r: &[f64]) -> f64 {
     assert_eq!(out.len(), r.len());
     let (mut num, mut den) = (0.0, 0.0);
     for (&o, &e) in out.iter().zip(r) {
-        num += (o as f64 - e) * (o as f64 - e);
+        let d = o.into() - e;
+        num += d * d;
         den += e * e;
     }
-    (num / den.max(1e-300)).sqrt()
+    (num / den.max(f64::MIN_POSITIVE)).sqrt()
+}
+
+/// The element types the tests run plans in, made from the float32 problems: exactly for `f32`
+/// and `f64`; for the 16-bit types rounded to nearest by the `half` crate (not by kfuse), which
+/// is exact too on a problem first passed through [`round_to`].
+pub trait TestFloat: Float + Into<f64> + std::fmt::Debug {
+    /// The unit roundoff: half the spacing of the type's values at 1 (2^-p, p significant bits).
+    const UNIT_ROUNDOFF: f64;
+    fn from_f32(v: f32) -> Self;
+}
+impl TestFloat for f32 {
+    const UNIT_ROUNDOFF: f64 = f32::EPSILON as f64 / 2.0;
+    fn from_f32(v: f32) -> f32 {
+        v
+    }
+}
+impl TestFloat for f64 {
+    const UNIT_ROUNDOFF: f64 = f64::EPSILON / 2.0;
+    fn from_f32(v: f32) -> f64 {
+        v as f64
+    }
+}
+impl TestFloat for bf16 {
+    const UNIT_ROUNDOFF: f64 = 1.0 / 256.0; // 2^-8
+    fn from_f32(v: f32) -> bf16 {
+        bf16::from_f32(v)
+    }
+}
+impl TestFloat for f16 {
+    const UNIT_ROUNDOFF: f64 = 1.0 / 2048.0; // 2^-11
+    fn from_f32(v: f32) -> f16 {
+        f16::from_f32(v)
+    }
+}
+
+/// `v` in `T`.
+pub fn cast<T: TestFloat>(v: &[f32]) -> Vec<T> {
+    v.iter().map(|&a| T::from_f32(a)).collect()
+}
+
+/// A 16-bit storage type and the bound of tests/c/test_lowp.c: its outputs are the float32
+/// results rounded once to nearest, so ||out - ref|| / ||ref|| <= u + 1e-5 against float64 on
+/// the same inputs, u the unit roundoff and 1e-5 the float32 computation's own bar.
+pub trait Low: TestFloat {
+    const NAME: &'static str;
+    const TOL: f64 = Self::UNIT_ROUNDOFF + 1e-5;
+}
+impl Low for bf16 {
+    const NAME: &'static str = "bf16";
+}
+impl Low for f16 {
+    const NAME: &'static str = "f16";
+}
+
+/// Rounds every value of `v` to the nearest `T` in place (nothing to do for f32 and f64): the
+/// values stay float32s (every bfloat16 and float16 value is one), so the float64 reference and a
+/// `T` plan then see the same numbers.
+pub fn round_to<T: TestFloat>(v: &mut [f32]) {
+    v.iter_mut().for_each(|a| *a = Into::<f64>::into(T::from_f32(*a)) as f32);
 }
 
 #[derive(Clone, Copy, Debug)]
