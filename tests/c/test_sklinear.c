@@ -202,26 +202,38 @@ ParameterizedTest(const shape *s, sklinear, matches_reference) {
     check_against_reference(s, 2);
 }
 
-/* Results do not depend on the team size: 1 and 2 threads give the same bits. */
-Test(sklinear, thread_count_invariant) {
-    prob p = make_prob(64, 256, 200, 2, 16, 1, 0, 7);
+/* Results do not depend on the team size: 1 and 2 threads give the same bits, in each split
+ * (every shape is above the size under which a call runs in the caller's thread alone). */
+static const shape kTeamShapes[] = {
+    {300, 256, 200, 2, 16, 1, 0}, /* the row split */
+    {40, 1100, 600, 2, 16, 1, 0}, /* the wide split */
+    {60, 600, 520, 3, 12, 1, 0},  /* the wide split, dZ on BLAS (2r = 72) */
+};
+
+ParameterizedTestParameters(sklinear, thread_count_invariant) {
+    return cr_make_param_array(shape, kTeamShapes, sizeof kTeamShapes / sizeof kTeamShapes[0]);
+}
+
+ParameterizedTest(const shape *s, sklinear, thread_count_invariant) {
+    prob p = make_prob(s->N, s->in, s->out, s->L, s->k, s->bias, s->three_d, 7);
+    const int64_t ny = s->N * s->out, nx = s->N * s->in;
     float *y[2];
     grads g[2];
     for (int t = 0; t < 2; t++) {
         kf_context *ctx = make_ctx(KF_DEVICE_CPU, t + 1);
         kf_sklinear_plan *plan = make_plan(ctx, &p);
-        y[t] = poisoned(64 * 200);
+        y[t] = poisoned(ny);
         KF_OK_(run_forward(plan, &p, p.x, y[t]));
         g[t] = poisoned_grads(&p);
         KF_OK_(run_backward(plan, &p, KF_GRAD_OVERWRITE, &g[t]));
         kf_sklinear_plan_destroy(plan);
         kf_context_destroy(ctx);
     }
-    cr_expect(memcmp(y[0], y[1], 64 * 200 * sizeof(float)) == 0, "y differs with 2 threads");
-    cr_expect(memcmp(g[0].dx, g[1].dx, 64 * 256 * sizeof(float)) == 0, "dx differs");
+    cr_expect(memcmp(y[0], y[1], (size_t)ny * sizeof(float)) == 0, "y differs with 2 threads");
+    cr_expect(memcmp(g[0].dx, g[1].dx, (size_t)nx * sizeof(float)) == 0, "dx differs");
     cr_expect(memcmp(g[0].dS1, g[1].dS1, (size_t)n_ik(&p) * sizeof(float)) == 0, "dS1s differs");
     cr_expect(memcmp(g[0].dS2, g[1].dS2, (size_t)n_ko(&p) * sizeof(float)) == 0, "dS2s differs");
-    cr_expect(memcmp(g[0].db, g[1].db, 200 * sizeof(float)) == 0, "dbias differs");
+    cr_expect(memcmp(g[0].db, g[1].db, (size_t)s->out * sizeof(float)) == 0, "dbias differs");
     for (int t = 0; t < 2; t++) free(y[t]), free_grads(&g[t]);
     free_prob(&p);
 }
