@@ -800,8 +800,8 @@ KF__KAN_CPU_DEFINE(double, d)
                                                                                                    \
     /* dW^T[(i - f0) cw + c, :] += V_c dbuf[n, :] over the block's rows and the window's columns,  \
      * in output panels as W^T (panel b = o / OB is [F cw, OB]). Per feature the rows are bucketed \
-     * by window start s (a stable counting sort into ord), so that every row of a bucket adds into\
-     * the same k + 2 columns: the sums run in registers and reach memory once per bucket          \
+     * by window start s (a stable counting sort into ord), so that every row of a bucket adds     \
+     * into the same k + 2 columns: the sums run in registers and reach memory once per bucket     \
      * (kan_sdw_bucket) instead of once per row, which made a row-by-row form store-bound. Each    \
      * thread owns its features' accumulator and takes buckets and rows in a fixed order:          \
      * deterministic. ord [rows], at [C - k] int32 scratch. */                                     \
@@ -960,8 +960,8 @@ KF__KAN_SPARSE_DEFINE(double, d, kan_vd, kan_vid)
                     kan_rows_io_##X((void *)c->dy, P, g, out, &k, tile, true);                     \
                     kan_windows_##X(p, g, c->grid, inv, xT, k.rows, f0, f1, false, S, sidx, win,   \
                                     win + k2 * k.rows, ints);                                      \
-                    kan_sdw_product_##X(dW, g, cw, k2, S, sidx, f1 - f0, k.rows, tile, ints,      \
-                                        ints + 3 * ((g->rows + 7) / 8 * 8));               \
+                    kan_sdw_product_##X(dW, g, cw, k2, S, sidx, f1 - f0, k.rows, tile, ints,       \
+                                        ints + 3 * ((g->rows + 7) / 8 * 8));                       \
                     continue;                                                                      \
                 }                                                                                  \
                 kan_tile_##X(p, c->grid, inv, xT, k.rows, f0, f1, tile, S, xb);                    \
