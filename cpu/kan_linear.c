@@ -31,16 +31,23 @@
  *   forward   y[n, panel] += V_silu W^T[i cw] + sum_t V_t W^T[i cw + 1 + s + t]  over the group
  *   dx        dx[n, i] = dy[n, :] . (SiLU' W^T[i cw] + sum_t B'_t W^T[i cw + 1 + s + t])
  *   weights   dW^T[i cw + c, :] += V_c dy[n, :], each thread owning a chunk of features and
- *             summing over every row in order (deterministic), then the same fold
- * These do k + 2 of the C + 1 multiply-adds, but each with a load (no register blocking over
- * rows is possible: every row has its own window), the window costs a span count and ~20
- * gathers per (row, feature) whatever out is, and the weight gradient adds to memory. Measured
- * (2-core EPYC, one thread, AVX2 kernels here against OpenBLAS's AVX-512 ones, new/old interleaved
- * on a shared box, ms): forward (1024, 512, 512) G = 10: 63 vs 104-128, G = 20: 78-82 vs
- * 162-166; (2048, 1024, 1024) G = 5: 390-400 vs 475-488; forward+backward with the windowed
- * backward at G = 5: 1490 vs 1380 (the weight gradient's stores), at G = 10 (1024, 512, 512):
- * 227-250 vs 277; at out = 64, G = 10: 13.2 vs 7.7 (the window dominates), out = 128: 13.7 vs
- * 14.3. Hence the rule in kan_sparse_pick.
+ *             summing over every row block in order; within a block, per feature, the rows are
+ *             bucketed by window start (counting sort), so that a bucket's rows all add into the
+ *             same k + 2 columns, summed in registers and stored once per bucket; then the fold
+ * These do k + 2 of the C + 1 multiply-adds, but each with a load in the forward and dx (no
+ * register blocking over rows is possible there: every row has its own window), and the window
+ * costs a span count and ~20 gathers per (row, feature) whatever out is. Measured on the AVX2
+ * EPYC (2 cores, one thread, process CPU time, best of interleaved runs on a shared box, ms):
+ * forward (1024, 1024, 1024) G = 5: 208-298 windowed (median 245 of 15 runs; 212-235 in the 3
+ * interleaved with dense ones) vs 268-274 dense, and 244-285 (median 256 of 5) before this
+ * file's broadcasts were single loads (a scalar add of 0 went before each); (1024, 256, 256)
+ * G = 5: 16-23 windowed vs 16.5-19 dense. Backward with the bucketed weight gradient, G = 5:
+ * (1024, 1024, 1024) 620-640 windowed vs 610-655 dense (a draw), (1024, 256, 256) 35-58 vs
+ * 33-43; against the row-by-row weight gradient it replaced,
+ * (1024, 512, 512) G = 10: 149-161 vs 177-184, G = 20: 176-180 vs 213-232. Earlier (AVX-512
+ * box, AVX2 kernels against OpenBLAS's AVX-512 ones): forward (1024, 512, 512) G = 10: 63 vs
+ * 104-128 dense, G = 20: 78-82 vs 162-166; at out = 64, G = 10: 13.2 vs 7.7 (the window
+ * dominates), out = 128: 13.7 vs 14.3. Hence the rule in kan_sparse_pick.
  *
  * Blocks (row blocks, feature chunks and groups) and therefore every BLAS call and every sum
  * depend on the shape alone; they go round-robin to the threads and every output element has
@@ -106,8 +113,9 @@ typedef int32_t kan_vid __attribute__((vector_size(16), __may_alias__, aligned(1
 #endif
 /* Per vector type: kan_fma_X(a, b, c) = a b + c with one rounding where the build has FMA (the
  * dense path's BLAS uses it too; ISO C mode leaves the compiler no licence to contract a * b + c
- * itself), kan_clampv_X(m, lo, hi) lane by lane, and kan_gather_X(b, ix) = b[ix[lane]] (AVX2,
- * else lane by lane). MT, MI: the intrinsics' vector and index types; L: lanes. */
+ * itself), kan_clampv_X(m, lo, hi) lane by lane, kan_gather_X(b, ix) = b[ix[lane]] (AVX2, else
+ * lane by lane) and kan_splat_X(v) = v in every lane. MT, MI: the intrinsics' vector and index
+ * types; L: lanes. */
 #ifdef __FMA__
 #define KF__KAN_FMADD(f, MT, a, b, c) f((MT)(a), (MT)(b), (MT)(c))
 #else
@@ -132,6 +140,12 @@ typedef int32_t kan_vid __attribute__((vector_size(16), __may_alias__, aligned(1
     }                                                                                              \
     static inline VEC kan_gather_##X(const T *b, VI ix) {                                          \
         KF__KAN_GATHER(GATHER, MI, VEC, L, b, ix);                                                 \
+    }                                                                                              \
+    /* v in every lane as one broadcast: v - 0 is v for every v, so it folds away, where 0 + v    \
+     * does not (0 + -0 = +0) and would cost a scalar add before the broadcast. */                \
+    static inline VEC kan_splat_##X(T v) {                                                         \
+        const VEC z = {0};                                                                         \
+        return v - z;                                                                              \
     }
 KF__KAN_VEC_DEFINE(float, s, kan_vs, kan_vis, 8, __m256, __m256i, _mm256_fmadd_ps,
                    _mm256_i32gather_ps)
@@ -148,10 +162,12 @@ static inline int32_t kan_clamp32(int32_t v, int32_t lo, int32_t hi) {
  * on the thread count). The windowed products do k + 2 of the C + 1 multiply-adds per (row,
  * feature, output) but with one load per multiply-add, against a register-blocked GEMM on the
  * dense side, and pay a window (span count, gathers) per (row, feature) that only a wide output
- * amortises; the weight gradient adds to memory per multiply-add. Measured on one thread of the
- * 2-core EPYC (AVX2 kernels against OpenBLAS; header comment): break-even forward at
- * (C + 1) / (k + 2) ~ 1.8 for out >= 512 and ~ 2 for out >= 256; backward at ~ 2.5 for
- * out >= 256; below out = 256 the dense path won at every G measured. */
+ * amortises. Measured on one thread of the 2-core EPYCs (AVX2 kernels against OpenBLAS; header
+ * comment): forward, windowed ahead at (C + 1) / (k + 2) = 1.8 (G = 5, k = 3) for out = 1024,
+ * a draw at 1.8 for out = 256 and ahead from ~ 2 at out >= 256; backward (with the bucketed
+ * weight gradient), a draw at 1.8 for out = 1024 and 256, ahead at 2.8 (G = 10), so the
+ * threshold stays at 2.5 (not measured in between); below out = 256 the dense path won at every
+ * G measured. */
 static bool kan_sparse_pick(const struct kf_kan_linear_plan *p, bool backward) {
     const int64_t ratio10 = 10 * p->cw / (p->k + 2); /* (C + 1) / (k + 2), in tenths */
     if (p->k > KF__KAN_SPARSE_KMAX || p->out < 256) return false;
@@ -167,7 +183,7 @@ static bool kan_sparse_pick(const struct kf_kan_linear_plan *p, bool backward) {
  * windowed (outp = out rounded up to the panel, Fr = KF__KAN_FG, Fw = max(Fr, F)):
  *     e outp K  +  e in k nk  +  team * (e (rows outp + outp F cw + rows (Fw + Fr)
  *                                       + rows Fw (k+2) + (rows + rl) (k+2))
- *                                       + 4 (rows Fw + 3 rl) + 32 rows Fr + 8 rows kh kw)
+ *                                       + 4 (rows Fw + 3 rl + C + 1) + 32 rows Fr + 8 rows kh kw)
  * with rows = min(128, L): bounded by tiles, never by N times the bases; the query answers the
  * larger of the two directions. */
 typedef struct kan_geom {
@@ -193,8 +209,10 @@ typedef struct kan_geom {
     size_t vals, sidx, win, ints, part; /* thread offsets: window values [rows, Fw, k+2] (= s),
                                            starts [rows, Fw] (int32), one feature's window
                                            [k+2, rows] and scratch [k+2, rl], int32 scratch
-                                           [3, rl] (rl: rows in whole vectors), dx's partial
-                                           sums [rows, Fr] (32-byte vectors) */
+                                           [3 rl + cw] (rl: rows in whole vectors; the weight
+                                           gradient's buckets use [0, rows) and [3 rl, 3 rl +
+                                           C - k)), dx's partial sums [rows, Fr] (32-byte
+                                           vectors) */
     size_t bytes;
 } kan_geom;
 
@@ -239,7 +257,7 @@ static kan_geom kan_geom_of(const struct kf_kan_linear_plan *p, int64_t N,
         g.win = g.sidx + kf__align_up((size_t)(g.rows * g.Fw) * sizeof(int32_t));
         const int64_t rl = (g.rows + 7) / 8 * 8; /* rows in whole vectors */
         g.ints = g.win + kf__align_up((size_t)((p->k + 2) * (g.rows + rl)) * e);
-        g.part = g.ints + kf__align_up((size_t)(3 * rl) * sizeof(int32_t));
+        g.part = g.ints + kf__align_up((size_t)(3 * rl + p->cw) * sizeof(int32_t));
         g.off = g.part + (size_t)(g.rows * g.Fr) * 32; /* 32-byte vectors */
     } else {
         g.xb = g.s + kf__align_up((size_t)(g.rows * (p->nk - 1)) * e);
@@ -683,7 +701,6 @@ KF__KAN_CPU_DEFINE(double, d)
         enum { L = 32 / sizeof(T) };                                                               \
         enum { OB = KF__KAN_NV * L };                                                              \
         const int64_t outp = g->outp, Fw = g->Fw;                                                  \
-        const VEC zero = {0};                                                                      \
         for (int64_t o = 0; o < outp; o += OB)                                                     \
             for (int64_t n = 0; n < rows; ++n) {                                                   \
                 VEC acc[KF__KAN_NV];                                                               \
@@ -692,12 +709,12 @@ KF__KAN_CPU_DEFINE(double, d)
                 for (int64_t i = f0; i < f1; ++i) {                                                \
                     const T *v = vals + (n * Fw + i - f0) * k2;                                    \
                     const T *w = WT + o * K + i * cw * OB;                                         \
-                    const VEC v0 = zero + v[0];                                                    \
+                    const VEC v0 = kan_splat_##X(v[0]);                                            \
                     for (int q = 0; q < KF__KAN_NV; ++q)                                           \
                         acc[q] = kan_fma_##X(v0, *(const VEC *)(w + q * L), acc[q]);               \
                     const T *ws = w + (1 + sidx[n * Fw + i - f0]) * OB;                            \
                     for (int64_t t = 1; t < k2; ++t, ws += OB) {                                   \
-                        const VEC vt = zero + v[t];                                                \
+                        const VEC vt = kan_splat_##X(v[t]);                                        \
                         for (int q = 0; q < KF__KAN_NV; ++q)                                       \
                             acc[q] = kan_fma_##X(vt, *(const VEC *)(ws + q * L), acc[q]);          \
                     }                                                                              \
@@ -728,7 +745,7 @@ KF__KAN_CPU_DEFINE(double, d)
                     VEC e[KF__KAN_NV], a0 = part[n * nf + i - f0], a1 = zero;                      \
                     for (int q = 0; q < KF__KAN_NV; ++q) e[q] = v[0] * *(const VEC *)(w0 + q * L); \
                     for (int64_t t = 1; t < k2; ++t, ws += OB) {                                   \
-                        const VEC vt = zero + v[t];                                                \
+                        const VEC vt = kan_splat_##X(v[t]);                                        \
                         for (int q = 0; q < KF__KAN_NV; ++q)                                       \
                             e[q] = kan_fma_##X(vt, *(const VEC *)(ws + q * L), e[q]);              \
                     }                                                                              \
@@ -747,37 +764,75 @@ KF__KAN_CPU_DEFINE(double, d)
             }                                                                                      \
     }                                                                                              \
                                                                                                    \
-    /* dW^T[(i - f0) cw + c, :] += V_c dbuf[n, :] over the window's columns, row by row in order   \
-     * (each thread owns its features' accumulator: deterministic), in output panels as W^T,       \
-     * panel b = o / OB being [F cw, OB]. */                                                       \
-    static void kan_sdw_product_##X(T *dWT, const kan_geom *g, int64_t cw, int64_t k2,             \
-                                    const T *vals, const int32_t *sidx, int64_t nf, int64_t rows,  \
-                                    const T *dbuf) {                                               \
+    /* One bucket of the weight gradient (kan_sdw_product): feature f's rows ord[0..nb), whose     \
+     * windows all start at s, added into its accumulator w = dW^T[f cw, panel o] (vf: vals + f    \
+     * k2, row stride sv; db: dbuf + o). For the panel's vectors [q0, q0 + NQ) the k + 2 column    \
+     * sums over the bucket, in the order of ord,                                                  \
+     *     acc[c][q] = sum_r V_c[r] dbuf[r, o + q L],                                              \
+     * stay in registers (K2 = k + 2, a constant where this is inlined; K2 NQ accumulators, NQ = 2 \
+     * while they fit the 16 vector registers) and are added once to column 0 (c = 0: SiLU) and    \
+     * column s + c (c >= 1: the window's bases). */                                               \
+    static inline __attribute__((always_inline)) void kan_sdw_bucket_##X(                          \
+        T *w, int64_t s, const int32_t *ord, int64_t nb, const T *vf, int64_t sv, const T *db,     \
+        int64_t outp, const int K2) {                                                              \
         enum { L = 32 / sizeof(T) };                                                               \
-        enum { OB = KF__KAN_NV * L };                                                              \
-        const int64_t outp = g->outp, Fw = g->Fw, FK = g->F * cw;                                  \
+        const int NQ = K2 <= 6 ? 2 : 1;                                                            \
         const VEC zero = {0};                                                                      \
-        for (int64_t o = 0; o < outp; o += OB)                                                     \
-            for (int64_t f0 = 0; f0 < nf; f0 += KF__KAN_FG) /* the group's rows stay in L1 */      \
-            for (int64_t n = 0; n < rows; ++n) {                                                   \
-                VEC d[KF__KAN_NV];                                                                 \
-                for (int q = 0; q < KF__KAN_NV; ++q)                                               \
-                    d[q] = *(const VEC *)(dbuf + n * outp + o + q * L);                            \
-                for (int64_t f = f0; f < kan_min(nf, f0 + KF__KAN_FG); ++f) {                      \
-                    const T *v = vals + (n * Fw + f) * k2;                                         \
-                    T *w = dWT + o * FK + f * cw * OB;                                             \
-                    const VEC v0 = zero + v[0];                                                    \
-                    for (int q = 0; q < KF__KAN_NV; ++q)                                           \
-                        *(VEC *)(w + q * L) = kan_fma_##X(v0, d[q], *(const VEC *)(w + q * L));    \
-                    T *ws = w + (1 + sidx[n * Fw + f]) * OB;                                       \
-                    for (int64_t t = 1; t < k2; ++t, ws += OB) {                                   \
-                        const VEC vt = zero + v[t];                                                \
-                        for (int q = 0; q < KF__KAN_NV; ++q)                                       \
-                            *(VEC *)(ws + q * L) =                                                 \
-                                kan_fma_##X(vt, d[q], *(const VEC *)(ws + q * L));                 \
-                    }                                                                              \
+        for (int q0 = 0; q0 < KF__KAN_NV; q0 += NQ) {                                              \
+            VEC acc[KF__KAN_SPARSE_KMAX + 2][2];                                                   \
+            for (int c = 0; c < K2; ++c)                                                           \
+                for (int q = 0; q < NQ; ++q) acc[c][q] = zero;                                     \
+            for (int64_t b = 0; b < nb; ++b) {                                                     \
+                const T *v = vf + ord[b] * sv, *dn = db + ord[b] * outp + q0 * L;                  \
+                VEC d[2];                                                                          \
+                for (int q = 0; q < NQ; ++q) d[q] = *(const VEC *)(dn + q * L);                    \
+                for (int c = 0; c < K2; ++c) {                                                     \
+                    const VEC vc = kan_splat_##X(v[c]);                                            \
+                    for (int q = 0; q < NQ; ++q) acc[c][q] = kan_fma_##X(vc, d[q], acc[c][q]);     \
                 }                                                                                  \
             }                                                                                      \
+            for (int c = 0; c < K2; ++c) {                                                         \
+                T *wc = w + (c ? s + c : 0) * KF__KAN_OB(sizeof(T)) + q0 * L;                      \
+                for (int q = 0; q < NQ; ++q) *(VEC *)(wc + q * L) += acc[c][q];                    \
+            }                                                                                      \
+        }                                                                                          \
+    }                                                                                              \
+                                                                                                   \
+    /* dW^T[(i - f0) cw + c, :] += V_c dbuf[n, :] over the block's rows and the window's columns,  \
+     * in output panels as W^T (panel b = o / OB is [F cw, OB]). Per feature the rows are bucketed \
+     * by window start s (a stable counting sort into ord), so that every row of a bucket adds     \
+     * into the same k + 2 columns: the sums run in registers and reach memory once per bucket     \
+     * (kan_sdw_bucket) instead of once per row, which made a row-by-row form store-bound. Each    \
+     * thread owns its features' accumulator and takes buckets and rows in a fixed order:          \
+     * deterministic. ord [rows], at [C - k] int32 scratch. */                                     \
+    static void kan_sdw_product_##X(T *dWT, const kan_geom *g, int64_t cw, int64_t k2,             \
+                                    const T *vals, const int32_t *sidx, int64_t nf, int64_t rows,  \
+                                    const T *dbuf, int32_t *ord, int32_t *at) {                    \
+        const int64_t outp = g->outp, Fw = g->Fw, FK = g->F * cw, ns = cw + 1 - k2; /* C - k */    \
+        for (int64_t f = 0; f < nf; ++f) {                                                         \
+            memset(at, 0, (size_t)ns * sizeof(int32_t));                                           \
+            for (int64_t n = 0; n < rows; ++n) ++at[sidx[n * Fw + f]];                             \
+            for (int64_t s = 1; s < ns; ++s) at[s] += at[s - 1]; /* at[s]: end of bucket s */      \
+            for (int64_t n = rows - 1; n >= 0; --n) ord[--at[sidx[n * Fw + f]]] = (int32_t)n;      \
+            /* now at[s] is the start of bucket s, and at[s + 1] (or rows) its end */              \
+            for (int64_t o = 0; o < outp; o += KF__KAN_OB(sizeof(T)))                              \
+                for (int64_t s = 0; s < ns; ++s) {                                                 \
+                    const int64_t b0 = at[s], nb = (s + 1 < ns ? at[s + 1] : rows) - b0;           \
+                    T *w = dWT + o * FK + f * cw * KF__KAN_OB(sizeof(T));                          \
+                    const int32_t *r = ord + b0;                                                   \
+                    const T *vf = vals + f * k2, *db = dbuf + o;                                   \
+                    const int64_t sv = Fw * k2;                                                    \
+                    if (!nb) continue;                                                             \
+                    switch (k2) { /* the common orders k = 0..4 with a constant K2 */              \
+                    case 2: kan_sdw_bucket_##X(w, s, r, nb, vf, sv, db, outp, 2); break;           \
+                    case 3: kan_sdw_bucket_##X(w, s, r, nb, vf, sv, db, outp, 3); break;           \
+                    case 4: kan_sdw_bucket_##X(w, s, r, nb, vf, sv, db, outp, 4); break;           \
+                    case 5: kan_sdw_bucket_##X(w, s, r, nb, vf, sv, db, outp, 5); break;           \
+                    case 6: kan_sdw_bucket_##X(w, s, r, nb, vf, sv, db, outp, 6); break;           \
+                    default: kan_sdw_bucket_##X(w, s, r, nb, vf, sv, db, outp, (int)k2);           \
+                    }                                                                              \
+                }                                                                                  \
+        }                                                                                          \
     }
 
 KF__KAN_SPARSE_DEFINE(float, s, kan_vs, kan_vis)
@@ -905,7 +960,8 @@ KF__KAN_SPARSE_DEFINE(double, d, kan_vd, kan_vid)
                     kan_rows_io_##X((void *)c->dy, P, g, out, &k, tile, true);                     \
                     kan_windows_##X(p, g, c->grid, inv, xT, k.rows, f0, f1, false, S, sidx, win,   \
                                     win + k2 * k.rows, ints);                                      \
-                    kan_sdw_product_##X(dW, g, cw, k2, S, sidx, f1 - f0, k.rows, tile);            \
+                    kan_sdw_product_##X(dW, g, cw, k2, S, sidx, f1 - f0, k.rows, tile, ints,       \
+                                        ints + 3 * ((g->rows + 7) / 8 * 8));                       \
                     continue;                                                                      \
                 }                                                                                  \
                 kan_tile_##X(p, c->grid, inv, xT, k.rows, f0, f1, tile, S, xb);                    \

@@ -331,6 +331,7 @@ static const shape kShapes[] = {
     /* the windowed path (out >= 256; cpu/kan_linear.c kan_sparse_pick) */
     LIN(140, 9, 260, 10, 3, 1, 1, 1),  /* both directions, 2 row blocks */
     LIN(20, 7, 256, 20, 5, 0, 0, 1),   /* both directions, no scaler, no base_weight */
+    LIN(30, 5, 270, 12, 4, 1, 1, 0),   /* both directions, k = 4 */
     LIN(15, 6, 530, 5, 3, 1, 1, 0),    /* forward only */
     /* KANConv2d: B, Cin, H, W, out, kh, kw, sh, sw, ph, pw, dh, dw, G, k, scaled, base, rnd */
     {2, 3, 7, 6, 4, 3, 3, 1, 1, 0, 0, 1, 1, 5, 3, 1, 1, 0},

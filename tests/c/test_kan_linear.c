@@ -268,8 +268,9 @@ ParameterizedTest(const shape *s, kan_linear, matches_reference) {
 /* The CPU backend's windowed path (cpu/kan_linear.c, kan_sparse_pick: out >= 256 and
  * (G + k + 1) / (k + 2) >= 1.8 (forward, out >= 512), 2 (forward, out >= 256), 2.5 (backward)),
  * with the dense path at the same widths where the ratio is lower: every G in {1, 5, 10, 20} and
- * k in {0, 1, 2, 3, 5}, knots repeated, x outside the grid and on knots (make_x), more than
- * one row block and output panel (out not a multiple of the 64-float panel). */
+ * k in {0, 1, 2, 3, 4, 5} (the windowed weight gradient has a kernel per k + 2 up to 6 and a
+ * generic one above), knots repeated, x outside the grid and on knots (make_x), more than one row
+ * block and output panel (out not a multiple of the 64-float panel). */
 static const shape kWindowed[] = {
     /*  N   in  out  G  k  scaled 3d grid */
     {40, 9, 256, 1, 0, 1, 0, GRID_REPEATED},   /* dense: (G + k + 1) / (k + 2) = 1 */
@@ -284,6 +285,7 @@ static const shape kWindowed[] = {
     {31, 9, 300, 20, 1, 1, 0, GRID_REPEATED},  /* windowed both ways */
     {18, 4, 256, 20, 3, 0, 1, GRID_RANDOM},    /* windowed both ways */
     {23, 7, 280, 20, 5, 1, 0, GRID_REPEATED},  /* windowed both ways (3.71) */
+    {26, 6, 264, 20, 4, 1, 0, GRID_RANDOM},    /* windowed both ways (4.17; k = 4, k + 2 = 6) */
 };
 
 ParameterizedTestParameters(kan_linear, windowed_matches_reference) {
