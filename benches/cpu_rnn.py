@@ -578,8 +578,9 @@ def main(argv=None):
         def ep(impl):
             r = epoch.get(impl)
             return (r["epoch_s"], None) if r and "error" not in r and r.get("epoch_s") else None
+        # DESIGN.md: <= 0.5x, raised to 0.2x (the stricter target stands)
         ratio_row("epoch: kfuse A-GRU / PyTorch A-GRU loop", ep("kfuse-agru"),
-                  ep("torch-agru-loop"), 0.5)
+                  ep("torch-agru-loop"), 0.2)
         ratio_row("epoch: kfuse GRU / torch.nn.GRU", ep("kfuse-gru"), ep("torch-gru"), None,
                   info=True)
         ratio_row("epoch: kfuse A-GRU / torch.nn.GRU", ep("kfuse-agru"), ep("torch-gru"), None,
