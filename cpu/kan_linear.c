@@ -70,6 +70,7 @@
 #include "bspline.h"
 #include "cpu_backend.h"
 #include "host.h"
+#include "rowgemm.h"
 #include "team.h"
 
 #include <float.h>
@@ -93,6 +94,14 @@
 /* Chunks wanted at least for the weight gradient, when there are enough features: it is split
  * by chunk, so fewer chunks than threads would leave threads idle. */
 #define KF__KAN_MIN_CHUNKS 8
+/* KANConv2d's dense forward product y^T = W A^T has `out` rows and a block's pixels as columns:
+ * up to this many outputs it runs on kf__rowgemm (cpu/rowgemm.h: operands in place, y written
+ * once) rather than BLAS, whose packing and beta pass cost more than so short a product (the
+ * Convolutional-KAN paper's KKAN has 5 and 10 channels). One thread, min of 3 interleaved runs,
+ * new/old forward: 1 -> 5 channels, G = 10, B=128 28x28: 0.73; B=640 13x13: 0.70; 1 -> 10: 0.81;
+ * 32 -> 32, G = 5: 1.06 (hence the bound). dA^T = W^T dy^T on kf__rowgemm measured no better
+ * than BLAS (forward+backward 0.85-1.02 against 0.64-0.99 with it on BLAS), so it stays there. */
+#define KF__KAN_RG_OUT 16
 
 /* The windowed path (kan_sparse_pick): output block of KF__KAN_NV vectors of 32 bytes held in
  * registers (64 floats, 32 doubles), features per group of the row-wise products, the largest
@@ -878,7 +887,10 @@ KF__KAN_SPARSE_DEFINE(double, d, kan_vd, kan_vid)
                     continue;                                                                      \
                 }                                                                                  \
                 kan_tile_##X(p, c->grid, inv, xT, k.rows, f0, f1, tile, S, xb);                    \
-                if (P) /* y^T [out, rows] = W_chunk A_chunk^T */                                   \
+                if (P && out <= KF__KAN_RG_OUT) /* y^T [out, rows] = W_chunk A_chunk^T */          \
+                    kf__rowgemm_##X(out, k.rows, cols, cols, 1, W + f0 * cw, K, 1, tile, tile,     \
+                                    k.rows, NULL, ch > 0, y, ld);                                  \
+                else if (P)                                                                        \
                     kf__##X##gemm(false, false, out, k.rows, cols, 1, W + f0 * cw, K, tile,        \
                                   k.rows, beta, y, ld);                                            \
                 else /* y [rows, out] = A_chunk W_chunk^T */                                       \
