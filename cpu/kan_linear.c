@@ -71,6 +71,7 @@
 #include "cpu_backend.h"
 #include "host.h"
 #include "rowgemm.h"
+#include "simd.h"
 #include "team.h"
 
 #include <float.h>
@@ -110,26 +111,12 @@
 #define KF__KAN_OB(e) (KF__KAN_NV * 32 / (e))
 #define KF__KAN_FG 8
 #define KF__KAN_SPARSE_KMAX 8
-typedef float kan_vs __attribute__((vector_size(32), __may_alias__, aligned(1)));
-typedef double kan_vd __attribute__((vector_size(32), __may_alias__, aligned(1)));
 typedef int32_t kan_vis __attribute__((vector_size(32), __may_alias__, aligned(1))); /* 8 lanes */
 typedef int32_t kan_vid __attribute__((vector_size(16), __may_alias__, aligned(1))); /* 4 lanes */
 
-#if defined(__GNUC__) && !defined(__clang__) && !defined(__AVX__)
-/* Builds without AVX (KF_CPU_ARCH empty): 32-byte vectors pass by value between static functions
- * only, so GCC's note that their ABI differs from an AVX build's concerns no caller. */
-#pragma GCC diagnostic ignored "-Wpsabi"
-#endif
-/* Per vector type: kan_fma_X(a, b, c) = a b + c with one rounding where the build has FMA (the
- * dense path's BLAS uses it too; ISO C mode leaves the compiler no licence to contract a * b + c
- * itself), kan_clampv_X(m, lo, hi) lane by lane, kan_gather_X(b, ix) = b[ix[lane]] (AVX2, else
- * lane by lane) and kan_splat_X(v) = v in every lane. MT, MI: the intrinsics' vector and index
- * types; L: lanes. */
-#ifdef __FMA__
-#define KF__KAN_FMADD(f, MT, a, b, c) f((MT)(a), (MT)(b), (MT)(c))
-#else
-#define KF__KAN_FMADD(f, MT, a, b, c) ((a) * (b) + (c))
-#endif
+/* Per vector type (cpu/simd.h's kf__vs, kf__vd; kf__fma_X and kf__splat_X there):
+ * kan_clampv_X(m, lo, hi) lane by lane and kan_gather_X(b, ix) = b[ix[lane]] (AVX2, else lane by
+ * lane). MI: the intrinsics' index type; L: lanes. */
 #ifdef __AVX2__
 #define KF__KAN_GATHER(f, MI, VEC, L, b, ix) return (VEC)f(b, (MI)(ix), sizeof *(b))
 #else
@@ -138,10 +125,7 @@ typedef int32_t kan_vid __attribute__((vector_size(16), __may_alias__, aligned(1
     for (int l = 0; l < L; ++l) r[l] = b[ix[l]];                                                   \
     return r
 #endif
-#define KF__KAN_VEC_DEFINE(T, X, VEC, VI, L, MT, MI, FMADD, GATHER)                                \
-    static inline VEC kan_fma_##X(VEC a, VEC b, VEC c) {                                           \
-        return (VEC)KF__KAN_FMADD(FMADD, MT, a, b, c);                                             \
-    }                                                                                              \
+#define KF__KAN_VEC_DEFINE(T, X, VEC, VI, L, MI, GATHER)                                           \
     static inline VI kan_clampv_##X(VI m, VI lo, VI hi) {                                          \
         m = m & ~(m < lo);                                                                         \
         const VI over = m > hi;                                                                    \
@@ -149,17 +133,9 @@ typedef int32_t kan_vid __attribute__((vector_size(16), __may_alias__, aligned(1
     }                                                                                              \
     static inline VEC kan_gather_##X(const T *b, VI ix) {                                          \
         KF__KAN_GATHER(GATHER, MI, VEC, L, b, ix);                                                 \
-    }                                                                                              \
-    /* v in every lane as one broadcast: v - 0 is v for every v, so it folds away, where 0 + v    \
-     * does not (0 + -0 = +0) and would cost a scalar add before the broadcast. */                \
-    static inline VEC kan_splat_##X(T v) {                                                         \
-        const VEC z = {0};                                                                         \
-        return v - z;                                                                              \
     }
-KF__KAN_VEC_DEFINE(float, s, kan_vs, kan_vis, 8, __m256, __m256i, _mm256_fmadd_ps,
-                   _mm256_i32gather_ps)
-KF__KAN_VEC_DEFINE(double, d, kan_vd, kan_vid, 4, __m256d, __m128i, _mm256_fmadd_pd,
-                   _mm256_i32gather_pd)
+KF__KAN_VEC_DEFINE(float, s, kf__vs, kan_vis, 8, __m256i, _mm256_i32gather_ps)
+KF__KAN_VEC_DEFINE(double, d, kf__vd, kan_vid, 4, __m128i, _mm256_i32gather_pd)
 
 static int64_t kan_min(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t kan_max(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -718,14 +694,14 @@ KF__KAN_CPU_DEFINE(double, d)
                 for (int64_t i = f0; i < f1; ++i) {                                                \
                     const T *v = vals + (n * Fw + i - f0) * k2;                                    \
                     const T *w = WT + o * K + i * cw * OB;                                         \
-                    const VEC v0 = kan_splat_##X(v[0]);                                            \
+                    const VEC v0 = kf__splat_##X(v[0]);                                            \
                     for (int q = 0; q < KF__KAN_NV; ++q)                                           \
-                        acc[q] = kan_fma_##X(v0, *(const VEC *)(w + q * L), acc[q]);               \
+                        acc[q] = kf__fma_##X(v0, *(const VEC *)(w + q * L), acc[q]);               \
                     const T *ws = w + (1 + sidx[n * Fw + i - f0]) * OB;                            \
                     for (int64_t t = 1; t < k2; ++t, ws += OB) {                                   \
-                        const VEC vt = kan_splat_##X(v[t]);                                        \
+                        const VEC vt = kf__splat_##X(v[t]);                                        \
                         for (int q = 0; q < KF__KAN_NV; ++q)                                       \
-                            acc[q] = kan_fma_##X(vt, *(const VEC *)(ws + q * L), acc[q]);          \
+                            acc[q] = kf__fma_##X(vt, *(const VEC *)(ws + q * L), acc[q]);          \
                     }                                                                              \
                 }                                                                                  \
                 for (int q = 0; q < KF__KAN_NV; ++q) *(VEC *)(yn + q * L) = acc[q];                \
@@ -754,13 +730,13 @@ KF__KAN_CPU_DEFINE(double, d)
                     VEC e[KF__KAN_NV], a0 = part[n * nf + i - f0], a1 = zero;                      \
                     for (int q = 0; q < KF__KAN_NV; ++q) e[q] = v[0] * *(const VEC *)(w0 + q * L); \
                     for (int64_t t = 1; t < k2; ++t, ws += OB) {                                   \
-                        const VEC vt = kan_splat_##X(v[t]);                                        \
+                        const VEC vt = kf__splat_##X(v[t]);                                        \
                         for (int q = 0; q < KF__KAN_NV; ++q)                                       \
-                            e[q] = kan_fma_##X(vt, *(const VEC *)(ws + q * L), e[q]);              \
+                            e[q] = kf__fma_##X(vt, *(const VEC *)(ws + q * L), e[q]);              \
                     }                                                                              \
                     for (int q = 0; q < KF__KAN_NV; q += 2) {                                      \
-                        a0 = kan_fma_##X(*(const VEC *)(dn + q * L), e[q], a0);                    \
-                        a1 = kan_fma_##X(*(const VEC *)(dn + q * L + L), e[q + 1], a1);            \
+                        a0 = kf__fma_##X(*(const VEC *)(dn + q * L), e[q], a0);                    \
+                        a1 = kf__fma_##X(*(const VEC *)(dn + q * L + L), e[q + 1], a1);            \
                     }                                                                              \
                     part[n * nf + i - f0] = a0 + a1;                                               \
                 }                                                                                  \
@@ -796,8 +772,8 @@ KF__KAN_CPU_DEFINE(double, d)
                 VEC d[2];                                                                          \
                 for (int q = 0; q < NQ; ++q) d[q] = *(const VEC *)(dn + q * L);                    \
                 for (int c = 0; c < K2; ++c) {                                                     \
-                    const VEC vc = kan_splat_##X(v[c]);                                            \
-                    for (int q = 0; q < NQ; ++q) acc[c][q] = kan_fma_##X(vc, d[q], acc[c][q]);     \
+                    const VEC vc = kf__splat_##X(v[c]);                                            \
+                    for (int q = 0; q < NQ; ++q) acc[c][q] = kf__fma_##X(vc, d[q], acc[c][q]);     \
                 }                                                                                  \
             }                                                                                      \
             for (int c = 0; c < K2; ++c) {                                                         \
@@ -844,8 +820,8 @@ KF__KAN_CPU_DEFINE(double, d)
         }                                                                                          \
     }
 
-KF__KAN_SPARSE_DEFINE(float, s, kan_vs, kan_vis)
-KF__KAN_SPARSE_DEFINE(double, d, kan_vd, kan_vid)
+KF__KAN_SPARSE_DEFINE(float, s, kf__vs, kan_vis)
+KF__KAN_SPARSE_DEFINE(double, d, kf__vd, kan_vid)
 
 /* For element type T, BLAS prefix X, vector VEC: kan_fwd_team_X and kan_bwd_team_X, one
  * thread's share of a call on either path (g->sparse: the windowed kernels above, else the
@@ -985,8 +961,8 @@ KF__KAN_SPARSE_DEFINE(double, d, kan_vd, kan_vid)
         }                                                                                          \
     }
 
-KF__KAN_TEAMS_DEFINE(float, s, kan_vs)
-KF__KAN_TEAMS_DEFINE(double, d, kan_vd)
+KF__KAN_TEAMS_DEFINE(float, s, kf__vs)
+KF__KAN_TEAMS_DEFINE(double, d, kf__vd)
 
 static kf_status kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
     kan_fwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N, c->patches, false)};

@@ -20,48 +20,21 @@
  * q in increasing order, whatever the blocks: the bits depend on the shape alone. Columns past
  * the last full panel (n not a multiple of NV lanes) take a scalar loop, same order.
  *
- * KF__ROWGEMM_DEFINE(T, X, VEC, MT, FMADD, SPLAT) defines kf__rowgemm_X for element type T with
- * VEC its 32-byte vector type (MT the intrinsics' one); FMADD the intrinsic of a b + c with one
- * rounding (ISO C gives the compiler no licence to contract a * b + c itself) and SPLAT the
- * broadcast (GCC makes a lane loop or 0 + v into inserts and an addition). */
+ * KF__ROWGEMM_DEFINE(T, X, VEC) defines kf__rowgemm_X for element type T with VEC its 32-byte
+ * vector type (cpu/simd.h: kf__fma_X, kf__splat_X). */
 #ifndef KF_CPU_ROWGEMM_H
 #define KF_CPU_ROWGEMM_H
 
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
-#if defined(__AVX__) || defined(__FMA__)
-#include <immintrin.h>
-#endif
 
-#if defined(__GNUC__) && !defined(__clang__) && !defined(__AVX__)
-/* Builds without AVX (KF_CPU_ARCH empty): 32-byte vectors pass by value between static functions
- * only, so GCC's note that their ABI differs from an AVX build's concerns no caller. */
-#pragma GCC diagnostic ignored "-Wpsabi"
-#endif
+#include "simd.h"
 
-#define KF__RG_MR 6 /* rows per tile */
+#define KF__RG_MR 6   /* rows per tile */
 #define KF__RG_NV 2   /* vectors of columns per panel */
 #define KF__RG_KC 256 /* rows of B per copied chunk (16 KiB at NV = 2) */
 #define KF__RG_FAR_BYTES 1024 /* B's rows this far apart are copied (kf__rg_panel_X) */
-
-typedef float kf__rg_vs __attribute__((vector_size(32), __may_alias__, aligned(1)));
-typedef double kf__rg_vd __attribute__((vector_size(32), __may_alias__, aligned(1)));
-
-#ifdef __FMA__
-#define KF__RG_FMA(f, MT, a, b, c) f((MT)(a), (MT)(b), (MT)(c))
-#else
-#define KF__RG_FMA(f, MT, a, b, c) ((a) * (b) + (c))
-#endif
-
-#ifdef __AVX__
-#define KF__RG_SPLAT(f, VEC, L, v) return (VEC)f(v)
-#else
-#define KF__RG_SPLAT(f, VEC, L, v)                                                                 \
-    VEC r;                                                                                         \
-    for (int l = 0; l < (L); ++l) r[l] = (v);                                                      \
-    return r
-#endif
 
 /* The pointer to B's row q (two stacked panels). */
 #define KF__RG_BROW(q) ((q) < K0 ? B0 + (q) * ldb : B1 + ((q) - K0) * ldb)
@@ -72,17 +45,14 @@ typedef double kf__rg_vd __attribute__((vector_size(32), __may_alias__, aligned(
         kf__rg_tile_##X(r, nv, K, K0, alpha, a, am, aq, B0, B1, ldb, bias, acc, cm, ldc);          \
         break;
 
-#define KF__ROWGEMM_DEFINE(T, X, VEC, MT, FMADD, SPLAT)                                            \
+#define KF__ROWGEMM_DEFINE(T, X, VEC)                                                              \
     enum { kf__rg_lanes_##X = (int)(sizeof(VEC) / sizeof(T)) };                                    \
-                                                                                                   \
-    /* Every lane = v: one vbroadcast where the build has AVX. */                                  \
-    static inline VEC kf__rg_splat_##X(T v) { KF__RG_SPLAT(SPLAT, VEC, kf__rg_lanes_##X, v); }     \
                                                                                                    \
     /* One tile: mr rows by a panel of nv vectors of columns. mr and nv are constants at every     \
      * call site (kf__rg_rows_X), so the loops unroll into registers. */                           \
     static inline __attribute__((always_inline)) void kf__rg_tile_##X(                             \
-        int mr, int nv, int64_t K, int64_t K0, T alpha, const T *A, int64_t am, int64_t aq, const T *B0, \
-        const T *B1, int64_t ldb, const T *bias, bool acc, T *C, int64_t ldc) {                    \
+        int mr, int nv, int64_t K, int64_t K0, T alpha, const T *A, int64_t am, int64_t aq,        \
+        const T *B0, const T *B1, int64_t ldb, const T *bias, bool acc, T *C, int64_t ldc) {       \
         enum { L = kf__rg_lanes_##X };                                                             \
         VEC c[KF__RG_MR][KF__RG_NV];                                                               \
         for (int i = 0; i < mr; ++i)                                                               \
@@ -92,16 +62,16 @@ typedef double kf__rg_vd __attribute__((vector_size(32), __may_alias__, aligned(
             VEC bv[KF__RG_NV];                                                                     \
             for (int v = 0; v < nv; ++v) bv[v] = *(const VEC *)(b + v * L);                        \
             for (int i = 0; i < mr; ++i) {                                                         \
-                const VEC a = kf__rg_splat_##X(A[i * am + q * aq]);                                \
+                const VEC a = kf__splat_##X(A[i * am + q * aq]);                                \
                 for (int v = 0; v < nv; ++v)                                                       \
-                    c[i][v] = (VEC)KF__RG_FMA(FMADD, MT, a, bv[v], c[i][v]);                       \
+                    c[i][v] = kf__fma_##X(a, bv[v], c[i][v]);                       \
             }                                                                                      \
         }                                                                                          \
         for (int i = 0; i < mr; ++i)                                                               \
             for (int v = 0; v < nv; ++v) {                                                         \
                 VEC *d = (VEC *)(C + i * ldc + v * L);                                             \
                 const VEC add = bias ? *(const VEC *)(bias + v * L) : acc ? *d : (VEC){0};         \
-                *d = (VEC)KF__RG_FMA(FMADD, MT, c[i][v], kf__rg_splat_##X(alpha), add);            \
+                *d = kf__fma_##X(c[i][v], kf__splat_##X(alpha), add);            \
             }                                                                                      \
     }                                                                                              \
                                                                                                    \
@@ -180,7 +150,7 @@ typedef double kf__rg_vd __attribute__((vector_size(32), __may_alias__, aligned(
 #define KF__RG_SFMA_s(a, b, c) __builtin_fmaf((a), (b), (c))
 #define KF__RG_SFMA_d(a, b, c) __builtin_fma((a), (b), (c))
 
-KF__ROWGEMM_DEFINE(float, s, kf__rg_vs, __m256, _mm256_fmadd_ps, _mm256_set1_ps)
-KF__ROWGEMM_DEFINE(double, d, kf__rg_vd, __m256d, _mm256_fmadd_pd, _mm256_set1_pd)
+KF__ROWGEMM_DEFINE(float, s, kf__vs)
+KF__ROWGEMM_DEFINE(double, d, kf__vd)
 
 #endif
