@@ -14,11 +14,16 @@
  * a row-major matrix (am = lda, aq = 1) or a transposed one (am = 1, aq = lda). C is written
  * once, with the bias or its old value added in registers.
  *
- * Blocking: panels of KF__RG_NV vectors of B's columns outer, tiles of KF__RG_MR rows inner,
- * K innermost; a tile keeps MR x NV vector accumulators in registers (12 of 16 with AVX2) and
- * per q loads NV vectors of B and broadcasts MR elements of A. Every C element is one sum over
- * q in increasing order, whatever the blocks: the bits depend on the shape alone. Columns past
- * the last full panel (n not a multiple of NV lanes) take a scalar loop, same order.
+ * Blocking: panels of KF__RG_NV vectors of B's columns outer (then one of a single vector),
+ * tiles of KF__RG_MR rows inner, K innermost; a tile keeps MR x NV vector accumulators in
+ * registers (12 of 16 with AVX2) and per q loads NV vectors of B and broadcasts MR elements of
+ * A. Where several tiles share a panel and B's rows lie KF__RG_FAR_BYTES or more apart, K goes
+ * in chunks of KF__RG_KC rows, each first copied contiguous, and C takes each chunk's sum in
+ * turn (kf__rg_panel_X). Every C element sums over q in increasing order, in chunks that depend
+ * on the shape alone, so the bits do too. Columns past the last vector take a scalar loop, same
+ * order.
+ *
+ * Also used by KANConv2d's forward product with few output channels (cpu/kan_linear.c).
  *
  * KF__ROWGEMM_DEFINE(T, X, VEC) defines kf__rowgemm_X for element type T with VEC its 32-byte
  * vector type (cpu/simd.h: kf__fma_X, kf__splat_X). */
