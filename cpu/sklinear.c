@@ -4,8 +4,9 @@
  * Every product has one side of 2r (or r, or k) columns and runs on kf__rowgemm (cpu/rowgemm.h),
  * which reads its operands in place and writes each output once, bias included: a BLAS GEMM
  * spends more on packing its operands and on separate passes over C than on the product at
- * these shapes (measured against OpenBLAS, one thread, new/old ms: in=out=256 L=1 k=16 fwd
- * 0.70, fwd+bwd 0.71; 8192 L=1 k=16 0.82 / 0.84; B=1024 rows 0.69 / 0.56).
+ * these shapes (against OpenBLAS, one thread, interleaved minima, new/old, fwd / fwd+bwd, B=64:
+ * in=out=256 L=1 k=16 0.71 / 0.72; 8192 L=1 k=16 0.68 / 0.76; 8192 L=4 k=32 0.75 / 0.87;
+ * 1024 with B=1024 rows 0.64 / 0.76).
  *  - forward: Z = x W1 with W1 = [S1_1..S1_L | U2_1..U2_L] [in, 2r], k columns per term
  *    straight from the sketches, then y = s Z [U1; S2] + bias (U1s and S2s are [r, out]
  *    matrices already; s = 1 / (2L));
@@ -41,11 +42,11 @@
  * costs ~25 us, more than it saves below this many multiply-adds (measured: in=out=256, B=64,
  * 2r=32 runs in 0.05 ms alone and 0.07 ms on two threads). */
 #define KF__SKL_TEAM_MIN_FLOPS (1 << 21)
-/* Block extents, functions of the shape alone: rows of x per row-wise GEMM (OpenBLAS re-packs
- * the weight operand per call, a 1/ROWS overhead), and parameter columns per reduction GEMM: at
- * least 256, and at most 8 blocks (these GEMMs are skinny, K = N rows and 2r columns, so fewer,
- * wider calls win: in=out=8192, B=64, forward+backward took 6.9 ms with blocks of 1024 and
- * 8.3 ms with blocks of 256, side by side). */
+/* Block extents, functions of the shape alone: rows of x per row-wise block (each block reads
+ * all of the weights again), and parameter columns per reduction product: at least 256, and at
+ * most 8 blocks (these products are skinny, K = N rows and 2r columns, so fewer, wider calls
+ * win: in=out=8192, B=64, forward+backward took 6.9 ms with blocks of 1024 and 8.3 ms with
+ * blocks of 256, side by side, on BLAS). */
 #define KF__SKL_ROWS 32
 /* The wide split serves at most this many rows, and only where both stages split into two blocks
  * or more (in, out >= 512: below that it leaves a team's second thread idle). Best of 3-4
