@@ -80,7 +80,7 @@
             }                                                                                      \
     }                                                                                              \
                                                                                                    \
-    /* Rows [0, M) of one panel of nv vectors, MR at a time; the last tile's rows as a constant. */ \
+    /* Rows [0, M) of one panel of nv vectors, MR at a time; the last tile's rows a constant. */   \
     static inline __attribute__((always_inline)) void kf__rg_rows_##X(                             \
         int nv, int64_t M, int64_t K, int64_t K0, T alpha, const T *A, int64_t am, int64_t aq,     \
         const T *B0, const T *B1, int64_t ldb, const T *bias, bool acc, T *C, int64_t ldc) {       \

@@ -81,9 +81,9 @@ static bool skl_block(int64_t n, int64_t step, int64_t b, int64_t *lo, int64_t *
 typedef struct skl_layout {
     bool wide;        /* the wide split (header comment) */
     int64_t nbi, nbo; /* blocks over in and over out (skl_cols) */
-    /* byte offsets of W1^T [2r, in] (dx), B2^T [out, 2r] (dZ where narrow), Z [N, 2r], dZ [N, 2r] and, in the wide
-     * split, the partial sums: forward nbi x [N, 2r] (Z); backward nbi x [N, r] (Z's second
-     * half) then nbo x [N, 2r] (dZ) */
+    /* byte offsets of W1^T [2r, in] (dx), B2^T [out, 2r] (dZ; none where the bottleneck is
+     * wide), Z [N, 2r], dZ [N, 2r] and, in the wide split, the partial sums: forward nbi x
+     * [N, 2r] (Z); backward nbi x [N, r] (Z's second half) then nbo x [N, 2r] (dZ) */
     size_t w1, b2, z, dz, part, bytes;
     /* W1^T's row stride in elements: in plus one cache line, so that its 2r rows (read together
      * by dx's kf__rowgemm) do not all fall in one L1 set when in is a power of two */
@@ -102,7 +102,7 @@ static skl_layout skl_layout_of(const struct kf_sklinear_plan *p, int64_t N) {
     lo.ldw = p->in + (int64_t)(64 / e);
     lo.rg = 2 * p->r <= KF__SKL_RG_MAX;
     lo.b2 = lo.w1 + kf__align_up((size_t)(lo.ldw * 2 * p->r) * e);
-    lo.z = lo.b2 + kf__align_up((size_t)(p->out * 2 * p->r) * e);
+    lo.z = lo.b2 + (lo.rg ? kf__align_up((size_t)(p->out * 2 * p->r) * e) : 0);
     lo.dz = lo.z + z;
     lo.part = lo.dz + z;
     const int64_t fwd = lo.nbi * 2, bwd = lo.nbi + lo.nbo * 2; /* in units of N r elements */
@@ -229,8 +229,9 @@ typedef struct skl_bwd_call {
                                                                                                    \
     /* y[rows, o0:o1] = s Z_rows [U1; S2][:, o0:o1] + bias: the second stage for a block of rows   \
      * (row split) or of output columns (wide split). */                                           \
-    static void skl_stage2_##X(const struct kf_sklinear_plan *p, const T *z, int64_t rows, const T *U1, const T *S2, const T *bias, \
-                               int64_t o0, int64_t o1, T *y) {                                     \
+    static void skl_stage2_##X(const struct kf_sklinear_plan *p, const T *z, int64_t rows,         \
+                               const T *U1, const T *S2, const T *bias, int64_t o0, int64_t o1,    \
+                               T *y) {                                                             \
         const int64_t out = p->out, r = p->r;                                                      \
         const T s = (T)1 / ((T)2 * (T)p->L);                                                       \
         kf__rowgemm_##X(rows, o1 - o0, 2 * r, r, s, z, 2 * r, 1, U1 + o0, S2 + o0, out,            \
