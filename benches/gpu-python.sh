@@ -4,7 +4,8 @@
 # packaging) from wheels carried in .whl/ (`pip download -d .whl cffi scikit-build-core` here; the
 # GPU machine reaches no package index), builds and installs bindings/python against .gpu/deps into
 # /tmp/site, runs the pytest suite (CUDA tests included) and benches/python_modules.py on CUDA.
-# Writes pytest.log and python_modules_gpu.md to $OUT.
+# Writes pytest.log and python_modules_gpu.md to $OUT. KF_PYTEST_K, when set, is pytest's -k
+# expression (e.g. cuda: the tests that run on the GPU, for a short lease).
 #   bash benches/gpu-python.sh [BUILD_DIR]      (default .gpu)
 set -u
 cd "$(dirname "$0")/.."
@@ -18,7 +19,7 @@ export PYTHONPATH=/tmp/site
 KFUSE_LIBRARY_DIR="$BUILD/deps" KFUSE_INCLUDE_DIR="$ROOT/capi/include" \
   python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site \
   bindings/python > "$OUT/pytest.log" 2>&1 || { tail -20 "$OUT/pytest.log"; exit 2; }
-(cd /tmp && python3 -m pytest -q -p no:cacheprovider "$ROOT/tests/python") >> "$OUT/pytest.log" 2>&1
+(cd /tmp && python3 -m pytest -q -p no:cacheprovider ${KF_PYTEST_K:+-k "$KF_PYTEST_K"} "$ROOT/tests/python") >> "$OUT/pytest.log" 2>&1
 rc=$?
 echo "pytest (CUDA build, GPU present): exit $rc: $(tail -1 "$OUT/pytest.log")"
 PYTHONUNBUFFERED=1 python3 benches/python_modules.py --device cuda --out "$OUT/python_modules_gpu.md" \

@@ -11,6 +11,7 @@ cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKF_CUDA=ON \
 cmake --build build-gpu -j"$(nproc)"
 rm -rf .gpu && mkdir -p .gpu/bin .gpu/deps
 cp -L build-gpu/libkfuse.so.1 .gpu/deps/libkfuse.so.1  # the SONAME the binaries load
+ln -s libkfuse.so.1 .gpu/deps/libkfuse.so  # the name the Python package's build links against
 for b in build-gpu/tests/test_* build-gpu/benches/kf_bench_* \
          build-gpu/examples/train_fmnist build-gpu/examples/hello_rnn; do
   [ -x "$b" ] && [ -f "$b" ] && cp "$b" .gpu/bin/

@@ -549,7 +549,7 @@ Test(lowp, cuda_refuses_at_plan_creation) {
         EXPECT_FAIL(kf_rnn_plan_create(ctx, &r, &rp), KF_ERR_UNSUPPORTED, "desc->dtype");
         kf_sklinear_desc s;
         kf_sklinear_desc_init(&s);
-        s.in_features = s.out_features = 8, s.low_rank = 2, s.dtype = dts[i];
+        s.in_features = s.out_features = 8, s.num_terms = 1, s.low_rank = 2, s.dtype = dts[i];
         kf_sklinear_plan *sp = NULL;
         EXPECT_FAIL(kf_sklinear_plan_create(ctx, &s, &sp), KF_ERR_UNSUPPORTED, "desc->dtype");
         kf_kan_linear_desc k;
