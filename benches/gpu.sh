@@ -15,7 +15,8 @@
 #                   default test_*), the KAN tests' big shapes included
 #   memcheck        compute-sanitizer memcheck on each CUDA test (Criterion forks a child per
 #   racecheck       test: followed), the KAN tests' big shapes left out (minutes under the tool),
-#                   test_rnn_cuda's racecheck filtered to the cases that cover every kernel
+#                   test_rnn_cuda's racecheck filtered to the cases that cover every kernel;
+#                   KF_GPU_SAN_TESTS names the tests (default: all four)
 #   bench_rnn       benches/gpu_rnn.py: kfuse vs cuDNN's GRU and the eager A-GRU loop
 #   bench_sklinear  benches/gpu_sklinear.py: vs dense nn.Linear, two GEMMs, Panther's formulation
 #   bench_kan       benches/gpu_kan.py: KANLinear and KANConv2d vs efficient-kan's math, a dense
@@ -67,6 +68,8 @@ test_bin() { echo "$ALL_TESTS" | grep "/$1\$" | head -1; }
 
 declare -a ROWS
 row() { ROWS+=("$(printf '%-34s %-8s %s' "$1" "$2" "$3")"); }
+T0=0  # start of the current step (SECONDS): rows of timed steps end with its duration
+took() { echo "($((SECONDS - T0)) s)"; }
 # The verdict of a step's exit status: a step cut by its `timeout` is TIMEOUT (its log ends early;
 # rerun it alone with a larger limit), never read as a test failure.
 verdict() { case $1 in 0) echo ok ;; 124) echo TIMEOUT ;; *) echo "FAIL($1)" ;; esac; }
@@ -86,6 +89,7 @@ part_tests() {
         && row "nvidia-smi" ok "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)" \
         || row "nvidia-smi" FAIL "see tests.log"
     local pass=0 fail=0 failed="" skipped="" t name args rc s g
+    T0=$SECONDS
     for t in $ALL_TESTS; do
         name=$(basename "$t")
         for g in ${KF_GPU_TESTS:-test_*}; do
@@ -103,7 +107,7 @@ part_tests() {
         if [ $rc -eq 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); failed="$failed $name($(verdict $rc))"; fi
     done
     row "C tests" "$([ $fail -eq 0 ] && [ $pass -gt 0 ] && echo ok || echo FAIL)" \
-        "$pass passed, $fail failed${failed:+:$failed}${skipped:+; deadline skipped:$skipped}"
+        "$pass passed, $fail failed${failed:+:$failed}${skipped:+; deadline skipped:$skipped} $(took)"
     for name in test_rnn_cuda test_sklinear_cuda test_kan_linear_cuda test_kan_conv2d_cuda; do
         local line
         line=$(grep -A400 "^=== $name\$" "$LOGS/tests.log" | grep -m1 'Synthesis' || true)
@@ -116,7 +120,7 @@ part_tests() {
 sanitize() {
     local tool=$1 name bin filt extra s rc log
     if [ -z "$SAN" ]; then row "$tool" SKIP "compute-sanitizer not found"; return; fi
-    for name in test_kan_linear_cuda test_kan_conv2d_cuda test_rnn_cuda test_sklinear_cuda; do
+    for name in ${KF_GPU_SAN_TESTS:-test_kan_linear_cuda test_kan_conv2d_cuda test_rnn_cuda test_sklinear_cuda}; do
         bin=$(test_bin "$name")
         [ -n "$bin" ] || { row "$tool $name" SKIP "not built"; continue; }
         case "$name" in
@@ -130,11 +134,12 @@ sanitize() {
         [ "$tool" = memcheck ] && extra="--leak-check no"
         s=$(cap 150) || { row "$tool $name" SKIP "deadline"; continue; }
         log="$LOGS/sanitizer-$tool-$name.log"
+        T0=$SECONDS
         timeout "$s" "$SAN" --tool "$tool" $extra --target-processes all --error-exitcode 86 \
             "$bin" --jobs 1 $filt > "$log" 2>&1
         rc=$?
         row "$tool $name" "$(verdict $rc)" \
-            "$(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" || echo "no summary")"
+            "$(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" || echo "no summary") $(took)"
     done
 }
 
@@ -145,21 +150,23 @@ bench() {
     bin=$(find "$BUILD" -maxdepth 3 -type f -name "kf_bench_$b" -perm -u+x | head -1)
     [ -n "$bin" ] || { row "benches/gpu_$b.py" SKIP "kf_bench_$b not found under $BUILD"; return; }
     s=$(cap 240) || { row "benches/gpu_$b.py" SKIP "deadline"; return; }
+    T0=$SECONDS
     echo "=== benches/gpu_$b.py --bench $bin" >> "$LOGS/gpu_benches.log"
     PYTHONUNBUFFERED=1 timeout "$s" python3 "benches/gpu_$b.py" --bench "$bin" \
         --md "$OUT/gpu_$b.md" >> "$LOGS/gpu_benches.log" 2>&1
     rc=$?
     echo "=== benches/gpu_$b.py rc=$rc" >> "$LOGS/gpu_benches.log"
-    row "benches/gpu_$b.py" "$(verdict $rc)" "gpu_$b.md / gpu_benches.log"
+    row "benches/gpu_$b.py" "$(verdict $rc)" "gpu_$b.md / gpu_benches.log $(took)"
 }
 
 part_python() {
     local s rc
     s=$(cap 240) || { row "python (gpu-python.sh)" SKIP "deadline"; return; }
+    T0=$SECONDS
     OUT="$LOGS" timeout "$s" bash benches/gpu-python.sh "$BUILD" > "$LOGS/gpu-python.out" 2>&1
     rc=$?
     [ -f "$LOGS/python_modules_gpu.md" ] && cp "$LOGS/python_modules_gpu.md" "$OUT/"
-    row "python (gpu-python.sh)" "$(verdict $rc)" "$(grep -m1 '^pytest' "$LOGS/gpu-python.out" || echo 'see gpu-python.out')"
+    row "python (gpu-python.sh)" "$(verdict $rc)" "$(grep -m1 '^pytest' "$LOGS/gpu-python.out" || echo 'see gpu-python.out') $(took)"
 }
 
 for p in ${KF_GPU_PARTS:-tests memcheck racecheck bench_rnn bench_sklinear bench_kan}; do

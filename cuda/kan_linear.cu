@@ -62,6 +62,21 @@
 //             d base_weight, d spline_weight (* scaler) and d spline_scaler (sum over c in order),
 //             written or accumulated.
 //
+// KANLinear with at least 2^22 outputs (N out) takes the materialised path instead: A is
+// generated a chunk of Nc rows at a time into the workspace and every product runs on cuBLAS
+// (fp32, no TF32). At (8192, 1024, 1024) on an H200: forward 4.13 ms against the tiled kernels'
+// 10.53, forward+backward 13.06 against 30.14 (benches/results/gpu-2026-11-27-h200). Nc is an
+// eighth of N rounded up to 64 (at most 2^25 floats of A): the chunk is at most an eighth of the
+// bases tensor efficient-kan materialises, and each chunk's product still has 2^19 outputs or
+// more. Smaller problems keep the tiled kernels, whose split-K fills the device (untimed on the
+// materialised path: (1024, 256, 256) runs 0.160 ms on the tiled kernels).
+//   kan_gen      A[chunk] [Nc, K], one thread per (row, feature)
+//   forward:     y[chunk] = A W^T (cuBLAS)
+//   backward:    per chunk, in stream order: kan_gen and dW (+)= dy[chunk]^T A (cuBLAS, chunk
+//                order) when a weight gradient is wanted; dA = dy[chunk] W (cuBLAS) over A's
+//                buffer and kan_dx_rows (dx, as kan_dx folds it) when dx is wanted; then
+//                kan_fold from dW. Workspace: 4 out K + 4 in k nk + 4 out K (dW) + 4 Nc K.
+//
 // Split counts are a function of the shape and the device's SM count S (so is the workspace):
 // enough splits that a grid fills about one wave (kf__wave_blocks), at least kMinSplit of the
 // reduction per split, at most kMaxSplits. Workspace (bytes, each buffer rounded up to 64), a
@@ -91,6 +106,10 @@ constexpr int64_t kMaxSplits = 64;     // at most this many partials to sum
 constexpr int kMaxOrder = 15;          // spline orders beyond this are refused
 // KANConv2d's dXcol buffer: at most this many floats (64 MiB), or one image's when larger.
 constexpr int64_t kDcolFloats = int64_t(1) << 24;
+// KANLinear's materialised path: from this many outputs (N out) on, at most this many floats of A
+// per chunk (128 MiB).
+constexpr int64_t kDenseOutputs = int64_t(1) << 22;
+constexpr int64_t kChunkFloats = int64_t(1) << 25;
 
 // KANConv2d's patch geometry (kf__kan_patches plus HoWo = Ho Wo); unused (zero) for KANLinear.
 struct Geom {
@@ -508,6 +527,31 @@ __global__ void __launch_bounds__(kThreads) kan_fold(Prob P, Fold F) {
     }
 }
 
+// ---- KANLinear's materialised path ------------------------------------------------------------
+// Rows [r0, r0 + R) of A into a [R, K]: one thread per (row, feature) writes the feature's cw
+// columns (SiLU, then its C bases: the window, zeros elsewhere); consecutive threads take
+// consecutive features, so a warp writes one contiguous run of the row.
+template <int KM>
+__global__ void __launch_bounds__(kThreads) kan_gen(Prob P, int64_t r0, int64_t R, float *a) {
+    const int64_t E = R * P.in, step = (int64_t)gridDim.x * kThreads;
+    for (int64_t e = (int64_t)blockIdx.x * kThreads + threadIdx.x; e < E; e += step) {
+        const int64_t r = e / P.in, f = e % P.in;
+        gen_cols<KM, false>(P, r0 + r, f, f * P.cw, (f + 1) * P.cw, a + r * P.K, 1, 0);
+    }
+}
+
+// dx of rows [r0, r0 + R) from their dA [R, K] (dA = dy W, cuBLAS): one thread per (row, feature).
+template <int KM>
+__global__ void __launch_bounds__(kThreads)
+    kan_dx_rows(Prob P, const float *da, int64_t r0, int64_t R, float *dx) {
+    const int64_t E = R * P.in, step = (int64_t)gridDim.x * kThreads;
+    for (int64_t e = (int64_t)blockIdx.x * kThreads + threadIdx.x; e < E; e += step) {
+        const int64_t r = e / P.in, f = e % P.in;
+        dx[(r0 + r) * P.in + f] =
+            dx_part<KM, false>(P, r0 + r, f, f * P.cw, (f + 1) * P.cw, da + r * P.K, 0);
+    }
+}
+
 // ---- host side --------------------------------------------------------------------------------
 
 // Splits `units` of reduction for a grid of `jobs` blocks per split, aiming at one wave of the
@@ -523,8 +567,26 @@ struct Layout {
     int64_t FB, tpg, groups; // features per group, 64-column chunks per group, groups
     kf__split f, w;          // forward feature ranges; dW row ranges
     int64_t Bg;              // KANConv2d: images per dx group (dXcol holds Bg Ho Wo rows)
-    size_t off_inv, off_part, bytes;
+    int64_t Nc;              // materialised path: rows of A per chunk (0: the tiled kernels)
+    size_t off_inv, off_part, off_a, bytes;
 };
+
+// Whether KANLinear takes the materialised path: at least kDenseOutputs outputs (N out), so that
+// an eighth of the rows still gives cuBLAS a product that fills the device.
+bool dense_path(const struct kf_kan_linear_plan *p, int64_t N, const kf__kan_patches *pt) {
+    return pt == nullptr && N * p->out >= kDenseOutputs;
+}
+
+// Rows per chunk of the materialised path: an eighth of N rounded up to 64 (the chunk of A is at
+// most an eighth of the bases tensor efficient-kan materialises), at most kChunkFloats / K rows
+// (at least 64), then evened out over the chunks that makes.
+int64_t dense_rows(int64_t N, int64_t K) {
+    int64_t nc = kf__ceil_div(kf__ceil_div(N, 8), kT) * kT;
+    const int64_t cap = kChunkFloats / K / kT * kT;
+    if (nc > cap) nc = cap > kT ? cap : kT;
+    nc = kf__ceil_div(kf__ceil_div(N, kf__ceil_div(N, nc)), kT) * kT;
+    return nc < N ? nc : N;
+}
 
 Layout make_layout(const struct kf_kan_linear_plan *p, int64_t N, const kf__kan_patches *pt) {
     Layout l = {};
@@ -539,6 +601,13 @@ Layout make_layout(const struct kf_kan_linear_plan *p, int64_t N, const kf__kan_
     l.w = split_of(p, N, l.ot * l.groups * l.tpg, kMinSplit, kT);
     l.off_inv = kf__sat_floats(p->out, p->K, 1);
     l.off_part = kf__sat_add(l.off_inv, kf__sat_floats(p->in, p->k, p->nk));
+    if (dense_path(p, N, pt)) {
+        // W, inv, dW [out, K] (backward), then one chunk of A (or of dA) [Nc, K].
+        l.Nc = dense_rows(N, p->K);
+        l.off_a = kf__sat_add(l.off_part, kf__sat_floats(p->out, p->K, 1));
+        l.bytes = kf__sat_add(l.off_a, kf__sat_floats(l.Nc, p->K, 1));
+        return l;
+    }
     const size_t fwd = l.f.P > 1 ? kf__sat_floats(l.f.P, N, p->out) : 0;
     const size_t bwd = kf__sat_floats(l.w.P, p->out, p->K);
     size_t big = fwd > bwd ? fwd : bwd;
@@ -639,6 +708,19 @@ kf_status dx_km(kf_context *ctx, const char *fn, const Layout &l, const Prob &P,
     return KF_OK;
 }
 
+// kan_fold from the Pw partials of dW at `part` into the call's weight gradients.
+kf_status launch_fold(kf_context *ctx, const char *fn, const Prob &P, const kf__kan_bwd *c,
+                      const float *part, int64_t Pw) {
+    Fold F;
+    F.part = part; F.Pw = Pw;
+    F.spline = f32(c->spline); F.scaler = f32(c->scaler);
+    F.dbase = f32(c->dbase); F.dspline = f32(c->dspline); F.dscaler = f32(c->dscaler);
+    F.accumulate = c->accumulate;
+    kan_fold<<<stride_blocks(P.out * P.in), kThreads, 0, kf__stream(ctx)>>>(P, F);
+    KF__CUDA_LAUNCH_CHECK(fn, "kan_fold");
+    return KF_OK;
+}
+
 template <int KM, bool CONV>
 kf_status backward_km(kf_context *ctx, const char *fn, const Layout &l, const Prob &P,
                       const kf__kan_bwd *c, float *part) {
@@ -650,13 +732,53 @@ kf_status backward_km(kf_context *ctx, const char *fn, const Layout &l, const Pr
         kan_dw<KM, CONV><<<g, kThreads, 0, kf__stream(ctx)>>>(P, f32(c->dy), part, ct_n, l.FB,
                                                                l.tpg, l.w.P, l.w.per);
         KF__CUDA_LAUNCH_CHECK(fn, "kan_dw");
-        Fold F;
-        F.part = part; F.Pw = l.w.P;
-        F.spline = f32(c->spline); F.scaler = f32(c->scaler);
-        F.dbase = f32(c->dbase); F.dspline = f32(c->dspline); F.dscaler = f32(c->dscaler);
-        F.accumulate = c->accumulate;
-        kan_fold<<<stride_blocks(P.out * P.in), kThreads, 0, kf__stream(ctx)>>>(P, F);
-        KF__CUDA_LAUNCH_CHECK(fn, "kan_fold");
+        KF_TRY(launch_fold(ctx, fn, P, c, part, l.w.P));
+    }
+    return KF_OK;
+}
+
+// The materialised path's forward: per chunk of Nc rows, A into the workspace (kan_gen) and
+// y[chunk] = A W^T on cuBLAS (fp32, no TF32).
+template <int KM>
+kf_status forward_dense(kf_context *ctx, const char *fn, const Layout &l, const Prob &P,
+                        float *y, float *a) {
+    for (int64_t r0 = 0; r0 < P.N; r0 += l.Nc) {
+        const int64_t R = P.N - r0 < l.Nc ? P.N - r0 : l.Nc;
+        kan_gen<KM><<<stride_blocks(R * P.in), kThreads, 0, kf__stream(ctx)>>>(P, r0, R, a);
+        KF__CUDA_LAUNCH_CHECK(fn, "kan_gen");
+        KF_TRY(kf__gemm(ctx, fn, false, true, R, P.out, P.K, 1.0f, a, P.K, P.W, P.K, 0.0f,
+                        y + r0 * P.out, P.out));
+    }
+    return KF_OK;
+}
+
+// The materialised path's backward, per chunk of Nc rows in stream order: A (kan_gen) and
+// dW (+)= dy[chunk]^T A (cuBLAS, beta 1 after the first chunk: chunk order) when a weight
+// gradient is wanted; then dA = dy[chunk] W over the same buffer (A is consumed by then) and
+// kan_dx_rows when dx is wanted. Last, kan_fold from dW (one partial).
+template <int KM>
+kf_status backward_dense(kf_context *ctx, const char *fn, const Layout &l, const Prob &P,
+                         const kf__kan_bwd *c, float *dw, float *a) {
+    const bool wgrad = c->dbase || c->dspline || c->dscaler;
+    const float *dy = f32(c->dy);
+    for (int64_t r0 = 0; r0 < P.N; r0 += l.Nc) {
+        const int64_t R = P.N - r0 < l.Nc ? P.N - r0 : l.Nc;
+        if (wgrad) {
+            kan_gen<KM><<<stride_blocks(R * P.in), kThreads, 0, kf__stream(ctx)>>>(P, r0, R, a);
+            KF__CUDA_LAUNCH_CHECK(fn, "kan_gen");
+            KF_TRY(kf__gemm(ctx, fn, true, false, P.out, P.K, R, 1.0f, dy + r0 * P.out, P.out, a,
+                            P.K, r0 == 0 ? 0.0f : 1.0f, dw, P.K));
+        }
+        if (c->dx) {
+            KF_TRY(kf__gemm(ctx, fn, false, false, R, P.K, P.out, 1.0f, dy + r0 * P.out, P.out,
+                            P.W, P.K, 0.0f, a, P.K));
+            kan_dx_rows<KM><<<stride_blocks(R * P.in), kThreads, 0, kf__stream(ctx)>>>(
+                P, a, r0, R, f32(c->dx));
+            KF__CUDA_LAUNCH_CHECK(fn, "kan_dx_rows");
+        }
+    }
+    if (wgrad) {
+        KF_TRY(launch_fold(ctx, fn, P, c, dw, 1));
     }
     return KF_OK;
 }
@@ -695,6 +817,11 @@ kf_status kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
     P.inv = kf__at<float>(c->ws, l.off_inv);
     KF_TRY(launch_prep(ctx, fn, P, f32(c->base), f32(c->spline), f32(c->scaler), c->ws, l, true));
     float *part = kf__at<float>(c->ws, l.off_part);
+    if (l.Nc > 0) {
+        float *a = kf__at<float>(c->ws, l.off_a);
+        if (p->k <= 3) return forward_dense<3>(ctx, fn, l, P, f32(c->y), a);
+        return forward_dense<kMaxOrder>(ctx, fn, l, P, f32(c->y), a);
+    }
     if (pt) {
         if (p->k <= 3) return forward_km<3, true>(ctx, fn, l, P, f32(c->y), part);
         return forward_km<kMaxOrder, true>(ctx, fn, l, P, f32(c->y), part);
@@ -718,6 +845,11 @@ kf_status kan_backward(kf_context *ctx, const kf__kan_bwd *c) {
     KF_TRY(launch_prep(ctx, fn, P, f32(c->base), f32(c->spline), f32(c->scaler), c->ws, l,
                        c->dx != nullptr));
     float *part = kf__at<float>(c->ws, l.off_part);
+    if (l.Nc > 0) {
+        float *a = kf__at<float>(c->ws, l.off_a);
+        if (p->k <= 3) return backward_dense<3>(ctx, fn, l, P, c, part, a);
+        return backward_dense<kMaxOrder>(ctx, fn, l, P, c, part, a);
+    }
     if (pt) {
         if (p->k <= 3) return backward_km<3, true>(ctx, fn, l, P, c, part);
         return backward_km<kMaxOrder, true>(ctx, fn, l, P, c, part);

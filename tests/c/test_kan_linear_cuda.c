@@ -5,7 +5,8 @@
  * in accumulate mode. Problems cover G in {1, 5, 8}, k in {0, 1, 3} (and 5, the wider window),
  * uniform, sorted random and repeated-knot grids, x outside the grid and exactly on knots, batch
  * 1, sizes that are multiples of nothing, more than 64 columns per feature (G = 70), the split
- * paths (small N: forward split over features, dW split over rows), (1024, 256, 256), and no
+ * paths (small N: forward split over features, dW split over rows), the materialised path
+ * (N out >= 2^22: A by chunks of rows, cuBLAS products), (1024, 256, 256), and no
  * spline_scaler. Also: a forward captured in a CUDA graph on a user stream replays to the eager
  * result.
  *
@@ -198,6 +199,10 @@ static const shape kShapes[] = {
     {40, 5, 9, 70, 3, 1, GRID_RANDOM},     /* cw = 74 > 64 columns per feature */
     {3, 200, 130, 5, 3, 1, GRID_UNIFORM},  /* few rows: forward split over features */
     {3000, 9, 10, 5, 3, 1, GRID_REPEATED}, /* many rows, few tiles: dW split over rows */
+    /* N out >= 2^22: the materialised path (A by chunks of rows, products on cuBLAS); 8 chunks,
+     * the last one short; and k = 5 with no scaler and repeated knots there */
+    {4100, 12, 1024, 5, 3, 1, GRID_RANDOM},
+    {2048, 7, 2048, 6, 5, 0, GRID_REPEATED},
     {129, 300, 77, 8, 1, 1, GRID_RANDOM},
 };
 

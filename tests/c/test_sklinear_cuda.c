@@ -3,10 +3,10 @@
  * every CUDA output poisoned (all bits set: NaN) before each call; ||cuda - cpu|| / ||cpu|| < 1e-5
  * for y, dx, dS1s, dS2s, dbias, and for accumulation. Shapes cover both forward paths (the fused
  * one-kernel path for small in*2r and the split-K path for large `in`), 2Lk above 256, odd sizes,
- * batch 1. Also: initialisation on a CUDA context gives the CPU context's bits; a forward
- * captured in a CUDA graph on a user stream replays to the eager result (thread-local capture
- * after a warm-up; global capture on a first call, refused until the arena is reserved); a call
- * after a stream change; float64 is refused at plan creation.
+ * batch 1, no bias on either path. Also: initialisation on a CUDA context gives the CPU
+ * context's bits; a forward captured in a CUDA graph on a user stream replays to the eager
+ * result (thread-local capture after a warm-up; global capture on a first call, refused until
+ * the arena is reserved); a call after a stream change; float64 is refused at plan creation.
  *
  * Without a CUDA build, or with no usable device (KF_ERR_BACKEND_UNAVAILABLE), every test skips. */
 #include <criterion/criterion.h>
@@ -128,6 +128,7 @@ static const shape kShapes[] = {
     {6, 40, 24, 3, 17, 1},     /* odd k, 2Lk > min(in, out) */
     {1, 64, 48, 2, 8, 1},      /* batch 1 */
     {37, 130, 70, 4, 5, 0},    /* no bias */
+    {50, 300, 90, 4, 16, 0},   /* no bias on the split path */
     {64, 256, 256, 1, 16, 1},  /* benchmark shapes */
     {64, 1024, 1024, 4, 32, 1},
     {64, 8192, 8192, 1, 16, 1},

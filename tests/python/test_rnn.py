@@ -144,10 +144,10 @@ def test_gru_without_bias(L, bidir, device):
     torch.manual_seed(7)
     k = kt.GRU(5, 6, L, bias=False, bidirectional=bidir, device=device)
     torch.manual_seed(7)
-    t = torch.nn.GRU(5, 6, L, bias=False, bidirectional=bidir)
+    t = torch.nn.GRU(5, 6, L, bias=False, bidirectional=bidir, device=device)  # same generator
     assert list(k.state_dict()) == list(t.state_dict())
     for n, v in t.state_dict().items():
-        assert torch.equal(k.state_dict()[n].cpu(), v), n
+        assert torch.equal(k.state_dict()[n], v), n
     assert not any("bias" in n for n, _ in k.named_parameters())
     assert repr(k) == repr(t)
     r = torch.nn.GRU(5, 6, L, bias=False, bidirectional=bidir, dtype=torch.float64)
