@@ -24,6 +24,7 @@ extern "C" {
 struct kf__rnn_ops;
 struct kf__skl_ops;
 struct kf__kan_ops;
+struct kf__lowp_base;
 
 typedef struct kf__backend {
     /* Device services. Each returns KF_OK or a status with the message set under `fn`. */
@@ -51,6 +52,9 @@ typedef struct kf__backend {
     const struct kf__rnn_ops *rnn;
     const struct kf__skl_ops *skl;
     const struct kf__kan_ops *kan;
+    /* Where the op tables above are core/lowp_ops.h's (bfloat16 and float16 plans converted
+     * around float32 ones): the backend's own tables and conversion routine; else NULL. */
+    const struct kf__lowp_base *lowp;
 } kf__backend;
 
 extern const kf__backend kf__cpu_backend;  /* cpu/backend.c */

@@ -2,6 +2,7 @@
  * front ends accept (float32, float64, bfloat16 and float16 storage through cpu/lowp.c, any
  * spline order). */
 #include "cpu_backend.h"
+#include "lowp_ops.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -53,7 +54,8 @@ const kf__backend kf__cpu_backend = {
     .check_pointer = cpu_check_pointer,
     .copy = cpu_copy,
     .host_memory = true,
-    .rnn = &kf__cpu_rnn_any_ops,
-    .skl = &kf__cpu_skl_any_ops,
-    .kan = &kf__cpu_kan_any_ops,
+    .rnn = &kf__lowp_rnn_ops,
+    .skl = &kf__lowp_skl_ops,
+    .kan = &kf__lowp_kan_ops,
+    .lowp = &kf__cpu_lowp,
 };

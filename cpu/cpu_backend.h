@@ -1,6 +1,7 @@
 /* The CPU backend's op tables, one per op file (cpu/rnn_layout.c, cpu/sklinear.c,
  * cpu/kan_linear.c) for float32 and float64 plans, wrapped for bfloat16 and float16 plans by
- * cpu/lowp.c and gathered into its kf__backend by cpu/backend.c. Private to cpu/. */
+ * core/lowp_ops.c (with cpu/lowp.c's conversions) and gathered into its kf__backend by
+ * cpu/backend.c. Private to cpu/. */
 #ifndef KF_CPU_BACKEND_H
 #define KF_CPU_BACKEND_H
 
@@ -32,10 +33,10 @@ extern const kf__rnn_ops kf__cpu_rnn_ops_v4;
 extern const kf__skl_ops kf__cpu_skl_ops;
 extern const kf__kan_ops kf__cpu_kan_ops;
 
-/* The tables cpu/backend.c installs (cpu/lowp.c): a bfloat16 or float16 plan converts its
- * tensors around the float32 table above; any other plan goes straight to it. */
-extern const kf__rnn_ops kf__cpu_rnn_any_ops;
-extern const kf__skl_ops kf__cpu_skl_any_ops;
-extern const kf__kan_ops kf__cpu_kan_any_ops;
+/* The tables above and the CPU's conversion routine (cpu/lowp.c), for core/lowp_ops.h's tables,
+ * which cpu/backend.c installs: a bfloat16 or float16 plan converts its tensors around the
+ * float32 table; any other plan goes straight to its table. */
+struct kf__lowp_base;
+extern const struct kf__lowp_base kf__cpu_lowp;
 
 #endif /* KF_CPU_BACKEND_H */

@@ -78,6 +78,18 @@ static inline kf_status kf__gemm(kf_context *ctx, const char *fn, bool ta, bool 
     return kf__cublas_check(s, fn, "cublasGemmEx");
 }
 
+// The dtypes a CUDA plan can have, asked by every op's supports(): float32, which the kernels
+// compute in, and bfloat16 and float16 storage, which core/lowp_ops.c converts around them (it
+// asks with the plan's float32 copy); float64 is refused at plan creation, naming the field.
+static inline kf_status kf__cuda_dtype_supported(int32_t dtype, const char *fn) {
+    if (dtype != KF_DTYPE_F32)
+        return kf__error(KF_ERR_UNSUPPORTED, fn,
+                         "desc->dtype = %d: the CUDA backend implements KF_DTYPE_F32 (1), "
+                         "KF_DTYPE_F16 (3) and KF_DTYPE_BF16 (4)",
+                         (int)dtype);
+    return KF_OK;
+}
+
 // Grid size for a 1-D elementwise launch of n items at `threads` per block.
 static inline unsigned kf__blocks(int64_t n, int threads) {
     return (unsigned)((n + threads - 1) / threads);

@@ -624,8 +624,8 @@ Layout make_layout(const struct kf_kan_linear_plan *p, int64_t N, const kf__kan_
     return l;
 }
 
-// The records' untyped tensors as float32, the one dtype this backend's plans accept
-// (kan_supports refuses the others at plan creation).
+// The records' untyped tensors as float32, the one dtype this backend's kernels see (low plans
+// are converted around them, core/lowp_ops.c; kan_supports refuses float64 at plan creation).
 const float *f32(const void *t) { return static_cast<const float *>(t); }
 float *f32(void *t) { return static_cast<float *>(t); }
 
@@ -787,13 +787,11 @@ kf_status backward_dense(kf_context *ctx, const char *fn, const Layout &l, const
 
 namespace {
 
-// Float32 only, and spline orders up to kMaxOrder (the basis window is unrolled up to that
-// bound): the rest is refused at plan creation.
+// Float32 (low plans arrive as their float32 copies: core/lowp_ops.c), and spline orders up to
+// kMaxOrder (the basis window is unrolled up to that bound): the rest is refused at plan
+// creation.
 kf_status kan_supports(const struct kf_kan_linear_plan *p, const char *fn) {
-    if (p->dtype != KF_DTYPE_F32)
-        return kf__error(KF_ERR_UNSUPPORTED, fn,
-                         "desc->dtype = %d: the CUDA backend implements only KF_DTYPE_F32 (1)",
-                         (int)p->dtype);
+    KF_TRY(kf__cuda_dtype_supported(p->dtype, fn));
     if (p->k > kMaxOrder)
         return kf__error(KF_ERR_UNSUPPORTED, fn,
                          "desc->spline_order = %d: the CUDA backend supports spline orders up to "

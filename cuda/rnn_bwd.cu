@@ -535,7 +535,7 @@ extern "C" kf_status kf__cuda_rnn_backward(kf_context *ctx, const kf__rnn_bwd *c
     float *aux = kf__at<float>(ws, lay.aux);
     float *rpart = kf__at<float>(ws, lay.rpart);
     float *dh[2] = {kf__at<float>(ws, lay.dh[0]), kf__at<float>(ws, lay.dh[1])};
-    // float32 views of the record (a CUDA plan is float32: rnn_supports in rnn_fwd.cu)
+    // float32 views of the record (the kernels see float32 only: rnn_supports in rnn_fwd.cu)
     const float *x32 = static_cast<const float *>(c->x), *dy32 = static_cast<const float *>(c->dy);
     const float *dhn32 = static_cast<const float *>(c->dhn);
     float *dx32 = static_cast<float *>(c->dx), *dh0_32 = static_cast<float *>(c->dh0);

@@ -667,7 +667,7 @@ extern "C" kf_status kf__cuda_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c)
 
     int64_t xts, xbs; // row strides of x and y (the user's layout)
     kf__rnn_row_strides(p, 0, T, B, &xts, &xbs);
-    // float32 views of the record (a CUDA plan is float32: rnn_supports below)
+    // float32 views of the record (the kernels see float32 only: rnn_supports below)
     const float *in = static_cast<const float *>(c->x);
     const float *h0_32 = static_cast<const float *>(c->h0);
     float *y32 = static_cast<float *>(c->y), *hn32 = static_cast<float *>(c->hn);
@@ -742,12 +742,10 @@ extern "C" kf_status kf__cuda_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c)
 
 namespace {
 
-// Float32 only: any other dtype is refused at plan creation, never in a call.
+// Float32 (low plans arrive as their float32 copies: core/lowp_ops.c): float64 is refused at
+// plan creation, never in a call.
 kf_status rnn_supports(const struct kf_rnn_plan *p, const char *fn) {
-    if (p->dtype != KF_DTYPE_F32)
-        return kf__error(KF_ERR_UNSUPPORTED, fn,
-                         "desc->dtype = %d: the CUDA backend implements only KF_DTYPE_F32 (1)",
-                         (int)p->dtype);
+    KF_TRY(kf__cuda_dtype_supported(p->dtype, fn));
     return KF_OK;
 }
 

@@ -650,12 +650,10 @@ PartJob no_part() {
 
 namespace {
 
-// Float32 only: a float64 plan is refused at creation.
+// Float32 (low plans arrive as their float32 copies: core/lowp_ops.c): a float64 plan is refused
+// at creation.
 kf_status skl_supports(const struct kf_sklinear_plan *p, const char *fn) {
-    if (p->dtype != KF_DTYPE_F32)
-        return kf__error(KF_ERR_UNSUPPORTED, fn,
-                         "desc->dtype = %d: the CUDA backend implements only KF_DTYPE_F32 (1)",
-                         (int)p->dtype);
+    KF_TRY(kf__cuda_dtype_supported(p->dtype, fn));
     return KF_OK;
 }
 

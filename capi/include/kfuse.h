@@ -53,7 +53,7 @@ extern "C" {
 
 /* ---- version (the build reads these three lines to form the SONAME and package version) - */
 #define KF_VERSION_MAJOR 1
-#define KF_VERSION_MINOR 5
+#define KF_VERSION_MINOR 6
 #define KF_VERSION_PATCH 0
 /* The ABI generation; equals KF_VERSION_MAJOR. */
 #define KF_ABI_VERSION KF_VERSION_MAJOR
@@ -96,15 +96,16 @@ KF_API const char *kf_last_error_message(void);
 #define KF_ALIGN_BYTES 64
 
 /* Element types. KF_DTYPE_F16 and KF_DTYPE_BF16 are storage types (every op on the CPU backend
- * since 1.5): a plan's tensors are in the type, its arithmetic (products, reductions, gates, the
- * recurrent state) is float32, results are rounded to nearest even (NaN stays NaN), and an
- * accumulated gradient is round(g_old + g) with the sum in float32. Their workspace queries
- * include float32 copies of the call's tensors; their reserves are float32's. */
+ * since 1.5, on the CUDA backend since 1.6): a plan's tensors are in the type, its arithmetic
+ * (products, reductions, gates, the recurrent state) is float32, results are rounded to nearest
+ * even (NaN stays NaN), and an accumulated gradient is round(g_old + g) with the sum in float32.
+ * Their workspace queries include float32 copies of the call's tensors; their reserves are
+ * float32's. */
 typedef enum kf_dtype {
     KF_DTYPE_F32 = 1, /* IEEE binary32: the only dtype of 1.0's ops */
     KF_DTYPE_F64 = 2, /* IEEE binary64: every op on the CPU backend since 1.4 */
-    KF_DTYPE_F16 = 3, /* IEEE binary16 storage (CPU, since 1.5) */
-    KF_DTYPE_BF16 = 4, /* bfloat16 storage (CPU, since 1.5) */
+    KF_DTYPE_F16 = 3, /* IEEE binary16 storage (CPU since 1.5, CUDA since 1.6) */
+    KF_DTYPE_BF16 = 4, /* bfloat16 storage (CPU since 1.5, CUDA since 1.6) */
     KF_DTYPE_I32 = 5, /* sequence lengths */
     KF_DTYPE_I64 = 6
 } kf_dtype;
@@ -248,9 +249,9 @@ typedef struct kf_rnn_desc {
     float dropout;       /* in [0, 1); default 0 */
     float gamma;         /* A-GRU diffusion constant in A = W_h - W_h^T - gamma I; default 0.01 */
     int32_t dtype;       /* kf_dtype of x, y, h and weights: KF_DTYPE_F32 (default), or
-                            KF_DTYPE_F64 (since 1.4), KF_DTYPE_F16 or KF_DTYPE_BF16 (since 1.5)
-                            on the CPU backend (KF_ERR_UNSUPPORTED on CUDA). dropout and gamma
-                            stay float whatever the dtype */
+                            KF_DTYPE_F64 (since 1.4; KF_ERR_UNSUPPORTED on CUDA), KF_DTYPE_F16 or
+                            KF_DTYPE_BF16 (since 1.5; on CUDA since 1.6). dropout and gamma stay
+                            float whatever the dtype */
     /* appended in later versions below this line; never reorder or remove */
 } kf_rnn_desc;
 
@@ -377,8 +378,8 @@ typedef struct kf_sklinear_desc {
     int32_t low_rank;     /* k >= 1; no default (0) */
     int32_t bias;         /* 1 (default): a bias [out] is added; 0: none */
     int32_t dtype;        /* kf_dtype of every tensor: KF_DTYPE_F32 (default), or KF_DTYPE_F64
-                             (since 1.3), KF_DTYPE_F16 or KF_DTYPE_BF16 (since 1.5) on the CPU
-                             backend (KF_ERR_UNSUPPORTED on CUDA) */
+                             (since 1.3; KF_ERR_UNSUPPORTED on CUDA), KF_DTYPE_F16 or
+                             KF_DTYPE_BF16 (since 1.5; on CUDA since 1.6) */
     /* appended in later versions below this line; never reorder or remove */
 } kf_sklinear_desc;
 
@@ -504,8 +505,8 @@ typedef struct kf_kan_linear_desc {
     int32_t spline_order;     /* k >= 0; default 3 */
     int32_t standalone_scale; /* 1 (default): spline_scaler multiplies spline_weight; 0: none */
     int32_t dtype;            /* kf_dtype of every tensor: KF_DTYPE_F32 (default), or KF_DTYPE_F64
-                                 (since 1.4), KF_DTYPE_F16 or KF_DTYPE_BF16 (since 1.5) on a
-                                 CPU context */
+                                 (since 1.4) on a CPU context, KF_DTYPE_F16 or KF_DTYPE_BF16
+                                 (since 1.5; on CUDA since 1.6) */
     /* appended in later versions below this line; never reorder or remove */
 } kf_kan_linear_desc;
 
@@ -619,8 +620,8 @@ typedef struct kf_kan_conv2d_desc {
     int32_t spline_order;          /* k >= 0; default 3 */
     int32_t standalone_scale;      /* 1 (default): spline_scaler multiplies spline_weight; 0: none */
     int32_t dtype;                 /* kf_dtype of every tensor: KF_DTYPE_F32 (default), or
-                                      KF_DTYPE_F64 (since 1.4), KF_DTYPE_F16 or KF_DTYPE_BF16
-                                      (since 1.5) on a CPU context */
+                                      KF_DTYPE_F64 (since 1.4) on a CPU context, KF_DTYPE_F16 or
+                                      KF_DTYPE_BF16 (since 1.5; on CUDA since 1.6) */
     /* appended in later versions below this line; never reorder or remove */
 } kf_kan_conv2d_desc;
 

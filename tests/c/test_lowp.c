@@ -1,6 +1,7 @@
-/* bfloat16 and float16 plans (CPU) through the public API: every op (GRU, A-GRU, SKLinear,
+/* bfloat16 and float16 plans through the public API: every op (GRU, A-GRU, SKLinear,
  * KANLinear, KANConv2d) forward, backward with its reserve, KF_GRAD_ACCUMULATE, and the grid
- * update, against float64 on the same inputs.
+ * update, against float64 on the same inputs; on the CPU, and (lowp::cuda_*, skipped without a
+ * device) the same checks with the low plan on a CUDA context, its tensors in device memory.
  *
  * The float64 side is the library's float64 plan of the same layer (KF_DTYPE_F64), which
  * tests/c/test_{rnn,sklinear,kan}_f64.c hold within 1e-12 of the float64 references of
@@ -75,6 +76,7 @@ typedef struct slot {
     double bound;   /* inputs: U(-bound, bound); 0: filled by the op (knots) */
     double *d;      /* float64 copy */
     uint16_t *lo;   /* low copy */
+    void *dev;      /* the low copy's device mirror (a CUDA problem) */
 } slot;
 
 #define MAXS 64
@@ -83,16 +85,32 @@ typedef struct prob {
     kf_dtype dt;
     int ns;
     slot s[MAXS];
+    bool cuda;      /* the low plan runs on a CUDA context, on the slots' device mirrors */
 } prob;
+
+/* The device the low plans of this test process run on (the lowp::cuda_* tests set CUDA). */
+static kf_device_type g_low_device = KF_DEVICE_CPU;
+
+/* The context of the low plans: the CPU context `cpu`, or a CUDA one (skips without a device). */
+static kf_context *low_context(kf_context *cpu) {
+    return g_low_device == KF_DEVICE_CUDA ? make_ctx(KF_DEVICE_CUDA, 0) : cpu;
+}
+
+static void release_low_context(kf_context *low, kf_context *cpu) {
+    if (low != cpu) kf_context_destroy(low);
+}
 
 static int add(prob *p, int role, double bound, int32_t nd, int64_t a, int64_t b, int64_t c,
                int64_t e) {
     cr_assert(p->ns < MAXS);
     slot *s = &p->s[p->ns];
-    *s = (slot){role, nd, {a, b, c, e}, 1, bound, NULL, NULL};
+    *s = (slot){role, nd, {a, b, c, e}, 1, bound, NULL, NULL, NULL};
     for (int i = 0; i < nd; i++) s->n *= s->sh[i];
     s->d = xalloc((size_t)s->n * sizeof(double));
     s->lo = xalloc((size_t)s->n * sizeof(uint16_t));
+#ifdef KF_HAVE_CUDA
+    if (p->cuda) s->dev = dalloc((size_t)s->n * sizeof(uint16_t));
+#endif
     return p->ns++;
 }
 
@@ -118,15 +136,41 @@ static void fill_inputs(prob *p, uint64_t seed) {
 }
 
 static void free_prob(prob *p) {
-    for (int i = 0; i < p->ns; i++) free(p->s[i].d), free(p->s[i].lo);
+    for (int i = 0; i < p->ns; i++) {
+        free(p->s[i].d), free(p->s[i].lo);
+#ifdef KF_HAVE_CUDA
+        cudaFree(p->s[i].dev);
+#endif
+    }
 }
+
+/* The low copy of slot s as the low plan reads it: the host copy, or its device mirror. */
+static void *low_data(const prob *p, const slot *s) { return p->cuda ? s->dev : (void *)s->lo; }
 
 /* The tensor of slot i in dtype dt (KF_DTYPE_F64: the float64 copy); i < 0: absent. */
 static kf_tensor ten(const prob *p, int i, kf_dtype dt) {
     kf_tensor t = {0};
     if (i < 0) return t;
     const slot *s = &p->s[i];
-    return tens(dt == KF_DTYPE_F64 ? (void *)s->d : (void *)s->lo, dt, s->nd, s->sh);
+    return tens(dt == KF_DTYPE_F64 ? (void *)s->d : low_data(p, s), dt, s->nd, s->sh);
+}
+
+/* `bytes` of the memory the low plan's context works in (a reserve); release with low_free. */
+static void *low_alloc(const prob *p, size_t bytes) {
+#ifdef KF_HAVE_CUDA
+    if (p->cuda) return dalloc(bytes);
+#endif
+    return xalloc(bytes);
+}
+
+static void low_free(const prob *p, void *m) {
+#ifdef KF_HAVE_CUDA
+    if (p->cuda) {
+        cudaFree(m);
+        return;
+    }
+#endif
+    free(m);
 }
 
 static void expect_slot(const prob *p, int i, const char *what, const char *name) {
@@ -160,13 +204,32 @@ struct op {
 
 static void *plan_of(const op *o, kf_dtype dt) { return o->plan[dt != KF_DTYPE_F64]; }
 
+/* Runs the op in the low dtype; on a CUDA problem every slot's low copy goes to its device
+ * mirror first and comes back after (the outputs, and the untouched rest unchanged). */
+static kf_status run_low(const op *o, prob *p, bool backward, kf_grad_mode mode) {
+#ifdef KF_HAVE_CUDA
+    if (p->cuda) {
+        for (int i = 0; i < p->ns; i++)
+            CUDA_OK(cudaMemcpy(p->s[i].dev, p->s[i].lo, (size_t)p->s[i].n * 2,
+                               cudaMemcpyHostToDevice));
+        const kf_status st = o->run(o, p, p->dt, backward, mode);
+        CUDA_OK(cudaDeviceSynchronize());
+        for (int i = 0; i < p->ns; i++)
+            CUDA_OK(cudaMemcpy(p->s[i].lo, p->s[i].dev, (size_t)p->s[i].n * 2,
+                               cudaMemcpyDeviceToHost));
+        return st;
+    }
+#endif
+    return o->run(o, p, p->dt, backward, mode);
+}
+
 /* Runs the op in float64 and in the low dtype; checks outputs [lo, lo + n). */
 static void run_both(const op *o, prob *p, bool backward, kf_grad_mode mode, int lo, int n,
                      const char *what) {
     for (int i = lo; i < lo + n; i++)
         if (mode == KF_GRAD_OVERWRITE || p->s[i].role != GRAD) poison_slot(p, i);
     KF_OK_(o->run(o, p, KF_DTYPE_F64, backward, mode));
-    KF_OK_(o->run(o, p, p->dt, backward, mode));
+    KF_OK_(run_low(o, p, backward, mode));
     for (int i = lo; i < lo + n; i++) expect_slot(p, i, what, o->names[i - o->out0]);
 }
 
@@ -188,7 +251,7 @@ static void check_op(const op *o, prob *p, uint64_t seed) {
     slot *x = &p->s[o->x];
     const int32_t nd = x->nd;
     x->nd = -nd; /* marks "wrong dtype" for the run functions */
-    kf_status st = o->run(o, p, low, false, KF_GRAD_OVERWRITE);
+    kf_status st = run_low(o, p, false, KF_GRAD_OVERWRITE);
     x->nd = nd;
     cr_expect(st == KF_ERR_INVALID_ARGUMENT, "%s: mixed dtype: %s", o->name, kf_status_string(st));
     cr_expect(strstr(kf_last_error_message(), "args->x") != NULL, "%s: \"%s\"", o->name,
@@ -204,7 +267,7 @@ static void check_op(const op *o, prob *p, uint64_t seed) {
 static kf_tensor x_ten(const prob *p, int i, kf_dtype dt) {
     const slot *s = &p->s[i];
     if (s->nd > 0) return ten(p, i, dt);
-    return tens(s->lo, KF_DTYPE_F32, -s->nd, s->sh); /* refused before any element is read */
+    return tens(low_data(p, s), KF_DTYPE_F32, -s->nd, s->sh); /* refused before a read */
 }
 
 /* ---- SKLinear ------------------------------------------------------------------------------- */
@@ -231,9 +294,9 @@ static kf_status skl_run(const op *o, prob *p, kf_dtype dt, bool backward, kf_gr
 }
 
 static void check_skl(kf_dtype dt, int64_t N, int64_t in, int64_t out, int32_t L, int32_t k) {
-    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 2);
+    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 2), *lctx = low_context(ctx);
     op o = {.name = "sklinear", .run = skl_run};
-    prob p = {.dt = dt};
+    prob p = {.dt = dt, .cuda = lctx != ctx};
     const double wb = 1.0 / sqrt((double)k);
     o.x = add(&p, IN, 1.0, 2, N, in, 0, 0);
     o.w0 = add(&p, IN, wb, 3, L, in, k, 0);
@@ -255,11 +318,12 @@ static void check_skl(kf_dtype dt, int64_t N, int64_t in, int64_t out, int32_t L
         kf_sklinear_desc_init(&d);
         d.in_features = in, d.out_features = out, d.num_terms = L, d.low_rank = k, d.bias = 1;
         d.dtype = i ? dt : KF_DTYPE_F64;
-        KF_OK_(kf_sklinear_plan_create(ctx, &d, (kf_sklinear_plan **)&o.plan[i]));
+        KF_OK_(kf_sklinear_plan_create(i ? lctx : ctx, &d, (kf_sklinear_plan **)&o.plan[i]));
     }
     check_op(&o, &p, (uint64_t)(N * 7 + in));
     for (int i = 0; i < 2; i++) kf_sklinear_plan_destroy(o.plan[i]);
     free_prob(&p);
+    release_low_context(lctx, ctx);
     kf_context_destroy(ctx);
 }
 
@@ -311,9 +375,9 @@ static kf_status kan_run(const op *o, prob *p, kf_dtype dt, bool backward, kf_gr
  * [B, in, 6, 5] images (N = B * 30 patches of 9 * in features). */
 static void check_kan(kf_dtype dt, int64_t B, int64_t N, int64_t in, int64_t out, int32_t G,
                       int32_t k) {
-    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 2);
+    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 2), *lctx = low_context(ctx);
     op o = {.name = B ? "kan_conv2d" : "kan_linear", .run = kan_run, .conv = B > 0};
-    prob p = {.dt = dt};
+    prob p = {.dt = dt, .cuda = lctx != ctx};
     const int64_t F = B ? in * 9 : in, nk = G + 2 * k + 1, rows = B ? B * 30 : N;
     o.x = B ? add(&p, IN, 1.0, 4, B, in, 6, 5) : add(&p, IN, 1.0, 2, N, in, 0, 0);
     o.w0 = add(&p, IN, 0, 2, F, nk, 0, 0); /* knots, below */
@@ -341,13 +405,15 @@ static void check_kan(kf_dtype dt, int64_t B, int64_t N, int64_t in, int64_t out
             kf_kan_conv2d_desc_init(&d);
             d.in_channels = in, d.out_channels = out, d.kernel_h = d.kernel_w = 3;
             d.pad_h = d.pad_w = 1, d.grid_size = G, d.spline_order = k, d.dtype = pd;
-            KF_OK_(kf_kan_conv2d_plan_create(ctx, &d, (kf_kan_conv2d_plan **)&o.plan[i]));
+            KF_OK_(kf_kan_conv2d_plan_create(i ? lctx : ctx, &d,
+                                             (kf_kan_conv2d_plan **)&o.plan[i]));
         } else {
             kf_kan_linear_desc d;
             kf_kan_linear_desc_init(&d);
             d.in_features = in, d.out_features = out, d.grid_size = G, d.spline_order = k;
             d.dtype = pd;
-            KF_OK_(kf_kan_linear_plan_create(ctx, &d, (kf_kan_linear_plan **)&o.plan[i]));
+            KF_OK_(kf_kan_linear_plan_create(i ? lctx : ctx, &d,
+                                             (kf_kan_linear_plan **)&o.plan[i]));
         }
     }
     fill_inputs(&p, 11);
@@ -358,7 +424,7 @@ static void check_kan(kf_dtype dt, int64_t B, int64_t N, int64_t in, int64_t out
         double *y = xalloc((size_t)(N * out) * sizeof *y);
         const ref_kan_cfg c = {N, in, out, G, k};
         const slot *s = p.s;
-        KF_OK_(kan_run(&o, &p, dt, false, KF_GRAD_OVERWRITE));
+        KF_OK_(run_low(&o, &p, false, KF_GRAD_OVERWRITE));
         ref_kan_forward(&c, s[o.x].d, s[o.w0].d, s[o.w0 + 1].d, s[o.w0 + 2].d, s[o.w0 + 3].d, y);
         memcpy(p.s[o.out0].d, y, (size_t)(N * out) * sizeof *y);
         expect_slot(&p, o.out0, "kan_linear vs ref_kan", "y");
@@ -371,6 +437,7 @@ static void check_kan(kf_dtype dt, int64_t B, int64_t N, int64_t in, int64_t out
             kf_kan_linear_plan_destroy(o.plan[i]);
     }
     free_prob(&p);
+    release_low_context(lctx, ctx);
     kf_context_destroy(ctx);
 }
 
@@ -402,7 +469,7 @@ static kf_status rnn_run(const op *o, prob *p, kf_dtype dt, bool backward, kf_gr
     if (!backward) return kf_rnn_forward(plan, KF_MODE_INFERENCE, &a, NULL, 0, NULL, 0);
     size_t wsb = 0, rsb = 0;
     KF_OK_(kf_rnn_workspace_size(plan, c->T, c->B, KF_MODE_TRAINING, &wsb, &rsb));
-    void *reserve = xalloc(rsb);
+    void *reserve = dt == KF_DTYPE_F64 ? xalloc(rsb) : low_alloc(p, rsb);
     kf_status st = kf_rnn_forward(plan, KF_MODE_TRAINING, &a, NULL, 0, reserve, rsb);
     if (st == KF_OK) {
         kf_rnn_backward_args b;
@@ -412,19 +479,22 @@ static kf_status rnn_run(const op *o, prob *p, kf_dtype dt, bool backward, kf_gr
         b.dx = ten(p, g, dt), b.dh0 = ten(p, g + 1, dt), b.dweights = dwt, b.num_dweights = nw;
         st = kf_rnn_backward(plan, mode, &b, NULL, 0, reserve, rsb);
     }
-    free(reserve);
+    if (dt == KF_DTYPE_F64)
+        free(reserve);
+    else
+        low_free(p, reserve);
     return st;
 }
 
 static void check_rnn(kf_dtype dt, int cell, int L, int D, int64_t I, int64_t H, int64_t T,
                       int64_t B) {
-    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 2);
+    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 2), *lctx = low_context(ctx);
     op o = {.name = cell == REF_GRU ? "gru" : "agru", .run = rnn_run};
     o.rc = (ref_rnn_cfg){.cell = cell, .L = L, .D = D, .I = I, .H = H, .T = T, .B = B,
                          .gamma = 0.01f};
     const ref_rnn_cfg *c = &o.rc;
     const int nw = ref_rnn_num_weights(c);
-    prob p = {.dt = dt};
+    prob p = {.dt = dt, .cuda = lctx != ctx};
     const double wb = 1.0 / sqrt((double)H);
     o.x = add(&p, IN, 1.0, 3, T, B, I, 0);
     add(&p, IN, 0.5, 3, (int64_t)L * D, B, H, 0);
@@ -458,19 +528,20 @@ static void check_rnn(kf_dtype dt, int cell, int L, int D, int64_t I, int64_t H,
         d.cell = cell, d.num_layers = L, d.input_size = I, d.hidden_size = H;
         d.flags = D == 2 ? KF_RNN_BIDIRECTIONAL : 0u, d.gamma = c->gamma;
         d.dtype = i ? dt : KF_DTYPE_F64;
-        KF_OK_(kf_rnn_plan_create(ctx, &d, (kf_rnn_plan **)&o.plan[i]));
+        KF_OK_(kf_rnn_plan_create(i ? lctx : ctx, &d, (kf_rnn_plan **)&o.plan[i]));
     }
     check_op(&o, &p, (uint64_t)(T * 5 + H));
     /* the forward against ref_rnn directly, too */
     const double *w[MAXS];
     for (int i = 0; i < nw; i++) w[i] = p.s[o.w0 + i].d;
-    KF_OK_(rnn_run(&o, &p, dt, false, KF_GRAD_OVERWRITE));
+    KF_OK_(run_low(&o, &p, false, KF_GRAD_OVERWRITE));
     ref_rnn_forward_f64(c, p.s[o.x].d, p.s[o.x + 1].d, w, NULL, p.s[o.out0].d,
                         p.s[o.out0 + 1].d);
     expect_slot(&p, o.out0, "vs ref_rnn", "y");
     expect_slot(&p, o.out0 + 1, "vs ref_rnn", "hn");
     for (int i = 0; i < 2; i++) kf_rnn_plan_destroy(o.plan[i]);
     free_prob(&p);
+    release_low_context(lctx, ctx);
     kf_context_destroy(ctx);
 }
 
@@ -536,30 +607,31 @@ Test(lowp, kan_update_grid) {
     check_update(KF_DTYPE_F16);
 }
 
-/* A CUDA context refuses the low dtypes at plan creation, naming the field (skips without a
- * device). */
-Test(lowp, cuda_refuses_at_plan_creation) {
-    kf_context *ctx = make_ctx(KF_DEVICE_CUDA, 0);
-    const kf_dtype dts[2] = {KF_DTYPE_BF16, KF_DTYPE_F16};
-    for (int i = 0; i < 2; i++) {
-        kf_rnn_desc r;
-        kf_rnn_desc_init(&r);
-        r.input_size = 4, r.hidden_size = 8, r.dtype = dts[i];
-        kf_rnn_plan *rp = NULL;
-        EXPECT_FAIL(kf_rnn_plan_create(ctx, &r, &rp), KF_ERR_UNSUPPORTED, "desc->dtype");
-        kf_sklinear_desc s;
-        kf_sklinear_desc_init(&s);
-        s.in_features = s.out_features = 8, s.num_terms = 1, s.low_rank = 2, s.dtype = dts[i];
-        kf_sklinear_plan *sp = NULL;
-        EXPECT_FAIL(kf_sklinear_plan_create(ctx, &s, &sp), KF_ERR_UNSUPPORTED, "desc->dtype");
-        kf_kan_linear_desc k;
-        kf_kan_linear_desc_init(&k);
-        k.in_features = k.out_features = 8, k.dtype = dts[i];
-        kf_kan_linear_plan *kp = NULL;
-        EXPECT_FAIL(kf_kan_linear_plan_create(ctx, &k, &kp), KF_ERR_UNSUPPORTED, "desc->dtype");
-        cr_expect(rp == NULL && sp == NULL && kp == NULL);
-    }
-    kf_context_destroy(ctx);
+/* The same checks with the low plans on a CUDA context (skipped without a device): the CUDA
+ * backend's float32 kernels under core/lowp_ops.c's conversions, cuda/lowp.cu converting. Shapes
+ * take each op's paths there: SKLinear fused and split, KANLinear tiled and materialised (N out
+ * >= 2^22), KANConv2d, GRU and A-GRU on the persistent and per-step kernels. */
+Test(lowp, cuda_sklinear) {
+    kf_context_destroy(make_ctx(KF_DEVICE_CUDA, 0));
+    g_low_device = KF_DEVICE_CUDA;
+    check_skl(KF_DTYPE_BF16, 9, 24, 20, 2, 3);
+    check_skl(KF_DTYPE_F16, 64, 1024, 512, 2, 16);
+}
+
+Test(lowp, cuda_kan) {
+    kf_context_destroy(make_ctx(KF_DEVICE_CUDA, 0));
+    g_low_device = KF_DEVICE_CUDA;
+    check_kan(KF_DTYPE_BF16, 0, 37, 6, 5, 5, 3);
+    check_kan(KF_DTYPE_F16, 0, 4100, 3, 1024, 5, 3);
+    check_kan(KF_DTYPE_BF16, 2, 0, 3, 4, 5, 3);
+}
+
+Test(lowp, cuda_rnn) {
+    kf_context_destroy(make_ctx(KF_DEVICE_CUDA, 0));
+    g_low_device = KF_DEVICE_CUDA;
+    check_rnn(KF_DTYPE_BF16, REF_GRU, 2, 2, 5, 8, 7, 3);
+    check_rnn(KF_DTYPE_F16, REF_GRU, 1, 1, 28, 128, 6, 16);
+    check_rnn(KF_DTYPE_BF16, REF_AGRU, 2, 1, 5, 8, 7, 3);
 }
 
 /* Panther's initialisation (with and without W_init) and the uniform grid of a low plan are the

@@ -142,9 +142,9 @@ def autocast_inputs(x, tensors):
     torch.nn.GRU): where autocast is on for x's device, x and the layer's floating tensors
     (parameters, buffers, h0) are cast to its dtype for this call, so the layer runs in that
     dtype (bfloat16/float16 storage, float32 arithmetic) and its output has it; the casts are
-    differentiable, so float32 master parameters receive float32 gradients. A CUDA plan refuses
-    the low dtypes (no tensor-core kernels yet): there everything is cast to float32 instead and
-    the caller casts the output to the autocast dtype. Returns (x, tensors, dtype of the output
+    differentiable, so float32 master parameters receive float32 gradients. On CUDA everything
+    is cast to float32 instead and the caller casts the output to the autocast dtype: a CUDA low
+    plan runs the same float32 kernels through conversions (no tensor-core kernels yet). Returns (x, tensors, dtype of the output
     or None where autocast is off: nothing cast)."""
     dt = autocast_dtype(x.device) if _any_autocast() else None
     if dt is None:

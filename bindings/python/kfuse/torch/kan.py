@@ -439,14 +439,15 @@ class KANLinear(_KANLayer):
     kfuse gives the mathematical value (kfuse.h). base_activation is any activation module class,
     as in efficient-kan: SiLU is computed inside the library; with another the base branch
     base_activation(x) base_weight^T is computed in torch and the spline branch by kfuse. The
-    module follows its parameters' dtype: float32, or on the CPU float64 (dtype=torch.float64,
-    .double()), bfloat16 or float16 (.bfloat16(), .half(): storage in the type, float32
-    arithmetic); another dtype, or any but float32 on CUDA, raises kfuse.Unsupported, and an
+    module follows its parameters' dtype: float32, bfloat16 or float16 (.bfloat16(), .half():
+    storage in the type, float32 arithmetic), or on the CPU float64 (dtype=torch.float64,
+    .double()); another dtype, or float64 on CUDA, raises kfuse.Unsupported, and an
     input of another dtype than the parameters' a kfuse.InvalidArgument naming it. Autocast:
     under torch.autocast (CPU bfloat16), input and parameters are cast to the autocast dtype
     for the call and the output has it, as torch's autocast treats nn.Linear (float32 master
-    parameters get float32 gradients; on CUDA, whose plans refuse the low dtypes, the layer
-    computes in float32 and casts its output); docs/precision.md.
+    parameters get float32 gradients; on CUDA, where the low plans would run the
+    same float32 kernels through conversions, the layer computes in float32 and casts its
+    output); docs/precision.md.
 
     The initial grid comes from kf_kan_linear_uniform_grid (the same bits as efficient-kan's
     buffer); reset_parameters draws as efficient-kan does, from torch's default generator in the

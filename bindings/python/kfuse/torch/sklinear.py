@@ -161,13 +161,14 @@ class SKLinear(nn.Module):
     S2s[i] = U2s[i]^T W with W = W_init^T or Kaiming-uniform; bias U(-1/sqrt(out), 1/sqrt(out)))
     drawn by the library from a seed taken from torch's default generator, so torch.manual_seed()
     makes it repeatable (the values differ from Panther's own draws). The dtype is the
-    parameters': float32, or on the CPU float64, bfloat16 or float16 (storage in the type,
-    float32 arithmetic; Panther's kernel tests run float16); another dtype (or any but float32
-    on a CUDA device) raises kfuse.Unsupported at construction with the library's message.
+    parameters': float32, bfloat16 or float16 (storage in the type, float32 arithmetic;
+    Panther's kernel tests run float16), or on the CPU float64; another dtype (or float64 on a
+    CUDA device) raises kfuse.Unsupported at construction with the library's message.
     Autocast: under torch.autocast (CPU bfloat16), input and parameters are cast to the autocast dtype
     for the call and the output has it, as torch's autocast treats nn.Linear (float32 master
-    parameters get float32 gradients; on CUDA, whose plans refuse the low dtypes, the layer
-    computes in float32 and casts its output); docs/precision.md.
+    parameters get float32 gradients; on CUDA, where the low plans would run the
+    same float32 kernels through conversions, the layer computes in float32 and casts its
+    output); docs/precision.md.
 
     Panther's public attributes are here: the class attributes WARNING_MSG_FC, WARNING_MSG_TC and
     WARNING_MSG_BATCH with its texts (the tensor-core warnings are not raised: they describe a

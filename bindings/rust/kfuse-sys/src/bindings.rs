@@ -4,10 +4,10 @@
 // Do not edit: change the header, rerun generate.sh, commit the result.
 
 pub const KF_VERSION_MAJOR: u32 = 1;
-pub const KF_VERSION_MINOR: u32 = 5;
+pub const KF_VERSION_MINOR: u32 = 6;
 pub const KF_VERSION_PATCH: u32 = 0;
 pub const KF_ABI_VERSION: u32 = 1;
-pub const KF_VERSION_NUMBER: u32 = 10500;
+pub const KF_VERSION_NUMBER: u32 = 10600;
 pub const KF_MAX_DIMS: u32 = 6;
 pub const KF_ALIGN_BYTES: u32 = 64;
 pub const KF_CONTEXT_FIXED_ARENA: u32 = 1;
@@ -59,18 +59,19 @@ extern "C" {
 pub const kf_dtype_KF_DTYPE_F32: kf_dtype = 1;
 #[doc = " IEEE binary64: every op on the CPU backend since 1.4"]
 pub const kf_dtype_KF_DTYPE_F64: kf_dtype = 2;
-#[doc = " IEEE binary16 storage (CPU, since 1.5)"]
+#[doc = " IEEE binary16 storage (CPU since 1.5, CUDA since 1.6)"]
 pub const kf_dtype_KF_DTYPE_F16: kf_dtype = 3;
-#[doc = " bfloat16 storage (CPU, since 1.5)"]
+#[doc = " bfloat16 storage (CPU since 1.5, CUDA since 1.6)"]
 pub const kf_dtype_KF_DTYPE_BF16: kf_dtype = 4;
 #[doc = " sequence lengths"]
 pub const kf_dtype_KF_DTYPE_I32: kf_dtype = 5;
 pub const kf_dtype_KF_DTYPE_I64: kf_dtype = 6;
 #[doc = " Element types. KF_DTYPE_F16 and KF_DTYPE_BF16 are storage types (every op on the CPU backend"]
-#[doc = " since 1.5): a plan's tensors are in the type, its arithmetic (products, reductions, gates, the"]
-#[doc = " recurrent state) is float32, results are rounded to nearest even (NaN stays NaN), and an"]
-#[doc = " accumulated gradient is round(g_old + g) with the sum in float32. Their workspace queries"]
-#[doc = " include float32 copies of the call's tensors; their reserves are float32's."]
+#[doc = " since 1.5, on the CUDA backend since 1.6): a plan's tensors are in the type, its arithmetic"]
+#[doc = " (products, reductions, gates, the recurrent state) is float32, results are rounded to nearest"]
+#[doc = " even (NaN stays NaN), and an accumulated gradient is round(g_old + g) with the sum in float32."]
+#[doc = " Their workspace queries include float32 copies of the call's tensors; their reserves are"]
+#[doc = " float32's."]
 pub type kf_dtype = ::std::os::raw::c_uint;
 #[doc = " A plain view of memory, shaped like DLPack's DLTensor. The library never frees `data`. A tensor"]
 #[doc = " whose `data` is NULL is \"absent\"; only arguments documented as optional may be absent."]
@@ -379,9 +380,9 @@ pub struct kf_rnn_desc {
     #[doc = " A-GRU diffusion constant in A = W_h - W_h^T - gamma I; default 0.01"]
     pub gamma: f32,
     #[doc = " kf_dtype of x, y, h and weights: KF_DTYPE_F32 (default), or"]
-    #[doc = "KF_DTYPE_F64 (since 1.4), KF_DTYPE_F16 or KF_DTYPE_BF16 (since 1.5)"]
-    #[doc = "on the CPU backend (KF_ERR_UNSUPPORTED on CUDA). dropout and gamma"]
-    #[doc = "stay float whatever the dtype"]
+    #[doc = "KF_DTYPE_F64 (since 1.4; KF_ERR_UNSUPPORTED on CUDA), KF_DTYPE_F16 or"]
+    #[doc = "KF_DTYPE_BF16 (since 1.5; on CUDA since 1.6). dropout and gamma stay"]
+    #[doc = "float whatever the dtype"]
     pub dtype: i32,
 }
 #[test]
@@ -1043,8 +1044,8 @@ pub struct kf_sklinear_desc {
     #[doc = " 1 (default): a bias [out] is added; 0: none"]
     pub bias: i32,
     #[doc = " kf_dtype of every tensor: KF_DTYPE_F32 (default), or KF_DTYPE_F64"]
-    #[doc = "(since 1.3), KF_DTYPE_F16 or KF_DTYPE_BF16 (since 1.5) on the CPU"]
-    #[doc = "backend (KF_ERR_UNSUPPORTED on CUDA)"]
+    #[doc = "(since 1.3; KF_ERR_UNSUPPORTED on CUDA), KF_DTYPE_F16 or"]
+    #[doc = "KF_DTYPE_BF16 (since 1.5; on CUDA since 1.6)"]
     pub dtype: i32,
 }
 #[test]
@@ -1700,8 +1701,8 @@ pub struct kf_kan_linear_desc {
     #[doc = " 1 (default): spline_scaler multiplies spline_weight; 0: none"]
     pub standalone_scale: i32,
     #[doc = " kf_dtype of every tensor: KF_DTYPE_F32 (default), or KF_DTYPE_F64"]
-    #[doc = "(since 1.4), KF_DTYPE_F16 or KF_DTYPE_BF16 (since 1.5) on a"]
-    #[doc = "CPU context"]
+    #[doc = "(since 1.4) on a CPU context, KF_DTYPE_F16 or KF_DTYPE_BF16"]
+    #[doc = "(since 1.5; on CUDA since 1.6)"]
     pub dtype: i32,
 }
 #[test]
@@ -2272,8 +2273,8 @@ pub struct kf_kan_conv2d_desc {
     #[doc = " 1 (default): spline_scaler multiplies spline_weight; 0: none"]
     pub standalone_scale: i32,
     #[doc = " kf_dtype of every tensor: KF_DTYPE_F32 (default), or"]
-    #[doc = "KF_DTYPE_F64 (since 1.4), KF_DTYPE_F16 or KF_DTYPE_BF16"]
-    #[doc = "(since 1.5) on a CPU context"]
+    #[doc = "KF_DTYPE_F64 (since 1.4) on a CPU context, KF_DTYPE_F16 or"]
+    #[doc = "KF_DTYPE_BF16 (since 1.5; on CUDA since 1.6)"]
     pub dtype: i32,
 }
 #[test]

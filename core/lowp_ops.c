@@ -1,0 +1,320 @@
+/* bfloat16 and float16 plans for every backend: one conversion layer over the backend's float32
+ * op tables (the contract: core/lowp_ops.h). Conversions are queued and run in batches by the
+ * backend's routine (kf__lowp_base.convert). */
+#include "lowp_ops.h"
+#include "lowp.h"
+
+/* ---- carving the float32 copies ------------------------------------------------------------
+ * Each wrapper lists its record's tensors through lp_in/lp_out in one fixed order, in one of
+ * three passes: SIZE (bytes only, every optional tensor counted), LOAD (carve and fill the
+ * inputs), STORE (carve the same offsets and write the outputs back). */
+typedef enum { LP_PASS_SIZE, LP_PASS_LOAD, LP_PASS_STORE } lp_pass;
+
+typedef struct lp_ctx {
+    lp_pass pass;
+    bool bf16;
+    bool accumulate; /* of the gradients marked so in lp_out */
+    kf_context *ctx; /* NULL in the SIZE pass */
+    const char *fn;
+    kf_status st;    /* the first conversion failure */
+    char *base;      /* NULL in the SIZE pass */
+    size_t off;
+    kf__lp_batch todo; /* conversions queued, run by lp_flush */
+} lp_ctx;
+
+/* Runs the queued conversions through the backend's routine; returns the pass's first failure. */
+static kf_status lp_flush(lp_ctx *l) {
+    if (l->todo.n > 0 && l->st == KF_OK)
+        l->st = l->ctx->backend->lowp->convert(l->ctx, l->fn, &l->todo);
+    l->todo.n = 0;
+    l->todo.elems = 0;
+    return l->st;
+}
+
+static void lp_queue(lp_ctx *l, kf__lp_cvt c) {
+    if (l->todo.n == KF__LP_BATCH) lp_flush(l);
+    l->todo.c[l->todo.n++] = c;
+    l->todo.elems += c.n;
+}
+
+static void *lp_carve(lp_ctx *l, size_t bytes) {
+    void *p = l->base ? l->base + l->off : NULL;
+    l->off += kf__align_up(bytes);
+    return p;
+}
+
+/* The float32 copy of input `low` (n elements), or NULL when `low` is (the SIZE pass counts
+ * every tensor). */
+static const float *lp_in(lp_ctx *l, const void *low, int64_t n) {
+    if (low == NULL && l->pass != LP_PASS_SIZE) return NULL;
+    float *f = lp_carve(l, (size_t)n * sizeof(float));
+    if (l->pass == LP_PASS_LOAD)
+        lp_queue(l, (kf__lp_cvt){(uint16_t *)low, f, n, l->bf16, KF__LP_LOAD});
+    return f;
+}
+
+/* The float32 buffer of output `low` (n elements), or NULL when `low` is; a gradient (`grad`)
+ * is added into `low` when the call accumulates. */
+static float *lp_out(lp_ctx *l, void *low, int64_t n, bool grad) {
+    if (low == NULL && l->pass != LP_PASS_SIZE) return NULL;
+    float *f = lp_carve(l, (size_t)n * sizeof(float));
+    if (l->pass == LP_PASS_STORE)
+        lp_queue(l, (kf__lp_cvt){low, f, n, l->bf16,
+                                 grad && l->accumulate ? KF__LP_ACC : KF__LP_STORE});
+    return f;
+}
+
+static lp_ctx lp_begin(lp_pass pass, kf_context *ctx, const char *fn, kf_dtype dt, void *ws,
+                       size_t ws32, bool accumulate) {
+    return (lp_ctx){pass, dt == KF_DTYPE_BF16, accumulate, ctx, fn, KF_OK,
+                    ws ? (char *)ws + kf__align_up(ws32) : NULL, 0, {.n = 0}};
+}
+
+static size_t lp_max(size_t a, size_t b) { return a > b ? a : b; }
+
+/* A float32 copy `q` of plan `p` (type PLAN): the plan the float32 table runs. */
+#define LP_PLAN_F32(PLAN, q, p)                                                                   \
+    PLAN q = *(p);                                                                                \
+    q.dtype = KF_DTYPE_F32
+
+/* Defines the wrapped entry `name` of an op (REC its call record, PLAN its plan type, OPS the
+ * member of kf__lowp_base with the backend's table, FN the public function's name for messages):
+ * a call of a low plan converted around the backend's entry `base->OPS->ENTRY`; any other call
+ * passed to it. WS32 is the float32 op's workspace for the record `c` and float32 plan `q` (with
+ * `base` in scope), LIST the record's tensor list (lp_*_tensors), ACC whether gradients
+ * accumulate. */
+#define LP_DEFINE_CALL(name, REC, PLAN, OPS, ENTRY, FN, WS32, LIST, ACC)                           \
+    static kf_status name(kf_context *ctx, const REC *c) {                                         \
+        const kf__lowp_base *base = ctx->backend->lowp;                                            \
+        if (!kf__dtype_is_lowp(c->plan->dtype)) return base->OPS->ENTRY(ctx, c);                   \
+        LP_PLAN_F32(PLAN, q, c->plan);                                                             \
+        const size_t ws32 = (WS32);                                                                \
+        REC f = *c;                                                                                \
+        f.plan = &q;                                                                               \
+        f.ws_bytes = ws32;                                                                         \
+        lp_ctx l = lp_begin(LP_PASS_LOAD, ctx, (FN), c->plan->dtype, c->ws, ws32, (ACC));          \
+        LIST(&l, c, &f);                                                                           \
+        KF_TRY(lp_flush(&l));                                                                      \
+        KF_TRY(base->OPS->ENTRY(ctx, &f));                                                         \
+        l = lp_begin(LP_PASS_STORE, ctx, (FN), c->plan->dtype, c->ws, ws32, (ACC));                \
+        LIST(&l, c, &f);                                                                           \
+        return lp_flush(&l);                                                                       \
+    }
+
+/* Defines the wrapped supports() of an op: the backend's answer for the plan, or for the
+ * float32 copy of a low plan (the backend computes it in float32); KF_OK where it has none. */
+#define LP_DEFINE_SUPPORTS(name, PLAN, OPS)                                                        \
+    static kf_status name(const PLAN *p, const char *fn) {                                         \
+        const kf__lowp_base *base = p->ctx->backend->lowp;                                         \
+        if (base->OPS->supports == NULL) return KF_OK;                                             \
+        if (!kf__dtype_is_lowp(p->dtype)) return base->OPS->supports(p, fn);                       \
+        LP_PLAN_F32(PLAN, q, p);                                                                   \
+        return base->OPS->supports(&q, fn);                                                        \
+    }
+
+/* The workspace of both calls of a record pair (FWD, BWD) of `p` in the SIZE pass: the larger
+ * of the two tensor sets (BWD's only when `both`), after the float32 op's `ws32`. */
+#define LP_SIZE_BOTH(FWD, BWD, fwd_list, bwd_list, p, both, ws32, ...)                           \
+    do {                                                                                          \
+        FWD cf_ = {.plan = (p), __VA_ARGS__}, ff_ = cf_;                                          \
+        BWD cb_ = {.plan = (p), __VA_ARGS__}, fb_ = cb_;                                          \
+        lp_ctx lf_ = lp_begin(LP_PASS_SIZE, NULL, NULL, (p)->dtype, NULL, 0, false);               \
+        lp_ctx lb_ = lf_;                                                                          \
+        fwd_list(&lf_, &cf_, &ff_);                                                               \
+        if (both) bwd_list(&lb_, &cb_, &fb_);                                                     \
+        (ws32) = kf__align_up(ws32) + lp_max(lf_.off, lb_.off);                                   \
+    } while (0)
+
+/* ---- recurrent layers ---------------------------------------------------------------------- */
+
+static int64_t lp_rnn_weight_elems(const struct kf_rnn_plan *p, int32_t k) {
+    int64_t s[2];
+    const int32_t nd = kf__rnn_weight_shape(p, k / p->nw / p->D, k % p->nw, s);
+    return nd == 2 ? s[0] * s[1] : s[0];
+}
+
+/* A carved array of num_weights pointers (NULL in the SIZE pass), unless the record has none. */
+static void **lp_ptrs(lp_ctx *l, const struct kf_rnn_plan *p, const void *list) {
+    if (list == NULL && l->pass != LP_PASS_SIZE) return NULL;
+    return lp_carve(l, (size_t)p->num_weights * sizeof(void *));
+}
+
+/* The float32 copies of the weights c->w (NULL in the SIZE pass: every weight counted). */
+static const void **lp_rnn_weights(lp_ctx *l, const struct kf_rnn_plan *p,
+                                   const void *const *cw) {
+    const void **w = (const void **)lp_ptrs(l, p, cw);
+    for (int32_t k = 0; k < p->num_weights; ++k) {
+        const float *wk = lp_in(l, cw ? cw[k] : NULL, lp_rnn_weight_elems(p, k));
+        if (w) w[k] = wk;
+    }
+    return w;
+}
+
+/* The inputs shared by forward and backward (x, h0, the weights); TB = T * B and hn, the
+ * elements of h0, defined for the rest of the list. */
+#define LP_RNN_INPUTS(l, p, c, f)                                                                 \
+    const int64_t TB = (c)->T * (c)->B, hn = (int64_t)(p)->L * (p)->D * (c)->B * (p)->H;          \
+    (f)->x = lp_in(l, (c)->x, TB * (p)->I);                                                       \
+    (f)->h0 = lp_in(l, (c)->h0, hn);                                                              \
+    (f)->w = lp_rnn_weights(l, p, (c)->w)
+
+static void lp_rnn_fwd_tensors(lp_ctx *l, const kf__rnn_fwd *c, kf__rnn_fwd *f) {
+    const struct kf_rnn_plan *p = c->plan;
+    LP_RNN_INPUTS(l, p, c, f);
+    f->y = lp_out(l, c->y, TB * p->D * p->H, false);
+    f->hn = lp_out(l, c->hn, hn, false);
+}
+
+static void lp_rnn_bwd_tensors(lp_ctx *l, const kf__rnn_bwd *c, kf__rnn_bwd *f) {
+    const struct kf_rnn_plan *p = c->plan;
+    LP_RNN_INPUTS(l, p, c, f);
+    f->dy = lp_in(l, c->dy, TB * p->D * p->H);
+    f->dhn = lp_in(l, c->dhn, hn);
+    f->dx = lp_out(l, c->dx, TB * p->I, false);
+    f->dh0 = lp_out(l, c->dh0, hn, false);
+    void **dw = lp_ptrs(l, p, c->dw);
+    for (int32_t k = 0; (dw || l->pass == LP_PASS_SIZE) && k < p->num_weights; ++k) {
+        float *g = lp_out(l, c->dw ? c->dw[k] : NULL, lp_rnn_weight_elems(p, k), true);
+        if (dw) dw[k] = g;
+    }
+    f->dw = dw;
+    f->accumulate = false;
+}
+#undef LP_RNN_INPUTS
+
+static void lp_rnn_sizes(const struct kf_rnn_plan *p, int64_t T, int64_t B, bool training,
+                         size_t *ws_bytes, size_t *reserve_bytes) {
+    const bool low = kf__dtype_is_lowp(p->dtype);
+    LP_PLAN_F32(struct kf_rnn_plan, q, p);
+    p->ctx->backend->lowp->rnn->sizes(low ? &q : p, T, B, training, ws_bytes, reserve_bytes);
+    if (!low) return;
+    LP_SIZE_BOTH(kf__rnn_fwd, kf__rnn_bwd, lp_rnn_fwd_tensors, lp_rnn_bwd_tensors, p, training,
+                 *ws_bytes, .T = T, .B = B);
+}
+
+/* The float32 op's workspace for a call of T, B (backward: a training size). */
+static size_t lp_rnn_ws32(const kf__lowp_base *base, const struct kf_rnn_plan *q, int64_t T,
+                          int64_t B, bool training) {
+    size_t ws = 0, rs = 0;
+    base->rnn->sizes(q, T, B, training, &ws, &rs);
+    return ws;
+}
+
+LP_DEFINE_CALL(lp_rnn_forward, kf__rnn_fwd, struct kf_rnn_plan, rnn, forward, "kf_rnn_forward",
+               lp_rnn_ws32(base, &q, c->T, c->B, c->training), lp_rnn_fwd_tensors, false)
+LP_DEFINE_CALL(lp_rnn_backward, kf__rnn_bwd, struct kf_rnn_plan, rnn, backward, "kf_rnn_backward",
+               lp_rnn_ws32(base, &q, c->T, c->B, true), lp_rnn_bwd_tensors, c->accumulate)
+LP_DEFINE_SUPPORTS(lp_rnn_supports, struct kf_rnn_plan, rnn)
+
+const kf__rnn_ops kf__lowp_rnn_ops = {lp_rnn_supports, lp_rnn_sizes, lp_rnn_forward,
+                                      lp_rnn_backward};
+
+/* ---- sketched linear ----------------------------------------------------------------------- */
+
+/* The parameters shared by forward and backward: S1s, S2s, U1s, U2s, bias. */
+#define LP_SKL_PARAMS(l, p, c, f)                                                                 \
+    do {                                                                                          \
+        const int64_t ik = (p)->in * (p)->r, ko = (p)->r * (p)->out;                              \
+        (f)->S1 = lp_in(l, (c)->S1, ik);                                                          \
+        (f)->S2 = lp_in(l, (c)->S2, ko);                                                          \
+        (f)->U1 = lp_in(l, (c)->U1, ko);                                                          \
+        (f)->U2 = lp_in(l, (c)->U2, ik);                                                          \
+    } while (0)
+
+static void lp_skl_fwd_tensors(lp_ctx *l, const kf__skl_fwd *c, kf__skl_fwd *f) {
+    const struct kf_sklinear_plan *p = c->plan;
+    f->x = lp_in(l, c->x, c->N * p->in);
+    LP_SKL_PARAMS(l, p, c, f);
+    f->bias = lp_in(l, p->has_bias ? c->bias : NULL, p->out);
+    f->y = lp_out(l, c->y, c->N * p->out, false);
+}
+
+static void lp_skl_bwd_tensors(lp_ctx *l, const kf__skl_bwd *c, kf__skl_bwd *f) {
+    const struct kf_sklinear_plan *p = c->plan;
+    f->x = lp_in(l, c->x, c->N * p->in);
+    LP_SKL_PARAMS(l, p, c, f);
+    f->dy = lp_in(l, c->dy, c->N * p->out);
+    f->dx = lp_out(l, c->dx, c->N * p->in, false);
+    f->dS1 = lp_out(l, c->dS1, p->in * p->r, true);
+    f->dS2 = lp_out(l, c->dS2, p->r * p->out, true);
+    f->db = lp_out(l, p->has_bias ? c->db : NULL, p->out, true);
+    f->accumulate = false;
+}
+#undef LP_SKL_PARAMS
+
+static size_t lp_skl_workspace(const struct kf_sklinear_plan *p, int64_t N) {
+    const kf__lowp_base *base = p->ctx->backend->lowp;
+    if (!kf__dtype_is_lowp(p->dtype)) return base->skl->workspace(p, N);
+    LP_PLAN_F32(struct kf_sklinear_plan, q, p);
+    size_t ws = base->skl->workspace(&q, N);
+    LP_SIZE_BOTH(kf__skl_fwd, kf__skl_bwd, lp_skl_fwd_tensors, lp_skl_bwd_tensors, p, true, ws,
+                 .N = N);
+    return ws;
+}
+
+LP_DEFINE_CALL(lp_skl_forward, kf__skl_fwd, struct kf_sklinear_plan, skl, forward,
+               "kf_sklinear_forward", base->skl->workspace(&q, c->N), lp_skl_fwd_tensors, false)
+LP_DEFINE_CALL(lp_skl_backward, kf__skl_bwd, struct kf_sklinear_plan, skl, backward,
+               "kf_sklinear_backward", base->skl->workspace(&q, c->N), lp_skl_bwd_tensors,
+               c->accumulate)
+LP_DEFINE_SUPPORTS(lp_skl_supports, struct kf_sklinear_plan, skl)
+
+const kf__skl_ops kf__lowp_skl_ops = {lp_skl_supports, lp_skl_workspace, lp_skl_forward,
+                                      lp_skl_backward};
+
+/* ---- KANLinear and KANConv2d --------------------------------------------------------------- */
+
+/* Elements of x: the rows [N, in], or KANConv2d's images [B, Cin, H, W]. */
+static int64_t lp_kan_x_elems(const struct kf_kan_linear_plan *p, int64_t N,
+                              const kf__kan_patches *g) {
+    return g ? g->B * g->Cin * g->H * g->W : N * p->in;
+}
+
+#define LP_KAN_PARAMS(l, p, c, f)                                                                 \
+    do {                                                                                          \
+        (f)->x = lp_in(l, (c)->x, lp_kan_x_elems(p, (c)->N, (c)->patches));                       \
+        (f)->grid = lp_in(l, (c)->grid, (p)->in * (p)->nk);                                       \
+        (f)->base = lp_in(l, (c)->base, (p)->out * (p)->in);                                      \
+        (f)->spline = lp_in(l, (c)->spline, (p)->out * (p)->in * (p)->C);                         \
+        (f)->scaler = lp_in(l, (p)->scaled ? (c)->scaler : NULL, (p)->out * (p)->in);             \
+    } while (0)
+
+static void lp_kan_fwd_tensors(lp_ctx *l, const kf__kan_fwd *c, kf__kan_fwd *f) {
+    const struct kf_kan_linear_plan *p = c->plan;
+    LP_KAN_PARAMS(l, p, c, f);
+    f->y = lp_out(l, c->y, c->N * p->out, false);
+}
+
+static void lp_kan_bwd_tensors(lp_ctx *l, const kf__kan_bwd *c, kf__kan_bwd *f) {
+    const struct kf_kan_linear_plan *p = c->plan;
+    LP_KAN_PARAMS(l, p, c, f);
+    f->dy = lp_in(l, c->dy, c->N * p->out);
+    f->dx = lp_out(l, c->dx, lp_kan_x_elems(p, c->N, c->patches), false);
+    f->dbase = lp_out(l, c->dbase, p->out * p->in, true);
+    f->dspline = lp_out(l, c->dspline, p->out * p->in * p->C, true);
+    f->dscaler = lp_out(l, p->scaled ? c->dscaler : NULL, p->out * p->in, true);
+    f->accumulate = false;
+}
+#undef LP_KAN_PARAMS
+
+static size_t lp_kan_workspace(const struct kf_kan_linear_plan *p, int64_t N,
+                               const kf__kan_patches *patches) {
+    const kf__lowp_base *base = p->ctx->backend->lowp;
+    if (!kf__dtype_is_lowp(p->dtype)) return base->kan->workspace(p, N, patches);
+    LP_PLAN_F32(struct kf_kan_linear_plan, q, p);
+    size_t ws = base->kan->workspace(&q, N, patches);
+    LP_SIZE_BOTH(kf__kan_fwd, kf__kan_bwd, lp_kan_fwd_tensors, lp_kan_bwd_tensors, p, true, ws,
+                 .N = N, .patches = patches);
+    return ws;
+}
+
+LP_DEFINE_CALL(lp_kan_forward, kf__kan_fwd, struct kf_kan_linear_plan, kan, forward,
+               c->patches ? "kf_kan_conv2d_forward" : "kf_kan_linear_forward",
+               base->kan->workspace(&q, c->N, c->patches), lp_kan_fwd_tensors, false)
+LP_DEFINE_CALL(lp_kan_backward, kf__kan_bwd, struct kf_kan_linear_plan, kan, backward,
+               c->patches ? "kf_kan_conv2d_backward" : "kf_kan_linear_backward",
+               base->kan->workspace(&q, c->N, c->patches), lp_kan_bwd_tensors, c->accumulate)
+LP_DEFINE_SUPPORTS(lp_kan_supports, struct kf_kan_linear_plan, kan)
+
+const kf__kan_ops kf__lowp_kan_ops = {lp_kan_supports, lp_kan_workspace, lp_kan_forward,
+                                      lp_kan_backward};
