@@ -133,16 +133,12 @@ static int64_t lp_rnn_weight_elems(const struct kf_rnn_plan *p, int32_t k) {
     return nd == 2 ? s[0] * s[1] : s[0];
 }
 
-/* A carved array of num_weights pointers (NULL in the SIZE pass), unless the record has none. */
-static void **lp_ptrs(lp_ctx *l, const struct kf_rnn_plan *p, const void *list) {
-    if (list == NULL && l->pass != LP_PASS_SIZE) return NULL;
-    return lp_carve(l, (size_t)p->num_weights * sizeof(void *));
-}
-
 /* The float32 copies of the weights c->w (NULL in the SIZE pass: every weight counted). */
 static const void **lp_rnn_weights(lp_ctx *l, const struct kf_rnn_plan *p,
                                    const void *const *cw) {
-    const void **w = (const void **)lp_ptrs(l, p, cw);
+    /* their pointers go to the second half of the plan's scratch p->w (host memory on every
+     * backend, unlike the workspace: rnn_backend.h) */
+    const void **w = l->pass != LP_PASS_SIZE && cw ? p->w + p->num_weights : NULL;
     for (int32_t k = 0; k < p->num_weights; ++k) {
         const float *wk = lp_in(l, cw ? cw[k] : NULL, lp_rnn_weight_elems(p, k));
         if (w) w[k] = wk;
@@ -172,7 +168,7 @@ static void lp_rnn_bwd_tensors(lp_ctx *l, const kf__rnn_bwd *c, kf__rnn_bwd *f) 
     f->dhn = lp_in(l, c->dhn, hn);
     f->dx = lp_out(l, c->dx, TB * p->I, false);
     f->dh0 = lp_out(l, c->dh0, hn, false);
-    void **dw = lp_ptrs(l, p, c->dw);
+    void **dw = l->pass != LP_PASS_SIZE && c->dw ? p->dw + p->num_weights : NULL; /* as w */
     for (int32_t k = 0; (dw || l->pass == LP_PASS_SIZE) && k < p->num_weights; ++k) {
         float *g = lp_out(l, c->dw ? c->dw[k] : NULL, lp_rnn_weight_elems(p, k), true);
         if (dw) dw[k] = g;

@@ -53,7 +53,9 @@ struct kf_rnn_plan {
     float dropout, gamma;
     int32_t nw;            /* weights per (layer, direction) */
     int32_t num_weights;   /* L * D * nw */
-    /* Per-call scratch of num_weights pointers each, so a call never allocates. */
+    /* Per-call scratch, so a call never allocates: 2 num_weights pointers each, host memory; the
+     * first half is the call record's weight (gradient) list, the second the low-precision
+     * layer's list of their float32 copies (core/lowp_ops.c). */
     const void **w;
     void **dw;
     /* Weight names, num_weights NUL-terminated strings packed in one block. */

@@ -120,8 +120,8 @@ KF_API kf_status kf_rnn_plan_create(kf_context *ctx, const kf_rnn_desc *desc, kf
             for (int32_t j = 0; j < p->nw; ++j)
                 text += (size_t)kf__rnn_weight_name(p, l, d, j, NULL, 0) + 1;
     size_t table = (size_t)p->num_weights * sizeof(char *);
-    p->w = calloc((size_t)p->num_weights, sizeof *p->w);
-    p->dw = calloc((size_t)p->num_weights, sizeof *p->dw);
+    p->w = calloc(2 * (size_t)p->num_weights, sizeof *p->w); /* both halves: rnn_backend.h */
+    p->dw = calloc(2 * (size_t)p->num_weights, sizeof *p->dw);
     char *block = malloc(table + text);
     if (p->w == NULL || p->dw == NULL || block == NULL) {
         free(block);
