@@ -67,16 +67,16 @@
             VEC bv[KF__RG_NV];                                                                     \
             for (int v = 0; v < nv; ++v) bv[v] = *(const VEC *)(b + v * L);                        \
             for (int i = 0; i < mr; ++i) {                                                         \
-                const VEC a = kf__splat_##X(A[i * am + q * aq]);                                \
+                const VEC a = kf__splat_##X(A[i * am + q * aq]);                                   \
                 for (int v = 0; v < nv; ++v)                                                       \
-                    c[i][v] = kf__fma_##X(a, bv[v], c[i][v]);                       \
+                    c[i][v] = kf__fma_##X(a, bv[v], c[i][v]);                                      \
             }                                                                                      \
         }                                                                                          \
         for (int i = 0; i < mr; ++i)                                                               \
             for (int v = 0; v < nv; ++v) {                                                         \
                 VEC *d = (VEC *)(C + i * ldc + v * L);                                             \
                 const VEC add = bias ? *(const VEC *)(bias + v * L) : acc ? *d : (VEC){0};         \
-                *d = kf__fma_##X(c[i][v], kf__splat_##X(alpha), add);            \
+                *d = kf__fma_##X(c[i][v], kf__splat_##X(alpha), add);                              \
             }                                                                                      \
     }                                                                                              \
                                                                                                    \

@@ -590,15 +590,6 @@ int64_t dense_rows(int64_t N, int64_t K) {
 
 Layout make_layout(const struct kf_kan_linear_plan *p, int64_t N, const kf__kan_patches *pt) {
     Layout l = {};
-    const int64_t cw = p->cw;
-    l.rt = kf__ceil_div(N, kT);
-    l.ot = kf__ceil_div(p->out, kT);
-    l.FB = cw <= kT ? kT / cw : 1;
-    if (l.FB > p->in) l.FB = p->in;
-    l.tpg = cw <= kT ? 1 : kf__ceil_div(cw, kT);
-    l.groups = kf__ceil_div(p->in, l.FB);
-    l.f = split_of(p, p->in, l.rt * l.ot, kf__ceil_div(kMinSplit, cw), 1);
-    l.w = split_of(p, N, l.ot * l.groups * l.tpg, kMinSplit, kT);
     l.off_inv = kf__sat_floats(p->out, p->K, 1);
     l.off_part = kf__sat_add(l.off_inv, kf__sat_floats(p->in, p->k, p->nk));
     if (dense_path(p, N, pt)) {
@@ -608,6 +599,15 @@ Layout make_layout(const struct kf_kan_linear_plan *p, int64_t N, const kf__kan_
         l.bytes = kf__sat_add(l.off_a, kf__sat_floats(l.Nc, p->K, 1));
         return l;
     }
+    const int64_t cw = p->cw;
+    l.rt = kf__ceil_div(N, kT);
+    l.ot = kf__ceil_div(p->out, kT);
+    l.FB = cw <= kT ? kT / cw : 1;
+    if (l.FB > p->in) l.FB = p->in;
+    l.tpg = cw <= kT ? 1 : kf__ceil_div(cw, kT);
+    l.groups = kf__ceil_div(p->in, l.FB);
+    l.f = split_of(p, p->in, l.rt * l.ot, kf__ceil_div(kMinSplit, cw), 1);
+    l.w = split_of(p, N, l.ot * l.groups * l.tpg, kMinSplit, kT);
     const size_t fwd = l.f.P > 1 ? kf__sat_floats(l.f.P, N, p->out) : 0;
     const size_t bwd = kf__sat_floats(l.w.P, p->out, p->K);
     size_t big = fwd > bwd ? fwd : bwd;
@@ -737,6 +737,15 @@ kf_status backward_km(kf_context *ctx, const char *fn, const Layout &l, const Pr
     return KF_OK;
 }
 
+// The materialised path's chunk of rows [r0, r0 + R) of A into `a` (kan_gen).
+template <int KM>
+kf_status launch_gen(kf_context *ctx, const char *fn, const Prob &P, int64_t r0, int64_t R,
+                     float *a) {
+    kan_gen<KM><<<stride_blocks(R * P.in), kThreads, 0, kf__stream(ctx)>>>(P, r0, R, a);
+    KF__CUDA_LAUNCH_CHECK(fn, "kan_gen");
+    return KF_OK;
+}
+
 // The materialised path's forward: per chunk of Nc rows, A into the workspace (kan_gen) and
 // y[chunk] = A W^T on cuBLAS (fp32, no TF32).
 template <int KM>
@@ -744,8 +753,7 @@ kf_status forward_dense(kf_context *ctx, const char *fn, const Layout &l, const 
                         float *y, float *a) {
     for (int64_t r0 = 0; r0 < P.N; r0 += l.Nc) {
         const int64_t R = P.N - r0 < l.Nc ? P.N - r0 : l.Nc;
-        kan_gen<KM><<<stride_blocks(R * P.in), kThreads, 0, kf__stream(ctx)>>>(P, r0, R, a);
-        KF__CUDA_LAUNCH_CHECK(fn, "kan_gen");
+        KF_TRY(launch_gen<KM>(ctx, fn, P, r0, R, a));
         KF_TRY(kf__gemm(ctx, fn, false, true, R, P.out, P.K, 1.0f, a, P.K, P.W, P.K, 0.0f,
                         y + r0 * P.out, P.out));
     }
@@ -764,8 +772,7 @@ kf_status backward_dense(kf_context *ctx, const char *fn, const Layout &l, const
     for (int64_t r0 = 0; r0 < P.N; r0 += l.Nc) {
         const int64_t R = P.N - r0 < l.Nc ? P.N - r0 : l.Nc;
         if (wgrad) {
-            kan_gen<KM><<<stride_blocks(R * P.in), kThreads, 0, kf__stream(ctx)>>>(P, r0, R, a);
-            KF__CUDA_LAUNCH_CHECK(fn, "kan_gen");
+            KF_TRY(launch_gen<KM>(ctx, fn, P, r0, R, a));
             KF_TRY(kf__gemm(ctx, fn, true, false, P.out, P.K, R, 1.0f, dy + r0 * P.out, P.out, a,
                             P.K, r0 == 0 ? 0.0f : 1.0f, dw, P.K));
         }
@@ -777,10 +784,7 @@ kf_status backward_dense(kf_context *ctx, const char *fn, const Layout &l, const
             KF__CUDA_LAUNCH_CHECK(fn, "kan_dx_rows");
         }
     }
-    if (wgrad) {
-        KF_TRY(launch_fold(ctx, fn, P, c, dw, 1));
-    }
-    return KF_OK;
+    return wgrad ? launch_fold(ctx, fn, P, c, dw, 1) : KF_OK;
 }
 
 } // namespace

@@ -653,8 +653,7 @@ namespace {
 // Float32 (low plans arrive as their float32 copies: core/lowp_ops.c): a float64 plan is refused
 // at creation.
 kf_status skl_supports(const struct kf_sklinear_plan *p, const char *fn) {
-    KF_TRY(kf__cuda_dtype_supported(p->dtype, fn));
-    return KF_OK;
+    return kf__cuda_dtype_supported(p->dtype, fn);
 }
 
 size_t skl_workspace(const struct kf_sklinear_plan *p, int64_t N) {
