@@ -24,6 +24,9 @@
 #   python          benches/gpu-python.sh: the Python package built against BUILD_DIR, its pytest
 #                   suite (KF_PYTEST_K: a -k expression, e.g. cuda) and benches/python_modules.py
 #                   on CUDA (needs cffi and pycparser wheels in .whl/, carried)
+#   kkan            benches/gpu-python.sh's kkan part: the KKAN (Small) Fashion-MNIST epoch on the
+#                   GPU (benches/kkan_epoch.py --device cuda; KF_KKAN_ARGS adds arguments); the
+#                   data travels in a bundle made by `scripts/gpu-bundle.sh --python` (.gpu-py)
 #
 # A lease: KF_GPU_DEADLINE_S (seconds from the start) caps every step at what is left of it, less
 # a margin, and skips (SKIP, "deadline") a step that would get under 20 s, so one device call
@@ -37,8 +40,7 @@
 # KF_GPU_DEADLINE_S=540 and the parts in priority order, e.g.
 #   KF_GPU_DEADLINE_S=540 KF_GPU_PARTS="tests memcheck bench_kan python racecheck" bash benches/gpu.sh .gpu
 set -u
-cd "$(dirname "$0")/.."
-ROOT=$PWD
+cd "$(dirname "$0")/.." || exit 2
 BUILD=$(cd "${1:-build-gpu}" && pwd -P) || { echo "no build directory ${1:-build-gpu}"; exit 2; }
 OUT=${OUT:-/tmp/kf-gpu-out}
 LOGS=$(mktemp -d /tmp/kf-gpu-logs.XXXX)
@@ -61,7 +63,8 @@ for m in ("nvidia.cublas", "nvidia.cuda_runtime", "nvidia.cu13"):
                     print(p)
 EOF
 )
-export LD_LIBRARY_PATH="$BUILD/deps:$BUILD:/usr/local/cuda/lib64:$(echo "$pyl" | paste -sd:):${LD_LIBRARY_PATH:-}"
+pyl=$(echo "$pyl" | paste -sd:)
+export LD_LIBRARY_PATH="$BUILD/deps:$BUILD:/usr/local/cuda/lib64:$pyl:${LD_LIBRARY_PATH:-}"
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || echo "")
 ALL_TESTS=$(find "$BUILD" -maxdepth 3 -type f -name 'test_*' -perm -u+x ! -name '*.so*' | sort)
 test_bin() { echo "$ALL_TESTS" | grep "/$1\$" | head -1; }
@@ -169,6 +172,16 @@ part_python() {
     row "python (gpu-python.sh)" "$(verdict $rc)" "$(grep -m1 '^pytest' "$LOGS/gpu-python.out" || echo 'see gpu-python.out') $(took)"
 }
 
+part_kkan() {
+    local s rc
+    s=$(cap 300) || { row "kkan (gpu-python.sh)" SKIP "deadline"; return; }
+    T0=$SECONDS
+    OUT="$LOGS" KF_PY_PARTS=kkan timeout "$s" bash benches/gpu-python.sh "$BUILD" \
+        > "$LOGS/gpu-kkan.out" 2>&1
+    rc=$?
+    row "kkan (gpu-python.sh)" "$(verdict $rc)" "$(grep -m1 -o '"kfuse_epoch_s[^}]*' "$LOGS/kkan_gpu.log" 2>/dev/null || echo 'see gpu-kkan.out') $(took)"
+}
+
 for p in ${KF_GPU_PARTS:-tests memcheck racecheck bench_rnn bench_sklinear bench_kan}; do
     case $p in
         tests) part_tests ;;
@@ -176,6 +189,7 @@ for p in ${KF_GPU_PARTS:-tests memcheck racecheck bench_rnn bench_sklinear bench
         memcheck | racecheck) sanitize "$p" ;;
         bench_rnn | bench_sklinear | bench_kan) bench "${p#bench_}" ;;
         python) part_python ;;
+        kkan) part_kkan ;;
         *) row "$p" SKIP "unknown part" ;;
     esac
 done

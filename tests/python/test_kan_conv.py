@@ -24,6 +24,7 @@ import kfuse.torch as kt  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
+from devices import cuda_ok  # noqa: E402
 from kan_reference import (  # noqa: E402
     GRADS, TOL, EfficientKANRef, params_of, randomize_, ref_forward, reference_grads, rel, tol,
     uniform_grid_torch,
@@ -557,3 +558,40 @@ def test_default_init_scale_is_sane():
     y = m(torch.randn(2, 8, 10, 10))
     assert torch.isfinite(y).all() and 0 < y.std().item() < 10
     assert m.base_weight.abs().max().item() <= 1 / math.sqrt(72)  # kaiming_uniform_(a=sqrt(5))
+
+
+# ---- CUDA (runs only where torch and kfuse both have CUDA) -------------------------------------
+
+@pytest.mark.skipif(not cuda_ok(), reason="needs torch CUDA and a CUDA build of kfuse")
+@pytest.mark.parametrize("cin,cout,ks,st,pad,dil,H,W,B", [
+    (1, 5, 3, 1, 0, 1, 28, 28, 16),   # KKAN (Small)'s first layer
+    (3, 4, 3, 2, 1, 2, 9, 7, 2),      # stride, padding, dilation
+    (32, 32, 3, 1, 1, 1, 14, 14, 2),  # F = 288: several tiles
+])
+def test_cuda_forward_backward_vs_float64(cin, cout, ks, st, pad, dil, H, W, B):
+    """CUDA tensors run on a CUDA context (the CUDA backend implements KANConv2d in float32, so
+    an Unsupported here is a regression, not a skip): y and every gradient against the float64
+    reference computed on the CPU, and a CPU input is refused."""
+    torch.manual_seed(0)
+    m = randomize_(kt.KANConv2d(cin, cout, ks, stride=st, padding=pad, dilation=dil)).cuda()
+    geom = (ks, st, pad, dil)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(B, cin, H, W, generator=g)
+    with torch.no_grad():
+        y_shape = ref_conv_forward(geom)(x.double(), *[
+            None if t is None else t.double().cpu() for t in params_of(m).values()], m.spline_order).shape
+    dy = torch.randn(y_shape, generator=g)
+    xc = x.cuda().requires_grad_(True)
+    y = m(xc)
+    assert y.is_cuda
+    y.backward(dy.cuda())
+    cpu = {n: t.detach().cpu() for n, t in params_of(m).items()}
+    yr, dxr, gr = reference_grads(x, cpu, dy, m.spline_order, forward=ref_conv_forward(geom))
+    errs = {"y": rel(y.detach().cpu(), yr), "dx": rel(xc.grad.cpu(), dxr)}
+    for n in GRADS:
+        if n in gr:
+            errs["d" + n] = rel(getattr(m, n).grad.cpu(), gr[n])
+    bad = {n: e for n, e in errs.items() if not e < TOL}
+    assert not bad, bad
+    with pytest.raises(RuntimeError, match="same device"):
+        m(x)
