@@ -63,19 +63,27 @@
 //             written or accumulated.
 //
 // KANLinear with at least 2^22 outputs (N out) takes the materialised path instead: A is
-// generated a chunk of Nc rows at a time into the workspace and every product runs on cuBLAS
-// (fp32, no TF32). At (8192, 1024, 1024) on an H200: forward 4.13 ms against the tiled kernels'
-// 10.53, forward+backward 13.06 against 30.14 (benches/results/gpu-2026-11-27-h200). Nc is an
-// eighth of N rounded up to 64 (at most 2^25 floats of A): the chunk is at most an eighth of the
-// bases tensor efficient-kan materialises, and each chunk's product still has 2^19 outputs or
-// more. Smaller problems keep the tiled kernels, whose split-K fills the device (untimed on the
-// materialised path: (1024, 256, 256) runs 0.160 ms on the tiled kernels).
-//   kan_gen      A[chunk] [Nc, K], one thread per (row, feature)
-//   forward:     y[chunk] = A W^T (cuBLAS)
-//   backward:    per chunk, in stream order: kan_gen and dW (+)= dy[chunk]^T A (cuBLAS, chunk
-//                order) when a weight gradient is wanted; dA = dy[chunk] W (cuBLAS) over A's
-//                buffer and kan_dx_rows (dx, as kan_dx folds it) when dx is wanted; then
-//                kan_fold from dW. Workspace: 4 out K + 4 in k nk + 4 out K (dW) + 4 Nc K.
+// generated a chunk of Nc rows at a time into the workspace and every product runs on cuBLAS in
+// 3xTF32 (kf__gemm_3xtf32: each operand split into a TF32 high part and a float32 remainder, three
+// tensor-core products accumulated in float32: fp32's accuracy within 2^-20 per term). At
+// (8192, 1024, 1024) on an H200 (benches/results/gpu-2026-11-27-h200): forward 3.94 ms,
+// forward+backward 11.60 (one fp32 product each, row chunks: 4.13 and 13.06; the tiled kernels:
+// 10.53 and 30.14), with 188 MiB of workspace (108 with the fp32 products). Nc is an eighth of N
+// rounded up to 64 (at most 2^25 floats of A): the chunk is at most an eighth of the bases tensor
+// efficient-kan materialises, and each backward product still has 2^19 outputs or more; the
+// forward's chunks are Fc = Nc in / N whole features of every row instead (at 3xTF32, 1024-row
+// chunks ran the forward in 4.18 ms: 64 output tiles for 132 SMs). Smaller problems keep the
+// tiled kernels, whose split-K fills the device (untimed on the materialised path:
+// (1024, 256, 256) runs 0.160 ms on the tiled kernels).
+//   kan_prep     also splits W into its high part (in place) and low part
+//   kan_gen      a block of A split the same way, one thread per (row, feature)
+//   forward:     per chunk of Fc features: y (+)= A[:, chunk] W[:, chunk]^T (cuBLAS)
+//   backward:    per chunk, in stream order: kan_split of dy[chunk]; kan_gen and
+//                dW (+)= dy[chunk]^T A (cuBLAS, chunk order) when a weight gradient is wanted;
+//                dA = dy[chunk] W (cuBLAS) over A's high buffer and kan_dx_rows (dx, as kan_dx
+//                folds it) when dx is wanted; then kan_fold from dW.
+//   Workspace: 4 out K (W) + 4 in k nk + 4 out K (dW) + 4 out K (W's low part)
+//              + 8 max(Nc K, N Fc cw) (A's parts) + 8 Nc out (dy's parts).
 //
 // Split counts are a function of the shape and the device's SM count S (so is the workspace):
 // enough splits that a grid fills about one wave (kf__wave_blocks), at least kMinSplit of the
@@ -233,16 +241,19 @@ __device__ __forceinline__ float dx_part(const Prob &P, int64_t n, int64_t f, in
 // narrower than FLT_MIN (zero width) and past the end.
 __global__ void __launch_bounds__(kThreads)
     kan_prep(Prob P, const float *base, const float *spline, const float *scaler, float *W,
-             float *inv, bool pack) {
+             float *Wlo, float *inv, bool pack) {
     const int64_t E1 = pack ? P.out * P.K : 0, E2 = P.in * P.k * P.nk, E = E1 + E2;
     const int64_t step = (int64_t)gridDim.x * kThreads;
     for (int64_t e = (int64_t)blockIdx.x * kThreads + threadIdx.x; e < E; e += step) {
         if (e < E1) {
             const int64_t o = e / P.K, col = e % P.K, i = col / P.cw, c = col % P.cw;
             const int64_t oi = o * P.in + i;
-            W[e] = c == 0 ? (base ? base[oi] : 0.0f) // no base_weight: no base term
-                          : (scaler ? spline[oi * P.C + c - 1] * scaler[oi]
-                                    : spline[oi * P.C + c - 1]);
+            const float v = c == 0 ? (base ? base[oi] : 0.0f) // no base_weight: no base term
+                                   : (scaler ? spline[oi * P.C + c - 1] * scaler[oi]
+                                             : spline[oi * P.C + c - 1]);
+            const float hi = Wlo ? kf__tf32_hi(v) : v; // the materialised path's 3xTF32 split
+            W[e] = hi;
+            if (Wlo) Wlo[e] = v - hi;
         } else {
             const int64_t e2 = e - E1, i = e2 / (P.k * P.nk), q = e2 / P.nk % P.k + 1,
                           m = e2 % P.nk;
@@ -528,15 +539,34 @@ __global__ void __launch_bounds__(kThreads) kan_fold(Prob P, Fold F) {
 }
 
 // ---- KANLinear's materialised path ------------------------------------------------------------
-// Rows [r0, r0 + R) of A into a [R, K]: one thread per (row, feature) writes the feature's cw
-// columns (SiLU, then its C bases: the window, zeros elsewhere); consecutive threads take
-// consecutive features, so a warp writes one contiguous run of the row.
+// Rows [r0, r0 + R), features [f0, f0 + F) of A into [R, F cw] as its 3xTF32 split a (hi) + alo
+// (the block of A's columns [f0 cw, (f0 + F) cw), leading dimension F cw): one thread per
+// (row, feature) writes the feature's cw columns (SiLU, then its C bases: the window, zeros
+// elsewhere), then splits them; consecutive threads take consecutive features, so a warp writes
+// one contiguous run of the row.
 template <int KM>
-__global__ void __launch_bounds__(kThreads) kan_gen(Prob P, int64_t r0, int64_t R, float *a) {
-    const int64_t E = R * P.in, step = (int64_t)gridDim.x * kThreads;
+__global__ void __launch_bounds__(kThreads)
+    kan_gen(Prob P, int64_t r0, int64_t R, int64_t f0, int64_t F, float *a, float *alo) {
+    const int64_t E = R * F, ld = F * P.cw, step = (int64_t)gridDim.x * kThreads;
     for (int64_t e = (int64_t)blockIdx.x * kThreads + threadIdx.x; e < E; e += step) {
-        const int64_t r = e / P.in, f = e % P.in;
-        gen_cols<KM, false>(P, r0 + r, f, f * P.cw, (f + 1) * P.cw, a + r * P.K, 1, 0);
+        const int64_t r = e / F, f = f0 + e % F, at = r * ld + (f - f0) * P.cw;
+        gen_cols<KM, false>(P, r0 + r, f, f * P.cw, (f + 1) * P.cw, a + r * ld, 1, f0 * P.cw);
+        for (int64_t c = 0; c < P.cw; ++c) {
+            const float v = a[at + c], hi = kf__tf32_hi(v);
+            a[at + c] = hi;
+            alo[at + c] = v - hi;
+        }
+    }
+}
+
+// The 3xTF32 split of n floats of src into hi and lo (dy's rows of a chunk).
+__global__ void __launch_bounds__(kThreads)
+    kan_split(const float *src, int64_t n, float *hi, float *lo) {
+    const int64_t step = (int64_t)gridDim.x * kThreads;
+    for (int64_t i = (int64_t)blockIdx.x * kThreads + threadIdx.x; i < n; i += step) {
+        const float v = src[i], h = kf__tf32_hi(v);
+        hi[i] = h;
+        lo[i] = v - h;
     }
 }
 
@@ -568,7 +598,9 @@ struct Layout {
     kf__split f, w;          // forward feature ranges; dW row ranges
     int64_t Bg;              // KANConv2d: images per dx group (dXcol holds Bg Ho Wo rows)
     int64_t Nc;              // materialised path: rows of A per chunk (0: the tiled kernels)
+    int64_t Fc;              // materialised path: features per chunk of the forward
     size_t off_inv, off_part, off_a, bytes;
+    size_t off_wlo, off_alo, off_dyh, off_dyl; // materialised path: the 3xTF32 low parts, dy's
 };
 
 // Whether KANLinear takes the materialised path: at least kDenseOutputs outputs (N out), so that
@@ -593,10 +625,21 @@ Layout make_layout(const struct kf_kan_linear_plan *p, int64_t N, const kf__kan_
     l.off_inv = kf__sat_floats(p->out, p->K, 1);
     l.off_part = kf__sat_add(l.off_inv, kf__sat_floats(p->in, p->k, p->nk));
     if (dense_path(p, N, pt)) {
-        // W, inv, dW [out, K] (backward), then one chunk of A (or of dA) [Nc, K].
+        // W (hi), inv, dW [out, K] (backward), W's lo [out, K], one chunk of A (hi; or of dA)
+        // and of A's lo (backward: [Nc, K]; forward: [N, Fc cw]), one chunk of dy's hi and lo
+        // [Nc, out] (backward). The forward's chunks take whole rows and Fc features, the same
+        // number of floats or fewer, so that each product has all N rows (a chunk of rows left
+        // most of the device idle on the tensor cores: 64 output tiles of 128 x 128 at 1024 x 1024).
         l.Nc = dense_rows(N, p->K);
-        l.off_a = kf__sat_add(l.off_part, kf__sat_floats(p->out, p->K, 1));
-        l.bytes = kf__sat_add(l.off_a, kf__sat_floats(l.Nc, p->K, 1));
+        l.Fc = l.Nc * p->in / N;
+        if (l.Fc < 1) l.Fc = 1;
+        const int64_t na = l.Nc * p->K > N * l.Fc * p->cw ? l.Nc * p->K : N * l.Fc * p->cw;
+        l.off_wlo = kf__sat_add(l.off_part, kf__sat_floats(p->out, p->K, 1));
+        l.off_a = kf__sat_add(l.off_wlo, kf__sat_floats(p->out, p->K, 1));
+        l.off_alo = kf__sat_add(l.off_a, kf__sat_floats(na, 1, 1));
+        l.off_dyh = kf__sat_add(l.off_alo, kf__sat_floats(na, 1, 1));
+        l.off_dyl = kf__sat_add(l.off_dyh, kf__sat_floats(l.Nc, p->out, 1));
+        l.bytes = kf__sat_add(l.off_dyl, kf__sat_floats(l.Nc, p->out, 1));
         return l;
     }
     const int64_t cw = p->cw;
@@ -660,7 +703,8 @@ kf_status launch_prep(kf_context *ctx, const char *fn, const Prob &P, const floa
     const int64_t E = (pack ? P.out * P.K : 0) + P.in * P.k * P.nk;
     if (E == 0) return KF_OK;
     kan_prep<<<stride_blocks(E), kThreads, 0, kf__stream(ctx)>>>(
-        P, base, spline, scaler, kf__at<float>(ws, 0), kf__at<float>(ws, l.off_inv), pack);
+        P, base, spline, scaler, kf__at<float>(ws, 0),
+        l.Nc > 0 ? kf__at<float>(ws, l.off_wlo) : nullptr, kf__at<float>(ws, l.off_inv), pack);
     KF__CUDA_LAUNCH_CHECK(fn, "kan_prep");
     return KF_OK;
 }
@@ -737,50 +781,70 @@ kf_status backward_km(kf_context *ctx, const char *fn, const Layout &l, const Pr
     return KF_OK;
 }
 
-// The materialised path's chunk of rows [r0, r0 + R) of A into `a` (kan_gen).
+// The materialised path's buffers in the workspace (Layout's offsets).
+struct Dense {
+    const float *wlo; // W's 3xTF32 low part (P.W holds the high part)
+    float *a, *alo;   // a chunk of A [Nc, K] (hi, lo); backward reuses `a` for dA
+    float *dyh, *dyl; // a chunk of dy [Nc, out] (hi, lo)
+};
+
+Dense dense_buffers(const Layout &l, void *ws) {
+    return Dense{kf__at<float>(ws, l.off_wlo), kf__at<float>(ws, l.off_a),
+                 kf__at<float>(ws, l.off_alo), kf__at<float>(ws, l.off_dyh),
+                 kf__at<float>(ws, l.off_dyl)};
+}
+
+// The materialised path's block of A (rows [r0, r0 + R), features [f0, f0 + F)) into d.a, d.alo
+// (kan_gen).
 template <int KM>
 kf_status launch_gen(kf_context *ctx, const char *fn, const Prob &P, int64_t r0, int64_t R,
-                     float *a) {
-    kan_gen<KM><<<stride_blocks(R * P.in), kThreads, 0, kf__stream(ctx)>>>(P, r0, R, a);
+                     int64_t f0, int64_t F, const Dense &d) {
+    kan_gen<KM><<<stride_blocks(R * F), kThreads, 0, kf__stream(ctx)>>>(P, r0, R, f0, F, d.a,
+                                                                         d.alo);
     KF__CUDA_LAUNCH_CHECK(fn, "kan_gen");
     return KF_OK;
 }
 
-// The materialised path's forward: per chunk of Nc rows, A into the workspace (kan_gen) and
-// y[chunk] = A W^T on cuBLAS (fp32, no TF32).
+// The materialised path's forward: per chunk of Fc features (all rows), that block of A into the
+// workspace (kan_gen) and y (+)= A[:, chunk] W[:, chunk]^T on cuBLAS in 3xTF32 (kf__gemm_3xtf32:
+// fp32 accuracy on the tensor cores; beta 1 after the first chunk: chunk order).
 template <int KM>
 kf_status forward_dense(kf_context *ctx, const char *fn, const Layout &l, const Prob &P,
-                        float *y, float *a) {
-    for (int64_t r0 = 0; r0 < P.N; r0 += l.Nc) {
-        const int64_t R = P.N - r0 < l.Nc ? P.N - r0 : l.Nc;
-        KF_TRY(launch_gen<KM>(ctx, fn, P, r0, R, a));
-        KF_TRY(kf__gemm(ctx, fn, false, true, R, P.out, P.K, 1.0f, a, P.K, P.W, P.K, 0.0f,
-                        y + r0 * P.out, P.out));
+                        float *y, const Dense &d) {
+    for (int64_t f0 = 0; f0 < P.in; f0 += l.Fc) {
+        const int64_t F = P.in - f0 < l.Fc ? P.in - f0 : l.Fc, kc = F * P.cw, c0 = f0 * P.cw;
+        KF_TRY(launch_gen<KM>(ctx, fn, P, 0, P.N, f0, F, d));
+        KF_TRY(kf__gemm_3xtf32(ctx, fn, false, true, P.N, P.out, kc, d.a, d.alo, kc, P.W + c0,
+                               d.wlo + c0, P.K, f0 == 0 ? 0.0f : 1.0f, y, P.out));
     }
     return KF_OK;
 }
 
-// The materialised path's backward, per chunk of Nc rows in stream order: A (kan_gen) and
-// dW (+)= dy[chunk]^T A (cuBLAS, beta 1 after the first chunk: chunk order) when a weight
-// gradient is wanted; then dA = dy[chunk] W over the same buffer (A is consumed by then) and
-// kan_dx_rows when dx is wanted. Last, kan_fold from dW (one partial).
+// The materialised path's backward, per chunk of Nc rows in stream order: dy[chunk]'s split
+// (kan_split); A (kan_gen) and dW (+)= dy[chunk]^T A (cuBLAS, beta 1 after the first chunk: chunk
+// order) when a weight gradient is wanted; then dA = dy[chunk] W over A's buffer (A is consumed
+// by then) and kan_dx_rows when dx is wanted. Every product in 3xTF32. Last, kan_fold from dW
+// (one partial).
 template <int KM>
 kf_status backward_dense(kf_context *ctx, const char *fn, const Layout &l, const Prob &P,
-                         const kf__kan_bwd *c, float *dw, float *a) {
+                         const kf__kan_bwd *c, float *dw, const Dense &d) {
     const bool wgrad = c->dbase || c->dspline || c->dscaler;
     const float *dy = f32(c->dy);
     for (int64_t r0 = 0; r0 < P.N; r0 += l.Nc) {
         const int64_t R = P.N - r0 < l.Nc ? P.N - r0 : l.Nc;
+        kan_split<<<stride_blocks(R * P.out), kThreads, 0, kf__stream(ctx)>>>(
+            dy + r0 * P.out, R * P.out, d.dyh, d.dyl);
+        KF__CUDA_LAUNCH_CHECK(fn, "kan_split");
         if (wgrad) {
-            KF_TRY(launch_gen<KM>(ctx, fn, P, r0, R, a));
-            KF_TRY(kf__gemm(ctx, fn, true, false, P.out, P.K, R, 1.0f, dy + r0 * P.out, P.out, a,
-                            P.K, r0 == 0 ? 0.0f : 1.0f, dw, P.K));
+            KF_TRY(launch_gen<KM>(ctx, fn, P, r0, R, 0, P.in, d));
+            KF_TRY(kf__gemm_3xtf32(ctx, fn, true, false, P.out, P.K, R, d.dyh, d.dyl, P.out, d.a,
+                                   d.alo, P.K, r0 == 0 ? 0.0f : 1.0f, dw, P.K));
         }
         if (c->dx) {
-            KF_TRY(kf__gemm(ctx, fn, false, false, R, P.K, P.out, 1.0f, dy + r0 * P.out, P.out,
-                            P.W, P.K, 0.0f, a, P.K));
+            KF_TRY(kf__gemm_3xtf32(ctx, fn, false, false, R, P.K, P.out, d.dyh, d.dyl, P.out, P.W,
+                                   d.wlo, P.K, 0.0f, d.a, P.K));
             kan_dx_rows<KM><<<stride_blocks(R * P.in), kThreads, 0, kf__stream(ctx)>>>(
-                P, a, r0, R, f32(c->dx));
+                P, d.a, r0, R, f32(c->dx));
             KF__CUDA_LAUNCH_CHECK(fn, "kan_dx_rows");
         }
     }
@@ -820,9 +884,9 @@ kf_status kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
     KF_TRY(launch_prep(ctx, fn, P, f32(c->base), f32(c->spline), f32(c->scaler), c->ws, l, true));
     float *part = kf__at<float>(c->ws, l.off_part);
     if (l.Nc > 0) {
-        float *a = kf__at<float>(c->ws, l.off_a);
-        if (p->k <= 3) return forward_dense<3>(ctx, fn, l, P, f32(c->y), a);
-        return forward_dense<kMaxOrder>(ctx, fn, l, P, f32(c->y), a);
+        const Dense d = dense_buffers(l, c->ws);
+        if (p->k <= 3) return forward_dense<3>(ctx, fn, l, P, f32(c->y), d);
+        return forward_dense<kMaxOrder>(ctx, fn, l, P, f32(c->y), d);
     }
     if (pt) {
         if (p->k <= 3) return forward_km<3, true>(ctx, fn, l, P, f32(c->y), part);
@@ -848,9 +912,9 @@ kf_status kan_backward(kf_context *ctx, const kf__kan_bwd *c) {
                        c->dx != nullptr));
     float *part = kf__at<float>(c->ws, l.off_part);
     if (l.Nc > 0) {
-        float *a = kf__at<float>(c->ws, l.off_a);
-        if (p->k <= 3) return backward_dense<3>(ctx, fn, l, P, c, part, a);
-        return backward_dense<kMaxOrder>(ctx, fn, l, P, c, part, a);
+        const Dense d = dense_buffers(l, c->ws);
+        if (p->k <= 3) return backward_dense<3>(ctx, fn, l, P, c, part, d);
+        return backward_dense<kMaxOrder>(ctx, fn, l, P, c, part, d);
     }
     if (pt) {
         if (p->k <= 3) return backward_km<3, true>(ctx, fn, l, P, c, part);
