@@ -24,6 +24,11 @@
 #   python          benches/gpu-python.sh: the Python package built against BUILD_DIR, its pytest
 #                   suite (KF_PYTEST_K: a -k expression, e.g. cuda) and benches/python_modules.py
 #                   on CUDA (needs cffi and pycparser wheels in .whl/, carried)
+#   profile_kan     Nsight Compute's per-kernel time summary (ncu --clock-control none, one metric:
+#                   gpu__time_duration) of one kf_bench_kan run, forward and backward, warm-up 1
+#                   and 1 rep, at KF_PROFILE_KAN_ARGS (default the big KANLinear shape, --B 8192
+#                   --in 1024 --out 1024): which kernels (kan_gen, the cuBLAS products, ...) take
+#                   the time; to $OUT/profile_kan.txt
 #   kkan            benches/gpu-python.sh's kkan part: the KKAN (Small) Fashion-MNIST epoch on the
 #                   GPU (benches/kkan_epoch.py --device cuda; KF_KKAN_ARGS adds arguments); the
 #                   data travels in a bundle made by `scripts/gpu-bundle.sh --python` (.gpu-py)
@@ -172,6 +177,23 @@ part_python() {
     row "python (gpu-python.sh)" "$(verdict $rc)" "$(grep -m1 '^pytest' "$LOGS/gpu-python.out" || echo 'see gpu-python.out') $(took)"
 }
 
+part_profile_kan() {
+    local bin ncu s rc
+    bin=$(find "$BUILD" -maxdepth 3 -type f -name kf_bench_kan -perm -u+x | head -1)
+    ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    [ -n "$bin" ] || { row "profile_kan" SKIP "kf_bench_kan not found under $BUILD"; return; }
+    [ -n "$ncu" ] || { row "profile_kan" SKIP "ncu not found"; return; }
+    s=$(cap 240) || { row "profile_kan" SKIP "deadline"; return; }
+    T0=$SECONDS
+    # shellcheck disable=SC2086
+    timeout "$s" "$ncu" --clock-control none --metrics gpu__time_duration.sum \
+        --print-summary per-kernel "$bin" --device cuda \
+        ${KF_PROFILE_KAN_ARGS:---B 8192 --in 1024 --out 1024} --warmup 1 --reps 1 \
+        > "$OUT/profile_kan.txt" 2>&1
+    rc=$?
+    row "profile_kan" "$(verdict $rc)" "profile_kan.txt $(took)"
+}
+
 part_kkan() {
     local s rc
     s=$(cap 300) || { row "kkan (gpu-python.sh)" SKIP "deadline"; return; }
@@ -190,6 +212,7 @@ for p in ${KF_GPU_PARTS:-tests memcheck racecheck bench_rnn bench_sklinear bench
         bench_rnn | bench_sklinear | bench_kan) bench "${p#bench_}" ;;
         python) part_python ;;
         kkan) part_kkan ;;
+        profile_kan) part_profile_kan ;;
         *) row "$p" SKIP "unknown part" ;;
     esac
 done
