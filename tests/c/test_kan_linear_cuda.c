@@ -199,10 +199,12 @@ static const shape kShapes[] = {
     {40, 5, 9, 70, 3, 1, GRID_RANDOM},     /* cw = 74 > 64 columns per feature */
     {3, 200, 130, 5, 3, 1, GRID_UNIFORM},  /* few rows: forward split over features */
     {3000, 9, 10, 5, 3, 1, GRID_REPEATED}, /* many rows, few tiles: dW split over rows */
-    /* N out >= 2^22: the materialised path (A by chunks of rows, products on cuBLAS); 8 chunks,
-     * the last one short; and k = 5 with no scaler and repeated knots there */
+    /* N out >= 2^22: the materialised path (A by chunks: the backward's of rows, the forward's
+     * of features; products on cuBLAS in 3xTF32); 8 row chunks, the last one short; k = 5 with
+     * no scaler and repeated knots there; forward chunks of 2 features, the last one of 1 */
     {4100, 12, 1024, 5, 3, 1, GRID_RANDOM},
     {2048, 7, 2048, 6, 5, 0, GRID_REPEATED},
+    {4096, 21, 1024, 5, 3, 1, GRID_UNIFORM},
     {129, 300, 77, 8, 1, 1, GRID_RANDOM},
 };
 
