@@ -6,8 +6,9 @@
 # /tmp/site, runs the pytest suite (CUDA tests included) and benches/python_modules.py on CUDA.
 # Writes pytest.log and python_modules_gpu.md to $OUT. KF_PYTEST_K, when set, is pytest's -k
 # expression (e.g. cuda: the tests that run on the GPU, for a short lease).
-# KF_PY_PARTS picks what runs after the install (default "pytest modules"): pytest, modules
-# (benches/python_modules.py) and kkan (benches/kkan_epoch.py --device cuda: the KKAN (Small)
+# KF_PY_PARTS picks what runs after the install (default "pytest modules overhead"): pytest,
+# modules (benches/python_modules.py), overhead (benches/python_overhead.py --device cuda: the
+# per-call cost of each Python layer against the bare C call, $OUT/python_overhead_gpu.md) and kkan (benches/kkan_epoch.py --device cuda: the KKAN (Small)
 # epoch on the GPU, into $OUT/kkan_gpu.log; Fashion-MNIST from BUILD_DIR/fmnist/*.xz when the
 # bundle carries it, `scripts/gpu-bundle.sh --python`, else from Debian's dataset folder).
 #   bash benches/gpu-python.sh [BUILD_DIR]      (default .gpu)
@@ -24,7 +25,7 @@ KFUSE_LIBRARY_DIR="$BUILD/deps" KFUSE_INCLUDE_DIR="$ROOT/capi/include" \
   python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site \
   bindings/python > "$OUT/pytest.log" 2>&1 || { tail -20 "$OUT/pytest.log"; exit 2; }
 rc=0
-for part in ${KF_PY_PARTS:-pytest modules}; do
+for part in ${KF_PY_PARTS:-pytest modules overhead}; do
   case $part in
     pytest)
       (cd /tmp && python3 -m pytest -q -p no:cacheprovider ${KF_PYTEST_K:+-k "$KF_PYTEST_K"} \
@@ -37,6 +38,11 @@ for part in ${KF_PY_PARTS:-pytest modules}; do
       r=$?
       echo "python_modules.py --device cuda: exit $r"
       [ -f "$OUT/python_modules_gpu.md" ] && grep -E '^\|' "$OUT/python_modules_gpu.md" | head -14 ;;
+    overhead)
+      OMP_WAIT_POLICY=PASSIVE PYTHONUNBUFFERED=1 python3 benches/python_overhead.py --device cuda \
+        --md "$OUT/python_overhead_gpu.md" > "$OUT/python_overhead_gpu.log" 2>&1
+      r=$?
+      echo "python_overhead.py --device cuda: exit $r" ;;
     kkan)
       data=/usr/share/datasets/fashion-mnist
       if ls "$BUILD"/fmnist/*.xz > /dev/null 2>&1; then

@@ -22,8 +22,9 @@
 #   bench_kan       benches/gpu_kan.py: KANLinear and KANConv2d vs efficient-kan's math, a dense
 #                   GEMM, peak memory, PASS/MISS against the KAN targets
 #   python          benches/gpu-python.sh: the Python package built against BUILD_DIR, its pytest
-#                   suite (KF_PYTEST_K: a -k expression, e.g. cuda) and benches/python_modules.py
-#                   on CUDA (needs cffi and pycparser wheels in .whl/, carried)
+#                   suite (KF_PYTEST_K: a -k expression, e.g. cuda), benches/python_modules.py and
+#                   benches/python_overhead.py on CUDA (KF_PY_PARTS picks among them; needs cffi
+#                   and pycparser wheels in .whl/, carried)
 #   profile_kan     Nsight Compute's per-kernel time summary (ncu --clock-control none, one metric:
 #                   gpu__time_duration) of one kf_bench_kan run, forward and backward, warm-up 1
 #                   and 1 rep, at KF_PROFILE_KAN_ARGS (default the big KANLinear shape, --B 8192
@@ -173,7 +174,9 @@ part_python() {
     T0=$SECONDS
     OUT="$LOGS" timeout "$s" bash benches/gpu-python.sh "$BUILD" > "$LOGS/gpu-python.out" 2>&1
     rc=$?
-    [ -f "$LOGS/python_modules_gpu.md" ] && cp "$LOGS/python_modules_gpu.md" "$OUT/"
+    for f in python_modules_gpu.md python_overhead_gpu.md; do
+        [ -f "$LOGS/$f" ] && cp "$LOGS/$f" "$OUT/"
+    done
     row "python (gpu-python.sh)" "$(verdict $rc)" "$(grep -m1 '^pytest' "$LOGS/gpu-python.out" || echo 'see gpu-python.out') $(took)"
 }
 
@@ -222,7 +225,8 @@ done
     echo
     echo "==== kfuse GPU run summary ($SECONDS s${KF_GPU_DEADLINE_S:+, deadline $KF_GPU_DEADLINE_S s}) ===="
     for r in "${ROWS[@]}"; do echo "$r"; done
-    for md in "$OUT"/gpu_rnn.md "$OUT"/gpu_sklinear.md "$OUT"/gpu_kan.md "$OUT"/python_modules_gpu.md; do
+    for md in "$OUT"/gpu_rnn.md "$OUT"/gpu_sklinear.md "$OUT"/gpu_kan.md "$OUT"/python_modules_gpu.md \
+              "$OUT"/python_overhead_gpu.md; do
         [ -f "$md" ] && { echo; cat "$md"; }
     done
 } > "$LOGS/summary.txt"

@@ -15,10 +15,15 @@ parameters require grad, then y.backward(ones) (plan: its forward and backward c
 fastest of REPS reps of CALLS calls, us of process CPU time per call (time.process_time: every
 thread of the process, not the time other jobs on a shared box take; the fastest rep is the one
 they disturbed least); "module - C" is the Python path's cost (DESIGN.md's target: within 8 us on
-the CPU).
+the CPU, 15 us on CUDA).
 
-Run: python benches/python_overhead.py [--reps N] [--md FILE]
-(OMP_WAIT_POLICY=PASSIVE as scripts/test-python.sh; a CPU-only measurement.)
+--device cuda: the same on CUDA tensors (the plans on a CUDA context on torch's current stream;
+the bare C call with no workspace, so the context's arena serves it after the warm-up), us of
+wall time per call, each rep ended by torch.cuda.synchronize() inside its time: the host's cost
+per call where it is larger than the device's, as a loop of calls sees it.
+
+Run: python benches/python_overhead.py [--reps N] [--md FILE] [--device cuda]
+(OMP_WAIT_POLICY=PASSIVE as scripts/test-python.sh.)
 """
 import argparse
 import contextlib
@@ -41,32 +46,45 @@ import isa  # noqa: E402
 CALLS = 200
 
 
-def timer(fn, context=contextlib.nullcontext):
+def timer(fn, context=contextlib.nullcontext, cuda=False):
     """us per call of fn over CALLS calls made inside one `context()` (torch.no_grad for the
     forward columns): the process's CPU time (time.process_time, every thread of it), so that
-    time the shared box's other jobs take while this process waits is not counted."""
+    time the shared box's other jobs take while this process waits is not counted; on CUDA wall
+    time up to a device synchronisation after the calls."""
+    clock = time.perf_counter if cuda else time.process_time
+
     def run():
         with context():
-            t = time.process_time()
+            t = clock()
             for _ in range(CALLS):
                 fn()
-            return (time.process_time() - t) / CALLS * 1e6
+            if cuda:
+                torch.cuda.synchronize()
+            return (clock() - t) / CALLS * 1e6
     return run
 
 
-def sklinear_case():
+def make_context(dev):
+    """A kfuse context for the plan columns: the CPU's with torch's thread count, or CUDA's on
+    torch's current stream."""
+    if dev.type == "cuda":
+        return kfuse.Context("cuda", device_index=dev.index or 0,
+                             stream=torch.cuda.current_stream(dev).cuda_stream)
+    return kfuse.Context("cpu", num_threads=torch.get_num_threads())
+
+
+def sklinear_case(dev):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        m = kt.SKLinear(32, 32, 1, 4)
-    lin = torch.nn.Linear(32, 32)
-    x = torch.randn(4, 32)
-    y = torch.empty(4, 32)
-    plan = kfuse.SkLinearPlan(kfuse.Context("cpu", num_threads=torch.get_num_threads()),
-                              32, 32, 1, 4)
+        m = kt.SKLinear(32, 32, 1, 4).to(dev)
+    lin = torch.nn.Linear(32, 32).to(dev)
+    x = torch.randn(4, 32, device=dev)
+    y = torch.empty(4, 32, device=dev)
+    plan = kfuse.SkLinearPlan(make_context(dev), 32, 32, 1, 4)
     P = [m.S1s.detach(), m.S2s.detach(), m.U1s, m.U2s]
     b = m.bias.detach()
-    dx, d1, d2, db = torch.empty(4, 32), torch.empty_like(P[0]), torch.empty_like(P[1]), \
-        torch.empty(32)
+    dx, d1, d2, db = torch.empty(4, 32, device=dev), torch.empty_like(P[0]), \
+        torch.empty_like(P[1]), torch.empty(32, device=dev)
     op = getattr(getattr(torch.ops, "kfuse", None), "sklinear", None)
     plan.forward(x, *P, y, bias=b)  # fills the plan's argument struct, reused below
     args = plan._args["kf_sklinear_forward_args"][0]
@@ -81,15 +99,16 @@ def sklinear_case():
         x=x, params=list(m.parameters()) + list(lin.parameters()))
 
 
-def kan_case():
-    m = kt.KANLinear(8, 8)
-    lin = torch.nn.Linear(8, 8)
-    x = torch.randn(4, 8)
-    y = torch.empty(4, 8)
-    plan = kfuse.KanLinearPlan(kfuse.Context("cpu", num_threads=torch.get_num_threads()), 8, 8)
+def kan_case(dev):
+    m = kt.KANLinear(8, 8).to(dev)
+    lin = torch.nn.Linear(8, 8).to(dev)
+    x = torch.randn(4, 8, device=dev)
+    y = torch.empty(4, 8, device=dev)
+    plan = kfuse.KanLinearPlan(make_context(dev), 8, 8)
     P = [m.grid, m.base_weight.detach(), m.spline_weight.detach()]
     ss = m.spline_scaler.detach()
-    g = [torch.empty(4, 8), torch.empty_like(P[1]), torch.empty_like(P[2]), torch.empty_like(ss)]
+    g = [torch.empty(4, 8, device=dev), torch.empty_like(P[1]), torch.empty_like(P[2]),
+         torch.empty_like(ss)]
     op = getattr(getattr(torch.ops, "kfuse", None), "kan_linear", None)
     plan.forward(x, *P, y, spline_scaler=ss)  # fills the plan's argument struct, reused below
     args = plan._args["kf_kan_linear_forward_args"][0]
@@ -106,14 +125,14 @@ def kan_case():
         x=x, params=list(m.parameters()) + list(lin.parameters()))
 
 
-def gru_case():
-    m = kt.GRU(8, 16)
-    ref = torch.nn.GRU(8, 16)
-    x = torch.randn(4, 2, 8)
-    y, hn = torch.empty(4, 2, 16), torch.empty(1, 2, 16)
-    plan = kfuse.RnnPlan(kfuse.Context("cpu", num_threads=torch.get_num_threads()), "gru", 8, 16)
+def gru_case(dev):
+    m = kt.GRU(8, 16).to(dev)
+    ref = torch.nn.GRU(8, 16).to(dev)
+    x = torch.randn(4, 2, 8, device=dev)
+    y, hn = torch.empty(4, 2, 16, device=dev), torch.empty(1, 2, 16, device=dev)
+    plan = kfuse.RnnPlan(make_context(dev), "gru", 8, 16)
     W = [w.detach() for w in m._canonical_weights()]
-    rs = torch.empty(plan.workspace_size(4, 2, True)[1], dtype=torch.uint8)
+    rs = torch.empty(plan.workspace_size(4, 2, True)[1], dtype=torch.uint8, device=dev)
     dW = [torch.empty_like(w) for w in W]
     dx = torch.empty_like(x)
     op = getattr(getattr(torch.ops, "kfuse", None), "rnn", None)
@@ -138,7 +157,7 @@ def gru_case():
         x=x, params=list(m.parameters()) + list(ref.parameters()))
 
 
-def measure(case, reps):
+def measure(case, reps, cuda):
     x = case["x"]
     xg = x.clone().requires_grad_(True)
 
@@ -161,7 +180,7 @@ def measure(case, reps):
     out = {}
     for mode, fns in cols.items():
         context = torch.no_grad if mode == "fwd" else contextlib.nullcontext
-        timers = {k: timer(f, context) for k, f in fns.items()}
+        timers = {k: timer(f, context, cuda) for k, f in fns.items()}
         for t in timers.values():  # warm-up
             t()
         samples = {k: [] for k in timers}
@@ -189,11 +208,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--md", help="also write the table as markdown to this file")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
     a = ap.parse_args()
+    dev = torch.device(a.device)
+    cuda = dev.type == "cuda"
     rows = []
     for make in (sklinear_case, kan_case, gru_case):
-        case = make()
-        res = measure(case, a.reps)
+        case = make(dev)
+        res = measure(case, a.reps, cuda)
         for mode, r in res.items():
             rows.append((case["name"], case["torch_name"], mode, r))
     has_op = any("op" in r for *_, r in rows)
@@ -216,8 +238,10 @@ def main():
            "- torch %s (%d threads), Python %s, kfuse %s; OMP_WAIT_POLICY=%s" % (
                torch.__version__, torch.get_num_threads(), platform.python_version(),
                kfuse.version_string(), os.environ.get("OMP_WAIT_POLICY", "(unset)")),
-           "- us of process CPU time per call, fastest of %d reps of %d calls, columns "
-           "interleaved rep by rep" % (a.reps, CALLS)]
+           "- us of %s per call, fastest of %d reps of %d calls, columns interleaved rep by "
+           "rep" % ("wall time up to a device synchronisation, on %s"
+                    % torch.cuda.get_device_name(dev) if cuda else "process CPU time",
+                    a.reps, CALLS)]
     text = "\n".join(lines + [""] + env)
     print(text)
     if a.md:
