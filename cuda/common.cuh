@@ -94,6 +94,13 @@ __device__ __forceinline__ float kf__tf32_hi(float v) {
     return __uint_as_float(__float_as_uint(v) & 0xffffe000u);
 }
 
+// v's split into hi[i] and lo[i] (kf__tf32_hi and the remainder).
+__device__ __forceinline__ void kf__tf32_split(float v, float *hi, float *lo, int64_t i) {
+    const float h = kf__tf32_hi(v);
+    hi[i] = h;
+    lo[i] = v - h;
+}
+
 // C = beta C + A B (op(A), op(B) as kf__gemm) in 3xTF32 on the tensor cores: with A = Ah + Al and
 // B = Bh + Bl split by kf__tf32_hi, C = beta C + Al Bh + Ah Bl + Ah Bh (the small products first;
 // Al Bl, below 2^-20 |A||B|, dropped), each product on CUBLAS_COMPUTE_32F_FAST_TF32 with float32

@@ -251,9 +251,8 @@ __global__ void __launch_bounds__(kThreads)
             const float v = c == 0 ? (base ? base[oi] : 0.0f) // no base_weight: no base term
                                    : (scaler ? spline[oi * P.C + c - 1] * scaler[oi]
                                              : spline[oi * P.C + c - 1]);
-            const float hi = Wlo ? kf__tf32_hi(v) : v; // the materialised path's 3xTF32 split
-            W[e] = hi;
-            if (Wlo) Wlo[e] = v - hi;
+            if (Wlo) kf__tf32_split(v, W, Wlo, e); // the materialised path's 3xTF32 split
+            else W[e] = v;
         } else {
             const int64_t e2 = e - E1, i = e2 / (P.k * P.nk), q = e2 / P.nk % P.k + 1,
                           m = e2 % P.nk;
@@ -551,11 +550,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t e = (int64_t)blockIdx.x * kThreads + threadIdx.x; e < E; e += step) {
         const int64_t r = e / F, f = f0 + e % F, at = r * ld + (f - f0) * P.cw;
         gen_cols<KM, false>(P, r0 + r, f, f * P.cw, (f + 1) * P.cw, a + r * ld, 1, f0 * P.cw);
-        for (int64_t c = 0; c < P.cw; ++c) {
-            const float v = a[at + c], hi = kf__tf32_hi(v);
-            a[at + c] = hi;
-            alo[at + c] = v - hi;
-        }
+        for (int64_t c = at; c < at + P.cw; ++c) kf__tf32_split(a[c], a, alo, c);
     }
 }
 
@@ -563,11 +558,8 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     kan_split(const float *src, int64_t n, float *hi, float *lo) {
     const int64_t step = (int64_t)gridDim.x * kThreads;
-    for (int64_t i = (int64_t)blockIdx.x * kThreads + threadIdx.x; i < n; i += step) {
-        const float v = src[i], h = kf__tf32_hi(v);
-        hi[i] = h;
-        lo[i] = v - h;
-    }
+    for (int64_t i = (int64_t)blockIdx.x * kThreads + threadIdx.x; i < n; i += step)
+        kf__tf32_split(src[i], hi, lo, i);
 }
 
 // dx of rows [r0, r0 + R) from their dA [R, K] (dA = dy W, cuBLAS): one thread per (row, feature).
