@@ -8,9 +8,10 @@
 # expression (e.g. cuda: the tests that run on the GPU, for a short lease).
 # KF_PY_PARTS picks what runs after the install (default "pytest modules overhead"): pytest,
 # modules (benches/python_modules.py), overhead (benches/python_overhead.py --device cuda: the
-# per-call cost of each Python layer against the bare C call, $OUT/python_overhead_gpu.md) and kkan (benches/kkan_epoch.py --device cuda: the KKAN (Small)
-# epoch on the GPU, into $OUT/kkan_gpu.log; Fashion-MNIST from BUILD_DIR/fmnist/*.xz when the
-# bundle carries it, `scripts/gpu-bundle.sh --python`, else from Debian's dataset folder).
+# per-call cost of each Python layer against the bare C call, $OUT/python_overhead_gpu.md) and
+# kkan (benches/kkan_epoch.py --device cuda: the KKAN (Small) epoch on the GPU, into
+# $OUT/kkan_gpu.log; Fashion-MNIST from BUILD_DIR/fmnist/*.xz when the bundle carries it,
+# `scripts/gpu-bundle.sh --python`, else from Debian's dataset folder).
 #   bash benches/gpu-python.sh [BUILD_DIR]      (default .gpu)
 set -u
 cd "$(dirname "$0")/.." || exit 2
@@ -50,7 +51,8 @@ for part in ${KF_PY_PARTS:-pytest modules overhead}; do
         mkdir -p "$data"
         python3 -c 'import gzip, lzma, os, sys
 for f in sys.argv[2:]:
-    with lzma.open(f) as src, gzip.open(os.path.join(sys.argv[1], os.path.basename(f)[:-3] + ".gz"), "wb", 1) as dst:
+    gz = os.path.join(sys.argv[1], os.path.basename(f)[:-3] + ".gz")
+    with lzma.open(f) as src, gzip.open(gz, "wb", 1) as dst:
         dst.write(src.read())' "$data" "$BUILD"/fmnist/*.xz
       fi
       PYTHONUNBUFFERED=1 python3 benches/kkan_epoch.py --device cuda --data-dir "$data" \

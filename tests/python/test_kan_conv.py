@@ -77,6 +77,16 @@ def check_against_reference(m, x, dy, geom, activation=F.silu):
     return errs
 
 
+def random_dy(m, x, geom, g):
+    """An upstream gradient of m's output shape for x (the reference's), drawn from generator g
+    in x's dtype."""
+    with torch.no_grad():
+        y_shape = ref_conv_forward(geom)(x.double(), *[
+            None if t is None else t.double() for t in params_of(m).values()],
+            m.spline_order).shape
+    return torch.randn(y_shape, generator=g).to(x.dtype)
+
+
 # ---- forward and backward against the float64 reference ---------------------------------------
 
 OP_CASES = [  # (C_in, C_out, kernel, stride, padding, dilation, H, W, batch (None: 3-D x), G, k,
@@ -116,11 +126,7 @@ def test_torch_forward_backward_vs_float64(cin, cout, ks, st, pad, dil, H, W, B,
     g = torch.Generator().manual_seed(1)
     lead = () if B is None else (B,)
     x = (torch.randn(lead + (cin, H, W), generator=g) * xs).to(dtype)
-    with torch.no_grad():
-        y_shape = ref_conv_forward(geom)(x.double(), *[
-            None if t is None else t.double() for t in params_of(m).values()], k).shape
-    dy = torch.randn(y_shape, generator=g).to(dtype)
-    check_against_reference(m, x, dy, geom)
+    check_against_reference(m, x, random_dy(m, x, geom, g), geom)
     assert hasattr(m, "spline_scaler") == standalone
 
 
@@ -571,27 +577,14 @@ def test_default_init_scale_is_sane():
 def test_cuda_forward_backward_vs_float64(cin, cout, ks, st, pad, dil, H, W, B):
     """CUDA tensors run on a CUDA context (the CUDA backend implements KANConv2d in float32, so
     an Unsupported here is a regression, not a skip): y and every gradient against the float64
-    reference computed on the CPU, and a CPU input is refused."""
+    reference (on the device), and a CPU input is refused."""
     torch.manual_seed(0)
-    m = randomize_(kt.KANConv2d(cin, cout, ks, stride=st, padding=pad, dilation=dil)).cuda()
+    m = randomize_(kt.KANConv2d(cin, cout, ks, stride=st, padding=pad, dilation=dil))
     geom = (ks, st, pad, dil)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(B, cin, H, W, generator=g)
-    with torch.no_grad():
-        y_shape = ref_conv_forward(geom)(x.double(), *[
-            None if t is None else t.double().cpu() for t in params_of(m).values()], m.spline_order).shape
-    dy = torch.randn(y_shape, generator=g)
-    xc = x.cuda().requires_grad_(True)
-    y = m(xc)
-    assert y.is_cuda
-    y.backward(dy.cuda())
-    cpu = {n: t.detach().cpu() for n, t in params_of(m).items()}
-    yr, dxr, gr = reference_grads(x, cpu, dy, m.spline_order, forward=ref_conv_forward(geom))
-    errs = {"y": rel(y.detach().cpu(), yr), "dx": rel(xc.grad.cpu(), dxr)}
-    for n in GRADS:
-        if n in gr:
-            errs["d" + n] = rel(getattr(m, n).grad.cpu(), gr[n])
-    bad = {n: e for n, e in errs.items() if not e < TOL}
-    assert not bad, bad
+    dy = random_dy(m, x, geom, g)
+    m.cuda()
+    check_against_reference(m, x.cuda(), dy.cuda(), geom)
     with pytest.raises(RuntimeError, match="same device"):
         m(x)
