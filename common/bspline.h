@@ -9,8 +9,8 @@
  *  - KF__BSPLINE_DEFINE(T, suffix): for C and C++, the CPU kernels in float and double
  *    (cpu/kan_linear.c) and the float64 grid refit (host/kan_grid.c): the reciprocal table of one feature and the bases
  *    of one feature at many points, vectorised over the points;
- *  - kf__bspline_window<KM> (C++ and CUDA only): the bases of one point that can be non-zero, in
- *    registers (cuda/kan_linear.cu).
+ *  - kf__bspline_window<KM, T> (C++ and CUDA only): the bases of one point that can be non-zero,
+ *    in registers (cuda/kan_linear.cu in float, cuda/f64_algo.cuh in double).
  * tests/cxx/test_bspline.cpp holds the window equal to the vectorised form on the CPU. */
 #ifndef KF_BSPLINE_H
 #define KF_BSPLINE_H
@@ -91,12 +91,13 @@
  * r = 0..q, where j is the knot interval t_j <= x < t_{j+1}; returns j, or -1 (every basis 0)
  * when x is outside [t_0, t_{nk-1}), NaN, or (a decreasing grid, unspecified) no interval holds
  * it. t: the feature's nk knots; inv: its reciprocal table (kf__bspline_inv_*). The window is
- * unrolled up to the bound KM >= q, so it lives in registers on a GPU. */
-template <int KM>
-KF__BSPLINE_HD int64_t kf__bspline_window(const float *t, const float *inv, int64_t nk, int q,
-                                          float x, float (&Nw)[KM + 1]) {
+ * unrolled up to the bound KM >= q, so it lives in registers on a GPU. T: float (the float32
+ * kernels) or double (the float64 path of cuda/f64_algo.cuh). */
+template <int KM, typename T>
+KF__BSPLINE_HD int64_t kf__bspline_window(const T *t, const T *inv, int64_t nk, int q, T x,
+                                          T (&Nw)[KM + 1]) {
 KF__BSPLINE_UNROLL
-    for (int r = 0; r <= KM; ++r) Nw[r] = 0.0f;
+    for (int r = 0; r <= KM; ++r) Nw[r] = T(0);
     if (!(x >= t[0] && x < t[nk - 1])) return -1;
     int64_t lo = 0, hi = nk - 2; // the largest j <= nk - 2 with t_j <= x
     while (lo < hi) {
@@ -106,19 +107,19 @@ KF__BSPLINE_UNROLL
     }
     const int64_t j = lo;
     if (!(t[j] <= x && x < t[j + 1])) return -1;
-    Nw[0] = 1.0f;
+    Nw[0] = T(1);
 KF__BSPLINE_UNROLL
     for (int p = 1; p <= KM; ++p) {
         if (p > q) break;
-        const float *ip = inv + (int64_t)(p - 1) * nk;
+        const T *ip = inv + (int64_t)(p - 1) * nk;
         // Descending r: new[r] reads old[r - 1] (B_{m,p-1}) and old[r] (B_{m+1,p-1}).
 KF__BSPLINE_UNROLL
         for (int r = p; r >= 0; --r) {
             const int64_t m = j - p + r;
-            float v = 0.0f;
+            T v = T(0);
             if (m >= 0 && m + p + 1 < nk) {
-                const float b0 = r >= 1 ? Nw[r - 1] : 0.0f;
-                const float b1 = r <= p - 1 ? Nw[r] : 0.0f;
+                const T b0 = r >= 1 ? Nw[r - 1] : T(0);
+                const T b1 = r <= p - 1 ? Nw[r] : T(0);
                 v = (x - t[m]) * ip[m] * b0 + (t[m + p + 1] - x) * ip[m + 1] * b1;
             }
             Nw[r] = v;

@@ -1,7 +1,8 @@
 // The CUDA backend's op tables, one per op file (cuda/rnn_fwd.cu, cuda/sklinear.cu,
 // cuda/kan_linear.cu) for float32 plans, wrapped for bfloat16 and float16 plans by
 // core/lowp_ops.c (with cuda/lowp.cu's conversions) and gathered into its kf__backend by
-// cuda/device.cu. Private to cuda/.
+// cuda/device.cu; SKLinear's and the KAN layers' entries send float64 plans to cuda/f64.cu.
+// Private to cuda/.
 #ifndef KF_CUDA_BACKEND_CUH
 #define KF_CUDA_BACKEND_CUH
 
@@ -19,5 +20,14 @@ extern const kf__kan_ops kf__cuda_kan_ops;
 // tables, which cuda/device.cu installs (bfloat16 and float16 plans).
 extern const struct kf__lowp_base kf__cuda_lowp;
 }
+
+// The float64 plans' entries (cuda/f64.cu, algorithms in cuda/f64_algo.cuh).
+size_t kf__cuda_skl64_workspace(const struct kf_sklinear_plan *p, int64_t N);
+kf_status kf__cuda_skl64_forward(kf_context *ctx, const kf__skl_fwd *c);
+kf_status kf__cuda_skl64_backward(kf_context *ctx, const kf__skl_bwd *c);
+size_t kf__cuda_kan64_workspace(const struct kf_kan_linear_plan *p, int64_t N,
+                                const kf__kan_patches *patches);
+kf_status kf__cuda_kan64_forward(kf_context *ctx, const kf__kan_fwd *c);
+kf_status kf__cuda_kan64_backward(kf_context *ctx, const kf__kan_bwd *c);
 
 #endif // KF_CUDA_BACKEND_CUH

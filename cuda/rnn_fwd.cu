@@ -745,7 +745,7 @@ namespace {
 // Float32 (low plans arrive as their float32 copies: core/lowp_ops.c): float64 is refused at
 // plan creation, never in a call.
 kf_status rnn_supports(const struct kf_rnn_plan *p, const char *fn) {
-    return kf__cuda_dtype_supported(p->dtype, fn);
+    return kf__cuda_dtype_supported(p->dtype, false, fn);
 }
 
 } // namespace

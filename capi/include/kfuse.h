@@ -53,7 +53,7 @@ extern "C" {
 
 /* ---- version (the build reads these three lines to form the SONAME and package version) - */
 #define KF_VERSION_MAJOR 1
-#define KF_VERSION_MINOR 6
+#define KF_VERSION_MINOR 7
 #define KF_VERSION_PATCH 0
 /* The ABI generation; equals KF_VERSION_MAJOR. */
 #define KF_ABI_VERSION KF_VERSION_MAJOR
@@ -378,8 +378,8 @@ typedef struct kf_sklinear_desc {
     int32_t low_rank;     /* k >= 1; no default (0) */
     int32_t bias;         /* 1 (default): a bias [out] is added; 0: none */
     int32_t dtype;        /* kf_dtype of every tensor: KF_DTYPE_F32 (default), or KF_DTYPE_F64
-                             (since 1.3; KF_ERR_UNSUPPORTED on CUDA), KF_DTYPE_F16 or
-                             KF_DTYPE_BF16 (since 1.5; on CUDA since 1.6) */
+                             (since 1.3; on CUDA since 1.7), KF_DTYPE_F16 or KF_DTYPE_BF16
+                             (since 1.5; on CUDA since 1.6) */
     /* appended in later versions below this line; never reorder or remove */
 } kf_sklinear_desc;
 
@@ -505,7 +505,7 @@ typedef struct kf_kan_linear_desc {
     int32_t spline_order;     /* k >= 0; default 3 */
     int32_t standalone_scale; /* 1 (default): spline_scaler multiplies spline_weight; 0: none */
     int32_t dtype;            /* kf_dtype of every tensor: KF_DTYPE_F32 (default), or KF_DTYPE_F64
-                                 (since 1.4) on a CPU context, KF_DTYPE_F16 or KF_DTYPE_BF16
+                                 (since 1.4; on CUDA since 1.7), KF_DTYPE_F16 or KF_DTYPE_BF16
                                  (since 1.5; on CUDA since 1.6) */
     /* appended in later versions below this line; never reorder or remove */
 } kf_kan_linear_desc;
@@ -514,9 +514,9 @@ typedef struct kf_kan_linear_desc {
 KF_API void kf_kan_linear_desc_init(kf_kan_linear_desc *desc);
 
 /* Creates a plan bound to `ctx` (which must outlive it). @return KF_OK and *out,
- * KF_ERR_INVALID_ARGUMENT (message names the field), KF_ERR_UNSUPPORTED (a dtype other than
- * KF_DTYPE_F32 and, on a CPU context, KF_DTYPE_F64, KF_DTYPE_F16 and KF_DTYPE_BF16; on a CUDA context a spline_order above 15:
- * since 1.3 reported here, before 1.3 by forward and backward), KF_ERR_OUT_OF_MEMORY. On failure
+ * KF_ERR_INVALID_ARGUMENT (message names the field), KF_ERR_UNSUPPORTED (a dtype the context
+ * does not implement, see desc->dtype; on a CUDA context a spline_order above 15: since 1.3
+ * reported here, before 1.3 by forward and backward), KF_ERR_OUT_OF_MEMORY. On failure
  * *out is set to NULL (when `out` is not NULL). Since 1.1. */
 KF_API kf_status kf_kan_linear_plan_create(kf_context *ctx, const kf_kan_linear_desc *desc,
                                            kf_kan_linear_plan **out);
@@ -620,8 +620,8 @@ typedef struct kf_kan_conv2d_desc {
     int32_t spline_order;          /* k >= 0; default 3 */
     int32_t standalone_scale;      /* 1 (default): spline_scaler multiplies spline_weight; 0: none */
     int32_t dtype;                 /* kf_dtype of every tensor: KF_DTYPE_F32 (default), or
-                                      KF_DTYPE_F64 (since 1.4) on a CPU context, KF_DTYPE_F16 or
-                                      KF_DTYPE_BF16 (since 1.5; on CUDA since 1.6) */
+                                      KF_DTYPE_F64 (since 1.4; on CUDA since 1.7), KF_DTYPE_F16
+                                      or KF_DTYPE_BF16 (since 1.5; on CUDA since 1.6) */
     /* appended in later versions below this line; never reorder or remove */
 } kf_kan_conv2d_desc;
 

@@ -163,4 +163,35 @@ static inline float *to_host(const void *d, int64_t n) {
 }
 #endif /* KF_HAVE_CUDA */
 
+/* ---- float64 buffers on either device (the float64 tests run on both) ---------------------- */
+
+/* The n doubles at host `h` where a call on a `dev` context reads them: `h` itself on the CPU, a
+ * device copy on CUDA (its contents copied, NaN poison included); NULL for NULL. Release with
+ * unplace(). */
+static inline double *place_f64(kf_device_type dev, double *h, int64_t n) {
+#ifdef KF_HAVE_CUDA
+    if (dev == KF_DEVICE_CUDA && h != NULL)
+        return (double *)to_dev(h, (size_t)(n > 0 ? n : 1) * sizeof(double));
+#endif
+    (void)dev, (void)n;
+    return h;
+}
+
+/* The n doubles at `placed` (place_f64's result) back into host `h`: a copy on CUDA, nothing on
+ * the CPU (they are the same memory). */
+static inline void fetch_f64(kf_device_type dev, double *h, const double *placed, int64_t n) {
+#ifdef KF_HAVE_CUDA
+    if (dev == KF_DEVICE_CUDA && h != NULL && n > 0)
+        CUDA_OK(cudaMemcpy(h, placed, (size_t)n * sizeof(double), cudaMemcpyDeviceToHost));
+#endif
+    (void)dev, (void)h, (void)placed, (void)n;
+}
+
+static inline void unplace(kf_device_type dev, void *placed) {
+#ifdef KF_HAVE_CUDA
+    if (dev == KF_DEVICE_CUDA) cudaFree(placed);
+#endif
+    (void)dev, (void)placed;
+}
+
 #endif /* KF_TEST_H */

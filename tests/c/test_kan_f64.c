@@ -6,7 +6,8 @@
  * checked against the formula in float64) or sorted random per feature; weights at a fan-in
  * scale, never zeros; every output poisoned (NaN) before each call; ||out - ref|| / ||ref|| <
  * 1e-12, forward, dx and every parameter gradient, overwritten and accumulated, on 1 and 2
- * threads. The grid update in float64: the knots against the formula in float64, the refit by
+ * threads, and on a CUDA context (cuda/f64.cu; device copies of every tensor; skipped without a
+ * usable device). The grid update in float64: the knots against the formula in float64, the refit by
  * its normal equations, KANConv2d's against KANLinear's on the unfolded patches. Also: the
  * workspace query in float64 bytes, a dtype mismatch named with nothing written, and float16
  * refused at plan creation. */
@@ -259,21 +260,55 @@ static kf_status run_backward(const plans *pl, const prob *p, kf_grad_mode mode,
 
 /* ---- forward and backward against the reference ------------------------------------------- */
 
-static void check_against_reference(const shape *s, int32_t threads) {
+/* p's tensors where a `dev` context reads them (kf_test.h's place_f64); rows and dyr (the
+ * reference's) stay on the host. */
+static prob placed(kf_device_type dev, prob *p) {
+    prob d = *p;
+    d.x = place_f64(dev, p->x, p->nx), d.dy = place_f64(dev, p->dy, p->ny);
+    d.grid = place_f64(dev, p->grid, p->F * p->nk), d.sw = place_f64(dev, p->sw, n_oic(p));
+    d.bw = place_f64(dev, p->bw, n_oi(p)), d.sc = place_f64(dev, p->sc, n_oi(p));
+    return d;
+}
+
+static void unplace_prob(kf_device_type dev, prob *d) {
+    void *v[] = {d->x, d->dy, d->grid, d->sw, d->bw, d->sc};
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) unplace(dev, v[i]);
+}
+
+/* A backward on `dev` into the host gradients g (their contents, NaN or the values accumulated
+ * onto, go to the device and the results come back). */
+static void backward_on(kf_device_type dev, kf_context *ctx, const plans *pl, const prob *pd,
+                        const int64_t n[NG], kf_grad_mode mode, double *g[NG]) {
+    double *gd[NG];
+    for (int i = 0; i < NG; i++) gd[i] = place_f64(dev, g[i], n[i]);
+    KF_OK_(run_backward(pl, pd, mode, gd));
+    KF_OK_(kf_context_synchronize(ctx));
+    for (int i = 0; i < NG; i++) fetch_f64(dev, g[i], gd[i], n[i]), unplace(dev, gd[i]);
+}
+
+/* Forward, backward and accumulated backward on a `dev` context (CPU: `threads` threads; CUDA:
+ * device copies of every tensor; the test skips where no device is usable) against the
+ * reference. */
+static void check_against_reference(const shape *s, kf_device_type dev, int32_t threads) {
     prob p = make_prob(s, (uint64_t)(s->B * 131 + s->Cin * 17 + s->out * 7 + s->kh));
-    kf_context *ctx = make_ctx(KF_DEVICE_CPU, threads);
+    kf_context *ctx = make_ctx(dev, threads);
+    prob pd = placed(dev, &p);
     plans pl;
     KF_OK_(plan_of(ctx, s, KF_DTYPE_F64, &pl));
-    const params t = params_of(&p);
+    const params t = params_of(&pd);
     double *y = ref_new_nans_f64(p.ny), *rows = malloc((size_t)p.ny * sizeof *rows);
     double *yr = malloc((size_t)p.ny * sizeof *yr);
-    KF_OK_(run_forward(&pl, &p, &t, x_tensor(&p, p.x), y_tensor(&p, y), NULL, 0));
+    double *yd = place_f64(dev, y, p.ny);
+    KF_OK_(run_forward(&pl, &pd, &t, x_tensor(&pd, pd.x), y_tensor(&pd, yd), NULL, 0));
+    KF_OK_(kf_context_synchronize(ctx));
+    fetch_f64(dev, y, yd, p.ny), unplace(dev, yd);
     ref_kan_forward(&p.c, p.rows, p.grid, p.bw0, p.sw, p.sc, rows);
     for (int64_t n = 0; n < p.N; n++)
         for (int64_t o = 0; o < s->out; o++) yr[y_index(&p, n, o)] = rows[n * s->out + o];
     const double ey = ref_rel_err_f64(y, yr, p.ny);
-    cr_expect(ey < TOL, "y: rel err %.3g (%s, F %lld, out %lld, %d threads)", ey,
-              is_conv(s) ? "conv2d" : "linear", (long long)p.F, (long long)s->out, threads);
+    const char *on = dev == KF_DEVICE_CUDA ? "cuda" : "cpu";
+    cr_expect(ey < TOL, "y: rel err %.3g (%s, F %lld, out %lld, %s, %d threads)", ey,
+              is_conv(s) ? "conv2d" : "linear", (long long)p.F, (long long)s->out, on, threads);
 
     /* the reference's gradients: of the rows, folded back into x's pixels for KANConv2d */
     double *want[NG], *drows = malloc((size_t)(p.N * p.F) * sizeof *drows);
@@ -293,12 +328,12 @@ static void check_against_reference(const shape *s, int32_t threads) {
     static const char *names[NG] = {"dx", "dbase_weight", "dspline_weight", "dspline_scaler"};
     double *g[NG];
     grads_make(&p, g);
-    KF_OK_(run_backward(&pl, &p, KF_GRAD_OVERWRITE, g));
+    backward_on(dev, ctx, &pl, &pd, n, KF_GRAD_OVERWRITE, g);
     for (int i = 0; i < NG; i++) {
         if (n[i] == 0) continue;
         const double e = ref_rel_err_f64(g[i], want[i], n[i]);
-        cr_expect(e < TOL, "%s: rel err %.3g (%s, %d threads)", names[i], e,
-                  is_conv(s) ? "conv2d" : "linear", threads);
+        cr_expect(e < TOL, "%s: rel err %.3g (%s, %s, %d threads)", names[i], e,
+                  is_conv(s) ? "conv2d" : "linear", on, threads);
     }
     /* KF_GRAD_ACCUMULATE adds to what the buffers hold (dx is overwritten all the same). */
     double *acc[NG];
@@ -306,7 +341,7 @@ static void check_against_reference(const shape *s, int32_t threads) {
     const double start[NG] = {0.0, 0.5, -0.25, 2.0};
     for (int i = GBW; i < NG; i++)
         for (int64_t e = 0; e < n[i]; e++) acc[i][e] = start[i], want[i][e] += start[i];
-    KF_OK_(run_backward(&pl, &p, KF_GRAD_ACCUMULATE, acc));
+    backward_on(dev, ctx, &pl, &pd, n, KF_GRAD_ACCUMULATE, acc);
     for (int i = 0; i < NG; i++)
         if (n[i])
             cr_expect(ref_rel_err_f64(acc[i], want[i], n[i]) < TOL, "accumulate: %s", names[i]);
@@ -314,6 +349,7 @@ static void check_against_reference(const shape *s, int32_t threads) {
     free(drows), free(y), free(rows), free(yr);
     plans_destroy(&pl);
     kf_context_destroy(ctx);
+    unplace_prob(dev, &pd);
     free_prob(&p);
 }
 
@@ -347,8 +383,18 @@ ParameterizedTestParameters(kan_f64, matches_reference) {
 }
 
 ParameterizedTest(const shape *s, kan_f64, matches_reference) {
-    check_against_reference(s, 1);
-    check_against_reference(s, 2);
+    check_against_reference(s, KF_DEVICE_CPU, 1);
+    check_against_reference(s, KF_DEVICE_CPU, 2);
+}
+
+/* The CUDA backend's float64 plans (cuda/f64.cu), the same shapes; skips without a usable
+ * device. */
+ParameterizedTestParameters(kan_f64, cuda_matches_reference) {
+    return cr_make_param_array(shape, kShapes, sizeof kShapes / sizeof kShapes[0]);
+}
+
+ParameterizedTest(const shape *s, kan_f64, cuda_matches_reference) {
+    check_against_reference(s, KF_DEVICE_CUDA, 0);
 }
 
 /* ---- the grid update ---------------------------------------------------------------------- */

@@ -8,7 +8,7 @@
  * paths (small N: forward split over features, dW split over rows), the materialised path
  * (N out >= 2^22: A by chunks of rows, cuBLAS products), (1024, 256, 256), and no
  * spline_scaler. Also: a forward captured in a CUDA graph on a user stream replays to the eager
- * result.
+ * result. (Float64 plans on CUDA: test_kan_f64.c, against the float64 reference.)
  *
  * Without a CUDA build, or with no usable device (KF_ERR_BACKEND_UNAVAILABLE), every test skips. */
 #include <criterion/criterion.h>
@@ -223,25 +223,6 @@ Test(kan_linear_cuda, big_shapes) {
         {4096, 32, 256, 5, 3, 1, GRID_RANDOM},   /* unsplit forward, 4 output tiles */
     };
     for (size_t i = 0; i < sizeof big / sizeof big[0]; i++) check_shape(&big[i]);
-}
-
-/* Float64 is a CPU dtype for now: a CUDA context refuses it at plan creation, naming the field,
- * for both KAN layers. */
-Test(kan_linear_cuda, float64_unsupported) {
-    kf_context *ctx = make_ctx(KF_DEVICE_CUDA, 0); /* skips without a usable device */
-    kf_kan_linear_desc d;
-    kf_kan_linear_desc_init(&d);
-    d.in_features = 8, d.out_features = 8, d.dtype = KF_DTYPE_F64;
-    kf_kan_linear_plan *plan = NULL;
-    EXPECT_FAIL(kf_kan_linear_plan_create(ctx, &d, &plan), KF_ERR_UNSUPPORTED, "desc->dtype");
-    cr_expect(plan == NULL);
-    kf_kan_conv2d_desc c;
-    kf_kan_conv2d_desc_init(&c);
-    c.in_channels = 2, c.out_channels = 3, c.kernel_h = c.kernel_w = 3, c.dtype = KF_DTYPE_F64;
-    kf_kan_conv2d_plan *conv = NULL;
-    EXPECT_FAIL(kf_kan_conv2d_plan_create(ctx, &c, &conv), KF_ERR_UNSUPPORTED, "desc->dtype");
-    cr_expect(conv == NULL);
-    kf_context_destroy(ctx);
 }
 
 Test(kan_linear_cuda, graph_capture_replays_forward) {

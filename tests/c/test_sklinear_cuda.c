@@ -6,7 +6,8 @@
  * batch 1, no bias on either path. Also: initialisation on a CUDA context gives the CPU
  * context's bits; a forward captured in a CUDA graph on a user stream replays to the eager
  * result (thread-local capture after a warm-up; global capture on a first call, refused until
- * the arena is reserved); a call after a stream change; float64 is refused at plan creation.
+ * the arena is reserved); a call after a stream change. (Float64 plans on CUDA:
+ * test_sklinear_f64.c, against the float64 reference.)
  *
  * Without a CUDA build, or with no usable device (KF_ERR_BACKEND_UNAVAILABLE), every test skips. */
 #include <criterion/criterion.h>
@@ -178,19 +179,6 @@ Test(sklinear_cuda, init_matches_cpu) {
     }
     kf_context_destroy(ctx[0]);
     kf_context_destroy(ctx[1]);
-}
-
-/* Float64 is a CPU dtype for now: a CUDA context refuses it at plan creation, naming the field. */
-Test(sklinear_cuda, float64_unsupported) {
-    kf_context *ctx = make_ctx(KF_DEVICE_CUDA, 0); /* skips without a usable device */
-    kf_sklinear_desc d;
-    kf_sklinear_desc_init(&d);
-    d.in_features = 8, d.out_features = 8, d.num_terms = 1, d.low_rank = 2;
-    d.dtype = KF_DTYPE_F64;
-    kf_sklinear_plan *plan = NULL;
-    EXPECT_FAIL(kf_sklinear_plan_create(ctx, &d, &plan), KF_ERR_UNSUPPORTED, "desc->dtype");
-    cr_expect(plan == NULL);
-    kf_context_destroy(ctx);
 }
 
 /* One forward problem on a user stream, for the graph-capture tests: device inputs, two outputs

@@ -3,9 +3,9 @@
  * U(-1, 1), parameters at Panther's scale (never zeros); every output poisoned (NaN) before each
  * call; ||out - ref|| / ||ref|| < 1e-12. Shapes include output widths that are not a multiple of
  * 8 with k >= 16, where the library computes the ragged columns of a GEMM itself (host/blas.c).
- * Also: the initialisation in float64 against the formula it implements, a mixed-dtype call
- * refused with the argument named and nothing written, and CUDA refusing float64 at plan
- * creation. */
+ * The same on a CUDA context (cuda/f64.cu; device copies of every tensor; skipped without a
+ * usable device). Also: the initialisation in float64 against the formula it implements, and a
+ * mixed-dtype call refused with the argument named and nothing written. */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 
@@ -117,37 +117,71 @@ static kf_status run_backward(kf_sklinear_plan *plan, const prob *p, kf_grad_mod
     return kf_sklinear_backward(plan, mode, &a, NULL, 0);
 }
 
-static void check_against_reference(const shape *s, int32_t threads) {
+/* p's tensors where a `dev` context reads them (kf_test.h's place_f64). */
+static prob placed(kf_device_type dev, prob *p) {
+    prob d = *p;
+    d.x = place_f64(dev, p->x, p->c.N * p->c.in), d.dy = place_f64(dev, p->dy, p->c.N * p->c.out);
+    d.S1 = place_f64(dev, p->S1, n_ik(p)), d.U2 = place_f64(dev, p->U2, n_ik(p));
+    d.S2 = place_f64(dev, p->S2, n_ko(p)), d.U1 = place_f64(dev, p->U1, n_ko(p));
+    d.b = place_f64(dev, p->b, p->c.out);
+    return d;
+}
+
+static void unplace_prob(kf_device_type dev, prob *d) {
+    void *v[] = {d->x, d->S1, d->S2, d->U1, d->U2, d->b, d->dy};
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) unplace(dev, v[i]);
+}
+
+/* A backward on `dev` into the host gradients g (their contents, NaN or the values accumulated
+ * onto, go to the device and the results come back). */
+static void backward_on(kf_device_type dev, kf_context *ctx, kf_sklinear_plan *plan,
+                        const prob *pd, const int64_t n[NG], kf_grad_mode mode, double *g[NG]) {
+    double *gd[NG];
+    for (int i = 0; i < NG; i++) gd[i] = place_f64(dev, g[i], n[i]);
+    KF_OK_(run_backward(plan, pd, mode, gd));
+    KF_OK_(kf_context_synchronize(ctx));
+    for (int i = 0; i < NG; i++) fetch_f64(dev, g[i], gd[i], n[i]), unplace(dev, gd[i]);
+}
+
+/* Forward, backward and accumulated backward on a `dev` context (CPU: `threads` threads; CUDA:
+ * device copies of every tensor; the test skips where no device is usable) against the
+ * reference. */
+static void check_against_reference(const shape *s, kf_device_type dev, int32_t threads) {
     prob p = make_prob(s, (uint64_t)(s->N * 131 + s->in * 17 + s->k));
-    kf_context *ctx = make_ctx(KF_DEVICE_CPU, threads);
+    kf_context *ctx = make_ctx(dev, threads);
+    prob pd = placed(dev, &p);
     kf_sklinear_plan *plan = NULL;
     KF_OK_(plan_for(ctx, &p.c, s->bias, &plan));
     const int64_t ny = s->N * s->out, nx = s->N * s->in;
     double *y = ref_new_nans_f64(ny), *yr = malloc((size_t)ny * sizeof *yr);
+    double *yd = place_f64(dev, y, ny);
     kf_sklinear_forward_args fa;
-    forward_args(&p, y, &fa);
+    forward_args(&pd, yd, &fa);
     KF_OK_(kf_sklinear_forward(plan, &fa, NULL, 0));
+    KF_OK_(kf_context_synchronize(ctx));
+    fetch_f64(dev, y, yd, ny), unplace(dev, yd);
     ref_skl_forward(&p.c, p.x, p.S1, p.S2, p.U1, p.U2, p.b, yr);
     double e = ref_rel_err_f64(y, yr, ny);
-    cr_expect(e < TOL, "y: rel err %.3g (N %lld in %lld out %lld L %lld k %lld, %d threads)", e,
-              (long long)s->N, (long long)s->in, (long long)s->out, (long long)s->L,
-              (long long)s->k, threads);
+    cr_expect(e < TOL, "y: rel err %.3g (N %lld in %lld out %lld L %lld k %lld, %s, %d threads)",
+              e, (long long)s->N, (long long)s->in, (long long)s->out, (long long)s->L,
+              (long long)s->k, dev == KF_DEVICE_CUDA ? "cuda" : "cpu", threads);
 
     double *dx = malloc((size_t)nx * 8), *dS1 = malloc((size_t)n_ik(&p) * 8),
            *dS2 = malloc((size_t)n_ko(&p) * 8), *db = malloc((size_t)s->out * 8);
     ref_skl_backward(&p.c, p.x, p.S1, p.S2, p.U1, p.U2, p.dy, dx, dS1, dS2, db);
     double *g[NG];
     grads_make(&p, g);
-    KF_OK_(run_backward(plan, &p, KF_GRAD_OVERWRITE, g));
+    const int64_t n[NG] = {nx, n_ik(&p), n_ko(&p), s->bias ? s->out : 0};
+    backward_on(dev, ctx, plan, &pd, n, KF_GRAD_OVERWRITE, g);
     const struct { const char *name; const double *got; double *want; int64_t n; } out[] = {
         {"dx", g[GX], dx, nx}, {"dS1s", g[GS1], dS1, n_ik(&p)},
         {"dS2s", g[GS2], dS2, n_ko(&p)}, {"dbias", g[GB], db, s->bias ? s->out : 0}};
     for (size_t i = 0; i < 4; i++) {
         if (out[i].n == 0) continue;
         e = ref_rel_err_f64(out[i].got, out[i].want, out[i].n);
-        cr_expect(e < TOL, "%s: rel err %.3g (N %lld in %lld out %lld L %lld k %lld)",
+        cr_expect(e < TOL, "%s: rel err %.3g (N %lld in %lld out %lld L %lld k %lld, %s)",
                   out[i].name, e, (long long)s->N, (long long)s->in, (long long)s->out,
-                  (long long)s->L, (long long)s->k);
+                  (long long)s->L, (long long)s->k, dev == KF_DEVICE_CUDA ? "cuda" : "cpu");
     }
     /* KF_GRAD_ACCUMULATE adds to what the buffers hold (dx is overwritten all the same). */
     double *acc[NG];
@@ -155,7 +189,7 @@ static void check_against_reference(const shape *s, int32_t threads) {
     const double start[NG] = {0.0, 0.5, -0.25, 2.0};
     for (int i = GS1; i < NG; i++)
         for (int64_t e = 0; e < out[i].n; e++) acc[i][e] = start[i], out[i].want[e] += start[i];
-    KF_OK_(run_backward(plan, &p, KF_GRAD_ACCUMULATE, acc));
+    backward_on(dev, ctx, plan, &pd, n, KF_GRAD_ACCUMULATE, acc);
     for (int i = 0; i < NG; i++)
         if (out[i].n)
             cr_expect(ref_rel_err_f64(acc[i], out[i].want, out[i].n) < TOL, "accumulate: %s",
@@ -164,6 +198,7 @@ static void check_against_reference(const shape *s, int32_t threads) {
     free(dx), free(dS1), free(dS2), free(db), free(y), free(yr);
     kf_sklinear_plan_destroy(plan);
     kf_context_destroy(ctx);
+    unplace_prob(dev, &pd);
     free_prob(&p);
 }
 
@@ -185,8 +220,18 @@ ParameterizedTestParameters(sklinear_f64, matches_reference) {
 }
 
 ParameterizedTest(const shape *s, sklinear_f64, matches_reference) {
-    check_against_reference(s, 1);
-    check_against_reference(s, 2);
+    check_against_reference(s, KF_DEVICE_CPU, 1);
+    check_against_reference(s, KF_DEVICE_CPU, 2);
+}
+
+/* The CUDA backend's float64 plans (cuda/f64.cu), the same shapes; skips without a usable
+ * device. */
+ParameterizedTestParameters(sklinear_f64, cuda_matches_reference) {
+    return cr_make_param_array(shape, kShapes, sizeof kShapes / sizeof kShapes[0]);
+}
+
+ParameterizedTest(const shape *s, sklinear_f64, cuda_matches_reference) {
+    check_against_reference(s, KF_DEVICE_CUDA, 0);
 }
 
 /* C[m, n] = sum_p A(i, p) B(p, j), element (i, p) of A at A[i sai + p sap], (p, j) of B at

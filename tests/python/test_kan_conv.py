@@ -588,3 +588,23 @@ def test_cuda_forward_backward_vs_float64(cin, cout, ks, st, pad, dil, H, W, B):
     check_against_reference(m, x.cuda(), dy.cuda(), geom)
     with pytest.raises(RuntimeError, match="same device"):
         m(x)
+
+
+@pytest.mark.skipif(not cuda_ok(), reason="needs torch CUDA and a CUDA build of kfuse")
+def test_cuda_float64_gradcheck():
+    """A float64 KANConv2d on CUDA (the library's float64 CUDA path): the CPU's float64 result
+    within 1e-12 (the CPU's is held to the reference above), and gradcheck of the operator on x
+    and every parameter with stride, padding and dilation."""
+    torch.manual_seed(0)
+    m = randomize_(kt.KANConv2d(2, 3, 3, stride=(2, 1), padding=1, dilation=(1, 2))).double()
+    mc = kt.KANConv2d(2, 3, 3, stride=(2, 1), padding=1, dilation=(1, 2), dtype=torch.float64,
+                      device="cuda")
+    mc.load_state_dict(m.state_dict())
+    x = torch.randn(2, 2, 6, 7, dtype=torch.float64) * 1.3
+    assert rel(mc(x.cuda()).cpu(), m(x)) < 1e-12
+    p = params_of(mc)
+    args = tuple(t.detach().clone().requires_grad_(True) for t in (
+        x.cuda(), p["base_weight"], p["spline_weight"], p["spline_scaler"]))
+    assert torch.autograd.gradcheck(
+        lambda xx, bw, sw, sc: kt.kan_conv2d_function(xx, mc.grid, bw, sw, sc, (3, 3), (2, 1),
+                                                      (1, 1), (1, 2)), args)

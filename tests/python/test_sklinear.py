@@ -778,3 +778,28 @@ def test_cuda_matches_cpu_on_current_stream():
         torch.testing.assert_close(b.state_dict()[n].cpu(), t, rtol=1e-6, atol=1e-7)
     with pytest.raises(RuntimeError, match="same device"):
         mc(x)
+
+
+@pytest.mark.skipif(not cuda_ok(), reason="needs torch CUDA and a CUDA build of kfuse")
+def test_cuda_float64_matches_reference_and_gradcheck():
+    """A float64 SKLinear on CUDA (the library's float64 CUDA path): y and every gradient within
+    1e-12 of the float64 reference, and torch.autograd.gradcheck on every input."""
+    torch.manual_seed(4)
+    m = kt.SKLinear(24, 20, 3, 4, dtype=torch.float64, device="cuda")
+    x = torch.randn(2, 5, 24, dtype=torch.float64, device="cuda", requires_grad=True)
+    dy = torch.randn(2, 5, 20, dtype=torch.float64, device="cuda")
+    y = m(x)
+    assert y.dtype == torch.float64 and y.is_cuda
+    y.backward(dy)
+    xr = x.detach().clone().requires_grad_(True)
+    ps = {n: getattr(m, n).detach().clone().requires_grad_(True) for n in ("S1s", "S2s", "bias")}
+    yr = reference_forward(xr, ps["S1s"], ps["S2s"], m.U1s, m.U2s, ps["bias"])
+    yr.backward(dy)
+    assert rel(y, yr) < 1e-12 and rel(x.grad, xr.grad) < 1e-12
+    for n in ps:
+        assert rel(getattr(m, n).grad, ps[n].grad) < 1e-12, n
+    small = kt.SKLinear(5, 4, 2, 2, dtype=torch.float64, device="cuda")
+    args = (torch.randn(3, 5, dtype=torch.float64, device="cuda", requires_grad=True),) + tuple(
+        getattr(small, n).detach().clone().requires_grad_(True) for n in ("S1s", "S2s", "bias"))
+    assert torch.autograd.gradcheck(
+        lambda xx, s1, s2, b: kt.sklinear_function(xx, s1, s2, small.U1s, small.U2s, b), args)

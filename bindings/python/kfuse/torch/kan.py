@@ -440,9 +440,9 @@ class KANLinear(_KANLayer):
     as in efficient-kan: SiLU is computed inside the library; with another the base branch
     base_activation(x) base_weight^T is computed in torch and the spline branch by kfuse. The
     module follows its parameters' dtype: float32, bfloat16 or float16 (.bfloat16(), .half():
-    storage in the type, float32 arithmetic), or on the CPU float64 (dtype=torch.float64,
-    .double()); another dtype, or float64 on CUDA, raises kfuse.Unsupported, and an
-    input of another dtype than the parameters' a kfuse.InvalidArgument naming it. Autocast:
+    storage in the type, float32 arithmetic), or float64 (dtype=torch.float64, .double(); on
+    CUDA since kfuse 1.7); another dtype raises kfuse.Unsupported, and an input of another
+    dtype than the parameters' a kfuse.InvalidArgument naming it. Autocast:
     under torch.autocast (CPU bfloat16), input and parameters are cast to the autocast dtype
     for the call and the output has it, as torch's autocast treats nn.Linear (float32 master
     parameters get float32 gradients; on CUDA, where the low plans would run the

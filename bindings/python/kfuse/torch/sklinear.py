@@ -162,8 +162,8 @@ class SKLinear(nn.Module):
     drawn by the library from a seed taken from torch's default generator, so torch.manual_seed()
     makes it repeatable (the values differ from Panther's own draws). The dtype is the
     parameters': float32, bfloat16 or float16 (storage in the type, float32 arithmetic;
-    Panther's kernel tests run float16), or on the CPU float64; another dtype (or float64 on a
-    CUDA device) raises kfuse.Unsupported at construction with the library's message.
+    Panther's kernel tests run float16), or float64 (on CUDA since kfuse 1.7); another dtype
+    raises kfuse.Unsupported at construction with the library's message.
     Autocast: under torch.autocast (CPU bfloat16), input and parameters are cast to the autocast dtype
     for the call and the output has it, as torch's autocast treats nn.Linear (float32 master
     parameters get float32 gradients; on CUDA, where the low plans would run the

@@ -4,10 +4,10 @@
 // Do not edit: change the header, rerun generate.sh, commit the result.
 
 pub const KF_VERSION_MAJOR: u32 = 1;
-pub const KF_VERSION_MINOR: u32 = 6;
+pub const KF_VERSION_MINOR: u32 = 7;
 pub const KF_VERSION_PATCH: u32 = 0;
 pub const KF_ABI_VERSION: u32 = 1;
-pub const KF_VERSION_NUMBER: u32 = 10600;
+pub const KF_VERSION_NUMBER: u32 = 10700;
 pub const KF_MAX_DIMS: u32 = 6;
 pub const KF_ALIGN_BYTES: u32 = 64;
 pub const KF_CONTEXT_FIXED_ARENA: u32 = 1;
@@ -1044,8 +1044,8 @@ pub struct kf_sklinear_desc {
     #[doc = " 1 (default): a bias [out] is added; 0: none"]
     pub bias: i32,
     #[doc = " kf_dtype of every tensor: KF_DTYPE_F32 (default), or KF_DTYPE_F64"]
-    #[doc = "(since 1.3; KF_ERR_UNSUPPORTED on CUDA), KF_DTYPE_F16 or"]
-    #[doc = "KF_DTYPE_BF16 (since 1.5; on CUDA since 1.6)"]
+    #[doc = "(since 1.3; on CUDA since 1.7), KF_DTYPE_F16 or KF_DTYPE_BF16"]
+    #[doc = "(since 1.5; on CUDA since 1.6)"]
     pub dtype: i32,
 }
 #[test]
@@ -1701,7 +1701,7 @@ pub struct kf_kan_linear_desc {
     #[doc = " 1 (default): spline_scaler multiplies spline_weight; 0: none"]
     pub standalone_scale: i32,
     #[doc = " kf_dtype of every tensor: KF_DTYPE_F32 (default), or KF_DTYPE_F64"]
-    #[doc = "(since 1.4) on a CPU context, KF_DTYPE_F16 or KF_DTYPE_BF16"]
+    #[doc = "(since 1.4; on CUDA since 1.7), KF_DTYPE_F16 or KF_DTYPE_BF16"]
     #[doc = "(since 1.5; on CUDA since 1.6)"]
     pub dtype: i32,
 }
@@ -1808,9 +1808,9 @@ extern "C" {
 }
 extern "C" {
     #[doc = " Creates a plan bound to `ctx` (which must outlive it). @return KF_OK and *out,"]
-    #[doc = " KF_ERR_INVALID_ARGUMENT (message names the field), KF_ERR_UNSUPPORTED (a dtype other than"]
-    #[doc = " KF_DTYPE_F32 and, on a CPU context, KF_DTYPE_F64, KF_DTYPE_F16 and KF_DTYPE_BF16; on a CUDA context a spline_order above 15:"]
-    #[doc = " since 1.3 reported here, before 1.3 by forward and backward), KF_ERR_OUT_OF_MEMORY. On failure"]
+    #[doc = " KF_ERR_INVALID_ARGUMENT (message names the field), KF_ERR_UNSUPPORTED (a dtype the context"]
+    #[doc = " does not implement, see desc->dtype; on a CUDA context a spline_order above 15: since 1.3"]
+    #[doc = " reported here, before 1.3 by forward and backward), KF_ERR_OUT_OF_MEMORY. On failure"]
     #[doc = " *out is set to NULL (when `out` is not NULL). Since 1.1."]
     pub fn kf_kan_linear_plan_create(
         ctx: *mut kf_context,
@@ -2273,8 +2273,8 @@ pub struct kf_kan_conv2d_desc {
     #[doc = " 1 (default): spline_scaler multiplies spline_weight; 0: none"]
     pub standalone_scale: i32,
     #[doc = " kf_dtype of every tensor: KF_DTYPE_F32 (default), or"]
-    #[doc = "KF_DTYPE_F64 (since 1.4) on a CPU context, KF_DTYPE_F16 or"]
-    #[doc = "KF_DTYPE_BF16 (since 1.5; on CUDA since 1.6)"]
+    #[doc = "KF_DTYPE_F64 (since 1.4; on CUDA since 1.7), KF_DTYPE_F16"]
+    #[doc = "or KF_DTYPE_BF16 (since 1.5; on CUDA since 1.6)"]
     pub dtype: i32,
 }
 #[test]

@@ -1,0 +1,106 @@
+// The CUDA backend's float64 plans (SKLinear, KANLinear, KANConv2d): the algorithms of
+// cuda/f64_algo.cuh run by the executor below, float64 GEMMs on the context's cuBLAS handle and
+// one grid-stride kernel per elementwise pass, all on ctx->stream, no allocation, no
+// synchronisation (graph-capturable). cuda/sklinear.cu and cuda/kan_linear.cu send their
+// float64 plans here.
+#include "cuda_backend.cuh"
+#include "f64_algo.cuh"
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = 65535; // grid-stride beyond this
+
+template <class F> __global__ void __launch_bounds__(kThreads) each_kernel(const F f, int64_t n) {
+    const int64_t step = (int64_t)gridDim.x * kThreads;
+    for (int64_t i = (int64_t)blockIdx.x * kThreads + threadIdx.x; i < n; i += step) f(i);
+}
+
+// cuBLAS's extents are 32-bit: beyond that the call is refused, naming the shape.
+bool fits(int64_t v) { return v >= 0 && v <= INT32_MAX; }
+
+struct CudaExec {
+    kf_context *ctx;
+    const char *fn;
+    int64_t chunk_elems = kf_f64::kF64ChunkElems; // as kf__cuda_kan64_workspace assumes
+
+    kf_status too_large(int64_t M, int64_t N, int64_t K) const {
+        return kf__error(KF_ERR_UNSUPPORTED, fn,
+                         "GEMM extent beyond cuBLAS's 32-bit limit (M=%lld N=%lld K=%lld)",
+                         (long long)M, (long long)N, (long long)K);
+    }
+
+    // Row-major C = alpha op(A) op(B) + beta C as the column-major C^T = op(B)^T op(A)^T.
+    kf_status gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha,
+                   const double *A, int64_t lda, const double *B, int64_t ldb, double beta,
+                   double *C, int64_t ldc) const {
+        if (M == 0 || N == 0) return KF_OK;
+        if (!fits(M) || !fits(N) || !fits(K) || !fits(lda) || !fits(ldb) || !fits(ldc))
+            return too_large(M, N, K);
+        return kf__cublas_check(cublasDgemm(kf__blas(ctx), tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                            ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)N, (int)M,
+                                            (int)K, &alpha, B, (int)ldb, A, (int)lda, &beta, C,
+                                            (int)ldc),
+                                fn, "cublasDgemm");
+    }
+
+    kf_status gemm_batched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha,
+                           const double *A, int64_t lda, int64_t sA, const double *B,
+                           int64_t ldb, int64_t sB, double beta, double *C, int64_t ldc,
+                           int64_t sC, int64_t n) const {
+        if (M == 0 || N == 0 || n == 0) return KF_OK;
+        if (!fits(M) || !fits(N) || !fits(K) || !fits(lda) || !fits(ldb) || !fits(ldc) ||
+            !fits(n))
+            return too_large(M, N, K);
+        return kf__cublas_check(
+            cublasDgemmStridedBatched(kf__blas(ctx), tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                      ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)N, (int)M, (int)K,
+                                      &alpha, B, (int)ldb, (long long)sB, A, (int)lda,
+                                      (long long)sA, &beta, C, (int)ldc, (long long)sC, (int)n),
+            fn, "cublasDgemmStridedBatched");
+    }
+
+    template <class F> kf_status each(int64_t n, const F &f) const {
+        if (n <= 0) return KF_OK;
+        const int64_t blocks = kf__ceil_div(n, kThreads);
+        each_kernel<F><<<(unsigned)(blocks < kMaxBlocks ? blocks : kMaxBlocks), kThreads, 0,
+                         kf__stream(ctx)>>>(f, n);
+        KF__CUDA_LAUNCH_CHECK(fn, "each_kernel (float64)");
+        return KF_OK;
+    }
+};
+
+} // namespace
+
+size_t kf__cuda_skl64_workspace(const struct kf_sklinear_plan *p, int64_t N) {
+    return kf_f64::skl_workspace(p, N);
+}
+
+kf_status kf__cuda_skl64_forward(kf_context *ctx, const kf__skl_fwd *c) {
+    CudaExec ex = {ctx, "kf_sklinear_forward"};
+    KF__CUDA_TRY(ex.fn, cudaSetDevice(ctx->device_index));
+    return kf_f64::skl_forward(ex, c);
+}
+
+kf_status kf__cuda_skl64_backward(kf_context *ctx, const kf__skl_bwd *c) {
+    CudaExec ex = {ctx, "kf_sklinear_backward"};
+    KF__CUDA_TRY(ex.fn, cudaSetDevice(ctx->device_index));
+    return kf_f64::skl_backward(ex, c);
+}
+
+size_t kf__cuda_kan64_workspace(const struct kf_kan_linear_plan *p, int64_t N,
+                                const kf__kan_patches *patches) {
+    return kf_f64::kan_workspace(p, N, patches);
+}
+
+kf_status kf__cuda_kan64_forward(kf_context *ctx, const kf__kan_fwd *c) {
+    CudaExec ex = {ctx, c->patches ? "kf_kan_conv2d_forward" : "kf_kan_linear_forward"};
+    KF__CUDA_TRY(ex.fn, cudaSetDevice(ctx->device_index));
+    return kf_f64::kan_forward(ex, c);
+}
+
+kf_status kf__cuda_kan64_backward(kf_context *ctx, const kf__kan_bwd *c) {
+    CudaExec ex = {ctx, c->patches ? "kf_kan_conv2d_backward" : "kf_kan_linear_backward"};
+    KF__CUDA_TRY(ex.fn, cudaSetDevice(ctx->device_index));
+    return kf_f64::kan_backward(ex, c);
+}

@@ -1,0 +1,360 @@
+// The CUDA backend's float64 SKLinear and KAN algorithms (cuda/f64_algo.cuh, the code cuda/f64.cu
+// runs on the GPU with cuBLAS), compiled here for the host with a loop executor: naive float64
+// GEMMs and every elementwise pass run in a shuffled order (a functor that read what another
+// index writes, or wrote what it does not own, would show). Held against the float64 references
+// of tests/c (ref_sklinear.c, ref_kan.c, written from the layers' definitions; KANConv2d through
+// a naive unfold and fold here) within 1e-12 relative: every output, absent outputs, accumulated
+// gradients, no base term, no scaler, spline orders 0 to 5, repeated knots, points outside the
+// grid, and KAN calls split into several chunks (a short last one), including several images per
+// chunk of a convolution.
+#include <criterion/criterion.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "f64_algo.cuh"
+
+extern "C" {
+#include "ref_kan.h"
+#include "ref_sklinear.h"
+}
+
+namespace {
+
+using Vec = std::vector<double>;
+
+// The loop executor (the interface of cuda/f64_algo.cuh).
+struct HostExec {
+    int64_t chunk_elems = kf_f64::kF64ChunkElems;
+    std::mt19937 rng{7};
+
+    kf_status gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha,
+                   const double *A, int64_t lda, const double *B, int64_t ldb, double beta,
+                   double *C, int64_t ldc) {
+        for (int64_t m = 0; m < M; ++m)
+            for (int64_t n = 0; n < N; ++n) {
+                double s = 0.0;
+                for (int64_t k = 0; k < K; ++k)
+                    s += (ta ? A[k * lda + m] : A[m * lda + k]) *
+                         (tb ? B[n * ldb + k] : B[k * ldb + n]);
+                double &c = C[m * ldc + n];
+                c = alpha * s + (beta == 0.0 ? 0.0 : beta * c);
+            }
+        return KF_OK;
+    }
+
+    kf_status gemm_batched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha,
+                           const double *A, int64_t lda, int64_t sA, const double *B,
+                           int64_t ldb, int64_t sB, double beta, double *C, int64_t ldc,
+                           int64_t sC, int64_t n) {
+        for (int64_t b = 0; b < n; ++b)
+            gemm(ta, tb, M, N, K, alpha, A + b * sA, lda, B + b * sB, ldb, beta, C + b * sC, ldc);
+        return KF_OK;
+    }
+
+    template <class F> kf_status each(int64_t n, const F &f) {
+        std::vector<int64_t> order(n);
+        std::iota(order.begin(), order.end(), 0);
+        std::shuffle(order.begin(), order.end(), rng);
+        for (int64_t i : order) f(i);
+        return KF_OK;
+    }
+};
+
+Vec random(std::mt19937 &rng, int64_t n, double lo = -1.0, double hi = 1.0) {
+    std::uniform_real_distribution<double> U(lo, hi);
+    Vec v(n);
+    for (auto &e : v) e = U(rng);
+    return v;
+}
+
+// max |got - want| / max(max |want|, 1e-300) <= 1e-12.
+void expect_close(const Vec &got, const Vec &want, const char *what) {
+    cr_assert_eq(got.size(), want.size(), "%s: size", what);
+    double err = 0.0, mag = 1e-300;
+    for (size_t i = 0; i < got.size(); ++i) {
+        cr_assert(std::isfinite(got[i]), "%s[%zu] = %g is not finite", what, i, got[i]);
+        err = std::max(err, std::fabs(got[i] - want[i]));
+        mag = std::max(mag, std::fabs(want[i]));
+    }
+    cr_assert(err <= 1e-12 * mag, "%s: max error %.3g against max magnitude %.3g", what, err,
+              mag);
+}
+
+Vec plus(const Vec &a, const Vec &b) {
+    Vec c(a.size());
+    for (size_t i = 0; i < a.size(); ++i) c[i] = a[i] + b[i];
+    return c;
+}
+
+// ---- SKLinear ------------------------------------------------------------------------------------
+
+void check_sklinear(int64_t N, int64_t in, int64_t out, int32_t L, int32_t k, bool bias) {
+    std::mt19937 rng((unsigned)(N * 131 + in * 17 + out + L * 7 + k));
+    kf_sklinear_plan p = {};
+    p.in = in, p.out = out, p.L = L, p.k = k, p.r = (int64_t)L * k, p.has_bias = bias;
+    p.dtype = KF_DTYPE_F64;
+    Vec x = random(rng, N * in), S1 = random(rng, L * in * k), S2 = random(rng, L * k * out),
+        U1 = random(rng, L * k * out), U2 = random(rng, L * in * k), b = random(rng, out),
+        dy = random(rng, N * out);
+    Vec ws(kf_f64::skl_workspace(&p, N) / sizeof(double) + 1);
+    HostExec ex;
+
+    Vec y(N * out, NAN), y_ref(N * out);
+    kf__skl_fwd f = {&p, N, x.data(), S1.data(), S2.data(), U1.data(), U2.data(),
+                     bias ? b.data() : nullptr, y.data(), ws.data(), ws.size() * 8};
+    cr_assert_eq(kf_f64::skl_forward(ex, &f), KF_OK);
+    ref_skl_cfg rc = {N, in, out, L, k};
+    ref_skl_forward(&rc, x.data(), S1.data(), S2.data(), U1.data(), U2.data(),
+                    bias ? b.data() : nullptr, y_ref.data());
+    expect_close(y, y_ref, "SKLinear y");
+
+    Vec dx_ref(N * in), d1_ref(L * in * k), d2_ref(L * k * out), db_ref(out);
+    ref_skl_backward(&rc, x.data(), S1.data(), S2.data(), U1.data(), U2.data(), dy.data(),
+                     dx_ref.data(), d1_ref.data(), d2_ref.data(), db_ref.data());
+    // every output, then each alone (the others absent), then accumulated onto prior values
+    for (int want = -1; want < 4; ++want) {
+        for (bool acc : {false, true}) {
+            if (acc && want != -1) continue;
+            Vec dx(N * in, NAN), d1 = random(rng, L * in * k), d2 = random(rng, L * k * out),
+                db = random(rng, out);
+            const Vec d1_0 = d1, d2_0 = d2, db_0 = db;
+            if (!acc) std::fill(d1.begin(), d1.end(), NAN), std::fill(d2.begin(), d2.end(), NAN),
+                    std::fill(db.begin(), db.end(), NAN);
+            const bool on[4] = {want < 0 || want == 0, want < 0 || want == 1,
+                                want < 0 || want == 2, (want < 0 || want == 3) && bias};
+            kf__skl_bwd c = {&p, N, x.data(), S1.data(), S2.data(), U1.data(), U2.data(),
+                             dy.data(), on[0] ? dx.data() : nullptr, on[1] ? d1.data() : nullptr,
+                             on[2] ? d2.data() : nullptr, on[3] ? db.data() : nullptr, acc,
+                             ws.data(), ws.size() * 8};
+            cr_assert_eq(kf_f64::skl_backward(ex, &c), KF_OK);
+            if (on[0]) expect_close(dx, dx_ref, "SKLinear dx");
+            if (on[1]) expect_close(d1, acc ? plus(d1_0, d1_ref) : d1_ref, "SKLinear dS1s");
+            if (on[2]) expect_close(d2, acc ? plus(d2_0, d2_ref) : d2_ref, "SKLinear dS2s");
+            if (on[3]) expect_close(db, acc ? plus(db_0, db_ref) : db_ref, "SKLinear dbias");
+            if (!on[1]) cr_assert(std::isnan(d1[0]), "an absent dS1s was written");
+        }
+    }
+}
+
+// ---- KAN -----------------------------------------------------------------------------------------
+
+struct KanCase {
+    int64_t in, out;
+    int32_t G, k;
+    bool scaled, base;
+};
+
+kf_kan_linear_plan kan_plan(const KanCase &s) {
+    kf_kan_linear_plan p = {};
+    p.in = s.in, p.out = s.out, p.G = s.G, p.k = s.k, p.C = s.G + s.k;
+    p.nk = s.G + 2 * s.k + 1, p.cw = p.C + 1, p.K = p.in * p.cw, p.scaled = s.scaled;
+    p.dtype = KF_DTYPE_F64;
+    return p;
+}
+
+// Knots per feature: uniform over [-1, 1] extended by k on each side as efficient-kan's, then
+// perturbed, with one repeated knot (a zero-width span) in every other feature.
+Vec make_grid(std::mt19937 &rng, const kf_kan_linear_plan &p) {
+    Vec g(p.in * p.nk);
+    std::uniform_real_distribution<double> U(-0.2, 0.2);
+    const double h = 2.0 / p.G;
+    for (int64_t i = 0; i < p.in; ++i) {
+        double *t = g.data() + i * p.nk;
+        for (int64_t m = 0; m < p.nk; ++m) t[m] = -1.0 + (m - p.k) * h + U(rng) * h;
+        std::sort(t, t + p.nk);
+        if (i % 2 == 1 && p.nk > 3) t[p.nk / 2] = t[p.nk / 2 - 1];
+    }
+    return g;
+}
+
+// The layer's tensors and a reference KANLinear on `rows` [R, in] rows.
+struct KanData {
+    kf_kan_linear_plan p;
+    Vec grid, base, spline, scaler, zero_base;
+    const double *base_arg() const { return zero_base.empty() ? base.data() : nullptr; }
+    const double *base_ref() const { return zero_base.empty() ? base.data() : zero_base.data(); }
+    const double *scaler_arg() const { return p.scaled ? scaler.data() : nullptr; }
+};
+
+KanData kan_data(std::mt19937 &rng, const KanCase &s) {
+    KanData d;
+    d.p = kan_plan(s);
+    d.grid = make_grid(rng, d.p);
+    d.base = random(rng, s.out * s.in);
+    d.spline = random(rng, s.out * s.in * d.p.C);
+    d.scaler = random(rng, s.out * s.in);
+    if (!s.base) d.zero_base.assign(s.out * s.in, 0.0);
+    return d;
+}
+
+struct KanGrads {
+    Vec dx, dbase, dspline, dscaler;
+};
+
+// Runs kan_backward with each wanted gradient (want: -1 all, else 0 dx, 1 dbase, 2 dspline,
+// 3 dscaler alone), accumulating onto random values when `acc`, and checks them against the
+// reference `r` (dx of `nx` elements).
+void check_kan_backward(HostExec &ex, const KanData &d, const kf__kan_bwd &tmpl, int64_t nx,
+                        const KanGrads &r, std::mt19937 &rng) {
+    const int64_t oi = d.p.out * d.p.in, oic = oi * d.p.C;
+    for (int want = -1; want < 4; ++want)
+        for (bool acc : {false, true}) {
+            if (acc && want != -1) continue;
+            const bool on[4] = {want < 0 || want == 0,
+                                (want < 0 || want == 1) && d.zero_base.empty(),
+                                want < 0 || want == 2, (want < 0 || want == 3) && d.p.scaled};
+            KanGrads g = {Vec(nx, NAN), random(rng, oi), random(rng, oic), random(rng, oi)};
+            const KanGrads g0 = g;
+            if (!acc)
+                for (Vec *v : {&g.dbase, &g.dspline, &g.dscaler}) std::fill(v->begin(), v->end(), NAN);
+            kf__kan_bwd c = tmpl;
+            c.dx = on[0] ? g.dx.data() : nullptr;
+            c.dbase = on[1] ? g.dbase.data() : nullptr;
+            c.dspline = on[2] ? g.dspline.data() : nullptr;
+            c.dscaler = on[3] ? g.dscaler.data() : nullptr;
+            c.accumulate = acc;
+            cr_assert_eq(kf_f64::kan_backward(ex, &c), KF_OK);
+            if (on[0]) expect_close(g.dx, r.dx, "KAN dx");
+            if (on[1]) expect_close(g.dbase, acc ? plus(g0.dbase, r.dbase) : r.dbase, "KAN dbase");
+            if (on[2])
+                expect_close(g.dspline, acc ? plus(g0.dspline, r.dspline) : r.dspline,
+                             "KAN dspline");
+            if (on[3])
+                expect_close(g.dscaler, acc ? plus(g0.dscaler, r.dscaler) : r.dscaler,
+                             "KAN dscaler");
+            if (!on[2]) cr_assert(std::isnan(g.dspline[0]), "an absent dspline was written");
+        }
+}
+
+// KANLinear on N rows, chunks of `chunk_rows` rows (0: one chunk).
+void check_kan_linear(int64_t N, const KanCase &s, int64_t chunk_rows) {
+    std::mt19937 rng((unsigned)(N * 31 + s.in * 7 + s.out + s.G * 5 + s.k));
+    const KanData d = kan_data(rng, s);
+    const kf_kan_linear_plan &p = d.p;
+    Vec x = random(rng, N * s.in, -1.4, 1.4); // some points outside the grid
+    x[0] = d.grid[0];                          // a knot, the grid's ends, NaN-free
+    if (N > 1) x[s.in] = d.grid[p.nk - 1];
+    Vec dy = random(rng, N * s.out);
+    HostExec ex;
+    if (chunk_rows > 0) ex.chunk_elems = chunk_rows * p.K;
+    const kf_f64::KanLayout l = kf_f64::kan_layout(&p, N, nullptr, ex.chunk_elems);
+    Vec ws(l.bytes / sizeof(double) + 1);
+    ref_kan_cfg rc = {N, s.in, s.out, s.G, s.k};
+
+    Vec y(N * s.out, NAN), y_ref(N * s.out);
+    kf__kan_fwd f = {&p, N, nullptr, x.data(), d.grid.data(), d.base_arg(), d.spline.data(),
+                     d.scaler_arg(), y.data(), ws.data(), ws.size() * 8};
+    cr_assert_eq(kf_f64::kan_forward(ex, &f), KF_OK);
+    ref_kan_forward(&rc, x.data(), d.grid.data(), d.base_ref(), d.spline.data(), d.scaler_arg(),
+                    y_ref.data());
+    expect_close(y, y_ref, "KANLinear y");
+
+    KanGrads r = {Vec(N * s.in), Vec(s.out * s.in), Vec(s.out * s.in * p.C), Vec(s.out * s.in)};
+    ref_kan_backward(&rc, x.data(), d.grid.data(), d.base_ref(), d.spline.data(), d.scaler_arg(),
+                     dy.data(), r.dx.data(), r.dbase.data(), r.dspline.data(),
+                     s.scaled ? r.dscaler.data() : nullptr);
+    kf__kan_bwd c = {};
+    c.plan = &p, c.N = N, c.x = x.data(), c.grid = d.grid.data(), c.base = d.base_arg();
+    c.spline = d.spline.data(), c.scaler = d.scaler_arg(), c.dy = dy.data();
+    c.ws = ws.data(), c.ws_bytes = ws.size() * 8;
+    check_kan_backward(ex, d, c, N * s.in, r, rng);
+}
+
+// KANConv2d through a naive unfold of x into patch rows, the reference KANLinear on them, and a
+// naive fold of the patches' gradients.
+struct ConvShape {
+    int64_t B, Cin, H, W;
+    int32_t kh, kw, sh, sw, ph, pw, dh, dw;
+};
+
+void check_kan_conv2d(const ConvShape &cs, const KanCase &s0, int64_t images_per_chunk) {
+    kf__kan_patches g = {};
+    g.B = cs.B, g.Cin = cs.Cin, g.H = cs.H, g.W = cs.W;
+    g.kh = cs.kh, g.kw = cs.kw, g.sh = cs.sh, g.sw = cs.sw, g.ph = cs.ph, g.pw = cs.pw;
+    g.dh = cs.dh, g.dw = cs.dw;
+    g.Ho = (cs.H + 2 * cs.ph - cs.dh * (cs.kh - 1) - 1) / cs.sh + 1;
+    g.Wo = (cs.W + 2 * cs.pw - cs.dw * (cs.kw - 1) - 1) / cs.sw + 1;
+    KanCase s = s0;
+    s.in = cs.Cin * cs.kh * cs.kw;
+    const int64_t hw = g.Ho * g.Wo, N = cs.B * hw, F = s.in, nx = cs.B * cs.Cin * cs.H * cs.W;
+    std::mt19937 rng((unsigned)(N * 13 + F * 3 + s.out + s.k));
+    const KanData d = kan_data(rng, s);
+    const kf_kan_linear_plan &p = d.p;
+    Vec x = random(rng, nx, -1.4, 1.4), dy = random(rng, cs.B * s.out * hw);
+
+    // patch rows, and the map between [B, out, Ho, Wo] and rows [N, out]
+    auto src = [&](int64_t n, int64_t f) -> int64_t {
+        const int64_t b = n / hw, oh = n / g.Wo % g.Ho, ow = n % g.Wo;
+        const int64_t c = f / (cs.kh * cs.kw), i = f / cs.kw % cs.kh, j = f % cs.kw;
+        const int64_t ih = oh * cs.sh - cs.ph + i * cs.dh, iw = ow * cs.sw - cs.pw + j * cs.dw;
+        if (ih < 0 || ih >= cs.H || iw < 0 || iw >= cs.W) return -1;
+        return ((b * cs.Cin + c) * cs.H + ih) * cs.W + iw;
+    };
+    auto img = [&](int64_t n, int64_t o) { return (n / hw * s.out + o) * hw + n % hw; };
+    Vec P(N * F), dyr(N * s.out);
+    for (int64_t n = 0; n < N; ++n) {
+        for (int64_t f = 0; f < F; ++f) P[n * F + f] = src(n, f) < 0 ? 0.0 : x[src(n, f)];
+        for (int64_t o = 0; o < s.out; ++o) dyr[n * s.out + o] = dy[img(n, o)];
+    }
+    ref_kan_cfg rc = {N, F, s.out, s.G, s.k};
+    Vec rows(N * s.out), y_ref(cs.B * s.out * hw);
+    ref_kan_forward(&rc, P.data(), d.grid.data(), d.base_ref(), d.spline.data(), d.scaler_arg(),
+                    rows.data());
+    for (int64_t n = 0; n < N; ++n)
+        for (int64_t o = 0; o < s.out; ++o) y_ref[img(n, o)] = rows[n * s.out + o];
+    KanGrads r = {Vec(nx, 0.0), Vec(s.out * F), Vec(s.out * F * p.C), Vec(s.out * F)};
+    Vec dP(N * F);
+    ref_kan_backward(&rc, P.data(), d.grid.data(), d.base_ref(), d.spline.data(), d.scaler_arg(),
+                     dyr.data(), dP.data(), r.dbase.data(), r.dspline.data(),
+                     s.scaled ? r.dscaler.data() : nullptr);
+    for (int64_t n = 0; n < N; ++n)
+        for (int64_t f = 0; f < F; ++f)
+            if (src(n, f) >= 0) r.dx[src(n, f)] += dP[n * F + f];
+
+    HostExec ex;
+    if (images_per_chunk > 0) ex.chunk_elems = images_per_chunk * hw * p.K;
+    const kf_f64::KanLayout l = kf_f64::kan_layout(&p, N, &g, ex.chunk_elems);
+    if (images_per_chunk > 0) cr_assert_eq(l.Bg, std::min(images_per_chunk, cs.B));
+    Vec ws(l.bytes / sizeof(double) + 1), y(cs.B * s.out * hw, NAN);
+    kf__kan_fwd f = {&p, N, &g, x.data(), d.grid.data(), d.base_arg(), d.spline.data(),
+                     d.scaler_arg(), y.data(), ws.data(), ws.size() * 8};
+    cr_assert_eq(kf_f64::kan_forward(ex, &f), KF_OK);
+    expect_close(y, y_ref, "KANConv2d y");
+    kf__kan_bwd c = {};
+    c.plan = &p, c.N = N, c.patches = &g, c.x = x.data(), c.grid = d.grid.data();
+    c.base = d.base_arg(), c.spline = d.spline.data(), c.scaler = d.scaler_arg();
+    c.dy = dy.data(), c.ws = ws.data(), c.ws_bytes = ws.size() * 8;
+    check_kan_backward(ex, d, c, nx, r, rng);
+}
+
+} // namespace
+
+Test(f64_algo, sklinear) {
+    check_sklinear(5, 7, 9, 1, 3, true);
+    check_sklinear(33, 16, 24, 3, 4, false);
+    check_sklinear(1, 5, 3, 2, 2, true);
+    check_sklinear(64, 40, 8, 4, 8, true); // 2r = 64 > in
+}
+
+Test(f64_algo, kan_linear) {
+    check_kan_linear(7, {3, 4, 5, 3, true, true}, 0);
+    check_kan_linear(20, {4, 3, 3, 1, true, true}, 6);   // chunks 6, 6, 6, 2
+    check_kan_linear(9, {2, 5, 4, 0, false, true}, 4);   // order 0: no derivative
+    check_kan_linear(11, {3, 2, 2, 5, true, false}, 1);  // no base term; one row per chunk
+    check_kan_linear(16, {5, 6, 8, 2, false, false}, 16); // exactly one chunk
+}
+
+Test(f64_algo, kan_conv2d) {
+    // 3 images: one per chunk, two (the last chunk one), all in one
+    const ConvShape a = {3, 2, 5, 6, 3, 2, 2, 1, 1, 0, 1, 2};
+    check_kan_conv2d(a, {0, 3, 4, 2, true, true}, 1);
+    check_kan_conv2d(a, {0, 2, 3, 3, false, true}, 2);
+    check_kan_conv2d(a, {0, 4, 2, 1, true, false}, 0);
+    const ConvShape b = {2, 1, 7, 7, 3, 3, 1, 1, 1, 1, 1, 1}; // "same" padding
+    check_kan_conv2d(b, {0, 5, 5, 3, true, true}, 1);
+}
