@@ -119,16 +119,14 @@ static inline kf_status kf__gemm_3xtf32(kf_context *ctx, const char *fn, bool ta
 }
 
 // The dtypes a CUDA plan can have, asked by every op's supports(): float32, which the kernels
-// compute in, and bfloat16 and float16 storage, which core/lowp_ops.c converts around them (it
-// asks with the plan's float32 copy); float64 where the op has a float64 path (`f64`:
-// cuda/f64.cu), else refused at plan creation, naming the field.
-static inline kf_status kf__cuda_dtype_supported(int32_t dtype, bool f64, const char *fn) {
-    if (dtype == KF_DTYPE_F32 || (f64 && dtype == KF_DTYPE_F64)) return KF_OK;
+// compute in; bfloat16 and float16 storage, which core/lowp_ops.c converts around them (it asks
+// with the plan's float32 copy); float64, which each op sends to cuda/f64.cu. Anything else is
+// refused at plan creation, naming the field.
+static inline kf_status kf__cuda_dtype_supported(int32_t dtype, const char *fn) {
+    if (dtype == KF_DTYPE_F32 || dtype == KF_DTYPE_F64) return KF_OK;
     return kf__error(KF_ERR_UNSUPPORTED, fn,
-                     f64 ? "desc->dtype = %d: the CUDA backend implements KF_DTYPE_F32 (1), "
-                           "KF_DTYPE_F64 (2), KF_DTYPE_F16 (3) and KF_DTYPE_BF16 (4)"
-                         : "desc->dtype = %d: the CUDA backend implements this op for "
-                           "KF_DTYPE_F32 (1), KF_DTYPE_F16 (3) and KF_DTYPE_BF16 (4)",
+                     "desc->dtype = %d: the CUDA backend implements KF_DTYPE_F32 (1), "
+                     "KF_DTYPE_F64 (2), KF_DTYPE_F16 (3) and KF_DTYPE_BF16 (4)",
                      (int)dtype);
 }
 

@@ -1,7 +1,7 @@
 // The CUDA backend's op tables, one per op file (cuda/rnn_fwd.cu, cuda/sklinear.cu,
 // cuda/kan_linear.cu) for float32 plans, wrapped for bfloat16 and float16 plans by
 // core/lowp_ops.c (with cuda/lowp.cu's conversions) and gathered into its kf__backend by
-// cuda/device.cu; SKLinear's and the KAN layers' entries send float64 plans to cuda/f64.cu.
+// cuda/device.cu; every op's entries send float64 plans to cuda/f64.cu.
 // Private to cuda/.
 #ifndef KF_CUDA_BACKEND_CUH
 #define KF_CUDA_BACKEND_CUH
@@ -21,7 +21,11 @@ extern const kf__kan_ops kf__cuda_kan_ops;
 extern const struct kf__lowp_base kf__cuda_lowp;
 }
 
-// The float64 plans' entries (cuda/f64.cu, algorithms in cuda/f64_algo.cuh).
+// The float64 plans' entries (cuda/f64.cu, algorithms in cuda/f64_algo.cuh and f64_rnn.cuh).
+void kf__cuda_rnn64_sizes(const struct kf_rnn_plan *p, int64_t T, int64_t B, bool training,
+                          size_t *ws_bytes, size_t *reserve_bytes);
+kf_status kf__cuda_rnn64_forward(kf_context *ctx, const kf__rnn_fwd *c);
+kf_status kf__cuda_rnn64_backward(kf_context *ctx, const kf__rnn_bwd *c);
 size_t kf__cuda_skl64_workspace(const struct kf_sklinear_plan *p, int64_t N);
 kf_status kf__cuda_skl64_forward(kf_context *ctx, const kf__skl_fwd *c);
 kf_status kf__cuda_skl64_backward(kf_context *ctx, const kf__skl_bwd *c);

@@ -1,10 +1,10 @@
-// The CUDA backend's float64 plans (SKLinear, KANLinear, KANConv2d): the algorithms of
-// cuda/f64_algo.cuh run by the executor below, float64 GEMMs on the context's cuBLAS handle and
-// one grid-stride kernel per elementwise pass, all on ctx->stream, no allocation, no
-// synchronisation (graph-capturable). cuda/sklinear.cu and cuda/kan_linear.cu send their
-// float64 plans here.
+// The CUDA backend's float64 plans (GRU, A-GRU, SKLinear, KANLinear, KANConv2d): the algorithms
+// of cuda/f64_algo.cuh and cuda/f64_rnn.cuh run by the executor below, float64 GEMMs on the
+// context's cuBLAS handle and one grid-stride kernel per elementwise pass, all on ctx->stream, no
+// allocation, no synchronisation (graph-capturable). The op files (cuda/rnn_fwd.cu,
+// cuda/rnn_bwd.cu, cuda/sklinear.cu, cuda/kan_linear.cu) send their float64 plans here.
 #include "cuda_backend.cuh"
-#include "f64_algo.cuh"
+#include "f64_rnn.cuh"
 
 namespace {
 
@@ -103,4 +103,24 @@ kf_status kf__cuda_kan64_backward(kf_context *ctx, const kf__kan_bwd *c) {
     CudaExec ex = {ctx, c->patches ? "kf_kan_conv2d_backward" : "kf_kan_linear_backward"};
     KF__CUDA_TRY(ex.fn, cudaSetDevice(ctx->device_index));
     return kf_f64::kan_backward(ex, c);
+}
+
+void kf__cuda_rnn64_sizes(const struct kf_rnn_plan *p, int64_t T, int64_t B, bool training,
+                          size_t *ws_bytes, size_t *reserve_bytes) {
+    size_t ws = 0, res = 0;
+    kf_f64::rnn_sizes(p, T, B, training, &ws, &res);
+    if (ws_bytes) *ws_bytes = ws;
+    if (reserve_bytes) *reserve_bytes = res;
+}
+
+kf_status kf__cuda_rnn64_forward(kf_context *ctx, const kf__rnn_fwd *c) {
+    CudaExec ex = {ctx, "kf_rnn_forward"};
+    KF__CUDA_TRY(ex.fn, cudaSetDevice(ctx->device_index));
+    return kf_f64::rnn_forward(ex, c);
+}
+
+kf_status kf__cuda_rnn64_backward(kf_context *ctx, const kf__rnn_bwd *c) {
+    CudaExec ex = {ctx, "kf_rnn_backward"};
+    KF__CUDA_TRY(ex.fn, cudaSetDevice(ctx->device_index));
+    return kf_f64::rnn_backward(ex, c);
 }

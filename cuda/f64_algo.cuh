@@ -100,15 +100,15 @@ struct FillRows {
     KF__HD void operator()(int64_t i) const { y[i] = bias[i % out]; }
 };
 
-// db[o] (+)= sum over rows of dy[n, o], rows in order.
+// db[o] (+)= sum over the N rows of g[n ld + o], rows in order (a bias gradient).
 struct ColumnSums {
-    const double *dy;
+    const double *g;
     double *db;
-    int64_t N, out;
+    int64_t N, ld;
     bool acc;
     KF__HD void operator()(int64_t o) const {
         double s = 0.0;
-        for (int64_t n = 0; n < N; ++n) s += dy[n * out + o];
+        for (int64_t n = 0; n < N; ++n) s += g[n * ld + o];
         db[o] = acc ? db[o] + s : s;
     }
 };

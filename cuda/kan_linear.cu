@@ -853,7 +853,7 @@ namespace {
 // that bound; cuda/f64_algo.cuh has the same one): the rest is refused at plan creation.
 static_assert(kMaxOrder == kf_f64::kF64MaxOrder, "one spline-order bound for every dtype");
 kf_status kan_supports(const struct kf_kan_linear_plan *p, const char *fn) {
-    KF_TRY(kf__cuda_dtype_supported(p->dtype, true, fn));
+    KF_TRY(kf__cuda_dtype_supported(p->dtype, fn));
     if (p->k > kMaxOrder)
         return kf__error(KF_ERR_UNSUPPORTED, fn,
                          "desc->spline_order = %d: the CUDA backend supports spline orders up to "

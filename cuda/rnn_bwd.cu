@@ -518,6 +518,7 @@ kf_status wgrad(kf_context *ctx, const char *fn, int64_t rows_w, int64_t K, int6
 extern "C" kf_status kf__cuda_rnn_backward(kf_context *ctx, const kf__rnn_bwd *c) {
     static const char fn[] = "kf_rnn_backward";
     const struct kf_rnn_plan *p = c->plan;
+    if (p->dtype == KF_DTYPE_F64) return kf__cuda_rnn64_backward(ctx, c);
     const int64_t T = c->T, B = c->B, H = p->H, D = p->D, L = p->L, TB = T * B;
     const bool agru = p->cell == KF_RNN_AGRU, acc = c->accumulate;
     cudaStream_t s = kf__stream(ctx);
@@ -535,7 +536,7 @@ extern "C" kf_status kf__cuda_rnn_backward(kf_context *ctx, const kf__rnn_bwd *c
     float *aux = kf__at<float>(ws, lay.aux);
     float *rpart = kf__at<float>(ws, lay.rpart);
     float *dh[2] = {kf__at<float>(ws, lay.dh[0]), kf__at<float>(ws, lay.dh[1])};
-    // float32 views of the record (the kernels see float32 only: rnn_supports in rnn_fwd.cu)
+    // float32 views of the record (a float64 plan went to cuda/f64.cu above)
     const float *x32 = static_cast<const float *>(c->x), *dy32 = static_cast<const float *>(c->dy);
     const float *dhn32 = static_cast<const float *>(c->dhn);
     float *dx32 = static_cast<float *>(c->dx), *dh0_32 = static_cast<float *>(c->dh0);

@@ -631,6 +631,8 @@ kf_status kf__cuda_rnn_prep_wt(kf_context *ctx, const char *fn, const struct kf_
 
 extern "C" void kf__cuda_rnn_sizes(const struct kf_rnn_plan *p, int64_t T, int64_t B,
                                    bool training, size_t *ws_bytes, size_t *reserve_bytes) {
+    if (p->dtype == KF_DTYPE_F64) return kf__cuda_rnn64_sizes(p, T, B, training, ws_bytes,
+                                                              reserve_bytes);
     kf__rnn_cuda_layout lay;
     kf__rnn_cuda_layout_make(p, T, B, training, &lay);
     if (ws_bytes) *ws_bytes = lay.ws_bytes;
@@ -640,6 +642,7 @@ extern "C" void kf__cuda_rnn_sizes(const struct kf_rnn_plan *p, int64_t T, int64
 extern "C" kf_status kf__cuda_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c) {
     static const char fn[] = "kf_rnn_forward";
     const struct kf_rnn_plan *p = c->plan;
+    if (p->dtype == KF_DTYPE_F64) return kf__cuda_rnn64_forward(ctx, c);
     const int64_t T = c->T, B = c->B, H = p->H, D = p->D, L = p->L;
     const bool agru = p->cell == KF_RNN_AGRU, train = c->training;
     cudaStream_t s = kf__stream(ctx);
@@ -667,7 +670,7 @@ extern "C" kf_status kf__cuda_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c)
 
     int64_t xts, xbs; // row strides of x and y (the user's layout)
     kf__rnn_row_strides(p, 0, T, B, &xts, &xbs);
-    // float32 views of the record (the kernels see float32 only: rnn_supports below)
+    // float32 views of the record (a float64 plan went to cuda/f64.cu above)
     const float *in = static_cast<const float *>(c->x);
     const float *h0_32 = static_cast<const float *>(c->h0);
     float *y32 = static_cast<float *>(c->y), *hn32 = static_cast<float *>(c->hn);
@@ -742,10 +745,10 @@ extern "C" kf_status kf__cuda_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c)
 
 namespace {
 
-// Float32 (low plans arrive as their float32 copies: core/lowp_ops.c): float64 is refused at
-// plan creation, never in a call.
+// Float32 (low plans arrive as their float32 copies: core/lowp_ops.c) on the kernels above and
+// rnn_bwd.cu; float64 on cuda/f64.cu.
 kf_status rnn_supports(const struct kf_rnn_plan *p, const char *fn) {
-    return kf__cuda_dtype_supported(p->dtype, false, fn);
+    return kf__cuda_dtype_supported(p->dtype, fn);
 }
 
 } // namespace

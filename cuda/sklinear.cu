@@ -653,7 +653,7 @@ namespace {
 // Float32 (low plans arrive as their float32 copies: core/lowp_ops.c) on the kernels above;
 // float64 on cuda/f64.cu.
 kf_status skl_supports(const struct kf_sklinear_plan *p, const char *fn) {
-    return kf__cuda_dtype_supported(p->dtype, true, fn);
+    return kf__cuda_dtype_supported(p->dtype, fn);
 }
 
 size_t skl_workspace(const struct kf_sklinear_plan *p, int64_t N) {

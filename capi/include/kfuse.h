@@ -249,7 +249,7 @@ typedef struct kf_rnn_desc {
     float dropout;       /* in [0, 1); default 0 */
     float gamma;         /* A-GRU diffusion constant in A = W_h - W_h^T - gamma I; default 0.01 */
     int32_t dtype;       /* kf_dtype of x, y, h and weights: KF_DTYPE_F32 (default), or
-                            KF_DTYPE_F64 (since 1.4; KF_ERR_UNSUPPORTED on CUDA), KF_DTYPE_F16 or
+                            KF_DTYPE_F64 (since 1.4; on CUDA since 1.7), KF_DTYPE_F16 or
                             KF_DTYPE_BF16 (since 1.5; on CUDA since 1.6). dropout and gamma stay
                             float whatever the dtype */
     /* appended in later versions below this line; never reorder or remove */

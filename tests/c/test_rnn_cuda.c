@@ -10,8 +10,8 @@
  * (40, 48, 80, 256) the per-step cuBLAS path. The persistent backward is exercised with GRU and
  * A-GRU cells, variable lengths, dropout, h0 and dhn, two and three layers, both directions and
  * batch_first. Also: two contexts on two streams interleaved give bit-identical results, a
- * forward captured in a CUDA graph replays to the eager result, and float64 is refused at plan
- * creation.
+ * forward captured in a CUDA graph replays to the eager result. (Float64 plans on CUDA:
+ * test_rnn_f64.c, against the float64 reference.)
  *
  * Without a CUDA build, or with no usable device (KF_ERR_BACKEND_UNAVAILABLE), every test skips. */
 #define _POSIX_C_SOURCE 200809L
@@ -360,22 +360,6 @@ static cfg base(int cell, int64_t H) {
 }
 
 /* ---- CUDA vs CPU ---------------------------------------------------------------------------- */
-/* Float64 is a CPU dtype for now: a CUDA context refuses it at plan creation, naming the field. */
-Test(rnn_cuda, float64_unsupported) {
-    kf_context *ctx = make_ctx(KF_DEVICE_CUDA, 0); /* skips without a usable device */
-    for (int cell = KF_RNN_GRU; cell <= KF_RNN_AGRU; cell++) {
-        kf_rnn_desc d;
-        kf_rnn_desc_init(&d);
-        d.cell = cell;
-        d.input_size = 4, d.hidden_size = 8;
-        d.dtype = KF_DTYPE_F64;
-        kf_rnn_plan *plan = NULL;
-        EXPECT_FAIL(kf_rnn_plan_create(ctx, &d, &plan), KF_ERR_UNSUPPORTED, "desc->dtype");
-        cr_expect(plan == NULL);
-    }
-    kf_context_destroy(ctx);
-}
-
 Test(rnn_cuda, gru_persistent) { cfg c = base(KF_RNN_GRU, 128); compare("gru H=128", &c, 1); }
 Test(rnn_cuda, agru_persistent) { cfg c = base(KF_RNN_AGRU, 128); compare("agru H=128", &c, 1); }
 Test(rnn_cuda, gru_per_step) { cfg c = base(KF_RNN_GRU, 48); compare("gru H=48", &c, 1); }

@@ -1,5 +1,6 @@
-/* GRU and A-GRU in float64 on the CPU (kf_rnn_desc.dtype = KF_DTYPE_F64), through the public
- * header only, against the independent float64 reference of ref_rnn.c.
+/* GRU and A-GRU in float64 (kf_rnn_desc.dtype = KF_DTYPE_F64) on the CPU and, where a device is
+ * usable, on CUDA (cuda/f64.cu; every tensor, workspace and reserve in device memory), through the
+ * public header only, against the independent float64 reference of ref_rnn.c.
  *
  * Fresh seeded random inputs (never zeros), weights U(-1/sqrt(H), 1/sqrt(H)), epsilon U(0.5, 1.5);
  * every output NaN-poisoned before a call; relative error ||out - ref|| / ||ref|| < 1e-12 for y,
@@ -131,23 +132,42 @@ static kf_rnn_forward_args forward_args(const prob *p, kf_tensor *wt, double *y,
     return a;
 }
 
-/* A buffer of exactly `bytes` as the library sees it, followed by GUARD bytes of 0xA5. */
+/* A buffer of exactly `bytes` as the library sees it, in `dev`'s memory, followed by GUARD bytes
+ * of 0xA5. */
 typedef struct gbuf {
     unsigned char *p;
     size_t bytes;
+    kf_device_type dev;
 } gbuf;
 
-static gbuf gbuf_make(size_t bytes) {
-    gbuf g = {xalloc(bytes + GUARD), bytes};
-    memset(g.p, 0x5A, bytes);
-    memset(g.p + bytes, 0xA5, GUARD);
+static gbuf gbuf_make(kf_device_type dev, size_t bytes) {
+    unsigned char *h = xalloc(bytes + GUARD);
+    memset(h, 0x5A, bytes);
+    memset(h + bytes, 0xA5, GUARD);
+    gbuf g = {h, bytes, dev};
+#ifdef KF_HAVE_CUDA
+    if (dev == KF_DEVICE_CUDA) g.p = to_dev(h, bytes + GUARD), free(h);
+#endif
     return g;
 }
 
 static void gbuf_check(const gbuf *g, const char *what) {
+    const unsigned char *q = g->p + g->bytes;
+#ifdef KF_HAVE_CUDA
+    unsigned char guard[GUARD];
+    if (g->dev == KF_DEVICE_CUDA) {
+        CUDA_OK(cudaMemcpy(guard, g->p + g->bytes, GUARD, cudaMemcpyDeviceToHost));
+        q = guard;
+    }
+#endif
     for (size_t i = 0; i < GUARD; i++)
-        cr_assert(g->p[g->bytes + i] == 0xA5, "%s: byte %zu past the reported %zu bytes written",
-                  what, i, g->bytes);
+        cr_assert(q[i] == 0xA5, "%s: byte %zu past the reported %zu bytes written", what, i,
+                  g->bytes);
+}
+
+static void gbuf_free(gbuf *g) {
+    if (g->dev == KF_DEVICE_CUDA) unplace(g->dev, g->p);
+    else free(g->p);
 }
 
 typedef struct opts {
@@ -160,6 +180,7 @@ typedef struct opts {
     int no_dx, no_dh0;      /* leave dx / dh0 absent */
     int dw_mode;            /* 0 all dweights, 1 none (NULL array), 2 every other one absent */
     int32_t threads;
+    int cuda;               /* on a CUDA context, every tensor in device memory (threads unused) */
 } opts;
 
 static void expect_close(const char *label, const char *what, const double *out,
@@ -168,32 +189,62 @@ static void expect_close(const char *label, const char *what, const double *out,
     cr_expect(e < TOL, "%s: %s rel err %.3e >= %.0e", label, what, e, TOL);
 }
 
-/* One case: inference forward, training forward, backward, each against the reference. */
+/* p's inputs where a `dev` context reads them (kf_test.h's place_f64; the lengths copied too). */
+static prob placed(kf_device_type dev, const prob *p) {
+    prob d = *p;
+    const ref_rnn_cfg *c = &p->c;
+    d.x = place_f64(dev, p->x, ref_rnn_x_numel(c)), d.h0 = place_f64(dev, p->h0, ref_rnn_h_numel(c));
+    d.dy = place_f64(dev, p->dy, ref_rnn_y_numel(c));
+    d.dhn = place_f64(dev, p->dhn, ref_rnn_h_numel(c));
+    d.w = calloc((size_t)p->nw, sizeof *d.w);
+    for (int i = 0; i < p->nw; i++)
+        d.w[i] = place_f64(dev, p->w[i], ref_rnn_weight_desc(c, i, NULL, 0, NULL, NULL));
+#ifdef KF_HAVE_CUDA
+    if (dev == KF_DEVICE_CUDA && p->len) d.len = to_dev(p->len, (size_t)c->B * sizeof(int32_t));
+#endif
+    return d;
+}
+
+static void unplace_prob(kf_device_type dev, prob *d) {
+    for (int i = 0; i < d->nw; i++) unplace(dev, d->w[i]);
+    free(d->w);
+    void *v[] = {d->x, d->h0, d->dy, d->dhn, d->len};
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) unplace(dev, v[i]);
+}
+
+/* One case: inference forward, training forward, backward, each against the reference, on a CPU
+ * context with o->threads threads or (o->cuda) a CUDA context with every tensor, workspace and
+ * reserve in device memory (skipped without a usable device). */
 static void run_case(const char *label, const ref_rnn_cfg *cfg, const opts *o) {
+    const kf_device_type dev = o->cuda ? KF_DEVICE_CUDA : KF_DEVICE_CPU;
     prob p = prob_make(cfg, 0xF64 + (uint64_t)cfg->T * 31 + (uint64_t)cfg->H, o->h0, o->lengths);
     const ref_rnn_cfg *c = &p.c;
-    kf_context *ctx = make_ctx(KF_DEVICE_CPU, o->threads);
+    kf_context *ctx = make_ctx(dev, o->threads);
+    prob pd = placed(dev, &p);
     kf_rnn_plan *plan = NULL;
     KF_OK_(plan_for(ctx, c, KF_DTYPE_F64, &plan));
-    kf_tensor *wt = weight_tensors(c, (void *const *)p.w, KF_DTYPE_F64);
+    kf_tensor *wt = weight_tensors(c, (void *const *)pd.w, KF_DTYPE_F64);
     const int64_t nx = ref_rnn_x_numel(c), ny = ref_rnn_y_numel(c), nh = ref_rnn_h_numel(c);
     int64_t xs[3], ys[3], hs[3] = {(int64_t)c->L * c->D, c->B, c->H};
     seq_shape(c, c->I, xs);
     seq_shape(c, (int64_t)c->D * c->H, ys);
     double *y = nans(ny), *hn = o->no_hn ? NULL : nans(nh);
+    double *yd = place_f64(dev, y, ny), *hnd = place_f64(dev, hn, nh);
     double *yr = dalloc_n(ny), *hnr = dalloc_n(nh);
     char lab[256];
-    kf_rnn_forward_args fa = forward_args(&p, wt, y, hn);
+    kf_rnn_forward_args fa = forward_args(&pd, wt, yd, hnd);
 
     /* Inference: never dropout, no reserve. */
     size_t wsb = 0, rsb = 1;
     KF_OK_(kf_rnn_workspace_size(plan, c->T, c->B, KF_MODE_INFERENCE, &wsb, &rsb));
     cr_expect(rsb == 0, "%s: inference reserve_bytes = %zu", label, rsb);
-    gbuf ws = gbuf_make(o->caller_ws ? wsb : 0);
+    gbuf ws = gbuf_make(dev, o->caller_ws ? wsb : 0);
     KF_OK_(kf_rnn_forward(plan, KF_MODE_INFERENCE, &fa, o->caller_ws ? ws.p : NULL,
                           o->caller_ws ? ws.bytes : 0, NULL, 0));
+    KF_OK_(kf_context_synchronize(ctx));
     gbuf_check(&ws, "inference workspace");
-    free(ws.p);
+    gbuf_free(&ws);
+    fetch_f64(dev, y, yd, ny), fetch_f64(dev, hn, hnd, nh);
     ref_rnn_cfg ci = *c;
     ci.training = 0;
     ref_rnn_forward_f64(&ci, p.x, p.h0, (const double *const *)p.w, p.len, yr, hnr);
@@ -208,15 +259,20 @@ static void run_case(const char *label, const ref_rnn_cfg *cfg, const opts *o) {
     const size_t saved = (size_t)((c->L * c->D * (1 + ng) + (c->L - 1) * c->D) * N * c->H) * 8;
     cr_expect(rsb >= saved, "%s: reserve_bytes = %zu < %zu, the float64 states", label, rsb,
               saved);
-    ws = gbuf_make(o->caller_ws ? wsb : 0);
-    gbuf rs = gbuf_make(rsb);
+    ws = gbuf_make(dev, o->caller_ws ? wsb : 0);
+    gbuf rs = gbuf_make(dev, rsb);
+    unplace(dev, yd), unplace(dev, hnd);
     for (int64_t i = 0; i < ny; i++) y[i] = NAN;
     if (hn)
         for (int64_t i = 0; i < nh; i++) hn[i] = NAN;
+    yd = place_f64(dev, y, ny), hnd = place_f64(dev, hn, nh);
+    fa.y.data = yd, fa.hn.data = hnd;
     KF_OK_(kf_rnn_forward(plan, KF_MODE_TRAINING, &fa, o->caller_ws ? ws.p : NULL,
                           o->caller_ws ? ws.bytes : 0, rs.p, rs.bytes));
+    KF_OK_(kf_context_synchronize(ctx));
     gbuf_check(&ws, "training workspace");
     gbuf_check(&rs, "reserve");
+    fetch_f64(dev, y, yd, ny), fetch_f64(dev, hn, hnd, nh);
     ref_rnn_cfg ct = *c;
     ct.training = 1;
     ref_rnn_forward_f64(&ct, p.x, p.h0, (const double *const *)p.w, p.len, yr, hnr);
@@ -227,7 +283,7 @@ static void run_case(const char *label, const ref_rnn_cfg *cfg, const opts *o) {
     /* Backward. */
     double *dx = o->no_dx ? NULL : nans(nx), *dh0 = o->no_dh0 ? NULL : nans(nh);
     double **dw = calloc((size_t)p.nw, sizeof *dw), **pre = calloc((size_t)p.nw, sizeof *pre);
-    double **dwr = calloc((size_t)p.nw, sizeof *dwr);
+    double **dwr = calloc((size_t)p.nw, sizeof *dwr), **dwd = calloc((size_t)p.nw, sizeof *dwd);
     ref_rng r;
     ref_rng_seed(&r, 99);
     for (int i = 0; i < p.nw && o->dw_mode != 1; i++) {
@@ -241,23 +297,29 @@ static void run_case(const char *label, const ref_rnn_cfg *cfg, const opts *o) {
         } else {
             dw[i] = nans(n);
         }
+        dwd[i] = place_f64(dev, dw[i], n);
     }
-    kf_tensor *dwt = o->dw_mode == 1 ? NULL : weight_tensors(c, (void *const *)dw, KF_DTYPE_F64);
+    double *dxd = place_f64(dev, dx, nx), *dh0d = place_f64(dev, dh0, nh);
+    kf_tensor *dwt = o->dw_mode == 1 ? NULL : weight_tensors(c, (void *const *)dwd, KF_DTYPE_F64);
     kf_rnn_backward_args ba;
     kf_rnn_backward_args_init(&ba);
     ba.x = fa.x, ba.h0 = fa.h0, ba.weights = wt, ba.num_weights = p.nw, ba.lengths = fa.lengths;
     ba.dropout_seed = c->seed;
     ba.dropout_offset = c->offset;
-    ba.dy = tens(o->no_dy ? NULL : p.dy, KF_DTYPE_F64, 3, ys);
-    ba.dhn = tens(o->no_dhn ? NULL : p.dhn, KF_DTYPE_F64, 3, hs);
-    ba.dx = tens(dx, KF_DTYPE_F64, 3, xs);
-    ba.dh0 = tens(dh0, KF_DTYPE_F64, 3, hs);
+    ba.dy = tens(o->no_dy ? NULL : pd.dy, KF_DTYPE_F64, 3, ys);
+    ba.dhn = tens(o->no_dhn ? NULL : pd.dhn, KF_DTYPE_F64, 3, hs);
+    ba.dx = tens(dxd, KF_DTYPE_F64, 3, xs);
+    ba.dh0 = tens(dh0d, KF_DTYPE_F64, 3, hs);
     ba.dweights = dwt;
     ba.num_dweights = dwt ? p.nw : 0;
     KF_OK_(kf_rnn_backward(plan, o->accumulate ? KF_GRAD_ACCUMULATE : KF_GRAD_OVERWRITE, &ba,
                            o->caller_ws ? ws.p : NULL, o->caller_ws ? ws.bytes : 0, rs.p,
                            rs.bytes));
+    KF_OK_(kf_context_synchronize(ctx));
     gbuf_check(&ws, "backward workspace");
+    fetch_f64(dev, dx, dxd, nx), fetch_f64(dev, dh0, dh0d, nh);
+    for (int i = 0; i < p.nw; i++)
+        if (dw[i]) fetch_f64(dev, dw[i], dwd[i], ref_rnn_weight_desc(c, i, NULL, 0, NULL, NULL));
     double *dxr = dalloc_n(nx), *dh0r = dalloc_n(nh);
     ref_rnn_backward_f64(&ct, p.x, p.h0, (const double *const *)p.w, p.len,
                          o->no_dy ? NULL : p.dy, o->no_dhn ? NULL : p.dhn, dxr, dh0r, dwr);
@@ -275,12 +337,14 @@ static void run_case(const char *label, const ref_rnn_cfg *cfg, const opts *o) {
         expect_close(lab, what, dw[i], dwr[i], n);
     }
 
-    for (int i = 0; i < p.nw; i++) free(dw[i]), free(pre[i]), free(dwr[i]);
-    free(dw), free(pre), free(dwr), free(dwt);
+    for (int i = 0; i < p.nw; i++) unplace(dev, dwd[i]), free(dw[i]), free(pre[i]), free(dwr[i]);
+    free(dw), free(dwd), free(pre), free(dwr), free(dwt);
+    unplace(dev, dxd), unplace(dev, dh0d), unplace(dev, yd), unplace(dev, hnd);
     free(dx), free(dh0), free(dxr), free(dh0r), free(y), free(hn), free(yr), free(hnr);
-    free(ws.p), free(rs.p), free(wt);
+    gbuf_free(&ws), gbuf_free(&rs), free(wt);
     kf_rnn_plan_destroy(plan);
     kf_context_destroy(ctx);
+    unplace_prob(dev, &pd);
     prob_free(&p);
 }
 
@@ -289,7 +353,7 @@ static ref_rnn_cfg cfg(int cell, int L, int D, int64_t I, int64_t H, int64_t T, 
                          .gamma = 0.01f, .seed = 0x5EED, .offset = 0};
 }
 
-/* ---- the feature matrix, each on one and two threads ----------------------------------------- */
+/* ---- the feature matrix, each on one and two CPU threads, then on CUDA ------------------------ */
 static void both_threads(const char *label, const ref_rnn_cfg *c, opts o) {
     char lab[128];
     for (int32_t th = 1; th <= 2; th++) {
@@ -297,6 +361,17 @@ static void both_threads(const char *label, const ref_rnn_cfg *c, opts o) {
         snprintf(lab, sizeof lab, "%s, %d thread%s", label, (int)th, th > 1 ? "s" : "");
         run_case(lab, c, &o);
     }
+#ifdef KF_HAVE_CUDA
+    kf_context_desc d;
+    kf_context_desc_init(&d);
+    d.device_type = KF_DEVICE_CUDA;
+    kf_context *probe = NULL;
+    if (kf_context_create(&d, &probe) != KF_OK) return; /* no usable device: CPU only */
+    kf_context_destroy(probe);
+    o.threads = 0, o.cuda = 1;
+    snprintf(lab, sizeof lab, "%s, cuda", label);
+    run_case(lab, c, &o);
+#endif
 }
 
 Test(rnn_f64, gru_single_layer) {

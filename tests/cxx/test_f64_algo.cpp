@@ -16,12 +16,13 @@
 #include <random>
 #include <vector>
 
-#include "f64_algo.cuh"
+#include "f64_rnn.cuh"
 
 extern "C" {
 #include "ref_kan.h"
 #include "ref_sklinear.h"
 }
+#include "ref_rnn.h"
 
 namespace {
 
@@ -101,7 +102,7 @@ void check_sklinear(int64_t N, int64_t in, int64_t out, int32_t L, int32_t k, bo
     Vec x = random(rng, N * in), S1 = random(rng, L * in * k), S2 = random(rng, L * k * out),
         U1 = random(rng, L * k * out), U2 = random(rng, L * in * k), b = random(rng, out),
         dy = random(rng, N * out);
-    Vec ws(kf_f64::skl_workspace(&p, N) / sizeof(double) + 1);
+    Vec ws(kf_f64::skl_workspace(&p, N) / sizeof(double) + 1, NAN);
     HostExec ex;
 
     Vec y(N * out, NAN), y_ref(N * out);
@@ -243,7 +244,7 @@ void check_kan_linear(int64_t N, const KanCase &s, int64_t chunk_rows) {
     HostExec ex;
     if (chunk_rows > 0) ex.chunk_elems = chunk_rows * p.K;
     const kf_f64::KanLayout l = kf_f64::kan_layout(&p, N, nullptr, ex.chunk_elems);
-    Vec ws(l.bytes / sizeof(double) + 1);
+    Vec ws(l.bytes / sizeof(double) + 1, NAN);
     ref_kan_cfg rc = {N, s.in, s.out, s.G, s.k};
 
     Vec y(N * s.out, NAN), y_ref(N * s.out);
@@ -320,7 +321,7 @@ void check_kan_conv2d(const ConvShape &cs, const KanCase &s0, int64_t images_per
     if (images_per_chunk > 0) ex.chunk_elems = images_per_chunk * hw * p.K;
     const kf_f64::KanLayout l = kf_f64::kan_layout(&p, N, &g, ex.chunk_elems);
     if (images_per_chunk > 0) cr_assert_eq(l.Bg, std::min(images_per_chunk, cs.B));
-    Vec ws(l.bytes / sizeof(double) + 1), y(cs.B * s.out * hw, NAN);
+    Vec ws(l.bytes / sizeof(double) + 1, NAN), y(cs.B * s.out * hw, NAN);
     kf__kan_fwd f = {&p, N, &g, x.data(), d.grid.data(), d.base_arg(), d.spline.data(),
                      d.scaler_arg(), y.data(), ws.data(), ws.size() * 8};
     cr_assert_eq(kf_f64::kan_forward(ex, &f), KF_OK);
@@ -357,4 +358,121 @@ Test(f64_algo, kan_conv2d) {
     check_kan_conv2d(a, {0, 4, 2, 1, true, false}, 0);
     const ConvShape b = {2, 1, 7, 7, 3, 3, 1, 1, 1, 1, 1, 1}; // "same" padding
     check_kan_conv2d(b, {0, 5, 5, 3, true, true}, 1);
+}
+
+// ---- GRU / A-GRU -------------------------------------------------------------------------------
+
+namespace {
+
+struct RnnCase {
+    int cell, L, D;
+    int64_t I, H, T, B;
+    bool batch_first, lengths, h0, dy, dhn;
+    float dropout;
+};
+
+void check_rnn(const RnnCase &k) {
+    std::mt19937 rng((unsigned)(k.cell * 1000 + k.L * 100 + k.D * 10 + k.H + k.T));
+    ref_rnn_cfg rc = {};
+    rc.cell = k.cell, rc.L = k.L, rc.D = k.D, rc.I = k.I, rc.H = k.H, rc.T = k.T, rc.B = k.B;
+    rc.batch_first = k.batch_first, rc.training = 1, rc.dropout = k.dropout, rc.gamma = 0.05f;
+    rc.seed = 1234, rc.offset = 77;
+    kf_rnn_plan p = {};
+    p.cell = k.cell == REF_AGRU ? KF_RNN_AGRU : KF_RNN_GRU;
+    p.L = k.L, p.D = k.D, p.I = k.I, p.H = k.H, p.batch_first = k.batch_first;
+    p.dtype = KF_DTYPE_F64, p.dropout = k.dropout, p.gamma = rc.gamma;
+    p.nw = ref_rnn_group_size(&rc), p.num_weights = ref_rnn_num_weights(&rc);
+    const int nw = p.num_weights;
+    std::vector<Vec> w(nw), dw(nw), dw_ref(nw);
+    std::vector<const void *> wp(nw);
+    std::vector<const double *> wr(nw);
+    for (int i = 0; i < nw; ++i) {
+        int nd;
+        int64_t sh[2];
+        const int64_t n = ref_rnn_weight_desc(&rc, i, nullptr, 0, &nd, sh);
+        w[i] = random(rng, n, -0.5, 0.5);
+        dw_ref[i] = Vec(n);
+        wp[i] = w[i].data(), wr[i] = w[i].data();
+    }
+    const int64_t nx = ref_rnn_x_numel(&rc), ny = ref_rnn_y_numel(&rc), nh = ref_rnn_h_numel(&rc);
+    Vec x = random(rng, nx), h0 = random(rng, nh), dy = random(rng, ny), dhn = random(rng, nh);
+    std::vector<int32_t> len(k.B);
+    for (int64_t b = 0; b < k.B; ++b) len[b] = (int32_t)((k.T * (b + 1) + k.B - 1) / k.B);
+    len[0] = 0; // an empty sequence too
+    const int32_t *lengths = k.lengths ? len.data() : nullptr;
+    const double *h0p = k.h0 ? h0.data() : nullptr;
+
+    size_t ws_bytes = 0, res_bytes = 0;
+    kf_f64::rnn_sizes(&p, k.T, k.B, true, &ws_bytes, &res_bytes);
+    // workspace and reserve NaN-filled: a value read before it is written shows
+    Vec ws(ws_bytes / 8 + 1, NAN), res(res_bytes / 8 + 1, NAN), y(ny, NAN), hn(nh, NAN);
+    HostExec ex;
+    kf__rnn_fwd f = {};
+    f.plan = &p, f.T = k.T, f.B = k.B, f.training = true, f.x = x.data(), f.h0 = h0p;
+    f.w = wp.data(), f.lengths = lengths, f.seed = rc.seed, f.offset = rc.offset;
+    f.y = y.data(), f.hn = hn.data(), f.ws = ws.data(), f.ws_bytes = ws_bytes;
+    f.reserve = res.data(), f.reserve_bytes = res_bytes;
+    cr_assert_eq(kf_f64::rnn_forward(ex, &f), KF_OK);
+    Vec y_ref(ny), hn_ref(nh);
+    ref_rnn_forward_f64(&rc, x.data(), h0p, wr.data(), lengths, y_ref.data(), hn_ref.data());
+    expect_close(y, y_ref, "RNN y");
+    expect_close(hn, hn_ref, "RNN hn");
+
+    // inference: no reserve, no dropout, the same y without dropout when p = 0
+    if (k.dropout == 0.0f) {
+        size_t wsi = 0, resi = 0;
+        kf_f64::rnn_sizes(&p, k.T, k.B, false, &wsi, &resi);
+        cr_assert_eq(resi, 0u);
+        Vec wsv(wsi / 8 + 1, NAN), yi(ny, NAN);
+        kf__rnn_fwd fi = f;
+        fi.training = false, fi.y = yi.data(), fi.hn = nullptr, fi.ws = wsv.data();
+        fi.ws_bytes = wsi, fi.reserve = nullptr, fi.reserve_bytes = 0;
+        cr_assert_eq(kf_f64::rnn_forward(ex, &fi), KF_OK);
+        expect_close(yi, y_ref, "RNN y (inference)");
+    }
+
+    const double *dyp = k.dy ? dy.data() : nullptr, *dhnp = k.dhn ? dhn.data() : nullptr;
+    Vec dx_ref(nx), dh0_ref(nh);
+    std::vector<double *> dwr(nw);
+    for (int i = 0; i < nw; ++i) dwr[i] = dw_ref[i].data();
+    ref_rnn_backward_f64(&rc, x.data(), h0p, wr.data(), lengths, dyp, dhnp, dx_ref.data(),
+                         dh0_ref.data(), dwr.data());
+    for (bool acc : {false, true}) {
+        Vec dx(nx, NAN), dh0(nh, NAN);
+        std::vector<Vec> start(nw);
+        std::vector<void *> dwp(nw);
+        for (int i = 0; i < nw; ++i) {
+            start[i] = random(rng, (int64_t)w[i].size());
+            dw[i] = acc ? start[i] : Vec(w[i].size(), NAN);
+            dwp[i] = dw[i].data();
+        }
+        kf__rnn_bwd c = {};
+        c.plan = &p, c.T = k.T, c.B = k.B, c.x = x.data(), c.h0 = h0p, c.w = wp.data();
+        c.lengths = lengths, c.seed = rc.seed, c.offset = rc.offset, c.dy = dyp, c.dhn = dhnp;
+        c.dx = dx.data(), c.dh0 = dh0.data(), c.dw = dwp.data(), c.accumulate = acc;
+        c.ws = ws.data(), c.ws_bytes = ws_bytes, c.reserve = res.data();
+        c.reserve_bytes = res_bytes;
+        cr_assert_eq(kf_f64::rnn_backward(ex, &c), KF_OK);
+        expect_close(dx, dx_ref, "RNN dx");
+        expect_close(dh0, dh0_ref, "RNN dh0");
+        for (int i = 0; i < nw; ++i)
+            expect_close(dw[i], acc ? plus(start[i], dw_ref[i]) : dw_ref[i], "RNN dw");
+    }
+}
+
+} // namespace
+
+Test(f64_algo, gru) {
+    check_rnn({REF_GRU, 1, 1, 5, 6, 7, 3, false, false, true, true, false, 0.0f});
+    check_rnn({REF_GRU, 2, 2, 4, 5, 6, 4, true, true, false, true, true, 0.3f});
+    check_rnn({REF_GRU, 3, 1, 3, 4, 5, 3, false, true, true, false, true, 0.25f}); // dy absent
+    check_rnn({REF_GRU, 1, 2, 4, 3, 5, 5, false, true, true, true, true, 0.0f});
+    check_rnn({REF_GRU, 2, 2, 4, 3, 0, 2, false, false, true, true, true, 0.0f}); // T = 0
+}
+
+Test(f64_algo, agru) {
+    check_rnn({REF_AGRU, 1, 1, 5, 6, 7, 3, false, false, true, true, false, 0.0f});
+    check_rnn({REF_AGRU, 2, 1, 4, 5, 6, 4, true, true, false, true, true, 0.3f});
+    check_rnn({REF_AGRU, 3, 1, 3, 4, 5, 3, false, true, true, true, true, 0.0f});
+    check_rnn({REF_AGRU, 1, 1, 3, 4, 0, 2, false, false, true, true, true, 0.0f}); // T = 0
 }

@@ -6,6 +6,7 @@ batch_first, bidirectional, multi-layer, packed input, dropout, errors, threads 
 Accuracy bar (DESIGN.md): ||out - ref|| / ||ref|| < 1e-5 for fp32 against float64, on random
 inputs and weights at the reference's own init scale, at short T.
 """
+import copy
 import os
 import sys
 import threading
@@ -688,3 +689,38 @@ def test_cuda_dropout_masks_match_cpu():
     torch.manual_seed(3)
     yc, _ = mc(x.cuda())
     assert rel(yc.detach().cpu(), y.detach()) < TOL
+
+
+@pytest.mark.skipif(not cuda_ok(), reason="needs torch CUDA and a CUDA build of kfuse")
+@pytest.mark.parametrize("cls", ["gru", "agru"])
+def test_cuda_float64_matches_cpu_and_gradcheck(cls):
+    """Float64 GRU / A-GRU on CUDA (the library's float64 CUDA path): forward and gradients within
+    1e-12 of the CPU's float64 module (held to the references above), and gradcheck on x, h0 and
+    every weight with dropout between the layers (the GRU bidirectional)."""
+    torch.manual_seed(0)
+    T, B, I, H, L = 4, 2, 3, 4, 2
+    bidir = cls == "gru"
+    k = (kt.GRU(I, H, L, bidirectional=True) if bidir else kt.AGRU(I, H, L, gamma=0.05)).double()
+    kc = copy.deepcopy(k).cuda()
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    xc = x.cuda().requires_grad_(True)
+    x.requires_grad_(True)
+    y, _ = k(x)
+    yc, _ = kc(xc)
+    assert yc.dtype == torch.float64 and yc.is_cuda and rel(yc.detach().cpu(), y.detach()) < TOL64
+    y.sum().backward()
+    yc.sum().backward()
+    assert rel(xc.grad.cpu(), x.grad) < TOL64
+    for (n, p), pc in zip(k.named_parameters(), kc.parameters()):
+        assert rel(pc.grad.cpu(), p.grad) < TOL64, n
+    D = 2 if bidir else 1
+    weights = [w.detach().clone().requires_grad_(True) for w in kc._canonical_weights()]
+    h0 = (torch.randn(L * D, B, H, dtype=torch.float64, device="cuda") * 0.5).requires_grad_(True)
+    seed = torch.tensor([1234], dtype=torch.int64)
+
+    def fn(x, h0, *w):
+        return kt.rnn_function(x, h0, None, list(w), cls, I, H, L, False, bidir, dropout=0.3,
+                               gamma=0.05, training=True, seed=seed)
+
+    assert torch.autograd.gradcheck(fn, (xc.detach().requires_grad_(True), h0, *weights),
+                                    eps=1e-6, atol=1e-8, rtol=1e-6)

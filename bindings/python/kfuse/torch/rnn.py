@@ -267,9 +267,9 @@ class GRU(_KfuseRNNBase):
     initialisation; same seed gives the same weights). With bias=False, as in torch, there are
     no bias parameters; the library runs the cell with zero biases. The dtype is the
     parameters' (dtype=, .double(), .float(), .bfloat16(), .half()): float32, bfloat16 or
-    float16 (storage in the type, float32 arithmetic and state), or on the CPU float64; another
-    dtype (or float64 on a CUDA device) raises kfuse.Unsupported with the library's
-    message, and an input of another dtype than the parameters' kfuse.InvalidArgument (a
+    float16 (storage in the type, float32 arithmetic and state), or float64 (on CUDA since
+    kfuse 1.7); another dtype raises kfuse.Unsupported with the library's message, and an
+    input of another dtype than the parameters' kfuse.InvalidArgument (a
     ValueError) naming both. Autocast, as torch.nn.GRU does on the CPU (torch 1.13 and 2.x):
     under torch.autocast (CPU bfloat16), input, h0 and parameters are cast to the autocast
     dtype for the call and output and h_n have it (float32 master parameters get float32

@@ -380,7 +380,7 @@ pub struct kf_rnn_desc {
     #[doc = " A-GRU diffusion constant in A = W_h - W_h^T - gamma I; default 0.01"]
     pub gamma: f32,
     #[doc = " kf_dtype of x, y, h and weights: KF_DTYPE_F32 (default), or"]
-    #[doc = "KF_DTYPE_F64 (since 1.4; KF_ERR_UNSUPPORTED on CUDA), KF_DTYPE_F16 or"]
+    #[doc = "KF_DTYPE_F64 (since 1.4; on CUDA since 1.7), KF_DTYPE_F16 or"]
     #[doc = "KF_DTYPE_BF16 (since 1.5; on CUDA since 1.6). dropout and gamma stay"]
     #[doc = "float whatever the dtype"]
     pub dtype: i32,

@@ -48,9 +48,10 @@ impl Element for i32 {
 ///   float32's, relative to the output's norm (docs/precision.md). Workspace sizes include the
 ///   float32 copies.
 ///
-/// A plan whose backend cannot run `T` (a CUDA context, for `f64`, `bf16` and `f16`) is refused
-/// at creation with [`Status::Unsupported`] (the library's message names `desc->dtype`), before
-/// any call.
+/// A plan whose backend cannot run `T` is refused at creation with [`Status::Unsupported`] (the
+/// library's message names `desc->dtype`), before any call. Library 1.7 runs every element type
+/// on both backends (CUDA: `bf16` and `f16` since 1.6, `f64` since 1.7); an older library
+/// refuses those on a CUDA context.
 /// Descriptor scalars (`RnnDesc::gamma`, `dropout`, the grid arguments) stay `f32` whatever `T`.
 ///
 /// An example: [the crate docs](crate#element-types).
