@@ -516,6 +516,41 @@ Test(kan_f64, update_grid) {
     check_update(&conv, 0.01f, 0.02f, KF_KAN_QUANTILES_TORCH1);
 }
 
+/* On a CUDA context the update runs the same host algorithm on staged copies (capi/src/kan_grid.c):
+ * the knots and coefficients are the CPU context's, bit for bit; skipped without a device. */
+Test(kan_f64, cuda_update_grid_matches_cpu) {
+    kf_context *gpu = make_ctx(KF_DEVICE_CUDA, 0), *cpu = make_ctx(KF_DEVICE_CPU, 1);
+    const shape cases[] = {LIN(40, 3, 4, 5, 3, 1, 1, 0),
+                           {2, 2, 7, 6, 3, 3, 2, 2, 1, 1, 0, 1, 2, 5, 3, 1, 1, 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        prob p = make_prob(&cases[i], 7 + i);
+        const size_t gb = (size_t)(p.F * p.nk) * sizeof(double),
+                     wb = (size_t)n_oic(&p) * sizeof(double);
+        double *g[2] = {malloc(gb), malloc(gb)}, *w[2] = {malloc(wb), malloc(wb)};
+        for (int d = 0; d < 2; d++) {
+            const kf_device_type dev = d ? KF_DEVICE_CUDA : KF_DEVICE_CPU;
+            plans pl;
+            KF_OK_(plan_of(d ? gpu : cpu, &cases[i], KF_DTYPE_F64, &pl));
+            memcpy(g[d], p.grid, gb), memcpy(w[d], p.sw, wb);
+            double *xd = place_f64(dev, p.x, p.nx), *gd = place_f64(dev, g[d], p.F * p.nk),
+                   *wd = place_f64(dev, w[d], n_oic(&p));
+            KF_OK_(run_update(&pl, &p, x_tensor(&p, xd), gd, wd, 0.01f, 0.02f,
+                              KF_KAN_QUANTILES_TORCH1));
+            KF_OK_(kf_context_synchronize(d ? gpu : cpu));
+            fetch_f64(dev, g[d], gd, p.F * p.nk), fetch_f64(dev, w[d], wd, n_oic(&p));
+            unplace(dev, xd), unplace(dev, gd), unplace(dev, wd);
+            plans_destroy(&pl);
+        }
+        cr_expect(memcmp(g[0], g[1], gb) == 0, "case %zu: the CUDA context's knots differ", i);
+        cr_expect(memcmp(w[0], w[1], wb) == 0, "case %zu: the CUDA context's coefficients differ",
+                  i);
+        free(g[0]), free(g[1]), free(w[0]), free(w[1]);
+        free_prob(&p);
+    }
+    kf_context_destroy(cpu);
+    kf_context_destroy(gpu);
+}
+
 /* ---- sizes and errors --------------------------------------------------------------------- */
 
 /* The workspace query counts float64 elements: more bytes than float32 needs, and a call runs
