@@ -19,6 +19,20 @@ template <class F> __global__ void __launch_bounds__(kThreads) each_kernel(const
 // cuBLAS's extents are 32-bit: beyond that the call is refused, naming the shape.
 bool fits(int64_t v) { return v >= 0 && v <= INT32_MAX; }
 
+// C = beta C over batch b's [M, N] at C + b sC (row stride ldc), element e = (b M + m) N + n: a
+// product with an empty reduction (K = 0: a recurrent layer with T = 0), which the executor does
+// itself rather than rely on how cuBLAS treats k = 0.
+struct ScaleC {
+    double *C;
+    int64_t M, N, ldc, sC;
+    double beta;
+    __device__ void operator()(int64_t e) const {
+        const int64_t b = e / (M * N), m = e / N % M, n = e % N;
+        double &c = C[b * sC + m * ldc + n];
+        c = beta == 0.0 ? 0.0 : beta * c;
+    }
+};
+
 struct CudaExec {
     kf_context *ctx;
     const char *fn;
@@ -35,6 +49,7 @@ struct CudaExec {
                    const double *A, int64_t lda, const double *B, int64_t ldb, double beta,
                    double *C, int64_t ldc) const {
         if (M == 0 || N == 0) return KF_OK;
+        if (K == 0) return each(M * N, ScaleC{C, M, N, ldc, 0, beta});
         if (!fits(M) || !fits(N) || !fits(K) || !fits(lda) || !fits(ldb) || !fits(ldc))
             return too_large(M, N, K);
         return kf__cublas_check(cublasDgemm(kf__blas(ctx), tb ? CUBLAS_OP_T : CUBLAS_OP_N,
@@ -49,6 +64,7 @@ struct CudaExec {
                            int64_t ldb, int64_t sB, double beta, double *C, int64_t ldc,
                            int64_t sC, int64_t n) const {
         if (M == 0 || N == 0 || n == 0) return KF_OK;
+        if (K == 0) return each(n * M * N, ScaleC{C, M, N, ldc, sC, beta});
         if (!fits(M) || !fits(N) || !fits(K) || !fits(lda) || !fits(ldb) || !fits(ldc) ||
             !fits(n))
             return too_large(M, N, K);
