@@ -10,7 +10,7 @@
  *    (cpu/kan_linear.c) and the float64 grid refit (host/kan_grid.c): the reciprocal table of one feature and the bases
  *    of one feature at many points, vectorised over the points;
  *  - kf__bspline_window<KM, T> (C++ and CUDA only): the bases of one point that can be non-zero,
- *    in registers (cuda/kan_linear.cu in float, cuda/f64_algo.cuh in double).
+ *    in registers (cuda/kan_linear.cu in float, cuda/plain.cuh in double).
  * tests/cxx/test_bspline.cpp holds the window equal to the vectorised form on the CPU. */
 #ifndef KF_BSPLINE_H
 #define KF_BSPLINE_H
@@ -92,7 +92,7 @@
  * when x is outside [t_0, t_{nk-1}), NaN, or (a decreasing grid, unspecified) no interval holds
  * it. t: the feature's nk knots; inv: its reciprocal table (kf__bspline_inv_*). The window is
  * unrolled up to the bound KM >= q, so it lives in registers on a GPU. T: float (the float32
- * kernels) or double (the float64 path of cuda/f64_algo.cuh). */
+ * kernels) or double (the float64 path of cuda/plain.cuh). */
 template <int KM, typename T>
 KF__BSPLINE_HD int64_t kf__bspline_window(const T *t, const T *inv, int64_t nk, int q, T x,
                                           T (&Nw)[KM + 1]) {

@@ -14,31 +14,39 @@
 #include <stdint.h>
 #include <string.h>
 
+/* The scalar conversions below compile for CUDA devices too (cuda/plain.cuh's bfloat16 and float16
+ * KAN path runs them in its kernels, so that its rounding is the host's). */
+#ifdef __CUDACC__
+#define KF__LOWP_FN static inline __host__ __device__
+#else
+#define KF__LOWP_FN static inline
+#endif
+
 static inline bool kf__dtype_is_lowp(int32_t dtype) {
     return dtype == KF_DTYPE_BF16 || dtype == KF_DTYPE_F16;
 }
 
-static inline uint32_t kf__f32_bits(float f) {
+KF__LOWP_FN uint32_t kf__f32_bits(float f) {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
     return u;
 }
 
-static inline float kf__bits_f32(uint32_t u) {
+KF__LOWP_FN float kf__bits_f32(uint32_t u) {
     float f;
     memcpy(&f, &u, sizeof f);
     return f;
 }
 
-static inline float kf__bf16_to_f32(uint16_t h) { return kf__bits_f32((uint32_t)h << 16); }
+KF__LOWP_FN float kf__bf16_to_f32(uint16_t h) { return kf__bits_f32((uint32_t)h << 16); }
 
-static inline uint16_t kf__f32_to_bf16(float f) {
+KF__LOWP_FN uint16_t kf__f32_to_bf16(float f) {
     const uint32_t u = kf__f32_bits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-static inline float kf__f16_to_f32(uint16_t h) {
+KF__LOWP_FN float kf__f16_to_f32(uint16_t h) {
     const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
     if (e == 0x1f) return kf__bits_f32(sign | 0x7f800000u | ((m ? m | 0x200u : 0) << 13)); /* quiet */
@@ -49,7 +57,7 @@ static inline float kf__f16_to_f32(uint16_t h) {
     return kf__bits_f32(sign | (e << 23) | ((m & 0x3ffu) << 13));
 }
 
-static inline uint16_t kf__f32_to_f16(float f) {
+KF__LOWP_FN uint16_t kf__f32_to_f16(float f) {
     const uint32_t u = kf__f32_bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
     if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu)); /* NaN */
     if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 rounds to infinity */

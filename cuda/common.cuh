@@ -119,11 +119,14 @@ static inline kf_status kf__gemm_3xtf32(kf_context *ctx, const char *fn, bool ta
 }
 
 // The dtypes a CUDA plan can have, asked by every op's supports(): float32, which the kernels
-// compute in; bfloat16 and float16 storage, which core/lowp_ops.c converts around them (it asks
-// with the plan's float32 copy); float64, which each op sends to cuda/f64.cu. Anything else is
+// compute in; float64, which each op sends to cuda/plain.cu; bfloat16 and float16 storage, which
+// core/lowp_ops.c converts around the float32 kernels of the recurrent layers and SKLinear (it
+// asks with the plan's float32 copy) and cuda/plain.cu runs for the KAN layers. Anything else is
 // refused at plan creation, naming the field.
 static inline kf_status kf__cuda_dtype_supported(int32_t dtype, const char *fn) {
-    if (dtype == KF_DTYPE_F32 || dtype == KF_DTYPE_F64) return KF_OK;
+    if (dtype == KF_DTYPE_F32 || dtype == KF_DTYPE_F64 || dtype == KF_DTYPE_BF16 ||
+        dtype == KF_DTYPE_F16)
+        return KF_OK;
     return kf__error(KF_ERR_UNSUPPORTED, fn,
                      "desc->dtype = %d: the CUDA backend implements KF_DTYPE_F32 (1), "
                      "KF_DTYPE_F64 (2), KF_DTYPE_F16 (3) and KF_DTYPE_BF16 (4)",

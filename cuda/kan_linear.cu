@@ -100,7 +100,7 @@
 #include "common.cuh"
 #include "bspline.h"
 #include "cuda_backend.cuh"
-#include "f64_algo.cuh"
+#include "plain.cuh"
 
 #include <float.h>
 
@@ -848,10 +848,11 @@ kf_status backward_dense(kf_context *ctx, const char *fn, const Layout &l, const
 
 namespace {
 
-// Float32 (low plans arrive as their float32 copies: core/lowp_ops.c) on the kernels above,
-// float64 on cuda/f64.cu, and spline orders up to kMaxOrder (the basis window is unrolled up to
-// that bound; cuda/f64_algo.cuh has the same one): the rest is refused at plan creation.
-static_assert(kMaxOrder == kf_f64::kF64MaxOrder, "one spline-order bound for every dtype");
+// Float32 on the kernels above; float64, bfloat16 and float16 on cuda/plain.cu (the low types'
+// products on the tensor cores; this table is installed as it is, not under core/lowp_ops.c's
+// conversions); spline orders up to kMaxOrder (the basis window is unrolled up to that bound;
+// cuda/plain.cuh has the same one): the rest is refused at plan creation.
+static_assert(kMaxOrder == kf_plain::kPlainMaxOrder, "one spline-order bound for every dtype");
 kf_status kan_supports(const struct kf_kan_linear_plan *p, const char *fn) {
     KF_TRY(kf__cuda_dtype_supported(p->dtype, fn));
     if (p->k > kMaxOrder)
@@ -863,7 +864,7 @@ kf_status kan_supports(const struct kf_kan_linear_plan *p, const char *fn) {
 
 size_t kan_workspace(const struct kf_kan_linear_plan *p, int64_t N,
                                          const kf__kan_patches *patches) {
-    if (p->dtype == KF_DTYPE_F64) return kf__cuda_kan64_workspace(p, N, patches);
+    if (p->dtype != KF_DTYPE_F32) return kf__cuda_kan_plain_workspace(p, N, patches);
     return make_layout(p, N, patches).bytes;
 }
 
@@ -871,7 +872,7 @@ kf_status kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
     const kf__kan_patches *pt = c->patches;
     const char *fn = pt ? "kf_kan_conv2d_forward" : "kf_kan_linear_forward";
     const struct kf_kan_linear_plan *p = c->plan;
-    if (p->dtype == KF_DTYPE_F64) return kf__cuda_kan64_forward(ctx, c);
+    if (p->dtype != KF_DTYPE_F32) return kf__cuda_kan_plain_forward(ctx, c);
     if (c->N <= 0) return KF_OK;
     const Layout l = make_layout(p, c->N, pt);
     KF__CUDA_TRY(fn, cudaSetDevice(ctx->device_index));
@@ -896,7 +897,7 @@ kf_status kan_backward(kf_context *ctx, const kf__kan_bwd *c) {
     const kf__kan_patches *pt = c->patches;
     const char *fn = pt ? "kf_kan_conv2d_backward" : "kf_kan_linear_backward";
     const struct kf_kan_linear_plan *p = c->plan;
-    if (p->dtype == KF_DTYPE_F64) return kf__cuda_kan64_backward(ctx, c);
+    if (p->dtype != KF_DTYPE_F32) return kf__cuda_kan_plain_backward(ctx, c);
     if (c->dx == nullptr && c->dbase == nullptr && c->dspline == nullptr &&
         c->dscaler == nullptr)
         return KF_OK;

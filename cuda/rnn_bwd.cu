@@ -536,7 +536,7 @@ extern "C" kf_status kf__cuda_rnn_backward(kf_context *ctx, const kf__rnn_bwd *c
     float *aux = kf__at<float>(ws, lay.aux);
     float *rpart = kf__at<float>(ws, lay.rpart);
     float *dh[2] = {kf__at<float>(ws, lay.dh[0]), kf__at<float>(ws, lay.dh[1])};
-    // float32 views of the record (a float64 plan went to cuda/f64.cu above)
+    // float32 views of the record (a float64 plan went to cuda/plain.cu above)
     const float *x32 = static_cast<const float *>(c->x), *dy32 = static_cast<const float *>(c->dy);
     const float *dhn32 = static_cast<const float *>(c->dhn);
     float *dx32 = static_cast<float *>(c->dx), *dh0_32 = static_cast<float *>(c->dh0);

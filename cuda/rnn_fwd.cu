@@ -670,7 +670,7 @@ extern "C" kf_status kf__cuda_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c)
 
     int64_t xts, xbs; // row strides of x and y (the user's layout)
     kf__rnn_row_strides(p, 0, T, B, &xts, &xbs);
-    // float32 views of the record (a float64 plan went to cuda/f64.cu above)
+    // float32 views of the record (a float64 plan went to cuda/plain.cu above)
     const float *in = static_cast<const float *>(c->x);
     const float *h0_32 = static_cast<const float *>(c->h0);
     float *y32 = static_cast<float *>(c->y), *hn32 = static_cast<float *>(c->hn);
@@ -746,7 +746,7 @@ extern "C" kf_status kf__cuda_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c)
 namespace {
 
 // Float32 (low plans arrive as their float32 copies: core/lowp_ops.c) on the kernels above and
-// rnn_bwd.cu; float64 on cuda/f64.cu.
+// rnn_bwd.cu; float64 on cuda/plain.cu.
 kf_status rnn_supports(const struct kf_rnn_plan *p, const char *fn) {
     return kf__cuda_dtype_supported(p->dtype, fn);
 }

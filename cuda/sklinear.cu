@@ -651,7 +651,7 @@ PartJob no_part() {
 namespace {
 
 // Float32 (low plans arrive as their float32 copies: core/lowp_ops.c) on the kernels above;
-// float64 on cuda/f64.cu.
+// float64 on cuda/plain.cu.
 kf_status skl_supports(const struct kf_sklinear_plan *p, const char *fn) {
     return kf__cuda_dtype_supported(p->dtype, fn);
 }

@@ -6,7 +6,7 @@
  * checked against the formula in float64) or sorted random per feature; weights at a fan-in
  * scale, never zeros; every output poisoned (NaN) before each call; ||out - ref|| / ||ref|| <
  * 1e-12, forward, dx and every parameter gradient, overwritten and accumulated, on 1 and 2
- * threads, and on a CUDA context (cuda/f64.cu; device copies of every tensor; skipped without a
+ * threads, and on a CUDA context (cuda/plain.cu; device copies of every tensor; skipped without a
  * usable device). The grid update in float64: the knots against the formula in float64, the refit by
  * its normal equations, KANConv2d's against KANLinear's on the unfolded patches. Also: the
  * workspace query in float64 bytes, a dtype mismatch named with nothing written, and float16
@@ -387,7 +387,7 @@ ParameterizedTest(const shape *s, kan_f64, matches_reference) {
     check_against_reference(s, KF_DEVICE_CPU, 2);
 }
 
-/* The CUDA backend's float64 plans (cuda/f64.cu), the same shapes; skips without a usable
+/* The CUDA backend's float64 plans (cuda/plain.cu), the same shapes; skips without a usable
  * device. */
 ParameterizedTestParameters(kan_f64, cuda_matches_reference) {
     return cr_make_param_array(shape, kShapes, sizeof kShapes / sizeof kShapes[0]);

@@ -1,5 +1,5 @@
 /* GRU and A-GRU in float64 (kf_rnn_desc.dtype = KF_DTYPE_F64) on the CPU and, where a device is
- * usable, on CUDA (cuda/f64.cu; every tensor, workspace and reserve in device memory), through the
+ * usable, on CUDA (cuda/plain.cu; every tensor, workspace and reserve in device memory), through the
  * public header only, against the independent float64 reference of ref_rnn.c.
  *
  * Fresh seeded random inputs (never zeros), weights U(-1/sqrt(H), 1/sqrt(H)), epsilon U(0.5, 1.5);

@@ -3,7 +3,7 @@
  * U(-1, 1), parameters at Panther's scale (never zeros); every output poisoned (NaN) before each
  * call; ||out - ref|| / ||ref|| < 1e-12. Shapes include output widths that are not a multiple of
  * 8 with k >= 16, where the library computes the ragged columns of a GEMM itself (host/blas.c).
- * The same on a CUDA context (cuda/f64.cu; device copies of every tensor; skipped without a
+ * The same on a CUDA context (cuda/plain.cu; device copies of every tensor; skipped without a
  * usable device). Also: the initialisation in float64 against the formula it implements, and a
  * mixed-dtype call refused with the argument named and nothing written. */
 #include <criterion/criterion.h>
@@ -224,7 +224,7 @@ ParameterizedTest(const shape *s, sklinear_f64, matches_reference) {
     check_against_reference(s, KF_DEVICE_CPU, 2);
 }
 
-/* The CUDA backend's float64 plans (cuda/f64.cu), the same shapes; skips without a usable
+/* The CUDA backend's float64 plans (cuda/plain.cu), the same shapes; skips without a usable
  * device. */
 ParameterizedTestParameters(sklinear_f64, cuda_matches_reference) {
     return cr_make_param_array(shape, kShapes, sizeof kShapes / sizeof kShapes[0]);

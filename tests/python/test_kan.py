@@ -834,3 +834,29 @@ def test_cuda_float64_matches_reference_and_gradcheck():
     mc.update_grid(x.cuda())
     for n, t in m.state_dict().items():
         torch.testing.assert_close(mc.state_dict()[n].cpu(), t, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.skipif(not cuda_ok(), reason="needs torch CUDA and a CUDA build of kfuse")
+@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+def test_cuda_autocast_runs_low_precision(dt):
+    """Under torch.autocast("cuda"), KANLinear runs its low plan (the tensor-core path): y in the
+    autocast dtype, its error against float64 within 2x that of torch's own computation of the
+    layer under the same autocast (efficient-kan's math in eager torch), float32 gradients for
+    the float32 parameters."""
+    torch.manual_seed(0)
+    m = randomize_(kt.KANLinear(64, 48, device="cuda"))
+    x = torch.randn(256, 64, device="cuda") * 1.2
+    p = params_of(m)
+    want = ref_forward(x.double(), p["grid"].double(), p["base_weight"].double(),
+                       p["spline_weight"].double(), p["spline_scaler"].double(), 3)
+    r = EfficientKANRef(64, 48).cuda()
+    r.load_state_dict(m.state_dict())
+    with torch.autocast("cuda", dtype=dt):
+        y = m(x)
+        yt = r(x)
+    assert y.dtype == dt
+    err, err_torch = rel(y.double(), want), rel(yt.double(), want)
+    assert err <= 2 * err_torch + 1e-6, (err, err_torch)
+    y.float().sum().backward()
+    assert m.spline_weight.grad.dtype == torch.float32
+    assert torch.isfinite(m.spline_weight.grad).all()

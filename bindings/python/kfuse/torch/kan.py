@@ -359,7 +359,7 @@ class _KANLayer(nn.Module):
             self, _PLAIN_LAYERS, _RUN_ATTRS if self.enable_standalone_scale_spline
             else _RUN_ATTRS[:-1])
         ss = ss[0] if ss else None
-        x, (grid, bw, sw, ss), cast = autocast_inputs(x, (grid, bw, sw, ss))
+        x, (grid, bw, sw, ss), cast = autocast_inputs(x, (grid, bw, sw, ss), native_cuda=True)
         if type(act) is nn.SiLU:
             y = self._op(x, grid, bw, sw, ss)
         else:
@@ -442,12 +442,11 @@ class KANLinear(_KANLayer):
     module follows its parameters' dtype: float32, bfloat16 or float16 (.bfloat16(), .half():
     storage in the type, float32 arithmetic), or float64 (dtype=torch.float64, .double(); on
     CUDA since kfuse 1.7); another dtype raises kfuse.Unsupported, and an input of another
-    dtype than the parameters' a kfuse.InvalidArgument naming it. Autocast:
-    under torch.autocast (CPU bfloat16), input and parameters are cast to the autocast dtype
-    for the call and the output has it, as torch's autocast treats nn.Linear (float32 master
-    parameters get float32 gradients; on CUDA, where the low plans would run the
-    same float32 kernels through conversions, the layer computes in float32 and casts its
-    output); docs/precision.md.
+    dtype than the parameters' a kfuse.InvalidArgument naming it. Autocast: under
+    torch.autocast (CPU bfloat16; CUDA bfloat16 or float16, where kfuse 1.7 runs the layer's
+    products on the tensor cores), input and parameters are cast to the autocast dtype for the
+    call and the output has it, as torch's autocast treats nn.Linear (float32 master parameters
+    get float32 gradients); docs/precision.md.
 
     The initial grid comes from kf_kan_linear_uniform_grid (the same bits as efficient-kan's
     buffer); reset_parameters draws as efficient-kan does, from torch's default generator in the

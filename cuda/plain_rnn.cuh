@@ -1,5 +1,5 @@
 // The CUDA backend's float64 GRU and A-GRU (dtype KF_DTYPE_F64), computed plainly as in
-// cuda/f64_algo.cuh (whose executor contract and helpers it shares): every product one float64
+// cuda/plain.cuh (whose executor contract and helpers it shares): every product one float64
 // GEMM, the gate math one elementwise pass per step, each output element one writer, every sum in
 // a fixed order. Records, layouts, dropout counters and lengths: core/rnn_backend.h; math and the
 // backward's derivation: docs/ops/rnn.md (the CPU's float64 form, cpu/rnn_f64.c, is the same
@@ -26,14 +26,14 @@
 // A-GRU layer [H, H], and (inference) two [N, D H] layer outputs; backward dG_x and aux [N, 3H]
 // (an A-GRU's aux is q [N, H], then its per-element d eps terms [N, H]), dh, dq [B, H], A,
 // G [H, H], per-row d eps [N], two [N, D H] buffers of d(layer input).
-#ifndef KF_CUDA_F64_RNN_CUH
-#define KF_CUDA_F64_RNN_CUH
+#ifndef KF_CUDA_PLAIN_RNN_CUH
+#define KF_CUDA_PLAIN_RNN_CUH
 
 #include "counter_rng.h"
-#include "f64_algo.cuh"
+#include "plain.cuh"
 #include "rnn_backend.h"
 
-namespace kf_f64 {
+namespace kf_plain {
 
 // Everything derived from (plan, T, B): strides and byte offsets.
 struct RnnLayout {
@@ -541,6 +541,6 @@ template <class X> kf_status rnn_backward(X &ex, const kf__rnn_bwd *c) {
     return KF_OK;
 }
 
-} // namespace kf_f64
+} // namespace kf_plain
 
-#endif // KF_CUDA_F64_RNN_CUH
+#endif // KF_CUDA_PLAIN_RNN_CUH

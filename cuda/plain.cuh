@@ -1,0 +1,553 @@
+// The CUDA backend's plain path: every product one cuBLAS GEMM, everything between the products
+// one elementwise pass, each output element one writer (no atomics, every sum in a fixed order:
+// the bits repeat from run to run). It serves
+//  * float64 plans of every op (issue 16: float64 on CUDA is for accuracy, gradcheck and
+//    reference runs; speed secondary): float64 GEMMs; the recurrent layers in plain_rnn.cuh;
+//  * bfloat16 and float16 KANLinear and KANConv2d plans: the combined operand A and the combined
+//    weight W are stored in the low type, so the products run on the tensor cores (float32
+//    accumulation, cublasGemmEx with CUBLAS_COMPUTE_32F); everything else is float32.
+// Records and notation: core/sklinear_backend.h and core/kan_backend.h; math: DESIGN.md and
+// docs/ops/kan.md.
+//
+// The algorithms are written against an executor X, so that this one code runs both on the GPU
+// (cuda/plain.cu: cuBLAS and a grid-stride kernel) and, compiled for the host with a loop
+// executor, in tests/cxx/test_plain.cpp against the float64 references of tests/c. X provides
+//   kf_status gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)
+//       row-major C[M, N] = alpha op(A) op(B) + beta C, op(A) = A [M, K] or, with ta, A^T of an A
+//       stored [K, M] (as kf__gemm in cuda/common.cuh); beta = 0 never reads C. A and B share
+//       one element type TI (double, or a low type), C's TO is TI or Elem<TI>::acc; the products
+//       accumulate in Elem<TI>::acc and C is rounded once
+//   kf_status gemm_batched(ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, n)
+//       the same for b = 0..n-1 on A + b sA, B + b sB, C + b sC (a stride may be 0 for an input)
+//   template <class F> kf_status each(int64_t n, const F &f)
+//       f(i) for every i in [0, n), in any order and concurrently: f writes only what i owns
+//   int64_t chunk_bytes
+//       the bound on a KAN chunk's A in bytes (kPlainChunkBytes on the GPU, which the workspace
+//       query assumes; the host test takes a small one to run several chunks)
+// The functors below are plain structs (copied to the device by value) whose operator() is
+// KF__HD; they trust the records as the op tables do (core/backend.h).
+//
+// SKLinear, float64 (W1 = [S1_1..S1_L | U2_1..U2_L] [in, 2r], read in place term by term):
+//   forward   Z = x W1 [N, 2r] (two GEMMs batched over the L terms, k columns each), then
+//             y = bias + s Z[:, :r] U1 + s Z[:, r:] S2, s = 1 / (2L)
+//   backward  dZ[:, :r] = s dy U1^T (dx or dS1s wanted), dZ[:, r:] = s dy S2^T (dx wanted);
+//             dx = sum over terms of dZ_i S1_i^T + dZ_{r+i} U2_i^T (2L GEMMs into dx, in order);
+//             dS1s_i = x^T dZ[:, i k:(i+1) k] (batched); dS2s = s (x U2)^T dy; dbias = column
+//             sums of dy (one thread per column, rows in order)
+//   workspace 8 N 2r (dZ or Z) + 8 N r (x U2), each rounded up to 64 bytes
+//
+// KAN, element type T (double, or bfloat16 / float16 storage with float32 arithmetic, acc below;
+// rows n: KANLinear's x rows, or KANConv2d's patches, b-major; K = in cw):
+//   prep      W [out, K] in T (the combined weight, base_weight | spline_weight * scaler, each
+//             product rounded once; the SiLU column 0 without base_weight), the knots in acc
+//             and their reciprocals inv [in, k, nk] in acc (0 for spans narrower than FLT_MIN,
+//             as on the CPU)
+//   per chunk of Nc rows (KANConv2d: Bg whole images), A [Nc, K] generated in T (one thread per
+//   (row, feature): SiLU(x), then the window of k + 1 bases, computed in acc and rounded once;
+//   zeros elsewhere), then
+//   forward   y[chunk] = A W^T in T (KANConv2d: y_b [out, Ho Wo] = W A_b^T, batched over images)
+//   backward  dW (+)= dy[chunk]^T A in acc (chunk order; KANConv2d one GEMM per image, in
+//             order); dA = dy[chunk] W in acc, then per (row, feature) SiLU'(x) dA_silu + sum_c
+//             B'_c dA_c (B' from the order-(k-1) window, docs/ops/kan.md) into dx (KANLinear,
+//             rounded once) or into dP [Nc, in] (acc) and gathered per pixel over the patches
+//             that read it (KANConv2d, in kernel-offset order); after the chunks dW is folded
+//             into d base_weight, d spline_weight (* scaler) and d spline_scaler (sum over c in
+//             order), each written, or accumulated as round(acc(old) + g), once
+//   workspace (e = sizeof(T), a = sizeof(acc)) e out K (W) + a in nk + a in k nk + a out K (dW)
+//             + e Nc K (A) + a Nc K (dA) + a Nc in (dP, KANConv2d), each rounded up to 64 bytes,
+//             with e Nc K <= the executor's chunk_bytes (or one row, or one image's rows, where
+//             that is larger)
+#ifndef KF_CUDA_PLAIN_CUH
+#define KF_CUDA_PLAIN_CUH
+
+#include "bspline.h"
+#include "core.h"
+#include "kan_backend.h"
+#include "lowp.h"
+#include "sklinear_backend.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+
+#ifdef __CUDACC__
+#define KF__HD __host__ __device__
+#else
+#define KF__HD
+#endif
+
+namespace kf_plain {
+
+// Bytes of A per KAN chunk: 32 MiB (2^22 doubles, 2^24 bfloat16 or float16 values).
+constexpr int64_t kPlainChunkBytes = int64_t(1) << 25;
+// The spline-order bound of the basis window (cuda/kan_linear.cu's kMaxOrder; supports() refuses
+// more).
+constexpr int kPlainMaxOrder = 15;
+
+// ---- workspace sizing (saturating: SIZE_MAX where it cannot fit) ------------------------------
+
+inline size_t doubles(int64_t a, int64_t b) {
+    size_t v;
+    if (a < 0 || b < 0 || !kf__mul_size((size_t)a, (size_t)b, &v) ||
+        !kf__mul_size(v, sizeof(double), &v) || v > SIZE_MAX - KF__ALIGN)
+        return SIZE_MAX;
+    return kf__align_up(v);
+}
+inline size_t add(size_t a, size_t b) {
+    size_t v;
+    return kf__add_size(a, b, &v) ? v : SIZE_MAX;
+}
+inline double *at(void *ws, size_t off) { return (double *)((char *)ws + off); }
+template <class T> inline T *at_t(void *ws, size_t off) { return (T *)((char *)ws + off); }
+// Bytes of a x b elements of T, rounded up to KF__ALIGN (SIZE_MAX where that cannot fit).
+template <class T> inline size_t bytes_of(int64_t a, int64_t b) {
+    const size_t d = doubles(a, b);
+    return d == SIZE_MAX ? SIZE_MAX : kf__align_up(d / sizeof(double) * sizeof(T));
+}
+
+// ---- element types ---------------------------------------------------------------------------
+// Storage types of the low plans (the 16 bits as the library stores them) and, per element
+// type, the arithmetic type acc and the conversions (core/lowp.h's: round to nearest even).
+struct bf16 {
+    uint16_t bits;
+};
+struct f16 {
+    uint16_t bits;
+};
+template <class T> struct Elem;
+template <> struct Elem<double> {
+    using acc = double;
+    static KF__HD double get(double v) { return v; }
+    static KF__HD double put(double v) { return v; }
+};
+template <> struct Elem<float> {
+    using acc = float;
+    static KF__HD float get(float v) { return v; }
+    static KF__HD float put(float v) { return v; }
+};
+template <> struct Elem<bf16> {
+    using acc = float;
+    static KF__HD float get(bf16 v) { return kf__bf16_to_f32(v.bits); }
+    static KF__HD bf16 put(float v) { return bf16{kf__f32_to_bf16(v)}; }
+};
+template <> struct Elem<f16> {
+    using acc = float;
+    static KF__HD float get(f16 v) { return kf__f16_to_f32(v.bits); }
+    static KF__HD f16 put(float v) { return f16{kf__f32_to_f16(v)}; }
+};
+
+// ---- SKLinear ------------------------------------------------------------------------------------
+
+inline size_t skl_workspace(const struct kf_sklinear_plan *p, int64_t N) {
+    return add(doubles(N, 2 * p->r), doubles(N, p->r));
+}
+
+// y[i] = bias[i % out].
+struct FillRows {
+    const double *bias;
+    double *y;
+    int64_t out;
+    KF__HD void operator()(int64_t i) const { y[i] = bias[i % out]; }
+};
+
+// db[o] (+)= sum over the N rows of g[n ld + o], rows in order (a bias gradient).
+struct ColumnSums {
+    const double *g;
+    double *db;
+    int64_t N, ld;
+    bool acc;
+    KF__HD void operator()(int64_t o) const {
+        double s = 0.0;
+        for (int64_t n = 0; n < N; ++n) s += g[n * ld + o];
+        db[o] = acc ? db[o] + s : s;
+    }
+};
+
+// Z[:, col0 + i k .. col0 + (i+1) k) = x T_i for the L terms of T [L, in, k]; Z's row length ldz.
+template <class X>
+kf_status skl_bottleneck(X &ex, const struct kf_sklinear_plan *p, int64_t N, const double *x,
+                         const double *T, double *Z, int64_t ldz) {
+    return ex.gemm_batched(false, false, N, p->k, p->in, 1.0, x, p->in, 0, T, p->k,
+                           p->in * p->k, 0.0, Z, ldz, p->k, p->L);
+}
+
+template <class X> kf_status skl_forward(X &ex, const kf__skl_fwd *c) {
+    const struct kf_sklinear_plan *p = c->plan;
+    const int64_t N = c->N, r = p->r, R = 2 * r;
+    if (N <= 0) return KF_OK;
+    const double *x = (const double *)c->x;
+    double *Z = at(c->ws, 0), *y = (double *)c->y;
+    const double s = 1.0 / (2.0 * (double)p->L);
+    KF_TRY(skl_bottleneck(ex, p, N, x, (const double *)c->S1, Z, R));
+    KF_TRY(skl_bottleneck(ex, p, N, x, (const double *)c->U2, Z + r, R));
+    if (c->bias) KF_TRY(ex.each(N * p->out, FillRows{(const double *)c->bias, y, p->out}));
+    KF_TRY(ex.gemm(false, false, N, p->out, r, s, Z, R, (const double *)c->U1, p->out,
+                   c->bias ? 1.0 : 0.0, y, p->out));
+    return ex.gemm(false, false, N, p->out, r, s, Z + r, R, (const double *)c->S2, p->out, 1.0,
+                   y, p->out);
+}
+
+template <class X> kf_status skl_backward(X &ex, const kf__skl_bwd *c) {
+    const struct kf_sklinear_plan *p = c->plan;
+    const int64_t N = c->N, r = p->r, R = 2 * r, in = p->in, out = p->out, k = p->k;
+    if (N <= 0) return KF_OK;
+    const double *x = (const double *)c->x, *dy = (const double *)c->dy;
+    const double *S1 = (const double *)c->S1, *S2 = (const double *)c->S2;
+    const double *U1 = (const double *)c->U1, *U2 = (const double *)c->U2;
+    const double s = 1.0 / (2.0 * (double)p->L), wb = c->accumulate ? 1.0 : 0.0;
+    double *dZ = at(c->ws, 0);
+    if (c->dx || c->dS1)
+        KF_TRY(ex.gemm(false, true, N, r, out, s, dy, out, U1, out, 0.0, dZ, R));
+    if (c->dx) {
+        double *dx = (double *)c->dx;
+        KF_TRY(ex.gemm(false, true, N, r, out, s, dy, out, S2, out, 0.0, dZ + r, R));
+        for (int64_t h = 0; h < 2; ++h)
+            for (int64_t i = 0; i < p->L; ++i)
+                KF_TRY(ex.gemm(false, true, N, in, k, 1.0, dZ + h * r + i * k, R,
+                               (h ? U2 : S1) + i * in * k, k, h + i > 0 ? 1.0 : 0.0, dx, in));
+    }
+    if (c->dS1)
+        KF_TRY(ex.gemm_batched(true, false, in, k, N, 1.0, x, in, 0, dZ, R, k, wb,
+                               (double *)c->dS1, k, in * k, p->L));
+    if (c->dS2) {
+        double *Z2 = at(c->ws, doubles(N, R));
+        KF_TRY(skl_bottleneck(ex, p, N, x, U2, Z2, r));
+        KF_TRY(ex.gemm(true, false, r, out, N, s, Z2, r, dy, out, wb, (double *)c->dS2, out));
+    }
+    if (c->db) KF_TRY(ex.each(out, ColumnSums{dy, (double *)c->db, N, out, c->accumulate}));
+    return KF_OK;
+}
+
+// ---- KAN -----------------------------------------------------------------------------------------
+
+// The rows of a call (KANLinear: x [N, in]; KANConv2d: the patches of x, kf__kan_patches).
+template <class T> struct Rows {
+    using A = typename Elem<T>::acc;
+    const T *x;
+    int64_t in;
+    bool conv;
+    kf__kan_patches g; // conv only
+    // x at row n (global), feature f.
+    KF__HD A at(int64_t n, int64_t f) const {
+        if (!conv) return Elem<T>::get(x[n * in + f]);
+        const int64_t hw = g.Ho * g.Wo, b = n / hw, pix = n % hw, oh = pix / g.Wo,
+                      ow = pix % g.Wo, kk = (int64_t)g.kh * g.kw, ch = f / kk, ij = f % kk;
+        const int64_t h = oh * g.sh - g.ph + ij / g.kw * g.dh,
+                      w = ow * g.sw - g.pw + ij % g.kw * g.dw;
+        if (h < 0 || h >= g.H || w < 0 || w >= g.W) return A(0);
+        return Elem<T>::get(x[((b * g.Cin + ch) * g.H + h) * g.W + w]);
+    }
+};
+
+// What the per-(row, feature) functors share.
+template <class T> struct Feat {
+    using A = typename Elem<T>::acc;
+    Rows<T> rows;
+    const A *grid, *inv; // the knots [in, nk] and their reciprocals [in, k, nk], in acc
+    int64_t nk, C, cw, K;
+    int k;
+};
+
+// W [out, K] (element e < nW), the knots in acc (the next in nk) and inv [in, k, nk].
+template <class T> struct Prep {
+    using A = typename Elem<T>::acc;
+    const T *grid, *base, *spline, *scaler;
+    T *W;
+    A *tg, *inv;
+    int64_t out, in, C, cw, K, nk, nW;
+    int k;
+    KF__HD void operator()(int64_t e) const {
+        if (e < nW) {
+            const int64_t o = e / K, col = e % K, i = col / cw, c = col % cw, oi = o * in + i;
+            A v = A(0);
+            if (c == 0) v = base ? Elem<T>::get(base[oi]) : A(0);
+            else v = scaler ? Elem<T>::get(spline[oi * C + c - 1]) * Elem<T>::get(scaler[oi])
+                            : Elem<T>::get(spline[oi * C + c - 1]);
+            W[e] = Elem<T>::put(v);
+            return;
+        }
+        const int64_t e1 = e - nW;
+        if (e1 < in * nk) {
+            tg[e1] = Elem<T>::get(grid[e1]);
+            return;
+        }
+        const int64_t e2 = e1 - in * nk, i = e2 / ((int64_t)k * nk), q = e2 / nk % k + 1,
+                      m = e2 % nk;
+        const T *t = grid + i * nk;
+        const A d = m + q < nk ? Elem<T>::get(t[m + q]) - Elem<T>::get(t[m]) : A(0);
+        inv[e2] = d >= (A)FLT_MIN ? A(1) / d : A(0);
+    }
+};
+
+// A[l, f cw .. f cw + C] for l = e / in (row n0 + l), f = e % in: SiLU(x), then the bases.
+template <class T> struct GenA {
+    using Ac = typename Elem<T>::acc;
+    Feat<T> F;
+    int64_t n0;
+    T *A;
+    KF__HD void operator()(int64_t e) const {
+        const int64_t in = F.rows.in, l = e / in, f = e % in;
+        T *a = A + l * F.K + f * F.cw;
+        for (int64_t c = 0; c < F.cw; ++c) a[c] = Elem<T>::put(Ac(0));
+        const Ac xv = F.rows.at(n0 + l, f);
+        a[0] = Elem<T>::put(xv / (Ac(1) + exp(-xv)));
+        Ac Nw[kPlainMaxOrder + 1];
+        const int64_t j = kf__bspline_window<kPlainMaxOrder>(F.grid + f * F.nk,
+                                                              F.inv + f * F.k * F.nk, F.nk,
+                                                              F.k, xv, Nw);
+        if (j < 0) return;
+        for (int r = 0; r <= F.k; ++r) {
+            const int64_t b = j - F.k + r;
+            if (b >= 0 && b < F.C) a[1 + b] = Elem<T>::put(Nw[r]);
+        }
+    }
+};
+
+// d/dx of row n0 + l, feature f (e = l in + f) from dA's row l (acc):
+//   SiLU'(x) dA_silu + sum_c dA_c k (B_{c,k-1} inv_k[c] - B_{c+1,k-1} inv_k[c+1])
+// into dst[e], of type D (KANLinear: dx + n0 in, T; KANConv2d: dP, acc).
+template <class T, class D> struct FoldDx {
+    using A = typename Elem<T>::acc;
+    Feat<T> F;
+    int64_t n0;
+    const A *dA;
+    D *dst;
+    KF__HD void operator()(int64_t e) const {
+        const int64_t in = F.rows.in, l = e / in, f = e % in;
+        const A *d = dA + l * F.K + f * F.cw;
+        const A xv = F.rows.at(n0 + l, f), sg = A(1) / (A(1) + exp(-xv));
+        A s = d[0] * (sg * (A(1) + xv * (A(1) - sg)));
+        const int k = F.k;
+        if (k > 0) {
+            const A *fi = F.inv + f * k * F.nk, *ik = fi + (int64_t)(k - 1) * F.nk;
+            A Nw[kPlainMaxOrder + 1];
+            const int64_t j =
+                kf__bspline_window<kPlainMaxOrder>(F.grid + f * F.nk, fi, F.nk, k - 1, xv, Nw);
+            if (j >= 0)
+                for (int r = 0; r <= k; ++r) {
+                    const int64_t c = j - k + r; // B'_c uses window entries r - 1 and r
+                    if (c < 0 || c >= F.C) continue;
+                    const A s0 = r >= 1 ? Nw[r - 1] : A(0), s1 = r <= k - 1 ? Nw[r] : A(0);
+                    s += d[1 + c] * (A)k * (ik[c] * s0 - ik[c + 1] * s1);
+                }
+        }
+        dst[e] = Elem<D>::put(s);
+    }
+};
+
+// dx[b, c, h, w] for the images b0.. of a chunk (e over their elements): the sum over kernel
+// offsets (i, j), in row-major order, of dP[patch (oh, ow), feature (c kh + i) kw + j] where
+// oh sh = h + ph - i dh and ow sw = w + pw - j dw are whole and inside the output.
+template <class T> struct Col2Im {
+    using A = typename Elem<T>::acc;
+    kf__kan_patches g;
+    int64_t b0, in;
+    const A *dP; // [rows of the chunk, in]
+    T *dx;
+    KF__HD void operator()(int64_t e) const {
+        const int64_t img = g.Cin * g.H * g.W, bl = e / img, r = e % img, ch = r / (g.H * g.W),
+                      h = r / g.W % g.H, w = r % g.W;
+        A s = A(0);
+        for (int64_t i = 0; i < g.kh; ++i) {
+            const int64_t ohs = h + g.ph - i * g.dh;
+            if (ohs < 0 || ohs % g.sh) continue;
+            const int64_t oh = ohs / g.sh;
+            if (oh >= g.Ho) continue;
+            for (int64_t j = 0; j < g.kw; ++j) {
+                const int64_t ows = w + g.pw - j * g.dw;
+                if (ows < 0 || ows % g.sw) continue;
+                const int64_t ow = ows / g.sw;
+                if (ow >= g.Wo) continue;
+                const int64_t n = (bl * g.Ho + oh) * g.Wo + ow, f = (ch * g.kh + i) * g.kw + j;
+                s += dP[n * in + f];
+            }
+        }
+        dx[(b0 + bl) * img + r] = Elem<T>::put(s);
+    }
+};
+
+// dW [out, K] (acc) folded into d base_weight, d spline_weight, d spline_scaler (e = o in + i),
+// each written or accumulated (round(acc(old) + g)) once.
+template <class T> struct FoldW {
+    using A = typename Elem<T>::acc;
+    const A *dW;
+    const T *spline, *scaler;
+    T *dbase, *dspline, *dscaler;
+    int64_t in, C, cw, K;
+    bool acc;
+    KF__HD void store(T *p, A g) const { *p = Elem<T>::put(acc ? Elem<T>::get(*p) + g : g); }
+    KF__HD void operator()(int64_t e) const {
+        const int64_t o = e / in, i = e % in;
+        const A *w = dW + o * K + i * cw;
+        if (dbase) store(dbase + e, w[0]);
+        const A sc = scaler ? Elem<T>::get(scaler[e]) : A(1);
+        A ds = A(0);
+        for (int64_t c = 0; c < C; ++c) {
+            const A g = w[1 + c];
+            if (dspline) store(dspline + e * C + c, g * sc);
+            ds += g * Elem<T>::get(spline[e * C + c]);
+        }
+        if (dscaler) store(dscaler + e, ds);
+    }
+};
+
+// The chunking and the workspace offsets of a KAN call in element type T.
+struct KanLayout {
+    int64_t Nc;     // rows per chunk (KANConv2d: Bg Ho Wo)
+    int64_t Bg, hw; // KANConv2d: images per chunk, pixels per image (KANLinear: 0, 1)
+    size_t off_tg, off_inv, off_dw, off_a, off_da, off_dp, bytes;
+};
+
+template <class T>
+inline KanLayout kan_layout(const struct kf_kan_linear_plan *p, int64_t N,
+                            const kf__kan_patches *pt, int64_t chunk_bytes) {
+    using A = typename Elem<T>::acc;
+    KanLayout l = {};
+    const int64_t K = p->K > 0 ? p->K : 1;
+    int64_t most = chunk_bytes / (int64_t)sizeof(T) / K;
+    if (most < 1) most = 1;
+    if (pt) {
+        l.hw = pt->Ho * pt->Wo;
+        l.Bg = l.hw > 0 ? most / l.hw : 1;
+        if (l.Bg < 1) l.Bg = 1;
+        if (l.Bg > pt->B) l.Bg = pt->B > 0 ? pt->B : 1;
+        l.Nc = l.Bg * l.hw;
+    } else {
+        l.hw = 1;
+        l.Nc = N < most ? N : most;
+    }
+    if (l.Nc < 0) l.Nc = 0;
+    l.off_tg = bytes_of<T>(p->out, p->K);
+    l.off_inv = add(l.off_tg, bytes_of<A>(p->in, p->nk));
+    l.off_dw = add(l.off_inv, bytes_of<A>(p->in * p->k, p->nk));
+    l.off_a = add(l.off_dw, bytes_of<A>(p->out, p->K));
+    l.off_da = add(l.off_a, bytes_of<T>(l.Nc, p->K));
+    l.off_dp = add(l.off_da, bytes_of<A>(l.Nc, p->K));
+    l.bytes = add(l.off_dp, pt ? bytes_of<A>(l.Nc, p->in) : 0);
+    return l;
+}
+
+template <class T>
+inline size_t kan_workspace(const struct kf_kan_linear_plan *p, int64_t N,
+                            const kf__kan_patches *pt) {
+    return kan_layout<T>(p, N, pt, kPlainChunkBytes).bytes;
+}
+
+template <class T>
+inline Feat<T> kan_feat(const struct kf_kan_linear_plan *p, const kf__kan_patches *pt,
+                        const void *x, void *ws, const KanLayout &l) {
+    using A = typename Elem<T>::acc;
+    Feat<T> F = {};
+    F.rows.x = (const T *)x;
+    F.rows.in = p->in;
+    F.rows.conv = pt != nullptr;
+    if (pt) F.rows.g = *pt;
+    F.grid = at_t<A>(ws, l.off_tg);
+    F.inv = at_t<A>(ws, l.off_inv);
+    F.nk = p->nk;
+    F.C = p->C;
+    F.cw = p->cw;
+    F.K = p->K;
+    F.k = p->k;
+    return F;
+}
+
+// W (when `pack`), the knots and inv into the workspace.
+template <class T, class X>
+kf_status kan_prep(X &ex, const struct kf_kan_linear_plan *p, const void *grid, const void *base,
+                   const void *spline, const void *scaler, void *ws, const KanLayout &l,
+                   bool pack) {
+    using A = typename Elem<T>::acc;
+    Prep<T> q = {(const T *)grid, (const T *)base, (const T *)spline, (const T *)scaler,
+                 at_t<T>(ws, 0), at_t<A>(ws, l.off_tg), at_t<A>(ws, l.off_inv), p->out, p->in,
+                 p->C, p->cw, p->K, p->nk, pack ? p->out * p->K : 0, p->k};
+    return ex.each(q.nW + p->in * p->nk + p->in * p->k * p->nk, q);
+}
+
+// The chunk starting at row n0: its rows and (KANConv2d) its first image and image count.
+struct Chunk {
+    int64_t n0, rows, b0, imgs;
+};
+inline Chunk chunk_at(const KanLayout &l, int64_t n0, int64_t N, bool conv) {
+    Chunk ch;
+    ch.n0 = n0;
+    ch.rows = N - n0 < l.Nc ? N - n0 : l.Nc;
+    ch.b0 = conv ? n0 / l.hw : 0;
+    ch.imgs = conv ? ch.rows / l.hw : 0;
+    return ch;
+}
+
+template <class T, class X> kf_status kan_forward(X &ex, const kf__kan_fwd *c) {
+    using Ac = typename Elem<T>::acc;
+    const struct kf_kan_linear_plan *p = c->plan;
+    const kf__kan_patches *pt = c->patches;
+    const int64_t N = c->N, K = p->K, out = p->out;
+    if (N <= 0) return KF_OK;
+    const KanLayout l = kan_layout<T>(p, N, pt, ex.chunk_bytes);
+    KF_TRY(kan_prep<T>(ex, p, c->grid, c->base, c->spline, c->scaler, c->ws, l, true));
+    const Feat<T> F = kan_feat<T>(p, pt, c->x, c->ws, l);
+    const T *W = at_t<T>(c->ws, 0);
+    T *A = at_t<T>(c->ws, l.off_a), *y = (T *)c->y;
+    for (int64_t n0 = 0; n0 < N; n0 += l.Nc) {
+        const Chunk ch = chunk_at(l, n0, N, pt != nullptr);
+        KF_TRY(ex.each(ch.rows * p->in, GenA<T>{F, n0, A}));
+        if (pt)
+            KF_TRY(ex.gemm_batched(false, true, out, l.hw, K, Ac(1), W, K, 0, A, K, l.hw * K,
+                                   Ac(0), y + ch.b0 * out * l.hw, l.hw, out * l.hw, ch.imgs));
+        else
+            KF_TRY(ex.gemm(false, true, ch.rows, out, K, Ac(1), A, K, W, K, Ac(0),
+                           y + n0 * out, out));
+    }
+    return KF_OK;
+}
+
+template <class T, class X> kf_status kan_backward(X &ex, const kf__kan_bwd *c) {
+    using Ac = typename Elem<T>::acc;
+    const struct kf_kan_linear_plan *p = c->plan;
+    const kf__kan_patches *pt = c->patches;
+    const int64_t N = c->N, K = p->K, out = p->out, in = p->in;
+    const bool want_w = c->dbase || c->dspline || c->dscaler;
+    if (N <= 0 || (!want_w && !c->dx)) return KF_OK;
+    const KanLayout l = kan_layout<T>(p, N, pt, ex.chunk_bytes);
+    KF_TRY(kan_prep<T>(ex, p, c->grid, c->base, c->spline, c->scaler, c->ws, l,
+                       c->dx != nullptr));
+    const Feat<T> F = kan_feat<T>(p, pt, c->x, c->ws, l);
+    const T *W = at_t<T>(c->ws, 0), *dy = (const T *)c->dy;
+    Ac *dW = at_t<Ac>(c->ws, l.off_dw), *dA = at_t<Ac>(c->ws, l.off_da);
+    T *A = at_t<T>(c->ws, l.off_a), *dx = (T *)c->dx;
+    for (int64_t n0 = 0; n0 < N; n0 += l.Nc) {
+        const Chunk ch = chunk_at(l, n0, N, pt != nullptr);
+        if (want_w) {
+            KF_TRY(ex.each(ch.rows * in, GenA<T>{F, n0, A}));
+            if (pt)
+                for (int64_t b = 0; b < ch.imgs; ++b)
+                    KF_TRY(ex.gemm(false, false, out, K, l.hw, Ac(1),
+                                   dy + (ch.b0 + b) * out * l.hw, l.hw, A + b * l.hw * K, K,
+                                   n0 + b > 0 ? Ac(1) : Ac(0), dW, K));
+            else
+                KF_TRY(ex.gemm(true, false, out, K, ch.rows, Ac(1), dy + n0 * out, out, A, K,
+                               n0 > 0 ? Ac(1) : Ac(0), dW, K));
+        }
+        if (!dx) continue;
+        if (pt) {
+            Ac *dP = at_t<Ac>(c->ws, l.off_dp);
+            KF_TRY(ex.gemm_batched(true, false, l.hw, K, out, Ac(1), dy + ch.b0 * out * l.hw,
+                                   l.hw, out * l.hw, W, K, 0, Ac(0), dA, K, l.hw * K, ch.imgs));
+            KF_TRY(ex.each(ch.rows * in, FoldDx<T, Ac>{F, n0, dA, dP}));
+            KF_TRY(ex.each(ch.imgs * pt->Cin * pt->H * pt->W,
+                           Col2Im<T>{*pt, ch.b0, in, dP, dx}));
+        } else {
+            KF_TRY(ex.gemm(false, false, ch.rows, K, out, Ac(1), dy + n0 * out, out, W, K, Ac(0),
+                           dA, K));
+            KF_TRY(ex.each(ch.rows * in, FoldDx<T, T>{F, n0, dA, dx + n0 * in}));
+        }
+    }
+    if (!want_w) return KF_OK;
+    return ex.each(out * in, FoldW<T>{dW, (const T *)c->spline, (const T *)c->scaler,
+                                      (T *)c->dbase, (T *)c->dspline, (T *)c->dscaler, in, p->C,
+                                      p->cw, K, c->accumulate});
+}
+
+} // namespace kf_plain
+
+#endif // KF_CUDA_PLAIN_CUH
