@@ -14,6 +14,55 @@
 #endif
 
 static int on_cuda = 0;
+/* The element type of the tensors dev_random and dev_tensor make: float32 unless the driver
+ * sets it (bench_kan.c's --dtype bf16|f16: the values are drawn in float32 and rounded). */
+static kf_dtype dev_dtype = KF_DTYPE_F32;
+
+static inline size_t dev_elem_size(void) { return dev_dtype == KF_DTYPE_F32 ? 4 : 2; }
+
+/* --dtype's value: f32, bf16 or f16. */
+static inline kf_dtype bench_parse_dtype(const char *v) {
+    if (!strcmp(v, "f32")) return KF_DTYPE_F32;
+    if (!strcmp(v, "bf16")) return KF_DTYPE_BF16;
+    if (!strcmp(v, "f16")) return KF_DTYPE_F16;
+    bench_fail("--dtype %s: expected f32, bf16 or f16", v);
+    return KF_DTYPE_F32;
+}
+
+/* Element i of a host buffer of dev_dtype, as a float, and n floats stored in that type (to
+ * nearest even: the bfloat16 bits by rounding, float16 by the compiler's _Float16). */
+static inline float dev_elem_get(const void *h, size_t i) {
+    if (dev_dtype == KF_DTYPE_F32) return ((const float *)h)[i];
+    const uint16_t b = ((const uint16_t *)h)[i];
+    if (dev_dtype == KF_DTYPE_F16) {
+        _Float16 v;
+        memcpy(&v, &b, 2);
+        return (float)v;
+    }
+    const uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline void dev_store(const float *src, void *dst, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+        if (dev_dtype == KF_DTYPE_F32) {
+            ((float *)dst)[i] = src[i];
+            continue;
+        }
+        uint16_t b;
+        if (dev_dtype == KF_DTYPE_F16) {
+            const _Float16 v = (_Float16)src[i];
+            memcpy(&b, &v, 2);
+        } else {
+            uint32_t u;
+            memcpy(&u, &src[i], 4);
+            b = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); /* finite values */
+        }
+        ((uint16_t *)dst)[i] = b;
+    }
+}
 
 #define KF_CHECK_CALL(call)                                                                  \
     do {                                                                                     \
@@ -44,34 +93,42 @@ static void dev_free(void *p) {
 #endif
 }
 
-/* Device buffer of n floats, uniform in [lo, hi) (filled on the host, then copied). */
-static float *dev_random(size_t n, float lo, float hi) {
-    float *h = bench_alloc(n * sizeof(float));
-    bench_fill_uniform(h, n, lo, hi);
+/* Device buffer of n values of dev_dtype, uniform in [lo, hi) (drawn in float32 on the host,
+ * stored in the type, then copied). */
+static void *dev_random(size_t n, float lo, float hi) {
+    float *f = bench_alloc(n * sizeof(float));
+    bench_fill_uniform(f, n, lo, hi);
+    void *h = f;
+    if (dev_dtype != KF_DTYPE_F32) {
+        h = bench_alloc(n * dev_elem_size());
+        dev_store(f, h, n);
+        free(f);
+    }
     if (!on_cuda) return h;
-    float *d = dev_alloc(n * sizeof(float));
+    void *d = dev_alloc(n * dev_elem_size());
 #ifdef KF_BENCH_WITH_CUDA
-    cudaError_t e = cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice);
+    cudaError_t e = cudaMemcpy(d, h, n * dev_elem_size(), cudaMemcpyHostToDevice);
     if (e != cudaSuccess) bench_fail("cudaMemcpy: %s", cudaGetErrorString(e));
 #endif
     free(h);
     return d;
 }
 
-/* Sum of squares of n device floats (a sanity value: NaN or 0 shows a broken run). */
-static double dev_sumsq(const float *d, size_t n) {
-    const float *h = d;
-    float *tmp = NULL;
+/* Sum of squares of n device values of dev_dtype (a sanity value: NaN or 0 shows a broken
+ * run). */
+static double dev_sumsq(const void *d, size_t n) {
+    const void *h = d;
+    void *tmp = NULL;
     if (on_cuda) {
-        tmp = bench_alloc(n * sizeof(float));
+        tmp = bench_alloc(n * dev_elem_size());
 #ifdef KF_BENCH_WITH_CUDA
-        cudaError_t e = cudaMemcpy(tmp, d, n * sizeof(float), cudaMemcpyDeviceToHost);
+        cudaError_t e = cudaMemcpy(tmp, d, n * dev_elem_size(), cudaMemcpyDeviceToHost);
         if (e != cudaSuccess) bench_fail("cudaMemcpy: %s", cudaGetErrorString(e));
 #endif
         h = tmp;
     }
     double s = 0.0;
-    for (size_t i = 0; i < n; ++i) s += (double)h[i] * h[i];
+    for (size_t i = 0; i < n; ++i) s += (double)dev_elem_get(h, i) * dev_elem_get(h, i);
     free(tmp);
     return s;
 }
@@ -87,11 +144,12 @@ static inline kf_context *dev_context(long threads) {
     return ctx;
 }
 
-/* An F32 tensor of rank nd (1 to 3) over data with the leading nd of the sizes a, b, c. */
+/* A tensor of dev_dtype of rank nd (1 to 3) over data with the leading nd of the sizes a, b,
+ * c. */
 static inline kf_tensor dev_tensor(void *data, int32_t nd, long a, long b, long c) {
     const int64_t s[3] = {a, b, c};
     kf_tensor t;
-    KF_CHECK_CALL(kf_tensor_init(&t, data, KF_DTYPE_F32, nd, s));
+    KF_CHECK_CALL(kf_tensor_init(&t, data, dev_dtype, nd, s));
     return t;
 }
 

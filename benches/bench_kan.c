@@ -2,7 +2,7 @@
  * through the public ABI only.
  *
  *   kf_bench_kan --B 1024 --in 256 --out 256 --G 5 --k 3 --device cpu|cuda --threads 0
- *                --reps 30 --warmup 3 [--budget-s 0] [--no-scaler]
+ *                --reps 30 --warmup 3 [--budget-s 0] [--no-scaler] [--dtype f32|bf16|f16]
  *                [--kernel 3 --H 28 --W 28 --stride 1 --pad 1 --dilation 1]
  *
  * Without --kernel: KANLinear, x [B, in] -> y [B, out]. With --kernel K: KANConv2d with a K x K
@@ -17,7 +17,8 @@
  * kf_kan_<layer>_workspace_size (reported: the call's whole extra memory), so no call allocates.
  * The grid is efficient-kan's initial one (kf_kan_<layer>_uniform_grid on [-1, 1]); x is
  * U(-1.2, 1.2) (some rows outside the grid, as after training), weights U(-0.1, 0.1), the
- * scaler U(0.5, 1.5). --budget-s > 0 stops a pass's timed loop once that many seconds have been
+ * scaler U(0.5, 1.5); --dtype bf16 or f16 makes every tensor of that type (the values drawn in
+ * float32 and rounded: issue 16's bfloat16-against-float32 row). --budget-s > 0 stops a pass's timed loop once that many seconds have been
  * spent in it (at least one timed rep), for large shapes on small boxes; the reps actually timed
  * are reported. Prints one JSON line with median and min; on a failed status, a JSON line with
  * "error" and exit status 1. */
@@ -36,6 +37,7 @@ static void usage(const char *prog) {
     fprintf(stderr,
             "usage: %s [--B n] [--in n] [--out n] [--G n] [--k n] [--device cpu|cuda]\n"
             "          [--threads n] [--reps n] [--warmup n] [--budget-s s] [--no-scaler]\n"
+            "          [--dtype f32|bf16|f16]\n"
             "          [--kernel n --H n --W n --stride n --pad n --dilation n]\n"
             "Defaults: --B 1024 --in 256 --out 256 --G 5 --k 3 --device cpu --threads 0\n"
             "          --reps 30 --warmup 3 --budget-s 0 (no limit); --kernel 0 (KANLinear),\n"
@@ -53,6 +55,7 @@ static void parse(int argc, char **argv, kan_args *a) {
         if (!strcmp(f, "--no-scaler")) { a->scaler = 0; continue; }
         const char *v = bench_flag_value(argc, argv, &i);
         if (!strcmp(f, "--device")) a->device = v;
+        else if (!strcmp(f, "--dtype")) dev_dtype = bench_parse_dtype(v);
         else if (!strcmp(f, "--B")) a->B = bench_parse_long(f, v, 1);
         else if (!strcmp(f, "--in")) a->in = bench_parse_long(f, v, 1);
         else if (!strcmp(f, "--out")) a->out = bench_parse_long(f, v, 1);
@@ -105,7 +108,7 @@ static void run_pass(int pass, void *state) {
 static kf_tensor dev_tensor4(void *p, long a, long b, long c, long d) {
     int64_t sh[4] = {a, b, c, d};
     kf_tensor t;
-    KF_CHECK_CALL(kf_tensor_init(&t, p, KF_DTYPE_F32, 4, sh));
+    KF_CHECK_CALL(kf_tensor_init(&t, p, dev_dtype, 4, sh));
     return t;
 }
 
@@ -139,6 +142,7 @@ int main(int argc, char **argv) {
         d.dilation_h = d.dilation_w = (int32_t)a.dilation;
         d.grid_size = (int32_t)a.G, d.spline_order = (int32_t)a.k;
         d.standalone_scale = (int32_t)a.scaler;
+        d.dtype = dev_dtype;
         KF_CHECK_CALL(kf_kan_conv2d_plan_create(ctx, &d, &conv_plan));
     } else {
         kf_kan_linear_desc d;
@@ -146,32 +150,33 @@ int main(int argc, char **argv) {
         d.in_features = a.in, d.out_features = a.out;
         d.grid_size = (int32_t)a.G, d.spline_order = (int32_t)a.k;
         d.standalone_scale = (int32_t)a.scaler;
+        d.dtype = dev_dtype;
         KF_CHECK_CALL(kf_kan_linear_plan_create(ctx, &d, &plan));
     }
 
     /* The parameters (over F features) and the row tensors, in KANLinear's argument structs;
      * KANConv2d's take the same parameters with 4-D x, y, dy and dx. */
     const long C = a.G + a.k, nk = a.G + 2 * a.k + 1;
-    const size_t n_oi = (size_t)(a.out * F), n_oic = n_oi * (size_t)C;
+    const size_t n_oi = (size_t)(a.out * F), n_oic = n_oi * (size_t)C, e = dev_elem_size();
     kf_kan_linear_forward_args fa;
     kf_kan_linear_forward_args_init(&fa);
     fa.x = dev_tensor(dev_random((size_t)nx, -1.2f, 1.2f), 2, a.B, nx / a.B, 0);
-    fa.grid = dev_tensor(dev_alloc((size_t)(F * nk) * 4), 2, F, nk, 0);
+    fa.grid = dev_tensor(dev_alloc((size_t)(F * nk) * e), 2, F, nk, 0);
     KF_CHECK_CALL(conv ? kf_kan_conv2d_uniform_grid(conv_plan, -1.f, 1.f, &fa.grid)
                        : kf_kan_linear_uniform_grid(plan, -1.f, 1.f, &fa.grid));
     fa.base_weight = dev_tensor(dev_random(n_oi, -0.1f, 0.1f), 2, a.out, F, 0);
     fa.spline_weight = dev_tensor(dev_random(n_oic, -0.1f, 0.1f), 3, a.out, F, C);
     if (a.scaler) fa.spline_scaler = dev_tensor(dev_random(n_oi, 0.5f, 1.5f), 2, a.out, F, 0);
-    fa.y = dev_tensor(dev_alloc((size_t)ny * 4), 2, a.B, ny / a.B, 0);
+    fa.y = dev_tensor(dev_alloc((size_t)ny * e), 2, a.B, ny / a.B, 0);
     kf_kan_linear_backward_args ba;
     kf_kan_linear_backward_args_init(&ba);
     ba.x = fa.x, ba.grid = fa.grid, ba.base_weight = fa.base_weight;
     ba.spline_weight = fa.spline_weight, ba.spline_scaler = fa.spline_scaler;
     ba.dy = dev_tensor(dev_random((size_t)ny, -1.f, 1.f), 2, a.B, ny / a.B, 0);
-    ba.dx = dev_tensor(dev_alloc((size_t)nx * 4), 2, a.B, nx / a.B, 0);
-    ba.dbase_weight = dev_tensor(dev_alloc(n_oi * 4), 2, a.out, F, 0);
-    ba.dspline_weight = dev_tensor(dev_alloc(n_oic * 4), 3, a.out, F, C);
-    if (a.scaler) ba.dspline_scaler = dev_tensor(dev_alloc(n_oi * 4), 2, a.out, F, 0);
+    ba.dx = dev_tensor(dev_alloc((size_t)nx * e), 2, a.B, nx / a.B, 0);
+    ba.dbase_weight = dev_tensor(dev_alloc(n_oi * e), 2, a.out, F, 0);
+    ba.dspline_weight = dev_tensor(dev_alloc(n_oic * e), 3, a.out, F, C);
+    if (a.scaler) ba.dspline_scaler = dev_tensor(dev_alloc(n_oi * e), 2, a.out, F, 0);
     kf_kan_conv2d_forward_args cfa;
     kf_kan_conv2d_forward_args_init(&cfa);
     kf_kan_conv2d_backward_args cba;
@@ -205,6 +210,7 @@ int main(int argc, char **argv) {
                            dev_sumsq(ba.dspline_weight.data, n_oic) +
                            (a.scaler ? dev_sumsq(ba.dspline_scaler.data, n_oi) : 0.0);
     printf("{\"bench\": \"%s\", \"impl\": \"kfuse\", \"layer\": \"%s\", \"device\": \"%s\", "
+           "\"dtype\": \"%s\", "
            "\"B\": %ld, \"in\": %ld, \"out\": %ld, \"kernel\": %ld, \"H\": %ld, \"W\": %ld, "
            "\"stride\": %ld, \"pad\": %ld, \"dilation\": %ld, "
            "\"G\": %ld, \"k\": %ld, \"standalone_scale\": %ld, \"threads\": %ld, "
@@ -213,7 +219,8 @@ int main(int argc, char **argv) {
            "\"fwd_ms_median\": %.5f, \"fwd_ms_min\": %.5f, \"fwdbwd_ms_median\": %.5f, "
            "\"fwdbwd_ms_min\": %.5f, \"workspace_bytes\": %zu, \"y_sumsq\": %.6g, "
            "\"grad_sumsq\": %.6g, \"version\": \"%s\"}\n",
-           bench_name, conv ? "kan_conv2d" : "kan_linear", a.device, a.B, a.in, a.out, a.kernel,
+           bench_name, conv ? "kan_conv2d" : "kan_linear", a.device,
+           dev_dtype == KF_DTYPE_F32 ? "f32" : dev_dtype == KF_DTYPE_BF16 ? "bf16" : "f16", a.B, a.in, a.out, a.kernel,
            conv ? a.H : 0, conv ? a.W : 0, a.stride, a.pad, a.dilation, a.G, a.k, a.scaler,
            a.threads, sysconf(_SC_NPROCESSORS_ONLN), bench_env("OMP_WAIT_POLICY"), a.warmup, nf,
            nb, bench_median(tf, nf), bench_min(tf, nf), bench_median(tb, nb), bench_min(tb, nb),

@@ -30,6 +30,10 @@
 #                   and 1 rep, at KF_PROFILE_KAN_ARGS (default the big KANLinear shape, --B 8192
 #                   --in 1024 --out 1024): which kernels (kan_gen, the cuBLAS products, ...) take
 #                   the time; to $OUT/profile_kan.txt
+#   kan_lowp        issue 16's low-precision row: kf_bench_kan forward and forward+backward of
+#                   KANLinear (1024, 256, 256) and (8192, 1024, 1024) in f32, bf16 and f16 (the
+#                   low ones on the tensor cores, cuda/plain.cu), one JSON line each, to
+#                   $OUT/kan_lowp.jsonl, and the bf16/f32 and f16/f32 time ratios in the summary
 #   kkan            benches/gpu-python.sh's kkan part: the KKAN (Small) Fashion-MNIST epoch on the
 #                   GPU (benches/kkan_epoch.py --device cuda; KF_KKAN_ARGS adds arguments); the
 #                   data travels in a bundle made by `scripts/gpu-bundle.sh --python` (.gpu-py)
@@ -197,6 +201,36 @@ part_profile_kan() {
     row "profile_kan" "$(verdict $rc)" "profile_kan.txt $(took)"
 }
 
+part_kan_lowp() {
+    local bin s rc shape dt
+    bin=$(find "$BUILD" -maxdepth 3 -type f -name kf_bench_kan -perm -u+x | head -1)
+    [ -n "$bin" ] || { row "kan_lowp" SKIP "kf_bench_kan not found under $BUILD"; return; }
+    s=$(cap 240) || { row "kan_lowp" SKIP "deadline"; return; }
+    T0=$SECONDS
+    rc=0
+    : > "$OUT/kan_lowp.jsonl"
+    for shape in "--B 1024 --in 256 --out 256" "--B 8192 --in 1024 --out 1024"; do
+        for dt in f32 bf16 f16; do
+            # shellcheck disable=SC2086
+            timeout "$s" "$bin" --device cuda $shape --dtype "$dt" --reps 20 --warmup 3 \
+                >> "$OUT/kan_lowp.jsonl" 2>> "$LOGS/kan_lowp.err" || rc=$?
+        done
+    done
+    python3 - "$OUT/kan_lowp.jsonl" > "$LOGS/kan_lowp.txt" 2>&1 <<'PY'
+import json, sys
+rows = [r for r in (json.loads(l) for l in open(sys.argv[1]) if l.startswith("{"))
+        if "dtype" in r]
+for r in rows:
+    base = next((b for b in rows if b["dtype"] == "f32" and b["B"] == r["B"]
+                 and b["in"] == r["in"]), r)
+    print("KANLinear (%d, %d, %d) %s: fwd %.4f ms (f32/this %.2fx), fwd+bwd %.4f ms (%.2fx)" % (
+        r["B"], r["in"], r["out"], r["dtype"], r["fwd_ms_median"],
+        base["fwd_ms_median"] / r["fwd_ms_median"], r["fwdbwd_ms_median"],
+        base["fwdbwd_ms_median"] / r["fwdbwd_ms_median"]))
+PY
+    row "kan_lowp" "$(verdict $rc)" "kan_lowp.jsonl $(took)"
+}
+
 part_kkan() {
     local s rc
     s=$(cap 300) || { row "kkan (gpu-python.sh)" SKIP "deadline"; return; }
@@ -216,6 +250,7 @@ for p in ${KF_GPU_PARTS:-tests memcheck racecheck bench_rnn bench_sklinear bench
         python) part_python ;;
         kkan) part_kkan ;;
         profile_kan) part_profile_kan ;;
+        kan_lowp) part_kan_lowp ;;
         *) row "$p" SKIP "unknown part" ;;
     esac
 done
@@ -229,6 +264,7 @@ done
               "$OUT"/python_overhead_gpu.md; do
         [ -f "$md" ] && { echo; cat "$md"; }
     done
+    [ -s "$LOGS/kan_lowp.txt" ] && { echo; cat "$LOGS/kan_lowp.txt"; }
 } > "$LOGS/summary.txt"
 cp "$LOGS/summary.txt" "$OUT/summary.txt"
 tar -C "$LOGS" -czf "$OUT/logs.tgz" . && echo "files in $OUT: $(ls "$OUT" | paste -sd' ')" >> "$OUT/summary.txt"
