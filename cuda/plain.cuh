@@ -86,24 +86,21 @@ constexpr int kPlainMaxOrder = 15;
 
 // ---- workspace sizing (saturating: SIZE_MAX where it cannot fit) ------------------------------
 
-inline size_t doubles(int64_t a, int64_t b) {
+// Bytes of a x b elements of T, rounded up to KF__ALIGN (SIZE_MAX where that cannot fit).
+template <class T> inline size_t bytes_of(int64_t a, int64_t b) {
     size_t v;
     if (a < 0 || b < 0 || !kf__mul_size((size_t)a, (size_t)b, &v) ||
-        !kf__mul_size(v, sizeof(double), &v) || v > SIZE_MAX - KF__ALIGN)
+        !kf__mul_size(v, sizeof(T), &v) || v > SIZE_MAX - KF__ALIGN)
         return SIZE_MAX;
     return kf__align_up(v);
 }
+inline size_t doubles(int64_t a, int64_t b) { return bytes_of<double>(a, b); }
 inline size_t add(size_t a, size_t b) {
     size_t v;
     return kf__add_size(a, b, &v) ? v : SIZE_MAX;
 }
-inline double *at(void *ws, size_t off) { return (double *)((char *)ws + off); }
 template <class T> inline T *at_t(void *ws, size_t off) { return (T *)((char *)ws + off); }
-// Bytes of a x b elements of T, rounded up to KF__ALIGN (SIZE_MAX where that cannot fit).
-template <class T> inline size_t bytes_of(int64_t a, int64_t b) {
-    const size_t d = doubles(a, b);
-    return d == SIZE_MAX ? SIZE_MAX : kf__align_up(d / sizeof(double) * sizeof(T));
-}
+inline double *at(void *ws, size_t off) { return at_t<double>(ws, off); }
 
 // ---- element types ---------------------------------------------------------------------------
 // Storage types of the low plans (the 16 bits as the library stores them) and, per element

@@ -264,6 +264,11 @@ inline Seq seq_of(const struct kf_rnn_plan *p, const RnnLayout &lo, const int32_
     return s;
 }
 
+// A-GRU layer l's A [H, H] in the workspace (both directions' workspaces begin with them).
+inline double *A_of(const RnnLayout &lo, void *ws, int32_t l) {
+    return at(ws, lo.A + (size_t)l * doubles(lo.H, lo.H));
+}
+
 // A of every A-GRU layer into the workspace.
 template <class X>
 kf_status form_A(X &ex, const struct kf_rnn_plan *p, const RnnLayout &lo, const void *const *w,
@@ -271,14 +276,9 @@ kf_status form_A(X &ex, const struct kf_rnn_plan *p, const RnnLayout &lo, const 
     if (!lo.agru) return KF_OK;
     for (int32_t l = 0; l < p->L; l++) {
         const Cell c = cell_of(p, w, l, 0);
-        KF_TRY(ex.each(lo.H * lo.H, FormA{c.wh, at(ws, lo.A + (size_t)l * doubles(lo.H, lo.H)),
-                                          lo.H, (double)p->gamma}));
+        KF_TRY(ex.each(lo.H * lo.H, FormA{c.wh, A_of(lo, ws, l), lo.H, (double)p->gamma}));
     }
     return KF_OK;
-}
-
-inline const double *A_of(const RnnLayout &lo, void *ws, int32_t l) {
-    return at(ws, lo.A + (size_t)l * doubles(lo.H, lo.H));
 }
 
 template <class X> kf_status rnn_forward(X &ex, const kf__rnn_fwd *c) {
