@@ -15,10 +15,16 @@
 
 static int on_cuda = 0;
 /* The element type of the tensors dev_random and dev_tensor make: float32 unless the driver
- * sets it (bench_kan.c's --dtype bf16|f16: the values are drawn in float32 and rounded). */
+ * sets it (--dtype bf16|f16 of bench_kan.c and bench_sklinear.c: the values are drawn in
+ * float32 and rounded). */
 static kf_dtype dev_dtype = KF_DTYPE_F32;
 
 static inline size_t dev_elem_size(void) { return dev_dtype == KF_DTYPE_F32 ? 4 : 2; }
+
+/* dev_dtype as --dtype spells it. */
+static inline const char *bench_dtype_name(void) {
+    return dev_dtype == KF_DTYPE_F32 ? "f32" : dev_dtype == KF_DTYPE_BF16 ? "bf16" : "f16";
+}
 
 /* --dtype's value: f32, bf16 or f16. */
 static inline kf_dtype bench_parse_dtype(const char *v) {

@@ -220,7 +220,7 @@ int main(int argc, char **argv) {
            "\"fwdbwd_ms_min\": %.5f, \"workspace_bytes\": %zu, \"y_sumsq\": %.6g, "
            "\"grad_sumsq\": %.6g, \"version\": \"%s\"}\n",
            bench_name, conv ? "kan_conv2d" : "kan_linear", a.device,
-           dev_dtype == KF_DTYPE_F32 ? "f32" : dev_dtype == KF_DTYPE_BF16 ? "bf16" : "f16", a.B, a.in, a.out, a.kernel,
+           bench_dtype_name(), a.B, a.in, a.out, a.kernel,
            conv ? a.H : 0, conv ? a.W : 0, a.stride, a.pad, a.dilation, a.G, a.k, a.scaler,
            a.threads, sysconf(_SC_NPROCESSORS_ONLN), bench_env("OMP_WAIT_POLICY"), a.warmup, nf,
            nb, bench_median(tf, nf), bench_min(tf, nf), bench_median(tb, nb), bench_min(tb, nb),

@@ -1,7 +1,7 @@
 /* kf_bench_sklinear: times kfuse's SKLinear through the public ABI only.
  *
  *   kf_bench_sklinear --in 8192 --out 8192 --L 1 --k 16 --B 64 --device cpu|cuda --threads 0
- *                     --reps 50 --warmup 5
+ *                     --reps 50 --warmup 5 [--dtype f32|bf16|f16]
  *
  * forward:          kf_sklinear_forward (y = x -> [B, out], with bias).
  * forward+backward: kf_sklinear_forward then kf_sklinear_backward(KF_GRAD_OVERWRITE) writing dx,
@@ -9,8 +9,10 @@
  * Each repetition is timed with clock_gettime(CLOCK_MONOTONIC); on CUDA kf_context_synchronize
  * runs before the clock is read. The workspace is a caller buffer sized by
  * kf_sklinear_workspace_size, so no call allocates. Parameters come from kf_sklinear_init_params
- * (Panther's initialisation), inputs are U(-1, 1). Prints one JSON line with median and min over
- * --reps; on a failed status, a JSON line with "error" and exit status 1. */
+ * (Panther's initialisation), inputs are U(-1, 1); --dtype bf16 or f16 makes every tensor of
+ * that type (the plan's dtype; the inputs drawn in float32 and rounded). Prints one JSON line
+ * with median and min over --reps; on a failed status, a JSON line with "error" and exit
+ * status 1. */
 #include "bench_device.h"
 
 #include <unistd.h>
@@ -23,9 +25,9 @@ typedef struct skl_args {
 static void usage(const char *prog) {
     fprintf(stderr,
             "usage: %s [--in n] [--out n] [--L n] [--k n] [--B n] [--device cpu|cuda]\n"
-            "          [--threads n] [--reps n] [--warmup n]\n"
+            "          [--threads n] [--reps n] [--warmup n] [--dtype f32|bf16|f16]\n"
             "Defaults: --in 1024 --out 1024 --L 1 --k 16 --B 64 --device cpu --threads 0\n"
-            "          --reps 50 --warmup 5. Prints one JSON line.\n",
+            "          --reps 50 --warmup 5 --dtype f32. Prints one JSON line.\n",
             prog);
 }
 
@@ -45,6 +47,7 @@ static void parse(int argc, char **argv, skl_args *a) {
         else if (!strcmp(f, "--threads")) a->threads = bench_parse_long(f, v, 0);
         else if (!strcmp(f, "--reps")) a->reps = bench_parse_long(f, v, 1);
         else if (!strcmp(f, "--warmup")) a->warmup = bench_parse_long(f, v, 0);
+        else if (!strcmp(f, "--dtype")) dev_dtype = bench_parse_dtype(v);
         else { usage(argv[0]); bench_fail("unknown argument '%s'", f); }
     }
     bench_check_device(a->device);
@@ -77,6 +80,7 @@ int main(int argc, char **argv) {
     kf_sklinear_desc_init(&d);
     d.in_features = a.in, d.out_features = a.out, d.num_terms = (int32_t)a.L;
     d.low_rank = (int32_t)a.k;
+    d.dtype = dev_dtype;
     kf_sklinear_plan *plan = NULL;
     KF_CHECK_CALL(kf_sklinear_plan_create(ctx, &d, &plan));
 
@@ -84,26 +88,26 @@ int main(int argc, char **argv) {
     kf_sklinear_init_args ia;
     kf_sklinear_init_args_init(&ia);
     ia.seed = 1;
-    ia.S1s = dev_tensor(dev_alloc(n_ik * 4), 3, a.L, a.in, a.k);
-    ia.U2s = dev_tensor(dev_alloc(n_ik * 4), 3, a.L, a.in, a.k);
-    ia.S2s = dev_tensor(dev_alloc(n_ko * 4), 3, a.L, a.k, a.out);
-    ia.U1s = dev_tensor(dev_alloc(n_ko * 4), 3, a.L, a.k, a.out);
-    ia.bias = dev_tensor(dev_alloc((size_t)a.out * 4), 1, a.out, 0, 0);
+    ia.S1s = dev_tensor(dev_alloc(n_ik * dev_elem_size()), 3, a.L, a.in, a.k);
+    ia.U2s = dev_tensor(dev_alloc(n_ik * dev_elem_size()), 3, a.L, a.in, a.k);
+    ia.S2s = dev_tensor(dev_alloc(n_ko * dev_elem_size()), 3, a.L, a.k, a.out);
+    ia.U1s = dev_tensor(dev_alloc(n_ko * dev_elem_size()), 3, a.L, a.k, a.out);
+    ia.bias = dev_tensor(dev_alloc((size_t)a.out * dev_elem_size()), 1, a.out, 0, 0);
     KF_CHECK_CALL(kf_sklinear_init_params(plan, &ia));
 
     kf_sklinear_forward_args fa;
     kf_sklinear_forward_args_init(&fa);
     fa.x = dev_tensor(dev_random((size_t)(a.B * a.in), -1.f, 1.f), 2, a.B, a.in, 0);
     fa.S1s = ia.S1s, fa.S2s = ia.S2s, fa.U1s = ia.U1s, fa.U2s = ia.U2s, fa.bias = ia.bias;
-    fa.y = dev_tensor(dev_alloc((size_t)(a.B * a.out) * 4), 2, a.B, a.out, 0);
+    fa.y = dev_tensor(dev_alloc((size_t)(a.B * a.out) * dev_elem_size()), 2, a.B, a.out, 0);
     kf_sklinear_backward_args ba;
     kf_sklinear_backward_args_init(&ba);
     ba.x = fa.x, ba.S1s = fa.S1s, ba.S2s = fa.S2s, ba.U1s = fa.U1s, ba.U2s = fa.U2s;
     ba.dy = dev_tensor(dev_random((size_t)(a.B * a.out), -1.f, 1.f), 2, a.B, a.out, 0);
-    ba.dx = dev_tensor(dev_alloc((size_t)(a.B * a.in) * 4), 2, a.B, a.in, 0);
-    ba.dS1s = dev_tensor(dev_alloc(n_ik * 4), 3, a.L, a.in, a.k);
-    ba.dS2s = dev_tensor(dev_alloc(n_ko * 4), 3, a.L, a.k, a.out);
-    ba.dbias = dev_tensor(dev_alloc((size_t)a.out * 4), 1, a.out, 0, 0);
+    ba.dx = dev_tensor(dev_alloc((size_t)(a.B * a.in) * dev_elem_size()), 2, a.B, a.in, 0);
+    ba.dS1s = dev_tensor(dev_alloc(n_ik * dev_elem_size()), 3, a.L, a.in, a.k);
+    ba.dS2s = dev_tensor(dev_alloc(n_ko * dev_elem_size()), 3, a.L, a.k, a.out);
+    ba.dbias = dev_tensor(dev_alloc((size_t)a.out * dev_elem_size()), 1, a.out, 0, 0);
     size_t ws_bytes = 0;
     KF_CHECK_CALL(kf_sklinear_workspace_size(plan, a.B, &ws_bytes));
     void *ws = ws_bytes ? dev_alloc(ws_bytes) : NULL;
@@ -119,12 +123,12 @@ int main(int argc, char **argv) {
     double ratio = 0.0;
     KF_CHECK_CALL(kf_sklinear_param_ratio(plan, &ratio));
     printf("{\"bench\": \"%s\", \"impl\": \"kfuse\", \"device\": \"%s\", \"in\": %ld, "
-           "\"out\": %ld, \"L\": %ld, \"k\": %ld, \"B\": %ld, \"threads\": %ld, "
+           "\"out\": %ld, \"L\": %ld, \"k\": %ld, \"B\": %ld, \"dtype\": \"%s\", \"threads\": %ld, "
            "\"online_cpus\": %ld, \"omp_wait_policy\": \"%s\", \"reps\": %ld, \"warmup\": %ld, "
            "\"fwd_ms_median\": %.5f, \"fwd_ms_min\": %.5f, \"fwdbwd_ms_median\": %.5f, "
            "\"fwdbwd_ms_min\": %.5f, \"workspace_bytes\": %zu, \"param_ratio\": %.4f, "
            "\"y_sumsq\": %.6g, \"grad_sumsq\": %.6g, \"version\": \"%s\"}\n",
-           bench_name, a.device, a.in, a.out, a.L, a.k, a.B, a.threads,
+           bench_name, a.device, a.in, a.out, a.L, a.k, a.B, bench_dtype_name(), a.threads,
            sysconf(_SC_NPROCESSORS_ONLN), bench_env("OMP_WAIT_POLICY"), a.reps, a.warmup,
            bench_median(tf, a.reps), bench_min(tf, a.reps), bench_median(tb, a.reps),
            bench_min(tb, a.reps), ws_bytes, ratio, y_sumsq, g_sumsq, kf_version_string());

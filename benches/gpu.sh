@@ -34,6 +34,8 @@
 #                   KANLinear (1024, 256, 256) and (8192, 1024, 1024) in f32, bf16 and f16 (the
 #                   low ones on the tensor cores, cuda/plain.cu), one JSON line each, to
 #                   $OUT/kan_lowp.jsonl, and the bf16/f32 and f16/f32 time ratios in the summary
+#   skl_lowp        the same for SKLinear (kf_bench_sklinear) at 8192 x 8192, L = 1, k = 16, with
+#                   B = 64 (DESIGN.md's shape: latency-bound) and B = 8192, to $OUT/skl_lowp.jsonl
 #   kkan            benches/gpu-python.sh's kkan part: the KKAN (Small) Fashion-MNIST epoch on the
 #                   GPU (benches/kkan_epoch.py --device cuda; KF_KKAN_ARGS adds arguments); the
 #                   data travels in a bundle made by `scripts/gpu-bundle.sh --python` (.gpu-py)
@@ -201,34 +203,40 @@ part_profile_kan() {
     row "profile_kan" "$(verdict $rc)" "profile_kan.txt $(took)"
 }
 
-part_kan_lowp() {
-    local bin s rc shape dt
-    bin=$(find "$BUILD" -maxdepth 3 -type f -name kf_bench_kan -perm -u+x | head -1)
-    [ -n "$bin" ] || { row "kan_lowp" SKIP "kf_bench_kan not found under $BUILD"; return; }
-    s=$(cap 240) || { row "kan_lowp" SKIP "deadline"; return; }
+# lowp NAME BINARY LABEL KEYS SHAPE...: BINARY at each SHAPE (its flags) in f32, bf16 and f16, one
+# JSON line each to $OUT/NAME.jsonl; $LOGS/NAME.txt has a line per row with its time ratio to the
+# f32 row of the same shape (KEYS: the JSON fields that name the shape).
+lowp() {
+    local name=$1 binname=$2 label=$3 keys=$4 bin s rc shape dt
+    shift 4
+    bin=$(find "$BUILD" -maxdepth 3 -type f -name "$binname" -perm -u+x | head -1)
+    [ -n "$bin" ] || { row "$name" SKIP "$binname not found under $BUILD"; return; }
+    s=$(cap 240) || { row "$name" SKIP "deadline"; return; }
     T0=$SECONDS
     rc=0
-    : > "$OUT/kan_lowp.jsonl"
-    for shape in "--B 1024 --in 256 --out 256" "--B 8192 --in 1024 --out 1024"; do
+    : > "$OUT/$name.jsonl"
+    for shape in "$@"; do
         for dt in f32 bf16 f16; do
             # shellcheck disable=SC2086
             timeout "$s" "$bin" --device cuda $shape --dtype "$dt" --reps 20 --warmup 3 \
-                >> "$OUT/kan_lowp.jsonl" 2>> "$LOGS/kan_lowp.err" || rc=$?
+                >> "$OUT/$name.jsonl" 2>> "$LOGS/$name.err" || rc=$?
         done
     done
-    python3 - "$OUT/kan_lowp.jsonl" > "$LOGS/kan_lowp.txt" 2>&1 <<'PY'
+    python3 - "$OUT/$name.jsonl" "$label" "$keys" > "$LOGS/$name.txt" 2>&1 <<'PY'
 import json, sys
+label, keys = sys.argv[2], sys.argv[3].split()
 rows = [r for r in (json.loads(l) for l in open(sys.argv[1]) if l.startswith("{"))
         if "dtype" in r]
 for r in rows:
-    base = next((b for b in rows if b["dtype"] == "f32" and b["B"] == r["B"]
-                 and b["in"] == r["in"]), r)
-    print("KANLinear (%d, %d, %d) %s: fwd %.4f ms (f32/this %.2fx), fwd+bwd %.4f ms (%.2fx)" % (
-        r["B"], r["in"], r["out"], r["dtype"], r["fwd_ms_median"],
-        base["fwd_ms_median"] / r["fwd_ms_median"], r["fwdbwd_ms_median"],
-        base["fwdbwd_ms_median"] / r["fwdbwd_ms_median"]))
+    shape = tuple(r[k] for k in keys)
+    base = next((b for b in rows if b["dtype"] == "f32"
+                 and tuple(b[k] for k in keys) == shape), r)
+    print("%s (%s) %s: fwd %.4f ms (f32/this %.2fx), fwd+bwd %.4f ms (%.2fx)" % (
+        label, ", ".join("%s=%s" % (k, v) for k, v in zip(keys, shape)), r["dtype"],
+        r["fwd_ms_median"], base["fwd_ms_median"] / r["fwd_ms_median"],
+        r["fwdbwd_ms_median"], base["fwdbwd_ms_median"] / r["fwdbwd_ms_median"]))
 PY
-    row "kan_lowp" "$(verdict $rc)" "kan_lowp.jsonl $(took)"
+    row "$name" "$(verdict $rc)" "$name.jsonl $(took)"
 }
 
 part_kkan() {
@@ -250,7 +258,11 @@ for p in ${KF_GPU_PARTS:-tests memcheck racecheck bench_rnn bench_sklinear bench
         python) part_python ;;
         kkan) part_kkan ;;
         profile_kan) part_profile_kan ;;
-        kan_lowp) part_kan_lowp ;;
+        kan_lowp) lowp kan_lowp kf_bench_kan KANLinear "B in out" \
+            "--B 1024 --in 256 --out 256" "--B 8192 --in 1024 --out 1024" ;;
+        skl_lowp) lowp skl_lowp kf_bench_sklinear SKLinear "in out L k B" \
+            "--in 8192 --out 8192 --L 1 --k 16 --B 64" \
+            "--in 8192 --out 8192 --L 1 --k 16 --B 8192" ;;
         *) row "$p" SKIP "unknown part" ;;
     esac
 done
@@ -264,7 +276,9 @@ done
               "$OUT"/python_overhead_gpu.md; do
         [ -f "$md" ] && { echo; cat "$md"; }
     done
-    [ -s "$LOGS/kan_lowp.txt" ] && { echo; cat "$LOGS/kan_lowp.txt"; }
+    for f in kan_lowp skl_lowp; do
+        [ -s "$LOGS/$f.txt" ] && { echo; cat "$LOGS/$f.txt"; }
+    done
 } > "$LOGS/summary.txt"
 cp "$LOGS/summary.txt" "$OUT/summary.txt"
 tar -C "$LOGS" -czf "$OUT/logs.tgz" . && echo "files in $OUT: $(ls "$OUT" | paste -sd' ')" >> "$OUT/summary.txt"

@@ -191,6 +191,6 @@ kf_status cuda_check_pointer(const kf_context *ctx, const char *fn, const char *
 extern "C" const kf__backend kf__cuda_backend = {
     cuda_init,         cuda_release,       cuda_set_stream,    cuda_alloc,
     cuda_free,         cuda_synchronize,   cuda_check_pointer, cuda_copy,
-    false,             &kf__lowp_rnn_ops,  &kf__lowp_skl_ops,  &kf__cuda_kan_ops,
+    false,             &kf__lowp_rnn_ops,  &kf__cuda_skl_ops,  &kf__cuda_kan_ops,
     &kf__cuda_lowp,
 };

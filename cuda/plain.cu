@@ -1,10 +1,10 @@
 // The CUDA backend's plain path (cuda/plain.cuh, cuda/plain_rnn.cuh): float64 plans of every
-// op, and bfloat16 / float16 KANLinear and KANConv2d plans on the tensor cores. The executor
-// below runs the algorithms: cublasGemmEx / cublasGemmStridedBatchedEx on the context's cuBLAS
-// handle (float64: CUBLAS_COMPUTE_64F; the low types: CUBLAS_COMPUTE_32F, float32 accumulation)
-// and one grid-stride kernel per elementwise pass, all on ctx->stream, no allocation, no
-// synchronisation (graph-capturable). The op files (cuda/rnn_fwd.cu, cuda/rnn_bwd.cu,
-// cuda/sklinear.cu, cuda/kan_linear.cu) send those plans here.
+// op, and bfloat16 / float16 SKLinear, KANLinear and KANConv2d plans on the tensor cores. The
+// executor below runs the algorithms: cublasGemmEx / cublasGemmStridedBatchedEx on the
+// context's cuBLAS handle (float64: CUBLAS_COMPUTE_64F; the low types: CUBLAS_COMPUTE_32F,
+// float32 accumulation) and one grid-stride kernel per elementwise pass, all on ctx->stream, no
+// allocation, no synchronisation (graph-capturable). The op files (cuda/rnn_fwd.cu,
+// cuda/rnn_bwd.cu, cuda/sklinear.cu, cuda/kan_linear.cu) send those plans here.
 #include "cuda_backend.cuh"
 #include "plain_rnn.cuh"
 
@@ -103,27 +103,39 @@ struct CudaExec {
         const int64_t blocks = kf__ceil_div(n, kThreads);
         each_kernel<F><<<(unsigned)(blocks < kMaxBlocks ? blocks : kMaxBlocks), kThreads, 0,
                          kf__stream(ctx)>>>(f, n);
-        KF__CUDA_LAUNCH_CHECK(fn, "each_kernel (float64)");
+        KF__CUDA_LAUNCH_CHECK(fn, "each_kernel");
         return KF_OK;
     }
 };
 
 } // namespace
 
-size_t kf__cuda_skl64_workspace(const struct kf_sklinear_plan *p, int64_t N) {
-    return kf_plain::skl_workspace(p, N);
+size_t kf__cuda_skl_plain_workspace(const struct kf_sklinear_plan *p, int64_t N) {
+    switch (p->dtype) {
+    case KF_DTYPE_BF16: return kf_plain::skl_workspace<bf16>(p, N);
+    case KF_DTYPE_F16: return kf_plain::skl_workspace<f16>(p, N);
+    default: return kf_plain::skl_workspace<double>(p, N);
+    }
 }
 
-kf_status kf__cuda_skl64_forward(kf_context *ctx, const kf__skl_fwd *c) {
+kf_status kf__cuda_skl_plain_forward(kf_context *ctx, const kf__skl_fwd *c) {
     CudaExec ex = {ctx, "kf_sklinear_forward"};
     KF__CUDA_TRY(ex.fn, cudaSetDevice(ctx->device_index));
-    return kf_plain::skl_forward(ex, c);
+    switch (c->plan->dtype) {
+    case KF_DTYPE_BF16: return kf_plain::skl_forward<bf16>(ex, c);
+    case KF_DTYPE_F16: return kf_plain::skl_forward<f16>(ex, c);
+    default: return kf_plain::skl_forward<double>(ex, c);
+    }
 }
 
-kf_status kf__cuda_skl64_backward(kf_context *ctx, const kf__skl_bwd *c) {
+kf_status kf__cuda_skl_plain_backward(kf_context *ctx, const kf__skl_bwd *c) {
     CudaExec ex = {ctx, "kf_sklinear_backward"};
     KF__CUDA_TRY(ex.fn, cudaSetDevice(ctx->device_index));
-    return kf_plain::skl_backward(ex, c);
+    switch (c->plan->dtype) {
+    case KF_DTYPE_BF16: return kf_plain::skl_backward<bf16>(ex, c);
+    case KF_DTYPE_F16: return kf_plain::skl_backward<f16>(ex, c);
+    default: return kf_plain::skl_backward<double>(ex, c);
+    }
 }
 
 size_t kf__cuda_kan_plain_workspace(const struct kf_kan_linear_plan *p, int64_t N,

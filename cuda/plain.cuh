@@ -3,9 +3,10 @@
 // the bits repeat from run to run). It serves
 //  * float64 plans of every op (issue 16: float64 on CUDA is for accuracy, gradcheck and
 //    reference runs; speed secondary): float64 GEMMs; the recurrent layers in plain_rnn.cuh;
-//  * bfloat16 and float16 KANLinear and KANConv2d plans: the combined operand A and the combined
-//    weight W are stored in the low type, so the products run on the tensor cores (float32
-//    accumulation, cublasGemmEx with CUBLAS_COMPUTE_32F); everything else is float32.
+//  * bfloat16 and float16 SKLinear, KANLinear and KANConv2d plans: every product's operands are
+//    stored in the low type (SKLinear's stacked weights and bottleneck Z, KAN's combined operand A
+//    and combined weight W), so the products run on the tensor cores (float32 accumulation,
+//    cublasGemmEx with CUBLAS_COMPUTE_32F); everything else is float32.
 // Records and notation: core/sklinear_backend.h and core/kan_backend.h; math: DESIGN.md and
 // docs/ops/kan.md.
 //
@@ -27,14 +28,20 @@
 // The functors below are plain structs (copied to the device by value) whose operator() is
 // KF__HD; they trust the records as the op tables do (core/backend.h).
 //
-// SKLinear, float64 (W1 = [S1_1..S1_L | U2_1..U2_L] [in, 2r], read in place term by term):
-//   forward   Z = x W1 [N, 2r] (two GEMMs batched over the L terms, k columns each), then
-//             y = bias + s Z[:, :r] U1 + s Z[:, r:] S2, s = 1 / (2L)
-//   backward  dZ[:, :r] = s dy U1^T (dx or dS1s wanted), dZ[:, r:] = s dy S2^T (dx wanted);
-//             dx = sum over terms of dZ_i S1_i^T + dZ_{r+i} U2_i^T (2L GEMMs into dx, in order);
-//             dS1s_i = x^T dZ[:, i k:(i+1) k] (batched); dS2s = s (x U2)^T dy; dbias = column
-//             sums of dy (one thread per column, rows in order)
-//   workspace 8 N 2r (dZ or Z) + 8 N r (x U2), each rounded up to 64 bytes
+// SKLinear, element type T (double, or bfloat16 / float16 storage with float32 arithmetic, acc
+// below); the weights stacked into the workspace in T: W1 = [S1_1..S1_L | U2_1..U2_L] [in, 2r],
+// W2 = [U1; S2] [2r, out], s = 1 / (2L):
+//   forward   Z = x W1 [N, 2r] in T, then y = bias + s Z W2: two GEMMs, y rounded once (the
+//             second GEMM's beta = 1 onto the bias rows)
+//   backward  dZ = s dy W2^T [N, 2r] in T (dx wanted; dS1s alone: its first r columns);
+//             dx = dZ W1^T; dS1s_i (+)= x^T dZ[:, i k:(i+1) k] (batched over the L terms);
+//             Z2 = x W1[:, r:] = x U2 [N, r] in T, dS2s (+)= s Z2^T dy; dbias (+)= column sums
+//             of dy in acc (one thread per column, rows in order); accumulation is
+//             round(acc(old) + g), by the GEMMs' beta = 1
+//   workspace e 2r (in + out) (W1, W2) + e N 2r (Z or dZ) + e N r (Z2), e = sizeof(T), each
+//             rounded up to 64 bytes
+//   Z, dZ and Z2 are rounded to T between the two products (as torch's own bfloat16 layers
+//   round every product's result), so both products run on the tensor cores.
 //
 // KAN, element type T (double, or bfloat16 / float16 storage with float32 arithmetic, acc below;
 // rows n: KANLinear's x rows, or KANConv2d's patches, b-major; K = in cw):
@@ -135,83 +142,116 @@ template <> struct Elem<f16> {
 
 // ---- SKLinear ------------------------------------------------------------------------------------
 
-inline size_t skl_workspace(const struct kf_sklinear_plan *p, int64_t N) {
-    return add(doubles(N, 2 * p->r), doubles(N, p->r));
+// The workspace offsets of an SKLinear call in element type T: the stacked weights W1 [in, 2r]
+// and W2 [2r, out], Z or dZ [N, 2r], Z2 [N, r].
+struct SklLayout {
+    size_t off_w2, off_z, off_z2, bytes;
+};
+
+template <class T> inline SklLayout skl_layout(const struct kf_sklinear_plan *p, int64_t N) {
+    SklLayout l;
+    const int64_t R = 2 * p->r;
+    l.off_w2 = bytes_of<T>(p->in, R);
+    l.off_z = add(l.off_w2, bytes_of<T>(R, p->out));
+    l.off_z2 = add(l.off_z, bytes_of<T>(N, R));
+    l.bytes = add(l.off_z2, bytes_of<T>(N, p->r));
+    return l;
 }
 
+template <class T> inline size_t skl_workspace(const struct kf_sklinear_plan *p, int64_t N) {
+    return skl_layout<T>(p, N).bytes;
+}
+
+// W1[i, h r + t k + j] = (h ? U2 : S1)[t, i, j] (e < in 2r), then W2 = [U1; S2] (U1, S2 [r, out]
+// each, copied as they are).
+template <class T> struct StackW {
+    const T *S1, *U2, *U1, *S2;
+    T *W1, *W2;
+    int64_t in, r, k, out;
+    KF__HD void operator()(int64_t e) const {
+        const int64_t R = 2 * r, n1 = in * R;
+        if (e < n1) {
+            const int64_t i = e / R, col = e % R, h = col / r, t = col % r / k, j = col % k;
+            W1[e] = (h ? U2 : S1)[(t * in + i) * k + j];
+            return;
+        }
+        const int64_t e2 = e - n1, half = r * out;
+        W2[e2] = e2 < half ? U1[e2] : S2[e2 - half];
+    }
+};
+
 // y[i] = bias[i % out].
-struct FillRows {
-    const double *bias;
-    double *y;
+template <class T> struct FillRows {
+    const T *bias;
+    T *y;
     int64_t out;
     KF__HD void operator()(int64_t i) const { y[i] = bias[i % out]; }
 };
 
-// db[o] (+)= sum over the N rows of g[n ld + o], rows in order (a bias gradient).
-struct ColumnSums {
-    const double *g;
-    double *db;
+// db[o] (+)= sum over the N rows of g[n ld + o], rows in order, in acc (a bias gradient; rounded
+// once, accumulated as round(acc(old) + sum)).
+template <class T> struct ColumnSums {
+    using A = typename Elem<T>::acc;
+    const T *g;
+    T *db;
     int64_t N, ld;
     bool acc;
     KF__HD void operator()(int64_t o) const {
-        double s = 0.0;
-        for (int64_t n = 0; n < N; ++n) s += g[n * ld + o];
-        db[o] = acc ? db[o] + s : s;
+        A s = A(0);
+        for (int64_t n = 0; n < N; ++n) s += Elem<T>::get(g[n * ld + o]);
+        db[o] = Elem<T>::put(acc ? Elem<T>::get(db[o]) + s : s);
     }
 };
 
-// Z[:, col0 + i k .. col0 + (i+1) k) = x T_i for the L terms of T [L, in, k]; Z's row length ldz.
-template <class X>
-kf_status skl_bottleneck(X &ex, const struct kf_sklinear_plan *p, int64_t N, const double *x,
-                         const double *T, double *Z, int64_t ldz) {
-    return ex.gemm_batched(false, false, N, p->k, p->in, 1.0, x, p->in, 0, T, p->k,
-                           p->in * p->k, 0.0, Z, ldz, p->k, p->L);
+// W1 and W2 into the workspace.
+template <class T, class X>
+kf_status skl_stack(X &ex, const struct kf_sklinear_plan *p, const void *S1, const void *S2,
+                    const void *U1, const void *U2, void *ws, const SklLayout &l) {
+    const StackW<T> f = {(const T *)S1, (const T *)U2, (const T *)U1, (const T *)S2,
+                         at_t<T>(ws, 0), at_t<T>(ws, l.off_w2), p->in, p->r, p->k, p->out};
+    return ex.each(2 * p->r * (p->in + p->out), f);
 }
 
-template <class X> kf_status skl_forward(X &ex, const kf__skl_fwd *c) {
+template <class T, class X> kf_status skl_forward(X &ex, const kf__skl_fwd *c) {
+    using Ac = typename Elem<T>::acc;
     const struct kf_sklinear_plan *p = c->plan;
-    const int64_t N = c->N, r = p->r, R = 2 * r;
+    const int64_t N = c->N, R = 2 * p->r, out = p->out;
     if (N <= 0) return KF_OK;
-    const double *x = (const double *)c->x;
-    double *Z = at(c->ws, 0), *y = (double *)c->y;
-    const double s = 1.0 / (2.0 * (double)p->L);
-    KF_TRY(skl_bottleneck(ex, p, N, x, (const double *)c->S1, Z, R));
-    KF_TRY(skl_bottleneck(ex, p, N, x, (const double *)c->U2, Z + r, R));
-    if (c->bias) KF_TRY(ex.each(N * p->out, FillRows{(const double *)c->bias, y, p->out}));
-    KF_TRY(ex.gemm(false, false, N, p->out, r, s, Z, R, (const double *)c->U1, p->out,
-                   c->bias ? 1.0 : 0.0, y, p->out));
-    return ex.gemm(false, false, N, p->out, r, s, Z + r, R, (const double *)c->S2, p->out, 1.0,
-                   y, p->out);
+    const SklLayout l = skl_layout<T>(p, N);
+    KF_TRY(skl_stack<T>(ex, p, c->S1, c->S2, c->U1, c->U2, c->ws, l));
+    const T *W1 = at_t<T>(c->ws, 0), *W2 = at_t<T>(c->ws, l.off_w2);
+    T *Z = at_t<T>(c->ws, l.off_z), *y = (T *)c->y;
+    KF_TRY(ex.gemm(false, false, N, R, p->in, Ac(1), (const T *)c->x, p->in, W1, R, Ac(0), Z, R));
+    if (c->bias) KF_TRY(ex.each(N * out, FillRows<T>{(const T *)c->bias, y, out}));
+    return ex.gemm(false, false, N, out, R, Ac(1) / (Ac(2) * (Ac)p->L), Z, R, W2, out,
+                   c->bias ? Ac(1) : Ac(0), y, out);
 }
 
-template <class X> kf_status skl_backward(X &ex, const kf__skl_bwd *c) {
+template <class T, class X> kf_status skl_backward(X &ex, const kf__skl_bwd *c) {
+    using Ac = typename Elem<T>::acc;
     const struct kf_sklinear_plan *p = c->plan;
     const int64_t N = c->N, r = p->r, R = 2 * r, in = p->in, out = p->out, k = p->k;
     if (N <= 0) return KF_OK;
-    const double *x = (const double *)c->x, *dy = (const double *)c->dy;
-    const double *S1 = (const double *)c->S1, *S2 = (const double *)c->S2;
-    const double *U1 = (const double *)c->U1, *U2 = (const double *)c->U2;
-    const double s = 1.0 / (2.0 * (double)p->L), wb = c->accumulate ? 1.0 : 0.0;
-    double *dZ = at(c->ws, 0);
-    if (c->dx || c->dS1)
-        KF_TRY(ex.gemm(false, true, N, r, out, s, dy, out, U1, out, 0.0, dZ, R));
-    if (c->dx) {
-        double *dx = (double *)c->dx;
-        KF_TRY(ex.gemm(false, true, N, r, out, s, dy, out, S2, out, 0.0, dZ + r, R));
-        for (int64_t h = 0; h < 2; ++h)
-            for (int64_t i = 0; i < p->L; ++i)
-                KF_TRY(ex.gemm(false, true, N, in, k, 1.0, dZ + h * r + i * k, R,
-                               (h ? U2 : S1) + i * in * k, k, h + i > 0 ? 1.0 : 0.0, dx, in));
-    }
+    const Ac s = Ac(1) / (Ac(2) * (Ac)p->L), wb = c->accumulate ? Ac(1) : Ac(0);
+    const T *x = (const T *)c->x, *dy = (const T *)c->dy;
+    const SklLayout l = skl_layout<T>(p, N);
+    if (c->dx || c->dS1 || c->dS2)
+        KF_TRY(skl_stack<T>(ex, p, c->S1, c->S2, c->U1, c->U2, c->ws, l));
+    const T *W1 = at_t<T>(c->ws, 0), *W2 = at_t<T>(c->ws, l.off_w2);
+    T *dZ = at_t<T>(c->ws, l.off_z);
+    if (c->dx || c->dS1) // dZ's r columns of S1 (the first r rows of W2 are U1), all 2r for dx
+        KF_TRY(ex.gemm(false, true, N, c->dx ? R : r, out, s, dy, out, W2, out, Ac(0), dZ, R));
+    if (c->dx)
+        KF_TRY(ex.gemm(false, true, N, in, R, Ac(1), dZ, R, W1, R, Ac(0), (T *)c->dx, in));
     if (c->dS1)
-        KF_TRY(ex.gemm_batched(true, false, in, k, N, 1.0, x, in, 0, dZ, R, k, wb,
-                               (double *)c->dS1, k, in * k, p->L));
+        KF_TRY(ex.gemm_batched(true, false, in, k, N, Ac(1), x, in, 0, dZ, R, k, wb,
+                               (T *)c->dS1, k, in * k, p->L));
     if (c->dS2) {
-        double *Z2 = at(c->ws, doubles(N, R));
-        KF_TRY(skl_bottleneck(ex, p, N, x, U2, Z2, r));
-        KF_TRY(ex.gemm(true, false, r, out, N, s, Z2, r, dy, out, wb, (double *)c->dS2, out));
+        T *Z2 = at_t<T>(c->ws, l.off_z2);
+        KF_TRY(ex.gemm(false, false, N, r, in, Ac(1), x, in, W1 + r, R, Ac(0), Z2, r));
+        KF_TRY(ex.gemm(true, false, r, out, N, s, Z2, r, dy, out, wb, (T *)c->dS2, out));
     }
-    if (c->db) KF_TRY(ex.each(out, ColumnSums{dy, (double *)c->db, N, out, c->accumulate}));
+    if (c->db) KF_TRY(ex.each(out, ColumnSums<T>{dy, (T *)c->db, N, out, c->accumulate}));
     return KF_OK;
 }
 

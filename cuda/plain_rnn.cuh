@@ -507,14 +507,15 @@ template <class X> kf_status rnn_backward(X &ex, const kf__rnn_bwd *c) {
                 if (dwx)
                     KF_TRY(ex.gemm(true, false, H, cw.in, N, 1.0, dgx + g * H, 3 * H, x, cw.in,
                                    acc ? 1.0 : 0.0, dwx, cw.in));
-                if (dbx) KF_TRY(ex.each(H, ColumnSums{dgx + g * H, dbx, N, 3 * H, acc}));
+                if (dbx) KF_TRY(ex.each(H, ColumnSums<double>{dgx + g * H, dbx, N, 3 * H, acc}));
             }
             if (!lo.agru) {
                 if (W(KF__GRU_W_HH))
                     KF_TRY(ex.gemm(true, false, 3 * H, H, N, 1.0, aux, 3 * H, hp, H,
                                    acc ? 1.0 : 0.0, W(KF__GRU_W_HH), H));
                 if (W(KF__GRU_B_HH))
-                    KF_TRY(ex.each(3 * H, ColumnSums{aux, W(KF__GRU_B_HH), N, 3 * H, acc}));
+                    KF_TRY(ex.each(3 * H,
+                                   ColumnSums<double>{aux, W(KF__GRU_B_HH), N, 3 * H, acc}));
             } else {
                 if (W(KF__AGRU_U_Z))
                     KF_TRY(ex.gemm(true, false, H, H, N, 1.0, dgx, 3 * H, hp, H, acc ? 1.0 : 0.0,

@@ -650,21 +650,21 @@ PartJob no_part() {
 
 namespace {
 
-// Float32 (low plans arrive as their float32 copies: core/lowp_ops.c) on the kernels above;
-// float64 on cuda/plain.cu.
+// Float32 on the kernels above; float64, bfloat16 and float16 on cuda/plain.cu (the low types'
+// products on the tensor cores).
 kf_status skl_supports(const struct kf_sklinear_plan *p, const char *fn) {
     return kf__cuda_dtype_supported(p->dtype, fn);
 }
 
 size_t skl_workspace(const struct kf_sklinear_plan *p, int64_t N) {
-    if (p->dtype == KF_DTYPE_F64) return kf__cuda_skl64_workspace(p, N);
+    if (p->dtype != KF_DTYPE_F32) return kf__cuda_skl_plain_workspace(p, N);
     const Layout l = make_layout(p, N);
     return l.fwd_bytes > l.bwd_bytes ? l.fwd_bytes : l.bwd_bytes;
 }
 
 kf_status skl_forward(kf_context *ctx, const kf__skl_fwd *c) {
     static const char fn[] = "kf_sklinear_forward";
-    if (c->plan->dtype == KF_DTYPE_F64) return kf__cuda_skl64_forward(ctx, c);
+    if (c->plan->dtype != KF_DTYPE_F32) return kf__cuda_skl_plain_forward(ctx, c);
     const Layout l = make_layout(c->plan, c->N);
     if (c->N <= 0) return KF_OK;
     KF__CUDA_TRY(fn, cudaSetDevice(ctx->device_index));
@@ -695,7 +695,7 @@ kf_status skl_forward(kf_context *ctx, const kf__skl_fwd *c) {
 
 kf_status skl_backward(kf_context *ctx, const kf__skl_bwd *c) {
     static const char fn[] = "kf_sklinear_backward";
-    if (c->plan->dtype == KF_DTYPE_F64) return kf__cuda_skl64_backward(ctx, c);
+    if (c->plan->dtype != KF_DTYPE_F32) return kf__cuda_skl_plain_backward(ctx, c);
     if (c->dx == nullptr && c->dS1 == nullptr && c->dS2 == nullptr && c->db == nullptr)
         return KF_OK;
     const Layout l = make_layout(c->plan, c->N);

@@ -13,9 +13,9 @@
  * ||out - ref|| / ||ref|| <= u + e32, with u the type's unit roundoff (2^-8 bfloat16, 2^-11
  * float16) and e32 the float32 computation's own error, under the 1e-5 the float32 tests hold
  * it to at these sizes; accumulated gradients are round(g0 + g) with g0 exact, the same bound.
- * The KAN layers on CUDA (cuda/plain.cuh) round the products' operands too (the bases and the
- * combined weight, for the tensor cores): 2u there (measured 0.6-0.8 u on the host emulation of
- * tests/cxx/test_plain.cpp). */
+ * SKLinear and the KAN layers on CUDA (cuda/plain.cuh) round the products' operands too
+ * (SKLinear's bottleneck, KAN's bases and combined weight, for the tensor cores): 2u there
+ * (measured 0.6-0.8 u on the host emulation of tests/cxx/test_plain.cpp). */
 #include "kf_test.h"
 #include "ref_kan.h"
 #include "ref_rnn.h"
@@ -302,6 +302,7 @@ static void check_skl(kf_dtype dt, int64_t N, int64_t in, int64_t out, int32_t L
     kf_context *ctx = make_ctx(KF_DEVICE_CPU, 2), *lctx = low_context(ctx);
     op o = {.name = "sklinear", .run = skl_run};
     prob p = {.dt = dt, .cuda = lctx != ctx};
+    p.units = p.cuda ? 2.0 : 1.0; /* the CUDA path's rounded operands (header comment) */
     const double wb = 1.0 / sqrt((double)k);
     o.x = add(&p, IN, 1.0, 2, N, in, 0, 0);
     o.w0 = add(&p, IN, wb, 3, L, in, k, 0);
@@ -613,11 +614,11 @@ Test(lowp, kan_update_grid) {
     check_update(KF_DTYPE_F16);
 }
 
-/* The same checks with the low plans on a CUDA context (skipped without a device): the CUDA
- * backend's float32 kernels under core/lowp_ops.c's conversions, cuda/lowp.cu converting (the
- * KAN layers: cuda/plain.cu's tensor-core path). Shapes take each op's paths there: SKLinear
- * fused and split, KANLinear small and with 4 M outputs, KANConv2d, GRU and A-GRU on the
- * persistent and per-step kernels. */
+/* The same checks with the low plans on a CUDA context (skipped without a device): the
+ * recurrent layers on the CUDA backend's float32 kernels under core/lowp_ops.c's conversions,
+ * cuda/lowp.cu converting; SKLinear and the KAN layers on cuda/plain.cu's tensor-core path.
+ * Shapes: SKLinear small and at 1024 x 512, KANLinear small and with 4 M outputs, KANConv2d,
+ * GRU and A-GRU on the persistent and per-step kernels. */
 Test(lowp, cuda_sklinear) {
     kf_context_destroy(make_ctx(KF_DEVICE_CUDA, 0));
     g_low_device = KF_DEVICE_CUDA;

@@ -1,5 +1,5 @@
-// The CUDA backend's float64 SKLinear and KAN algorithms (cuda/plain.cuh, the code cuda/plain.cu
-// runs on the GPU with cuBLAS), compiled here for the host with a loop executor: naive float64
+// The CUDA backend's plain path (cuda/plain.cuh, plain_rnn.cuh: the code cuda/plain.cu runs on
+// the GPU with cuBLAS), compiled here for the host with a loop executor: naive float64
 // GEMMs and every elementwise pass run in a shuffled order (a functor that read what another
 // index writes, or wrote what it does not own, would show). Held against the float64 references
 // of tests/c (ref_sklinear.c, ref_kan.c, written from the layers' definitions; KANConv2d through
@@ -111,13 +111,13 @@ void check_sklinear(int64_t N, int64_t in, int64_t out, int32_t L, int32_t k, bo
     Vec x = random(rng, N * in), S1 = random(rng, L * in * k), S2 = random(rng, L * k * out),
         U1 = random(rng, L * k * out), U2 = random(rng, L * in * k), b = random(rng, out),
         dy = random(rng, N * out);
-    Vec ws(kf_plain::skl_workspace(&p, N) / sizeof(double) + 1, NAN);
+    Vec ws(kf_plain::skl_workspace<double>(&p, N) / sizeof(double) + 1, NAN);
     HostExec ex;
 
     Vec y(N * out, NAN), y_ref(N * out);
     kf__skl_fwd f = {&p, N, x.data(), S1.data(), S2.data(), U1.data(), U2.data(),
                      bias ? b.data() : nullptr, y.data(), ws.data(), ws.size() * 8};
-    cr_assert_eq(kf_plain::skl_forward(ex, &f), KF_OK);
+    cr_assert_eq(kf_plain::skl_forward<double>(ex, &f), KF_OK);
     ref_skl_cfg rc = {N, in, out, L, k};
     ref_skl_forward(&rc, x.data(), S1.data(), S2.data(), U1.data(), U2.data(),
                     bias ? b.data() : nullptr, y_ref.data());
@@ -141,7 +141,7 @@ void check_sklinear(int64_t N, int64_t in, int64_t out, int32_t L, int32_t k, bo
                              dy.data(), on[0] ? dx.data() : nullptr, on[1] ? d1.data() : nullptr,
                              on[2] ? d2.data() : nullptr, on[3] ? db.data() : nullptr, acc,
                              ws.data(), ws.size() * 8};
-            cr_assert_eq(kf_plain::skl_backward(ex, &c), KF_OK);
+            cr_assert_eq(kf_plain::skl_backward<double>(ex, &c), KF_OK);
             if (on[0]) expect_close(dx, dx_ref, "SKLinear dx");
             if (on[1]) expect_close(d1, acc ? plus(d1_0, d1_ref) : d1_ref, "SKLinear dS1s");
             if (on[2]) expect_close(d2, acc ? plus(d2_0, d2_ref) : d2_ref, "SKLinear dS2s");
@@ -498,15 +498,16 @@ Test(plain, agru) {
     check_rnn({REF_AGRU, 1, 1, 3, 4, 0, 2, false, false, true, true, true, 0.0f}); // T = 0
 }
 
-// ---- KAN in bfloat16 and float16 (the tensor-core path) ----------------------------------------
+// ---- SKLinear and KAN in bfloat16 and float16 (the tensor-core path) ---------------------------
 //
-// Inputs drawn in float64 and rounded to the low type, so that the reference (ref_kan in float64
-// on the rounded values) and the path see the same numbers. The path rounds A (SiLU and the
-// bases) and the combined weight W to the low type and accumulates the products in float32, as
-// torch's own bfloat16 layers round every operand of their products; the bound on the relative
-// error (Frobenius norms) is kLowBound units u of the type (2^-8 bfloat16, 2^-11 float16): the
+// Inputs drawn in float64 and rounded to the low type, so that the reference (ref_skl, ref_kan in
+// float64 on the rounded values) and the path see the same numbers. The path rounds every
+// product's operands to the low type (SKLinear's bottleneck Z, dZ, Z2; KAN's A, SiLU and the
+// bases, and its combined weight W) and accumulates the products in float32, as torch's own
+// bfloat16 layers round every operand of their products; the bound on the relative error
+// (Frobenius norms) is kLowBound units u of the type (2^-8 bfloat16, 2^-11 float16): the
 // output's own rounding (about u / 2 in norm) and the operands' (independent, they average out
-// over the K terms). Measured here: 0.6-0.8 u for every output.
+// over the K terms).
 
 namespace {
 
@@ -607,7 +608,65 @@ template <class T> void check_kan_low(int64_t N, const KanCase &s, const ConvSha
                 cs ? "conv2d" : "linear", emax);
 }
 
+// SKLinear on N rows in T against ref_skl in float64 on the rounded inputs: y, every gradient,
+// then the weight gradients accumulated onto themselves. The path rounds the bottleneck Z (dZ,
+// Z2) to T between the products, as torch's bfloat16 layers round a product's result.
+template <class T>
+void check_sklinear_low(int64_t N, int64_t in, int64_t out, int32_t L, int32_t k) {
+    std::mt19937 rng((unsigned)(N * 11 + in * 5 + out + L * 3 + k));
+    kf_sklinear_plan p = {};
+    p.in = in, p.out = out, p.L = L, p.k = k, p.r = (int64_t)L * k, p.has_bias = true;
+    p.dtype = std::is_same<T, kf_plain::bf16>::value ? KF_DTYPE_BF16 : KF_DTYPE_F16;
+    const Vec x = rounded<T>(random(rng, N * in)), S1 = rounded<T>(random(rng, L * in * k)),
+              S2 = rounded<T>(random(rng, L * k * out)), U1 = rounded<T>(random(rng, L * k * out)),
+              U2 = rounded<T>(random(rng, L * in * k)), b = rounded<T>(random(rng, out)),
+              dy = rounded<T>(random(rng, N * out));
+    ref_skl_cfg rc = {N, in, out, L, k};
+    Vec y_ref(N * out), dx_ref(N * in), d1_ref(L * in * k), d2_ref(L * k * out), db_ref(out);
+    ref_skl_forward(&rc, x.data(), S1.data(), S2.data(), U1.data(), U2.data(), b.data(),
+                    y_ref.data());
+    ref_skl_backward(&rc, x.data(), S1.data(), S2.data(), U1.data(), U2.data(), dy.data(),
+                     dx_ref.data(), d1_ref.data(), d2_ref.data(), db_ref.data());
+
+    HostExec ex;
+    std::vector<unsigned char> ws(kf_plain::skl_workspace<T>(&p, N) + 64, 0xff);
+    const auto xl = to_low<T>(x), S1l = to_low<T>(S1), S2l = to_low<T>(S2), U1l = to_low<T>(U1),
+               U2l = to_low<T>(U2), bl = to_low<T>(b), dyl = to_low<T>(dy);
+    std::vector<T> y(N * out);
+    kf__skl_fwd f = {&p, N, xl.data(), S1l.data(), S2l.data(), U1l.data(), U2l.data(),
+                     bl.data(), y.data(), ws.data(), ws.size()};
+    cr_assert_eq(kf_plain::skl_forward<T>(ex, &f), KF_OK);
+    double emax = expect_low(y, y_ref, "low SKLinear y");
+
+    std::vector<T> dx(N * in), d1(L * in * k), d2(L * k * out), db(out);
+    kf__skl_bwd c = {&p, N, xl.data(), S1l.data(), S2l.data(), U1l.data(), U2l.data(),
+                     dyl.data(), dx.data(), d1.data(), d2.data(), db.data(), false,
+                     ws.data(), ws.size()};
+    cr_assert_eq(kf_plain::skl_backward<T>(ex, &c), KF_OK);
+    emax = std::max(emax, expect_low(dx, dx_ref, "low SKLinear dx"));
+    emax = std::max(emax, expect_low(d1, d1_ref, "low SKLinear dS1s"));
+    emax = std::max(emax, expect_low(d2, d2_ref, "low SKLinear dS2s"));
+    emax = std::max(emax, expect_low(db, db_ref, "low SKLinear dbias"));
+    // dS1s alone (dZ's first r columns only), accumulated onto the result itself
+    c.dx = c.dS2 = c.db = nullptr, c.accumulate = true;
+    cr_assert_eq(kf_plain::skl_backward<T>(ex, &c), KF_OK);
+    emax = std::max(emax, expect_low(d1, plus(d1_ref, d1_ref), "low SKLinear dS1s accumulated"));
+    c.dS1 = nullptr, c.dS2 = d2.data(), c.db = db.data();
+    cr_assert_eq(kf_plain::skl_backward<T>(ex, &c), KF_OK);
+    emax = std::max(emax, expect_low(d2, plus(d2_ref, d2_ref), "low SKLinear dS2s accumulated"));
+    emax = std::max(emax, expect_low(db, plus(db_ref, db_ref), "low SKLinear dbias accumulated"));
+    cr_log_info("%s SKLinear: max error %.2f u",
+                std::is_same<T, kf_plain::bf16>::value ? "bf16" : "f16", emax);
+}
+
 } // namespace
+
+Test(plain, sklinear_low_precision) {
+    check_sklinear_low<kf_plain::bf16>(40, 24, 20, 2, 4);
+    check_sklinear_low<kf_plain::f16>(40, 24, 20, 2, 4);
+    check_sklinear_low<kf_plain::bf16>(7, 64, 48, 1, 16); // 2r = 32, K = 64 sums
+    check_sklinear_low<kf_plain::f16>(130, 9, 5, 3, 2);   // N > in, out
+}
 
 Test(plain, kan_low_precision) {
     check_kan_low<kf_plain::bf16>(40, {5, 6, 5, 3, true, true}, nullptr);

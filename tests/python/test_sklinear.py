@@ -803,3 +803,26 @@ def test_cuda_float64_matches_reference_and_gradcheck():
         getattr(small, n).detach().clone().requires_grad_(True) for n in ("S1s", "S2s", "bias"))
     assert torch.autograd.gradcheck(
         lambda xx, s1, s2, b: kt.sklinear_function(xx, s1, s2, small.U1s, small.U2s, b), args)
+
+
+@pytest.mark.skipif(not cuda_ok(), reason="needs torch CUDA and a CUDA build of kfuse")
+@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+def test_cuda_autocast_runs_low_precision(dt):
+    """Under torch.autocast("cuda"), SKLinear runs its low plan (both products on the tensor
+    cores): y in the autocast dtype, its error against float64 within 2x that of torch's own
+    computation of the layer under the same autocast (the reference formula in eager torch, as
+    Panther computes it), float32 gradients for the float32 parameters."""
+    torch.manual_seed(0)
+    m = kt.SKLinear(256, 192, 2, 16, device="cuda")
+    x = torch.randn(64, 256, device="cuda")
+    want = reference_forward(*(t.double() for t in (x, m.S1s, m.S2s, m.U1s, m.U2s, m.bias)))
+    with torch.autocast("cuda", dtype=dt):
+        y = m(x)
+        yt = reference_forward(x, m.S1s, m.S2s, m.U1s, m.U2s, m.bias)
+    assert y.dtype == dt
+    err, err_torch = rel(y, want), rel(yt, want)
+    assert err <= 2 * err_torch + 1e-6, (err, err_torch)
+    y.float().sum().backward()
+    for n in ("S1s", "S2s", "bias"):
+        g = getattr(m, n).grad
+        assert g.dtype == torch.float32 and torch.isfinite(g).all(), n

@@ -143,11 +143,11 @@ def autocast_inputs(x, tensors, native_cuda=False):
     (parameters, buffers, h0) are cast to its dtype for this call, so the layer runs in that
     dtype (bfloat16/float16 storage, float32 arithmetic) and its output has it; the casts are
     differentiable, so float32 master parameters receive float32 gradients. On CUDA that holds
-    for a layer whose low plans run natively there (`native_cuda`: the KAN layers, whose products
-    run on the tensor cores); for the others everything is cast to float32 instead and the
-    caller casts the output to the autocast dtype, since their CUDA low plans run the float32
-    kernels through conversions. Returns (x, tensors, dtype of the output or None where autocast
-    is off: nothing cast)."""
+    for a layer whose low plans run natively there (`native_cuda`: SKLinear and the KAN layers,
+    whose products run on the tensor cores); for the others (the recurrent layers) everything is
+    cast to float32 instead and the caller casts the output to the autocast dtype, since their
+    CUDA low plans run the float32 kernels through conversions. Returns (x, tensors, dtype of
+    the output or None where autocast is off: nothing cast)."""
     dt = autocast_dtype(x.device) if _any_autocast() else None
     if dt is None:
         return x, tensors, None

@@ -164,11 +164,10 @@ class SKLinear(nn.Module):
     parameters': float32, bfloat16 or float16 (storage in the type, float32 arithmetic;
     Panther's kernel tests run float16), or float64 (on CUDA since kfuse 1.7); another dtype
     raises kfuse.Unsupported at construction with the library's message.
-    Autocast: under torch.autocast (CPU bfloat16), input and parameters are cast to the autocast dtype
-    for the call and the output has it, as torch's autocast treats nn.Linear (float32 master
-    parameters get float32 gradients; on CUDA, where the low plans would run the
-    same float32 kernels through conversions, the layer computes in float32 and casts its
-    output); docs/precision.md.
+    Autocast: under torch.autocast (CPU bfloat16; CUDA bfloat16 or float16, where kfuse 1.7.1 runs
+    the layer's two products on the tensor cores), input and parameters are cast to the autocast
+    dtype for the call and the output has it, as torch's autocast treats nn.Linear (float32
+    master parameters get float32 gradients); docs/precision.md.
 
     Panther's public attributes are here: the class attributes WARNING_MSG_FC, WARNING_MSG_TC and
     WARNING_MSG_BATCH with its texts (the tensor-core warnings are not raised: they describe a
@@ -245,7 +244,7 @@ class SKLinear(nn.Module):
     def forward(self, h_in):
         # x [..., in] -> y [..., out]; the library takes up to KF_MAX_DIMS dims as they are
         # (a 1-D x is one row and gives a 1-D y, as in Panther), more are flattened here.
-        x, tensors, cast = autocast_inputs(h_in, self._tensors())
+        x, tensors, cast = autocast_inputs(h_in, self._tensors(), native_cuda=True)
         if x.dim() > _MAX_DIMS and x.shape[-1] > 0:
             lead = x.shape[:-1]
             y = sklinear(x.reshape(-1, x.shape[-1]), *tensors)

@@ -5,9 +5,9 @@
 
 pub const KF_VERSION_MAJOR: u32 = 1;
 pub const KF_VERSION_MINOR: u32 = 7;
-pub const KF_VERSION_PATCH: u32 = 0;
+pub const KF_VERSION_PATCH: u32 = 1;
 pub const KF_ABI_VERSION: u32 = 1;
-pub const KF_VERSION_NUMBER: u32 = 10700;
+pub const KF_VERSION_NUMBER: u32 = 10701;
 pub const KF_MAX_DIMS: u32 = 6;
 pub const KF_ALIGN_BYTES: u32 = 64;
 pub const KF_CONTEXT_FIXED_ARENA: u32 = 1;
@@ -70,8 +70,11 @@ pub const kf_dtype_KF_DTYPE_I64: kf_dtype = 6;
 #[doc = " since 1.5, on the CUDA backend since 1.6): a plan's tensors are in the type, its arithmetic"]
 #[doc = " (products, reductions, gates, the recurrent state) is float32, results are rounded to nearest"]
 #[doc = " even (NaN stays NaN), and an accumulated gradient is round(g_old + g) with the sum in float32."]
-#[doc = " Their workspace queries include float32 copies of the call's tensors; their reserves are"]
-#[doc = " float32's."]
+#[doc = " On CUDA the KAN layers (since 1.7) and SKLinear (since 1.7.1) run their products on the tensor"]
+#[doc = " cores, so a product's operands are in the type too (the KAN bases and combined weight,"]
+#[doc = " SKLinear's bottleneck: rounded as torch's own low-precision layers round them). Their"]
+#[doc = " workspace queries include float32 copies of the call's tensors (or the low-type operands);"]
+#[doc = " the recurrent reserves are float32's."]
 pub type kf_dtype = ::std::os::raw::c_uint;
 #[doc = " A plain view of memory, shaped like DLPack's DLTensor. The library never frees `data`. A tensor"]
 #[doc = " whose `data` is NULL is \"absent\"; only arguments documented as optional may be absent."]
