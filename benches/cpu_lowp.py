@@ -6,7 +6,12 @@ copies (cpu/lowp.c), so its time is float32's plus the conversions, O(tensor siz
 kernels' O(flops); this prints the ratio per op. The three dtypes are interleaved rep by rep
 (a loaded box slows them alike) and the median of each is kept.
 
-    python benches/cpu_lowp.py [--threads 1] [--reps 7] [--quick]
+    python benches/cpu_lowp.py [--threads 1] [--reps 7] [--calls 1] [--only NAME] [--quick]
+
+--calls N times N calls in a row per sample (their mean): a steady loop, where a layer's
+tensors stay in cache from one call to the next as in a training or inference loop; with 1 (the
+default) each sample is one call after the other dtypes' calls, closer to a cold call.
+--only keeps the cases whose name contains NAME.
 Environment: OMP_WAIT_POLICY=PASSIVE is set here before torch loads (DESIGN.md).
 """
 import argparse
@@ -69,14 +74,18 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--calls", type=int, default=1, help="calls per timed sample (their mean)")
+    ap.add_argument("--only", default="", help="only the cases whose name contains this")
     ap.add_argument("--quick", action="store_true", help="small shapes, for a smoke run")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    print("kfuse %s, torch %s, %d thread(s), %d interleaved reps, median ms"
-          % (kfuse.version_string(), torch.__version__, a.threads, a.reps))
+    print("kfuse %s, torch %s, %d thread(s), %d interleaved reps of %d call(s), median ms per call"
+          % (kfuse.version_string(), torch.__version__, a.threads, a.reps, a.calls))
     print("| op | pass | float32 ms | bfloat16 ms | float16 ms | bf16/f32 | f16/f32 |")
     print("|---|---|---|---|---|---|---|")
     for name, make, shape in cases(a.quick):
+        if a.only not in name:
+            continue
         torch.manual_seed(0)
         mods = {dt: make(dt) for dt in DTYPES}
         xs = {dt: torch.randn(*shape).to(dt).requires_grad_(True) for dt in DTYPES}
@@ -87,8 +96,9 @@ def main():
             for _ in range(a.reps):
                 for dt in DTYPES:
                     t0 = time.perf_counter()
-                    step(mods[dt], xs[dt], backward)
-                    times[dt].append(time.perf_counter() - t0)
+                    for _ in range(a.calls):
+                        step(mods[dt], xs[dt], backward)
+                    times[dt].append((time.perf_counter() - t0) / a.calls)
             med = {dt: statistics.median(v) * 1e3 for dt, v in times.items()}
             f32 = med[torch.float32]
             print("| %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f |"

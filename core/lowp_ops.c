@@ -205,58 +205,6 @@ LP_DEFINE_SUPPORTS(lp_rnn_supports, struct kf_rnn_plan, rnn)
 const kf__rnn_ops kf__lowp_rnn_ops = {lp_rnn_supports, lp_rnn_sizes, lp_rnn_forward,
                                       lp_rnn_backward};
 
-/* ---- sketched linear ----------------------------------------------------------------------- */
-
-/* The parameters shared by forward and backward: S1s, S2s, U1s, U2s, bias. */
-#define LP_SKL_PARAMS(l, p, c, f)                                                                 \
-    do {                                                                                          \
-        const int64_t ik = (p)->in * (p)->r, ko = (p)->r * (p)->out;                              \
-        (f)->S1 = lp_in(l, (c)->S1, ik);                                                          \
-        (f)->S2 = lp_in(l, (c)->S2, ko);                                                          \
-        (f)->U1 = lp_in(l, (c)->U1, ko);                                                          \
-        (f)->U2 = lp_in(l, (c)->U2, ik);                                                          \
-    } while (0)
-
-static void lp_skl_fwd_tensors(lp_ctx *l, const kf__skl_fwd *c, kf__skl_fwd *f) {
-    const struct kf_sklinear_plan *p = c->plan;
-    f->x = lp_in(l, c->x, c->N * p->in);
-    LP_SKL_PARAMS(l, p, c, f);
-    f->bias = lp_in(l, p->has_bias ? c->bias : NULL, p->out);
-    f->y = lp_out(l, c->y, c->N * p->out, false);
-}
-
-static void lp_skl_bwd_tensors(lp_ctx *l, const kf__skl_bwd *c, kf__skl_bwd *f) {
-    const struct kf_sklinear_plan *p = c->plan;
-    f->x = lp_in(l, c->x, c->N * p->in);
-    LP_SKL_PARAMS(l, p, c, f);
-    f->dy = lp_in(l, c->dy, c->N * p->out);
-    f->dx = lp_out(l, c->dx, c->N * p->in, false);
-    f->dS1 = lp_out(l, c->dS1, p->in * p->r, true);
-    f->dS2 = lp_out(l, c->dS2, p->r * p->out, true);
-    f->db = lp_out(l, p->has_bias ? c->db : NULL, p->out, true);
-    f->accumulate = false;
-}
-#undef LP_SKL_PARAMS
-
-static size_t lp_skl_workspace(const struct kf_sklinear_plan *p, int64_t N) {
-    const kf__lowp_base *base = p->ctx->backend->lowp;
-    if (!kf__dtype_is_lowp(p->dtype)) return base->skl->workspace(p, N);
-    LP_PLAN_F32(struct kf_sklinear_plan, q, p);
-    size_t ws = base->skl->workspace(&q, N);
-    LP_SIZE_BOTH(kf__skl_fwd, kf__skl_bwd, lp_skl_fwd_tensors, lp_skl_bwd_tensors, p, true, ws,
-                 .N = N);
-    return ws;
-}
-
-LP_DEFINE_CALL(lp_skl_forward, kf__skl_fwd, struct kf_sklinear_plan, skl, forward,
-               "kf_sklinear_forward", base->skl->workspace(&q, c->N), lp_skl_fwd_tensors, false)
-LP_DEFINE_CALL(lp_skl_backward, kf__skl_bwd, struct kf_sklinear_plan, skl, backward,
-               "kf_sklinear_backward", base->skl->workspace(&q, c->N), lp_skl_bwd_tensors,
-               c->accumulate)
-LP_DEFINE_SUPPORTS(lp_skl_supports, struct kf_sklinear_plan, skl)
-
-const kf__skl_ops kf__lowp_skl_ops = {lp_skl_supports, lp_skl_workspace, lp_skl_forward,
-                                      lp_skl_backward};
 
 /* ---- KANLinear and KANConv2d --------------------------------------------------------------- */
 

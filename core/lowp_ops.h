@@ -19,14 +19,15 @@
  * A backend takes part by installing the kf__lowp_*_ops tables below as its op tables and
  * pointing kf__backend.lowp at its float32 tables and its conversion routine, which runs a batch
  * of conversions in order on the context's stream (the CPU: a team of threads, cpu/lowp.c; CUDA:
- * one kernel, cuda/lowp.cu). */
+ * one kernel, cuda/lowp.cu). Both backends serve the recurrent layers this way, the CPU also the
+ * KAN layers; SKLinear's low plans (both backends) and CUDA's KAN ones run natively instead
+ * (cpu/sklinear.c reads and writes the low types in place; cuda/plain.cu on the tensor cores). */
 #ifndef KF_CORE_LOWP_OPS_H
 #define KF_CORE_LOWP_OPS_H
 
 #include "backend.h"
 #include "kan_backend.h"
 #include "rnn_backend.h"
-#include "sklinear_backend.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -62,14 +63,12 @@ typedef struct kf__lp_batch {
  * routine (KF_OK, or a status with the message set under `fn`). */
 typedef struct kf__lowp_base {
     const struct kf__rnn_ops *rnn;
-    const struct kf__skl_ops *skl;
     const struct kf__kan_ops *kan;
     kf_status (*convert)(kf_context *ctx, const char *fn, const kf__lp_batch *b);
 } kf__lowp_base;
 
 /* The wrapped tables, for every backend with kf__backend.lowp set. */
 extern const struct kf__rnn_ops kf__lowp_rnn_ops;
-extern const struct kf__skl_ops kf__lowp_skl_ops;
 extern const struct kf__kan_ops kf__lowp_kan_ops;
 
 #ifdef __cplusplus

@@ -55,7 +55,7 @@ const kf__backend kf__cpu_backend = {
     .copy = cpu_copy,
     .host_memory = true,
     .rnn = &kf__lowp_rnn_ops,
-    .skl = &kf__lowp_skl_ops,
+    .skl = &kf__cpu_skl_ops,
     .kan = &kf__lowp_kan_ops,
     .lowp = &kf__cpu_lowp,
 };

@@ -871,8 +871,8 @@ KF__KAN_SPARSE_DEFINE(double, d, kf__vd, kan_vid)
                 }                                                                                  \
                 kan_tile_##X(p, c->grid, inv, xT, k.rows, f0, f1, tile, S, xb);                    \
                 if (P && out <= KF__KAN_RG_OUT) /* y^T [out, rows] = W_chunk A_chunk^T */          \
-                    kf__rowgemm_##X(out, k.rows, cols, cols, 1, W + f0 * cw, K, 1, tile, tile,     \
-                                    k.rows, NULL, ch > 0, y, ld);                                  \
+                    kf__rowgemm_##X##X##X(out, k.rows, cols, cols, 1, W + f0 * cw, K, 1, tile,     \
+                                          tile, k.rows, NULL, ch > 0, y, ld);                      \
                 else if (P)                                                                        \
                     kf__##X##gemm(false, false, out, k.rows, cols, 1, W + f0 * cw, K, tile,        \
                                   k.rows, beta, y, ld);                                            \

@@ -25,8 +25,22 @@
  *
  * Also used by KANConv2d's forward product with few output channels (cpu/kan_linear.c).
  *
- * KF__ROWGEMM_DEFINE(T, X, VEC) defines kf__rowgemm_X for element type T with VEC its 32-byte
- * vector type (cpu/simd.h: kf__fma_X, kf__splat_X). */
+ * Typed operands: A, B (and the bias, B's type) and C may be stored as bfloat16 or float16 while
+ * the arithmetic is float32 (cpu/sklinear.c's low-precision plans read and write their tensors
+ * in place): each tile's rows of A are widened by vectors into a small buffer (a strided A
+ * element by element as it is broadcast), B's rows are widened into the contiguous chunk above
+ * (a low B always goes through it), so the tiles run on float32 alone, and a low C is rounded
+ * once as the epilogue writes it. A low C must take K in one pass (K <= KF__RG_KC, or B's rows
+ * close together and B not low): a later chunk would add to the rounded value.
+ *
+ * KF__ROWGEMM_DEFINE(X, TA, a, TB, b, TC, e, T, v) defines kf__rowgemm_X for A elements of type
+ * TA and kind a, B (and bias) elements of type TB and kind b, C of type TC and kind e, alpha and
+ * the arithmetic of type T with vector kind v (cpu/simd.h's kf__vX, kf__fma_X, kf__splat_X: s
+ * float, d double). A kind is s (float), d (double), b (bfloat16) or h (float16): KF__RG_GET_k
+ * reads one element as the arithmetic type, KF__RG_PUT_k writes one, KF__RG_VLD_k and
+ * KF__RG_VST_k a vector, KF__RG_NATIVE_k says whether the kind is an arithmetic type (read in
+ * place). X names the kinds of A, B and C: kf__rowgemm_sss and _ddd (float, double), and for a
+ * low kind k (b, h) _kks, _kss, _sks, _skk and _ssk (KF__ROWGEMM_LOW). */
 #ifndef KF_CPU_ROWGEMM_H
 #define KF_CPU_ROWGEMM_H
 
@@ -34,6 +48,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "lowp_simd.h"
 #include "simd.h"
 
 #define KF__RG_MR 6   /* rows per tile */
@@ -44,52 +59,97 @@
 /* The pointer to B's row q (two stacked panels). */
 #define KF__RG_BROW(q) ((q) < K0 ? B0 + (q) * ldb : B1 + ((q) - K0) * ldb)
 
+/* The operand kinds (header comment). */
+#define KF__RG_GET_s(p) (*(p))
+#define KF__RG_GET_d(p) (*(p))
+#define KF__RG_GET_b(p) kf__lp_get(*(p), true)
+#define KF__RG_GET_h(p) kf__lp_get(*(p), false)
+#define KF__RG_VLD_s(p) (*(const kf__vs *)(p))
+#define KF__RG_VLD_d(p) (*(const kf__vd *)(p))
+#define KF__RG_VLD_b(p) kf__lp_load8((p), true)
+#define KF__RG_VLD_h(p) kf__lp_load8((p), false)
+#define KF__RG_VST_s(p, x) (*(kf__vs *)(p) = (x))
+#define KF__RG_VST_d(p, x) (*(kf__vd *)(p) = (x))
+#define KF__RG_VST_b(p, x) kf__lp_store8((p), (x), true)
+#define KF__RG_VST_h(p, x) kf__lp_store8((p), (x), false)
+#define KF__RG_PUT_s(p, x) (*(p) = (x))
+#define KF__RG_PUT_d(p, x) (*(p) = (x))
+#define KF__RG_PUT_b(p, x) (*(p) = kf__lp_put((x), true))
+#define KF__RG_PUT_h(p, x) (*(p) = kf__lp_put((x), false))
+#define KF__RG_NATIVE_s 1
+#define KF__RG_NATIVE_d 1
+#define KF__RG_NATIVE_b 0
+#define KF__RG_NATIVE_h 0
+
+/* A low A's elements [0, n) from s widened into the float32 d (the other kinds never take it). */
+#define KF__RG_WIDEN_s(s, d, n) ((void)0)
+#define KF__RG_WIDEN_d(s, d, n) ((void)0)
+#define KF__RG_WIDEN_b(s, d, n) kf__lp_load_n((d), (s), (n), true)
+#define KF__RG_WIDEN_h(s, d, n) kf__lp_load_n((d), (s), (n), false)
+
+/* A tile's step over B's row bq (type T, vector kind v): the tile's nv vectors of it, times the
+ * broadcast of A's element of each row i, the expression AI, into the accumulators c. */
+#define KF__RG_STEP(v, bq, AI)                                                                     \
+    do {                                                                                           \
+        const kf__v##v *bq_ = (const kf__v##v *)(bq); /* vector u: elements u L .. */             \
+        kf__v##v bv[KF__RG_NV];                                                                    \
+        for (int u = 0; u < nv; ++u) bv[u] = bq_[u];                                               \
+        for (int i = 0; i < mr; ++i) {                                                             \
+            const kf__v##v av = kf__splat_##v(AI);                                                 \
+            for (int u = 0; u < nv; ++u) c[i][u] = kf__fma_##v(av, bv[u], c[i][u]);                \
+        }                                                                                          \
+    } while (0)
+
 /* One case of the last tile's switch in kf__rg_rows_X: r rows. */
 #define KF__RG_CASE(X, r)                                                                          \
     case r:                                                                                        \
-        kf__rg_tile_##X(r, nv, K, K0, alpha, a, am, aq, B0, B1, ldb, bias, acc, cm, ldc);          \
+        kf__rg_tile_##X(r, nv, K, K0, alpha, a_, am, aq, B0, B1, ldb, bias, acc, cm, ldc);         \
         break;
 
-#define KF__ROWGEMM_DEFINE(T, X, VEC)                                                              \
-    enum { kf__rg_lanes_##X = (int)(sizeof(VEC) / sizeof(T)) };                                    \
+#define KF__ROWGEMM_DEFINE(X, TA, a, TB, b, TC, e, T, v)                                           \
+    enum { kf__rg_lanes_##X = (int)(sizeof(kf__v##v) / sizeof(T)) };                               \
                                                                                                    \
-    /* One tile: mr rows by a panel of nv vectors of columns. mr and nv are constants at every     \
+    /* One tile: mr rows by a panel of nv vectors of columns, B's rows of type T (a low B is       \
+     * widened into its chunk first), the bias of B's type. mr and nv are constants at every       \
      * call site (kf__rg_rows_X), so the loops unroll into registers. */                           \
     static inline __attribute__((always_inline)) void kf__rg_tile_##X(                             \
-        int mr, int nv, int64_t K, int64_t K0, T alpha, const T *A, int64_t am, int64_t aq,        \
-        const T *B0, const T *B1, int64_t ldb, const T *bias, bool acc, T *C, int64_t ldc) {       \
+        int mr, int nv, int64_t K, int64_t K0, T alpha, const TA *A, int64_t am, int64_t aq,       \
+        const T *B0, const T *B1, int64_t ldb, const TB *bias, bool acc, TC *C, int64_t ldc) {     \
         enum { L = kf__rg_lanes_##X };                                                             \
-        VEC c[KF__RG_MR][KF__RG_NV];                                                               \
+        kf__v##v c[KF__RG_MR][KF__RG_NV];                                                          \
         for (int i = 0; i < mr; ++i)                                                               \
-            for (int v = 0; v < nv; ++v) c[i][v] = (VEC){0};                                       \
-        for (int64_t q = 0; q < K; ++q) {                                                          \
-            const T *b = KF__RG_BROW(q);                                                           \
-            VEC bv[KF__RG_NV];                                                                     \
-            for (int v = 0; v < nv; ++v) bv[v] = *(const VEC *)(b + v * L);                        \
-            for (int i = 0; i < mr; ++i) {                                                         \
-                const VEC a = kf__splat_##X(A[i * am + q * aq]);                                   \
-                for (int v = 0; v < nv; ++v)                                                       \
-                    c[i][v] = kf__fma_##X(a, bv[v], c[i][v]);                                      \
+            for (int u = 0; u < nv; ++u) c[i][u] = (kf__v##v){0};                                  \
+        if (!KF__RG_NATIVE_##a && aq == 1) {                                                       \
+            /* a low A's rows widened by vectors, KF__RG_KC elements at a time */                  \
+            T ab[KF__RG_MR][KF__RG_KC] __attribute__((aligned(32)));                               \
+            for (int64_t q0 = 0; q0 < K; q0 += KF__RG_KC) {                                        \
+                const int64_t kc = K - q0 < KF__RG_KC ? K - q0 : KF__RG_KC;                        \
+                for (int i = 0; i < mr; ++i) KF__RG_WIDEN_##a(A + i * am + q0, ab[i], kc);         \
+                for (int64_t q = 0; q < kc; ++q) KF__RG_STEP(v, KF__RG_BROW(q0 + q), ab[i][q]);    \
             }                                                                                      \
+        } else {                                                                                   \
+            for (int64_t q = 0; q < K; ++q)                                                        \
+                KF__RG_STEP(v, KF__RG_BROW(q), KF__RG_GET_##a(A + i * am + q * aq));               \
         }                                                                                          \
         for (int i = 0; i < mr; ++i)                                                               \
-            for (int v = 0; v < nv; ++v) {                                                         \
-                VEC *d = (VEC *)(C + i * ldc + v * L);                                             \
-                const VEC add = bias ? *(const VEC *)(bias + v * L) : acc ? *d : (VEC){0};         \
-                *d = kf__fma_##X(c[i][v], kf__splat_##X(alpha), add);                              \
+            for (int u = 0; u < nv; ++u) {                                                         \
+                TC *d = C + i * ldc + u * L;                                                       \
+                const kf__v##v add = bias ? KF__RG_VLD_##b(bias + u * L)                           \
+                                          : acc ? KF__RG_VLD_##e(d) : (kf__v##v){0};               \
+                KF__RG_VST_##e(d, kf__fma_##v(c[i][u], kf__splat_##v(alpha), add));                \
             }                                                                                      \
     }                                                                                              \
                                                                                                    \
     /* Rows [0, M) of one panel of nv vectors, MR at a time; the last tile's rows a constant. */   \
     static inline __attribute__((always_inline)) void kf__rg_rows_##X(                             \
-        int nv, int64_t M, int64_t K, int64_t K0, T alpha, const T *A, int64_t am, int64_t aq,     \
-        const T *B0, const T *B1, int64_t ldb, const T *bias, bool acc, T *C, int64_t ldc) {       \
+        int nv, int64_t M, int64_t K, int64_t K0, T alpha, const TA *A, int64_t am, int64_t aq,    \
+        const T *B0, const T *B1, int64_t ldb, const TB *bias, bool acc, TC *C, int64_t ldc) {     \
         int64_t m = 0;                                                                             \
         for (; m + KF__RG_MR <= M; m += KF__RG_MR)                                                 \
             kf__rg_tile_##X(KF__RG_MR, nv, K, K0, alpha, A + m * am, am, aq, B0, B1, ldb, bias,    \
                             acc, C + m * ldc, ldc);                                                \
-        const T *a = A + m * am;                                                                   \
-        T *cm = C + m * ldc;                                                                       \
+        const TA *a_ = A + m * am;                                                                 \
+        TC *cm = C + m * ldc;                                                                      \
         switch (M - m) {                                                                           \
             KF__RG_CASE(X, 5) KF__RG_CASE(X, 4) KF__RG_CASE(X, 3) KF__RG_CASE(X, 2)                \
             KF__RG_CASE(X, 1)                                                                      \
@@ -104,21 +164,24 @@
      * (SKLinear's U1, S2 and dy rows are `out` elements apart: 2^13 floats at in = out = 8192).   \
      * The first chunk adds bias | C | 0 as asked, the later ones the C that the earlier ones      \
      * wrote. Rows close together are read in place (the copy would cost more than it saves:       \
-     * in=out=1024, B=1024, 1 thread, fwd+bwd 1.29x slower with it). */                            \
+     * in=out=1024, B=1024, 1 thread, fwd+bwd 1.29x slower with it), except a low B's, which       \
+     * always go through the chunk, widened there. */                                              \
     static inline __attribute__((always_inline)) void kf__rg_panel_##X(                            \
-        int nv, int64_t M, int64_t K, int64_t K0, T alpha, const T *A, int64_t am, int64_t aq,     \
-        const T *B0, const T *B1, int64_t ldb, const T *bias, bool acc, T *C, int64_t ldc) {       \
+        int nv, int64_t M, int64_t K, int64_t K0, T alpha, const TA *A, int64_t am, int64_t aq,    \
+        const TB *B0, const TB *B1, int64_t ldb, const TB *bias, bool acc, TC *C, int64_t ldc) {   \
         enum { L = kf__rg_lanes_##X };                                                             \
-        if (M <= KF__RG_MR || ldb * (int64_t)sizeof(T) < KF__RG_FAR_BYTES) {                       \
-            kf__rg_rows_##X(nv, M, K, K0, alpha, A, am, aq, B0, B1, ldb, bias, acc, C, ldc);       \
+        if (KF__RG_NATIVE_##b &&                                                                   \
+            (M <= KF__RG_MR || ldb * (int64_t)sizeof(TB) < KF__RG_FAR_BYTES)) {                    \
+            kf__rg_rows_##X(nv, M, K, K0, alpha, A, am, aq, (const T *)B0, (const T *)B1, ldb,     \
+                            bias, acc, C, ldc);                                                    \
             return;                                                                                \
         }                                                                                          \
-        VEC pk[KF__RG_KC * KF__RG_NV] __attribute__((aligned(32)));                                \
+        kf__v##v pk[KF__RG_KC * KF__RG_NV] __attribute__((aligned(32)));                           \
         for (int64_t q0 = 0; q0 < K; q0 += KF__RG_KC) {                                            \
             const int64_t kc = K - q0 < KF__RG_KC ? K - q0 : KF__RG_KC;                            \
             for (int64_t q = 0; q < kc; ++q) {                                                     \
-                const T *b = KF__RG_BROW(q0 + q);                                                  \
-                for (int v = 0; v < nv; ++v) pk[q * nv + v] = *(const VEC *)(b + v * L);           \
+                const TB *bq = KF__RG_BROW(q0 + q);                                                \
+                for (int u = 0; u < nv; ++u) pk[q * nv + u] = KF__RG_VLD_##b(bq + u * L);          \
             }                                                                                      \
             const T *bp = (const T *)pk;                                                           \
             kf__rg_rows_##X(nv, M, kc, kc, alpha, A + q0 * aq, am, aq, bp, bp, nv * L,             \
@@ -128,9 +191,10 @@
                                                                                                    \
     /* The contract in the header comment; K0 <= K (B1 unused where K0 = K). Panels of NV          \
      * vectors, then one of a single vector, then single columns. */                               \
-    static void kf__rowgemm_##X(int64_t M, int64_t n, int64_t K, int64_t K0, T alpha, const T *A,  \
-                                int64_t am, int64_t aq, const T *B0, const T *B1, int64_t ldb,     \
-                                const T *bias, bool acc, T *C, int64_t ldc) {                      \
+    static inline void kf__rowgemm_##X(int64_t M, int64_t n, int64_t K, int64_t K0, T alpha,       \
+                                       const TA *A, int64_t am, int64_t aq, const TB *B0,          \
+                                       const TB *B1, int64_t ldb, const TB *bias, bool acc,        \
+                                       TC *C, int64_t ldc) {                                       \
         enum { L = kf__rg_lanes_##X };                                                             \
         int64_t j = 0;                                                                             \
         for (; j + KF__RG_NV * L <= n; j += KF__RG_NV * L)                                         \
@@ -141,13 +205,15 @@
                             bias ? bias + j : 0, acc, C + j, ldc);                                 \
         for (; j < n; ++j)                                                                         \
             for (int64_t m = 0; m < M; ++m) {                                                      \
-                T s = 0;                                                                           \
+                T s_ = 0;                                                                          \
                 for (int64_t q = 0; q < K; ++q) {                                                  \
-                    const T *b = KF__RG_BROW(q);                                                   \
-                    s = KF__RG_SFMA_##X(A[m * am + q * aq], b[j], s);                              \
+                    const TB *bq = KF__RG_BROW(q);                                                 \
+                    s_ = KF__RG_SFMA_##v(KF__RG_GET_##a(A + m * am + q * aq),                      \
+                                        KF__RG_GET_##b(bq + j), s_);                               \
                 }                                                                                  \
-                T *d = C + m * ldc + j;                                                            \
-                *d = KF__RG_SFMA_##X(s, alpha, bias ? bias[j] : acc ? *d : 0);                     \
+                TC *d = C + m * ldc + j;                                                           \
+                KF__RG_PUT_##e(d, KF__RG_SFMA_##v(s_, alpha, bias ? KF__RG_GET_##b(bias + j)       \
+                                                            : acc ? KF__RG_GET_##e(d) : 0));       \
             }                                                                                      \
     }
 
@@ -155,7 +221,18 @@
 #define KF__RG_SFMA_s(a, b, c) __builtin_fmaf((a), (b), (c))
 #define KF__RG_SFMA_d(a, b, c) __builtin_fma((a), (b), (c))
 
-KF__ROWGEMM_DEFINE(float, s, kf__vs)
-KF__ROWGEMM_DEFINE(double, d, kf__vd)
+KF__ROWGEMM_DEFINE(sss, float, s, float, s, float, s, float, s)
+KF__ROWGEMM_DEFINE(ddd, double, d, double, d, double, d, double, d)
+/* The instances a low kind k (b, h) takes, named by the kinds of A, B and C: both operands low,
+ * one of them low, and the two with a low C (products whose result is rounded as written). */
+#define KF__ROWGEMM_LOW(k)                                                                         \
+    KF__ROWGEMM_DEFINE(k##k##s, uint16_t, k, uint16_t, k, float, s, float, s)                      \
+    KF__ROWGEMM_DEFINE(k##s##s, uint16_t, k, float, s, float, s, float, s)                         \
+    KF__ROWGEMM_DEFINE(s##k##s, float, s, uint16_t, k, float, s, float, s)                         \
+    KF__ROWGEMM_DEFINE(s##k##k, float, s, uint16_t, k, uint16_t, k, float, s)                      \
+    KF__ROWGEMM_DEFINE(s##s##k, float, s, float, s, uint16_t, k, float, s)
+
+KF__ROWGEMM_LOW(b)
+KF__ROWGEMM_LOW(h)
 
 #endif

@@ -27,12 +27,19 @@
  *    over `in`, then dx by blocks of `in`). The rule and the measured gain: KF__SKL_WIDE_ROWS.
  * The reductions over rows (dS1s, dS2s, dbias) are split by parameter columns in both.
  *
- * One implementation for both dtypes: KF__SKL_CPU_DEFINE(T, X) below defines the team functions
- * for element type T with the BLAS prefix X (s: float32, d: float64); the op picks them by the
- * plan's dtype. */
+ * One implementation for every dtype: KF__SKL_CPU_DEFINE below defines the team functions for a
+ * storage type (float32, float64, bfloat16, float16) and its arithmetic type (float32, or
+ * float64); the op picks them by the plan's dtype. A bfloat16 or float16 plan reads x, the
+ * weights and dy in place, widening them as the products load them (cpu/rowgemm.h's typed
+ * operands), computes in float32 and rounds each result once as it is written (y and dx in the
+ * products' epilogue; the parameter gradients through a float32 block, which the accumulation
+ * round(old + g) needs): no conversion passes over whole tensors, so it costs what float32 does
+ * (1.7.1; before, the conversion layer's passes made the 8192^2 B=64 forward 1.3x float32's on
+ * two threads, and 1.6x and more in a steady loop; benches/results/cpu_lowp.md). */
 #include "cpu_backend.h"
 
 #include "blas.h"
+#include "lowp.h"
 #include "rowgemm.h"
 #include "team.h"
 
@@ -88,7 +95,10 @@ typedef struct skl_layout {
     /* W1^T's row stride in elements: in plus one cache line, so that its 2r rows (read together
      * by dx's kf__rowgemm) do not all fall in one L1 set when in is a power of two */
     int64_t ldw;
-    bool rg; /* a narrow bottleneck: dZ on kf__rowgemm (skl_dz_X) */
+    bool rg; /* a narrow bottleneck, or a low-precision plan: dZ on kf__rowgemm (skl_dz_X) */
+    /* A low-precision plan's float32 results before they are rounded into its tensors: y [N,
+     * out] (forward); dx [N, in], dS1s [r, in], dS2s [r, out] (backward); 0 for the others */
+    size_t ysh, dxsh, d1sh, d2sh;
 } skl_layout;
 
 static skl_layout skl_layout_of(const struct kf_sklinear_plan *p, int64_t N) {
@@ -100,13 +110,23 @@ static skl_layout skl_layout_of(const struct kf_sklinear_plan *p, int64_t N) {
     size_t z = kf__align_up((size_t)(N * 2 * p->r) * e);
     lo.w1 = 0;
     lo.ldw = p->in + (int64_t)(64 / e);
-    lo.rg = 2 * p->r <= KF__SKL_RG_MAX;
+    const bool low = kf__dtype_is_lowp(p->dtype);
+    lo.rg = 2 * p->r <= KF__SKL_RG_MAX || low; /* BLAS takes no low operands */
     lo.b2 = lo.w1 + kf__align_up((size_t)(lo.ldw * 2 * p->r) * e);
     lo.z = lo.b2 + (lo.rg ? kf__align_up((size_t)(p->out * 2 * p->r) * e) : 0);
     lo.dz = lo.z + z;
     lo.part = lo.dz + z;
     const int64_t fwd = lo.nbi * 2, bwd = lo.nbi + lo.nbo * 2; /* in units of N r elements */
     lo.bytes = lo.part + (lo.wide ? (size_t)((fwd > bwd ? fwd : bwd) * N * p->r) * e : 0);
+    lo.ysh = lo.dxsh = lo.d1sh = lo.d2sh = 0;
+    if (low) {
+        lo.ysh = lo.dxsh = lo.bytes;
+        lo.d1sh = lo.dxsh + kf__align_up((size_t)(N * p->in) * e);
+        lo.d2sh = lo.d1sh + kf__align_up((size_t)(p->r * p->in) * e);
+        const size_t fsh = lo.ysh + kf__align_up((size_t)(N * p->out) * e),
+                     bsh = lo.d2sh + kf__align_up((size_t)(p->r * p->out) * e);
+        lo.bytes = fsh > bsh ? fsh : bsh;
+    }
     return lo;
 }
 
@@ -131,69 +151,95 @@ typedef struct skl_bwd_call {
     skl_layout lo;
 } skl_bwd_call;
 
-/* For element type T, BLAS prefix X:
- *  skl_pack_w1t_X: columns [a0, a1) of W1^T [2r, in] (row stride ldw; element (j, a): term
+/* Per storage kind (cpu/rowgemm.h): a result's store, whether a low kind is bfloat16, and where
+ * a product writes a result: the caller's tensor `dst` (float32, float64), or the float32 block
+ * at byte `off` of the workspace (bfloat16, float16; skl_out_X rounds it into `dst`). */
+#define KF__SKL_PUT_s(d, v) (*(d) = (v))
+#define KF__SKL_PUT_d(d, v) (*(d) = (v))
+#define KF__SKL_PUT_b(d, v) (*(d) = kf__lp_put((v), true))
+#define KF__SKL_PUT_h(d, v) (*(d) = kf__lp_put((v), false))
+#define KF__SKL_BF16_s false
+#define KF__SKL_BF16_d false
+#define KF__SKL_BF16_b true
+#define KF__SKL_BF16_h false
+#define KF__SKL_RES(k, dst, ws, off) (KF__RG_NATIVE_##k ? (void *)(dst) : skl_at((ws), (off)))
+/* Whether y and dx (products over K = 2r) are written by their products directly, rounded once
+ * in the epilogue: always for float32 and float64; for a low kind where 2r takes one pass over
+ * B's chunks (cpu/rowgemm.h: a low C takes no chunked K), else through a float32 block. */
+#define KF__SKL_DIRECT(k, r) (KF__RG_NATIVE_##k || 2 * (r) <= KF__RG_KC)
+
+/* For storage type TS of kind SK (cpu/rowgemm.h's kinds: s float, d double, b bfloat16, h
+ * float16) and arithmetic type T of kind CK (s or d; also the BLAS prefix), function suffix X:
+ *  skl_pack_w1t_X: columns [a0, a1) of W1^T [2r, in] in T (row stride ldw; element (j, a): term
  *    j % r / k of S1s (j < r) or U2s, column j % k);
- *  skl_pack_b2t_X: rows [o0, o1) of B2^T = [U1; S2]^T [out, 2r];
+ *  skl_pack_b2t_X: rows [o0, o1) of B2^T = [U1; S2]^T [out, 2r] in T;
  *  skl_z_X: Z[:, j0:2r] = x[:, a0:a1] W1[a0:a1, j0:2r] into Zj (column j0's address; row
  *    stride ldz), j0 = 0 or r (backward needs only the second half);
  *  skl_dz_X: dz [rows, 2r] = s dy[:, o0:o1] [U1; S2][:, o0:o1]^T;
  *  skl_sum_X: the wide split's partial sums, in block order;
- *  skl_fwd_team_X, skl_bwd_team_X: one thread's share of forward and backward. */
-#define KF__SKL_CPU_DEFINE(T, X)                                                                   \
-    static void skl_pack_w1t_##X(const struct kf_sklinear_plan *p, const T *S1, const T *U2,       \
+ *  skl_out_X: a low-precision plan's results, [rows, cols] of row stride ld, from their float32
+ *    block in the workspace into the caller's tensor: round(g), or round(old + g) (nothing for
+ *    float32 and float64 plans, whose products write the caller's tensors themselves);
+ *  skl_fwd_team_X, skl_bwd_team_X: one thread's share of forward and backward.
+ * The products read x, the weights and dy in place in TS (cpu/rowgemm.h's typed operands) and
+ * write T: the caller's tensor where TS is T, else the float32 block (KF__SKL_RES) that skl_out_X
+ * then rounds, block by block, by the thread that wrote it (still in its cache). */
+#define KF__SKL_CPU_DEFINE(X, TS, SK, T, CK)                                                       \
+    static void skl_pack_w1t_##X(const struct kf_sklinear_plan *p, const TS *S1, const TS *U2,     \
                                  T *W1T, int64_t ldw, int64_t a0, int64_t a1) {                    \
-        const int64_t in = p->in, k = p->k, r = p->r;                                              \
+        const int64_t in = p->in, kk = p->k, r = p->r;                                             \
         for (int64_t b0 = a0; b0 < a1; b0 += KF__SKL_TBLOCK) {                                     \
             const int64_t b1 = b0 + KF__SKL_TBLOCK < a1 ? b0 + KF__SKL_TBLOCK : a1;                \
             for (int64_t j = 0; j < 2 * r; ++j) {                                                  \
-                const T *src = (j < r ? S1 : U2) + (j % r / k) * in * k + j % k;                   \
+                const TS *src = (j < r ? S1 : U2) + (j % r / kk) * in * kk + j % kk;               \
                 T *dst = W1T + j * ldw;                                                            \
-                for (int64_t a = b0; a < b1; ++a) dst[a] = src[a * k];                             \
+                for (int64_t a = b0; a < b1; ++a) dst[a] = KF__RG_GET_##SK(src + a * kk);          \
             }                                                                                      \
         }                                                                                          \
     }                                                                                              \
                                                                                                    \
-    static void skl_pack_b2t_##X(const struct kf_sklinear_plan *p, const T *U1, const T *S2,       \
+    static void skl_pack_b2t_##X(const struct kf_sklinear_plan *p, const TS *U1, const TS *S2,     \
                                  T *B2T, int64_t o0, int64_t o1) {                                 \
         const int64_t out = p->out, r = p->r;                                                      \
         for (int64_t b0 = o0; b0 < o1; b0 += KF__SKL_TBLOCK) {                                     \
             const int64_t b1 = b0 + KF__SKL_TBLOCK < o1 ? b0 + KF__SKL_TBLOCK : o1;                \
             for (int64_t j = 0; j < 2 * r; ++j) {                                                  \
-                const T *src = (j < r ? U1 : S2) + (j % r) * out;                                  \
-                for (int64_t o = b0; o < b1; ++o) B2T[o * 2 * r + j] = src[o];                     \
+                const TS *src = (j < r ? U1 : S2) + (j % r) * out;                                 \
+                for (int64_t o = b0; o < b1; ++o) B2T[o * 2 * r + j] = KF__RG_GET_##SK(src + o);   \
             }                                                                                      \
         }                                                                                          \
     }                                                                                              \
                                                                                                    \
-    static void skl_z_##X(const struct kf_sklinear_plan *p, int64_t rows, const T *x,              \
-                          const T *S1, const T *U2, int64_t a0, int64_t a1, int64_t j0, T *Zj,     \
+    static void skl_z_##X(const struct kf_sklinear_plan *p, int64_t rows, const TS *x,             \
+                          const TS *S1, const TS *U2, int64_t a0, int64_t a1, int64_t j0, T *Zj,   \
                           int64_t ldz) {                                                           \
-        const int64_t in = p->in, k = p->k, r = p->r;                                              \
+        const int64_t in = p->in, kk = p->k, r = p->r;                                             \
         for (int64_t h = j0 / r; h < 2; ++h)                                                       \
             for (int64_t i = 0; i < p->L; ++i) {                                                   \
-                const T *b = (h ? U2 : S1) + (i * in + a0) * k;                                    \
-                kf__rowgemm_##X(rows, k, a1 - a0, a1 - a0, 1, x + a0, in, 1, b, b, k, NULL,        \
-                                false, Zj + h * r - j0 + i * k, ldz);                              \
+                const TS *w = (h ? U2 : S1) + (i * in + a0) * kk;                                  \
+                kf__rowgemm_##SK##SK##CK(rows, kk, a1 - a0, a1 - a0, 1, x + a0, in, 1, w, w, kk,   \
+                                         NULL, false, Zj + h * r - j0 + i * kk, ldz);              \
             }                                                                                      \
     }                                                                                              \
                                                                                                    \
-    /* Narrow: over B2^T's rows [o0, o1) (packed by the caller); wide: two BLAS GEMMs on U1 and    \
-     * S2 in place. */                                                                             \
+    /* Narrow (or low): over B2^T's rows [o0, o1) (packed by the caller); wide: two BLAS GEMMs     \
+     * on U1 and S2 in place. */                                                                   \
     static void skl_dz_##X(const struct kf_sklinear_plan *p, const skl_layout *lo, int64_t rows,   \
-                           const T *dy, const T *U1, const T *S2, const T *B2T, int64_t o0,        \
+                           const TS *dy, const TS *U1, const TS *S2, const T *B2T, int64_t o0,     \
                            int64_t o1, T *dz) {                                                    \
         const int64_t out = p->out, r = p->r;                                                      \
         const T s = (T)1 / ((T)2 * (T)p->L);                                                       \
         if (lo->rg) {                                                                              \
             const T *bt = B2T + o0 * 2 * r;                                                        \
-            kf__rowgemm_##X(rows, 2 * r, o1 - o0, o1 - o0, s, dy + o0, out, 1, bt, bt, 2 * r,      \
-                            NULL, false, dz, 2 * r);                                               \
+            kf__rowgemm_##SK##CK##CK(rows, 2 * r, o1 - o0, o1 - o0, s, dy + o0, out, 1, bt, bt,    \
+                                     2 * r, NULL, false, dz, 2 * r);                               \
             return;                                                                                \
         }                                                                                          \
-        kf__##X##gemm(false, true, rows, r, o1 - o0, s, dy + o0, out, U1 + o0, out, 0, dz, 2 * r); \
-        kf__##X##gemm(false, true, rows, r, o1 - o0, s, dy + o0, out, S2 + o0, out, 0, dz + r,     \
-                      2 * r);                                                                      \
+        /* TS is T here (a low plan is always lo->rg) */                                           \
+        kf__##CK##gemm(false, true, rows, r, o1 - o0, s, (const T *)dy + o0, out,                  \
+                      (const T *)U1 + o0, out, 0, dz, 2 * r);                                      \
+        kf__##CK##gemm(false, true, rows, r, o1 - o0, s, (const T *)dy + o0, out,                  \
+                      (const T *)S2 + o0, out, 0, dz + r, 2 * r);                                  \
     }                                                                                              \
                                                                                                    \
     /* dst [N, w] (row stride ld) = the sum over b < nb of part + b N w ([N, w] each), summed in   \
@@ -212,30 +258,67 @@ typedef struct skl_bwd_call {
         }                                                                                          \
     }                                                                                              \
                                                                                                    \
+    static void skl_out_##X(const T *res, TS *dst, int64_t rows, int64_t cols, int64_t ld,         \
+                            bool accumulate) {                                                     \
+        if (KF__RG_NATIVE_##SK) return;                                                            \
+        for (int64_t n = 0; n < rows; ++n)                                                         \
+            kf__lp_store_n((uint16_t *)dst + n * ld, (const float *)res + n * ld, cols,            \
+                           accumulate, KF__SKL_BF16_##SK);                                         \
+    }                                                                                              \
+                                                                                                   \
     /* db[o] (+)= sum over the N rows of dy[:, o], o in [o0, o1): rows outer, so the inner loop    \
-     * runs along memory; double accumulators, KF__SKL_COLSUM columns at a time. */                \
-    static void skl_colsum_##X(const T *dy, int64_t N, int64_t out, int64_t o0, int64_t o1,        \
-                               T *db, bool accumulate) {                                           \
+     * runs along memory; double accumulators, KF__SKL_COLSUM columns at a time; a low plan's      \
+     * sum is rounded to float32 first, then added to the old value in float32 and rounded. */     \
+    static void skl_colsum_##X(const TS *dy, int64_t N, int64_t out, int64_t o0, int64_t o1,       \
+                               TS *db, bool accumulate) {                                          \
         double acc[KF__SKL_COLSUM];                                                                \
         for (int64_t c0 = o0; c0 < o1; c0 += KF__SKL_COLSUM) {                                     \
             const int64_t w = o1 - c0 < KF__SKL_COLSUM ? o1 - c0 : KF__SKL_COLSUM;                 \
             for (int64_t j = 0; j < w; ++j) acc[j] = 0.0;                                          \
             for (int64_t n = 0; n < N; ++n)                                                        \
-                for (int64_t j = 0; j < w; ++j) acc[j] += dy[n * out + c0 + j];                    \
-            for (int64_t j = 0; j < w; ++j)                                                        \
-                db[c0 + j] = accumulate ? (T)(db[c0 + j] + acc[j]) : (T)acc[j];                    \
+                for (int64_t j = 0; j < w; ++j) acc[j] += KF__RG_GET_##SK(dy + n * out + c0 + j);  \
+            for (int64_t j = 0; j < w; ++j) {                                                      \
+                TS *d = db + c0 + j;                                                               \
+                const T v = !accumulate ? (T)acc[j]                                                \
+                            : KF__RG_NATIVE_##SK ? (T)(KF__RG_GET_##SK(d) + acc[j])                \
+                                                 : KF__RG_GET_##SK(d) + (T)acc[j];                 \
+                KF__SKL_PUT_##SK(d, v);                                                            \
+            }                                                                                      \
         }                                                                                          \
     }                                                                                              \
                                                                                                    \
-    /* y[rows, o0:o1] = s Z_rows [U1; S2][:, o0:o1] + bias: the second stage for a block of rows   \
-     * (row split) or of output columns (wide split). */                                           \
+    /* y[rows, o0:o1] = s Z_rows [U1; S2][:, o0:o1] + bias (row stride out): the second stage      \
+     * for a block of rows (row split) or of output columns (wide split); through the float32      \
+     * block ys unless direct (KF__SKL_DIRECT). */                                                 \
     static void skl_stage2_##X(const struct kf_sklinear_plan *p, const T *z, int64_t rows,         \
-                               const T *U1, const T *S2, const T *bias, int64_t o0, int64_t o1,    \
-                               T *y) {                                                             \
+                               const TS *U1, const TS *S2, const TS *bias, int64_t o0,             \
+                               int64_t o1, TS *y, T *ys) {                                         \
         const int64_t out = p->out, r = p->r;                                                      \
         const T s = (T)1 / ((T)2 * (T)p->L);                                                       \
-        kf__rowgemm_##X(rows, o1 - o0, 2 * r, r, s, z, 2 * r, 1, U1 + o0, S2 + o0, out,            \
-                   bias ? bias + o0 : NULL, false, y + o0, out);                                   \
+        const TS *b = bias ? bias + o0 : NULL;                                                     \
+        if (KF__SKL_DIRECT(SK, r)) {                                                               \
+            kf__rowgemm_##CK##SK##SK(rows, o1 - o0, 2 * r, r, s, z, 2 * r, 1, U1 + o0, S2 + o0,    \
+                                     out, b, false, y + o0, out);                                  \
+            return;                                                                                \
+        }                                                                                          \
+        kf__rowgemm_##CK##SK##CK(rows, o1 - o0, 2 * r, r, s, z, 2 * r, 1, U1 + o0, S2 + o0, out,   \
+                                 b, false, ys + o0, out);                                          \
+        skl_out_##X(ys + o0, y + o0, rows, o1 - o0, out, false);                                   \
+    }                                                                                              \
+                                                                                                   \
+    /* dx[rows, a0:a1] = dz W1[a0:a1, :]^T (row stride in), from W1^T packed; through the          \
+     * float32 block dxs unless direct (KF__SKL_DIRECT). */                                        \
+    static void skl_dx_##X(const struct kf_sklinear_plan *p, const skl_layout *lo, const T *dz,    \
+                           const T *W1T, int64_t rows, int64_t a0, int64_t a1, TS *dx, T *dxs) {   \
+        const int64_t in = p->in, r = p->r;                                                        \
+        if (KF__SKL_DIRECT(SK, r)) {                                                               \
+            kf__rowgemm_##CK##CK##SK(rows, a1 - a0, 2 * r, 2 * r, 1, dz, 2 * r, 1, W1T + a0,       \
+                                     W1T + a0, lo->ldw, NULL, false, dx + a0, in);                 \
+            return;                                                                                \
+        }                                                                                          \
+        kf__rowgemm_##CK##CK##CK(rows, a1 - a0, 2 * r, 2 * r, 1, dz, 2 * r, 1, W1T + a0,           \
+                                 W1T + a0, lo->ldw, NULL, false, dxs + a0, in);                    \
+        skl_out_##X(dxs + a0, dx + a0, rows, a1 - a0, in, false);                                  \
     }                                                                                              \
                                                                                                    \
     static void skl_fwd_team_##X(void *arg, int tid, int nth) {                                    \
@@ -243,8 +326,10 @@ typedef struct skl_bwd_call {
         const skl_layout *lo = &((const skl_fwd_call *)arg)->lo;                                   \
         const struct kf_sklinear_plan *p = c->plan;                                                \
         const int64_t in = p->in, out = p->out, r = p->r, N = c->N;                                \
-        const T *x = c->x;                                                                         \
+        const TS *x = c->x;                                                                        \
         T *Z = skl_at(c->ws, lo->z), *P = skl_at(c->ws, lo->part);                                 \
+        TS *Y = c->y;                                                                              \
+        T *Ys = skl_at(c->ws, lo->ysh);                                                            \
         int64_t a0, a1, n0, n1, o0, o1;                                                            \
         if (lo->wide) {                                                                            \
             /* Z = x W1 by blocks of `in` */                                                       \
@@ -258,14 +343,14 @@ typedef struct skl_bwd_call {
             }                                                                                      \
             _Pragma("omp barrier")                                                                 \
             for (int64_t b = tid; skl_block(out, skl_cols(out), b, &o0, &o1); b += nth)            \
-                skl_stage2_##X(p, Z, N, c->U1, c->S2, c->bias, o0, o1, c->y);                      \
+                skl_stage2_##X(p, Z, N, c->U1, c->S2, c->bias, o0, o1, Y, Ys);                     \
             return;                                                                                \
         }                                                                                          \
         for (int64_t b = tid; skl_block(N, KF__SKL_ROWS, b, &n0, &n1); b += nth) {                 \
             T *z = Z + n0 * 2 * r;                                                                 \
             skl_z_##X(p, n1 - n0, x + n0 * in, c->S1, c->U2, 0, in, 0, z, 2 * r);                  \
-            skl_stage2_##X(p, z, n1 - n0, c->U1, c->S2, c->bias, 0, out,                           \
-                           (T *)c->y + n0 * out);                                                  \
+            skl_stage2_##X(p, z, n1 - n0, c->U1, c->S2, c->bias, 0, out, Y + n0 * out,             \
+                           Ys + n0 * out);                                                         \
         }                                                                                          \
     }                                                                                              \
                                                                                                    \
@@ -275,7 +360,7 @@ typedef struct skl_bwd_call {
     static void skl_bwd_wide_##X(const kf__skl_bwd *c, const skl_layout *lo, int tid, int nth) {   \
         const struct kf_sklinear_plan *p = c->plan;                                                \
         const int64_t in = p->in, out = p->out, r = p->r, N = c->N;                                \
-        const T *x = c->x, *U1 = c->U1, *S2 = c->S2, *DY = c->dy;                                  \
+        const TS *x = c->x, *U1 = c->U1, *S2 = c->S2, *DY = c->dy;                                 \
         T *W1T = skl_at(c->ws, lo->w1), *B2T = skl_at(c->ws, lo->b2);                              \
         T *Z = skl_at(c->ws, lo->z), *dZ = skl_at(c->ws, lo->dz);                                  \
         T *Pz = skl_at(c->ws, lo->part), *Pd = Pz + lo->nbi * N * r;                               \
@@ -304,11 +389,14 @@ typedef struct skl_bwd_call {
         const kf__skl_bwd *c = ((const skl_bwd_call *)arg)->c;                                     \
         const skl_layout *lo = &((const skl_bwd_call *)arg)->lo;                                   \
         const struct kf_sklinear_plan *p = c->plan;                                                \
-        const int64_t in = p->in, out = p->out, r = p->r, k = p->k, N = c->N;                      \
+        const int64_t in = p->in, out = p->out, r = p->r, kk = p->k, N = c->N;                     \
         const T s = (T)1 / ((T)2 * (T)p->L);                                                       \
-        const bool acc = c->accumulate;                                                            \
-        const T *x = c->x, *U1 = c->U1, *S2 = c->S2, *DY = c->dy;                                  \
-        T *dX = c->dx, *dS1 = c->dS1, *dS2 = c->dS2, *db = c->db;                                  \
+        const bool acc = c->accumulate, pacc = KF__RG_NATIVE_##SK && acc;                          \
+        const TS *x = c->x, *U1 = c->U1, *S2 = c->S2, *DY = c->dy;                                 \
+        TS *dX = c->dx;                                                                            \
+        T *dXs = skl_at(c->ws, lo->dxsh);                                                          \
+        T *dS1 = c->dS1 ? KF__SKL_RES(SK, c->dS1, c->ws, lo->d1sh) : NULL;                         \
+        T *dS2 = c->dS2 ? KF__SKL_RES(SK, c->dS2, c->ws, lo->d2sh) : NULL;                         \
         T *W1T = skl_at(c->ws, lo->w1), *B2T = skl_at(c->ws, lo->b2);                              \
         T *Z = skl_at(c->ws, lo->z), *dZ = skl_at(c->ws, lo->dz);                                  \
         int64_t a0, a1, n0, n1, o0, o1;                                                            \
@@ -328,9 +416,7 @@ typedef struct skl_bwd_call {
                     skl_z_##X(p, rows, x + n0 * in, c->S1, c->U2, 0, in, r,                        \
                               Z + n0 * 2 * r + r, 2 * r);                                          \
                 skl_dz_##X(p, lo, rows, DY + n0 * out, U1, S2, B2T, 0, out, dz);                   \
-                if (dX)                                                                            \
-                    kf__rowgemm_##X(rows, in, 2 * r, 2 * r, 1, dz, 2 * r, 1, W1T, W1T, lo->ldw,    \
-                               NULL, false, dX + n0 * in, in);                                     \
+                if (dX) skl_dx_##X(p, lo, dz, W1T, rows, 0, in, dX + n0 * in, dXs + n0 * in);      \
             }                                                                                      \
         }                                                                                          \
         _Pragma("omp barrier")                                                                     \
@@ -338,36 +424,52 @@ typedef struct skl_bwd_call {
          * input column. dS2 = s Z[:, r:]^T dy and dS1_i = x^T dZ[:, i k:(i + 1) k] go straight    \
          * into the parameter layouts ([L, k, out] and [L, in, k]). */                             \
         for (int64_t b = tid; skl_block(out, skl_cols(out), b, &o0, &o1); b += nth) {              \
-            if (dS2)                                                                               \
-                kf__rowgemm_##X(r, o1 - o0, N, N, s, Z + r, 1, 2 * r, DY + o0, DY + o0, out, NULL, \
-                           acc, dS2 + o0, out);                                                    \
-            if (db) skl_colsum_##X(DY, N, out, o0, o1, db, acc);                                   \
+            if (dS2) {                                                                             \
+                kf__rowgemm_##CK##SK##CK(r, o1 - o0, N, N, s, Z + r, 1, 2 * r, DY + o0, DY + o0,   \
+                                         out, NULL, pacc, dS2 + o0, out);                          \
+                skl_out_##X(dS2 + o0, (TS *)c->dS2 + o0, r, o1 - o0, out, acc);                    \
+            }                                                                                      \
+            if (c->db) skl_colsum_##X(DY, N, out, o0, o1, c->db, acc);                             \
         }                                                                                          \
         for (int64_t b = tid; skl_block(in, skl_cols(in), b, &a0, &a1); b += nth) {                \
-            if (dX && lo->wide)                                                                    \
-                kf__rowgemm_##X(N, a1 - a0, 2 * r, 2 * r, 1, dZ, 2 * r, 1, W1T + a0, W1T + a0,     \
-                           lo->ldw, NULL, false, dX + a0, in);                                     \
+            if (dX && lo->wide) skl_dx_##X(p, lo, dZ, W1T, N, a0, a1, dX, dXs);                    \
             if (dS1)                                                                               \
-                for (int64_t i = 0; i < p->L; ++i)                                                 \
-                    kf__rowgemm_##X(a1 - a0, k, N, N, 1, x + a0, 1, in, dZ + i * k, dZ + i * k,    \
-                               2 * r, NULL, acc, dS1 + (i * in + a0) * k, k);                      \
+                for (int64_t i = 0; i < p->L; ++i) {                                               \
+                    T *d1 = dS1 + (i * in + a0) * kk;                                              \
+                    kf__rowgemm_##SK##CK##CK(a1 - a0, kk, N, N, 1, x + a0, 1, in, dZ + i * kk,     \
+                                             dZ + i * kk, 2 * r, NULL, pacc, d1, kk);              \
+                    skl_out_##X(d1, (TS *)c->dS1 + (i * in + a0) * kk, 1, (a1 - a0) * kk, 0,       \
+                                acc);                                                              \
+                }                                                                                  \
         }                                                                                          \
     }
 
-KF__SKL_CPU_DEFINE(float, s)
-KF__SKL_CPU_DEFINE(double, d)
+KF__SKL_CPU_DEFINE(s, float, s, float, s)
+KF__SKL_CPU_DEFINE(d, double, d, double, d)
+KF__SKL_CPU_DEFINE(b, uint16_t, b, float, s)
+KF__SKL_CPU_DEFINE(h, uint16_t, h, float, s)
 
 static kf_status skl_forward(kf_context *ctx, const kf__skl_fwd *c) {
     skl_fwd_call call = {.c = c, .lo = skl_layout_of(c->plan, c->N)};
+    const int32_t dt = c->plan->dtype;
     kf__cpu_team(skl_team_size(ctx, c->plan, c->N),
-                 c->plan->dtype == KF_DTYPE_F64 ? skl_fwd_team_d : skl_fwd_team_s, &call);
+                 dt == KF_DTYPE_F64    ? skl_fwd_team_d
+                 : dt == KF_DTYPE_BF16 ? skl_fwd_team_b
+                 : dt == KF_DTYPE_F16  ? skl_fwd_team_h
+                                       : skl_fwd_team_s,
+                 &call);
     return KF_OK;
 }
 
 static kf_status skl_backward(kf_context *ctx, const kf__skl_bwd *c) {
     skl_bwd_call call = {.c = c, .lo = skl_layout_of(c->plan, c->N)};
+    const int32_t dt = c->plan->dtype;
     kf__cpu_team(skl_team_size(ctx, c->plan, c->N),
-                 c->plan->dtype == KF_DTYPE_F64 ? skl_bwd_team_d : skl_bwd_team_s, &call);
+                 dt == KF_DTYPE_F64    ? skl_bwd_team_d
+                 : dt == KF_DTYPE_BF16 ? skl_bwd_team_b
+                 : dt == KF_DTYPE_F16  ? skl_bwd_team_h
+                                       : skl_bwd_team_s,
+                 &call);
     return KF_OK;
 }
 

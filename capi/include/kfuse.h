@@ -102,8 +102,8 @@ KF_API const char *kf_last_error_message(void);
  * On CUDA the KAN layers (since 1.7) and SKLinear (since 1.7.1) run their products on the tensor
  * cores, so a product's operands are in the type too (the KAN bases and combined weight,
  * SKLinear's bottleneck: rounded as torch's own low-precision layers round them). Their
- * workspace queries include float32 copies of the call's tensors (or the low-type operands);
- * the recurrent reserves are float32's. */
+ * workspace queries include float32 copies of the call's tensors where a backend converts
+ * them (the low-type operands where it does not); the recurrent reserves are float32's. */
 typedef enum kf_dtype {
     KF_DTYPE_F32 = 1, /* IEEE binary32: the only dtype of 1.0's ops */
     KF_DTYPE_F64 = 2, /* IEEE binary64: every op on the CPU backend since 1.4 */

@@ -339,6 +339,15 @@ Test(lowp, sklinear) {
     /* x, y, dy, dx of 81920 elements: the vector conversions split over 2 threads */
     check_skl(KF_DTYPE_BF16, 320, 256, 256, 1, 16);
     check_skl(KF_DTYPE_F16, 320, 256, 256, 1, 16);
+    /* the CPU's wide split (few rows, in and out over two blocks each); a bottleneck wider than
+     * the float32 plans take on kf__rowgemm (2r = 144); one over 256, whose y and dx the CPU
+     * rounds through float32 blocks (cpu/sklinear.c, KF__SKL_DIRECT) */
+    check_skl(KF_DTYPE_BF16, 64, 640, 576, 2, 8);
+    check_skl(KF_DTYPE_F16, 64, 640, 576, 2, 8);
+    check_skl(KF_DTYPE_BF16, 40, 48, 40, 3, 24);
+    check_skl(KF_DTYPE_F16, 40, 48, 40, 3, 24);
+    check_skl(KF_DTYPE_BF16, 20, 40, 36, 3, 48);
+    check_skl(KF_DTYPE_F16, 300, 40, 36, 3, 48);
 }
 
 /* ---- KANLinear and KANConv2d ----------------------------------------------------------------

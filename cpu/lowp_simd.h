@@ -1,0 +1,88 @@
+/* bfloat16 and float16 to and from float32 in the CPU backend's kernels: 8 values at a time as a
+ * kf__vs (AVX2 + F16C where the build has them; elsewhere lane by lane), and one at a time.
+ * The rounding is core/lowp.h's (to nearest, ties to even; a NaN stays a quiet NaN; a float16
+ * overflow is an infinity), which these vectorise: F16C rounds as core/lowp.h does on every
+ * float32 input, bfloat16 is integer arithmetic on the bits. Used by the conversion layer's
+ * routine (cpu/lowp.c) and by the kernels that read and write the low types in place
+ * (cpu/rowgemm.h's typed operands, cpu/sklinear.c). `bf16` selects the type (float16 otherwise);
+ * the callers pass a constant, so each type gets its own inlined code. */
+#ifndef KF_CPU_LOWP_SIMD_H
+#define KF_CPU_LOWP_SIMD_H
+
+#include "lowp.h"
+#include "simd.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#if defined(__AVX2__) && defined(__F16C__)
+#include <immintrin.h>
+#define KF__LP_AVX2 1
+#endif
+
+static inline __attribute__((always_inline)) float kf__lp_get(uint16_t h, bool bf16) {
+#ifdef KF__LP_AVX2
+    if (!bf16) return _cvtsh_ss(h);
+#endif
+    return bf16 ? kf__bf16_to_f32(h) : kf__f16_to_f32(h);
+}
+
+static inline __attribute__((always_inline)) uint16_t kf__lp_put(float f, bool bf16) {
+    return bf16 ? kf__f32_to_bf16(f) : kf__f32_to_f16(f);
+}
+
+static inline __attribute__((always_inline)) kf__vs kf__lp_load8(const uint16_t *s, bool bf16) {
+#ifdef KF__LP_AVX2
+    const __m128i h = _mm_loadu_si128((const __m128i *)s);
+    if (!bf16) return (kf__vs)_mm256_cvtph_ps(h);
+    return (kf__vs)_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+#else
+    kf__vs v;
+    for (int i = 0; i < 8; ++i) v[i] = kf__lp_get(s[i], bf16);
+    return v;
+#endif
+}
+
+static inline __attribute__((always_inline)) void kf__lp_store8(uint16_t *d, kf__vs v, bool bf16) {
+#ifdef KF__LP_AVX2
+    if (!bf16) {
+        _mm_storeu_si128((__m128i *)d, _mm256_cvtps_ph((__m256)v, _MM_FROUND_TO_NEAREST_INT |
+                                                                      _MM_FROUND_NO_EXC));
+        return;
+    }
+    const __m256i u = _mm256_castps_si256((__m256)v);
+    const __m256i a = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+    const __m256i nan = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7f800000));
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i rnd = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd));
+    const __m256i q = _mm256_or_si256(u, _mm256_set1_epi32(0x400000));
+    const __m256i r = _mm256_srli_epi32(_mm256_blendv_epi8(rnd, q, nan), 16);
+    const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128((__m128i *)d, _mm256_castsi256_si128(p));
+#else
+    for (int i = 0; i < 8; ++i) d[i] = kf__lp_put(v[i], bf16);
+#endif
+}
+
+/* f[i] = d[i] widened, for i < n. */
+static inline __attribute__((always_inline)) void kf__lp_load_n(float *f, const uint16_t *d,
+                                                                 int64_t n, bool bf16) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) *(kf__vs *)(f + i) = kf__lp_load8(d + i, bf16);
+    for (; i < n; ++i) f[i] = kf__lp_get(d[i], bf16);
+}
+
+/* d[i] = round(f[i]) for i < n, or with `acc` round(d[i] + f[i]) (the sum in float32). */
+static inline __attribute__((always_inline)) void kf__lp_store_n(uint16_t *d, const float *f,
+                                                                  int64_t n, bool acc,
+                                                                  bool bf16) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        kf__vs v = *(const kf__vs *)(f + i);
+        if (acc) v += kf__lp_load8(d + i, bf16);
+        kf__lp_store8(d + i, v, bf16);
+    }
+    for (; i < n; ++i) d[i] = kf__lp_put(acc ? kf__lp_get(d[i], bf16) + f[i] : f[i], bf16);
+}
+
+#endif
