@@ -97,7 +97,8 @@ typedef struct skl_layout {
     int64_t ldw;
     bool rg; /* a narrow bottleneck, or a low-precision plan: dZ on kf__rowgemm (skl_dz_X) */
     /* A low-precision plan's float32 results before they are rounded into its tensors: y [N,
-     * out] (forward); dx [N, in], dS1s [r, in], dS2s [r, out] (backward); 0 for the others */
+     * out] (forward); dx [N, in], dS1s [r, in], dS2s [r, out] (backward); y's and dx's empty
+     * where they are written directly; 0 for the other dtypes */
     size_t ysh, dxsh, d1sh, d2sh;
 } skl_layout;
 
@@ -120,10 +121,13 @@ static skl_layout skl_layout_of(const struct kf_sklinear_plan *p, int64_t N) {
     lo.bytes = lo.part + (lo.wide ? (size_t)((fwd > bwd ? fwd : bwd) * N * p->r) * e : 0);
     lo.ysh = lo.dxsh = lo.d1sh = lo.d2sh = 0;
     if (low) {
+        /* y and dx go through blocks only where they are not written directly (2r > 256:
+         * KF__SKL_DIRECT) */
+        const bool blocks = 2 * p->r > KF__RG_KC;
         lo.ysh = lo.dxsh = lo.bytes;
-        lo.d1sh = lo.dxsh + kf__align_up((size_t)(N * p->in) * e);
+        lo.d1sh = lo.dxsh + (blocks ? kf__align_up((size_t)(N * p->in) * e) : 0);
         lo.d2sh = lo.d1sh + kf__align_up((size_t)(p->r * p->in) * e);
-        const size_t fsh = lo.ysh + kf__align_up((size_t)(N * p->out) * e),
+        const size_t fsh = lo.ysh + (blocks ? kf__align_up((size_t)(N * p->out) * e) : 0),
                      bsh = lo.d2sh + kf__align_up((size_t)(p->r * p->out) * e);
         lo.bytes = fsh > bsh ? fsh : bsh;
     }
