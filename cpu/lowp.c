@@ -13,25 +13,10 @@
 /* Elements [lo, hi) of `c`; inlined with `bf16` a constant, so each type gets its own loop. */
 static inline __attribute__((always_inline)) void lp_cvt_range(const kf__lp_cvt *c, int64_t lo,
                                                                int64_t hi, bool bf16) {
-    uint16_t *low = c->low;
-    float *f = c->f;
-    int64_t i = lo;
-    for (; i + 8 <= hi; i += 8) {
-        if (c->dir == KF__LP_LOAD)
-            *(kf__vs *)(f + i) = kf__lp_load8(low + i, bf16);
-        else if (c->dir == KF__LP_STORE)
-            kf__lp_store8(low + i, *(const kf__vs *)(f + i), bf16);
-        else
-            kf__lp_store8(low + i, kf__lp_load8(low + i, bf16) + *(const kf__vs *)(f + i), bf16);
-    }
-    for (; i < hi; ++i) {
-        if (c->dir == KF__LP_LOAD)
-            f[i] = kf__lp_get(low[i], bf16);
-        else if (c->dir == KF__LP_STORE)
-            low[i] = kf__lp_put(f[i], bf16);
-        else
-            low[i] = kf__lp_put(kf__lp_get(low[i], bf16) + f[i], bf16);
-    }
+    if (c->dir == KF__LP_LOAD)
+        kf__lp_load_n(c->f + lo, c->low + lo, hi - lo, bf16);
+    else
+        kf__lp_store_n(c->low + lo, c->f + lo, hi - lo, c->dir == KF__LP_ACC, bf16);
 }
 
 /* Below this many elements in all, a pass's conversions stay in the calling thread. */

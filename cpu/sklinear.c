@@ -102,6 +102,10 @@ typedef struct skl_layout {
     size_t ysh, dxsh, d1sh, d2sh;
 } skl_layout;
 
+/* Whether a low plan's y and dx (products over K = 2r) go through float32 blocks: where 2r takes
+ * more than one pass over B's chunks (cpu/rowgemm.h: a low C takes no chunked K). */
+#define KF__SKL_BLOCKS(r) (2 * (r) > KF__RG_KC)
+
 static skl_layout skl_layout_of(const struct kf_sklinear_plan *p, int64_t N) {
     skl_layout lo;
     const size_t e = p->dtype == KF_DTYPE_F64 ? sizeof(double) : sizeof(float);
@@ -121,9 +125,7 @@ static skl_layout skl_layout_of(const struct kf_sklinear_plan *p, int64_t N) {
     lo.bytes = lo.part + (lo.wide ? (size_t)((fwd > bwd ? fwd : bwd) * N * p->r) * e : 0);
     lo.ysh = lo.dxsh = lo.d1sh = lo.d2sh = 0;
     if (low) {
-        /* y and dx go through blocks only where they are not written directly (2r > 256:
-         * KF__SKL_DIRECT) */
-        const bool blocks = 2 * p->r > KF__RG_KC;
+        const bool blocks = KF__SKL_BLOCKS(p->r); /* y's and dx's blocks */
         lo.ysh = lo.dxsh = lo.bytes;
         lo.d1sh = lo.dxsh + (blocks ? kf__align_up((size_t)(N * p->in) * e) : 0);
         lo.d2sh = lo.d1sh + kf__align_up((size_t)(p->r * p->in) * e);
@@ -155,22 +157,17 @@ typedef struct skl_bwd_call {
     skl_layout lo;
 } skl_bwd_call;
 
-/* Per storage kind (cpu/rowgemm.h): a result's store, whether a low kind is bfloat16, and where
- * a product writes a result: the caller's tensor `dst` (float32, float64), or the float32 block
- * at byte `off` of the workspace (bfloat16, float16; skl_out_X rounds it into `dst`). */
-#define KF__SKL_PUT_s(d, v) (*(d) = (v))
-#define KF__SKL_PUT_d(d, v) (*(d) = (v))
-#define KF__SKL_PUT_b(d, v) (*(d) = kf__lp_put((v), true))
-#define KF__SKL_PUT_h(d, v) (*(d) = kf__lp_put((v), false))
+/* Per storage kind (cpu/rowgemm.h): whether a low kind is bfloat16, and where a product writes
+ * a result: the caller's tensor `dst` (float32, float64), or the float32 block at byte `off` of
+ * the workspace (bfloat16, float16; skl_out_X rounds it into `dst`). */
 #define KF__SKL_BF16_s false
 #define KF__SKL_BF16_d false
 #define KF__SKL_BF16_b true
 #define KF__SKL_BF16_h false
 #define KF__SKL_RES(k, dst, ws, off) (KF__RG_NATIVE_##k ? (void *)(dst) : skl_at((ws), (off)))
 /* Whether y and dx (products over K = 2r) are written by their products directly, rounded once
- * in the epilogue: always for float32 and float64; for a low kind where 2r takes one pass over
- * B's chunks (cpu/rowgemm.h: a low C takes no chunked K), else through a float32 block. */
-#define KF__SKL_DIRECT(k, r) (KF__RG_NATIVE_##k || 2 * (r) <= KF__RG_KC)
+ * in the epilogue: always for float32 and float64; for a low kind unless KF__SKL_BLOCKS. */
+#define KF__SKL_DIRECT(k, r) (KF__RG_NATIVE_##k || !KF__SKL_BLOCKS(r))
 
 /* For storage type TS of kind SK (cpu/rowgemm.h's kinds: s float, d double, b bfloat16, h
  * float16) and arithmetic type T of kind CK (s or d; also the BLAS prefix), function suffix X:
@@ -286,7 +283,7 @@ typedef struct skl_bwd_call {
                 const T v = !accumulate ? (T)acc[j]                                                \
                             : KF__RG_NATIVE_##SK ? (T)(KF__RG_GET_##SK(d) + acc[j])                \
                                                  : KF__RG_GET_##SK(d) + (T)acc[j];                 \
-                KF__SKL_PUT_##SK(d, v);                                                            \
+                KF__RG_PUT_##SK(d, v);                                                            \
             }                                                                                      \
         }                                                                                          \
     }                                                                                              \
