@@ -23,6 +23,7 @@ typedef struct bench_args {
     long reps, warmup;
     int no_dx;          /* kfuse only: skip dx in backward (dx is computed by default) */
     int fwd_only;       /* skip forward+backward */
+    const char *dtype;  /* kfuse only: "f32", "bf16" or "f16" (bench_device.h parses it) */
 } bench_args;
 
 static const char *bench_name = "bench";
@@ -51,9 +52,9 @@ static void bench_usage(const char *prog) {
     fprintf(stderr,
             "usage: %s [--cell gru|agru] [--T n] [--I n] [--H n] [--B n] [--layers n]\n"
             "          [--threads n] [--device cpu|cuda] [--reps n] [--warmup n]\n"
-            "          [--no-dx] [--fwd-only]\n"
+            "          [--no-dx] [--fwd-only] [--dtype f32|bf16|f16]\n"
             "Defaults: --cell gru --T 28 --I 28 --H 128 --B 128 --layers 1 --threads 0\n"
-            "          --device cpu --reps 20 --warmup 3. Prints one JSON line.\n",
+            "          --device cpu --reps 20 --warmup 3 --dtype f32. Prints one JSON line.\n",
             prog);
 }
 
@@ -82,7 +83,7 @@ static void bench_parse(int argc, char **argv, bench_args *a) {
     a->cell = "gru";
     a->device = "cpu";
     a->T = 28; a->I = 28; a->H = 128; a->B = 128; a->layers = 1;
-    a->threads = 0; a->reps = 20; a->warmup = 3; a->no_dx = 0; a->fwd_only = 0;
+    a->threads = 0; a->reps = 20; a->warmup = 3; a->no_dx = 0; a->fwd_only = 0; a->dtype = "f32";
     for (int i = 1; i < argc; ++i) {
         const char *f = argv[i];
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { bench_usage(argv[0]); exit(0); }
@@ -99,6 +100,7 @@ static void bench_parse(int argc, char **argv, bench_args *a) {
         else if (!strcmp(f, "--threads")) a->threads = bench_parse_long(f, v, 0);
         else if (!strcmp(f, "--reps")) a->reps = bench_parse_long(f, v, 1);
         else if (!strcmp(f, "--warmup")) a->warmup = bench_parse_long(f, v, 0);
+        else if (!strcmp(f, "--dtype")) a->dtype = v;
         else { bench_usage(argv[0]); bench_fail("unknown argument '%s'", f); }
     }
     if (strcmp(a->cell, "gru") && strcmp(a->cell, "agru"))

@@ -2,7 +2,10 @@
  *
  *   kf_bench_rnn --cell gru|agru --T 28 --I 28 --H 128 --B 128 --layers 1 --threads 0
  *                --device cpu|cuda --reps 20 --warmup 3 [--no-dx] [--fwd-only]
+ *                [--dtype f32|bf16|f16]
  *
+ * --dtype bf16 or f16 makes the plan and every tensor of that type (the values drawn in float32
+ * and rounded: issue 16's bfloat16-against-float32 row).
  * forward:          kf_rnn_forward(KF_MODE_INFERENCE), writing y and hn.
  * forward+backward: kf_rnn_forward(KF_MODE_TRAINING) then kf_rnn_backward(KF_GRAD_OVERWRITE) with
  *                   a random dy (dhn absent), writing dx (unless --no-dx) and every weight
@@ -55,6 +58,7 @@ int main(int argc, char **argv) {
     bench_args a;
     bench_parse(argc, argv, &a);
     on_cuda = !strcmp(a.device, "cuda");
+    dev_dtype = bench_parse_dtype(a.dtype);
     const int agru = !strcmp(a.cell, "agru");
     const int training = !a.fwd_only;
 
@@ -66,6 +70,7 @@ int main(int argc, char **argv) {
     rd.num_layers = (int32_t)a.layers;
     rd.input_size = a.I;
     rd.hidden_size = a.H;
+    rd.dtype = dev_dtype;
     kf_rnn_plan *plan = NULL;
     KF_CHECK_CALL(kf_rnn_plan_create(ctx, &rd, &plan));
 
@@ -80,27 +85,27 @@ int main(int argc, char **argv) {
         int32_t nd = 0;
         int64_t shape[KF_MAX_DIMS];
         KF_CHECK_CALL(kf_rnn_weight_info(plan, i, &name, &nd, shape));
-        KF_CHECK_CALL(kf_tensor_init(&w[i], NULL, KF_DTYPE_F32, nd, shape));
+        KF_CHECK_CALL(kf_tensor_init(&w[i], NULL, dev_dtype, nd, shape));
         size_t n = numel(&w[i]);
         const size_t len = strlen(name);
         const int is_eps = len >= 7 && !strcmp(name + len - 7, "epsilon");
         w[i].data = is_eps ? dev_random(n, 0.05f, 0.15f) : dev_random(n, -k, k);
-        float *g = dev_alloc(n * sizeof(float));
-        KF_CHECK_CALL(kf_tensor_init(&dw[i], g, KF_DTYPE_F32, nd, shape));
+        void *g = dev_alloc(n * dev_elem_size());
+        KF_CHECK_CALL(kf_tensor_init(&dw[i], g, dev_dtype, nd, shape));
     }
 
     const int64_t sx[3] = {a.T, a.B, a.I}, sy[3] = {a.T, a.B, a.H}, sh[3] = {a.layers, a.B, a.H};
     kf_tensor x, y, hn, dy, dx;
+    const size_t e = dev_elem_size();
     KF_CHECK_CALL(kf_tensor_init(&x, dev_random((size_t)(a.T * a.B * a.I), -1.f, 1.f),
-                                 KF_DTYPE_F32, 3, sx));
-    KF_CHECK_CALL(kf_tensor_init(&y, dev_alloc(sizeof(float) * (size_t)(a.T * a.B * a.H)),
-                                 KF_DTYPE_F32, 3, sy));
-    KF_CHECK_CALL(kf_tensor_init(&hn, dev_alloc(sizeof(float) * (size_t)(a.layers * a.B * a.H)),
-                                 KF_DTYPE_F32, 3, sh));
+                                 dev_dtype, 3, sx));
+    KF_CHECK_CALL(kf_tensor_init(&y, dev_alloc(e * (size_t)(a.T * a.B * a.H)), dev_dtype, 3, sy));
+    KF_CHECK_CALL(
+        kf_tensor_init(&hn, dev_alloc(e * (size_t)(a.layers * a.B * a.H)), dev_dtype, 3, sh));
     KF_CHECK_CALL(kf_tensor_init(&dy, dev_random((size_t)(a.T * a.B * a.H), -1.f, 1.f),
-                                 KF_DTYPE_F32, 3, sy));
-    float *dx_data = a.no_dx ? NULL : dev_alloc(sizeof(float) * (size_t)(a.T * a.B * a.I));
-    KF_CHECK_CALL(kf_tensor_init(&dx, dx_data, KF_DTYPE_F32, 3, sx));
+                                 dev_dtype, 3, sy));
+    void *dx_data = a.no_dx ? NULL : dev_alloc(e * (size_t)(a.T * a.B * a.I));
+    KF_CHECK_CALL(kf_tensor_init(&dx, dx_data, dev_dtype, 3, sx));
 
     /* Caller-owned workspace (covering both modes) and reserve. */
     size_t ws_inf = 0, ws_tr = 0, rs = 0;
@@ -150,6 +155,7 @@ int main(int argc, char **argv) {
     KF_CHECK_CALL(kf_context_arena_info(ctx, &arena_bytes, &grow_count));
 
     printf("{\"bench\": \"%s\", \"impl\": \"kfuse\", \"cell\": \"%s\", \"device\": \"%s\", "
+           "\"dtype\": \"%s\", "
            "\"T\": %ld, \"I\": %ld, \"H\": %ld, \"B\": %ld, \"layers\": %ld, "
            "\"threads\": %ld, \"online_cpus\": %ld, \"omp_wait_policy\": \"%s\", "
            "\"reps\": %ld, \"warmup\": %ld, \"dx\": %s, "
@@ -158,8 +164,8 @@ int main(int argc, char **argv) {
            "\"workspace_bytes\": %zu, \"reserve_bytes\": %zu, \"arena_bytes\": %zu, "
            "\"arena_grow_count\": %llu, \"y_sumsq\": %.6g, \"dw_sumsq\": %.6g, "
            "\"version\": \"%s\"}\n",
-           bench_name, a.cell, a.device, a.T, a.I, a.H, a.B, a.layers, a.threads,
-           sysconf(_SC_NPROCESSORS_ONLN), bench_env("OMP_WAIT_POLICY"), a.reps, a.warmup,
+           bench_name, a.cell, a.device, bench_dtype_name(), a.T, a.I, a.H, a.B, a.layers,
+           a.threads,           sysconf(_SC_NPROCESSORS_ONLN), bench_env("OMP_WAIT_POLICY"), a.reps, a.warmup,
            a.no_dx ? "false" : "true", fwd_med, fwd_min, fb_med, fb_min, ws_bytes, rs,
            arena_bytes, (unsigned long long)grow_count, y_sumsq, dw_sumsq, kf_version_string());
 

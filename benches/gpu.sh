@@ -36,6 +36,10 @@
 #                   $OUT/kan_lowp.jsonl, and the bf16/f32 and f16/f32 time ratios in the summary
 #   skl_lowp        the same for SKLinear (kf_bench_sklinear) at 8192 x 8192, L = 1, k = 16, with
 #                   B = 64 (DESIGN.md's shape: latency-bound) and B = 8192, to $OUT/skl_lowp.jsonl
+#   rnn_lowp        the same for the GRU and A-GRU (kf_bench_rnn), T = 28, B = 128: H = 128 (the
+#                   low plans on the persistent float32 kernels through conversions) and
+#                   I = H = 512 (the plain path, input-side products on the tensor cores), to
+#                   $OUT/rnn_lowp.jsonl
 #   kkan            benches/gpu-python.sh's kkan part: the KKAN (Small) Fashion-MNIST epoch on the
 #                   GPU (benches/kkan_epoch.py --device cuda; KF_KKAN_ARGS adds arguments); the
 #                   data travels in a bundle made by `scripts/gpu-bundle.sh --python` (.gpu-py)
@@ -263,6 +267,9 @@ for p in ${KF_GPU_PARTS:-tests memcheck racecheck bench_rnn bench_sklinear bench
         skl_lowp) lowp skl_lowp kf_bench_sklinear SKLinear "in out L k B" \
             "--in 8192 --out 8192 --L 1 --k 16 --B 64" \
             "--in 8192 --out 8192 --L 1 --k 16 --B 8192" ;;
+        rnn_lowp) lowp rnn_lowp kf_bench_rnn RNN "cell T I H B" \
+            "--cell gru --T 28 --I 28 --H 128 --B 128" "--cell gru --T 28 --I 512 --H 512 --B 128" \
+            "--cell agru --T 28 --I 512 --H 512 --B 128" ;;
         *) row "$p" SKIP "unknown part" ;;
     esac
 done
@@ -276,7 +283,7 @@ done
               "$OUT"/python_overhead_gpu.md; do
         [ -f "$md" ] && { echo; cat "$md"; }
     done
-    for f in kan_lowp skl_lowp; do
+    for f in kan_lowp skl_lowp rnn_lowp; do
         [ -s "$LOGS/$f.txt" ] && { echo; cat "$LOGS/$f.txt"; }
     done
 } > "$LOGS/summary.txt"

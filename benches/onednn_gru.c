@@ -221,6 +221,7 @@ int main(int argc, char **argv) {
     bench_parse(argc, argv, &a);
     if (strcmp(a.cell, "gru")) bench_fail("oneDNN has no A-GRU; only --cell gru is timed");
     if (strcmp(a.device, "cpu")) bench_fail("this driver times oneDNN's CPU engine only");
+    if (strcmp(a.dtype, "f32")) bench_fail("this driver times oneDNN's float32 GRU only");
     if (a.threads > 0) omp_set_num_threads((int)a.threads);
     const int training = !a.fwd_only;
 

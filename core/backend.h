@@ -52,8 +52,9 @@ typedef struct kf__backend {
     const struct kf__rnn_ops *rnn;
     const struct kf__skl_ops *skl;
     const struct kf__kan_ops *kan;
-    /* Where the op tables above are core/lowp_ops.h's (bfloat16 and float16 plans converted
-     * around float32 ones): the backend's own tables and conversion routine; else NULL. */
+    /* Where the op tables above are, or call, core/lowp_ops.h's (bfloat16 and float16 plans
+     * converted around float32 ones): the backend's own tables and conversion routine; else
+     * NULL. */
     const struct kf__lowp_base *lowp;
 } kf__backend;
 

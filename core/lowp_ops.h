@@ -19,9 +19,10 @@
  * A backend takes part by installing the kf__lowp_*_ops tables below as its op tables and
  * pointing kf__backend.lowp at its float32 tables and its conversion routine, which runs a batch
  * of conversions in order on the context's stream (the CPU: a team of threads, cpu/lowp.c; CUDA:
- * one kernel, cuda/lowp.cu). Both backends serve the recurrent layers this way, the CPU also the
- * KAN layers; SKLinear's low plans (both backends) and CUDA's KAN ones run natively instead
- * (cpu/sklinear.c reads and writes the low types in place; cuda/plain.cu on the tensor cores). */
+ * one kernel, cuda/lowp.cu). The CPU serves its recurrent and KAN layers this way; SKLinear's low
+ * plans (both backends) and CUDA's KAN ones run natively instead (cpu/sklinear.c reads and writes
+ * the low types in place; cuda/plain.cu on the tensor cores), and CUDA's recurrent entries call
+ * kf__lowp_rnn_ops themselves for the low plans they do not run natively (cuda/rnn_fwd.cu). */
 #ifndef KF_CORE_LOWP_OPS_H
 #define KF_CORE_LOWP_OPS_H
 

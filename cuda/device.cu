@@ -2,7 +2,6 @@
 // the cuBLAS handle, the stream, device memory for the arena, and synchronisation. The context's stream starts as the
 // legacy default stream (NULL) until kf_context_set_stream() replaces it.
 #include "cuda_backend.cuh"
-#include "lowp_ops.h"
 
 namespace {
 
@@ -191,6 +190,6 @@ kf_status cuda_check_pointer(const kf_context *ctx, const char *fn, const char *
 extern "C" const kf__backend kf__cuda_backend = {
     cuda_init,         cuda_release,       cuda_set_stream,    cuda_alloc,
     cuda_free,         cuda_synchronize,   cuda_check_pointer, cuda_copy,
-    false,             &kf__lowp_rnn_ops,  &kf__cuda_skl_ops,  &kf__cuda_kan_ops,
+    false,             &kf__cuda_rnn_ops,  &kf__cuda_skl_ops,  &kf__cuda_kan_ops,
     &kf__cuda_lowp,
 };

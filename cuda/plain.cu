@@ -1,5 +1,7 @@
 // The CUDA backend's plain path (cuda/plain.cuh, cuda/plain_rnn.cuh): float64 plans of every
-// op, and bfloat16 / float16 SKLinear, KANLinear and KANConv2d plans on the tensor cores. The
+// op, bfloat16 / float16 SKLinear, KANLinear and KANConv2d plans on the tensor cores, and the
+// bfloat16 / float16 GRU and A-GRU plans that cuda/rnn_fwd.cu sends here (input-side products
+// on the tensor cores, the recurrence in float32). The
 // executor below runs the algorithms: cublasGemmEx / cublasGemmStridedBatchedEx on the
 // context's cuBLAS handle (float64: CUBLAS_COMPUTE_64F; the low types: CUBLAS_COMPUTE_32F,
 // float32 accumulation) and one grid-stride kernel per elementwise pass, all on ctx->stream, no
@@ -167,22 +169,34 @@ kf_status kf__cuda_kan_plain_backward(kf_context *ctx, const kf__kan_bwd *c) {
     }
 }
 
-void kf__cuda_rnn64_sizes(const struct kf_rnn_plan *p, int64_t T, int64_t B, bool training,
-                          size_t *ws_bytes, size_t *reserve_bytes) {
+void kf__cuda_rnn_plain_sizes(const struct kf_rnn_plan *p, int64_t T, int64_t B, bool training,
+                              size_t *ws_bytes, size_t *reserve_bytes) {
     size_t ws = 0, res = 0;
-    kf_plain::rnn_sizes(p, T, B, training, &ws, &res);
+    switch (p->dtype) {
+    case KF_DTYPE_BF16: kf_plain::rnn_sizes<bf16>(p, T, B, training, &ws, &res); break;
+    case KF_DTYPE_F16: kf_plain::rnn_sizes<f16>(p, T, B, training, &ws, &res); break;
+    default: kf_plain::rnn_sizes<double>(p, T, B, training, &ws, &res); break;
+    }
     if (ws_bytes) *ws_bytes = ws;
     if (reserve_bytes) *reserve_bytes = res;
 }
 
-kf_status kf__cuda_rnn64_forward(kf_context *ctx, const kf__rnn_fwd *c) {
+kf_status kf__cuda_rnn_plain_forward(kf_context *ctx, const kf__rnn_fwd *c) {
     CudaExec ex = {ctx, "kf_rnn_forward"};
     KF__CUDA_TRY(ex.fn, cudaSetDevice(ctx->device_index));
-    return kf_plain::rnn_forward(ex, c);
+    switch (c->plan->dtype) {
+    case KF_DTYPE_BF16: return kf_plain::rnn_forward<bf16>(ex, c);
+    case KF_DTYPE_F16: return kf_plain::rnn_forward<f16>(ex, c);
+    default: return kf_plain::rnn_forward<double>(ex, c);
+    }
 }
 
-kf_status kf__cuda_rnn64_backward(kf_context *ctx, const kf__rnn_bwd *c) {
+kf_status kf__cuda_rnn_plain_backward(kf_context *ctx, const kf__rnn_bwd *c) {
     CudaExec ex = {ctx, "kf_rnn_backward"};
     KF__CUDA_TRY(ex.fn, cudaSetDevice(ctx->device_index));
-    return kf_plain::rnn_backward(ex, c);
+    switch (c->plan->dtype) {
+    case KF_DTYPE_BF16: return kf_plain::rnn_backward<bf16>(ex, c);
+    case KF_DTYPE_F16: return kf_plain::rnn_backward<f16>(ex, c);
+    default: return kf_plain::rnn_backward<double>(ex, c);
+    }
 }

@@ -190,15 +190,15 @@ template <class T> struct FillRows {
 
 // db[o] (+)= sum over the N rows of g[n ld + o], rows in order, in acc (a bias gradient; rounded
 // once, accumulated as round(acc(old) + sum)).
-template <class T> struct ColumnSums {
+template <class T, class G = T> struct ColumnSums {
     using A = typename Elem<T>::acc;
-    const T *g;
+    const G *g; // G: T, or (the recurrent layers' gate gradients) acc
     T *db;
     int64_t N, ld;
     bool acc;
     KF__HD void operator()(int64_t o) const {
         A s = A(0);
-        for (int64_t n = 0; n < N; ++n) s += Elem<T>::get(g[n * ld + o]);
+        for (int64_t n = 0; n < N; ++n) s += Elem<G>::get(g[n * ld + o]);
         db[o] = Elem<T>::put(acc ? Elem<T>::get(db[o]) + s : s);
     }
 };

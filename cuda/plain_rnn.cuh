@@ -1,31 +1,45 @@
-// The CUDA backend's float64 GRU and A-GRU (dtype KF_DTYPE_F64), computed plainly as in
-// cuda/plain.cuh (whose executor contract and helpers it shares): every product one float64
-// GEMM, the gate math one elementwise pass per step, each output element one writer, every sum in
-// a fixed order. Records, layouts, dropout counters and lengths: core/rnn_backend.h; math and the
-// backward's derivation: docs/ops/rnn.md (the CPU's float64 form, cpu/rnn_f64.c, is the same
-// algorithm with the batch split across threads; here the whole batch goes through each step).
+// The CUDA backend's GRU and A-GRU computed plainly, as in cuda/plain.cuh (whose executor
+// contract and helpers it shares): every product one GEMM, the gate math one elementwise pass per
+// step, each output element one writer, every sum in a fixed order. Element type T: double
+// (float64 plans), or bfloat16 / float16 storage with float32 arithmetic (the low plans whose H
+// the persistent float32 kernels do not take; cuda/rnn_fwd.cu's kf__cuda_rnn_plain says which);
+// acc = Elem<T>::acc is the arithmetic type. Records, layouts, dropout counters and lengths:
+// core/rnn_backend.h; math and the backward's derivation: docs/ops/rnn.md (the CPU's float64
+// form, cpu/rnn_f64.c, is the same algorithm with the batch split across threads; here the whole
+// batch goes through each step).
 //
 // Both cells have three gate blocks on the input side (GRU r, z, n of weight_ih; A-GRU z, r, d:
 // W_z, W_r, V_h), so the input projection, dX and the input-side weight gradients are one code.
 // Rows r = t ts + b bs of the [N = T B] sequence ((ts, bs) = (B, 1), or (1, T) batch-first);
 // len(b) = lengths[b] clamped to [0, T] (device lengths are never checked by the front end).
 //
-// Forward, per layer and direction: G_x = X W3^T + b3 [N, 3H]; then per step (t in the
-// direction's order) the recurrent product of the whole batch's state h [B, H] into a [B, 3H]
-// (GRU: h W_hh^T; A-GRU: h U_z^T, h U_r^T, then after the gate pass q A^T with q = r h and
-// A = W_h - W_h^T - gamma I formed once per call) and the gate pass, which also writes the layer
-// output row (dropout applied) and, in training, the state before the step and the gates into
-// the reserve. Backward, per layer (last first) and direction: the reverse recurrence (per step
-// the gate-gradient pass into dG_x [N, 3H] and, GRU, dG_h / A-GRU, q into aux [N, 3H or H]; then
-// dh += dG_h W_hh, or dq = da_d A, a pass, dh += da_z U_z + da_r U_r), then every weight gradient
-// and dX as whole-sequence GEMMs, d eps as per-row sums added in row order.
+// Which type holds what. T: the caller's tensors and every layer's output (the next layer's
+// input), so that the input-side products (G_x = X W3^T, dX = dG_x W3, dW3 = dG_x^T X) have both
+// operands in T and run on the tensor cores for the low types; for those two backward products
+// dG_x is rounded to T once (as torch's own bfloat16 layers round a product's result; the bias
+// gradients sum the unrounded one). acc: the state, the gates, G_x, the recurrent weights' copy
+// Wr, A and every recurrent product and its gradient, so that the recurrence keeps float32 state
+// as the float32 kernels do; a weight gradient of acc operands is formed in a block and then
+// written (or accumulated as round(acc(old) + g)) once. For double every type is double.
+//
+// Forward, per layer and direction: G_x = X W3^T + b3 [N, 3H]; Wr = W_hh (GRU) or [U_z; U_r]
+// (A-GRU); then per step (t in the direction's order) the recurrent product of the whole batch's
+// state h [B, H] into a [B, 3H] (GRU: h W_hh^T; A-GRU: h [U_z; U_r]^T, then after the gate pass
+// q A^T with q = r h and A = W_h - W_h^T - gamma I formed once per call) and the gate pass, which
+// also writes the layer output row (dropout applied) and, in training, the state before the step
+// and the gates into the reserve. Backward, per layer (last first) and direction: the reverse
+// recurrence (per step the gate-gradient pass into dG_x [N, 3H] and, GRU, dG_h / A-GRU, q into
+// aux [N, 3H or H]; then dh += dG_h W_hh, or dq = da_d A, a pass, dh += [da_z da_r] [U_z; U_r]),
+// then every weight gradient and dX as whole-sequence GEMMs, d eps as per-row sums added in row
+// order.
 //
 // Reserve (training), per cell (l, d): hp [N, H] (the state before each step, every row) and the
-// gates [N, ng H] (GRU r, z, n, hn: ng = 4; A-GRU z, r, d: ng = 3); then the output [N, D H] of
-// every layer but the last. Workspace: forward G_x [N, 3H], a [B, 3H], q and h [B, H], A per
-// A-GRU layer [H, H], and (inference) two [N, D H] layer outputs; backward dG_x and aux [N, 3H]
-// (an A-GRU's aux is q [N, H], then its per-element d eps terms [N, H]), dh, dq [B, H], A,
-// G [H, H], per-row d eps [N], two [N, D H] buffers of d(layer input).
+// gates [N, ng H] (GRU r, z, n, hn: ng = 4; A-GRU z, r, d: ng = 3) in acc; then the output
+// [N, D H] of every layer but the last, in T. Workspace: A per A-GRU layer [H, H] and Wr [3H, H]
+// (acc), then forward G_x [N, 3H], a [B, 3H], q and h [B, H] (acc) and (inference) two [N, D H]
+// layer outputs (T); backward dG_x and aux [N, 3H], dh, dq [B, H], the weight-gradient block
+// [3H, H], per-row d eps [N] (acc), for the low types dG_x in T [N, 3H] and the dX sum [N, in]
+// (acc; float64 sums dX in place), and two [N, D H] buffers of d(layer input) (T).
 #ifndef KF_CUDA_PLAIN_RNN_CUH
 #define KF_CUDA_PLAIN_RNN_CUH
 
@@ -33,56 +47,72 @@
 #include "plain.cuh"
 #include "rnn_backend.h"
 
+#include <type_traits>
+
 namespace kf_plain {
 
-// Everything derived from (plan, T, B): strides and byte offsets.
+// Whether T is a storage type computed in another (acc) type.
+template <class T> constexpr bool is_low() {
+    return !std::is_same<T, typename Elem<T>::acc>::value;
+}
+
+// Everything derived from (plan, T, B, element type E): strides and byte offsets.
 struct RnnLayout {
     int64_t T, B, N, H, D, DH, ts, bs, ng;
     bool agru;
     size_t cell_bytes, hp_bytes, out0, out_bytes, reserve; // reserve
-    size_t gx, a, q, h, A, seq, fwd;                         // forward workspace
-    size_t dgx, aux, dh, dq, gmat, eps, dseq, bwd;           // backward workspace
+    size_t A, wr;                                            // workspace, both directions
+    size_t gx, a, q, h, seq, fwd;                            // forward workspace
+    size_t dgx, aux, dh, dq, gmat, eps, dgx_t, dxs, dseq, bwd; // backward workspace
 };
 
-inline RnnLayout rnn_layout(const struct kf_rnn_plan *p, int64_t T, int64_t B) {
+inline size_t times(size_t bytes, int64_t n) {
+    size_t v;
+    return kf__mul_size(bytes, (size_t)n, &v) ? v : SIZE_MAX;
+}
+
+template <class E> inline RnnLayout rnn_layout(const struct kf_rnn_plan *p, int64_t T, int64_t B) {
+    using A = typename Elem<E>::acc;
     RnnLayout l = {};
     l.T = T, l.B = B, l.N = T * B, l.H = p->H, l.D = p->D, l.DH = p->D * p->H;
     l.ts = p->batch_first ? 1 : B;
     l.bs = p->batch_first ? T : 1;
     l.agru = p->cell == KF_RNN_AGRU;
     l.ng = l.agru ? 3 : 4;
-    l.hp_bytes = doubles(l.N, l.H);
-    l.cell_bytes = add(l.hp_bytes, doubles(l.N, l.ng * l.H));
-    const int64_t cells = (int64_t)p->L * p->D;
-    size_t v;
-    l.out0 = kf__mul_size(l.cell_bytes, (size_t)cells, &v) ? v : SIZE_MAX;
-    l.out_bytes = doubles(l.N, l.DH);
-    l.reserve = add(l.out0, kf__mul_size(l.out_bytes, (size_t)(p->L - 1), &v) ? v : SIZE_MAX);
-    const size_t As = l.agru ? (kf__mul_size(doubles(l.H, l.H), (size_t)p->L, &v) ? v : SIZE_MAX)
-                             : 0;
-    l.A = 0; // both directions' workspaces begin with A
-    l.gx = As;
-    l.a = add(l.gx, doubles(l.N, 3 * l.H));
-    l.q = add(l.a, doubles(l.B, 3 * l.H));
-    l.h = add(l.q, doubles(l.B, l.H));
-    l.seq = add(l.h, doubles(l.B, l.H));
+    l.hp_bytes = bytes_of<A>(l.N, l.H);
+    l.cell_bytes = add(l.hp_bytes, bytes_of<A>(l.N, l.ng * l.H));
+    l.out0 = times(l.cell_bytes, (int64_t)p->L * p->D);
+    l.out_bytes = bytes_of<E>(l.N, l.DH);
+    l.reserve = add(l.out0, times(l.out_bytes, p->L - 1));
+    l.A = 0; // both directions' workspaces begin with A and Wr
+    l.wr = l.agru ? times(bytes_of<A>(l.H, l.H), p->L) : 0;
+    const size_t common = add(l.wr, bytes_of<A>(3 * l.H, l.H));
+    l.gx = common;
+    l.a = add(l.gx, bytes_of<A>(l.N, 3 * l.H));
+    l.q = add(l.a, bytes_of<A>(l.B, 3 * l.H));
+    l.h = add(l.q, bytes_of<A>(l.B, l.H));
+    l.seq = add(l.h, bytes_of<A>(l.B, l.H));
     l.fwd = add(l.seq, add(l.out_bytes, l.out_bytes));
-    l.dgx = As;
-    l.aux = add(l.dgx, doubles(l.N, 3 * l.H));
-    l.dh = add(l.aux, doubles(l.N, 3 * l.H));
-    l.dq = add(l.dh, doubles(l.B, l.H));
-    l.gmat = add(l.dq, doubles(l.B, l.H));
-    l.eps = add(l.gmat, doubles(l.H, l.H));
-    l.dseq = add(l.eps, doubles(l.N, 1));
+    l.dgx = common;
+    l.aux = add(l.dgx, bytes_of<A>(l.N, 3 * l.H));
+    l.dh = add(l.aux, bytes_of<A>(l.N, 3 * l.H));
+    l.dq = add(l.dh, bytes_of<A>(l.B, l.H));
+    l.gmat = add(l.dq, bytes_of<A>(l.B, l.H));
+    l.eps = add(l.gmat, bytes_of<A>(3 * l.H, l.H));
+    l.dgx_t = add(l.eps, bytes_of<A>(l.N, 1));
+    const int64_t in_max = p->L > 1 && l.DH > p->I ? l.DH : p->I;
+    l.dxs = add(l.dgx_t, is_low<E>() ? bytes_of<E>(l.N, 3 * l.H) : 0);
+    l.dseq = add(l.dxs, is_low<E>() ? bytes_of<A>(l.N, in_max) : 0);
     l.bwd = add(l.dseq, add(l.out_bytes, l.out_bytes));
     return l;
 }
 
 // Workspace: the forward's (inference), or the larger of both (training: the same size serves
 // the backward). Reserve: training only.
+template <class E>
 inline void rnn_sizes(const struct kf_rnn_plan *p, int64_t T, int64_t B, bool training,
                       size_t *ws_bytes, size_t *reserve_bytes) {
-    const RnnLayout l = rnn_layout(p, T, B);
+    const RnnLayout l = rnn_layout<E>(p, T, B);
     *ws_bytes = training && l.bwd > l.fwd ? l.bwd : l.fwd;
     *reserve_bytes = training ? l.reserve : 0;
 }
@@ -104,91 +134,111 @@ struct Seq {
         return t < (n < 0 ? 0 : n > T ? T : n);
     }
     // v masked and scaled as the layer's dropout treats element j of row (t, b).
-    KF__HD double dropped(double v, int64_t t, int64_t b, int64_t j) const {
+    template <class V> KF__HD V dropped(V v, int64_t t, int64_t b, int64_t j) const {
         if (!drop) return v;
         const uint64_t ctr = base + (uint64_t)((t * B + b) * DH + j);
-        return kf__dropout_keep(seed, ctr, p) ? v * scale : 0.0;
+        return kf__dropout_keep(seed, ctr, p) ? v * V(scale) : V(0);
     }
 };
 
-KF__HD inline double sigm(double a) { return 1.0 / (1.0 + exp(-a)); }
+template <class V> KF__HD inline V sigm(V a) { return V(1) / (V(1) + exp(-a)); }
 
 // G[n, c] = bias[c % w] for the 3 blocks' biases laid out [3, H] (c = g H + j), N rows.
-struct FillBias3 {
-    const double *b0, *b1, *b2;
-    double *G;
+template <class T> struct FillBias3 {
+    const T *b0, *b1, *b2;
+    typename Elem<T>::acc *G;
     int64_t H;
     KF__HD void operator()(int64_t e) const {
         const int64_t c = e % (3 * H), g = c / H, j = c % H;
-        G[e] = (g == 0 ? b0 : g == 1 ? b1 : b2)[j];
+        G[e] = Elem<T>::get((g == 0 ? b0 : g == 1 ? b1 : b2)[j]);
     }
 };
 
-// dst[e] = src ? src[e] : 0 (h0 into the state, the state into hn, ...).
-struct CopyOrZero {
-    const double *src;
-    double *dst;
-    KF__HD void operator()(int64_t e) const { dst[e] = src ? src[e] : 0.0; }
+// dst[e] = src ? src[e] : 0, converted from S to D (h0 into the state, the state into hn, a
+// buffer rounded to T, ...).
+template <class S, class D> struct CopyOrZero {
+    const S *src;
+    D *dst;
+    KF__HD void operator()(int64_t e) const {
+        dst[e] = Elem<D>::put(src ? Elem<S>::get(src[e]) : typename Elem<S>::acc(0));
+    }
 };
 
-// A = W_h - W_h^T - gamma I [H, H].
-struct FormA {
-    const double *wh;
-    double *A;
+// Wr [n1 + n2] in acc: w0's n0 elements, then w1's (GRU: W_hh [3H, H] alone; A-GRU: U_z and U_r
+// [H, H], stacked so that one product serves both gates).
+template <class T> struct FormWr {
+    const T *w0, *w1;
+    typename Elem<T>::acc *wr;
+    int64_t n0;
+    KF__HD void operator()(int64_t e) const {
+        wr[e] = Elem<T>::get(e < n0 ? w0[e] : w1[e - n0]);
+    }
+};
+
+// A = W_h - W_h^T - gamma I [H, H] in acc.
+template <class T> struct FormA {
+    using A = typename Elem<T>::acc;
+    const T *wh;
+    A *a;
     int64_t H;
-    double gamma;
+    A gamma;
     KF__HD void operator()(int64_t e) const {
         const int64_t i = e / H, j = e % H;
-        A[e] = wh[i * H + j] - wh[j * H + i] - (i == j ? gamma : 0.0);
+        a[e] = Elem<T>::get(wh[i * H + j]) - Elem<T>::get(wh[j * H + i]) - (i == j ? gamma : A(0));
     }
 };
 
 // One forward step of a GRU, element (b, j): r, z = sigmoid(gx + a + b_hh), hn = a_n + b_hn,
 // n = tanh(gx_n + r hn), h' = n + z (h - n) on valid rows; the layer output row (0 past len,
 // dropout applied); in training hp (every row) and the gates r, z, n, hn.
-struct GruStep {
+template <class T> struct GruStep {
+    using A = typename Elem<T>::acc;
     Seq s;
     int64_t t;
-    const double *gx, *a, *bhh;
-    double *h, *out, *hp, *gates; // out: the layer output's direction half; hp, gates: NULL
+    const A *gx, *a;
+    const T *bhh;
+    A *h;
+    T *out;        // the layer output's direction half
+    A *hp, *gates; // NULL in inference
     KF__HD void operator()(int64_t e) const {
         const int64_t H = s.H, b = e / H, j = e % H, r = s.row(t, b);
-        double *hj = h + b * H + j;
+        A *hj = h + b * H + j;
         if (hp) hp[r * H + j] = *hj;
         const bool ok = s.valid(t, b);
         if (ok) {
-            const double *g = gx + r * 3 * H, *ab = a + b * 3 * H;
-            const double rr = sigm(g[j] + ab[j] + bhh[j]);
-            const double z = sigm(g[H + j] + ab[H + j] + bhh[H + j]);
-            const double hn = ab[2 * H + j] + bhh[2 * H + j];
-            const double n = tanh(g[2 * H + j] + rr * hn);
+            const A *g = gx + r * 3 * H, *ab = a + b * 3 * H;
+            const A rr = sigm(g[j] + ab[j] + Elem<T>::get(bhh[j]));
+            const A z = sigm(g[H + j] + ab[H + j] + Elem<T>::get(bhh[H + j]));
+            const A hn = ab[2 * H + j] + Elem<T>::get(bhh[2 * H + j]);
+            const A n = tanh(g[2 * H + j] + rr * hn);
             *hj = n + z * (*hj - n);
             if (gates) {
-                double *sv = gates + r * 4 * H;
+                A *sv = gates + r * 4 * H;
                 sv[j] = rr, sv[H + j] = z, sv[2 * H + j] = n, sv[3 * H + j] = hn;
             }
         }
-        out[r * s.DH + j] = ok ? s.dropped(*hj, t, b, j) : 0.0;
+        out[r * s.DH + j] = Elem<T>::put(ok ? s.dropped(*hj, t, b, j) : A(0));
     }
 };
 
 // A-GRU step, first pass, element (b, j): hp saved; on valid rows z, r = sigmoid(gx + h U^T)
 // into a's first two blocks and q = r h; else q = 0.
-struct AgruGates {
+template <class T> struct AgruGates {
+    using A = typename Elem<T>::acc;
     Seq s;
     int64_t t;
-    const double *gx, *h;
-    double *a, *q, *hp;
+    const A *gx, *h;
+    A *a, *q, *hp;
     KF__HD void operator()(int64_t e) const {
         const int64_t H = s.H, b = e / H, j = e % H, r = s.row(t, b);
-        const double hv = h[b * H + j];
+        const A hv = h[b * H + j];
         if (hp) hp[r * H + j] = hv;
         if (!s.valid(t, b)) {
-            q[b * H + j] = 0.0;
+            q[b * H + j] = A(0);
             return;
         }
-        double *ab = a + b * 3 * H;
-        const double *g = gx + r * 3 * H;
+        A *ab = a + b * 3 * H;
+        const A *g = gx + r * 3 * H;
         ab[j] = sigm(g[j] + ab[j]);
         ab[H + j] = sigm(g[H + j] + ab[H + j]);
         q[b * H + j] = ab[H + j] * hv;
@@ -197,57 +247,61 @@ struct AgruGates {
 
 // A-GRU step, second pass (a's third block = q A^T): d = tanh(gx_d + a_d), h' = h + eps z d on
 // valid rows; gates z, r, d in training; the output row as GruStep's.
-struct AgruUpdate {
+template <class T> struct AgruUpdate {
+    using A = typename Elem<T>::acc;
     Seq s;
     int64_t t;
-    const double *gx, *a, *eps;
-    double *h, *out, *gates;
+    const A *gx, *a;
+    const T *eps;
+    A *h;
+    T *out;
+    A *gates;
     KF__HD void operator()(int64_t e) const {
         const int64_t H = s.H, b = e / H, j = e % H, r = s.row(t, b);
-        double *hj = h + b * H + j;
+        A *hj = h + b * H + j;
         const bool ok = s.valid(t, b);
         if (ok) {
-            const double *ab = a + b * 3 * H;
-            const double dd = tanh(gx[r * 3 * H + 2 * H + j] + ab[2 * H + j]);
-            *hj += *eps * ab[j] * dd;
+            const A *ab = a + b * 3 * H;
+            const A dd = tanh(gx[r * 3 * H + 2 * H + j] + ab[2 * H + j]);
+            *hj += Elem<T>::get(*eps) * ab[j] * dd;
             if (gates) {
-                double *sv = gates + r * 3 * H;
+                A *sv = gates + r * 3 * H;
                 sv[j] = ab[j], sv[H + j] = ab[H + j], sv[2 * H + j] = dd;
             }
         }
-        out[r * s.DH + j] = ok ? s.dropped(*hj, t, b, j) : 0.0;
+        out[r * s.DH + j] = Elem<T>::put(ok ? s.dropped(*hj, t, b, j) : A(0));
     }
 };
 
 // The weights of cell (l, d): the three input-side gate blocks and the recurrent ones.
-struct Cell {
-    const double *wx[3], *bx[3];
-    const double *whh, *bhh;        // GRU
-    const double *uz, *ur, *wh, *eps; // A-GRU (eps: device scalar)
+template <class T> struct Cell {
+    const T *wx[3], *bx[3];
+    const T *whh, *bhh;          // GRU
+    const T *uz, *ur, *wh, *eps; // A-GRU (eps: device scalar)
     int64_t in, idx;
 };
 
-inline Cell cell_of(const struct kf_rnn_plan *p, const void *const *w, int32_t l, int32_t d) {
-    Cell c = {};
+template <class T>
+inline Cell<T> cell_of(const struct kf_rnn_plan *p, const void *const *w, int32_t l, int32_t d) {
+    Cell<T> c = {};
     c.in = kf__rnn_layer_input(p, l);
     c.idx = (int64_t)l * p->D + d;
     const void *const *cw = w + c.idx * p->nw;
     const int64_t H = p->H;
     if (p->cell != KF_RNN_AGRU) {
-        const double *wih = (const double *)cw[KF__GRU_W_IH], *bih = (const double *)cw[KF__GRU_B_IH];
+        const T *wih = (const T *)cw[KF__GRU_W_IH], *bih = (const T *)cw[KF__GRU_B_IH];
         for (int g = 0; g < 3; g++) c.wx[g] = wih + g * H * c.in, c.bx[g] = bih + g * H;
-        c.whh = (const double *)cw[KF__GRU_W_HH];
-        c.bhh = (const double *)cw[KF__GRU_B_HH];
+        c.whh = (const T *)cw[KF__GRU_W_HH];
+        c.bhh = (const T *)cw[KF__GRU_B_HH];
         return c;
     }
     const int wx[3] = {KF__AGRU_W_Z, KF__AGRU_W_R, KF__AGRU_V_H};
     const int bx[3] = {KF__AGRU_B_Z, KF__AGRU_B_R, KF__AGRU_B_H};
-    for (int g = 0; g < 3; g++)
-        c.wx[g] = (const double *)cw[wx[g]], c.bx[g] = (const double *)cw[bx[g]];
-    c.uz = (const double *)cw[KF__AGRU_U_Z];
-    c.ur = (const double *)cw[KF__AGRU_U_R];
-    c.wh = (const double *)cw[KF__AGRU_W_H];
-    c.eps = (const double *)cw[KF__AGRU_EPS];
+    for (int g = 0; g < 3; g++) c.wx[g] = (const T *)cw[wx[g]], c.bx[g] = (const T *)cw[bx[g]];
+    c.uz = (const T *)cw[KF__AGRU_U_Z];
+    c.ur = (const T *)cw[KF__AGRU_U_R];
+    c.wh = (const T *)cw[KF__AGRU_W_H];
+    c.eps = (const T *)cw[KF__AGRU_EPS];
     return c;
 }
 
@@ -264,63 +318,75 @@ inline Seq seq_of(const struct kf_rnn_plan *p, const RnnLayout &lo, const int32_
     return s;
 }
 
-// A-GRU layer l's A [H, H] in the workspace (both directions' workspaces begin with them).
-inline double *A_of(const RnnLayout &lo, void *ws, int32_t l) {
-    return at(ws, lo.A + (size_t)l * doubles(lo.H, lo.H));
+// A-GRU layer l's A [H, H] in the workspace.
+template <class A> inline A *A_of(const RnnLayout &lo, void *ws, int32_t l) {
+    return at_t<A>(ws, lo.A + (size_t)l * bytes_of<A>(lo.H, lo.H));
 }
 
 // A of every A-GRU layer into the workspace.
-template <class X>
+template <class T, class X>
 kf_status form_A(X &ex, const struct kf_rnn_plan *p, const RnnLayout &lo, const void *const *w,
                  void *ws) {
+    using A = typename Elem<T>::acc;
     if (!lo.agru) return KF_OK;
     for (int32_t l = 0; l < p->L; l++) {
-        const Cell c = cell_of(p, w, l, 0);
-        KF_TRY(ex.each(lo.H * lo.H, FormA{c.wh, A_of(lo, ws, l), lo.H, (double)p->gamma}));
+        const Cell<T> c = cell_of<T>(p, w, l, 0);
+        KF_TRY(ex.each(lo.H * lo.H, FormA<T>{c.wh, A_of<A>(lo, ws, l), lo.H, (A)p->gamma}));
     }
     return KF_OK;
 }
 
-template <class X> kf_status rnn_forward(X &ex, const kf__rnn_fwd *c) {
+// Wr of cell c into the workspace: GRU W_hh [3H, H], A-GRU [U_z; U_r] [2H, H].
+template <class T, class X>
+kf_status form_wr(X &ex, const RnnLayout &lo, const Cell<T> &c, void *ws) {
+    const int64_t hh = lo.H * lo.H;
+    const FormWr<T> f = {lo.agru ? c.uz : c.whh, c.ur, at_t<typename Elem<T>::acc>(ws, lo.wr),
+                         lo.agru ? hh : 3 * hh};
+    return ex.each(lo.agru ? 2 * hh : 3 * hh, f);
+}
+
+template <class T, class X> kf_status rnn_forward(X &ex, const kf__rnn_fwd *c) {
+    using A = typename Elem<T>::acc;
     const struct kf_rnn_plan *p = c->plan;
-    const RnnLayout lo = rnn_layout(p, c->T, c->B);
+    const RnnLayout lo = rnn_layout<T>(p, c->T, c->B);
     const int64_t N = lo.N, H = lo.H, B = lo.B; // T = 0: no step runs, h_n = h0
-    KF_TRY(form_A(ex, p, lo, c->w, c->ws));
-    double *gx = at(c->ws, lo.gx), *a = at(c->ws, lo.a), *q = at(c->ws, lo.q),
-           *h = at(c->ws, lo.h);
-    const double *x = (const double *)c->x;
+    KF_TRY(form_A<T>(ex, p, lo, c->w, c->ws));
+    A *gx = at_t<A>(c->ws, lo.gx), *a = at_t<A>(c->ws, lo.a), *q = at_t<A>(c->ws, lo.q),
+      *h = at_t<A>(c->ws, lo.h);
+    const A *wr = at_t<A>(c->ws, lo.wr);
+    const T *x = (const T *)c->x;
     for (int32_t l = 0; l < p->L; l++) {
-        double *out = l == p->L - 1 ? (double *)c->y
-                      : c->training ? at(c->reserve, lo.out0 + (size_t)l * lo.out_bytes)
-                                    : at(c->ws, lo.seq + (size_t)(l % 2) * lo.out_bytes);
+        T *out = l == p->L - 1 ? (T *)c->y
+                 : c->training ? at_t<T>(c->reserve, lo.out0 + (size_t)l * lo.out_bytes)
+                               : at_t<T>(c->ws, lo.seq + (size_t)(l % 2) * lo.out_bytes);
         const bool drop = c->training && p->dropout > 0.0f && l < p->L - 1;
         for (int32_t d = 0; d < p->D; d++) {
-            const Cell cw = cell_of(p, c->w, l, d);
+            const Cell<T> cw = cell_of<T>(p, c->w, l, d);
             const Seq s = seq_of(p, lo, c->lengths, drop, c->seed, c->offset, l, d);
-            double *hp = c->training ? at(c->reserve, (size_t)cw.idx * lo.cell_bytes) : nullptr;
-            double *gates = hp ? (double *)((char *)hp + lo.hp_bytes) : nullptr;
-            KF_TRY(ex.each(N * 3 * H, FillBias3{cw.bx[0], cw.bx[1], cw.bx[2], gx, H}));
+            A *hp = c->training ? at_t<A>(c->reserve, (size_t)cw.idx * lo.cell_bytes) : nullptr;
+            A *gates = hp ? (A *)((char *)hp + lo.hp_bytes) : nullptr;
+            KF_TRY(ex.each(N * 3 * H, FillBias3<T>{cw.bx[0], cw.bx[1], cw.bx[2], gx, H}));
             for (int g = 0; g < 3; g++)
-                KF_TRY(ex.gemm(false, true, N, H, cw.in, 1.0, x, cw.in, cw.wx[g], cw.in, 1.0,
+                KF_TRY(ex.gemm(false, true, N, H, cw.in, A(1), x, cw.in, cw.wx[g], cw.in, A(1),
                                gx + g * H, 3 * H));
-            const double *h0 = c->h0 ? (const double *)c->h0 + cw.idx * B * H : nullptr;
-            KF_TRY(ex.each(B * H, CopyOrZero{h0, h}));
-            double *od = out + d * H;
+            KF_TRY(form_wr(ex, lo, cw, c->ws));
+            const T *h0 = c->h0 ? (const T *)c->h0 + cw.idx * B * H : nullptr;
+            KF_TRY(ex.each(B * H, CopyOrZero<T, A>{h0, h}));
+            T *od = out + d * H;
             for (int64_t k = 0; k < lo.T; k++) {
                 const int64_t t = d ? lo.T - 1 - k : k;
                 if (!lo.agru) {
-                    KF_TRY(ex.gemm(false, true, B, 3 * H, H, 1.0, h, H, cw.whh, H, 0.0, a, 3 * H));
-                    KF_TRY(ex.each(B * H, GruStep{s, t, gx, a, cw.bhh, h, od, hp, gates}));
+                    KF_TRY(ex.gemm(false, true, B, 3 * H, H, A(1), h, H, wr, H, A(0), a, 3 * H));
+                    KF_TRY(ex.each(B * H, GruStep<T>{s, t, gx, a, cw.bhh, h, od, hp, gates}));
                     continue;
                 }
-                KF_TRY(ex.gemm(false, true, B, H, H, 1.0, h, H, cw.uz, H, 0.0, a, 3 * H));
-                KF_TRY(ex.gemm(false, true, B, H, H, 1.0, h, H, cw.ur, H, 0.0, a + H, 3 * H));
-                KF_TRY(ex.each(B * H, AgruGates{s, t, gx, h, a, q, hp}));
-                KF_TRY(ex.gemm(false, true, B, H, H, 1.0, q, H, A_of(lo, c->ws, l), H, 0.0,
+                KF_TRY(ex.gemm(false, true, B, 2 * H, H, A(1), h, H, wr, H, A(0), a, 3 * H));
+                KF_TRY(ex.each(B * H, AgruGates<T>{s, t, gx, h, a, q, hp}));
+                KF_TRY(ex.gemm(false, true, B, H, H, A(1), q, H, A_of<A>(lo, c->ws, l), H, A(0),
                                a + 2 * H, 3 * H));
-                KF_TRY(ex.each(B * H, AgruUpdate{s, t, gx, a, cw.eps, h, od, gates}));
+                KF_TRY(ex.each(B * H, AgruUpdate<T>{s, t, gx, a, cw.eps, h, od, gates}));
             }
-            if (c->hn) KF_TRY(ex.each(B * H, CopyOrZero{h, (double *)c->hn + cw.idx * B * H}));
+            if (c->hn) KF_TRY(ex.each(B * H, CopyOrZero<A, T>{h, (T *)c->hn + cw.idx * B * H}));
         }
         x = out;
     }
@@ -331,33 +397,37 @@ template <class X> kf_status rnn_forward(X &ex, const kf__rnn_fwd *c) {
 
 // gy[b, j]: d(layer output) of row (t, b), direction d's half, through the layer's dropout
 // (zeros where dy is absent).
-KF__HD inline double grad_in(const Seq &s, const double *dy, int64_t t, int64_t b, int64_t j,
-                             int64_t r) {
-    return dy ? s.dropped(dy[r * s.DH + j], t, b, j) : 0.0;
+template <class T>
+KF__HD inline typename Elem<T>::acc grad_in(const Seq &s, const T *dy, int64_t t, int64_t b,
+                                            int64_t j, int64_t r) {
+    using A = typename Elem<T>::acc;
+    return dy ? s.dropped(Elem<T>::get(dy[r * s.DH + j]), t, b, j) : A(0);
 }
 
 // GRU, element (b, j) of step t (g = dh + gy): da_n = g (1-z)(1-n^2), da_r = da_n hn r(1-r),
 // da_z = g (hp - n) z(1-z); dG_x = [da_r, da_z, da_n], dG_h = [da_r, da_z, da_n r]; dh = g z.
 // Rows past len: both rows 0, dh unchanged.
-struct GruBack {
+template <class T> struct GruBack {
+    using A = typename Elem<T>::acc;
     Seq s;
     int64_t t;
-    const double *dy, *hp, *gates; // dy: the layer output gradient's direction half (or NULL)
-    double *dgx, *aux, *dh;
+    const T *dy; // the layer output gradient's direction half (or NULL)
+    const A *hp, *gates;
+    A *dgx, *aux, *dh;
     KF__HD void operator()(int64_t e) const {
         const int64_t H = s.H, b = e / H, j = e % H, r = s.row(t, b);
-        double *gxr = dgx + r * 3 * H, *ghr = aux + r * 3 * H;
+        A *gxr = dgx + r * 3 * H, *ghr = aux + r * 3 * H;
         if (!s.valid(t, b)) {
-            gxr[j] = gxr[H + j] = gxr[2 * H + j] = 0.0;
-            ghr[j] = ghr[H + j] = ghr[2 * H + j] = 0.0;
+            gxr[j] = gxr[H + j] = gxr[2 * H + j] = A(0);
+            ghr[j] = ghr[H + j] = ghr[2 * H + j] = A(0);
             return;
         }
-        const double *sv = gates + r * 4 * H;
-        const double rr = sv[j], z = sv[H + j], n = sv[2 * H + j], hn = sv[3 * H + j];
-        const double g = dh[b * H + j] + grad_in(s, dy, t, b, j, r);
-        const double dan = g * (1.0 - z) * (1.0 - n * n);
-        const double dar = dan * hn * rr * (1.0 - rr);
-        const double daz = g * (hp[r * H + j] - n) * z * (1.0 - z);
+        const A *sv = gates + r * 4 * H;
+        const A rr = sv[j], z = sv[H + j], n = sv[2 * H + j], hn = sv[3 * H + j];
+        const A g = dh[b * H + j] + grad_in(s, dy, t, b, j, r);
+        const A dan = g * (A(1) - z) * (A(1) - n * n);
+        const A dar = dan * hn * rr * (A(1) - rr);
+        const A daz = g * (hp[r * H + j] - n) * z * (A(1) - z);
         gxr[j] = ghr[j] = dar;
         gxr[H + j] = ghr[H + j] = daz;
         gxr[2 * H + j] = dan;
@@ -369,25 +439,28 @@ struct GruBack {
 // A-GRU, first pass of step t, element (b, j): da_z = g eps d z(1-z), da_d = g eps z (1-d^2),
 // q = r hp (into aux [N, H]), dh = g, and the element's d eps term g z d into epsv [N, H] (summed
 // per row, then over rows, after the recurrence); rows past len: zeros.
-struct AgruBack1 {
+template <class T> struct AgruBack1 {
+    using A = typename Elem<T>::acc;
     Seq s;
     int64_t t;
-    const double *dy, *hp, *gates, *eps;
-    double *dgx, *aux, *dh, *epsv;
+    const T *dy;
+    const A *hp, *gates;
+    const T *eps;
+    A *dgx, *aux, *dh, *epsv;
     KF__HD void operator()(int64_t e) const {
         const int64_t H = s.H, b = e / H, j = e % H, r = s.row(t, b);
-        double *gxr = dgx + r * 3 * H;
+        A *gxr = dgx + r * 3 * H;
         if (!s.valid(t, b)) {
-            gxr[j] = gxr[H + j] = gxr[2 * H + j] = 0.0;
-            aux[r * H + j] = 0.0;
-            epsv[r * H + j] = 0.0;
+            gxr[j] = gxr[H + j] = gxr[2 * H + j] = A(0);
+            aux[r * H + j] = A(0);
+            epsv[r * H + j] = A(0);
             return;
         }
-        const double *sv = gates + r * 3 * H;
-        const double z = sv[j], rr = sv[H + j], dd = sv[2 * H + j];
-        const double g = dh[b * H + j] + grad_in(s, dy, t, b, j, r);
-        gxr[j] = g * *eps * dd * z * (1.0 - z);
-        gxr[2 * H + j] = g * *eps * z * (1.0 - dd * dd);
+        const A *sv = gates + r * 3 * H;
+        const A z = sv[j], rr = sv[H + j], dd = sv[2 * H + j], ep = Elem<T>::get(*eps);
+        const A g = dh[b * H + j] + grad_in(s, dy, t, b, j, r);
+        gxr[j] = g * ep * dd * z * (A(1) - z);
+        gxr[2 * H + j] = g * ep * z * (A(1) - dd * dd);
         aux[r * H + j] = rr * hp[r * H + j];
         dh[b * H + j] = g;
         epsv[r * H + j] = g * z * dd;
@@ -395,107 +468,127 @@ struct AgruBack1 {
 };
 
 // A-GRU, second pass (dq = da_d A): da_r = dq hp r(1-r), dh += dq r on valid rows.
-struct AgruBack2 {
+template <class A> struct AgruBack2 {
     Seq s;
     int64_t t;
-    const double *dq, *hp, *gates;
-    double *dgx, *dh;
+    const A *dq, *hp, *gates;
+    A *dgx, *dh;
     KF__HD void operator()(int64_t e) const {
         const int64_t H = s.H, b = e / H, j = e % H, r = s.row(t, b);
         if (!s.valid(t, b)) return;
-        const double rr = gates[r * 3 * H + H + j], dqv = dq[b * H + j];
-        dgx[r * 3 * H + H + j] = dqv * hp[r * H + j] * rr * (1.0 - rr);
+        const A rr = gates[r * 3 * H + H + j], dqv = dq[b * H + j];
+        dgx[r * 3 * H + H + j] = dqv * hp[r * H + j] * rr * (A(1) - rr);
         dh[b * H + j] += dqv * rr;
     }
 };
 
+// dw (+)= g: a weight gradient of acc products from its block, written once.
+template <class T> struct StoreGrad {
+    const typename Elem<T>::acc *g;
+    T *dw;
+    bool acc;
+    KF__HD void operator()(int64_t e) const {
+        dw[e] = Elem<T>::put(acc ? Elem<T>::get(dw[e]) + g[e] : g[e]);
+    }
+};
+
 // dW_h (+)= G - G^T (dA = G, A = W_h - W_h^T - gamma I).
-struct FoldWh {
-    const double *G;
-    double *dwh;
+template <class T> struct FoldWh {
+    using A = typename Elem<T>::acc;
+    const A *G;
+    T *dwh;
     int64_t H;
     bool acc;
     KF__HD void operator()(int64_t e) const {
         const int64_t i = e / H, j = e % H;
-        const double v = G[i * H + j] - G[j * H + i];
-        dwh[e] = acc ? dwh[e] + v : v;
+        const A v = G[i * H + j] - G[j * H + i];
+        dwh[e] = Elem<T>::put(acc ? Elem<T>::get(dwh[e]) + v : v);
     }
 };
 
 // *deps (+)= sum of rows[0..N) (in order), rows[n] = sum over j of v[n, j] (in order).
-struct RowSums {
-    const double *v;
-    double *rows;
+template <class A> struct RowSums {
+    const A *v;
+    A *rows;
     int64_t H;
     KF__HD void operator()(int64_t n) const {
-        double s = 0.0;
+        A s = A(0);
         for (int64_t j = 0; j < H; ++j) s += v[n * H + j];
         rows[n] = s;
     }
 };
-struct TotalInto {
-    const double *rows;
-    double *dst;
+template <class T> struct TotalInto {
+    using A = typename Elem<T>::acc;
+    const A *rows;
+    T *dst;
     int64_t N;
     bool acc;
     KF__HD void operator()(int64_t) const {
-        double s = 0.0;
+        A s = A(0);
         for (int64_t n = 0; n < N; ++n) s += rows[n];
-        *dst = acc ? *dst + s : s;
+        *dst = Elem<T>::put(acc ? Elem<T>::get(*dst) + s : s);
     }
 };
 
-template <class X> kf_status rnn_backward(X &ex, const kf__rnn_bwd *c) {
+template <class T, class X> kf_status rnn_backward(X &ex, const kf__rnn_bwd *c) {
+    using A = typename Elem<T>::acc;
     const struct kf_rnn_plan *p = c->plan;
-    const RnnLayout lo = rnn_layout(p, c->T, c->B);
+    const RnnLayout lo = rnn_layout<T>(p, c->T, c->B);
     // T = 0: no step runs, dh0 = dhn and the weight gradients are 0 (or unchanged)
     const int64_t N = lo.N, H = lo.H, B = lo.B, ld3 = lo.bs * 3 * H;
-    KF_TRY(form_A(ex, p, lo, c->w, c->ws));
-    double *dgx = at(c->ws, lo.dgx), *aux = at(c->ws, lo.aux), *dh = at(c->ws, lo.dh),
-           *dq = at(c->ws, lo.dq), *gmat = at(c->ws, lo.gmat), *erows = at(c->ws, lo.eps);
-    double *epsv = aux + N * H; // A-GRU: aux holds q [N, H], then these terms
+    KF_TRY(form_A<T>(ex, p, lo, c->w, c->ws));
+    A *dgx = at_t<A>(c->ws, lo.dgx), *aux = at_t<A>(c->ws, lo.aux), *dh = at_t<A>(c->ws, lo.dh),
+      *dq = at_t<A>(c->ws, lo.dq), *gmat = at_t<A>(c->ws, lo.gmat),
+      *erows = at_t<A>(c->ws, lo.eps);
+    const A *wr = at_t<A>(c->ws, lo.wr);
+    // the input-side products' dG_x in T (float64: dG_x itself)
+    T *dgx_t = is_low<T>() ? at_t<T>(c->ws, lo.dgx_t) : (T *)(void *)dgx;
+    A *epsv = aux + N * H; // A-GRU: aux holds q [N, H], then these terms
     const bool acc = c->accumulate;
     for (int32_t l = p->L - 1; l >= 0; l--) {
-        const double *x = l ? at((void *)c->reserve, lo.out0 + (size_t)(l - 1) * lo.out_bytes)
-                            : (const double *)c->x;
-        const double *dy = l == p->L - 1 ? (const double *)c->dy
-                                         : at(c->ws, lo.dseq + (size_t)(l % 2) * lo.out_bytes);
-        double *dx = l ? at(c->ws, lo.dseq + (size_t)((l - 1) % 2) * lo.out_bytes)
-                       : (double *)c->dx;
+        const T *x = l ? at_t<T>((void *)c->reserve, lo.out0 + (size_t)(l - 1) * lo.out_bytes)
+                       : (const T *)c->x;
+        const T *dy = l == p->L - 1 ? (const T *)c->dy
+                                    : at_t<T>(c->ws, lo.dseq + (size_t)(l % 2) * lo.out_bytes);
+        T *dx = l ? at_t<T>(c->ws, lo.dseq + (size_t)((l - 1) % 2) * lo.out_bytes) : (T *)c->dx;
+        // dX summed over gates and directions in acc (float64: in dx itself), then rounded
+        A *dxs = is_low<T>() ? at_t<A>(c->ws, lo.dxs) : (A *)(void *)dx;
+        const int64_t in = kf__rnn_layer_input(p, l);
         const bool drop = p->dropout > 0.0f && l < p->L - 1;
         for (int32_t d = 0; d < p->D; d++) {
-            const Cell cw = cell_of(p, c->w, l, d);
+            const Cell<T> cw = cell_of<T>(p, c->w, l, d);
             const Seq s = seq_of(p, lo, c->lengths, drop, c->seed, c->offset, l, d);
-            const double *hp = at((void *)c->reserve, (size_t)cw.idx * lo.cell_bytes);
-            const double *gates = (const double *)((const char *)hp + lo.hp_bytes);
-            const double *dhn = c->dhn ? (const double *)c->dhn + cw.idx * B * H : nullptr;
-            KF_TRY(ex.each(B * H, CopyOrZero{dhn, dh}));
-            const double *dyd = dy ? dy + d * H : nullptr;
+            const A *hp = at_t<A>((void *)c->reserve, (size_t)cw.idx * lo.cell_bytes);
+            const A *gates = (const A *)((const char *)hp + lo.hp_bytes);
+            const T *dhn = c->dhn ? (const T *)c->dhn + cw.idx * B * H : nullptr;
+            KF_TRY(ex.each(B * H, CopyOrZero<T, A>{dhn, dh}));
+            KF_TRY(form_wr(ex, lo, cw, c->ws));
+            const T *dyd = dy ? dy + d * H : nullptr;
             for (int64_t k = 0; k < lo.T; k++) {
                 const int64_t t = d ? k : lo.T - 1 - k, r0 = t * lo.ts;
                 if (!lo.agru) {
-                    KF_TRY(ex.each(B * H, GruBack{s, t, dyd, hp, gates, dgx, aux, dh}));
-                    KF_TRY(ex.gemm(false, false, B, H, 3 * H, 1.0, aux + r0 * 3 * H, ld3, cw.whh,
-                                   H, 1.0, dh, H));
+                    KF_TRY(ex.each(B * H, GruBack<T>{s, t, dyd, hp, gates, dgx, aux, dh}));
+                    KF_TRY(ex.gemm(false, false, B, H, 3 * H, A(1), aux + r0 * 3 * H, ld3, wr, H,
+                                   A(1), dh, H));
                     continue;
                 }
-                KF_TRY(ex.each(B * H, AgruBack1{s, t, dyd, hp, gates, cw.eps, dgx, aux, dh,
-                                                epsv}));
-                KF_TRY(ex.gemm(false, false, B, H, H, 1.0, dgx + r0 * 3 * H + 2 * H, ld3,
-                               A_of(lo, c->ws, l), H, 0.0, dq, H));
-                KF_TRY(ex.each(B * H, AgruBack2{s, t, dq, hp, gates, dgx, dh}));
-                KF_TRY(ex.gemm(false, false, B, H, H, 1.0, dgx + r0 * 3 * H, ld3, cw.uz, H, 1.0,
-                               dh, H));
-                KF_TRY(ex.gemm(false, false, B, H, H, 1.0, dgx + r0 * 3 * H + H, ld3, cw.ur, H,
-                               1.0, dh, H));
+                KF_TRY(ex.each(B * H, AgruBack1<T>{s, t, dyd, hp, gates, cw.eps, dgx, aux, dh,
+                                                   epsv}));
+                KF_TRY(ex.gemm(false, false, B, H, H, A(1), dgx + r0 * 3 * H + 2 * H, ld3,
+                               A_of<A>(lo, c->ws, l), H, A(0), dq, H));
+                KF_TRY(ex.each(B * H, AgruBack2<A>{s, t, dq, hp, gates, dgx, dh}));
+                KF_TRY(ex.gemm(false, false, B, H, 2 * H, A(1), dgx + r0 * 3 * H, ld3, wr, H,
+                               A(1), dh, H));
             }
-            if (c->dh0) KF_TRY(ex.each(B * H, CopyOrZero{dh, (double *)c->dh0 + cw.idx * B * H}));
+            if (c->dh0)
+                KF_TRY(ex.each(B * H, CopyOrZero<A, T>{dh, (T *)c->dh0 + cw.idx * B * H}));
+            if (is_low<T>()) KF_TRY(ex.each(N * 3 * H, CopyOrZero<A, T>{dgx, dgx_t}));
 
             // the whole-sequence products of this cell
             void *const *dw = c->dw ? c->dw + cw.idx * p->nw : nullptr;
-            auto W = [&](int j) { return dw ? (double *)dw[j] : nullptr; };
+            auto W = [&](int j) { return dw ? (T *)dw[j] : nullptr; };
             for (int g = 0; g < 3; g++) {
-                double *dwx, *dbx;
+                T *dwx, *dbx;
                 if (lo.agru) {
                     const int wx[3] = {KF__AGRU_W_Z, KF__AGRU_W_R, KF__AGRU_V_H};
                     const int bx[3] = {KF__AGRU_B_Z, KF__AGRU_B_R, KF__AGRU_B_H};
@@ -505,39 +598,46 @@ template <class X> kf_status rnn_backward(X &ex, const kf__rnn_bwd *c) {
                     dbx = W(KF__GRU_B_IH) ? W(KF__GRU_B_IH) + g * H : nullptr;
                 }
                 if (dwx)
-                    KF_TRY(ex.gemm(true, false, H, cw.in, N, 1.0, dgx + g * H, 3 * H, x, cw.in,
-                                   acc ? 1.0 : 0.0, dwx, cw.in));
-                if (dbx) KF_TRY(ex.each(H, ColumnSums<double>{dgx + g * H, dbx, N, 3 * H, acc}));
+                    KF_TRY(ex.gemm(true, false, H, cw.in, N, A(1), dgx_t + g * H, 3 * H, x,
+                                   cw.in, acc ? A(1) : A(0), dwx, cw.in));
+                if (dbx)
+                    KF_TRY(ex.each(H, ColumnSums<T, A>{dgx + g * H, dbx, N, 3 * H, acc}));
             }
             if (!lo.agru) {
-                if (W(KF__GRU_W_HH))
-                    KF_TRY(ex.gemm(true, false, 3 * H, H, N, 1.0, aux, 3 * H, hp, H,
-                                   acc ? 1.0 : 0.0, W(KF__GRU_W_HH), H));
+                if (W(KF__GRU_W_HH)) {
+                    KF_TRY(ex.gemm(true, false, 3 * H, H, N, A(1), aux, 3 * H, hp, H, A(0), gmat,
+                                   H));
+                    KF_TRY(ex.each(3 * H * H, StoreGrad<T>{gmat, W(KF__GRU_W_HH), acc}));
+                }
                 if (W(KF__GRU_B_HH))
                     KF_TRY(ex.each(3 * H,
-                                   ColumnSums<double>{aux, W(KF__GRU_B_HH), N, 3 * H, acc}));
+                                   ColumnSums<T, A>{aux, W(KF__GRU_B_HH), N, 3 * H, acc}));
             } else {
-                if (W(KF__AGRU_U_Z))
-                    KF_TRY(ex.gemm(true, false, H, H, N, 1.0, dgx, 3 * H, hp, H, acc ? 1.0 : 0.0,
-                                   W(KF__AGRU_U_Z), H));
-                if (W(KF__AGRU_U_R))
-                    KF_TRY(ex.gemm(true, false, H, H, N, 1.0, dgx + H, 3 * H, hp, H,
-                                   acc ? 1.0 : 0.0, W(KF__AGRU_U_R), H));
+                if (W(KF__AGRU_U_Z) || W(KF__AGRU_U_R)) { // [dU_z; dU_r] = [da_z da_r]^T hp
+                    KF_TRY(ex.gemm(true, false, 2 * H, H, N, A(1), dgx, 3 * H, hp, H, A(0), gmat,
+                                   H));
+                    if (W(KF__AGRU_U_Z))
+                        KF_TRY(ex.each(H * H, StoreGrad<T>{gmat, W(KF__AGRU_U_Z), acc}));
+                    if (W(KF__AGRU_U_R))
+                        KF_TRY(ex.each(H * H,
+                                       StoreGrad<T>{gmat + H * H, W(KF__AGRU_U_R), acc}));
+                }
                 if (W(KF__AGRU_W_H)) {
-                    KF_TRY(ex.gemm(true, false, H, H, N, 1.0, dgx + 2 * H, 3 * H, aux, H, 0.0,
+                    KF_TRY(ex.gemm(true, false, H, H, N, A(1), dgx + 2 * H, 3 * H, aux, H, A(0),
                                    gmat, H));
-                    KF_TRY(ex.each(H * H, FoldWh{gmat, W(KF__AGRU_W_H), H, acc}));
+                    KF_TRY(ex.each(H * H, FoldWh<T>{gmat, W(KF__AGRU_W_H), H, acc}));
                 }
                 if (W(KF__AGRU_EPS)) {
-                    KF_TRY(ex.each(N, RowSums{epsv, erows, H}));
-                    KF_TRY(ex.each(1, TotalInto{erows, W(KF__AGRU_EPS), N, acc}));
+                    KF_TRY(ex.each(N, RowSums<A>{epsv, erows, H}));
+                    KF_TRY(ex.each(1, TotalInto<T>{erows, W(KF__AGRU_EPS), N, acc}));
                 }
             }
             if (dx)
                 for (int g = 0; g < 3; g++)
-                    KF_TRY(ex.gemm(false, false, N, cw.in, H, 1.0, dgx + g * H, 3 * H, cw.wx[g],
-                                   cw.in, d || g ? 1.0 : 0.0, dx, cw.in));
+                    KF_TRY(ex.gemm(false, false, N, cw.in, H, A(1), dgx_t + g * H, 3 * H,
+                                   cw.wx[g], cw.in, d || g ? A(1) : A(0), dxs, cw.in));
         }
+        if (dx && is_low<T>()) KF_TRY(ex.each(N * in, CopyOrZero<A, T>{dxs, dx}));
     }
     return KF_OK;
 }

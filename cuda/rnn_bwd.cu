@@ -17,6 +17,8 @@
 //       da_r = drh h r (1-r), dh = g + r drh + [da_z, da_r] [U_z; U_r], d eps = sum g z d
 //       dA = da_d^T (r h) summed over rows, dW_h = dA - dA^T (since A = W_h - W_h^T - gamma I)
 #include "counter_rng.h"
+#include "lowp.h"
+#include "lowp_ops.h"
 #include "rnn_cuda.cuh"
 
 namespace {
@@ -381,7 +383,7 @@ kf_status launch_bwd_persistent(kf_context *ctx, const char *fn, const BwdArgs &
 // Rows per block: the fewest that keep the grid within one wave of the SMs; 0 when the
 // persistent kernel does not apply (same rule as the forward's).
 int bwd_persistent_rows(int H, int64_t B, int sms, size_t smem_optin) {
-    if (H % kKPT != 0 || H < 64 || H > 128) return 0;
+    if (!kf__rnn_persistent_h(H)) return 0;
     static const int kChoices[3] = {1, 2, 4};
     int pick = 0;
     for (int c : kChoices) {
@@ -518,7 +520,8 @@ kf_status wgrad(kf_context *ctx, const char *fn, int64_t rows_w, int64_t K, int6
 extern "C" kf_status kf__cuda_rnn_backward(kf_context *ctx, const kf__rnn_bwd *c) {
     static const char fn[] = "kf_rnn_backward";
     const struct kf_rnn_plan *p = c->plan;
-    if (p->dtype == KF_DTYPE_F64) return kf__cuda_rnn64_backward(ctx, c);
+    if (kf__cuda_rnn_plain(p)) return kf__cuda_rnn_plain_backward(ctx, c);
+    if (kf__dtype_is_lowp(p->dtype)) return kf__lowp_rnn_ops.backward(ctx, c);
     const int64_t T = c->T, B = c->B, H = p->H, D = p->D, L = p->L, TB = T * B;
     const bool agru = p->cell == KF_RNN_AGRU, acc = c->accumulate;
     cudaStream_t s = kf__stream(ctx);

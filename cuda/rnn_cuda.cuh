@@ -154,6 +154,11 @@ static __device__ __forceinline__ float kf__rnn_wrec(int H, bool agru, const flo
 constexpr int kKPT = 32, kMaxThreads = 384;
 __host__ __device__ constexpr int rk_for(int BB) { return BB == 1 ? 16 : BB == 2 ? 12 : 4; }
 
+// The hidden sizes the persistent kernels (forward and backward) take: 64, 96 and 128.
+static inline bool kf__rnn_persistent_h(int64_t H) {
+    return H % kKPT == 0 && H >= 64 && H <= 128;
+}
+
 // red[(s*BB + bb) * ld_red + 4cg .. +3] = sum over the slice of src[bb*ld_src + k] M[k][4cg..+3]
 template <int BB, int kRK>
 static __device__ __forceinline__ void kf__slice_matvec(const float *src, int ld_src, int k0,

@@ -13,6 +13,8 @@
 // Both paths evaluate the cell with the same expressions (same operation order outside the dot
 // products) and write the same reserve.
 #include "counter_rng.h"
+#include "lowp.h"
+#include "lowp_ops.h"
 #include "rnn_cuda.cuh"
 
 #include <math.h>
@@ -557,7 +559,7 @@ kf_status launch_persistent(kf_context *ctx, const char *fn, const FwdArgs &a, c
 // Rows per block: the fewest that keep the grid within one wave of the SMs, so that every
 // block runs at once; 0 when the persistent kernel does not apply to this shape.
 int persistent_rows(int H, int64_t B, int sms, size_t smem_optin) {
-    if (H % kKPT != 0 || H < 64 || H > 128) return 0;
+    if (!kf__rnn_persistent_h(H)) return 0;
     static const int kChoices[3] = {1, 2, 4};
     int pick = 0;
     for (int c : kChoices) {
@@ -629,10 +631,23 @@ kf_status kf__cuda_rnn_prep_wt(kf_context *ctx, const char *fn, const struct kf_
     return KF_OK;
 }
 
+// Float64 plans run the plain path (cuda/plain.cu), and so do bfloat16 and float16 plans except
+// where H is one the persistent float32 kernels take: there the recurrence is that kernel's one
+// launch for all T steps (against two launches per step on the plain path), worth the conversion
+// layer's copies (core/lowp_ops.c: O(tensor size) work, a few launches per call); elsewhere both
+// would run the same per-step products, and the plain path runs the input-side products on the
+// tensor cores, with no copies. Decided by the plan alone.
+bool kf__cuda_rnn_plain(const struct kf_rnn_plan *p) {
+    return p->dtype == KF_DTYPE_F64 ||
+           (kf__dtype_is_lowp(p->dtype) && !kf__rnn_persistent_h(p->H));
+}
+
 extern "C" void kf__cuda_rnn_sizes(const struct kf_rnn_plan *p, int64_t T, int64_t B,
                                    bool training, size_t *ws_bytes, size_t *reserve_bytes) {
-    if (p->dtype == KF_DTYPE_F64) return kf__cuda_rnn64_sizes(p, T, B, training, ws_bytes,
-                                                              reserve_bytes);
+    if (kf__cuda_rnn_plain(p))
+        return kf__cuda_rnn_plain_sizes(p, T, B, training, ws_bytes, reserve_bytes);
+    if (kf__dtype_is_lowp(p->dtype))
+        return kf__lowp_rnn_ops.sizes(p, T, B, training, ws_bytes, reserve_bytes);
     kf__rnn_cuda_layout lay;
     kf__rnn_cuda_layout_make(p, T, B, training, &lay);
     if (ws_bytes) *ws_bytes = lay.ws_bytes;
@@ -642,7 +657,8 @@ extern "C" void kf__cuda_rnn_sizes(const struct kf_rnn_plan *p, int64_t T, int64
 extern "C" kf_status kf__cuda_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c) {
     static const char fn[] = "kf_rnn_forward";
     const struct kf_rnn_plan *p = c->plan;
-    if (p->dtype == KF_DTYPE_F64) return kf__cuda_rnn64_forward(ctx, c);
+    if (kf__cuda_rnn_plain(p)) return kf__cuda_rnn_plain_forward(ctx, c);
+    if (kf__dtype_is_lowp(p->dtype)) return kf__lowp_rnn_ops.forward(ctx, c);
     const int64_t T = c->T, B = c->B, H = p->H, D = p->D, L = p->L;
     const bool agru = p->cell == KF_RNN_AGRU, train = c->training;
     cudaStream_t s = kf__stream(ctx);
@@ -670,7 +686,7 @@ extern "C" kf_status kf__cuda_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c)
 
     int64_t xts, xbs; // row strides of x and y (the user's layout)
     kf__rnn_row_strides(p, 0, T, B, &xts, &xbs);
-    // float32 views of the record (a float64 plan went to cuda/plain.cu above)
+    // float32 views of the record (the other plans went elsewhere above)
     const float *in = static_cast<const float *>(c->x);
     const float *h0_32 = static_cast<const float *>(c->h0);
     float *y32 = static_cast<float *>(c->y), *hn32 = static_cast<float *>(c->hn);
@@ -745,8 +761,8 @@ extern "C" kf_status kf__cuda_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c)
 
 namespace {
 
-// Float32 (low plans arrive as their float32 copies: core/lowp_ops.c) on the kernels above and
-// rnn_bwd.cu; float64 on cuda/plain.cu.
+// Float32 on the kernels above and rnn_bwd.cu; float64, bfloat16 and float16 as
+// kf__cuda_rnn_plain says (cuda/plain.cu, or these kernels through core/lowp_ops.c).
 kf_status rnn_supports(const struct kf_rnn_plan *p, const char *fn) {
     return kf__cuda_dtype_supported(p->dtype, fn);
 }

@@ -54,7 +54,7 @@ extern "C" {
 /* ---- version (the build reads these three lines to form the SONAME and package version) - */
 #define KF_VERSION_MAJOR 1
 #define KF_VERSION_MINOR 7
-#define KF_VERSION_PATCH 1
+#define KF_VERSION_PATCH 2
 /* The ABI generation; equals KF_VERSION_MAJOR. */
 #define KF_ABI_VERSION KF_VERSION_MAJOR
 /* MAJOR*10000 + MINOR*100 + PATCH, as kf_version() returns it. */
@@ -99,11 +99,13 @@ KF_API const char *kf_last_error_message(void);
  * since 1.5, on the CUDA backend since 1.6): a plan's tensors are in the type, its arithmetic
  * (products, reductions, gates, the recurrent state) is float32, results are rounded to nearest
  * even (NaN stays NaN), and an accumulated gradient is round(g_old + g) with the sum in float32.
- * On CUDA the KAN layers (since 1.7) and SKLinear (since 1.7.1) run their products on the tensor
- * cores, so a product's operands are in the type too (the KAN bases and combined weight,
- * SKLinear's bottleneck: rounded as torch's own low-precision layers round them). Their
- * workspace queries include float32 copies of the call's tensors where a backend converts
- * them (the low-type operands where it does not); the recurrent reserves are float32's. */
+ * On CUDA the KAN layers (since 1.7), SKLinear (since 1.7.1) and the recurrent layers' input-side
+ * products where H is not 64, 96 or 128 (since 1.7.2) run on the tensor cores, so a product's
+ * operands are in the type too (the KAN bases and combined weight, SKLinear's bottleneck, each
+ * recurrent layer's output and gate gradients: rounded as torch's own low-precision layers round
+ * them). Their workspace queries include float32 copies of the call's tensors where a backend
+ * converts them (the low-type operands where it does not); the recurrent reserves hold float32
+ * states and gates. */
 typedef enum kf_dtype {
     KF_DTYPE_F32 = 1, /* IEEE binary32: the only dtype of 1.0's ops */
     KF_DTYPE_F64 = 2, /* IEEE binary64: every op on the CPU backend since 1.4 */

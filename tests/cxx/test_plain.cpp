@@ -1,12 +1,13 @@
 // The CUDA backend's plain path (cuda/plain.cuh, plain_rnn.cuh: the code cuda/plain.cu runs on
-// the GPU with cuBLAS), compiled here for the host with a loop executor: naive float64
-// GEMMs and every elementwise pass run in a shuffled order (a functor that read what another
-// index writes, or wrote what it does not own, would show). Held against the float64 references
-// of tests/c (ref_sklinear.c, ref_kan.c, written from the layers' definitions; KANConv2d through
-// a naive unfold and fold here) within 1e-12 relative: every output, absent outputs, accumulated
-// gradients, no base term, no scaler, spline orders 0 to 5, repeated knots, points outside the
-// grid, and KAN calls split into several chunks (a short last one), including several images per
-// chunk of a convolution.
+// the GPU with cuBLAS), compiled here for the host with a loop executor: naive GEMMs and every
+// elementwise pass run in a shuffled order (a functor that read what another index writes, or
+// wrote what it does not own, would show). Held against the float64 references of tests/c
+// (ref_sklinear.c, ref_kan.c, ref_rnn.c, written from the layers' definitions; KANConv2d through
+// a naive unfold and fold here): float64 within 1e-12 relative (every output, absent outputs,
+// accumulated gradients, no base term, no scaler, spline orders 0 to 5, repeated knots, points
+// outside the grid, KAN calls split into several chunks (a short last one), including several
+// images per chunk of a convolution; GRU and A-GRU with layers, directions, lengths, dropout),
+// and the bfloat16 / float16 paths within a few units of the type's roundoff (below).
 #include <criterion/criterion.h>
 
 #include <algorithm>
@@ -392,88 +393,114 @@ struct RnnCase {
     float dropout;
 };
 
-void check_rnn(const RnnCase &k) {
+// A case's plan (dtype dt), reference configuration and inputs: x, h0, dy, dhn and the weights
+// drawn in float64 (a low case rounds them before use), lengths with an empty sequence.
+struct RnnData {
+    ref_rnn_cfg rc;
+    kf_rnn_plan p;
+    std::vector<Vec> w;
+    Vec x, h0, dy, dhn;
+    std::vector<int32_t> len;
+    int64_t nx, ny, nh;
+};
+
+RnnData rnn_data(const RnnCase &k, kf_dtype dt) {
     std::mt19937 rng((unsigned)(k.cell * 1000 + k.L * 100 + k.D * 10 + k.H + k.T));
-    ref_rnn_cfg rc = {};
+    RnnData d = {};
+    ref_rnn_cfg &rc = d.rc;
     rc.cell = k.cell, rc.L = k.L, rc.D = k.D, rc.I = k.I, rc.H = k.H, rc.T = k.T, rc.B = k.B;
     rc.batch_first = k.batch_first, rc.training = 1, rc.dropout = k.dropout, rc.gamma = 0.05f;
     rc.seed = 1234, rc.offset = 77;
-    kf_rnn_plan p = {};
+    kf_rnn_plan &p = d.p;
     p.cell = k.cell == REF_AGRU ? KF_RNN_AGRU : KF_RNN_GRU;
     p.L = k.L, p.D = k.D, p.I = k.I, p.H = k.H, p.batch_first = k.batch_first;
-    p.dtype = KF_DTYPE_F64, p.dropout = k.dropout, p.gamma = rc.gamma;
+    p.dtype = dt, p.dropout = k.dropout, p.gamma = rc.gamma;
     p.nw = ref_rnn_group_size(&rc), p.num_weights = ref_rnn_num_weights(&rc);
-    const int nw = p.num_weights;
-    std::vector<Vec> w(nw), dw(nw), dw_ref(nw);
-    std::vector<const void *> wp(nw);
-    std::vector<const double *> wr(nw);
-    for (int i = 0; i < nw; ++i) {
+    d.w.resize(p.num_weights);
+    for (int i = 0; i < p.num_weights; ++i) {
         int nd;
         int64_t sh[2];
-        const int64_t n = ref_rnn_weight_desc(&rc, i, nullptr, 0, &nd, sh);
-        w[i] = random(rng, n, -0.5, 0.5);
-        dw_ref[i] = Vec(n);
-        wp[i] = w[i].data(), wr[i] = w[i].data();
+        d.w[i] = random(rng, ref_rnn_weight_desc(&rc, i, nullptr, 0, &nd, sh), -0.5, 0.5);
     }
-    const int64_t nx = ref_rnn_x_numel(&rc), ny = ref_rnn_y_numel(&rc), nh = ref_rnn_h_numel(&rc);
-    Vec x = random(rng, nx), h0 = random(rng, nh), dy = random(rng, ny), dhn = random(rng, nh);
-    std::vector<int32_t> len(k.B);
-    for (int64_t b = 0; b < k.B; ++b) len[b] = (int32_t)((k.T * (b + 1) + k.B - 1) / k.B);
-    len[0] = 0; // an empty sequence too
-    const int32_t *lengths = k.lengths ? len.data() : nullptr;
-    const double *h0p = k.h0 ? h0.data() : nullptr;
+    d.nx = ref_rnn_x_numel(&rc), d.ny = ref_rnn_y_numel(&rc), d.nh = ref_rnn_h_numel(&rc);
+    d.x = random(rng, d.nx), d.h0 = random(rng, d.nh), d.dy = random(rng, d.ny);
+    d.dhn = random(rng, d.nh);
+    d.len.resize(k.B);
+    for (int64_t b = 0; b < k.B; ++b) d.len[b] = (int32_t)((k.T * (b + 1) + k.B - 1) / k.B);
+    d.len[0] = 0; // an empty sequence too
+    return d;
+}
+
+// Pointers to the vectors of v, as the records take them.
+template <class P, class V> std::vector<P> ptrs(std::vector<V> &v) {
+    std::vector<P> o(v.size());
+    for (size_t i = 0; i < v.size(); ++i) o[i] = v[i].data();
+    return o;
+}
+
+void check_rnn(const RnnCase &k) {
+    RnnData dd = rnn_data(k, KF_DTYPE_F64);
+    const ref_rnn_cfg &rc = dd.rc;
+    kf_rnn_plan &p = dd.p;
+    const int nw = p.num_weights;
+    const int64_t nx = dd.nx, ny = dd.ny, nh = dd.nh;
+    std::vector<Vec> dw(nw), dw_ref(nw);
+    for (int i = 0; i < nw; ++i) dw_ref[i] = Vec(dd.w[i].size());
+    const std::vector<const void *> wp = ptrs<const void *>(dd.w);
+    const std::vector<const double *> wr = ptrs<const double *>(dd.w);
+    std::mt19937 rng(99);
+    const int32_t *lengths = k.lengths ? dd.len.data() : nullptr;
+    const double *h0p = k.h0 ? dd.h0.data() : nullptr;
 
     size_t ws_bytes = 0, res_bytes = 0;
-    kf_plain::rnn_sizes(&p, k.T, k.B, true, &ws_bytes, &res_bytes);
+    kf_plain::rnn_sizes<double>(&p, k.T, k.B, true, &ws_bytes, &res_bytes);
     // workspace and reserve NaN-filled: a value read before it is written shows
     Vec ws(ws_bytes / 8 + 1, NAN), res(res_bytes / 8 + 1, NAN), y(ny, NAN), hn(nh, NAN);
     HostExec ex;
     kf__rnn_fwd f = {};
-    f.plan = &p, f.T = k.T, f.B = k.B, f.training = true, f.x = x.data(), f.h0 = h0p;
+    f.plan = &p, f.T = k.T, f.B = k.B, f.training = true, f.x = dd.x.data(), f.h0 = h0p;
     f.w = wp.data(), f.lengths = lengths, f.seed = rc.seed, f.offset = rc.offset;
     f.y = y.data(), f.hn = hn.data(), f.ws = ws.data(), f.ws_bytes = ws_bytes;
     f.reserve = res.data(), f.reserve_bytes = res_bytes;
-    cr_assert_eq(kf_plain::rnn_forward(ex, &f), KF_OK);
+    cr_assert_eq(kf_plain::rnn_forward<double>(ex, &f), KF_OK);
     Vec y_ref(ny), hn_ref(nh);
-    ref_rnn_forward_f64(&rc, x.data(), h0p, wr.data(), lengths, y_ref.data(), hn_ref.data());
+    ref_rnn_forward_f64(&rc, dd.x.data(), h0p, wr.data(), lengths, y_ref.data(), hn_ref.data());
     expect_close(y, y_ref, "RNN y");
     expect_close(hn, hn_ref, "RNN hn");
 
     // inference: no reserve, no dropout, the same y without dropout when p = 0
     if (k.dropout == 0.0f) {
         size_t wsi = 0, resi = 0;
-        kf_plain::rnn_sizes(&p, k.T, k.B, false, &wsi, &resi);
+        kf_plain::rnn_sizes<double>(&p, k.T, k.B, false, &wsi, &resi);
         cr_assert_eq(resi, 0u);
         Vec wsv(wsi / 8 + 1, NAN), yi(ny, NAN);
         kf__rnn_fwd fi = f;
         fi.training = false, fi.y = yi.data(), fi.hn = nullptr, fi.ws = wsv.data();
         fi.ws_bytes = wsi, fi.reserve = nullptr, fi.reserve_bytes = 0;
-        cr_assert_eq(kf_plain::rnn_forward(ex, &fi), KF_OK);
+        cr_assert_eq(kf_plain::rnn_forward<double>(ex, &fi), KF_OK);
         expect_close(yi, y_ref, "RNN y (inference)");
     }
 
-    const double *dyp = k.dy ? dy.data() : nullptr, *dhnp = k.dhn ? dhn.data() : nullptr;
+    const double *dyp = k.dy ? dd.dy.data() : nullptr, *dhnp = k.dhn ? dd.dhn.data() : nullptr;
     Vec dx_ref(nx), dh0_ref(nh);
-    std::vector<double *> dwr(nw);
-    for (int i = 0; i < nw; ++i) dwr[i] = dw_ref[i].data();
-    ref_rnn_backward_f64(&rc, x.data(), h0p, wr.data(), lengths, dyp, dhnp, dx_ref.data(),
+    std::vector<double *> dwr = ptrs<double *>(dw_ref);
+    ref_rnn_backward_f64(&rc, dd.x.data(), h0p, wr.data(), lengths, dyp, dhnp, dx_ref.data(),
                          dh0_ref.data(), dwr.data());
     for (bool acc : {false, true}) {
         Vec dx(nx, NAN), dh0(nh, NAN);
         std::vector<Vec> start(nw);
-        std::vector<void *> dwp(nw);
         for (int i = 0; i < nw; ++i) {
-            start[i] = random(rng, (int64_t)w[i].size());
-            dw[i] = acc ? start[i] : Vec(w[i].size(), NAN);
-            dwp[i] = dw[i].data();
+            start[i] = random(rng, (int64_t)dd.w[i].size());
+            dw[i] = acc ? start[i] : Vec(dd.w[i].size(), NAN);
         }
+        std::vector<void *> dwp = ptrs<void *>(dw);
         kf__rnn_bwd c = {};
-        c.plan = &p, c.T = k.T, c.B = k.B, c.x = x.data(), c.h0 = h0p, c.w = wp.data();
+        c.plan = &p, c.T = k.T, c.B = k.B, c.x = dd.x.data(), c.h0 = h0p, c.w = wp.data();
         c.lengths = lengths, c.seed = rc.seed, c.offset = rc.offset, c.dy = dyp, c.dhn = dhnp;
         c.dx = dx.data(), c.dh0 = dh0.data(), c.dw = dwp.data(), c.accumulate = acc;
         c.ws = ws.data(), c.ws_bytes = ws_bytes, c.reserve = res.data();
         c.reserve_bytes = res_bytes;
-        cr_assert_eq(kf_plain::rnn_backward(ex, &c), KF_OK);
+        cr_assert_eq(kf_plain::rnn_backward<double>(ex, &c), KF_OK);
         expect_close(dx, dx_ref, "RNN dx");
         expect_close(dh0, dh0_ref, "RNN dh0");
         for (int i = 0; i < nw; ++i)
@@ -498,20 +525,23 @@ Test(plain, agru) {
     check_rnn({REF_AGRU, 1, 1, 3, 4, 0, 2, false, false, true, true, true, 0.0f}); // T = 0
 }
 
-// ---- SKLinear and KAN in bfloat16 and float16 (the tensor-core path) ---------------------------
+// ---- bfloat16 and float16 (the tensor-core path) ----------------------------------------------
 //
-// Inputs drawn in float64 and rounded to the low type, so that the reference (ref_skl, ref_kan in
-// float64 on the rounded values) and the path see the same numbers. The path rounds every
-// product's operands to the low type (SKLinear's bottleneck Z, dZ, Z2; KAN's A, SiLU and the
-// bases, and its combined weight W) and accumulates the products in float32, as torch's own
-// bfloat16 layers round every operand of their products; the bound on the relative error
+// Inputs drawn in float64 and rounded to the low type, so that the reference (ref_skl, ref_kan,
+// ref_rnn in float64 on the rounded values) and the path see the same numbers. SKLinear and KAN
+// round every product's operands to the low type (SKLinear's bottleneck Z, dZ, Z2; KAN's A, SiLU
+// and the bases, and its combined weight W) and accumulate the products in float32, as torch's
+// own bfloat16 layers round every operand of their products; the bound on the relative error
 // (Frobenius norms) is kLowBound units u of the type (2^-8 bfloat16, 2^-11 float16): the
 // output's own rounding (about u / 2 in norm) and the operands' (independent, they average out
-// over the K terms).
+// over the K terms). GRU and A-GRU round each layer's output and (for the input-side products)
+// dG_x too, and carry the rounding of x and of the outputs through the recurrence:
+// kRnnLowBound (measured 0.6-1.3 u).
 
 namespace {
 
 constexpr double kLowBound = 2.0;
+constexpr double kRnnLowBound = 3.0;
 
 template <class T> double unit_roundoff() {
     return std::is_same<T, kf_plain::bf16>::value ? 0x1p-8 : 0x1p-11;
@@ -529,16 +559,30 @@ template <class T> Vec from_low(const std::vector<T> &v) {
     return o;
 }
 
-// ||got - want|| / ||want|| <= kLowBound u; returns the ratio to u.
-template <class T> double expect_low(const std::vector<T> &got, const Vec &want, const char *what) {
+// Half the spacing of the type's subnormals: the absolute error of rounding a value too small for
+// u to describe (float16 below 2^-14: a gradient of 5e-7 keeps 3 bits; bfloat16 has float32's
+// range).
+template <class T> double subnormal_floor() {
+    return std::is_same<T, kf_plain::bf16>::value ? 0x1p-134 : 0x1p-25;
+}
+
+// ||got - want|| <= bound (u ||want|| + f sqrt(n)) with f the type's subnormal floor (what
+// rounding the n results alone may cost); returns ||got - want|| / (u ||want|| + f sqrt(n)), the
+// error in units of u where the values are normal.
+template <class T>
+double expect_low(const std::vector<T> &got, const Vec &want, const char *what,
+                  double bound = kLowBound) {
     const Vec g = from_low(got);
     double num = 0.0, den = 0.0;
     for (size_t i = 0; i < g.size(); ++i) {
         cr_assert(std::isfinite(g[i]), "%s[%zu] is not finite", what, i);
         num += (g[i] - want[i]) * (g[i] - want[i]), den += want[i] * want[i];
     }
-    const double e = std::sqrt(num / (den > 0 ? den : 1e-300)) / unit_roundoff<T>();
-    cr_assert(e <= kLowBound, "%s: relative error %.3g u > %.3g u", what, e, kLowBound);
+    const double unit = unit_roundoff<T>() * std::sqrt(den) +
+                        subnormal_floor<T>() * std::sqrt((double)g.size());
+    const double e = std::sqrt(num) / unit;
+    cr_assert(e <= bound, "%s: error %.3g u > %.3g u (norm of the result %.3g)", what, e, bound,
+              std::sqrt(den));
     return e;
 }
 
@@ -659,6 +703,83 @@ void check_sklinear_low(int64_t N, int64_t in, int64_t out, int32_t L, int32_t k
                 std::is_same<T, kf_plain::bf16>::value ? "bf16" : "f16", emax);
 }
 
+// GRU / A-GRU in T against ref_rnn in float64 on the rounded inputs: y and hn (training, with
+// the case's dropout), then dx, dh0 and every weight gradient, alone and accumulated onto the
+// result itself. Besides the outputs' own rounding the path rounds every layer's output (the next
+// layer's input) and, for the input-side products, dG_x to T; the recurrence is float32.
+template <class T> void check_rnn_low(const RnnCase &k) {
+    const kf_dtype dt = std::is_same<T, kf_plain::bf16>::value ? KF_DTYPE_BF16 : KF_DTYPE_F16;
+    RnnData dd = rnn_data(k, dt);
+    for (Vec *v : {&dd.x, &dd.h0, &dd.dy, &dd.dhn}) *v = rounded<T>(*v);
+    for (Vec &v : dd.w) v = rounded<T>(v);
+    const ref_rnn_cfg &rc = dd.rc;
+    kf_rnn_plan &p = dd.p;
+    const int nw = p.num_weights;
+    const int32_t *lengths = k.lengths ? dd.len.data() : nullptr;
+    const double *h0p = k.h0 ? dd.h0.data() : nullptr;
+    const double *dyp = k.dy ? dd.dy.data() : nullptr, *dhnp = k.dhn ? dd.dhn.data() : nullptr;
+    Vec y_ref(dd.ny), hn_ref(dd.nh), dx_ref(dd.nx), dh0_ref(dd.nh);
+    std::vector<Vec> dw_ref(nw);
+    for (int i = 0; i < nw; ++i) dw_ref[i] = Vec(dd.w[i].size());
+    const std::vector<const double *> wr = ptrs<const double *>(dd.w);
+    std::vector<double *> dwr = ptrs<double *>(dw_ref);
+    ref_rnn_forward_f64(&rc, dd.x.data(), h0p, wr.data(), lengths, y_ref.data(), hn_ref.data());
+    ref_rnn_backward_f64(&rc, dd.x.data(), h0p, wr.data(), lengths, dyp, dhnp, dx_ref.data(),
+                         dh0_ref.data(), dwr.data());
+
+    std::vector<std::vector<T>> wl(nw);
+    for (int i = 0; i < nw; ++i) wl[i] = to_low<T>(dd.w[i]);
+    const std::vector<const void *> wp = ptrs<const void *>(wl);
+    const auto xl = to_low<T>(dd.x), h0l = to_low<T>(dd.h0), dyl = to_low<T>(dd.dy),
+               dhnl = to_low<T>(dd.dhn);
+    size_t ws_bytes = 0, res_bytes = 0;
+    kf_plain::rnn_sizes<T>(&p, k.T, k.B, true, &ws_bytes, &res_bytes);
+    // workspace and reserve NaN-filled (all-ones bytes: a NaN in every type)
+    std::vector<unsigned char> ws(ws_bytes, 0xff), res(res_bytes, 0xff); // exact: ASan sees past
+    std::vector<T> y(dd.ny), hn(dd.nh);
+    HostExec ex;
+    kf__rnn_fwd f = {};
+    f.plan = &p, f.T = k.T, f.B = k.B, f.training = true, f.x = xl.data();
+    f.h0 = k.h0 ? h0l.data() : nullptr, f.w = wp.data(), f.lengths = lengths;
+    f.seed = rc.seed, f.offset = rc.offset, f.y = y.data(), f.hn = hn.data();
+    f.ws = ws.data(), f.ws_bytes = ws_bytes, f.reserve = res.data(), f.reserve_bytes = res_bytes;
+    cr_assert_eq(kf_plain::rnn_forward<T>(ex, &f), KF_OK);
+    double emax = expect_low(y, y_ref, "low RNN y", kRnnLowBound);
+    emax = std::max(emax, expect_low(hn, hn_ref, "low RNN hn", kRnnLowBound));
+
+    std::vector<T> dx(dd.nx), dh0(dd.nh);
+    std::vector<std::vector<T>> dw(nw);
+    for (int i = 0; i < nw; ++i) dw[i].resize(dd.w[i].size());
+    std::vector<void *> dwp = ptrs<void *>(dw);
+    kf__rnn_bwd c = {};
+    c.plan = &p, c.T = k.T, c.B = k.B, c.x = f.x, c.h0 = f.h0, c.w = wp.data();
+    c.lengths = lengths, c.seed = rc.seed, c.offset = rc.offset;
+    c.dy = k.dy ? dyl.data() : nullptr, c.dhn = k.dhn ? dhnl.data() : nullptr;
+    c.dx = dx.data(), c.dh0 = dh0.data(), c.dw = dwp.data();
+    c.ws = ws.data(), c.ws_bytes = ws_bytes, c.reserve = res.data(), c.reserve_bytes = res_bytes;
+    for (bool acc : {false, true}) { // accumulated: onto the result itself, so 2 g
+        c.accumulate = acc;
+        cr_assert_eq(kf_plain::rnn_backward<T>(ex, &c), KF_OK);
+        const double m = acc ? 2.0 : 1.0;
+        auto scaled = [m](const Vec &v) {
+            Vec o(v);
+            for (double &e : o) e *= m;
+            return o;
+        };
+        if (!acc) {
+            emax = std::max(emax, expect_low(dx, dx_ref, "low RNN dx", kRnnLowBound));
+            emax = std::max(emax, expect_low(dh0, dh0_ref, "low RNN dh0", kRnnLowBound));
+        }
+        for (int i = 0; i < nw; ++i) {
+            char what[64];
+            snprintf(what, sizeof what, "low RNN dw[%d]%s", i, acc ? " accumulated" : "");
+            emax = std::max(emax, expect_low(dw[i], scaled(dw_ref[i]), what, kRnnLowBound));
+        }
+    }
+    cr_log_info("%s %s: max error %.2f u", std::is_same<T, kf_plain::bf16>::value ? "bf16" : "f16",
+                k.cell == REF_AGRU ? "A-GRU" : "GRU", emax);
+}
+
 } // namespace
 
 Test(plain, sklinear_low_precision) {
@@ -677,4 +798,24 @@ Test(plain, kan_low_precision) {
     const ConvShape a = {3, 2, 6, 5, 3, 3, 1, 1, 1, 1, 1, 1};
     check_kan_low<kf_plain::bf16>(0, {0, 4, 5, 3, true, true}, &a);
     check_kan_low<kf_plain::f16>(0, {0, 4, 5, 3, true, true}, &a);
+}
+
+// The float64 cases' shapes (T = 0 aside), and a larger two-layer one.
+Test(plain, gru_low_precision) {
+    using kf_plain::bf16;
+    using kf_plain::f16;
+    check_rnn_low<bf16>({REF_GRU, 1, 1, 5, 6, 7, 3, false, false, true, true, false, 0.0f});
+    check_rnn_low<f16>({REF_GRU, 1, 1, 5, 6, 7, 3, false, false, true, true, false, 0.0f});
+    check_rnn_low<bf16>({REF_GRU, 2, 2, 4, 5, 6, 4, true, true, false, true, true, 0.3f});
+    check_rnn_low<f16>({REF_GRU, 3, 1, 3, 4, 5, 3, false, true, true, false, true, 0.25f});
+    check_rnn_low<bf16>({REF_GRU, 2, 2, 24, 40, 9, 16, false, true, true, true, true, 0.0f});
+}
+
+Test(plain, agru_low_precision) {
+    using kf_plain::bf16;
+    using kf_plain::f16;
+    check_rnn_low<bf16>({REF_AGRU, 1, 1, 5, 6, 7, 3, false, false, true, true, false, 0.0f});
+    check_rnn_low<f16>({REF_AGRU, 2, 1, 4, 5, 6, 4, true, true, false, true, true, 0.3f});
+    check_rnn_low<bf16>({REF_AGRU, 3, 1, 3, 4, 5, 3, false, true, true, true, true, 0.0f});
+    check_rnn_low<f16>({REF_AGRU, 2, 1, 24, 40, 9, 16, true, true, true, true, true, 0.0f});
 }

@@ -27,6 +27,7 @@ import kfuse.torch as kt  # noqa: E402
 from torch import nn  # noqa: E402
 
 import agru_reference  # noqa: E402
+from devices import cuda_ok  # noqa: E402
 from kan_reference import ref_forward  # noqa: E402
 from test_kan_conv import ref_conv_forward  # noqa: E402
 from test_sklinear import reference_forward as skl_reference  # noqa: E402
@@ -198,6 +199,31 @@ def test_autocast_gru_output_as_torch_gru():
     want = _loaded(nn.GRU(6, 12, num_layers=2, dtype=torch.float64), m.bfloat16().double())(
         x.bfloat16().double())[0]
     assert _rel(y, want) <= 2 * _rel(yr, want)
+
+
+@pytest.mark.skipif(not cuda_ok(), reason="needs torch CUDA and a CUDA build of kfuse")
+@pytest.mark.parametrize("dt", LOW, ids=str)
+@pytest.mark.parametrize("H", [12, 64], ids=["plain", "persistent"])
+def test_cuda_autocast_gru_as_torch_gru(dt, H):
+    """Under torch.autocast("cuda"), kfuse's GRU runs its low plan (H = 12: the plain path, the
+    input-side products on the tensor cores; H = 64: the persistent float32 kernels on converted
+    copies): y and h_n in the autocast dtype, as torch.nn.GRU gives them under CUDA autocast, y's
+    error against float64 within 2x that of torch.nn.GRU run in that dtype, and float32
+    gradients for the float32 parameters."""
+    torch.manual_seed(4)
+    kw = {"num_layers": 2, "bidirectional": True, "device": "cuda"}
+    m = kt.GRU(6, H, **kw)
+    x = torch.randn(7, 4, 6, device="cuda")
+    with torch.autocast("cuda", dtype=dt):
+        y, hn = m(x)
+    assert y.dtype == hn.dtype == dt
+    low = copy.deepcopy(m).to(dt)
+    yr = _loaded(nn.GRU(6, H, dtype=dt, **kw), low)(x.to(dt))[0]
+    want = _loaded(nn.GRU(6, H, dtype=torch.float64, **kw), low)(x.to(dt).double())[0]
+    assert _rel(y, want) <= 2 * _rel(yr, want) + 1e-6, (_rel(y, want), _rel(yr, want))
+    y.float().sum().backward()
+    for n, p in m.named_parameters():
+        assert p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all(), n
 
 
 # ---- the operators in the low dtypes (torch 2.x: torch.library) ----------------------------------

@@ -137,25 +137,20 @@ def autocast_dtype(device):
     return None
 
 
-def autocast_inputs(x, tensors, native_cuda=False):
-    """A kfuse layer under autocast, as torch's autocast treats nn.Linear (and, on the CPU,
-    torch.nn.GRU): where autocast is on for x's device, x and the layer's floating tensors
-    (parameters, buffers, h0) are cast to its dtype for this call, so the layer runs in that
-    dtype (bfloat16/float16 storage, float32 arithmetic) and its output has it; the casts are
-    differentiable, so float32 master parameters receive float32 gradients. On CUDA that holds
-    for a layer whose low plans run natively there (`native_cuda`: SKLinear and the KAN layers,
-    whose products run on the tensor cores); for the others (the recurrent layers) everything is
-    cast to float32 instead and the caller casts the output to the autocast dtype, since their
-    CUDA low plans run the float32 kernels through conversions. Returns (x, tensors, dtype of
-    the output or None where autocast is off: nothing cast)."""
+def autocast_inputs(x, tensors):
+    """A kfuse layer under autocast, as torch's autocast treats nn.Linear (and torch.nn.GRU: on
+    the CPU, and cuDNN's RNNs on CUDA): where autocast is on for x's device, x and the layer's
+    floating tensors (parameters, buffers, h0) are cast to its dtype for this call, so the layer
+    runs its plan of that dtype (bfloat16/float16 storage, float32 arithmetic) and its outputs
+    have it; the casts are differentiable, so float32 master parameters receive float32
+    gradients. Returns (x, tensors), cast or as they were."""
     dt = autocast_dtype(x.device) if _any_autocast() else None
     if dt is None:
-        return x, tensors, None
-    run = dt if x.device.type == "cpu" or native_cuda else torch.float32
+        return x, tensors
 
     def cast(t):
-        return t.to(run) if t is not None and t.is_floating_point() else t
-    return cast(x), [cast(t) for t in tensors], dt
+        return t.to(dt) if t is not None and t.is_floating_point() else t
+    return cast(x), [cast(t) for t in tensors]
 
 
 def on_device(x, body, *args):

@@ -359,12 +359,12 @@ class _KANLayer(nn.Module):
             self, _PLAIN_LAYERS, _RUN_ATTRS if self.enable_standalone_scale_spline
             else _RUN_ATTRS[:-1])
         ss = ss[0] if ss else None
-        x, (grid, bw, sw, ss), cast = autocast_inputs(x, (grid, bw, sw, ss), native_cuda=True)
+        x, (grid, bw, sw, ss) = autocast_inputs(x, (grid, bw, sw, ss))
         if type(act) is nn.SiLU:
             y = self._op(x, grid, bw, sw, ss)
         else:
             y = self._base_branch(x, bw) + self._op(x, grid, None, sw, ss)
-        return y if cast is None else y.to(cast)
+        return y
 
     @torch.no_grad()
     def update_grid(self, x, margin=0.01):
@@ -443,8 +443,8 @@ class KANLinear(_KANLayer):
     storage in the type, float32 arithmetic), or float64 (dtype=torch.float64, .double(); on
     CUDA since kfuse 1.7); another dtype raises kfuse.Unsupported, and an input of another
     dtype than the parameters' a kfuse.InvalidArgument naming it. Autocast: under
-    torch.autocast (CPU bfloat16; CUDA bfloat16 or float16, where kfuse 1.7 runs the layer's
-    products on the tensor cores), input and parameters are cast to the autocast dtype for the
+    torch.autocast (CPU bfloat16; CUDA bfloat16 or float16, where the layer's products run on
+    the tensor cores), input and parameters are cast to the autocast dtype for the
     call and the output has it, as torch's autocast treats nn.Linear (float32 master parameters
     get float32 gradients); docs/precision.md.
 

@@ -217,7 +217,7 @@ class _KfuseRNNBase(nn.Module):
         return torch.zeros(w.shape[0], dtype=w.dtype, device=w.device)
 
     def _run(self, x, hx, lengths):
-        x, (hx, *weights), cast = autocast_inputs(x, [hx] + self._canonical_weights())
+        x, (hx, *weights) = autocast_inputs(x, [hx] + self._canonical_weights())
         dropout = self.dropout if self.training else 0.0
         # (a trace must not depend on the grad mode it was recorded in: torch.jit.trace's check
         # reruns under no_grad)
@@ -234,7 +234,7 @@ class _KfuseRNNBase(nn.Module):
                        self.num_layers, bool(self.batch_first),
                        bool(getattr(self, "bidirectional", False)), float(dropout),
                        float(self.__dict__.get("gamma", 0.01)), training, seed)
-        return (y, hn) if cast is None else (y.to(cast), hn.to(cast))
+        return y, hn
 
     def forward(self, input, hx=None):
         if isinstance(input, PackedSequence):
@@ -270,11 +270,11 @@ class GRU(_KfuseRNNBase):
     float16 (storage in the type, float32 arithmetic and state), or float64 (on CUDA since
     kfuse 1.7); another dtype raises kfuse.Unsupported with the library's message, and an
     input of another dtype than the parameters' kfuse.InvalidArgument (a
-    ValueError) naming both. Autocast, as torch.nn.GRU does on the CPU (torch 1.13 and 2.x):
-    under torch.autocast (CPU bfloat16), input, h0 and parameters are cast to the autocast
-    dtype for the call and output and h_n have it (float32 master parameters get float32
-    gradients; on CUDA, where the low plans would run the same float32 kernels
-    through conversions, the layer computes in float32 and casts its outputs); docs/precision.md.
+    ValueError) naming both. Autocast, as torch.nn.GRU does (torch 1.13 and 2.x): under
+    torch.autocast (CPU bfloat16; CUDA bfloat16 or float16), input, h0 and parameters are cast
+    to the autocast dtype for the call and output and h_n have it (float32 master parameters
+    get float32 gradients); on CUDA the input-side products then run on the tensor cores where
+    H is not 64, 96 or 128 (those take the persistent float32 kernels); docs/precision.md.
     """
 
     _cell = "gru"

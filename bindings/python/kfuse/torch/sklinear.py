@@ -164,8 +164,8 @@ class SKLinear(nn.Module):
     parameters': float32, bfloat16 or float16 (storage in the type, float32 arithmetic;
     Panther's kernel tests run float16), or float64 (on CUDA since kfuse 1.7); another dtype
     raises kfuse.Unsupported at construction with the library's message.
-    Autocast: under torch.autocast (CPU bfloat16; CUDA bfloat16 or float16, where kfuse 1.7.1 runs
-    the layer's two products on the tensor cores), input and parameters are cast to the autocast
+    Autocast: under torch.autocast (CPU bfloat16; CUDA bfloat16 or float16, where the layer's two
+    products run on the tensor cores), input and parameters are cast to the autocast
     dtype for the call and the output has it, as torch's autocast treats nn.Linear (float32
     master parameters get float32 gradients); docs/precision.md.
 
@@ -244,14 +244,14 @@ class SKLinear(nn.Module):
     def forward(self, h_in):
         # x [..., in] -> y [..., out]; the library takes up to KF_MAX_DIMS dims as they are
         # (a 1-D x is one row and gives a 1-D y, as in Panther), more are flattened here.
-        x, tensors, cast = autocast_inputs(h_in, self._tensors(), native_cuda=True)
+        x, tensors = autocast_inputs(h_in, self._tensors())
         if x.dim() > _MAX_DIMS and x.shape[-1] > 0:
             lead = x.shape[:-1]
             y = sklinear(x.reshape(-1, x.shape[-1]), *tensors)
             y = y.view(*lead, y.shape[-1])
         else:
             y = sklinear(x, *tensors)
-        return y if cast is None else y.to(cast)
+        return y
 
     def _tensors(self):
         return module_attrs(self, (SKLinear,), _NAMES)
