@@ -258,6 +258,34 @@ def test_onnx_export_refuses(name):
         torch.onnx.export(m, (x,), io.BytesIO(), **kw)
 
 
+# ---- double backward: refused with a clear error, never silently wrong ----------------------------
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_double_backward_raises_clear_error(name):
+    """The issue's contract: double backward is not supported and says so. A first-order gradient
+    taken with create_graph=True has the plain gradient's values; differentiating it again
+    (backward through it, torch.autograd.grad of it as gradgradcheck does, a gradient penalty on
+    the parameters' gradients behind a Linear) raises a RuntimeError naming the kfuse operator,
+    where it would otherwise count the kfuse gradient as a constant and give a wrong result."""
+    m, x, _ = make(name)
+    x = x.double().requires_grad_(True)
+    m = m.double()
+    g, = torch.autograd.grad(_first(m(x)).sum(), x, create_graph=True)
+    want, = torch.autograd.grad(_first(m(x)).sum(), x)
+    assert torch.equal(g, want)
+    with pytest.raises(RuntimeError, match="kfuse::.* has no double backward"):
+        g.pow(2).sum().backward()
+    g, = torch.autograd.grad(_first(m(x)).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="has no double backward"):
+        torch.autograd.grad(g.sum(), x)
+    lin = torch.nn.Linear(x.shape[-1], x.shape[-1]).double()
+    params = [p for p in m.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(_first(m(lin(x))).sum(), params, create_graph=True)
+    penalty = sum(gp.pow(2).sum() for gp in grads)
+    with pytest.raises(RuntimeError, match="has no double backward"):
+        penalty.backward()
+
+
 # ---- vmap, functional_call ---------------------------------------------------------------------
 
 @needs_library

@@ -15,6 +15,10 @@ the kfuse C library, as torch operators in the `kfuse` namespace (kfuse.torch._c
   operators (a vmapped input is one call; vmapped parameters, an ensemble, one call per sample);
   torch.func.grad/jvp over the operators are refused by torch itself (torch.library autograd
   formulas are not functorch-transformable).
+- Gradients are first order: a gradient taken with create_graph=True has the usual values, and
+  differentiating it again (gradgradcheck, a gradient penalty) raises a RuntimeError naming the
+  kfuse operator (the backward kernels have no derivative of their own), never a silently wrong
+  second-order result.
 - CPU tensors run on the calling thread's CPU kfuse context for torch.get_num_threads() threads
   (scratch from its arena; the reserve that backward reads is a torch uint8 tensor).
 - CUDA tensors run on the calling thread's kfuse context for that device, set to

@@ -244,6 +244,8 @@ class Op:
         self.name = name
         self.impl = impl
         self.op = None
+        if backward is not None:
+            backward = _first_order(name, backward)
         if HAS_TORCH_LIBRARY:
             _LIB.define(name + schema)
             _LIB.impl(name, impl, "CPU")
@@ -282,6 +284,44 @@ class Op:
                 "operators are registered with torch.library on torch >= 2.4 only (eager "
                 "forward and backward work)" % (self.name, torch.__version__))
         return self.op(*args)
+
+
+_DelayedError = torch._C._functions.DelayedError
+
+
+def _first_order(name, backward):
+    """`backward` as autograd runs it. kfuse's backward kernels have no derivative of their own,
+    so under create_graph=True (grad mode on during backward) the gradients come out depending on
+    what they were computed from (the saved inputs and the incoming gradients) through a node
+    that raises a clear error where they are differentiated again (gradgradcheck, a gradient
+    penalty), instead of silently counting as constants there; a backward with create_graph=True
+    whose kfuse gradients are not differentiated again works as before (the gradients' values
+    are unchanged). Graph capture (torch.compile's tracing, functorch) is left to torch, which
+    refuses double backward there."""
+    msg = ("kfuse.torch: kfuse::%s has no double backward (its backward is a fused kernel without "
+           "a derivative of its own), so a gradient through it cannot be differentiated again "
+           "(create_graph=True, then a derivative of that gradient)" % name).encode()
+
+    def wrapper(ctx, *grads):
+        with torch.no_grad():
+            out = backward(ctx, *grads)
+        if not torch.is_grad_enabled() or _is_compiling() or _capturing(grads):
+            return out
+        deps = [t for t in tuple(ctx.saved_tensors) + grads
+                if isinstance(t, torch.Tensor) and t.requires_grad]
+        if not deps:
+            return out
+        errs = _DelayedError(msg, len(deps))(*deps)
+        # an exact 0 behind the error node (a sum over no elements: O(1), never NaN)
+        zero = sum(e.reshape(-1)[:0].sum() for e in (errs if isinstance(errs, tuple) else (errs,)))
+
+        def rebuild(o):
+            if isinstance(o, (list, tuple)):
+                return type(o)(rebuild(e) for e in o)
+            return o + zero if isinstance(o, torch.Tensor) else o
+        return rebuild(out)
+
+    return wrapper
 
 
 def _vmap_rule(op, feature_dims):
