@@ -838,11 +838,11 @@ def test_cuda_float64_matches_reference_and_gradcheck():
 
 @pytest.mark.skipif(not cuda_ok(), reason="needs torch CUDA and a CUDA build of kfuse")
 @pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
-def test_cuda_autocast_runs_low_precision(dt):
-    """Under torch.autocast("cuda"), KANLinear runs its low plan (the tensor-core path): y in the
-    autocast dtype, its error against float64 within 2x that of torch's own computation of the
-    layer under the same autocast (efficient-kan's math in eager torch), float32 gradients for
-    the float32 parameters."""
+def test_cuda_autocast_keeps_float32_knots(dt):
+    """Under torch.autocast("cuda"), KANLinear computes in its parameters' dtype (float32: the
+    knots are not rounded) and returns y in the autocast dtype, its error against float64 within
+    2x that of torch's own computation of the layer under the same autocast (efficient-kan's
+    math in eager torch), float32 gradients for the float32 parameters."""
     torch.manual_seed(0)
     m = randomize_(kt.KANLinear(64, 48, device="cuda"))
     x = torch.randn(256, 64, device="cuda") * 1.2

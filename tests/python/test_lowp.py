@@ -159,9 +159,11 @@ def test_module_conversion_follows(name, conv):
 @pytest.mark.parametrize("name", list(CASES))
 def test_autocast_cpu_bfloat16(name):
     """Under torch.autocast("cpu", dtype=torch.bfloat16), behind a Linear (its output bfloat16),
-    a float32 module runs forward and backward as torch's nn.Linear does under autocast: the
-    output is bfloat16 and equals the module's bfloat16 copy on the same input; the float32
-    parameters receive float32 gradients equal to that copy's, widened."""
+    a float32 module runs forward and backward with a bfloat16 output and float32 gradients for
+    its float32 parameters. GRU, A-GRU and SKLinear run as torch's nn.Linear does there: output
+    and gradients equal those of the module's bfloat16 copy on the same input (widened). The KAN
+    layers keep their knots: they compute in float32 on the input widened, the output rounded
+    (equal to the float32 module's so)."""
     make, shape, _ = CASES[name]
     torch.manual_seed(2)
     m = make(torch.float32)
@@ -176,13 +178,73 @@ def test_autocast_cpu_bfloat16(name):
     y.backward(dy)
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in m.parameters())
     assert lin.weight.grad is not None and torch.isfinite(lin.weight.grad).all()
-    low = copy.deepcopy(m).bfloat16()
-    hb = h.detach().requires_grad_(True)
-    yb = _first(low(hb))
+    kan = name.startswith("KAN")
+    twin = copy.deepcopy(m) if kan else copy.deepcopy(m).bfloat16()
+    for q in twin.parameters():
+        q.grad = None
+    hb = (h.detach().float() if kan else h.detach()).requires_grad_(True)
+    yb = _first(twin(hb)).to(torch.bfloat16)
     yb.backward(dy)
     assert torch.equal(y.detach(), yb.detach())
-    for (n, p), (_, q) in zip(m.named_parameters(), low.named_parameters()):
+    for (n, p), (_, q) in zip(m.named_parameters(), twin.named_parameters()):
         assert torch.equal(p.grad, q.grad.float()), n
+
+
+def test_autocast_kan_keeps_float32_knots():
+    """A KANLinear whose grid lies away from 0 with many intervals (as update_grid gives on data
+    that is not centred: [8, 12], G = 20; bfloat16 spacing there is 1/16, the knots' 0.2 apart)
+    under CPU autocast: error against float64 within 2x that of efficient-kan's math under the
+    same autocast (which keeps float32 knots: its B-splines are no autocast ops). Rounding the
+    knots to bfloat16, as 1.7.1 did, gave about 10x."""
+    torch.manual_seed(5)
+    m = kt.KANLinear(8, 8, grid_size=20, grid_range=[8, 12])
+    with torch.no_grad():  # a trained-looking layer: the spline branch carries the output
+        m.spline_weight.normal_()
+        m.base_weight.mul_(0.01)
+    x = (8 + 4 * torch.rand(64, 8)).bfloat16()  # a bfloat16 activation, as autocast passes on
+    p = [m.grid, m.base_weight, m.spline_weight, m.spline_scaler]
+    want = ref_forward(x.double(), *(t.double() for t in p), 3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = m(x)
+        yt = ref_forward(x, *p, 3)
+    assert y.dtype == torch.bfloat16
+    assert _rel(y, want) <= 2 * _rel(yt, want), (_rel(y, want), _rel(yt, want))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_autocast_leaves_float64_alone(name):
+    """torch's autocast leaves float64 tensors as they are; so does a float64 kfuse module
+    (output float64, equal to the call without autocast)."""
+    make, shape, _ = CASES[name]
+    torch.manual_seed(6)
+    m = make(torch.float64)
+    x = torch.randn(*shape, dtype=torch.float64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = _first(m(x))
+    assert y.dtype == torch.float64
+    assert torch.equal(y, _first(m(x)))
+
+
+@pytest.mark.parametrize("xd, hd", [(torch.float32, None), (torch.bfloat16, None),
+                                    (torch.bfloat16, torch.float32),
+                                    (torch.float32, torch.bfloat16)],
+                         ids=["x32", "x16", "x16-h32", "x32-h16"])
+def test_autocast_cpu_gru_output_dtype_as_torch_gru(xd, hd):
+    """On the CPU under autocast torch.nn.GRU returns h0's dtype (x's without h0): kfuse's GRU
+    returns the same dtypes (checked against torch.nn.GRU itself), its error against float64
+    within 2x torch.nn.GRU's."""
+    torch.manual_seed(7)
+    m = kt.GRU(6, 12, num_layers=2)
+    ref = _loaded(nn.GRU(6, 12, num_layers=2), m)
+    x = torch.randn(7, 4, 6).to(xd)
+    h0 = None if hd is None else (0.5 * torch.randn(2, 4, 12)).to(hd)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, hn = m(x, h0)
+        yr, hnr = ref(x, h0)
+    assert (y.dtype, hn.dtype) == (yr.dtype, hnr.dtype)
+    ref64 = _loaded(nn.GRU(6, 12, num_layers=2, dtype=torch.float64), m)
+    want = ref64(x.double(), None if h0 is None else h0.double())[0]
+    assert _rel(y, want) <= 2 * _rel(yr, want), (_rel(y, want), _rel(yr, want))
 
 
 def test_autocast_gru_output_as_torch_gru():

@@ -286,6 +286,20 @@ def test_double_backward_raises_clear_error(name):
         penalty.backward()
 
 
+@needs_library
+@pytest.mark.parametrize("name", list(CASES))
+def test_functorch_derivative_transforms_refused(name):
+    """torch.func.jvp (whose tangent through a kfuse operator used to come out as zeros, silently)
+    and torch.func.grad raise a RuntimeError naming the kfuse operator and torch.autograd."""
+    m, x, _ = make(name)
+    x = x.double()
+    m = m.double()
+    with pytest.raises(RuntimeError, match="kfuse::.* cannot be differentiated by functorch"):
+        torch.func.jvp(lambda t: _first(m(t)), (x,), (torch.ones_like(x),))
+    with pytest.raises(RuntimeError, match="kfuse::.* cannot be differentiated by functorch"):
+        torch.func.grad(lambda t: _first(m(t)).sum())(x)
+
+
 # ---- vmap, functional_call ---------------------------------------------------------------------
 
 @needs_library

@@ -137,19 +137,27 @@ def autocast_dtype(device):
     return None
 
 
+def autocast_now(x):
+    """The autocast dtype for x's device, or None where autocast is off there."""
+    return autocast_dtype(x.device) if _any_autocast() else None
+
+
 def autocast_inputs(x, tensors):
-    """A kfuse layer under autocast, as torch's autocast treats nn.Linear (and torch.nn.GRU: on
-    the CPU, and cuDNN's RNNs on CUDA): where autocast is on for x's device, x and the layer's
-    floating tensors (parameters, buffers, h0) are cast to its dtype for this call, so the layer
-    runs its plan of that dtype (bfloat16/float16 storage, float32 arithmetic) and its outputs
-    have it; the casts are differentiable, so float32 master parameters receive float32
-    gradients. Returns (x, tensors), cast or as they were."""
-    dt = autocast_dtype(x.device) if _any_autocast() else None
+    """A kfuse layer under autocast, as torch's autocast treats nn.Linear (and cuDNN's RNNs on
+    CUDA): where autocast is on for x's device, x and the layer's floating tensors (parameters,
+    buffers, h0) are cast to its dtype for this call, so the layer runs its plan of that dtype
+    (bfloat16/float16 storage, float32 arithmetic) and its outputs have it; the casts are
+    differentiable, so float32 master parameters receive float32 gradients. float64 tensors are
+    left as they are, as autocast leaves them (a float64 module runs in float64). Returns
+    (x, tensors), cast or as they were."""
+    dt = autocast_now(x)
     if dt is None:
         return x, tensors
 
     def cast(t):
-        return t.to(dt) if t is not None and t.is_floating_point() else t
+        if t is None or not t.is_floating_point() or t.dtype == torch.float64:
+            return t
+        return t.to(dt)
     return cast(x), [cast(t) for t in tensors]
 
 
@@ -273,6 +281,7 @@ class Op:
         return self.impl(*args)
 
     def _captured(self, *args):
+        _refuse_derivative_transforms(self.name)
         if self.op is not None and not torch.jit.is_tracing():
             return self.op(*args)
         if torch.onnx.is_in_onnx_export():
@@ -284,6 +293,29 @@ class Op:
                 "operators are registered with torch.library on torch >= 2.4 only (eager "
                 "forward and backward work)" % (self.name, torch.__version__))
         return self.op(*args)
+
+
+try:  # torch >= 2.0: the functorch transforms active now, innermost last
+    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters as _levels
+    _TT = torch._C._functorch.TransformType
+    _DERIVATIVE_TRANSFORMS = {_TT.Jvp: "forward-mode (torch.func.jvp, jacfwd, hessian)",
+                              _TT.Grad: "torch.func.grad, vjp, jacrev"}
+except (ImportError, AttributeError):  # torch 1.13: _captured refuses every transform anyway
+    _levels, _DERIVATIVE_TRANSFORMS = (lambda: ()), {}
+
+
+def _refuse_derivative_transforms(name):
+    """functorch's derivative transforms cannot differentiate a kfuse operator: torch.library's
+    autograd formulas are not functorch-transformable, and under torch.func.jvp the operator's
+    tangent came out as zeros, silently. So they are refused here, naming the operator and what
+    works instead; vmap and functionalization (torch.export) pass."""
+    for level in _levels():
+        what = _DERIVATIVE_TRANSFORMS.get(level.key())
+        if what is not None:
+            raise RuntimeError(
+                "kfuse.torch: kfuse::%s cannot be differentiated by functorch's %s transforms; "
+                "take its gradients with torch.autograd (backward, torch.autograd.grad, "
+                "torch.autograd.functional.jacobian)" % (name, what))
 
 
 _DelayedError = torch._C._functions.DelayedError

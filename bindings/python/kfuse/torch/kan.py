@@ -9,7 +9,7 @@ from torch import nn
 from kfuse._lowlevel import dtype_code
 from kfuse.kan import QUANTILES_TORCH1, QUANTILES_TORCH2, _pair
 from kfuse.torch._common import (
-    Op, autocast_inputs, check_devices, check_rank, device_guard, empty_grad, module_attrs, plan,
+    Op, autocast_now, check_devices, check_rank, device_guard, empty_grad, module_attrs, plan,
     workspace,
 )
 
@@ -359,12 +359,18 @@ class _KANLayer(nn.Module):
             self, _PLAIN_LAYERS, _RUN_ATTRS if self.enable_standalone_scale_spline
             else _RUN_ATTRS[:-1])
         ss = ss[0] if ss else None
-        x, (grid, bw, sw, ss) = autocast_inputs(x, (grid, bw, sw, ss))
+        # Under autocast the layer computes in its parameters' dtype and returns the autocast
+        # dtype: the knots must not be rounded to it (efficient-kan's B-splines are no autocast
+        # ops and keep float32 knots; in bfloat16 the knots of a grid away from 0, or of many
+        # intervals, collide: 10-50x efficient-kan's error measured). float64 is left alone.
+        cast = autocast_now(x) if sw.dtype != torch.float64 else None
+        if cast is not None:
+            x = x.to(sw.dtype)
         if type(act) is nn.SiLU:
             y = self._op(x, grid, bw, sw, ss)
         else:
             y = self._base_branch(x, bw) + self._op(x, grid, None, sw, ss)
-        return y
+        return y if cast is None else y.to(cast)
 
     @torch.no_grad()
     def update_grid(self, x, margin=0.01):
@@ -443,10 +449,10 @@ class KANLinear(_KANLayer):
     storage in the type, float32 arithmetic), or float64 (dtype=torch.float64, .double(); on
     CUDA since kfuse 1.7); another dtype raises kfuse.Unsupported, and an input of another
     dtype than the parameters' a kfuse.InvalidArgument naming it. Autocast: under
-    torch.autocast (CPU bfloat16; CUDA bfloat16 or float16, where the layer's products run on
-    the tensor cores), input and parameters are cast to the autocast dtype for the
-    call and the output has it, as torch's autocast treats nn.Linear (float32 master parameters
-    get float32 gradients); docs/precision.md.
+    torch.autocast (CPU or CUDA, bfloat16 or float16) the layer computes in its parameters'
+    dtype (x cast to it) and returns the autocast dtype: efficient-kan's B-splines keep float32
+    knots under autocast, and knots rounded to bfloat16 collide on grids away from 0 or with
+    many intervals; a float64 module is left alone; docs/precision.md.
 
     The initial grid comes from kf_kan_linear_uniform_grid (the same bits as efficient-kan's
     buffer); reset_parameters draws as efficient-kan does, from torch's default generator in the

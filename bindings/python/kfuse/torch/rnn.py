@@ -217,6 +217,9 @@ class _KfuseRNNBase(nn.Module):
         return torch.zeros(w.shape[0], dtype=w.dtype, device=w.device)
 
     def _run(self, x, hx, lengths):
+        # torch.nn.GRU on the CPU under autocast returns h0's dtype (x's without h0): its state
+        # keeps that dtype while its products run in the autocast dtype
+        out_dtype = (hx if hx is not None else x).dtype
         x, (hx, *weights) = autocast_inputs(x, [hx] + self._canonical_weights())
         dropout = self.dropout if self.training else 0.0
         # (a trace must not depend on the grad mode it was recorded in: torch.jit.trace's check
@@ -234,6 +237,8 @@ class _KfuseRNNBase(nn.Module):
                        self.num_layers, bool(self.batch_first),
                        bool(getattr(self, "bidirectional", False)), float(dropout),
                        float(self.__dict__.get("gamma", 0.01)), training, seed)
+        if y.dtype != out_dtype and not x.is_cuda:
+            y, hn = y.to(out_dtype), hn.to(out_dtype)
         return y, hn
 
     def forward(self, input, hx=None):
@@ -270,11 +275,13 @@ class GRU(_KfuseRNNBase):
     float16 (storage in the type, float32 arithmetic and state), or float64 (on CUDA since
     kfuse 1.7); another dtype raises kfuse.Unsupported with the library's message, and an
     input of another dtype than the parameters' kfuse.InvalidArgument (a
-    ValueError) naming both. Autocast, as torch.nn.GRU does (torch 1.13 and 2.x): under
-    torch.autocast (CPU bfloat16; CUDA bfloat16 or float16), input, h0 and parameters are cast
-    to the autocast dtype for the call and output and h_n have it (float32 master parameters
-    get float32 gradients); on CUDA the input-side products then run on the tensor cores where
-    H is not 64, 96 or 128 (those take the persistent float32 kernels); docs/precision.md.
+    ValueError) naming both. Autocast, as torch.nn.GRU (torch 1.13 and 2.x): under
+    torch.autocast (CPU bfloat16 or float16; CUDA bfloat16 or float16), input, h0 and float32
+    parameters are cast to the autocast dtype for the call (float32 master parameters get
+    float32 gradients; a float64 module is left alone); output and h_n have the autocast dtype
+    on CUDA, and on the CPU h0's dtype (x's without h0), as torch.nn.GRU returns them there; on
+    CUDA the input-side products run on the tensor cores where H is not 64, 96 or 128 (those
+    take the persistent float32 kernels); docs/precision.md.
     """
 
     _cell = "gru"
