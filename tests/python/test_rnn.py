@@ -183,6 +183,27 @@ def test_gru_unbatched(bf):
         torch.testing.assert_close(kh, th, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("bf", [False, True])
+@pytest.mark.parametrize("cls", ["GRU", "AGRU"])
+def test_empty_batch_as_torch_gru(cls, bf):
+    """A batch of no samples (B = 0), which torch.nn.GRU accepts: empty y and h_n of torch's
+    shapes, empty dx, zero weight gradients (torch.nn.GRU's on the same input), with and without
+    h0. (The library's extents start at 1; the operator runs nothing for it.)"""
+    torch.manual_seed(0)
+    m = getattr(kt, cls)(4, 5, num_layers=2, batch_first=bf)
+    ref = torch.nn.GRU(4, 5, num_layers=2, batch_first=bf)
+    x = torch.zeros((0, 3, 4) if bf else (3, 0, 4), requires_grad=True)
+    y, hn = m(x)
+    yr, hnr = ref(x)
+    assert (y.shape, hn.shape) == (yr.shape, hnr.shape)
+    (y.sum() + hn.sum()).backward()
+    assert x.grad.shape == x.shape
+    for n, p in m.named_parameters():
+        assert p.grad is not None and not p.grad.any(), n
+    y, hn = m(x, torch.zeros(2, 0, 5))
+    assert (y.shape, hn.shape) == (yr.shape, hnr.shape)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bf", [False, True])
 def test_gru_packed_sequence(bf, device):

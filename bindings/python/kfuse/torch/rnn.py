@@ -31,11 +31,13 @@ def _dims(batch_first, x):
 
 def _out_shapes(p, x, batch_first):
     """(y_shape, hn_shape, T, B): the library's shapes (kf_rnn_output_shapes, once per plan and
-    (T, B)). Under symbolic shapes (torch.compile's dynamic sizes) they are the plan's for one
-    step of one sample with x's T and B put in their places (y keeps x's two leading dims, hn's
-    middle one is B). An x that is not 3-D is passed on for the library to report (y absent)."""
+    (T, B)). Under symbolic shapes (torch.compile's dynamic sizes), and for an empty batch
+    (B = 0, which torch.nn.GRU accepts and the library's extents do not), they are the plan's for
+    one step of one sample with x's T and B put in their places (y keeps x's two leading dims,
+    hn's middle one is B). An x that is not 3-D is passed on for the library to report (y
+    absent)."""
     T, B = _dims(batch_first, x)
-    if isinstance(T, int) and isinstance(B, int):
+    if isinstance(T, int) and isinstance(B, int) and B != 0:
         y, hn = p.output_shapes(T, B)
     else:
         y, hn = p.output_shapes(1, 1)
@@ -57,6 +59,8 @@ def _forward_impl(x, hx, lengths, weights, *desc_training_seed):
     with device_guard(device):
         p = plan(key, device)
         y_shape, hn_shape, T, B = _out_shapes(p, x, desc[4])
+        if B == 0 and T != 0 and x.dim() == 3:  # no sample: nothing to run (torch.nn.GRU's)
+            return x.new_zeros(y_shape), x.new_zeros(hn_shape), x.new_empty((0,), dtype=torch.uint8)
         y = x.new_empty(y_shape)
         hn = x.new_empty(hn_shape)
         ws_bytes, rs_bytes = p.workspace_size(T, B, training) if x.dim() == 3 else (0, 0)
@@ -80,7 +84,7 @@ def _forward_fake(x, hx, lengths, weights, *desc_training_seed):
     rs_bytes = 0
     if training:
         if isinstance(T, int) and isinstance(B, int):
-            rs_bytes = p.workspace_size(T, B, True)[1]
+            rs_bytes = p.workspace_size(T, B, True)[1] if B != 0 else 0
         else:  # symbolic T or B: a size the graph learns when it runs
             rs_bytes = torch.library.get_ctx().new_dynamic_size()
     return (x.new_empty(y_shape), x.new_empty(hn_shape),
@@ -95,10 +99,12 @@ def _backward_impl(dy, dhn, x, hx, lengths, weights, reserve, *desc_seed_mask):
     dx = empty_grad(x, need_dx)
     dh0 = empty_grad(hx, need_dh0) if hx is not None else x.new_empty((0,))
     dws = [empty_grad(w, n) for w, n in zip(weights, need_dw)]
+    T, B = _dims(desc[4], x)
+    if B == 0:  # an empty batch (the forward ran nothing): zero gradients
+        return dx, dh0, [d.zero_() for d in dws]
     key, x, hx, weights, seed, device = _prepared(x, hx, weights, desc, seed)
     with device_guard(device):
         p = plan(key, device)
-        T, B = _dims(desc[4], x)
         ws_bytes = p.workspace_size(T, B, True)[0]
         ws = None
         if device.type == "cuda" and ws_bytes:
