@@ -6,7 +6,9 @@
 //  * bfloat16 and float16 SKLinear, KANLinear and KANConv2d plans: every product's operands are
 //    stored in the low type (SKLinear's stacked weights and bottleneck Z, KAN's combined operand A
 //    and combined weight W), so the products run on the tensor cores (float32 accumulation,
-//    cublasGemmEx with CUBLAS_COMPUTE_32F); everything else is float32.
+//    cublasGemmEx with CUBLAS_COMPUTE_32F); everything else is float32;
+//  * bfloat16 and float16 GRU and A-GRU plans whose H the persistent kernels do not take
+//    (plain_rnn.cuh: the input-side products on the tensor cores, the recurrence in float32).
 // Records and notation: core/sklinear_backend.h and core/kan_backend.h; math: DESIGN.md and
 // docs/ops/kan.md.
 //

@@ -18,9 +18,10 @@
 // operands in T and run on the tensor cores for the low types; for those two backward products
 // dG_x is rounded to T once (as torch's own bfloat16 layers round a product's result; the bias
 // gradients sum the unrounded one). acc: the state, the gates, G_x, the recurrent weights' copy
-// Wr, A and every recurrent product and its gradient, so that the recurrence keeps float32 state
-// as the float32 kernels do; a weight gradient of acc operands is formed in a block and then
-// written (or accumulated as round(acc(old) + g)) once. For double every type is double.
+// Wr, A, every recurrent product and its gradient, and the gradients passed between layers, so
+// that the recurrence keeps float32 state as the float32 kernels do; a weight gradient of acc
+// operands is formed in a block and then written (or accumulated as round(acc(old) + g)) once.
+// For double every type is double.
 //
 // Forward, per layer and direction: G_x = X W3^T + b3 [N, 3H]; Wr = W_hh (GRU) or [U_z; U_r]
 // (A-GRU); then per step (t in the direction's order) the recurrent product of the whole batch's
@@ -38,8 +39,9 @@
 // [N, D H] of every layer but the last, in T. Workspace: A per A-GRU layer [H, H] and Wr [3H, H]
 // (acc), then forward G_x [N, 3H], a [B, 3H], q and h [B, H] (acc) and (inference) two [N, D H]
 // layer outputs (T); backward dG_x and aux [N, 3H], dh, dq [B, H], the weight-gradient block
-// [3H, H], per-row d eps [N] (acc), for the low types dG_x in T [N, 3H] and the dX sum [N, in]
-// (acc; float64 sums dX in place), and two [N, D H] buffers of d(layer input) (T).
+// [3H, H], per-row d eps [N] (acc), for the low types dG_x in T [N, 3H] and the first layer's dX
+// sum [N, I] (acc; float64 sums dX in place), and two [N, D H] buffers of d(layer output) in
+// acc (the caller's dy widened, the inner layers' gradients: never rounded).
 #ifndef KF_CUDA_PLAIN_RNN_CUH
 #define KF_CUDA_PLAIN_RNN_CUH
 
@@ -63,7 +65,7 @@ struct RnnLayout {
     size_t cell_bytes, hp_bytes, out0, out_bytes, reserve; // reserve
     size_t A, wr;                                            // workspace, both directions
     size_t gx, a, q, h, seq, fwd;                            // forward workspace
-    size_t dgx, aux, dh, dq, gmat, eps, dgx_t, dxs, dseq, bwd; // backward workspace
+    size_t dgx, aux, dh, dq, gmat, eps, dgx_t, dxs, dseq, dseq_bytes, bwd; // backward workspace
 };
 
 inline size_t times(size_t bytes, int64_t n) {
@@ -100,10 +102,10 @@ template <class E> inline RnnLayout rnn_layout(const struct kf_rnn_plan *p, int6
     l.gmat = add(l.dq, bytes_of<A>(l.B, l.H));
     l.eps = add(l.gmat, bytes_of<A>(3 * l.H, l.H));
     l.dgx_t = add(l.eps, bytes_of<A>(l.N, 1));
-    const int64_t in_max = p->L > 1 && l.DH > p->I ? l.DH : p->I;
     l.dxs = add(l.dgx_t, is_low<E>() ? bytes_of<E>(l.N, 3 * l.H) : 0);
-    l.dseq = add(l.dxs, is_low<E>() ? bytes_of<A>(l.N, in_max) : 0);
-    l.bwd = add(l.dseq, add(l.out_bytes, l.out_bytes));
+    l.dseq = add(l.dxs, is_low<E>() ? bytes_of<A>(l.N, p->I) : 0);
+    l.dseq_bytes = bytes_of<A>(l.N, l.DH);
+    l.bwd = add(l.dseq, add(l.dseq_bytes, l.dseq_bytes));
     return l;
 }
 
@@ -397,11 +399,9 @@ template <class T, class X> kf_status rnn_forward(X &ex, const kf__rnn_fwd *c) {
 
 // gy[b, j]: d(layer output) of row (t, b), direction d's half, through the layer's dropout
 // (zeros where dy is absent).
-template <class T>
-KF__HD inline typename Elem<T>::acc grad_in(const Seq &s, const T *dy, int64_t t, int64_t b,
-                                            int64_t j, int64_t r) {
-    using A = typename Elem<T>::acc;
-    return dy ? s.dropped(Elem<T>::get(dy[r * s.DH + j]), t, b, j) : A(0);
+template <class A>
+KF__HD inline A grad_in(const Seq &s, const A *dy, int64_t t, int64_t b, int64_t j, int64_t r) {
+    return dy ? s.dropped(dy[r * s.DH + j], t, b, j) : A(0);
 }
 
 // GRU, element (b, j) of step t (g = dh + gy): da_n = g (1-z)(1-n^2), da_r = da_n hn r(1-r),
@@ -411,7 +411,7 @@ template <class T> struct GruBack {
     using A = typename Elem<T>::acc;
     Seq s;
     int64_t t;
-    const T *dy; // the layer output gradient's direction half (or NULL)
+    const A *dy; // the layer output gradient's direction half (or NULL)
     const A *hp, *gates;
     A *dgx, *aux, *dh;
     KF__HD void operator()(int64_t e) const {
@@ -443,7 +443,7 @@ template <class T> struct AgruBack1 {
     using A = typename Elem<T>::acc;
     Seq s;
     int64_t t;
-    const T *dy;
+    const A *dy;
     const A *hp, *gates;
     const T *eps;
     A *dgx, *aux, *dh, *epsv;
@@ -548,12 +548,18 @@ template <class T, class X> kf_status rnn_backward(X &ex, const kf__rnn_bwd *c) 
     for (int32_t l = p->L - 1; l >= 0; l--) {
         const T *x = l ? at_t<T>((void *)c->reserve, lo.out0 + (size_t)(l - 1) * lo.out_bytes)
                        : (const T *)c->x;
-        const T *dy = l == p->L - 1 ? (const T *)c->dy
-                                    : at_t<T>(c->ws, lo.dseq + (size_t)(l % 2) * lo.out_bytes);
-        T *dx = l ? at_t<T>(c->ws, lo.dseq + (size_t)((l - 1) % 2) * lo.out_bytes) : (T *)c->dx;
-        // dX summed over gates and directions in acc (float64: in dx itself), then rounded
-        A *dxs = is_low<T>() ? at_t<A>(c->ws, lo.dxs) : (A *)(void *)dx;
-        const int64_t in = kf__rnn_layer_input(p, l);
+        // d(layer output) in acc: the caller's dy (low types: widened into dseq first), else
+        // what the layer above wrote
+        A *dseq = at_t<A>(c->ws, lo.dseq + (size_t)(l % 2) * lo.dseq_bytes);
+        const A *dy = dseq;
+        if (l == p->L - 1 && (!c->dy || !is_low<T>())) dy = (const A *)c->dy;
+        else if (l == p->L - 1)
+            KF_TRY(ex.each(N * lo.DH, CopyOrZero<T, A>{(const T *)c->dy, dseq}));
+        // d(layer input): the layer below's dy in acc, or the caller's dx; summed over gates
+        // and directions in acc, the caller's dx (low types) rounded from dxs once
+        T *dx = l ? nullptr : (T *)c->dx;
+        A *dxs = l ? at_t<A>(c->ws, lo.dseq + (size_t)((l - 1) % 2) * lo.dseq_bytes)
+                   : is_low<T>() ? at_t<A>(c->ws, lo.dxs) : (A *)(void *)dx;
         const bool drop = p->dropout > 0.0f && l < p->L - 1;
         for (int32_t d = 0; d < p->D; d++) {
             const Cell<T> cw = cell_of<T>(p, c->w, l, d);
@@ -563,7 +569,7 @@ template <class T, class X> kf_status rnn_backward(X &ex, const kf__rnn_bwd *c) 
             const T *dhn = c->dhn ? (const T *)c->dhn + cw.idx * B * H : nullptr;
             KF_TRY(ex.each(B * H, CopyOrZero<T, A>{dhn, dh}));
             KF_TRY(form_wr(ex, lo, cw, c->ws));
-            const T *dyd = dy ? dy + d * H : nullptr;
+            const A *dyd = dy ? dy + d * H : nullptr;
             for (int64_t k = 0; k < lo.T; k++) {
                 const int64_t t = d ? k : lo.T - 1 - k, r0 = t * lo.ts;
                 if (!lo.agru) {
@@ -632,12 +638,12 @@ template <class T, class X> kf_status rnn_backward(X &ex, const kf__rnn_bwd *c) 
                     KF_TRY(ex.each(1, TotalInto<T>{erows, W(KF__AGRU_EPS), N, acc}));
                 }
             }
-            if (dx)
+            if (l || dx)
                 for (int g = 0; g < 3; g++)
                     KF_TRY(ex.gemm(false, false, N, cw.in, H, A(1), dgx_t + g * H, 3 * H,
                                    cw.wx[g], cw.in, d || g ? A(1) : A(0), dxs, cw.in));
         }
-        if (dx && is_low<T>()) KF_TRY(ex.each(N * in, CopyOrZero<A, T>{dxs, dx}));
+        if (dx && is_low<T>()) KF_TRY(ex.each(N * p->I, CopyOrZero<A, T>{dxs, dx}));
     }
     return KF_OK;
 }

@@ -513,9 +513,9 @@ static void check_rnn(kf_dtype dt, int cell, int L, int D, int64_t I, int64_t H,
     const ref_rnn_cfg *c = &o.rc;
     const int nw = ref_rnn_num_weights(c);
     prob p = {.dt = dt, .cuda = lctx != ctx};
-    /* CUDA: H = 8 runs the plain path, which rounds each layer's output and dG_x (3u, header
-     * comment); H = 128 the float32 kernels on converted copies */
-    p.units = p.cuda && H < 64 ? 3.0 : 1.0;
+    /* CUDA: H = 8, 160, 256 run the plain path, which rounds each layer's output and dG_x (3u,
+     * header comment); H = 128 the float32 kernels on converted copies */
+    p.units = p.cuda && H != 128 ? 3.0 : 1.0;
     const double wb = 1.0 / sqrt((double)H);
     o.x = add(&p, IN, 1.0, 3, T, B, I, 0);
     add(&p, IN, 0.5, 3, (int64_t)L * D, B, H, 0);
@@ -654,6 +654,8 @@ Test(lowp, cuda_rnn) {
     check_rnn(KF_DTYPE_BF16, REF_GRU, 2, 2, 5, 8, 7, 3);
     check_rnn(KF_DTYPE_F16, REF_GRU, 1, 1, 28, 128, 6, 16);
     check_rnn(KF_DTYPE_BF16, REF_AGRU, 2, 1, 5, 8, 7, 3);
+    check_rnn(KF_DTYPE_F16, REF_GRU, 2, 1, 64, 256, 5, 32);  /* the plain path at a real width */
+    check_rnn(KF_DTYPE_BF16, REF_AGRU, 1, 1, 48, 160, 4, 8); /* H not a multiple of 32 */
 }
 
 /* Panther's initialisation (with and without W_init) and the uniform grid of a low plan are the

@@ -164,8 +164,8 @@ class SKLinear(nn.Module):
     parameters': float32, bfloat16 or float16 (storage in the type, float32 arithmetic;
     Panther's kernel tests run float16), or float64 (on CUDA since kfuse 1.7); another dtype
     raises kfuse.Unsupported at construction with the library's message.
-    Autocast: under torch.autocast (CPU bfloat16; CUDA bfloat16 or float16, where the layer's two
-    products run on the tensor cores), input and parameters are cast to the autocast
+    Autocast: under torch.autocast (CPU or CUDA, bfloat16 or float16; on CUDA the layer's two
+    products run on the tensor cores), input and float32 parameters are cast to the autocast
     dtype for the call and the output has it, as torch's autocast treats nn.Linear (float32
     master parameters get float32 gradients); docs/precision.md.
 
