@@ -16,6 +16,7 @@ size_t kf__dtype_bytes(int32_t dtype) {
     return 0;
 }
 
+/* The enumerator's name, or NULL for a value no kf_dtype has. */
 static const char *kf__dtype_name(int32_t dtype) {
     switch (dtype) {
     case KF_DTYPE_F32: return "KF_DTYPE_F32";
@@ -25,7 +26,7 @@ static const char *kf__dtype_name(int32_t dtype) {
     case KF_DTYPE_I32: return "KF_DTYPE_I32";
     case KF_DTYPE_I64: return "KF_DTYPE_I64";
     }
-    return "unknown dtype";
+    return NULL;
 }
 
 kf_status kf__check_layer_dtype(const char *fn, int32_t dtype) {
@@ -72,8 +73,15 @@ kf_status kf__check_tensor(const kf_context *ctx, const char *fn, const char *ar
                     arg);
         return KF_OK;
     }
-    KF_CHECK_FN(fn, t->dtype == (int32_t)dtype, KF_ERR_INVALID_ARGUMENT,
-                "%s.dtype = %s, expected %s", arg, kf__dtype_name(t->dtype), kf__dtype_name(dtype));
+    if (t->dtype != (int32_t)dtype) {
+        const char *got = kf__dtype_name(t->dtype);
+        if (got == NULL) /* a front end's code for a type the library lacks: by number */
+            return kf__error(KF_ERR_INVALID_ARGUMENT, fn,
+                             "%s.dtype = %d (no kf_dtype has that value), expected %s", arg,
+                             (int)t->dtype, kf__dtype_name(dtype));
+        return kf__error(KF_ERR_INVALID_ARGUMENT, fn, "%s.dtype = %s, expected %s", arg, got,
+                         kf__dtype_name(dtype));
+    }
     KF_CHECK_FN(fn, t->ndim == ndim, KF_ERR_INVALID_ARGUMENT, "%s.ndim = %d, expected %d", arg,
                 (int)t->ndim, (int)ndim);
     for (int32_t i = 0; i < ndim; ++i) {

@@ -614,6 +614,10 @@ static void check_mismatch(const shape *s) {
                 "args->x.dtype");
     EXPECT_FAIL(run_forward(&pl, &p, &t, x, y32, NULL, 0), KF_ERR_INVALID_ARGUMENT,
                 "args->y.dtype");
+    kf_tensor xc = x; /* a code no kf_dtype has (a front end's complex type): named by number */
+    xc.dtype = 0;
+    EXPECT_FAIL(run_forward(&pl, &p, &t, xc, yt, NULL, 0), KF_ERR_INVALID_ARGUMENT,
+                "args->x.dtype = 0 (no kf_dtype has that value), expected KF_DTYPE_F64");
     params bad = t;
     bad.sw.dtype = KF_DTYPE_F32, bad.sw.data = f32;
     EXPECT_FAIL(run_forward(&pl, &p, &bad, x, yt, NULL, 0), KF_ERR_INVALID_ARGUMENT,
