@@ -103,13 +103,16 @@ template <class T> inline size_t bytes_of(int64_t a, int64_t b) {
         return SIZE_MAX;
     return kf__align_up(v);
 }
-inline size_t doubles(int64_t a, int64_t b) { return bytes_of<double>(a, b); }
 inline size_t add(size_t a, size_t b) {
     size_t v;
     return kf__add_size(a, b, &v) ? v : SIZE_MAX;
 }
+// n blocks of `bytes` each.
+inline size_t times(size_t bytes, int64_t n) {
+    size_t v;
+    return n >= 0 && kf__mul_size(bytes, (size_t)n, &v) ? v : SIZE_MAX;
+}
 template <class T> inline T *at_t(void *ws, size_t off) { return (T *)((char *)ws + off); }
-inline double *at(void *ws, size_t off) { return at_t<double>(ws, off); }
 
 // ---- element types ---------------------------------------------------------------------------
 // Storage types of the low plans (the 16 bits as the library stores them) and, per element

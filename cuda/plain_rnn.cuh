@@ -68,11 +68,6 @@ struct RnnLayout {
     size_t dgx, aux, dh, dq, gmat, eps, dgx_t, dxs, dseq, dseq_bytes, bwd; // backward workspace
 };
 
-inline size_t times(size_t bytes, int64_t n) {
-    size_t v;
-    return kf__mul_size(bytes, (size_t)n, &v) ? v : SIZE_MAX;
-}
-
 template <class E> inline RnnLayout rnn_layout(const struct kf_rnn_plan *p, int64_t T, int64_t B) {
     using A = typename Elem<E>::acc;
     RnnLayout l = {};
