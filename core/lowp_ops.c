@@ -1,5 +1,5 @@
-/* bfloat16 and float16 plans for every backend: one conversion layer over the backend's float32
- * op tables (the contract: core/lowp_ops.h). Conversions are queued and run in batches by the
+/* bfloat16 and float16 recurrent plans for every backend: one conversion layer over the
+ * backend's float32 op table (the contract: core/lowp_ops.h). Conversions are queued and run in batches by the
  * backend's routine (kf__lowp_base.convert). */
 #include "lowp_ops.h"
 #include "lowp.h"
@@ -204,61 +204,3 @@ LP_DEFINE_SUPPORTS(lp_rnn_supports, struct kf_rnn_plan, rnn)
 
 const kf__rnn_ops kf__lowp_rnn_ops = {lp_rnn_supports, lp_rnn_sizes, lp_rnn_forward,
                                       lp_rnn_backward};
-
-
-/* ---- KANLinear and KANConv2d --------------------------------------------------------------- */
-
-/* Elements of x: the rows [N, in], or KANConv2d's images [B, Cin, H, W]. */
-static int64_t lp_kan_x_elems(const struct kf_kan_linear_plan *p, int64_t N,
-                              const kf__kan_patches *g) {
-    return g ? g->B * g->Cin * g->H * g->W : N * p->in;
-}
-
-#define LP_KAN_PARAMS(l, p, c, f)                                                                 \
-    do {                                                                                          \
-        (f)->x = lp_in(l, (c)->x, lp_kan_x_elems(p, (c)->N, (c)->patches));                       \
-        (f)->grid = lp_in(l, (c)->grid, (p)->in * (p)->nk);                                       \
-        (f)->base = lp_in(l, (c)->base, (p)->out * (p)->in);                                      \
-        (f)->spline = lp_in(l, (c)->spline, (p)->out * (p)->in * (p)->C);                         \
-        (f)->scaler = lp_in(l, (p)->scaled ? (c)->scaler : NULL, (p)->out * (p)->in);             \
-    } while (0)
-
-static void lp_kan_fwd_tensors(lp_ctx *l, const kf__kan_fwd *c, kf__kan_fwd *f) {
-    const struct kf_kan_linear_plan *p = c->plan;
-    LP_KAN_PARAMS(l, p, c, f);
-    f->y = lp_out(l, c->y, c->N * p->out, false);
-}
-
-static void lp_kan_bwd_tensors(lp_ctx *l, const kf__kan_bwd *c, kf__kan_bwd *f) {
-    const struct kf_kan_linear_plan *p = c->plan;
-    LP_KAN_PARAMS(l, p, c, f);
-    f->dy = lp_in(l, c->dy, c->N * p->out);
-    f->dx = lp_out(l, c->dx, lp_kan_x_elems(p, c->N, c->patches), false);
-    f->dbase = lp_out(l, c->dbase, p->out * p->in, true);
-    f->dspline = lp_out(l, c->dspline, p->out * p->in * p->C, true);
-    f->dscaler = lp_out(l, p->scaled ? c->dscaler : NULL, p->out * p->in, true);
-    f->accumulate = false;
-}
-#undef LP_KAN_PARAMS
-
-static size_t lp_kan_workspace(const struct kf_kan_linear_plan *p, int64_t N,
-                               const kf__kan_patches *patches) {
-    const kf__lowp_base *base = p->ctx->backend->lowp;
-    if (!kf__dtype_is_lowp(p->dtype)) return base->kan->workspace(p, N, patches);
-    LP_PLAN_F32(struct kf_kan_linear_plan, q, p);
-    size_t ws = base->kan->workspace(&q, N, patches);
-    LP_SIZE_BOTH(kf__kan_fwd, kf__kan_bwd, lp_kan_fwd_tensors, lp_kan_bwd_tensors, p, true, ws,
-                 .N = N, .patches = patches);
-    return ws;
-}
-
-LP_DEFINE_CALL(lp_kan_forward, kf__kan_fwd, struct kf_kan_linear_plan, kan, forward,
-               c->patches ? "kf_kan_conv2d_forward" : "kf_kan_linear_forward",
-               base->kan->workspace(&q, c->N, c->patches), lp_kan_fwd_tensors, false)
-LP_DEFINE_CALL(lp_kan_backward, kf__kan_bwd, struct kf_kan_linear_plan, kan, backward,
-               c->patches ? "kf_kan_conv2d_backward" : "kf_kan_linear_backward",
-               base->kan->workspace(&q, c->N, c->patches), lp_kan_bwd_tensors, c->accumulate)
-LP_DEFINE_SUPPORTS(lp_kan_supports, struct kf_kan_linear_plan, kan)
-
-const kf__kan_ops kf__lowp_kan_ops = {lp_kan_supports, lp_kan_workspace, lp_kan_forward,
-                                      lp_kan_backward};

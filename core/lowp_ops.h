@@ -1,5 +1,6 @@
-/* Low-precision storage (bfloat16, float16) as one layer over a backend's float32 op tables,
- * shared by every backend (core/lowp_ops.c; rounding: core/lowp.h; docs/precision.md).
+/* Low-precision storage (bfloat16, float16) for the recurrent layers as one layer over a
+ * backend's float32 op table, shared by every backend (core/lowp_ops.c; rounding: core/lowp.h;
+ * docs/precision.md).
  *
  * A plan of dtype KF_DTYPE_BF16 or KF_DTYPE_F16 stores every tensor of a call in that type and
  * computes in float32 (products, reductions, gate math, the recurrent state), exactly as the
@@ -16,18 +17,17 @@
  * of any other dtype goes straight to the backend's table; supports() asks the backend's table
  * about the float32 copy of a low plan.
  *
- * A backend takes part by installing the kf__lowp_*_ops tables below as its op tables and
- * pointing kf__backend.lowp at its float32 tables and its conversion routine, which runs a batch
- * of conversions in order on the context's stream (the CPU: a team of threads, cpu/lowp.c; CUDA:
- * one kernel, cuda/lowp.cu). The CPU serves its recurrent and KAN layers this way; SKLinear's low
- * plans (both backends) and CUDA's KAN ones run natively instead (cpu/sklinear.c reads and writes
- * the low types in place; cuda/plain.cu on the tensor cores), and CUDA's recurrent entries call
- * kf__lowp_rnn_ops themselves for the low plans they do not run natively (cuda/rnn_fwd.cu). */
+ * A backend takes part by installing kf__lowp_rnn_ops below as its recurrent op table (or
+ * calling it) and pointing kf__backend.lowp at its float32 table and its conversion routine,
+ * which runs a batch of conversions in order on the context's stream (the CPU: a team of threads,
+ * cpu/lowp.c; CUDA: one kernel, cuda/lowp.cu). The CPU serves its recurrent layers this way, and
+ * CUDA's recurrent entries call kf__lowp_rnn_ops themselves for the low plans they do not run
+ * natively (cuda/rnn_fwd.cu). SKLinear and the KAN layers read and write the low types in place
+ * on both backends (cpu/sklinear.c, cpu/kan_linear.c; cuda/plain.cu on the tensor cores). */
 #ifndef KF_CORE_LOWP_OPS_H
 #define KF_CORE_LOWP_OPS_H
 
 #include "backend.h"
-#include "kan_backend.h"
 #include "rnn_backend.h"
 
 #include <stdbool.h>
@@ -60,17 +60,15 @@ typedef struct kf__lp_batch {
     int64_t elems; /* all of the batch's elements */
 } kf__lp_batch;
 
-/* What a backend gives the layer: its float32 (and float64) op tables and its conversion
- * routine (KF_OK, or a status with the message set under `fn`). */
+/* What a backend gives the layer: its float32 (and float64) recurrent op table and its
+ * conversion routine (KF_OK, or a status with the message set under `fn`). */
 typedef struct kf__lowp_base {
     const struct kf__rnn_ops *rnn;
-    const struct kf__kan_ops *kan;
     kf_status (*convert)(kf_context *ctx, const char *fn, const kf__lp_batch *b);
 } kf__lowp_base;
 
-/* The wrapped tables, for every backend with kf__backend.lowp set. */
+/* The wrapped table, for every backend with kf__backend.lowp set. */
 extern const struct kf__rnn_ops kf__lowp_rnn_ops;
-extern const struct kf__kan_ops kf__lowp_kan_ops;
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,6 @@
 /* The CPU backend's table (core/backend.h): host memory, no stream, every op, every plan the
- * front ends accept (float32, float64, bfloat16 and float16 storage through cpu/lowp.c, any
- * spline order). */
+ * front ends accept (float32, float64, bfloat16 and float16 storage: the recurrent layers' low
+ * plans through core/lowp_ops.c and cpu/lowp.c, the other ops' in place; any spline order). */
 #include "cpu_backend.h"
 #include "lowp_ops.h"
 
@@ -56,6 +56,6 @@ const kf__backend kf__cpu_backend = {
     .host_memory = true,
     .rnn = &kf__lowp_rnn_ops,
     .skl = &kf__cpu_skl_ops,
-    .kan = &kf__lowp_kan_ops,
+    .kan = &kf__cpu_kan_ops,
     .lowp = &kf__cpu_lowp,
 };

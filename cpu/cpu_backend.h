@@ -1,7 +1,7 @@
 /* The CPU backend's op tables, one per op file (cpu/rnn_layout.c, cpu/sklinear.c,
- * cpu/kan_linear.c) for float32 and float64 plans, the recurrent and KAN ones wrapped for
- * bfloat16 and float16 plans by core/lowp_ops.c (with cpu/lowp.c's conversions), SKLinear's
- * serving every dtype itself; gathered into its kf__backend by cpu/backend.c. Private to cpu/. */
+ * cpu/kan_linear.c) for float32 and float64 plans, the recurrent one wrapped for bfloat16 and
+ * float16 plans by core/lowp_ops.c (with cpu/lowp.c's conversions), SKLinear's and KAN's serving
+ * every dtype themselves; gathered into its kf__backend by cpu/backend.c. Private to cpu/. */
 #ifndef KF_CPU_BACKEND_H
 #define KF_CPU_BACKEND_H
 

@@ -70,6 +70,7 @@
 #include "bspline.h"
 #include "cpu_backend.h"
 #include "host.h"
+#include "lowp_simd.h"
 #include "rowgemm.h"
 #include "simd.h"
 #include "team.h"
@@ -143,6 +144,39 @@ static inline int32_t kan_clamp32(int32_t v, int32_t lo, int32_t hi) {
     return v < lo ? lo : v > hi ? hi : v;
 }
 
+/* ---- storage ------------------------------------------------------------------------------
+ * A plan's tensors are stored in its dtype and its kernels compute in T: float64 for a float64
+ * plan, float32 for every other (core/lowp.h). Per storage suffix SX (s float32, d float64,
+ * b bfloat16, h float16): kan_get_SX(a, i) is element i of `a` as T and kan_set_SX(a, i, v)
+ * stores v (rounded to nearest even for b and h); the _n forms move n contiguous elements (8 at a
+ * time for b and h: cpu/lowp_simd.h). The low types are converted where an element enters the
+ * kernels (gathered into a tile, packed into the combined weight or the knot copy, or a block of
+ * dy into a thread's buffer) and where a result leaves them (a block of y or dx, the folded weight
+ * gradients): never as whole-tensor copies. */
+#define KF__KAN_STORE_DEFINE(T, SX, GET, SET, GETN, SETN)                                          \
+    static inline __attribute__((always_inline)) T kan_get_##SX(const void *a, int64_t i) {        \
+        return GET;                                                                                \
+    }                                                                                              \
+    static inline __attribute__((always_inline)) void kan_set_##SX(void *a, int64_t i, T v) {      \
+        SET;                                                                                       \
+    }                                                                                              \
+    static inline void kan_get_n_##SX(T *d, const void *a, int64_t i, int64_t n) { GETN; }         \
+    static inline void kan_set_n_##SX(void *a, int64_t i, const T *d, int64_t n) { SETN; }
+KF__KAN_STORE_DEFINE(float, s, ((const float *)a)[i], ((float *)a)[i] = v,
+                     memcpy(d, (const float *)a + i, (size_t)n * sizeof(float)),
+                     memcpy((float *)a + i, d, (size_t)n * sizeof(float)))
+KF__KAN_STORE_DEFINE(double, d, ((const double *)a)[i], ((double *)a)[i] = v,
+                     memcpy(d, (const double *)a + i, (size_t)n * sizeof(double)),
+                     memcpy((double *)a + i, d, (size_t)n * sizeof(double)))
+KF__KAN_STORE_DEFINE(float, b, kf__lp_get(((const uint16_t *)a)[i], true),
+                     ((uint16_t *)a)[i] = kf__lp_put(v, true),
+                     kf__lp_load_n(d, (const uint16_t *)a + i, n, true),
+                     kf__lp_store_n((uint16_t *)a + i, d, n, false, true))
+KF__KAN_STORE_DEFINE(float, h, kf__lp_get(((const uint16_t *)a)[i], false),
+                     ((uint16_t *)a)[i] = kf__lp_put(v, false),
+                     kf__lp_load_n(d, (const uint16_t *)a + i, n, false),
+                     kf__lp_store_n((uint16_t *)a + i, d, n, false, false))
+
 /* Windowed (true) or dense, per direction, from the shape alone (so that the bits never depend
  * on the thread count). The windowed products do k + 2 of the C + 1 multiply-adds per (row,
  * feature, output) but with one load per multiply-add, against a register-blocked GEMM on the
@@ -161,16 +195,18 @@ static bool kan_sparse_pick(const struct kf_kan_linear_plan *p, bool backward) {
 }
 
 /* Everything a call derives from (plan, N, patches, direction): the path, blocking, team size
- * and the workspace layout. Workspace bytes (each term rounded up to 64; e the element size, 4
- * or 8), dense:
- *     e out K  +  e in k nk  +  team * (e (rows Fr cw + out F cw + 2 rows Fr + rows nk)
- *                                       + 8 rows kh kw for KANConv2d's patch offsets)
+ * and the workspace layout. Workspace bytes (each term rounded up to 64; e the compute type's
+ * size, 8 for a float64 plan, else 4), dense:
+ *     e out K  +  e in (k + 1) nk  +  team * (e (rows Fr cw + out F cw + 2 rows Fr + rows nk)
+ *                                             + 8 rows kh kw for KANConv2d's patch offsets)
  * windowed (outp = out rounded up to the panel, Fr = KF__KAN_FG, Fw = max(Fr, F)):
- *     e outp K  +  e in k nk  +  team * (e (rows outp + outp F cw + rows (Fw + Fr)
- *                                       + rows Fw (k+2) + (rows + rl) (k+2))
- *                                       + 4 (rows Fw + 3 rl + C + 1) + 32 rows Fr + 8 rows kh kw)
- * with rows = min(128, L): bounded by tiles, never by N times the bases; the query answers the
- * larger of the two directions. */
+ *     e outp K  +  e in (k + 1) nk  +  team * (e (rows outp + outp F cw + rows (Fw + Fr)
+ *                                             + rows Fw (k+2) + (rows + rl) (k+2))
+ *                                             + 4 (rows Fw + 3 rl + C + 1) + 32 rows Fr
+ *                                             + 8 rows kh kw)
+ * with rows = min(128, L), and for a bfloat16 or float16 plan, per thread, e rows out (dense) and
+ * e Cin H W (KANConv2d's backward): bounded by tiles, never by N times the bases; the query
+ * answers the larger of the two directions. */
 typedef struct kan_geom {
     int64_t rows;        /* rows per block: min(KF__KAN_ROWS, L) */
     int64_t L;           /* rows per image: Ho Wo (KANConv2d) or N (KANLinear: one image) */
@@ -180,12 +216,15 @@ typedef struct kan_geom {
     int64_t Fr, rchunks; /* features per chunk of the row-wise products (forward, dx); chunks */
     int64_t F, chunks;   /* the same for the weight gradient (F <= Fr) */
     int32_t team;        /* threads */
-    size_t wc, inv;      /* byte offsets: W [out, K]; knot reciprocals [in, k, nk] */
+    size_t wc, inv, grid; /* byte offsets: W [out, K]; knot reciprocals [in, k, nk]; the knots
+                             [in, nk] in T */
     size_t thr;          /* byte offset of thread 0's region; thread t's is thr + t * thr_bytes */
     size_t thr_bytes;    /* tile [Fr*cw, rows], dW [out, F*cw], x^T and dx^T [Fr, rows],
                             bases S [nk - 1, rows], clamped x [rows], patch offsets
-                            [kh kw, rows] (int64, KANConv2d only) */
-    size_t tile, dw, xt, dxt, s, xb, off; /* offsets inside a thread's region */
+                            [kh kw, rows] (int64, KANConv2d only), then a low plan's y or dy
+                            block [rows, out] (dense path) and image dx [Cin, H, W] (KANConv2d
+                            backward) */
+    size_t tile, dw, xt, dxt, s, xb, off, yb, dxi; /* offsets inside a thread's region */
     /* The windowed path (kan_sparse_pick): tile is y or dy [rows, outp], dw dW^T in panels
      * [outp / OB][F cw, OB], s the window values [rows, Fw, k+2], then: */
     bool sparse;
@@ -227,7 +266,8 @@ static kan_geom kan_geom_of(const struct kf_kan_linear_plan *p, int64_t N,
     const int64_t wcols = g.sparse ? g.outp : p->out; /* W [out, K], or W^T [K, outp] */
     g.wc = 0;
     g.inv = kf__align_up((size_t)(wcols * p->K) * e);
-    g.thr = g.inv + kf__align_up((size_t)(p->in * p->k * p->nk) * e);
+    g.grid = g.inv + kf__align_up((size_t)(p->in * p->k * p->nk) * e);
+    g.thr = g.grid + kf__align_up((size_t)(p->in * p->nk) * e);
     /* a thread's region: the tile (dense: A^T [Fr cw, rows]; windowed: y or dy [rows, outp]),
      * the weight-gradient accumulator (dense: [out, F cw]; windowed: [F cw, outp]), x^T and
      * dx^T, then the dense path's bases and clamped x or the windowed path's windows */
@@ -248,9 +288,16 @@ static kan_geom kan_geom_of(const struct kf_kan_linear_plan *p, int64_t N,
         g.xb = g.s + kf__align_up((size_t)(g.rows * (p->nk - 1)) * e);
         g.off = g.xb + kf__align_up((size_t)g.rows * e);
     }
-    g.thr_bytes = g.off + (patches ? kf__align_up((size_t)(g.rows * patches->kh * patches->kw) *
-                                                  sizeof(int64_t))
-                                   : 0);
+    /* a low plan's buffers, in T: y or dy of a block for the dense products, and (KANConv2d's
+     * backward) the dx of the image in hand, whose patches add into it */
+    const bool low = kf__dtype_is_lowp(p->dtype);
+    g.yb = g.off + (patches ? kf__align_up((size_t)(g.rows * patches->kh * patches->kw) *
+                                           sizeof(int64_t))
+                            : 0);
+    g.dxi = g.yb + (low && !g.sparse ? kf__align_up((size_t)(g.rows * p->out) * e) : 0);
+    g.thr_bytes = g.dxi + (low && patches && backward
+                               ? kf__align_up((size_t)(patches->Cin * patches->H * patches->W) * e)
+                               : 0);
     g.bytes = g.thr + (size_t)g.team * g.thr_bytes;
     return g;
 }
@@ -350,104 +397,24 @@ typedef struct kan_bwd_call {
     kan_geom g;
 } kan_bwd_call;
 
-/* For element type T, BLAS prefix X (s: float, d: double): the dense path's kernels and the
- * helpers both paths share, each named with the suffix _X. */
+/* Block k's place in y or dy [N, out]: the element offset of its first row (KANLinear: rows
+ * [n0, n0 + rows), row stride out) or, for KANConv2d, of its first column in the image's
+ * [out, L] plane (columns [p0, p0 + rows): the block stored transposed, row stride L). *ld
+ * receives the row stride. */
+static int64_t kan_yoff(const kf__kan_patches *P, const kan_geom *g, int64_t out,
+                        const kan_blk *k, int64_t *ld) {
+    *ld = P ? g->L : out;
+    return P ? k->img * out * g->L + k->p0 : k->n0 * out;
+}
+
+/* For compute type T, BLAS prefix X (s: float, d: double): the dense path's kernels, which work
+ * on the workspace's tiles only, each named with the suffix _X. */
 #define KF__KAN_CPU_DEFINE(T, X)                                                                   \
-    /* ---- the combined weight and the knot reciprocals ---- */                                   \
-                                                                                                   \
-    /* Rows [o0, o1) of W [out, K]: per feature [ base_weight (0 when absent) |                    \
-     * spline_weight * spline_scaler ]. */                                                         \
-    static void kan_pack_w_##X(const struct kf_kan_linear_plan *p, const T *base, const T *spline, \
-                               const T *scaler, T *W, int64_t o0, int64_t o1) {                    \
-        const int64_t in = p->in, C = p->C, cw = p->cw;                                            \
-        for (int64_t o = o0; o < o1; ++o)                                                          \
-            for (int64_t i = 0; i < in; ++i) {                                                     \
-                const int64_t oi = o * in + i;                                                     \
-                T *d = W + o * p->K + i * cw;                                                      \
-                const T *s = spline + oi * C;                                                      \
-                d[0] = base ? base[oi] : (T)0; /* no base_weight: no base term */                  \
-                if (scaler) {                                                                      \
-                    const T sc = scaler[oi];                                                       \
-                    for (int64_t c = 0; c < C; ++c) d[1 + c] = s[c] * sc;                          \
-                } else {                                                                           \
-                    memcpy(d + 1, s, (size_t)C * sizeof(T));                                       \
-                }                                                                                  \
-            }                                                                                      \
-    }                                                                                              \
-                                                                                                   \
-    /* Features [i0, i1) of inv [in, k, nk]: each feature's reciprocal table                       \
-     * (common/bspline.h). */                                                                      \
-    static void kan_inv_table_##X(const struct kf_kan_linear_plan *p, const T *grid, T *inv,       \
-                                  int64_t i0, int64_t i1) {                                        \
-        for (int64_t i = i0; i < i1; ++i)                                                          \
-            kf__bspline_inv_##X(grid + i * p->nk, p->nk, p->k, inv + i * p->k * p->nk);            \
-    }                                                                                              \
-                                                                                                   \
     /* ---- bases, vectorised over rows ----                                                       \
      * A tile is stored transposed, A^T [cols, rows] (row stride `rows`), so that every loop       \
      * below runs over contiguous rows of one feature with the knots as scalars: plain loops the   \
      * compiler vectorises, no branches, no per-element search. The GEMMs read it with the         \
      * transpose flag. */                                                                          \
-                                                                                                   \
-    /* x^T [f1 - f0, rows] from rows x[0..rows) (row stride in): the chunk's features,             \
-     * row-contiguous. Eight rows at a time, so that the eight source lines stay in L1 across the  \
-     * features and the stores are contiguous. */                                                  \
-    static void kan_gather_rows_##X(const T *x, int64_t in, int64_t rows, int64_t f0, int64_t f1,  \
-                                    T *xT) {                                                       \
-        int64_t n = 0;                                                                             \
-        for (; n + 8 <= rows; n += 8)                                                              \
-            for (int64_t i = f0; i < f1; ++i)                                                      \
-                for (int64_t r = 0; r < 8; ++r) xT[(i - f0) * rows + n + r] = x[(n + r) * in + i]; \
-        for (; n < rows; ++n)                                                                      \
-            for (int64_t i = f0; i < f1; ++i) xT[(i - f0) * rows + n] = x[n * in + i];             \
-    }                                                                                              \
-                                                                                                   \
-    /* x^T [f1 - f0, rows] of block k: KANLinear's rows, or the patches (im2col of the tile only,  \
-     * from the block's offset table `tab`). */                                                    \
-    static void kan_gather_x_##X(const T *x, const kf__kan_patches *P, int64_t in,                 \
-                                 const kan_blk *k, int64_t f0, int64_t f1, T *xT,                  \
-                                 const int64_t *tab) {                                             \
-        if (!P) {                                                                                  \
-            kan_gather_rows_##X(x + k->n0 * in, in, k->rows, f0, f1, xT);                          \
-            return;                                                                                \
-        }                                                                                          \
-        const int64_t kk = (int64_t)P->kh * P->kw, plane = P->H * P->W;                            \
-        const T *img = x + k->img * P->Cin * plane;                                                \
-        for (int64_t f = f0; f < f1; ++f) {                                                        \
-            const T *src = img + f / kk * plane;                                                   \
-            const int64_t *off = tab + f % kk * k->rows;                                           \
-            T *d = xT + (f - f0) * k->rows;                                                        \
-            for (int64_t r = 0; r < k->rows; ++r) d[r] = off[r] >= 0 ? src[off[r]] : (T)0;         \
-        }                                                                                          \
-    }                                                                                              \
-                                                                                                   \
-    /* The inverse of kan_gather_x for dx: KANLinear writes its rows; KANConv2d adds each patch    \
-     * element into the pixel it came from (padding is dropped). */                                \
-    static void kan_scatter_dx_##X(const T *dxT, const kf__kan_patches *P, int64_t in,             \
-                                   const kan_blk *k, int64_t f0, int64_t f1, T *dx,                \
-                                   const int64_t *tab) {                                           \
-        const int64_t rows = k->rows;                                                              \
-        if (!P) {                                                                                  \
-            T *d = dx + k->n0 * in;                                                                \
-            int64_t n = 0;                                                                         \
-            for (; n + 8 <= rows; n += 8)                                                          \
-                for (int64_t i = f0; i < f1; ++i)                                                  \
-                    for (int64_t r = 0; r < 8; ++r)                                                \
-                        d[(n + r) * in + i] = dxT[(i - f0) * rows + n + r];                        \
-            for (; n < rows; ++n)                                                                  \
-                for (int64_t i = f0; i < f1; ++i) d[n * in + i] = dxT[(i - f0) * rows + n];        \
-            return;                                                                                \
-        }                                                                                          \
-        const int64_t kk = (int64_t)P->kh * P->kw, plane = P->H * P->W;                            \
-        T *img = dx + k->img * P->Cin * plane;                                                     \
-        for (int64_t f = f0; f < f1; ++f) {                                                        \
-            const T *src = dxT + (f - f0) * rows;                                                  \
-            T *dst = img + f / kk * plane;                                                         \
-            const int64_t *off = tab + f % kk * rows;                                              \
-            for (int64_t r = 0; r < rows; ++r)                                                     \
-                if (off[r] >= 0) dst[off[r]] += src[r];                                            \
-        }                                                                                          \
-    }                                                                                              \
                                                                                                    \
     /* The tile A^T [(f1-f0)*cw, rows] of features [f0, f1) at x^T: per feature the rows           \
      * SiLU(x), B_0(x) .. B_{C-1}(x) (bases 0 outside the grid). */                                \
@@ -463,17 +430,6 @@ typedef struct kan_bwd_call {
             kf__bspline_rows_##X(grid + i * nk, inv + i * p->k * nk, nk, p->k, x, rows, xb, S,     \
                                  a + rows);                                                        \
         }                                                                                          \
-    }                                                                                              \
-                                                                                                   \
-    /* ---- forward ---- */                                                                        \
-                                                                                                   \
-    /* Block k's part of y or dy [N, out]: rows [n0, n0 + rows) of it (row stride out) for         \
-     * KANLinear; for KANConv2d the columns [p0, p0 + rows) of the image's [out, L] plane, that is \
-     * the block stored transposed (row stride L). *ld receives the row stride. */                 \
-    static T *kan_yblk_##X(const void *y, const kf__kan_patches *P, const kan_geom *g,             \
-                           int64_t out, const kan_blk *k, int64_t *ld) {                           \
-        *ld = P ? g->L : out;                                                                      \
-        return (T *)y + (P ? k->img * out * g->L + k->p0 : k->n0 * out);                           \
     }                                                                                              \
                                                                                                    \
     /* ---- backward ---- */                                                                       \
@@ -507,64 +463,198 @@ typedef struct kan_bwd_call {
         }                                                                                          \
     }                                                                                              \
                                                                                                    \
-    /* Folds the chunk [f0, f1) of dW = dy^T A into the parameter gradients, dW[o, col] at         \
-     * o so + col sc ([out, (f1-f0)*cw]: so = (f1-f0)*cw, sc = 1; transposed: so = 1, sc = ld):    \
-     *     d base_weight = dW_silu,   d spline_weight = dW_spline * spline_scaler,                 \
-     *     d spline_scaler = sum_c dW_spline[c] * spline_weight[c]. */                             \
-    static void kan_fold_dw_##X(const kf__kan_bwd *c, const T *dW, int64_t f0, int64_t f1,         \
-                                int64_t ob, int64_t sb, int64_t so, int64_t sc) {                  \
-        const struct kf_kan_linear_plan *p = c->plan;                                              \
-        const int64_t in = p->in, C = p->C, cw = p->cw;                                            \
-        const bool acc = c->accumulate;                                                            \
-        const T *scaler = c->scaler, *spline = c->spline;                                          \
-        T *dbase = c->dbase, *dspline = c->dspline, *dscaler = c->dscaler;                         \
-        for (int64_t o = 0; o < p->out; ++o)                                                       \
-            for (int64_t i = f0; i < f1; ++i) {                                                    \
-                const int64_t oi = o * in + i;                                                     \
-                const T *g = dW + o / ob * sb + o % ob * so + (i - f0) * cw * sc;                  \
-                if (dbase) dbase[oi] = acc ? dbase[oi] + g[0] : g[0];                              \
-                if (dspline) {                                                                     \
-                    const T s = scaler ? scaler[oi] : (T)1;                                        \
-                    T *d = dspline + oi * C;                                                       \
-                    for (int64_t q = 0; q < C; ++q)                                                \
-                        d[q] = acc ? d[q] + g[(1 + q) * sc] * s : g[(1 + q) * sc] * s;             \
-                }                                                                                  \
-                if (dscaler) {                                                                     \
-                    const T *sw = spline + oi * C;                                                 \
-                    T sum = 0;                                                                     \
-                    for (int64_t q = 0; q < C; ++q) sum += g[(1 + q) * sc] * sw[q];                \
-                    dscaler[oi] = acc ? dscaler[oi] + sum : sum;                                   \
-                }                                                                                  \
-            }                                                                                      \
+    /* KANConv2d's dx^T [f1-f0, rows] of block k added into its image's dx `img` [Cin, H, W]:      \
+     * each patch element into the pixel it came from (padding is dropped; offsets `tab`). */      \
+    static void kan_scatter_patches_##X(const T *dxT, const kf__kan_patches *P, const kan_blk *k,  \
+                                        int64_t f0, int64_t f1, T *img, const int64_t *tab) {      \
+        const int64_t rows = k->rows, kk = (int64_t)P->kh * P->kw, plane = P->H * P->W;            \
+        for (int64_t f = f0; f < f1; ++f) {                                                        \
+            const T *src = dxT + (f - f0) * rows;                                                  \
+            T *dst = img + f / kk * plane;                                                         \
+            const int64_t *off = tab + f % kk * rows;                                              \
+            for (int64_t r = 0; r < rows; ++r)                                                     \
+                if (off[r] >= 0) dst[off[r]] += src[r];                                            \
+        }                                                                                          \
     }
 
 KF__KAN_CPU_DEFINE(float, s)
 KF__KAN_CPU_DEFINE(double, d)
 
-/* For element type T, suffix X, VEC the 32-byte vector of T and VI the int32 vector of as many
- * lanes: the windowed path's kernels (the header comment says why and when). */
-#define KF__KAN_SPARSE_DEFINE(T, X, VEC, VI)                                                       \
-    /* Features [i0, i1) of W^T in output panels: panel b = o / OB is [K, OB] (row i cw + c:       \
-     * feature i's column c of the combined weight over the panel's outputs, zero past out), so    \
-     * that a group of features' columns for one output block are contiguous (rows of one [K,      \
-     * outp] matrix at a power-of-two stride would share L1 sets). Written panel row by panel      \
-     * row. */                                                                                     \
-    static void kan_pack_wt_##X(const struct kf_kan_linear_plan *p, const T *base,                 \
-                                const T *spline, const T *scaler, T *WT, int64_t outp,             \
-                                int64_t i0, int64_t i1) {                                          \
+/* For compute type T (BLAS prefix X) and storage suffix SX (kan_get_SX and kan_set_SX above):
+ * everything that reads or writes the caller's tensors, each named with the suffix _SX. */
+#define KF__KAN_IO_DEFINE(T, X, SX)                                                                \
+    /* ---- the combined weight and the knots ---- */                                              \
+                                                                                                   \
+    /* Rows [o0, o1) of W [out, K]: per feature [ base_weight (0 when absent) |                    \
+     * spline_weight * spline_scaler ]. */                                                         \
+    static void kan_pack_w_##SX(const struct kf_kan_linear_plan *p, const void *base,              \
+                                const void *spline, const void *scaler, T *W, int64_t o0,          \
+                                int64_t o1) {                                                      \
+        const int64_t in = p->in, C = p->C, cw = p->cw;                                            \
+        for (int64_t o = o0; o < o1; ++o)                                                          \
+            for (int64_t i = 0; i < in; ++i) {                                                     \
+                const int64_t oi = o * in + i;                                                     \
+                T *d = W + o * p->K + i * cw;                                                      \
+                d[0] = base ? kan_get_##SX(base, oi) : (T)0; /* no base_weight: no base term */    \
+                kan_get_n_##SX(d + 1, spline, oi * C, C);                                          \
+                if (scaler) {                                                                      \
+                    const T sc = kan_get_##SX(scaler, oi);                                         \
+                    for (int64_t c = 0; c < C; ++c) d[1 + c] *= sc;                                \
+                }                                                                                  \
+            }                                                                                      \
+    }                                                                                              \
+                                                                                                   \
+    /* Features [i0, i1) of W^T in output panels (the windowed path): panel b = o / OB is          \
+     * [K, OB] (row i cw + c: feature i's column c of the combined weight over the panel's         \
+     * outputs, zero past out), so that a group of features' columns for one output block are      \
+     * contiguous (rows of one [K, outp] matrix at a power-of-two stride would share L1 sets).     \
+     * Written panel row by panel row. */                                                          \
+    static void kan_pack_wt_##SX(const struct kf_kan_linear_plan *p, const void *base,             \
+                                 const void *spline, const void *scaler, T *WT, int64_t outp,      \
+                                 int64_t i0, int64_t i1) {                                         \
         const int64_t in = p->in, out = p->out, C = p->C, cw = p->cw, OB = KF__KAN_OB(sizeof(T));  \
         for (int64_t ob = 0; ob < outp; ob += OB)                                                  \
             for (int64_t i = i0; i < i1; ++i)                                                      \
                 for (int64_t o = ob; o < ob + OB; ++o) {                                           \
                     T *d = WT + ob * p->K + i * cw * OB + o % OB;                                  \
                     const int64_t oi = o * in + i;                                                 \
-                    const T sc = scaler && o < out ? scaler[oi] : (T)1;                            \
-                    d[0] = base && o < out ? base[oi] : (T)0;                                      \
+                    const T sc = scaler && o < out ? kan_get_##SX(scaler, oi) : (T)1;              \
+                    d[0] = base && o < out ? kan_get_##SX(base, oi) : (T)0;                        \
                     for (int64_t c = 0; c < C; ++c)                                                \
-                        d[(1 + c) * OB] = o < out ? spline[oi * C + c] * sc : (T)0;                \
+                        d[(1 + c) * OB] = o < out ? kan_get_##SX(spline, oi * C + c) * sc : (T)0;  \
                 }                                                                                  \
     }                                                                                              \
                                                                                                    \
+    /* Features [i0, i1) of the knots `gt` [in, nk] in T and of inv [in, k, nk], each feature's    \
+     * reciprocal table (common/bspline.h). */                                                     \
+    static void kan_knots_##SX(const struct kf_kan_linear_plan *p, const void *grid, T *gt,        \
+                               T *inv, int64_t i0, int64_t i1) {                                   \
+        const int64_t nk = p->nk;                                                                  \
+        kan_get_n_##SX(gt + i0 * nk, grid, i0 * nk, (i1 - i0) * nk);                               \
+        for (int64_t i = i0; i < i1; ++i)                                                          \
+            kf__bspline_inv_##X(gt + i * nk, nk, p->k, inv + i * p->k * nk);                       \
+    }                                                                                              \
+                                                                                                   \
+    /* ---- rows in and out ---- */                                                                \
+                                                                                                   \
+    /* x^T [f1 - f0, rows] from rows x[n0..n0 + rows) (row stride in): the chunk's features,       \
+     * row-contiguous. Eight rows at a time, so that the eight source lines stay in L1 across the  \
+     * features and the stores are contiguous. */                                                  \
+    static void kan_gather_rows_##SX(const void *x, int64_t n0, int64_t in, int64_t rows,          \
+                                     int64_t f0, int64_t f1, T *xT) {                              \
+        int64_t n = 0;                                                                             \
+        for (; n + 8 <= rows; n += 8)                                                              \
+            for (int64_t i = f0; i < f1; ++i)                                                      \
+                for (int64_t r = 0; r < 8; ++r)                                                    \
+                    xT[(i - f0) * rows + n + r] = kan_get_##SX(x, (n0 + n + r) * in + i);          \
+        for (; n < rows; ++n)                                                                      \
+            for (int64_t i = f0; i < f1; ++i)                                                      \
+                xT[(i - f0) * rows + n] = kan_get_##SX(x, (n0 + n) * in + i);                      \
+    }                                                                                              \
+                                                                                                   \
+    /* x^T [f1 - f0, rows] of block k: KANLinear's rows, or the patches (im2col of the tile only,  \
+     * from the block's offset table `tab`). */                                                    \
+    static void kan_gather_x_##SX(const void *x, const kf__kan_patches *P, int64_t in,             \
+                                  const kan_blk *k, int64_t f0, int64_t f1, T *xT,                 \
+                                  const int64_t *tab) {                                            \
+        if (!P) {                                                                                  \
+            kan_gather_rows_##SX(x, k->n0, in, k->rows, f0, f1, xT);                               \
+            return;                                                                                \
+        }                                                                                          \
+        const int64_t kk = (int64_t)P->kh * P->kw, plane = P->H * P->W;                            \
+        const int64_t img = k->img * P->Cin * plane;                                               \
+        for (int64_t f = f0; f < f1; ++f) {                                                        \
+            const int64_t src = img + f / kk * plane;                                              \
+            const int64_t *off = tab + f % kk * k->rows;                                           \
+            T *d = xT + (f - f0) * k->rows;                                                        \
+            for (int64_t r = 0; r < k->rows; ++r)                                                  \
+                d[r] = off[r] >= 0 ? kan_get_##SX(x, src + off[r]) : (T)0;                         \
+        }                                                                                          \
+    }                                                                                              \
+                                                                                                   \
+    /* KANLinear's dx rows of block k from dx^T [f1 - f0, rows] (the inverse of kan_gather_rows;   \
+     * KANConv2d's dx goes through kan_scatter_patches). */                                        \
+    static void kan_scatter_rows_##SX(const T *dxT, int64_t in, const kan_blk *k, int64_t f0,      \
+                                      int64_t f1, void *dx) {                                      \
+        const int64_t rows = k->rows, n0 = k->n0;                                                  \
+        int64_t n = 0;                                                                             \
+        for (; n + 8 <= rows; n += 8)                                                              \
+            for (int64_t i = f0; i < f1; ++i)                                                      \
+                for (int64_t r = 0; r < 8; ++r)                                                    \
+                    kan_set_##SX(dx, (n0 + n + r) * in + i, dxT[(i - f0) * rows + n + r]);         \
+        for (; n < rows; ++n)                                                                      \
+            for (int64_t i = f0; i < f1; ++i)                                                      \
+                kan_set_##SX(dx, (n0 + n) * in + i, dxT[(i - f0) * rows + n]);                     \
+    }                                                                                              \
+                                                                                                   \
+    /* Block k's y or dy (kan_yoff) <-> buf, whose element (row n, output o) is at n ldb + o, or   \
+     * at o ldb + n when `trans`: `load` reads dy into buf (past out, zeros in each row of a       \
+     * [rows, ldb] buf), else y is written from buf. Whole lines at a time where buf is stored as  \
+     * the block is (a KANLinear block in rows, a KANConv2d block transposed). */                  \
+    static void kan_blk_io_##SX(void *y, const kf__kan_patches *P, const kan_geom *g,              \
+                                int64_t out, const kan_blk *k, T *buf, int64_t ldb, bool trans,    \
+                                bool load) {                                                       \
+        int64_t ld;                                                                                \
+        const int64_t y0 = kan_yoff(P, g, out, k, &ld);                                            \
+        if (trans == (P != NULL)) {                                                                \
+            const int64_t lines = trans ? out : k->rows, len = trans ? k->rows : out;              \
+            for (int64_t l = 0; l < lines; ++l)                                                    \
+                if (load) kan_get_n_##SX(buf + l * ldb, y, y0 + l * ld, len);                      \
+                else kan_set_n_##SX(y, y0 + l * ld, buf + l * ldb, len);                           \
+        } else { /* a KANConv2d block in rows (the windowed path) */                               \
+            for (int64_t n = 0; n < k->rows; ++n)                                                  \
+                for (int64_t o = 0; o < out; ++o) {                                                \
+                    if (load) buf[n * ldb + o] = kan_get_##SX(y, y0 + o * ld + n);                 \
+                    else kan_set_##SX(y, y0 + o * ld + n, buf[n * ldb + o]);                       \
+                }                                                                                  \
+        }                                                                                          \
+        if (load && !trans)                                                                        \
+            for (int64_t n = 0; n < k->rows; ++n)                                                  \
+                memset(buf + n * ldb + out, 0, (size_t)(ldb - out) * sizeof(T));                   \
+    }                                                                                              \
+                                                                                                   \
+    /* Folds the chunk [f0, f1) of dW = dy^T A into the parameter gradients, dW[o, col] at         \
+     * o so + col sc ([out, (f1-f0)*cw]: so = (f1-f0)*cw, sc = 1; transposed: so = 1, sc = ld):    \
+     *     d base_weight = dW_silu,   d spline_weight = dW_spline * spline_scaler,                 \
+     *     d spline_scaler = sum_c dW_spline[c] * spline_weight[c];                                \
+     * accumulating, each is stored as old + new (summed in T, then rounded once). */              \
+    static void kan_fold_dw_##SX(const kf__kan_bwd *c, const T *dW, int64_t f0, int64_t f1,        \
+                                 int64_t ob, int64_t sb, int64_t so, int64_t sc) {                 \
+        const struct kf_kan_linear_plan *p = c->plan;                                              \
+        const int64_t in = p->in, C = p->C, cw = p->cw;                                            \
+        const bool acc = c->accumulate;                                                            \
+        const void *scaler = c->scaler, *spline = c->spline;                                       \
+        void *dbase = c->dbase, *dspline = c->dspline, *dscaler = c->dscaler;                      \
+        for (int64_t o = 0; o < p->out; ++o)                                                       \
+            for (int64_t i = f0; i < f1; ++i) {                                                    \
+                const int64_t oi = o * in + i;                                                     \
+                const T *g = dW + o / ob * sb + o % ob * so + (i - f0) * cw * sc;                  \
+                if (dbase)                                                                         \
+                    kan_set_##SX(dbase, oi, acc ? kan_get_##SX(dbase, oi) + g[0] : g[0]);          \
+                if (dspline) {                                                                     \
+                    const T s = scaler ? kan_get_##SX(scaler, oi) : (T)1;                          \
+                    for (int64_t q = oi * C; q < oi * C + C; ++q) {                                \
+                        const T v = g[(1 + q - oi * C) * sc] * s;                                  \
+                        kan_set_##SX(dspline, q, acc ? kan_get_##SX(dspline, q) + v : v);          \
+                    }                                                                              \
+                }                                                                                  \
+                if (dscaler) {                                                                     \
+                    T sum = 0;                                                                     \
+                    for (int64_t q = 0; q < C; ++q)                                                \
+                        sum += g[(1 + q) * sc] * kan_get_##SX(spline, oi * C + q);                 \
+                    kan_set_##SX(dscaler, oi, acc ? kan_get_##SX(dscaler, oi) + sum : sum);        \
+                }                                                                                  \
+            }                                                                                      \
+    }
+
+KF__KAN_IO_DEFINE(float, s, s)
+KF__KAN_IO_DEFINE(double, d, d)
+KF__KAN_IO_DEFINE(float, s, b)
+KF__KAN_IO_DEFINE(float, s, h)
+
+/* For element type T, suffix X, VEC the 32-byte vector of T and VI the int32 vector of as many
+ * lanes: the windowed path's kernels (the header comment says why and when). */
+#define KF__KAN_SPARSE_DEFINE(T, X, VEC, VI)                                                       \
     /* The window of one feature at x[0..rows) (kf__bspline_rows' bases, computed only where       \
      * they can be non-zero). Per row: the span j (t_j <= x < t_{j+1}, counted as the knots        \
      * t_1..t_{nk-2} at or below x; any j, with every basis 0, outside [t_0, t_{nk-1}) and for     \
@@ -664,22 +754,6 @@ KF__KAN_CPU_DEFINE(double, d)
                 for (int64_t c = 0; c < k2; ++c) v[c] = V[c * rows + n];                           \
                 sidx[n * Fw + i - f0] = s[n];                                                      \
             }                                                                                      \
-        }                                                                                          \
-    }                                                                                              \
-                                                                                                   \
-    /* Block k's y or dy <-> buf [rows, outp] (to_buf: dy in, zero past out; else y out). */       \
-    static void kan_rows_io_##X(void *y, const kf__kan_patches *P, const kan_geom *g,              \
-                                int64_t out, const kan_blk *k, T *buf, bool to_buf) {              \
-        int64_t ld;                                                                                \
-        T *yb = kan_yblk_##X(y, P, g, out, k, &ld);                                                \
-        for (int64_t n = 0; n < k->rows; ++n) {                                                    \
-            T *b = buf + n * g->outp;                                                              \
-            for (int64_t o = 0; o < out; ++o) {                                                    \
-                T *e = P ? yb + o * ld + n : yb + n * ld + o;                                      \
-                if (to_buf) b[o] = *e;                                                             \
-                else *e = b[o];                                                                    \
-            }                                                                                      \
-            if (to_buf) memset(b + out, 0, (size_t)(g->outp - out) * sizeof(T));                   \
         }                                                                                          \
     }                                                                                              \
                                                                                                    \
@@ -830,46 +904,62 @@ KF__KAN_CPU_DEFINE(double, d)
 KF__KAN_SPARSE_DEFINE(float, s, kf__vs, kan_vis)
 KF__KAN_SPARSE_DEFINE(double, d, kf__vd, kan_vid)
 
-/* For element type T, BLAS prefix X, vector VEC: kan_fwd_team_X and kan_bwd_team_X, one
- * thread's share of a call on either path (g->sparse: the windowed kernels above, else the
- * dense tiles + GEMM). */
-#define KF__KAN_TEAMS_DEFINE(T, X, VEC)                                                            \
-    static void kan_fwd_team_##X(void *arg, int tid, int nth) {                                    \
+/* For compute type T, BLAS prefix X, vector VEC and storage SX: kan_fwd_team_SX and
+ * kan_bwd_team_SX, one thread's share of a call on either path (g->sparse: the windowed kernels
+ * above, else the dense tiles + GEMM). DIRECT (storage type = T) lets the dense products read dy
+ * and write y and KANConv2d's dx in the caller's tensors; a low plan's go through the thread's
+ * buffers in T (g->yb, g->dxi), converted a block (an image for dx) at a time. */
+#define KF__KAN_TEAMS_DEFINE(T, X, VEC, SX, DIRECT)                                                \
+    /* Block k's dy for the dense products: in place, or a low plan's copy in yb, stored as the    \
+     * block is; *ld receives its row stride. */                                                   \
+    static const T *kan_dy_##SX(const kf__kan_bwd *c, const kan_geom *g, const kan_blk *k, T *yb,  \
+                                int64_t *ld) {                                                     \
+        const kf__kan_patches *P = c->patches;                                                     \
+        const int64_t out = c->plan->out, y0 = kan_yoff(P, g, out, k, ld);                         \
+        if (DIRECT) return (const T *)c->dy + y0;                                                  \
+        *ld = P ? k->rows : out;                                                                   \
+        kan_blk_io_##SX((void *)c->dy, P, g, out, k, yb, *ld, P != NULL, true);                    \
+        return yb;                                                                                 \
+    }                                                                                              \
+                                                                                                   \
+    static void kan_fwd_team_##SX(void *arg, int tid, int nth) {                                   \
         const kf__kan_fwd *c = ((const kan_fwd_call *)arg)->c;                                     \
         const kan_geom *g = &((const kan_fwd_call *)arg)->g;                                       \
         const struct kf_kan_linear_plan *p = c->plan;                                              \
         const kf__kan_patches *P = c->patches;                                                     \
         const int64_t in = p->in, out = p->out, cw = p->cw, K = p->K, k2 = p->k + 2;               \
-        T *W = kan_at(c->ws, g->wc), *inv = kan_at(c->ws, g->inv);                                 \
+        T *W = kan_at(c->ws, g->wc), *inv = kan_at(c->ws, g->inv), *grid = kan_at(c->ws, g->grid); \
         char *mine = (char *)c->ws + g->thr + (size_t)tid * g->thr_bytes;                          \
         T *tile = kan_at(mine, g->tile), *xT = kan_at(mine, g->xt), *S = kan_at(mine, g->s),       \
-          *xb = kan_at(mine, g->xb), *win = kan_at(mine, g->win);                                  \
+          *xb = kan_at(mine, g->xb), *win = kan_at(mine, g->win), *yb = kan_at(mine, g->yb);       \
         int32_t *sidx = kan_at(mine, g->sidx), *ints = kan_at(mine, g->ints);                      \
         int64_t *off = kan_at(mine, g->off), held[2] = {-1, -1};                                   \
         int64_t a0, a1, ld;                                                                        \
         kf__cpu_share(g->sparse ? in : out, tid, nth, &a0, &a1);                                   \
-        if (g->sparse) kan_pack_wt_##X(p, c->base, c->spline, c->scaler, W, g->outp, a0, a1);      \
-        else kan_pack_w_##X(p, c->base, c->spline, c->scaler, W, a0, a1);                          \
+        if (g->sparse) kan_pack_wt_##SX(p, c->base, c->spline, c->scaler, W, g->outp, a0, a1);     \
+        else kan_pack_w_##SX(p, c->base, c->spline, c->scaler, W, a0, a1);                         \
         kf__cpu_share(in, tid, nth, &a0, &a1);                                                     \
-        kan_inv_table_##X(p, c->grid, inv, a0, a1);                                                \
+        kan_knots_##SX(p, c->grid, grid, inv, a0, a1);                                             \
         _Pragma("omp barrier")                                                                     \
         for (int64_t b = tid; b < g->blocks; b += nth) {                                           \
             const kan_blk k = kan_blk_of(g, b);                                                    \
-            T *y = kan_yblk_##X(c->y, P, g, out, &k, &ld);                                         \
+            const int64_t y0 = kan_yoff(P, g, out, &k, &ld);                                       \
+            T *y = (T *)c->y + y0;                                                                 \
+            if (!DIRECT) y = yb, ld = P ? k.rows : out; /* the block, stored as in y */            \
             if (P) kan_block_offsets(P, &k, off, held);                                            \
             if (g->sparse) memset(tile, 0, (size_t)(k.rows * g->outp) * sizeof(T));                \
             for (int64_t ch = 0; ch < g->rchunks; ++ch) {                                          \
                 const int64_t f0 = ch * g->Fr, f1 = kan_min(in, f0 + g->Fr);                       \
                 const int64_t cols = (f1 - f0) * cw;                                               \
                 const T beta = ch ? (T)1 : (T)0;                                                   \
-                kan_gather_x_##X(c->x, P, in, &k, f0, f1, xT, off);                                \
+                kan_gather_x_##SX(c->x, P, in, &k, f0, f1, xT, off);                               \
                 if (g->sparse) { /* y[rows, outp] in the tile */                                   \
-                    kan_windows_##X(p, g, c->grid, inv, xT, k.rows, f0, f1, false, S, sidx, win,   \
+                    kan_windows_##X(p, g, grid, inv, xT, k.rows, f0, f1, false, S, sidx, win,      \
                                     win + k2 * k.rows, ints);                                      \
                     kan_sfwd_product_##X(W, g, cw, K, k2, S, sidx, f0, f1, k.rows, tile);          \
                     continue;                                                                      \
                 }                                                                                  \
-                kan_tile_##X(p, c->grid, inv, xT, k.rows, f0, f1, tile, S, xb);                    \
+                kan_tile_##X(p, grid, inv, xT, k.rows, f0, f1, tile, S, xb);                       \
                 if (P && out <= KF__KAN_RG_OUT) /* y^T [out, rows] = W_chunk A_chunk^T */          \
                     kf__rowgemm_##X##X##X(out, k.rows, cols, cols, 1, W + f0 * cw, K, 1, tile,     \
                                           tile, k.rows, NULL, ch > 0, y, ld);                      \
@@ -880,67 +970,77 @@ KF__KAN_SPARSE_DEFINE(double, d, kf__vd, kan_vid)
                     kf__##X##gemm(true, true, k.rows, out, cols, 1, tile, k.rows, W + f0 * cw, K,  \
                                   beta, y, ld);                                                    \
             }                                                                                      \
-            if (g->sparse) kan_rows_io_##X(c->y, P, g, out, &k, tile, false);                      \
+            if (g->sparse) kan_blk_io_##SX(c->y, P, g, out, &k, tile, g->outp, false, false);      \
+            else if (!DIRECT) kan_blk_io_##SX(c->y, P, g, out, &k, yb, ld, P != NULL, false);      \
         }                                                                                          \
     }                                                                                              \
                                                                                                    \
-    static void kan_bwd_team_##X(void *arg, int tid, int nth) {                                    \
+    static void kan_bwd_team_##SX(void *arg, int tid, int nth) {                                   \
         const kf__kan_bwd *c = ((const kan_bwd_call *)arg)->c;                                     \
         const kan_geom *g = &((const kan_bwd_call *)arg)->g;                                       \
         const struct kf_kan_linear_plan *p = c->plan;                                              \
         const kf__kan_patches *P = c->patches;                                                     \
         const int64_t in = p->in, out = p->out, cw = p->cw, K = p->K, k2 = p->k + 2;               \
-        T *W = kan_at(c->ws, g->wc), *inv = kan_at(c->ws, g->inv), *DX = c->dx;                    \
+        T *W = kan_at(c->ws, g->wc), *inv = kan_at(c->ws, g->inv), *grid = kan_at(c->ws, g->grid); \
+        void *DX = c->dx;                                                                          \
         char *mine = (char *)c->ws + g->thr + (size_t)tid * g->thr_bytes;                          \
         T *tile = kan_at(mine, g->tile), *dW = kan_at(mine, g->dw), *xT = kan_at(mine, g->xt),     \
           *dxT = kan_at(mine, g->dxt), *S = kan_at(mine, g->s), *xb = kan_at(mine, g->xb),         \
-          *win = kan_at(mine, g->win);                                                             \
+          *win = kan_at(mine, g->win), *yb = kan_at(mine, g->yb), *dxi = kan_at(mine, g->dxi);     \
         int32_t *sidx = kan_at(mine, g->sidx), *ints = kan_at(mine, g->ints);                      \
         VEC *part = kan_at(mine, g->part);                                                         \
         int64_t *off = kan_at(mine, g->off), held[2] = {-1, -1};                                   \
-        int64_t a0, a1, ld;                                                                        \
+        int64_t a0, a1, ld = 0;                                                                    \
         kf__cpu_share(g->sparse ? in : out, tid, nth, &a0, &a1);                                   \
         if (DX && g->sparse)                                                                       \
-            kan_pack_wt_##X(p, c->base, c->spline, c->scaler, W, g->outp, a0, a1);                 \
+            kan_pack_wt_##SX(p, c->base, c->spline, c->scaler, W, g->outp, a0, a1);                \
         else if (DX)                                                                               \
-            kan_pack_w_##X(p, c->base, c->spline, c->scaler, W, a0, a1);                           \
+            kan_pack_w_##SX(p, c->base, c->spline, c->scaler, W, a0, a1);                          \
         kf__cpu_share(in, tid, nth, &a0, &a1);                                                     \
-        kan_inv_table_##X(p, c->grid, inv, a0, a1);                                                \
+        kan_knots_##SX(p, c->grid, grid, inv, a0, a1);                                             \
         _Pragma("omp barrier")                                                                     \
-        /* dx, unit by unit (a row block, or a whole image whose dx this thread alone sums).       \
+        const T *dy = NULL;                                                                        \
+        /* dx, unit by unit (a row block, or a whole image whose dx this thread alone sums, in     \
+         * `img`: the caller's image, or a low plan's dxi, rounded into dx once complete).         \
          * Dense: dA^T = (dy W)^T chunk by chunk (each chunk owns its features), dy taken          \
          * transposed when it is stored [rows, out] (KANLinear) and as it is when it is already    \
          * [out, rows]. Windowed: dy copied to the tile [rows, outp]. */                           \
-        const size_t img_bytes = P ? (size_t)(P->Cin * P->H * P->W) * sizeof(T) : 0;               \
+        const int64_t img_elems = P ? P->Cin * P->H * P->W : 0;                                    \
         for (int64_t u = tid; DX && u * g->unit < g->blocks; u += nth) {                           \
-            if (P) memset(DX + u * P->Cin * P->H * P->W, 0, img_bytes);                            \
+            T *img = P && DIRECT ? (T *)DX + u * img_elems : dxi;                                  \
+            if (P) memset(img, 0, (size_t)img_elems * sizeof(T));                                  \
             for (int64_t b = u * g->unit; b < (u + 1) * g->unit; ++b) {                            \
                 const kan_blk k = kan_blk_of(g, b);                                                \
-                const T *dy = kan_yblk_##X(c->dy, P, g, out, &k, &ld);                             \
                 if (P) kan_block_offsets(P, &k, off, held);                                        \
-                if (g->sparse) kan_rows_io_##X((void *)c->dy, P, g, out, &k, tile, true);          \
+                if (g->sparse)                                                                     \
+                    kan_blk_io_##SX((void *)c->dy, P, g, out, &k, tile, g->outp, false, true);     \
+                else                                                                               \
+                    dy = kan_dy_##SX(c, g, &k, yb, &ld);                                           \
                 for (int64_t ch = 0; ch < g->rchunks; ++ch) {                                      \
                     const int64_t f0 = ch * g->Fr, f1 = kan_min(in, f0 + g->Fr);                   \
                     const int64_t cols = (f1 - f0) * cw;                                           \
                     if (!g->sparse)                                                                \
                         kf__##X##gemm(true, !P, cols, k.rows, out, 1, W + f0 * cw, K, dy, ld, 0,   \
                                       tile, k.rows);                                               \
-                    kan_gather_x_##X(c->x, P, in, &k, f0, f1, xT, off);                            \
+                    kan_gather_x_##SX(c->x, P, in, &k, f0, f1, xT, off);                           \
                     if (g->sparse) {                                                               \
-                        kan_windows_##X(p, g, c->grid, inv, xT, k.rows, f0, f1, true, S, sidx,     \
-                                        win, win + k2 * k.rows, ints);                             \
+                        kan_windows_##X(p, g, grid, inv, xT, k.rows, f0, f1, true, S, sidx, win,   \
+                                        win + k2 * k.rows, ints);                                  \
                         kan_sdx_product_##X(W, g, cw, K, k2, S, sidx, f0, f1, k.rows, tile, part,  \
                                             dxT);                                                  \
                     } else {                                                                       \
-                        kan_dx_##X(p, c->grid, inv, xT, tile, k.rows, f0, f1, dxT, S, xb);         \
+                        kan_dx_##X(p, grid, inv, xT, tile, k.rows, f0, f1, dxT, S, xb);            \
                     }                                                                              \
-                    kan_scatter_dx_##X(dxT, P, in, &k, f0, f1, DX, off);                           \
+                    if (P) kan_scatter_patches_##X(dxT, P, &k, f0, f1, img, off);                  \
+                    else kan_scatter_rows_##SX(dxT, in, &k, f0, f1, DX);                           \
                 }                                                                                  \
             }                                                                                      \
+            if (P && !DIRECT) kan_set_n_##SX(DX, u * img_elems, img, img_elems);                   \
         }                                                                                          \
         /* The weight gradient, chunk by chunk over all rows in a fixed order (no barrier needed:  \
-         * the two loops write disjoint outputs and read only inputs, W and inv). Dense:           \
-         * dW = dy^T A by GEMM into [out, F cw]; windowed: dW^T in panels (zeroed first). */       \
+         * the two loops write disjoint outputs and read only inputs, W, the knots and inv).       \
+         * Dense: dW = dy^T A by GEMM into [out, F cw]; windowed: dW^T in panels (zeroed           \
+         * first). */                                                                              \
         const bool want_w = c->dbase || c->dspline || c->dscaler;                                  \
         const int64_t OB = KF__KAN_OB((int64_t)sizeof(T));                                         \
         for (int64_t ch = tid; want_w && ch < g->chunks; ch += nth) {                              \
@@ -948,40 +1048,50 @@ KF__KAN_SPARSE_DEFINE(double, d, kf__vd, kan_vid)
             if (g->sparse) memset(dW, 0, (size_t)(g->F * cw * g->outp) * sizeof(T));               \
             for (int64_t b = 0; b < g->blocks; ++b) {                                              \
                 const kan_blk k = kan_blk_of(g, b);                                                \
-                const T *dy = kan_yblk_##X(c->dy, P, g, out, &k, &ld);                             \
                 if (P) kan_block_offsets(P, &k, off, held);                                        \
-                kan_gather_x_##X(c->x, P, in, &k, f0, f1, xT, off);                                \
+                kan_gather_x_##SX(c->x, P, in, &k, f0, f1, xT, off);                               \
                 if (g->sparse) {                                                                   \
-                    kan_rows_io_##X((void *)c->dy, P, g, out, &k, tile, true);                     \
-                    kan_windows_##X(p, g, c->grid, inv, xT, k.rows, f0, f1, false, S, sidx, win,   \
+                    kan_blk_io_##SX((void *)c->dy, P, g, out, &k, tile, g->outp, false, true);     \
+                    kan_windows_##X(p, g, grid, inv, xT, k.rows, f0, f1, false, S, sidx, win,      \
                                     win + k2 * k.rows, ints);                                      \
                     kan_sdw_product_##X(dW, g, cw, k2, S, sidx, f1 - f0, k.rows, tile, ints,       \
                                         ints + 3 * ((g->rows + 7) / 8 * 8));                       \
                     continue;                                                                      \
                 }                                                                                  \
-                kan_tile_##X(p, c->grid, inv, xT, k.rows, f0, f1, tile, S, xb);                    \
+                dy = kan_dy_##SX(c, g, &k, yb, &ld);                                               \
+                kan_tile_##X(p, grid, inv, xT, k.rows, f0, f1, tile, S, xb);                       \
                 kf__##X##gemm(!P, true, out, cols, k.rows, 1, dy, ld, tile, k.rows, b ? 1 : 0, dW, \
                               cols);                                                               \
             }                                                                                      \
-            if (g->sparse) kan_fold_dw_##X(c, dW, f0, f1, OB, g->F * cw * OB, 1, OB);              \
-            else kan_fold_dw_##X(c, dW, f0, f1, out, 0, cols, 1);                                  \
+            if (g->sparse) kan_fold_dw_##SX(c, dW, f0, f1, OB, g->F * cw * OB, 1, OB);             \
+            else kan_fold_dw_##SX(c, dW, f0, f1, out, 0, cols, 1);                                 \
         }                                                                                          \
     }
 
-KF__KAN_TEAMS_DEFINE(float, s, kf__vs)
-KF__KAN_TEAMS_DEFINE(double, d, kf__vd)
+KF__KAN_TEAMS_DEFINE(float, s, kf__vs, s, true)
+KF__KAN_TEAMS_DEFINE(double, d, kf__vd, d, true)
+KF__KAN_TEAMS_DEFINE(float, s, kf__vs, b, false)
+KF__KAN_TEAMS_DEFINE(float, s, kf__vs, h, false)
+
+/* The team functions of the plan's storage type. */
+static void (*kan_team(int32_t dtype, bool backward))(void *, int, int) {
+    switch (dtype) {
+    case KF_DTYPE_F64: return backward ? kan_bwd_team_d : kan_fwd_team_d;
+    case KF_DTYPE_BF16: return backward ? kan_bwd_team_b : kan_fwd_team_b;
+    case KF_DTYPE_F16: return backward ? kan_bwd_team_h : kan_fwd_team_h;
+    default: return backward ? kan_bwd_team_s : kan_fwd_team_s;
+    }
+}
 
 static kf_status kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
     kan_fwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N, c->patches, false)};
-    const bool f64 = c->plan->dtype == KF_DTYPE_F64;
-    kf__cpu_team(call.g.team, f64 ? kan_fwd_team_d : kan_fwd_team_s, &call);
+    kf__cpu_team(call.g.team, kan_team(c->plan->dtype, false), &call);
     return KF_OK;
 }
 
 static kf_status kan_backward(kf_context *ctx, const kf__kan_bwd *c) {
     kan_bwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N, c->patches, true)};
-    const bool f64 = c->plan->dtype == KF_DTYPE_F64;
-    kf__cpu_team(call.g.team, f64 ? kan_bwd_team_d : kan_bwd_team_s, &call);
+    kf__cpu_team(call.g.team, kan_team(c->plan->dtype, true), &call);
     return KF_OK;
 }
 

@@ -1,5 +1,5 @@
-/* The CPU backend's conversion routine for bfloat16 and float16 plans (core/lowp_ops.h: the
- * conversion layer over the float32 op tables that every backend shares).
+/* The CPU backend's conversion routine for bfloat16 and float16 recurrent plans
+ * (core/lowp_ops.h: the conversion layer over the float32 op table that every backend shares).
  * Conversions are O(elements) against the O(flops) kernels: cpu/lowp_simd.h's (AVX2 + F16C, 8
  * lanes; bfloat16 by integer arithmetic); all of a pass's conversions (the inputs, then the
  * outputs) run on one team of the context's threads when they hold 64 Ki elements or more. */
@@ -44,4 +44,4 @@ static kf_status cpu_convert(kf_context *ctx, const char *fn, const kf__lp_batch
     return KF_OK;
 }
 
-const kf__lowp_base kf__cpu_lowp = {&kf__cpu_rnn_ops, &kf__cpu_kan_ops, cpu_convert};
+const kf__lowp_base kf__cpu_lowp = {&kf__cpu_rnn_ops, cpu_convert};

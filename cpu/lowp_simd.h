@@ -4,8 +4,9 @@
  * overflow is an infinity), which these vectorise: F16C rounds as core/lowp.h does on every
  * float32 input, bfloat16 is integer arithmetic on the bits. Used by the conversion layer's
  * routine (cpu/lowp.c) and by the kernels that read and write the low types in place
- * (cpu/rowgemm.h's typed operands, cpu/sklinear.c). `bf16` selects the type (float16 otherwise);
- * the callers pass a constant, so each type gets its own inlined code. */
+ * (cpu/rowgemm.h's typed operands, cpu/sklinear.c, cpu/kan_linear.c). `bf16` selects the type
+ * (float16 otherwise); the callers pass a constant, so each type gets its own inlined code.
+ * tests/c/test_lowp_simd.c holds both forms to rounding done in double arithmetic. */
 #ifndef KF_CPU_LOWP_SIMD_H
 #define KF_CPU_LOWP_SIMD_H
 
@@ -28,6 +29,9 @@ static inline __attribute__((always_inline)) float kf__lp_get(uint16_t h, bool b
 }
 
 static inline __attribute__((always_inline)) uint16_t kf__lp_put(float f, bool bf16) {
+#ifdef KF__LP_AVX2
+    if (!bf16) return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#endif
     return bf16 ? kf__f32_to_bf16(f) : kf__f32_to_f16(f);
 }
 

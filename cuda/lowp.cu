@@ -73,5 +73,4 @@ kf_status cuda_convert(kf_context *ctx, const char *fn, const kf__lp_batch *b) {
 
 } // namespace
 
-extern "C" const kf__lowp_base kf__cuda_lowp = {&kf__cuda_rnn_ops, &kf__cuda_kan_ops,
-                                                cuda_convert};
+extern "C" const kf__lowp_base kf__cuda_lowp = {&kf__cuda_rnn_ops, cuda_convert};

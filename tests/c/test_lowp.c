@@ -464,11 +464,17 @@ Test(lowp, kan_linear) {
     check_kan(KF_DTYPE_F16, 0, 37, 6, 5, 5, 3);
     check_kan(KF_DTYPE_BF16, 0, 1100, 64, 48, 5, 3); /* x, dx: 70400 elements, threaded */
     check_kan(KF_DTYPE_F16, 0, 1100, 64, 48, 5, 3);
+    /* the CPU's windowed path both ways (out >= 256, G = 10), three row blocks */
+    check_kan(KF_DTYPE_BF16, 0, 300, 10, 256, 10, 3);
+    check_kan(KF_DTYPE_F16, 0, 300, 10, 256, 10, 3);
 }
 
 Test(lowp, kan_conv2d) {
     check_kan(KF_DTYPE_BF16, 2, 0, 3, 4, 5, 3);
     check_kan(KF_DTYPE_F16, 2, 0, 3, 4, 5, 3);
+    /* the CPU's dense products on BLAS (out > 16) and its windowed path (out >= 256, G = 10) */
+    check_kan(KF_DTYPE_BF16, 2, 0, 3, 20, 5, 3);
+    check_kan(KF_DTYPE_F16, 2, 0, 2, 256, 10, 3);
 }
 
 /* ---- GRU and A-GRU --------------------------------------------------------------------------

@@ -1,0 +1,116 @@
+/* The CPU backend's conversions to and from bfloat16 and float16 (cpu/lowp_simd.h: one value at
+ * a time and 8 at a time, F16C and AVX2 where the build has them, as the library is built)
+ * against rounding done here in double arithmetic: to nearest, ties to even, float16 overflow to
+ * infinity, NaN to a quiet NaN. The kernels convert every element of a low-precision plan with
+ * these (cpu/sklinear.c, cpu/kan_linear.c, cpu/lowp.c), so a rounding slip here is a silent
+ * off-by-one-ulp in every result. Inputs: every float16 and bfloat16 value, every float32 tie
+ * between two of them and its neighbours, and a stride through all 2^32 float32 bit patterns. */
+#include "lowp_simd.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+
+typedef struct lowfmt {
+    bool bf16;
+    int p;          /* significant bits */
+    double qmin;    /* the subnormal quantum */
+    double maxfin;  /* the largest finite value */
+} lowfmt;
+
+static const lowfmt F16 = {false, 11, 0x1p-24, 65504.0};
+static const lowfmt BF16 = {true, 8, 0x1p-133, 0x1.fep127};
+
+/* v rounded to the format (to nearest, ties to even), as a double; infinite past the largest
+ * finite value. v finite. */
+static double ref_round(double v, const lowfmt *f) {
+    const double a = fabs(v);
+    if (a == 0) return v;
+    int e;
+    frexp(a, &e);
+    double q = ldexp(1.0, e - f->p);
+    if (q < f->qmin) q = f->qmin;
+    const double r = nearbyint(a / q) * q;
+    return copysign(r > f->maxfin ? INFINITY : r, v);
+}
+
+/* A low value's bits decoded here, independently of core/lowp.h. */
+static double decode(uint16_t u, const lowfmt *f) {
+    if (f->bf16) {
+        const uint32_t w = (uint32_t)u << 16;
+        float x;
+        memcpy(&x, &w, 4);
+        return x;
+    }
+    const int e = (u >> 10) & 31, m = u & 1023;
+    const double mag = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY)
+                                                        : ldexp(1024 + m, e - 25);
+    return (u & 0x8000u) ? -mag : mag;
+}
+
+static bool quiet_nan(uint16_t u, const lowfmt *f) {
+    return f->bf16 ? (u & 0x7f80u) == 0x7f80u && (u & 0x40u)
+                   : (u & 0x7c00u) == 0x7c00u && (u & 0x200u);
+}
+
+static float f32_of(uint32_t w) {
+    float x;
+    memcpy(&x, &w, 4);
+    return x;
+}
+
+static int failures;
+
+/* signbit() is some non-zero int for a negative value, not the same one for float and double */
+static bool same_sign(double a, double b) { return !signbit(a) == !signbit(b); }
+
+/* x converted one at a time and (in lane `lane` of 8) eight at a time, against ref_round. */
+static void check_one(float x, const lowfmt *f) {
+    const uint16_t s = kf__lp_put(x, f->bf16);
+    float in[8];
+    uint16_t v[8];
+    for (int i = 0; i < 8; i++) in[i] = x;
+    kf__lp_store8(v, *(const kf__vs *)in, f->bf16);
+    for (int k = 0; k < 2; k++) {
+        const uint16_t got = k ? v[3] : s;
+        const bool ok = isnan(x) ? quiet_nan(got, f)
+                                 : decode(got, f) == ref_round(x, f) &&
+                                       same_sign(decode(got, f), x);
+        if (!ok && failures++ < 10)
+            cr_log_error("%s %s(%a) = 0x%04x (%a), expected %a", f->bf16 ? "bf16" : "f16",
+                         k ? "store8" : "put", (double)x, got, decode(got, f),
+                         ref_round(x, f));
+    }
+}
+
+static void check_format(const lowfmt *f) {
+    failures = 0;
+    for (uint32_t u = 0; u < 65536; u++) {
+        const uint16_t h = (uint16_t)u;
+        /* widening: one at a time and 8 at a time */
+        uint16_t hv[8];
+        for (int i = 0; i < 8; i++) hv[i] = h;
+        const kf__vs w = kf__lp_load8(hv, f->bf16);
+        const double want = decode(h, f);
+        const float a = kf__lp_get(h, f->bf16), b = w[5];
+        if (isnan(want) ? !(isnan(a) && isnan(b))
+                        : !(a == want && b == want && same_sign(a, want) && same_sign(b, want)))
+            if (failures++ < 10) cr_log_error("get(0x%04x) = %a, %a: expected %a", h, a, b, want);
+        /* the value, the float32 tie above it and their neighbours */
+        if (isnan(want) || isinf(want)) continue;
+        const double up = decode((uint16_t)(h + 1), f);
+        const float mid = (float)(want + (up - want) / 2); /* exact: fewer bits than float32 */
+        check_one((float)want, f);
+        if (!isnan(up) && (h & 0x7fffu) != 0x7fffu) {
+            check_one(mid, f);
+            check_one(nextafterf(mid, INFINITY), f);
+            check_one(nextafterf(mid, -INFINITY), f);
+        }
+    }
+    for (uint64_t w = 0; w < ((uint64_t)1 << 32); w += 4099) check_one(f32_of((uint32_t)w), f);
+    check_one(INFINITY, f), check_one(-INFINITY, f), check_one(NAN, f);
+    check_one(f32_of(0x7f800001u), f); /* a signalling NaN */
+    cr_expect(failures == 0, "%s: %d mismatches", f->bf16 ? "bf16" : "f16", failures);
+}
+
+Test(lowp_simd, float16) { check_format(&F16); }
+Test(lowp_simd, bfloat16) { check_format(&BF16); }
