@@ -944,8 +944,8 @@ KF__KAN_SPARSE_DEFINE(double, d, kf__vd, kan_vid)
         for (int64_t b = tid; b < g->blocks; b += nth) {                                           \
             const kan_blk k = kan_blk_of(g, b);                                                    \
             const int64_t y0 = kan_yoff(P, g, out, &k, &ld);                                       \
-            T *y = (T *)c->y + y0;                                                                 \
-            if (!DIRECT) y = yb, ld = P ? k.rows : out; /* the block, stored as in y */            \
+            T *y = DIRECT ? (T *)c->y + y0 : yb; /* a low plan's block in yb, stored as in y */    \
+            if (!DIRECT) ld = P ? k.rows : out;                                                    \
             if (P) kan_block_offsets(P, &k, off, held);                                            \
             if (g->sparse) memset(tile, 0, (size_t)(k.rows * g->outp) * sizeof(T));                \
             for (int64_t ch = 0; ch < g->rchunks; ++ch) {                                          \
