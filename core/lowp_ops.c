@@ -1,6 +1,6 @@
 /* bfloat16 and float16 recurrent plans for every backend: one conversion layer over the
- * backend's float32 op table (the contract: core/lowp_ops.h). Conversions are queued and run in batches by the
- * backend's routine (kf__lowp_base.convert). */
+ * backend's float32 op table (the contract: core/lowp_ops.h). Conversions are queued and run in
+ * batches by the backend's routine (kf__lowp_base.convert). */
 #include "lowp_ops.h"
 #include "lowp.h"
 

@@ -407,6 +407,14 @@ static int64_t kan_yoff(const kf__kan_patches *P, const kan_geom *g, int64_t out
     return P ? k->img * out * g->L + k->p0 : k->n0 * out;
 }
 
+/* The row stride of a block's buffer in T (kan_blk_io): the windowed path's tile [rows, outp], or
+ * the dense path's copy of the block stored as y stores it ([rows, out] for KANLinear, [out, rows]
+ * for KANConv2d). */
+static int64_t kan_buf_ld(const kf__kan_patches *P, const kan_geom *g, int64_t out,
+                          const kan_blk *k) {
+    return g->sparse ? g->outp : P ? k->rows : out;
+}
+
 /* For compute type T, BLAS prefix X (s: float, d: double): the dense path's kernels, which work
  * on the workspace's tiles only, each named with the suffix _X. */
 #define KF__KAN_CPU_DEFINE(T, X)                                                                   \
@@ -587,13 +595,14 @@ KF__KAN_CPU_DEFINE(double, d)
                 kan_set_##SX(dx, (n0 + n) * in + i, dxT[(i - f0) * rows + n]);                     \
     }                                                                                              \
                                                                                                    \
-    /* Block k's y or dy (kan_yoff) <-> buf, whose element (row n, output o) is at n ldb + o, or   \
-     * at o ldb + n when `trans`: `load` reads dy into buf (past out, zeros in each row of a       \
-     * [rows, ldb] buf), else y is written from buf. Whole lines at a time where buf is stored as  \
-     * the block is (a KANLinear block in rows, a KANConv2d block transposed). */                  \
+    /* Block k's y or dy (kan_yoff) <-> buf, laid out as kan_buf_ld says: element (row n,          \
+     * output o) at n ldb + o, or at o ldb + n for the dense path's KANConv2d copy (`trans`).      \
+     * `load` reads dy into buf (past out, zeros in each row of a [rows, ldb] buf), else y is      \
+     * written from buf. Whole lines at a time where buf is stored as the block is. */             \
     static void kan_blk_io_##SX(void *y, const kf__kan_patches *P, const kan_geom *g,              \
-                                int64_t out, const kan_blk *k, T *buf, int64_t ldb, bool trans,    \
-                                bool load) {                                                       \
+                                int64_t out, const kan_blk *k, T *buf, bool load) {                \
+        const bool trans = P && !g->sparse;                                                        \
+        const int64_t ldb = kan_buf_ld(P, g, out, k);                                              \
         int64_t ld;                                                                                \
         const int64_t y0 = kan_yoff(P, g, out, k, &ld);                                            \
         if (trans == (P != NULL)) {                                                                \
@@ -633,9 +642,10 @@ KF__KAN_CPU_DEFINE(double, d)
                     kan_set_##SX(dbase, oi, acc ? kan_get_##SX(dbase, oi) + g[0] : g[0]);          \
                 if (dspline) {                                                                     \
                     const T s = scaler ? kan_get_##SX(scaler, oi) : (T)1;                          \
-                    for (int64_t q = oi * C; q < oi * C + C; ++q) {                                \
-                        const T v = g[(1 + q - oi * C) * sc] * s;                                  \
-                        kan_set_##SX(dspline, q, acc ? kan_get_##SX(dspline, q) + v : v);          \
+                    for (int64_t q = 0; q < C; ++q) {                                              \
+                        const int64_t e = oi * C + q;                                              \
+                        const T v = g[(1 + q) * sc] * s;                                           \
+                        kan_set_##SX(dspline, e, acc ? kan_get_##SX(dspline, e) + v : v);          \
                     }                                                                              \
                 }                                                                                  \
                 if (dscaler) {                                                                     \
@@ -917,8 +927,8 @@ KF__KAN_SPARSE_DEFINE(double, d, kf__vd, kan_vid)
         const kf__kan_patches *P = c->patches;                                                     \
         const int64_t out = c->plan->out, y0 = kan_yoff(P, g, out, k, ld);                         \
         if (DIRECT) return (const T *)c->dy + y0;                                                  \
-        *ld = P ? k->rows : out;                                                                   \
-        kan_blk_io_##SX((void *)c->dy, P, g, out, k, yb, *ld, P != NULL, true);                    \
+        *ld = kan_buf_ld(P, g, out, k);                                                            \
+        kan_blk_io_##SX((void *)c->dy, P, g, out, k, yb, true);                                    \
         return yb;                                                                                 \
     }                                                                                              \
                                                                                                    \
@@ -945,7 +955,7 @@ KF__KAN_SPARSE_DEFINE(double, d, kf__vd, kan_vid)
             const kan_blk k = kan_blk_of(g, b);                                                    \
             const int64_t y0 = kan_yoff(P, g, out, &k, &ld);                                       \
             T *y = DIRECT ? (T *)c->y + y0 : yb; /* a low plan's block in yb, stored as in y */    \
-            if (!DIRECT) ld = P ? k.rows : out;                                                    \
+            if (!DIRECT) ld = kan_buf_ld(P, g, out, &k);                                           \
             if (P) kan_block_offsets(P, &k, off, held);                                            \
             if (g->sparse) memset(tile, 0, (size_t)(k.rows * g->outp) * sizeof(T));                \
             for (int64_t ch = 0; ch < g->rchunks; ++ch) {                                          \
@@ -970,8 +980,8 @@ KF__KAN_SPARSE_DEFINE(double, d, kf__vd, kan_vid)
                     kf__##X##gemm(true, true, k.rows, out, cols, 1, tile, k.rows, W + f0 * cw, K,  \
                                   beta, y, ld);                                                    \
             }                                                                                      \
-            if (g->sparse) kan_blk_io_##SX(c->y, P, g, out, &k, tile, g->outp, false, false);      \
-            else if (!DIRECT) kan_blk_io_##SX(c->y, P, g, out, &k, yb, ld, P != NULL, false);      \
+            if (g->sparse || !DIRECT)                                                              \
+                kan_blk_io_##SX(c->y, P, g, out, &k, g->sparse ? tile : yb, false);                \
         }                                                                                          \
     }                                                                                              \
                                                                                                    \
@@ -1013,7 +1023,7 @@ KF__KAN_SPARSE_DEFINE(double, d, kf__vd, kan_vid)
                 const kan_blk k = kan_blk_of(g, b);                                                \
                 if (P) kan_block_offsets(P, &k, off, held);                                        \
                 if (g->sparse)                                                                     \
-                    kan_blk_io_##SX((void *)c->dy, P, g, out, &k, tile, g->outp, false, true);     \
+                    kan_blk_io_##SX((void *)c->dy, P, g, out, &k, tile, true);                     \
                 else                                                                               \
                     dy = kan_dy_##SX(c, g, &k, yb, &ld);                                           \
                 for (int64_t ch = 0; ch < g->rchunks; ++ch) {                                      \
@@ -1051,7 +1061,7 @@ KF__KAN_SPARSE_DEFINE(double, d, kf__vd, kan_vid)
                 if (P) kan_block_offsets(P, &k, off, held);                                        \
                 kan_gather_x_##SX(c->x, P, in, &k, f0, f1, xT, off);                               \
                 if (g->sparse) {                                                                   \
-                    kan_blk_io_##SX((void *)c->dy, P, g, out, &k, tile, g->outp, false, true);     \
+                    kan_blk_io_##SX((void *)c->dy, P, g, out, &k, tile, true);                     \
                     kan_windows_##X(p, g, grid, inv, xT, k.rows, f0, f1, false, S, sidx, win,      \
                                     win + k2 * k.rows, ints);                                      \
                     kan_sdw_product_##X(dW, g, cw, k2, S, sidx, f1 - f0, k.rows, tile, ints,       \

@@ -63,7 +63,7 @@ static int failures;
 /* signbit() is some non-zero int for a negative value, not the same one for float and double */
 static bool same_sign(double a, double b) { return !signbit(a) == !signbit(b); }
 
-/* x converted one at a time and (in lane `lane` of 8) eight at a time, against ref_round. */
+/* x converted one at a time and (in lane 3 of 8 equal lanes) eight at a time, against ref_round. */
 static void check_one(float x, const lowfmt *f) {
     const uint16_t s = kf__lp_put(x, f->bf16);
     float in[8];
