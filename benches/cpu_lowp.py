@@ -1,10 +1,11 @@
 """bfloat16 and float16 against float32 for every kfuse op on the CPU, at the CPU benchmark shapes
 of DESIGN.md (kfuse.torch modules, forward and forward+backward).
 
-A low-precision plan stores its tensors in the low type and runs the float32 arithmetic: the
-recurrent layers' on float32 copies (cpu/lowp.c), SKLinear's (since 1.7.1) and the KAN layers'
-(since 1.7.3) reading and writing the low types in place, so its time is float32's plus the
-conversions, O(tensor size) against the kernels' O(flops); this prints the ratio per op. The three dtypes are interleaved rep by rep
+A low-precision plan stores its tensors in the low type and runs the float32 arithmetic, its
+kernels reading and writing the low types themselves (SKLinear since 1.7.1, the KAN layers since
+1.7.3, the recurrent layers since 1.7.4; before, float32 copies of every tensor), so its time is
+float32's plus the conversions, O(tensor size) against the kernels' O(flops); this prints the
+ratio per op. The three dtypes are interleaved rep by rep
 (a loaded box slows them alike) and the median of each is kept.
 
     python benches/cpu_lowp.py [--threads 1] [--reps 7] [--calls 1] [--only NAME] [--quick]

@@ -1,6 +1,6 @@
 /* The storage dtypes' scalar conversions, shared by the front ends' host checks (capi/src), the
- * host algorithms (host/) and the CPU backend's conversion layer (cpu/lowp.c, which vectorises
- * the same rounding and uses these for its tails).
+ * host algorithms (host/) and the CPU backend's kernels (cpu/lowp_simd.h, which vectorises the
+ * same rounding and uses these for its tails).
  *
  * KF_DTYPE_BF16 and KF_DTYPE_F16 are storage types: every op computes in float32 and rounds its
  * results to the low type to nearest, ties to even (IEEE roundTiesToEven, as torch's .to() and

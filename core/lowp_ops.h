@@ -19,11 +19,11 @@
  *
  * A backend takes part by installing kf__lowp_rnn_ops below as its recurrent op table (or
  * calling it) and pointing kf__backend.lowp at its float32 table and its conversion routine,
- * which runs a batch of conversions in order on the context's stream (the CPU: a team of threads,
- * cpu/lowp.c; CUDA: one kernel, cuda/lowp.cu). The CPU serves its recurrent layers this way, and
- * CUDA's recurrent entries call kf__lowp_rnn_ops themselves for the low plans they do not run
- * natively (cuda/rnn_fwd.cu). SKLinear and the KAN layers read and write the low types in place
- * on both backends (cpu/sklinear.c, cpu/kan_linear.c; cuda/plain.cu on the tensor cores). */
+ * which runs a batch of conversions in order on the context's stream (CUDA: one kernel,
+ * cuda/lowp.cu). CUDA's recurrent entries call kf__lowp_rnn_ops themselves for the low plans
+ * they do not run natively (cuda/rnn_fwd.cu: the persistent kernels' sizes). Every other op and
+ * backend reads and writes the low types in its own kernels (the CPU's since 1.7.4: cpu/rnn_*.c,
+ * cpu/sklinear.c, cpu/kan_linear.c; cuda/plain.cu on the tensor cores). */
 #ifndef KF_CORE_LOWP_OPS_H
 #define KF_CORE_LOWP_OPS_H
 

@@ -1,8 +1,7 @@
 /* The CPU backend's table (core/backend.h): host memory, no stream, every op, every plan the
- * front ends accept (float32, float64, bfloat16 and float16 storage: the recurrent layers' low
- * plans through core/lowp_ops.c and cpu/lowp.c, the other ops' in place; any spline order). */
+ * front ends accept (float32, float64, bfloat16 and float16 storage, every op's low plans served
+ * by its own kernels; any spline order). */
 #include "cpu_backend.h"
-#include "lowp_ops.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -54,8 +53,7 @@ const kf__backend kf__cpu_backend = {
     .check_pointer = cpu_check_pointer,
     .copy = cpu_copy,
     .host_memory = true,
-    .rnn = &kf__lowp_rnn_ops,
+    .rnn = &kf__cpu_rnn_ops,
     .skl = &kf__cpu_skl_ops,
     .kan = &kf__cpu_kan_ops,
-    .lowp = &kf__cpu_lowp,
 };

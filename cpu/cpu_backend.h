@@ -1,7 +1,6 @@
-/* The CPU backend's op tables, one per op file (cpu/rnn_layout.c, cpu/sklinear.c,
- * cpu/kan_linear.c) for float32 and float64 plans, the recurrent one wrapped for bfloat16 and
- * float16 plans by core/lowp_ops.c (with cpu/lowp.c's conversions), SKLinear's and KAN's serving
- * every dtype themselves; gathered into its kf__backend by cpu/backend.c. Private to cpu/. */
+/* The CPU backend's op tables, one per op (cpu/rnn_ops.c, cpu/sklinear.c, cpu/kan_linear.c),
+ * each serving every dtype itself (float32, float64, bfloat16 and float16 storage); gathered
+ * into its kf__backend by cpu/backend.c. Private to cpu/. */
 #ifndef KF_CPU_BACKEND_H
 #define KF_CPU_BACKEND_H
 
@@ -21,9 +20,9 @@ enum { KF__CPU_ISA_BASE = 0, KF__CPU_ISA_V4 = 1 };
  * x86-64-v4, KF_ERR_UNSUPPORTED where it cannot run; another value: KF_ERR_INVALID_ARGUMENT). */
 kf_status kf__cpu_isa_pick(const char *fn, int32_t *isa);
 
-/* Each ISA's recurrent op table for float32 plans (cpu/rnn_layout.c compiled per ISA;
- * rnn_cpu.h), and the float64 forward and backward (cpu/rnn_f64.c, on the baseline's layout),
- * which kf__cpu_rnn_ops (cpu/rnn_ops.c) forwards to. */
+/* Each ISA's recurrent op table for float32, bfloat16 and float16 plans (cpu/rnn_layout.c
+ * compiled per ISA; rnn_cpu.h), and the float64 forward and backward (cpu/rnn_f64.c, on the
+ * baseline's layout), which kf__cpu_rnn_ops (cpu/rnn_ops.c) forwards to. */
 kf_status kf__cpu_rnn_forward_f64(kf_context *ctx, const kf__rnn_fwd *c);
 kf_status kf__cpu_rnn_backward_f64(kf_context *ctx, const kf__rnn_bwd *c);
 extern const kf__rnn_ops kf__cpu_rnn_ops_base;
@@ -32,11 +31,5 @@ extern const kf__rnn_ops kf__cpu_rnn_ops_v4;
 #endif
 extern const kf__skl_ops kf__cpu_skl_ops;
 extern const kf__kan_ops kf__cpu_kan_ops;
-
-/* The tables above and the CPU's conversion routine (cpu/lowp.c), for core/lowp_ops.h's tables,
- * which cpu/backend.c installs: a bfloat16 or float16 plan converts its tensors around the
- * float32 table; any other plan goes straight to its table. */
-struct kf__lowp_base;
-extern const struct kf__lowp_base kf__cpu_lowp;
 
 #endif /* KF_CPU_BACKEND_H */

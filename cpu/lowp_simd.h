@@ -2,9 +2,9 @@
  * kf__vs (AVX2 + F16C where the build has them; elsewhere lane by lane), and one at a time.
  * The rounding is core/lowp.h's (to nearest, ties to even; a NaN stays a quiet NaN; a float16
  * overflow is an infinity), which these vectorise: F16C rounds as core/lowp.h does on every
- * float32 input, bfloat16 is integer arithmetic on the bits. Used by the conversion layer's
- * routine (cpu/lowp.c) and by the kernels that read and write the low types in place
- * (cpu/rowgemm.h's typed operands, cpu/sklinear.c, cpu/kan_linear.c). `bf16` selects the type
+ * float32 input, bfloat16 is integer arithmetic on the bits. Used by the kernels that read and
+ * write the low types themselves (cpu/rowgemm.h's typed operands, cpu/sklinear.c,
+ * cpu/kan_linear.c, cpu/rnn_cpu.h's kf__rnn_cpu_get / kf__rnn_cpu_put). `bf16` selects the type
  * (float16 otherwise); the callers pass a constant, so each type gets its own inlined code.
  * tests/c/test_lowp_simd.c holds both forms to rounding done in double arithmetic. */
 #ifndef KF_CPU_LOWP_SIMD_H

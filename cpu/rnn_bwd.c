@@ -250,7 +250,8 @@ typedef struct bwd_layer {
     const kf__rnn_cpu_layout *lo;
     int32_t l;
     const float *x;   /* layer input [N, in] */
-    const float *dy;  /* d(layer output) [N, D*H], NULL = zeros */
+    const float *dy;  /* d(layer output) [N, D*H], NULL = zeros (or dyt's) */
+    const void *dyt;  /* a low plan's last layer: the caller's dy (kf__rnn_cpu_get, per step) */
     float *dx;        /* d(layer input) [N, in], NULL = not wanted */
     kf__rnn_drop dr;  /* the forward's dropout on this layer's output */
     kf__rnn_cell cell[2];
@@ -339,11 +340,7 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
     float *dgx = (float *)kf__at(f->ws, lo->big[0]);
     float *aux = (float *)kf__at(f->ws, lo->big[1]);
 
-    if (c->dhn)
-        memcpy(sl->st, (const float *)c->dhn + (cidx * lo->B + b0) * H,
-               (size_t)(nb * H) * sizeof(float));
-    else
-        memset(sl->st, 0, (size_t)(nb * H) * sizeof(float));
+    kf__rnn_cpu_get(lo, sl->st, c->dhn, (cidx * lo->B + b0) * H, nb * H);
     const bool gy_direct = f->dy && !f->dr.on; /* else masked rows of dy, or zeros, into t2 */
     /* With the per-step weight gradients, the aux rows (GRU dG_h, A-GRU q) are used within their
      * step only (products and sums), so they go to the slice's buffer, in cache, not to big[1]
@@ -385,8 +382,11 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
         if (gy_direct) st.gy = f->dy + r0 * DH + d * H;
         for (int64_t i = 0; i < nb && !gy_direct; i++) {
             const int64_t r = r0 + i * lo->bs;
-            kf__rnn_cpu_drop_row(sl->t2 + i * H, f->dy ? f->dy + r * DH + d * H : NULL, H, &f->dr,
-                                 kf__rnn_drop_counter(lo, &f->dr, f->l, t, b0 + i, d));
+            if (f->dyt)
+                kf__rnn_cpu_get(lo, sl->t2 + i * H, f->dyt, r * DH + d * H, H);
+            else
+                kf__rnn_cpu_drop_row(sl->t2 + i * H, f->dy ? f->dy + r * DH + d * H : NULL, H,
+                                     &f->dr, kf__rnn_drop_counter(lo, &f->dr, f->l, t, b0 + i, d));
         }
         if (!lo->agru) {
             gru_bwd_pointwise(&st);
@@ -410,8 +410,7 @@ static void bwd_slice(const bwd_layer *f, int32_t d, const kf__rnn_slice *sl, in
             product_into(&st, st.dgx, st.dgx_ld, 2 * H, cw->pk[0], st.dh, H, H, true);
         }
     }
-    if (c->dh0)
-        memcpy((float *)c->dh0 + (cidx * lo->B + b0) * H, sl->st, (size_t)(nb * H) * sizeof(float));
+    if (c->dh0) kf__rnn_cpu_put(lo, c->dh0, (cidx * lo->B + b0) * H, sl->st, nb * H);
     if (lo->agru) ((double *)kf__at(f->ws, lo->epsacc))[s] = deps;
 }
 
@@ -575,23 +574,33 @@ static void bwd_cell_grads(const bwd_layer *f, int32_t d, int tid, int nth) {
 }
 
 typedef struct bwd_call {
-    const kf__rnn_bwd *c;
+    const kf__rnn_bwd *c;    /* the call as float32 sees it (a low plan's: kf__cpu_rnn_backward) */
+    const kf__rnn_bwd *user; /* the caller's */
     const kf__rnn_cpu_layout *lo;
     kf__cpu_barrier bar;
 } bwd_call;
 
 static void bwd_team(void *arg, int tid, int nth) {
     bwd_call *call = arg;
-    const kf__rnn_bwd *c = call->c;
+    const kf__rnn_bwd *c = call->c, *u = call->user;
     const kf__rnn_cpu_layout *lo = call->lo;
     const struct kf_rnn_plan *p = c->plan;
+    if (lo->low) {
+        kf__rnn_cpu_widen(lo, p, u->w, u->x, c->ws, tid, nth);
+        kf__cpu_barrier_wait(&call->bar, nth);
+    }
     kf__rnn_cpu_pack(lo, p, c->w, c->ws, true, tid, nth);
     kf__cpu_barrier_wait(&call->bar, nth);
     for (int32_t l = p->L - 1; l >= 0; l--) {
         bwd_layer f = {.c = c, .lo = lo, .l = l, .ws = c->ws, .bar = &call->bar};
         f.x = l ? (const float *)kf__cat(c->reserve, lo->out0 + (size_t)(l - 1) * lo->out_bytes)
                 : c->x;
-        f.dy = l == p->L - 1 ? c->dy : (const float *)kf__at(c->ws, lo->seq[l % 2]);
+        if (l < p->L - 1)
+            f.dy = (const float *)kf__at(c->ws, lo->seq[l % 2]);
+        else if (lo->low)
+            f.dyt = c->dy;
+        else
+            f.dy = c->dy;
         f.dx = l ? (float *)kf__at(c->ws, lo->seq[(l - 1) % 2]) : c->dx;
         f.dr = (kf__rnn_drop){.on = p->dropout > 0.0f && l < p->L - 1, .p = p->dropout,
                               .scale = 1.0f / (1.0f - p->dropout), .seed = c->seed,
@@ -605,16 +614,27 @@ static void bwd_team(void *arg, int tid, int nth) {
             kf__cpu_barrier_wait(&call->bar, nth);
             bwd_cell_grads(&f, d, tid, nth);
             /* the next cell reads this one's dX and weights; after the last, the team's end */
-            if (l > 0 || d + 1 < lo->D) kf__cpu_barrier_wait(&call->bar, nth);
+            if (l > 0 || d + 1 < lo->D || lo->low) kf__cpu_barrier_wait(&call->bar, nth);
         }
     }
+    if (lo->low) kf__rnn_cpu_narrow(lo, p, c->ws, u->dx, u->dw, u->accumulate, tid, nth);
 }
 
 kf_status kf__cpu_rnn_backward(kf_context *ctx, const kf__rnn_bwd *c) {
     kf__rnn_cpu_layout lo;
     kf__rnn_cpu_layout_init(&lo, c->plan, c->T, c->B, true);
     (void)ctx; /* the thread count comes from the plan's context, as the sizes did */
-    bwd_call call = {.c = c, .lo = &lo, .bar = {0}};
+    /* A low plan runs the float32 kernels on the workspace's float32 weights, x and dX, and
+     * float32 weight gradients it rounds at the end (kf__rnn_cpu_narrow: once, accumulating or
+     * not); dy, dhn, dh0 stay the caller's, converted per slice and step */
+    kf__rnn_bwd f32 = *c;
+    if (lo.low) {
+        kf__rnn_cpu_low_views(&lo, c->plan, c->ws, c->dw, &f32.w, &f32.dw);
+        f32.x = kf__at(c->ws, lo.xw);
+        f32.dx = c->dx ? kf__at(c->ws, lo.dxw) : NULL;
+        f32.accumulate = false;
+    }
+    bwd_call call = {.c = &f32, .user = c, .lo = &lo, .bar = {0}};
     kf__cpu_team(lo.ns, bwd_team, &call);
     return KF_OK;
 }

@@ -40,6 +40,10 @@
  *            it, the step's dG_x rows [nbmax, 3H] (dX is per step too, so big[0] is not used)
  *   bsum[s]  backward: slice s's bias-gradient sums (double), colsum dG_x [3H] and (GRU) the
  *            colsum of dG_h's n part [H], accumulated step by step (float32 plans only)
+ *   views, wide, dwide, xw, dxw  bfloat16 and float16 plans only: their float32 weights, weight
+ *            gradients, x and dX (kf__rnn_cpu_layout). Such a plan runs the float32 kernels on
+ *            them and float32 buffers everywhere else (reserve included); only the caller's
+ *            tensors are in its dtype, and the kernels read and write those themselves.
  * A float64 plan (cpu/rnn_f64.c) has the same layout in doubles, except: no pack (its GEMMs read
  * the caller's weights in place), and rec[c] is A = W_h - W_h^T - gamma I [H, H] for an A-GRU,
  * nothing for a GRU; big[0] holds the input projection of all rows of the direction in flight,
@@ -49,6 +53,7 @@
 
 #include "counter_rng.h"
 #include "cpu_backend.h"
+#include "lowp_simd.h"
 #include "team.h"
 
 #include <math.h>
@@ -68,6 +73,9 @@
 #define kf__rnn_cpu_layout_init KF__RNN_ISA(kf__rnn_cpu_layout_init)
 #define kf__rnn_cpu_cell KF__RNN_ISA(kf__rnn_cpu_cell)
 #define kf__rnn_cpu_pack KF__RNN_ISA(kf__rnn_cpu_pack)
+#define kf__rnn_cpu_low_views KF__RNN_ISA(kf__rnn_cpu_low_views)
+#define kf__rnn_cpu_widen KF__RNN_ISA(kf__rnn_cpu_widen)
+#define kf__rnn_cpu_narrow KF__RNN_ISA(kf__rnn_cpu_narrow)
 #define kf__rnn_cpu_drop_row KF__RNN_ISA(kf__rnn_cpu_drop_row)
 #define kf__cpu_rnn_sizes KF__RNN_ISA(kf__cpu_rnn_sizes)
 #define kf__cpu_rnn_forward KF__RNN_ISA(kf__cpu_rnn_forward)
@@ -91,15 +99,18 @@ kf_status kf__cpu_rnn_backward(kf_context *ctx, const kf__rnn_bwd *c);
  * FMA) clone chosen at load time where the CPU has it. `flatten` inlines the vector helpers into
  * each clone. KF__MK_CLONES, for the functions around the micro-kernel, adds `fp-contract=fast`
  * so the clone fuses kf__vf_fma's a*b+c (the preprocessor cannot see the clone's FMA, and ISO C
- * mode never contracts on its own); the pointwise passes keep their exact rounding. */
+ * mode never contracts on its own); the pointwise passes keep their exact rounding. The
+ * KF__MK_CLONES functions stay out of line in every build: where GCC inlined the A-GRU forward's
+ * two step functions into their caller (a choice that moved with an unrelated edit of the caller,
+ * 1.7.4), that forward took 1.5x as long on one thread. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__AVX2__)
 #define KF__VEC_CLONES __attribute__((target_clones("arch=x86-64-v3", "default"), flatten))
 #define KF__MK_CLONES                                                                           \
-    __attribute__((target_clones("arch=x86-64-v3", "default"), flatten,                         \
+    __attribute__((target_clones("arch=x86-64-v3", "default"), flatten, noinline,               \
                    optimize("fp-contract=fast")))
 #else
 #define KF__VEC_CLONES
-#define KF__MK_CLONES
+#define KF__MK_CLONES __attribute__((noinline))
 #endif
 
 typedef struct kf__rnn_cpu_layout {
@@ -120,6 +131,13 @@ typedef struct kf__rnn_cpu_layout {
     size_t aux_step; /* where wrec_fused: the step's aux rows (dG_h, q), this far into wpart[s] */
     size_t win;      /* and the part of dW3^T [in, 3H] (rnn_bwd.c: input_side_step), this far */
     size_t dgx_step; /* and the step's dG_x rows [nbmax, 3H], this far */
+    /* bfloat16 and float16 plans (low): float32 arithmetic, as a float32 plan's, on float32
+     * copies in the workspace of what the kernels read as whole tensors or sum over directions
+     * (views: 2 * num_weights pointers, to wide's weights and dwide's gradients; xw, dxw [N, I]:
+     * the layer input and its gradient); the caller's y, dy, h0, hn, dhn, dh0 are converted per
+     * slice and step (kf__rnn_cpu_get, kf__rnn_cpu_put). All 0 for other plans. */
+    bool low, bf16;
+    size_t views, wide, dwide, xw, dxw;
     /* reserve offsets (bytes) */
     size_t cell_bytes, hp_bytes, out0, out_bytes, reserve_bytes;
 } kf__rnn_cpu_layout;
@@ -147,6 +165,24 @@ kf__rnn_cell kf__rnn_cpu_cell(const kf__rnn_cpu_layout *lo, const struct kf_rnn_
 void kf__rnn_cpu_pack(const kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p,
                       const void *const *w, void *ws, bool bwd, int tid, int nth);
 
+/* A low plan's float32 views of its weights and weight gradients (lo->views), pointing into the
+ * workspace: (*w32)[k] to weight k's float32 copy, (*dw32)[k] to its gradient's float32 block
+ * where dw[k] is wanted (NULL otherwise; *dw32 NULL where dw is). The calling thread fills them
+ * before the team, which kf__rnn_cpu_widen then fills the copies of. */
+void kf__rnn_cpu_low_views(const kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p, void *ws,
+                           void *const *dw, const void *const **w32, void *const **dw32);
+
+/* A low plan's call, thread `tid` of `nth`: its share of widening the weights `w` into their
+ * copies (views) and the layer input x into lo->xw (the caller puts a barrier after it). */
+void kf__rnn_cpu_widen(const kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p,
+                       const void *const *w, const void *x, void *ws, int tid, int nth);
+
+/* A low plan's backward, thread `tid` of `nth`, after the last cell and a barrier: its share of
+ * rounding dX (lo->dxw) into dx and each wanted weight gradient's float32 block into dw[k], as
+ * round(old + g) where `accumulate`: one rounding per element, as the float32 plan's one sum. */
+void kf__rnn_cpu_narrow(const kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p, void *ws,
+                        void *dx, void *const *dw, bool accumulate, int tid, int nth);
+
 /* Dropout between layers: element j of row (t, b) of layer l's output has counter
  * base + ((l*T + t)*B + b)*D*H + j (core/rnn_backend.h). */
 typedef struct kf__rnn_drop {
@@ -167,6 +203,31 @@ static inline uint64_t kf__rnn_drop_counter(const kf__rnn_cpu_layout *lo, const 
                                             int32_t l, int64_t t, int64_t b, int32_t d) {
     return dr->base + (uint64_t)((((int64_t)l * lo->T + t) * lo->B + b) * lo->D * lo->H +
                                  (int64_t)d * lo->H);
+}
+
+/* n floats of the caller's tensor `src` from element `off` on (the plan's dtype: float32, or a
+ * low plan's, widened) into dst; src NULL reads zeros. */
+static inline void kf__rnn_cpu_get(const kf__rnn_cpu_layout *lo, float *dst, const void *src,
+                                   int64_t off, int64_t n) {
+    if (!src)
+        memset(dst, 0, (size_t)n * sizeof(float));
+    else if (lo->low)
+        kf__lp_load_n(dst, (const uint16_t *)src + off, n, lo->bf16);
+    else
+        memcpy(dst, (const float *)src + off, (size_t)n * sizeof(float));
+}
+
+/* n floats of src into the caller's tensor `dst` from element `off` on (rounded to a low plan's
+ * dtype); src NULL writes zeros (+0, all bits clear, in every dtype). */
+static inline void kf__rnn_cpu_put(const kf__rnn_cpu_layout *lo, void *dst, int64_t off,
+                                   const float *src, int64_t n) {
+    const size_t e = lo->low ? sizeof(uint16_t) : sizeof(float);
+    if (!src)
+        memset((char *)dst + (size_t)off * e, 0, (size_t)n * e);
+    else if (lo->low)
+        kf__lp_store_n((uint16_t *)dst + off, src, n, false, lo->bf16);
+    else
+        memcpy((float *)dst + off, src, (size_t)n * sizeof(float));
 }
 
 static inline void *kf__at(void *base, size_t off) { return (char *)base + off; }

@@ -175,7 +175,8 @@ typedef struct fwd_layer {
     const kf__rnn_cpu_layout *lo;
     int32_t l;
     const float *x;  /* layer input [N, in] */
-    float *out;      /* layer output [N, D*H] */
+    float *out;      /* layer output [N, D*H]; NULL where a low plan's last layer writes y */
+    void *y;         /* that y (kf__rnn_cpu_put, per step) */
     kf__rnn_drop dr;
     kf__rnn_cell cell[2];
     void *ws;
@@ -207,10 +208,7 @@ static void fwd_slice(const fwd_layer *f, int32_t d, const kf__rnn_slice *sl) {
     float *gxs = (float *)kf__at(f->ws, lo->big[d]) + b0 * 3 * H; /* rows of no other slice */
     float *h = sl->st, *h2 = sl->t1;
 
-    if (c->h0)
-        memcpy(h, (const float *)c->h0 + (cidx * lo->B + b0) * H, (size_t)(nb * H) * sizeof(float));
-    else
-        memset(h, 0, (size_t)(nb * H) * sizeof(float));
+    kf__rnn_cpu_get(lo, h, c->h0, (cidx * lo->B + b0) * H, nb * H);
     fwd_step s = {.nb = nb, .H = H, .len = c->lengths ? c->lengths + b0 : NULL,
                   .gx = gxs, .gx_ld = 3 * H, .sv_ld = lo->bs * lo->ng * H,
                   .y_ld = lo->bs * DH, .hpn_ld = lo->bs * H};
@@ -222,7 +220,7 @@ static void fwd_slice(const fwd_layer *f, int32_t d, const kf__rnn_slice *sl) {
         const int64_t t = d ? T - 1 - k : k, r0 = kf__rnn_row(lo, t, b0);
         s.t = t;
         project_step(f, d, r0, nb, gxs);
-        s.y = f->dr.on ? NULL : f->out + r0 * DH + d * H;
+        s.y = f->dr.on || !f->out ? NULL : f->out + r0 * DH + d * H;
         if (hp) {
             s.sv = gates + r0 * lo->ng * H;
             s.hpn = k + 1 < T ? hp + kf__rnn_row(lo, d ? t - 1 : t + 1, b0) * H : NULL;
@@ -236,13 +234,16 @@ static void fwd_slice(const fwd_layer *f, int32_t d, const kf__rnn_slice *sl) {
             agru_step2(&s, cw->pk[1], cw->eps, sl->t2, sl->t1, h);
         }
         for (int64_t i = 0; i < nb && !s.y; i++) {
-            float *o = f->out + (r0 + i * lo->bs) * DH + d * H;
-            kf__rnn_cpu_drop_row(o, step_valid(&s, i) ? h + i * H : NULL, H, &f->dr,
-                                 kf__rnn_drop_counter(lo, &f->dr, f->l, t, b0 + i, d));
+            const int64_t o = (r0 + i * lo->bs) * DH + d * H;
+            const float *hi = step_valid(&s, i) ? h + i * H : NULL;
+            if (f->out)
+                kf__rnn_cpu_drop_row(f->out + o, hi, H, &f->dr,
+                                     kf__rnn_drop_counter(lo, &f->dr, f->l, t, b0 + i, d));
+            else
+                kf__rnn_cpu_put(lo, f->y, o, hi, H);
         }
     }
-    if (c->hn)
-        memcpy((float *)c->hn + (cidx * lo->B + b0) * H, h, (size_t)(nb * H) * sizeof(float));
+    if (c->hn) kf__rnn_cpu_put(lo, c->hn, (cidx * lo->B + b0) * H, h, nb * H);
 }
 
 /* No barrier after a layer: a thread runs the same slices in every layer, and a slice's rows of
@@ -259,22 +260,31 @@ static void fwd_layer_run(const fwd_layer *f, int tid, int nth) {
 typedef struct fwd_call {
     const kf__rnn_fwd *c;
     const kf__rnn_cpu_layout *lo;
+    const void *const *w; /* the weights as float32: c->w, or a low plan's copies */
+    const float *x;       /* the input as float32: c->x, or a low plan's copy */
     kf__cpu_barrier bar;
 } fwd_call;
 
-/* One barrier per call: after the packing, which every slice reads. */
+/* One barrier per call: after the packing, which every slice reads (a low plan's: one more,
+ * after the widening, which the packing reads). */
 static void fwd_team(void *arg, int tid, int nth) {
     fwd_call *call = arg;
     const kf__rnn_fwd *c = call->c;
     const kf__rnn_cpu_layout *lo = call->lo;
     const struct kf_rnn_plan *p = c->plan;
     const bool drop = c->training && p->dropout > 0.0f;
-    kf__rnn_cpu_pack(lo, p, c->w, c->ws, false, tid, nth);
+    if (lo->low) {
+        kf__rnn_cpu_widen(lo, p, c->w, c->x, c->ws, tid, nth);
+        kf__cpu_barrier_wait(&call->bar, nth);
+    }
+    kf__rnn_cpu_pack(lo, p, call->w, c->ws, false, tid, nth);
     kf__cpu_barrier_wait(&call->bar, nth);
-    const float *x = c->x;
+    const float *x = call->x;
     for (int32_t l = 0; l < p->L; l++) {
         fwd_layer f = {.c = c, .lo = lo, .l = l, .x = x, .ws = c->ws};
-        if (l == p->L - 1)
+        if (l == p->L - 1 && lo->low)
+            f.y = c->y;
+        else if (l == p->L - 1)
             f.out = c->y;
         else if (c->training)
             f.out = (float *)kf__at(c->reserve, lo->out0 + (size_t)l * lo->out_bytes);
@@ -283,7 +293,8 @@ static void fwd_team(void *arg, int tid, int nth) {
         f.dr = (kf__rnn_drop){.on = drop && l < p->L - 1, .p = p->dropout,
                               .scale = 1.0f / (1.0f - p->dropout), .seed = c->seed,
                               .base = c->offset};
-        for (int32_t d = 0; d < lo->D; d++) f.cell[d] = kf__rnn_cpu_cell(lo, p, c->w, c->ws, l, d);
+        for (int32_t d = 0; d < lo->D; d++)
+            f.cell[d] = kf__rnn_cpu_cell(lo, p, call->w, c->ws, l, d);
         fwd_layer_run(&f, tid, nth);
         x = f.out;
     }
@@ -293,7 +304,12 @@ kf_status kf__cpu_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c) {
     kf__rnn_cpu_layout lo;
     kf__rnn_cpu_layout_init(&lo, c->plan, c->T, c->B, c->training);
     (void)ctx; /* the thread count comes from the plan's context, as the sizes did */
-    fwd_call call = {.c = c, .lo = &lo, .bar = {0}};
+    fwd_call call = {.c = c, .lo = &lo, .w = c->w, .x = c->x, .bar = {0}};
+    if (lo.low) {
+        void *const *dw32;
+        kf__rnn_cpu_low_views(&lo, c->plan, c->ws, NULL, &call.w, &dw32);
+        call.x = kf__at(c->ws, lo.xw);
+    }
     kf__cpu_team(lo.ns, fwd_team, &call);
     return KF_OK;
 }

@@ -12,6 +12,13 @@ static size_t fbytes(int64_t n) { return kf__align_up((size_t)n * sizeof(float))
 /* n elements of `esize` bytes, aligned. */
 static size_t ebytes(size_t esize, int64_t n) { return kf__align_up((size_t)n * esize); }
 
+/* Elements of weight k (core/rnn_backend.h's order). */
+static int64_t weight_elems(const struct kf_rnn_plan *p, int32_t k) {
+    int64_t s[2];
+    const int32_t nd = kf__rnn_weight_shape(p, k / p->nw / p->D, k % p->nw, s);
+    return nd == 2 ? s[0] * s[1] : s[0];
+}
+
 static size_t agru_pack_bytes(int64_t in, int64_t H) { return fbytes(3 * H * in) + fbytes(3 * H); }
 
 /* Floats of the panels of a product with K rows (kf__mk). */
@@ -93,6 +100,22 @@ void kf__rnn_cpu_layout_init(kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p
     lo->bsum = off;
     lo->bsum_bytes = f64 ? 0 : kf__align_up((size_t)(4 * H) * sizeof(double));
     off += (size_t)lo->ns * lo->bsum_bytes;
+    lo->low = kf__dtype_is_lowp(p->dtype);
+    lo->bf16 = p->dtype == KF_DTYPE_BF16;
+    if (lo->low) {
+        size_t wide_bytes = 0;
+        for (int32_t k = 0; k < p->num_weights; k++) wide_bytes += fbytes(weight_elems(p, k));
+        lo->views = off;
+        off += kf__align_up((size_t)(2 * p->num_weights) * sizeof(void *));
+        lo->wide = off;
+        off += wide_bytes;
+        lo->dwide = off;
+        off += training ? wide_bytes : 0;
+        lo->xw = off;
+        off += fbytes(N * p->I);
+        lo->dxw = off;
+        off += training ? fbytes(N * p->I) : 0;
+    }
     lo->ws_bytes = off;
 
     lo->hp_bytes = ebytes(e, N * H);
@@ -228,6 +251,56 @@ void kf__rnn_cpu_pack(const kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p,
             memcpy(w3 + i * c.in, wx[i / H] + (i % H) * c.in, (size_t)c.in * sizeof(float));
             b3[i] = bx[i / H][i % H];
         }
+    }
+}
+
+void kf__rnn_cpu_low_views(const kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p, void *ws,
+                           void *const *dw, const void *const **w32, void *const **dw32) {
+    void **v = kf__at(ws, lo->views);
+    size_t wo = lo->wide, dwo = lo->dwide;
+    for (int32_t k = 0; k < p->num_weights; k++) {
+        v[k] = kf__at(ws, wo);
+        v[p->num_weights + k] = dw && dw[k] ? kf__at(ws, dwo) : NULL;
+        wo += fbytes(weight_elems(p, k));
+        dwo += fbytes(weight_elems(p, k));
+    }
+    *w32 = (const void *const *)v;
+    *dw32 = dw ? v + p->num_weights : NULL;
+}
+
+/* [*lo, *hi) of thread tid's share of n elements: whole 8-element vectors but the last. */
+static void lp_share(int64_t n, int tid, int nth, int64_t *lo, int64_t *hi) {
+    kf__part((n + 7) / 8, nth, tid, lo, hi);
+    *lo *= 8;
+    *hi = *hi * 8 < n ? *hi * 8 : n;
+    *lo = *lo < *hi ? *lo : *hi;
+}
+
+void kf__rnn_cpu_widen(const kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p,
+                       const void *const *w, const void *x, void *ws, int tid, int nth) {
+    const void *const *v = kf__at(ws, lo->views);
+    int64_t a, b;
+    for (int32_t k = 0; k < p->num_weights; k++) {
+        lp_share(weight_elems(p, k), tid, nth, &a, &b);
+        kf__rnn_cpu_get(lo, (float *)v[k] + a, w[k], a, b - a);
+    }
+    lp_share(lo->N * p->I, tid, nth, &a, &b);
+    kf__rnn_cpu_get(lo, (float *)kf__at(ws, lo->xw) + a, x, a, b - a);
+}
+
+void kf__rnn_cpu_narrow(const kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p, void *ws,
+                        void *dx, void *const *dw, bool accumulate, int tid, int nth) {
+    int64_t a, b;
+    if (dx) {
+        lp_share(lo->N * p->I, tid, nth, &a, &b);
+        kf__rnn_cpu_put(lo, dx, a, (const float *)kf__at(ws, lo->dxw) + a, b - a);
+    }
+    void *const *g = (void *const *)kf__at(ws, lo->views) + p->num_weights;
+    for (int32_t k = 0; dw && k < p->num_weights; k++) {
+        if (!dw[k]) continue;
+        lp_share(weight_elems(p, k), tid, nth, &a, &b);
+        kf__lp_store_n((uint16_t *)dw[k] + a, (const float *)g[k] + a, b - a, accumulate,
+                       lo->bf16);
     }
 }
 

@@ -54,7 +54,7 @@ extern "C" {
 /* ---- version (the build reads these three lines to form the SONAME and package version) - */
 #define KF_VERSION_MAJOR 1
 #define KF_VERSION_MINOR 7
-#define KF_VERSION_PATCH 3
+#define KF_VERSION_PATCH 4
 /* The ABI generation; equals KF_VERSION_MAJOR. */
 #define KF_ABI_VERSION KF_VERSION_MAJOR
 /* MAJOR*10000 + MINOR*100 + PATCH, as kf_version() returns it. */

@@ -174,7 +174,7 @@ KF_API kf_status kf_rnn_weight_info(const kf_rnn_plan *plan, int32_t index, cons
 
 /* T, B within limits and every size the backends derive from them representable: the backends'
  * buffers are bounded by T*B*(I + 16*L*D*H) elements of the plan's dtype; a bfloat16/float16
- * plan's (cpu/lowp.c) by as many float32 elements plus their float32 copies, 8 bytes each. */
+ * plan's (float32 buffers, and CUDA's conversion layer's float32 copies) by 8 bytes each. */
 static kf_status kf__rnn_check_extent(const char *fn, const kf_rnn_plan *p, int64_t T, int64_t B) {
     KF_CHECK_FN(fn, T >= 1 && T <= KF__RNN_MAX_EXTENT, KF_ERR_INVALID_ARGUMENT,
                 "T = %" PRId64 ", expected 1..%d", T, KF__RNN_MAX_EXTENT);

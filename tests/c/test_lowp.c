@@ -78,7 +78,8 @@ typedef struct slot {
     int role;
     int32_t nd;
     int64_t sh[4], n;
-    double bound;   /* inputs: U(-bound, bound); 0: filled by the op (knots) */
+    double bound;   /* inputs: U(-bound, bound); 0: filled by the op (knots); parameter
+                       gradients: what the accumulating backward adds to, U(-bound, bound) */
     double *d;      /* float64 copy */
     uint16_t *lo;   /* low copy */
     void *dev;      /* the low copy's device mirror (a CUDA problem) */
@@ -202,6 +203,7 @@ struct op {
     int g0, ng;     /* backward outputs (dx first, then parameter gradients) */
     const char *const *names;
     ref_rnn_cfg rc;  /* the recurrent ops */
+    int32_t *lengths; /* and their lengths [B], or NULL (all T) */
     int64_t N, in, out; /* SKLinear, KAN */
     int32_t L, k, G, sk;
     int conv;
@@ -240,7 +242,7 @@ static void run_both(const op *o, prob *p, bool backward, kf_grad_mode mode, int
     for (int i = lo; i < lo + n; i++) expect_slot(p, i, what, o->names[i - o->out0]);
 }
 
-/* Forward, backward, and backward accumulating into finite gradients; then a tensor of the
+/* Forward, backward, and backward accumulating into random gradients; then a tensor of the
  * wrong dtype refused by name with nothing written. */
 static void check_op(const op *o, prob *p, uint64_t seed) {
     fill_inputs(p, seed);
@@ -315,9 +317,9 @@ static void check_skl(kf_dtype dt, int64_t N, int64_t in, int64_t out, int32_t L
     o.out0 = add(&p, OUT, 0, 2, N, out, 0, 0), o.nout = 1;
     add(&p, IN, 1.0, 2, N, out, 0, 0); /* dy: slot out0 + 1 */
     o.g0 = add(&p, OUT, 0, 2, N, in, 0, 0), o.ng = 4;
-    add(&p, GRAD, 0, 3, L, in, k, 0);
-    add(&p, GRAD, 0, 3, L, k, out, 0);
-    add(&p, GRAD, 0, 1, out, 0, 0, 0);
+    add(&p, GRAD, 1.0, 3, L, in, k, 0);
+    add(&p, GRAD, 1.0, 3, L, k, out, 0);
+    add(&p, GRAD, 1.0, 1, out, 0, 0, 0);
     /* names index from out0: y, dy (unused), dx, ... */
     static const char *const names[] = {"y", "dy", "dx", "dS1s", "dS2s", "dbias"};
     o.names = names;
@@ -407,9 +409,9 @@ static void check_kan(kf_dtype dt, int64_t B, int64_t N, int64_t in, int64_t out
     (void)(B ? add(&p, IN, 1.0, 4, B, out, 6, 5) : add(&p, IN, 1.0, 2, rows, out, 0, 0)); /* dy */
     o.g0 = B ? add(&p, OUT, 0, 4, B, in, 6, 5) : add(&p, OUT, 0, 2, N, in, 0, 0);
     o.ng = 4;
-    add(&p, GRAD, 0, 2, out, F, 0, 0);
-    add(&p, GRAD, 0, 3, out, F, G + k, 0);
-    add(&p, GRAD, 0, 2, out, F, 0, 0);
+    add(&p, GRAD, 1.0, 2, out, F, 0, 0);
+    add(&p, GRAD, 1.0, 3, out, F, G + k, 0);
+    add(&p, GRAD, 1.0, 2, out, F, 0, 0);
     static const char *const names[] = {"y", "dy", "dx", "dbase_weight", "dspline_weight",
                                         "dspline_scaler"};
     o.names = names;
@@ -489,6 +491,8 @@ static kf_status rnn_run(const op *o, prob *p, kf_dtype dt, bool backward, kf_gr
     kf_rnn_forward_args_init(&a);
     a.x = x_ten(p, o->x, dt), a.h0 = ten(p, o->x + 1, dt), a.weights = wt, a.num_weights = nw;
     a.y = ten(p, y, dt), a.hn = ten(p, y + 1, dt);
+    if (o->lengths) a.lengths = tens(o->lengths, KF_DTYPE_I32, 1, &c->B);
+    a.dropout_seed = c->seed, a.dropout_offset = c->offset;
     kf_rnn_plan *plan = plan_of(o, dt);
     if (!backward) return kf_rnn_forward(plan, KF_MODE_INFERENCE, &a, NULL, 0, NULL, 0);
     size_t wsb = 0, rsb = 0;
@@ -498,7 +502,8 @@ static kf_status rnn_run(const op *o, prob *p, kf_dtype dt, bool backward, kf_gr
     if (st == KF_OK) {
         kf_rnn_backward_args b;
         kf_rnn_backward_args_init(&b);
-        b.x = a.x, b.h0 = a.h0, b.weights = wt, b.num_weights = nw;
+        b.x = a.x, b.h0 = a.h0, b.weights = wt, b.num_weights = nw, b.lengths = a.lengths;
+        b.dropout_seed = c->seed, b.dropout_offset = c->offset;
         b.dy = ten(p, y + 2, dt), b.dhn = ten(p, y + 3, dt);
         b.dx = ten(p, g, dt), b.dh0 = ten(p, g + 1, dt), b.dweights = dwt, b.num_dweights = nw;
         st = kf_rnn_backward(plan, mode, &b, NULL, 0, reserve, rsb);
@@ -510,20 +515,30 @@ static kf_status rnn_run(const op *o, prob *p, kf_dtype dt, bool backward, kf_gr
     return st;
 }
 
-static void check_rnn(kf_dtype dt, int cell, int L, int D, int64_t I, int64_t H, int64_t T,
-                      int64_t B) {
+/* check_rnn's options: x, y and their gradients [B, T, .]; lengths 1..T; dropout 0.25 */
+enum { RNN_BATCH_FIRST = 1, RNN_LENGTHS = 2, RNN_DROPOUT = 4 };
+
+static void check_rnn_opt(kf_dtype dt, int cell, int L, int D, int64_t I, int64_t H, int64_t T,
+                          int64_t B, unsigned opt) {
     kf_context *ctx = make_ctx(KF_DEVICE_CPU, 2), *lctx = low_context(ctx);
     op o = {.name = cell == REF_GRU ? "gru" : "agru", .run = rnn_run};
     o.rc = (ref_rnn_cfg){.cell = cell, .L = L, .D = D, .I = I, .H = H, .T = T, .B = B,
-                         .gamma = 0.01f};
+                         .gamma = 0.01f, .batch_first = (opt & RNN_BATCH_FIRST) != 0,
+                         .dropout = opt & RNN_DROPOUT ? 0.25f : 0.0f, .seed = 11, .offset = 5};
     const ref_rnn_cfg *c = &o.rc;
+    const int64_t T0 = c->batch_first ? B : T, T1 = c->batch_first ? T : B; /* x's dims 0, 1 */
+    cr_assert(!(opt & RNN_LENGTHS) || lctx == ctx, "lengths on the host only");
+    if (opt & RNN_LENGTHS) {
+        o.lengths = xalloc((size_t)B * sizeof(int32_t));
+        for (int64_t b = 0; b < B; b++) o.lengths[b] = (int32_t)(1 + (b * 5) % T);
+    }
     const int nw = ref_rnn_num_weights(c);
     prob p = {.dt = dt, .cuda = lctx != ctx};
     /* CUDA: H = 8, 160, 256 run the plain path, which rounds each layer's output and dG_x (3u,
      * header comment); H = 128 the float32 kernels on converted copies */
     p.units = p.cuda && H != 128 ? 3.0 : 1.0;
     const double wb = 1.0 / sqrt((double)H);
-    o.x = add(&p, IN, 1.0, 3, T, B, I, 0);
+    o.x = add(&p, IN, 1.0, 3, T0, T1, I, 0);
     add(&p, IN, 0.5, 3, (int64_t)L * D, B, H, 0);
     int nd;
     int64_t sh[2];
@@ -532,15 +547,15 @@ static void check_rnn(kf_dtype dt, int cell, int L, int D, int64_t I, int64_t H,
         const int j = add(&p, IN, wb, nd, sh[0], sh[1], 0, 0);
         if (i == 0) o.w0 = j;
     }
-    o.out0 = add(&p, OUT, 0, 3, T, B, (int64_t)D * H, 0), o.nout = 2;
+    o.out0 = add(&p, OUT, 0, 3, T0, T1, (int64_t)D * H, 0), o.nout = 2;
     add(&p, OUT, 0, 3, (int64_t)L * D, B, H, 0);
-    add(&p, IN, 1.0, 3, T, B, (int64_t)D * H, 0);
+    add(&p, IN, 1.0, 3, T0, T1, (int64_t)D * H, 0);
     add(&p, IN, 1.0, 3, (int64_t)L * D, B, H, 0);
-    o.g0 = add(&p, OUT, 0, 3, T, B, I, 0), o.ng = 2 + nw;
+    o.g0 = add(&p, OUT, 0, 3, T0, T1, I, 0), o.ng = 2 + nw;
     add(&p, OUT, 0, 3, (int64_t)L * D, B, H, 0);
     for (int i = 0; i < nw; i++) {
         ref_rnn_weight_desc(c, i, NULL, 0, &nd, sh);
-        add(&p, GRAD, 0, nd, sh[0], sh[1], 0, 0);
+        add(&p, GRAD, 1.0, nd, sh[0], sh[1], 0, 0);
     }
     static char wnames[MAXS][64];
     const char *names[MAXS] = {"y", "hn", "dy", "dhn", "dx", "dh0"};
@@ -553,7 +568,9 @@ static void check_rnn(kf_dtype dt, int cell, int L, int D, int64_t I, int64_t H,
         kf_rnn_desc d;
         kf_rnn_desc_init(&d);
         d.cell = cell, d.num_layers = L, d.input_size = I, d.hidden_size = H;
-        d.flags = D == 2 ? KF_RNN_BIDIRECTIONAL : 0u, d.gamma = c->gamma;
+        d.flags = (D == 2 ? KF_RNN_BIDIRECTIONAL : 0u) |
+                  (c->batch_first ? KF_RNN_BATCH_FIRST : 0u);
+        d.gamma = c->gamma, d.dropout = c->dropout;
         d.dtype = i ? dt : KF_DTYPE_F64;
         KF_OK_(kf_rnn_plan_create(i ? lctx : ctx, &d, (kf_rnn_plan **)&o.plan[i]));
     }
@@ -562,26 +579,45 @@ static void check_rnn(kf_dtype dt, int cell, int L, int D, int64_t I, int64_t H,
     const double *w[MAXS];
     for (int i = 0; i < nw; i++) w[i] = p.s[o.w0 + i].d;
     KF_OK_(run_low(&o, &p, false, KF_GRAD_OVERWRITE));
-    ref_rnn_forward_f64(c, p.s[o.x].d, p.s[o.x + 1].d, w, NULL, p.s[o.out0].d,
+    ref_rnn_forward_f64(c, p.s[o.x].d, p.s[o.x + 1].d, w, o.lengths, p.s[o.out0].d,
                         p.s[o.out0 + 1].d);
     expect_slot(&p, o.out0, "vs ref_rnn", "y");
     expect_slot(&p, o.out0 + 1, "vs ref_rnn", "hn");
     for (int i = 0; i < 2; i++) kf_rnn_plan_destroy(o.plan[i]);
+    free(o.lengths);
     free_prob(&p);
     release_low_context(lctx, ctx);
     kf_context_destroy(ctx);
 }
 
+static void check_rnn(kf_dtype dt, int cell, int L, int D, int64_t I, int64_t H, int64_t T,
+                      int64_t B) {
+    check_rnn_opt(dt, cell, L, D, I, H, T, B, 0);
+}
+
+/* The CPU's low plans run the float32 kernels (cpu/rnn_fwd.c, rnn_bwd.c) reading and writing the
+ * caller's low tensors per slice and step: H = 8 and 20 the backward's paths after the
+ * recurrence, H = 32 and 128 its per-step weight gradients and dX (whole panels on AVX2 and
+ * AVX-512); two directions sum into one dX; batch-first rows, lengths and dropout move which
+ * rows a step reads and writes. */
 Test(lowp, gru) {
     check_rnn(KF_DTYPE_BF16, REF_GRU, 2, 2, 5, 8, 7, 3);
     check_rnn(KF_DTYPE_F16, REF_GRU, 2, 2, 5, 8, 7, 3);
     check_rnn(KF_DTYPE_BF16, REF_GRU, 1, 1, 28, 128, 6, 16); /* 8-lane vectors, tails */
     check_rnn(KF_DTYPE_F16, REF_GRU, 1, 1, 28, 128, 6, 16);
+    const unsigned all = RNN_BATCH_FIRST | RNN_LENGTHS | RNN_DROPOUT;
+    check_rnn_opt(KF_DTYPE_BF16, REF_GRU, 2, 2, 20, 32, 9, 37, all);
+    check_rnn_opt(KF_DTYPE_F16, REF_GRU, 2, 2, 20, 32, 9, 37, RNN_LENGTHS);
+    check_rnn_opt(KF_DTYPE_F16, REF_GRU, 2, 2, 11, 20, 8, 13, all);
+    check_rnn_opt(KF_DTYPE_BF16, REF_GRU, 2, 1, 1, 32, 12, 5, RNN_DROPOUT); /* thin input */
 }
 
 Test(lowp, agru) {
     check_rnn(KF_DTYPE_BF16, REF_AGRU, 2, 1, 5, 8, 7, 3);
     check_rnn(KF_DTYPE_F16, REF_AGRU, 2, 1, 5, 8, 7, 3);
+    check_rnn_opt(KF_DTYPE_F16, REF_AGRU, 2, 1, 20, 32, 9, 37,
+                  RNN_BATCH_FIRST | RNN_LENGTHS | RNN_DROPOUT);
+    check_rnn_opt(KF_DTYPE_BF16, REF_AGRU, 1, 1, 28, 128, 6, 16, RNN_LENGTHS);
 }
 
 /* ---- the grid update and plan creation ------------------------------------------------------ */

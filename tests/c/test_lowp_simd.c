@@ -2,7 +2,7 @@
  * a time and 8 at a time, F16C and AVX2 where the build has them, as the library is built)
  * against rounding done here in double arithmetic: to nearest, ties to even, float16 overflow to
  * infinity, NaN to a quiet NaN. The kernels convert every element of a low-precision plan with
- * these (cpu/sklinear.c, cpu/kan_linear.c, cpu/lowp.c), so a rounding slip here is a silent
+ * these (cpu/sklinear.c, cpu/kan_linear.c, cpu/rnn_*.c), so a rounding slip here is a silent
  * off-by-one-ulp in every result. Inputs: every float16 and bfloat16 value, every float32 tie
  * between two of them and its neighbours, and a stride through all 2^32 float32 bit patterns. */
 #include "lowp_simd.h"

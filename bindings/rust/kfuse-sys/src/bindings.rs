@@ -5,9 +5,9 @@
 
 pub const KF_VERSION_MAJOR: u32 = 1;
 pub const KF_VERSION_MINOR: u32 = 7;
-pub const KF_VERSION_PATCH: u32 = 3;
+pub const KF_VERSION_PATCH: u32 = 4;
 pub const KF_ABI_VERSION: u32 = 1;
-pub const KF_VERSION_NUMBER: u32 = 10703;
+pub const KF_VERSION_NUMBER: u32 = 10704;
 pub const KF_MAX_DIMS: u32 = 6;
 pub const KF_ALIGN_BYTES: u32 = 64;
 pub const KF_CONTEXT_FIXED_ARENA: u32 = 1;
