@@ -41,9 +41,10 @@
  *   bsum[s]  backward: slice s's bias-gradient sums (double), colsum dG_x [3H] and (GRU) the
  *            colsum of dG_h's n part [H], accumulated step by step (float32 plans only)
  *   views, wide, dwide, xw, dxw  bfloat16 and float16 plans only: their float32 weights, weight
- *            gradients, x and dX (kf__rnn_cpu_layout). Such a plan runs the float32 kernels on
- *            them and float32 buffers everywhere else (reserve included); only the caller's
- *            tensors are in its dtype, and the kernels read and write those themselves.
+ *            gradients, the backward's x and dX (kf__rnn_cpu_layout); slice[s] adds xs. Such a
+ *            plan runs the float32 kernels on them and on float32 buffers everywhere else
+ *            (reserve included); only the caller's tensors are in its dtype, and the kernels
+ *            read and write those themselves.
  * A float64 plan (cpu/rnn_f64.c) has the same layout in doubles, except: no pack (its GEMMs read
  * the caller's weights in place), and rec[c] is A = W_h - W_h^T - gamma I [H, H] for an A-GRU,
  * nothing for a GRU; big[0] holds the input projection of all rows of the direction in flight,
@@ -133,9 +134,10 @@ typedef struct kf__rnn_cpu_layout {
     size_t dgx_step; /* and the step's dG_x rows [nbmax, 3H], this far */
     /* bfloat16 and float16 plans (low): float32 arithmetic, as a float32 plan's, on float32
      * copies in the workspace of what the kernels read as whole tensors or sum over directions
-     * (views: 2 * num_weights pointers, to wide's weights and dwide's gradients; xw, dxw [N, I]:
-     * the layer input and its gradient); the caller's y, dy, h0, hn, dhn, dh0 are converted per
-     * slice and step (kf__rnn_cpu_get, kf__rnn_cpu_put). All 0 for other plans. */
+     * (views: 2 * num_weights pointers, to wide's weights and dwide's gradients; the backward's
+     * xw, dxw [N, I]: the layer input and its gradient); the forward's x, and the caller's y, dy,
+     * h0, hn, dhn, dh0 are converted per slice and step (kf__rnn_cpu_get, kf__rnn_cpu_put; x into
+     * the slice's xs). All 0 for other plans. */
     bool low, bf16;
     size_t views, wide, dwide, xw, dxw;
     /* reserve offsets (bytes) */
@@ -167,13 +169,15 @@ void kf__rnn_cpu_pack(const kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p,
 
 /* A low plan's float32 views of its weights and weight gradients (lo->views), pointing into the
  * workspace: (*w32)[k] to weight k's float32 copy, (*dw32)[k] to its gradient's float32 block
- * where dw[k] is wanted (NULL otherwise; *dw32 NULL where dw is). The calling thread fills them
- * before the team, which kf__rnn_cpu_widen then fills the copies of. */
+ * where dw[k] is wanted (NULL otherwise; *dw32 NULL where dw is; dw32 itself NULL in the
+ * forward). The calling thread fills them before the team, whose kf__rnn_cpu_widen then fills
+ * the copies. */
 void kf__rnn_cpu_low_views(const kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p, void *ws,
                            void *const *dw, const void *const **w32, void *const **dw32);
 
 /* A low plan's call, thread `tid` of `nth`: its share of widening the weights `w` into their
- * copies (views) and the layer input x into lo->xw (the caller puts a barrier after it). */
+ * copies (views) and, where x is given (the backward), the layer input into lo->xw (the caller
+ * puts a barrier after it). */
 void kf__rnn_cpu_widen(const kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p,
                        const void *const *w, const void *x, void *ws, int tid, int nth);
 
@@ -249,10 +253,10 @@ static inline int64_t kf__rnn_len(const int32_t *lengths, int64_t T, int64_t b) 
 }
 
 /* Per-slice scratch of slice s: three [nbmax, H] buffers (kf__rnn_slice_buf: buffer i of slice
- * s, in the plan's dtype). */
+ * s, in the plan's dtype); a low plan's forward adds xs [nbmax, I], a step's rows of x widened. */
 typedef struct kf__rnn_slice {
     int64_t b0, nb;
-    float *st, *t1, *t2;
+    float *st, *t1, *t2, *xs;
 } kf__rnn_slice;
 
 /* Batch rows [*b0, *b0 + *nb) of slice s. */
@@ -273,6 +277,7 @@ static inline kf__rnn_slice kf__rnn_cpu_slice(const kf__rnn_cpu_layout *lo, void
     sl.st = kf__rnn_slice_buf(lo, ws, s, 0);
     sl.t1 = kf__rnn_slice_buf(lo, ws, s, 1);
     sl.t2 = kf__rnn_slice_buf(lo, ws, s, 2);
+    sl.xs = lo->low ? kf__rnn_slice_buf(lo, ws, s, 3) : NULL;
     return sl;
 }
 

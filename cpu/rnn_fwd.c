@@ -174,7 +174,8 @@ typedef struct fwd_layer {
     const kf__rnn_fwd *c;
     const kf__rnn_cpu_layout *lo;
     int32_t l;
-    const float *x;  /* layer input [N, in] */
+    const float *x;  /* layer input [N, in]; NULL where a low plan's layer 0 reads xt */
+    const void *xt;  /* that x (kf__rnn_cpu_get, a step's rows into the slice's xs) */
     float *out;      /* layer output [N, D*H]; NULL where a low plan's last layer writes y */
     void *y;         /* that y (kf__rnn_cpu_put, per step) */
     kf__rnn_drop dr;
@@ -182,17 +183,21 @@ typedef struct fwd_layer {
     void *ws;
 } fwd_layer;
 
-/* gxs[nb, 3H] = X W3^T + b3 for the slice's rows of one step, their x rows r0, r0 + bs, ...:
+/* gxs[nb, 3H] = X W3^T + b3 for the slice's rows of one step, their x rows r0, r0 + bs, ...
+ * (a low plan's layer 0: widened into xs first):
  * filled with b3 and accumulated into (beta = 1), so OpenBLAS runs no zeroing pass. Per step
  * rather than one GEMM over all T*B rows, so G_x is written and read while in L2 (96 KB per
  * 64-row slice at H = 128) instead of streaming [T*B, 3H] out to memory and back, and the
  * slices need no barrier after it. */
-static void project_step(const fwd_layer *f, int32_t d, int64_t r0, int64_t nb, float *gxs) {
+static void project_step(const fwd_layer *f, int32_t d, int64_t r0, int64_t nb, float *xs,
+                         float *gxs) {
     const kf__rnn_cell *cw = &f->cell[d];
-    const int64_t G = 3 * f->lo->H;
+    const int64_t G = 3 * f->lo->H, in = cw->in, bs = f->lo->bs;
     for (int64_t i = 0; i < nb; i++) memcpy(gxs + i * G, cw->b3, (size_t)G * sizeof(float));
-    kf__sgemm(false, true, nb, G, cw->in, 1.0f, f->x + r0 * cw->in, f->lo->bs * cw->in, cw->w3,
-              cw->in, 1.0f, gxs, G);
+    const float *x = f->x ? f->x + r0 * in : xs;
+    for (int64_t i = 0; i < nb && !f->x; i++)
+        kf__rnn_cpu_get(f->lo, xs + i * in, f->xt, (r0 + i * bs) * in, in);
+    kf__sgemm(false, true, nb, G, in, 1.0f, x, f->x ? bs * in : in, cw->w3, in, 1.0f, gxs, G);
 }
 
 /* Runs direction d of layer l over the whole sequence for the batch rows of slice `sl`. The
@@ -219,7 +224,7 @@ static void fwd_slice(const fwd_layer *f, int32_t d, const kf__rnn_slice *sl) {
     for (int64_t k = 0; k < T; k++) {
         const int64_t t = d ? T - 1 - k : k, r0 = kf__rnn_row(lo, t, b0);
         s.t = t;
-        project_step(f, d, r0, nb, gxs);
+        project_step(f, d, r0, nb, sl->xs, gxs);
         s.y = f->dr.on || !f->out ? NULL : f->out + r0 * DH + d * H;
         if (hp) {
             s.sv = gates + r0 * lo->ng * H;
@@ -261,7 +266,6 @@ typedef struct fwd_call {
     const kf__rnn_fwd *c;
     const kf__rnn_cpu_layout *lo;
     const void *const *w; /* the weights as float32: c->w, or a low plan's copies */
-    const float *x;       /* the input as float32: c->x, or a low plan's copy */
     kf__cpu_barrier bar;
 } fwd_call;
 
@@ -274,14 +278,14 @@ static void fwd_team(void *arg, int tid, int nth) {
     const struct kf_rnn_plan *p = c->plan;
     const bool drop = c->training && p->dropout > 0.0f;
     if (lo->low) {
-        kf__rnn_cpu_widen(lo, p, c->w, c->x, c->ws, tid, nth);
+        kf__rnn_cpu_widen(lo, p, c->w, NULL, c->ws, tid, nth);
         kf__cpu_barrier_wait(&call->bar, nth);
     }
     kf__rnn_cpu_pack(lo, p, call->w, c->ws, false, tid, nth);
     kf__cpu_barrier_wait(&call->bar, nth);
-    const float *x = call->x;
+    const float *x = lo->low ? NULL : c->x;
     for (int32_t l = 0; l < p->L; l++) {
-        fwd_layer f = {.c = c, .lo = lo, .l = l, .x = x, .ws = c->ws};
+        fwd_layer f = {.c = c, .lo = lo, .l = l, .x = x, .xt = x ? NULL : c->x, .ws = c->ws};
         if (l == p->L - 1 && lo->low)
             f.y = c->y;
         else if (l == p->L - 1)
@@ -304,12 +308,8 @@ kf_status kf__cpu_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c) {
     kf__rnn_cpu_layout lo;
     kf__rnn_cpu_layout_init(&lo, c->plan, c->T, c->B, c->training);
     (void)ctx; /* the thread count comes from the plan's context, as the sizes did */
-    fwd_call call = {.c = c, .lo = &lo, .w = c->w, .x = c->x, .bar = {0}};
-    if (lo.low) {
-        void *const *dw32;
-        kf__rnn_cpu_low_views(&lo, c->plan, c->ws, NULL, &call.w, &dw32);
-        call.x = kf__at(c->ws, lo.xw);
-    }
+    fwd_call call = {.c = c, .lo = &lo, .w = c->w, .bar = {0}};
+    if (lo.low) kf__rnn_cpu_low_views(&lo, c->plan, c->ws, NULL, &call.w, NULL);
     kf__cpu_team(lo.ns, fwd_team, &call);
     return KF_OK;
 }

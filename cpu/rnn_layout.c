@@ -45,6 +45,8 @@ void kf__rnn_cpu_layout_init(kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p
     lo->nbmax = (B + lo->ns - 1) / lo->ns;
     lo->agru = p->cell == KF_RNN_AGRU;
     lo->ng = lo->agru ? 3 : 4;
+    lo->low = kf__dtype_is_lowp(p->dtype);
+    lo->bf16 = p->dtype == KF_DTYPE_BF16;
     const bool f64 = p->dtype == KF_DTYPE_F64;
     const size_t e = f64 ? sizeof(double) : sizeof(float);
 
@@ -84,7 +86,7 @@ void kf__rnn_cpu_layout_init(kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p
     }
     lo->slice0 = off;
     lo->slice_buf = ebytes(e, lo->nbmax * H);
-    lo->slice_bytes = 3 * lo->slice_buf;
+    lo->slice_bytes = 3 * lo->slice_buf + (lo->low ? fbytes(lo->nbmax * p->I) : 0);
     off += (size_t)lo->ns * lo->slice_bytes;
     lo->gmat = off;
     off += lo->agru ? ebytes(e, H * H) : 0;
@@ -100,8 +102,6 @@ void kf__rnn_cpu_layout_init(kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p
     lo->bsum = off;
     lo->bsum_bytes = f64 ? 0 : kf__align_up((size_t)(4 * H) * sizeof(double));
     off += (size_t)lo->ns * lo->bsum_bytes;
-    lo->low = kf__dtype_is_lowp(p->dtype);
-    lo->bf16 = p->dtype == KF_DTYPE_BF16;
     if (lo->low) {
         size_t wide_bytes = 0;
         for (int32_t k = 0; k < p->num_weights; k++) wide_bytes += fbytes(weight_elems(p, k));
@@ -112,7 +112,7 @@ void kf__rnn_cpu_layout_init(kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p
         lo->dwide = off;
         off += training ? wide_bytes : 0;
         lo->xw = off;
-        off += fbytes(N * p->I);
+        off += training ? fbytes(N * p->I) : 0;
         lo->dxw = off;
         off += training ? fbytes(N * p->I) : 0;
     }
@@ -265,7 +265,7 @@ void kf__rnn_cpu_low_views(const kf__rnn_cpu_layout *lo, const struct kf_rnn_pla
         dwo += fbytes(weight_elems(p, k));
     }
     *w32 = (const void *const *)v;
-    *dw32 = dw ? v + p->num_weights : NULL;
+    if (dw32) *dw32 = dw ? v + p->num_weights : NULL;
 }
 
 /* [*lo, *hi) of thread tid's share of n elements: whole 8-element vectors but the last. */
@@ -284,6 +284,7 @@ void kf__rnn_cpu_widen(const kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p
         lp_share(weight_elems(p, k), tid, nth, &a, &b);
         kf__rnn_cpu_get(lo, (float *)v[k] + a, w[k], a, b - a);
     }
+    if (!x) return;
     lp_share(lo->N * p->I, tid, nth, &a, &b);
     kf__rnn_cpu_get(lo, (float *)kf__at(ws, lo->xw) + a, x, a, b - a);
 }
