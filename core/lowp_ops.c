@@ -127,12 +127,6 @@ static size_t lp_max(size_t a, size_t b) { return a > b ? a : b; }
 
 /* ---- recurrent layers ---------------------------------------------------------------------- */
 
-static int64_t lp_rnn_weight_elems(const struct kf_rnn_plan *p, int32_t k) {
-    int64_t s[2];
-    const int32_t nd = kf__rnn_weight_shape(p, k / p->nw / p->D, k % p->nw, s);
-    return nd == 2 ? s[0] * s[1] : s[0];
-}
-
 /* The float32 copies of the weights c->w (NULL in the SIZE pass: every weight counted). */
 static const void **lp_rnn_weights(lp_ctx *l, const struct kf_rnn_plan *p,
                                    const void *const *cw) {
@@ -140,7 +134,7 @@ static const void **lp_rnn_weights(lp_ctx *l, const struct kf_rnn_plan *p,
      * backend, unlike the workspace: rnn_backend.h) */
     const void **w = l->pass != LP_PASS_SIZE && cw ? p->w + p->num_weights : NULL;
     for (int32_t k = 0; k < p->num_weights; ++k) {
-        const float *wk = lp_in(l, cw ? cw[k] : NULL, lp_rnn_weight_elems(p, k));
+        const float *wk = lp_in(l, cw ? cw[k] : NULL, kf__rnn_weight_elems(p, k));
         if (w) w[k] = wk;
     }
     return w;
@@ -170,7 +164,7 @@ static void lp_rnn_bwd_tensors(lp_ctx *l, const kf__rnn_bwd *c, kf__rnn_bwd *f) 
     f->dh0 = lp_out(l, c->dh0, hn, false);
     void **dw = l->pass != LP_PASS_SIZE && c->dw ? p->dw + p->num_weights : NULL; /* as w */
     for (int32_t k = 0; (dw || l->pass == LP_PASS_SIZE) && k < p->num_weights; ++k) {
-        float *g = lp_out(l, c->dw ? c->dw[k] : NULL, lp_rnn_weight_elems(p, k), true);
+        float *g = lp_out(l, c->dw ? c->dw[k] : NULL, kf__rnn_weight_elems(p, k), true);
         if (dw) dw[k] = g;
     }
     f->dw = dw;

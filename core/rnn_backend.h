@@ -88,6 +88,13 @@ static inline int32_t kf__rnn_weight_shape(const struct kf_rnn_plan *p, int32_t 
     }
 }
 
+/* Elements of weight k of the plan's flat canonical order (k = (l*D + d)*nw + j). */
+static inline int64_t kf__rnn_weight_elems(const struct kf_rnn_plan *p, int32_t k) {
+    int64_t s[2];
+    const int32_t nd = kf__rnn_weight_shape(p, k / p->nw / p->D, k % p->nw, s);
+    return nd == 2 ? s[0] * s[1] : s[0];
+}
+
 typedef struct kf__rnn_fwd {
     const struct kf_rnn_plan *plan;
     int64_t T, B;

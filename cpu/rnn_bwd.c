@@ -613,7 +613,8 @@ static void bwd_team(void *arg, int tid, int nth) {
             }
             kf__cpu_barrier_wait(&call->bar, nth);
             bwd_cell_grads(&f, d, tid, nth);
-            /* the next cell reads this one's dX and weights; after the last, the team's end */
+            /* the next cell reads this one's dX and weights; after the last, the team's end
+             * (a low plan's: kf__rnn_cpu_narrow, which reads every cell's) */
             if (l > 0 || d + 1 < lo->D || lo->low) kf__cpu_barrier_wait(&call->bar, nth);
         }
     }

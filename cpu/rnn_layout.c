@@ -12,13 +12,6 @@ static size_t fbytes(int64_t n) { return kf__align_up((size_t)n * sizeof(float))
 /* n elements of `esize` bytes, aligned. */
 static size_t ebytes(size_t esize, int64_t n) { return kf__align_up((size_t)n * esize); }
 
-/* Elements of weight k (core/rnn_backend.h's order). */
-static int64_t weight_elems(const struct kf_rnn_plan *p, int32_t k) {
-    int64_t s[2];
-    const int32_t nd = kf__rnn_weight_shape(p, k / p->nw / p->D, k % p->nw, s);
-    return nd == 2 ? s[0] * s[1] : s[0];
-}
-
 static size_t agru_pack_bytes(int64_t in, int64_t H) { return fbytes(3 * H * in) + fbytes(3 * H); }
 
 /* Floats of the panels of a product with K rows (kf__mk). */
@@ -104,7 +97,8 @@ void kf__rnn_cpu_layout_init(kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p
     off += (size_t)lo->ns * lo->bsum_bytes;
     if (lo->low) {
         size_t wide_bytes = 0;
-        for (int32_t k = 0; k < p->num_weights; k++) wide_bytes += fbytes(weight_elems(p, k));
+        for (int32_t k = 0; k < p->num_weights; k++)
+            wide_bytes += fbytes(kf__rnn_weight_elems(p, k));
         lo->views = off;
         off += kf__align_up((size_t)(2 * p->num_weights) * sizeof(void *));
         lo->wide = off;
@@ -261,8 +255,9 @@ void kf__rnn_cpu_low_views(const kf__rnn_cpu_layout *lo, const struct kf_rnn_pla
     for (int32_t k = 0; k < p->num_weights; k++) {
         v[k] = kf__at(ws, wo);
         v[p->num_weights + k] = dw && dw[k] ? kf__at(ws, dwo) : NULL;
-        wo += fbytes(weight_elems(p, k));
-        dwo += fbytes(weight_elems(p, k));
+        const size_t bytes = fbytes(kf__rnn_weight_elems(p, k));
+        wo += bytes;
+        dwo += bytes;
     }
     *w32 = (const void *const *)v;
     if (dw32) *dw32 = dw ? v + p->num_weights : NULL;
@@ -281,7 +276,7 @@ void kf__rnn_cpu_widen(const kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p
     const void *const *v = kf__at(ws, lo->views);
     int64_t a, b;
     for (int32_t k = 0; k < p->num_weights; k++) {
-        lp_share(weight_elems(p, k), tid, nth, &a, &b);
+        lp_share(kf__rnn_weight_elems(p, k), tid, nth, &a, &b);
         kf__rnn_cpu_get(lo, (float *)v[k] + a, w[k], a, b - a);
     }
     if (!x) return;
@@ -299,7 +294,7 @@ void kf__rnn_cpu_narrow(const kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *
     void *const *g = (void *const *)kf__at(ws, lo->views) + p->num_weights;
     for (int32_t k = 0; dw && k < p->num_weights; k++) {
         if (!dw[k]) continue;
-        lp_share(weight_elems(p, k), tid, nth, &a, &b);
+        lp_share(kf__rnn_weight_elems(p, k), tid, nth, &a, &b);
         kf__lp_store_n((uint16_t *)dw[k] + a, (const float *)g[k] + a, b - a, accumulate,
                        lo->bf16);
     }
