@@ -54,17 +54,58 @@ static inline __attribute__((always_inline)) void kf__lp_store8(uint16_t *d, kf_
                                                                       _MM_FROUND_NO_EXC));
         return;
     }
-    const __m256i u = _mm256_castps_si256((__m256)v);
-    const __m256i a = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
-    const __m256i nan = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7f800000));
+    /* round(u) = (u + 0x7fff + the kept half's lowest bit) >> 16, the high halves gathered by a
+     * byte shuffle and a cross-lane permute. A NaN lane (rare: tested once per vector instead of
+     * blended into every one) first becomes its quiet form with a zero low half, which the
+     * addition leaves alone. */
+    __m256i u = _mm256_castps_si256((__m256)v);
+    const __m256 nan = _mm256_cmp_ps((__m256)v, (__m256)v, _CMP_UNORD_Q);
+    if (__builtin_expect(_mm256_movemask_ps(nan), 0)) {
+        const __m256i q = _mm256_and_si256(_mm256_or_si256(u, _mm256_set1_epi32(0x400000)),
+                                           _mm256_set1_epi32((int)0xffff0000u));
+        u = _mm256_castps_si256(
+            _mm256_blendv_ps(_mm256_castsi256_ps(u), _mm256_castsi256_ps(q), nan));
+    }
     const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    const __m256i rnd = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd));
-    const __m256i q = _mm256_or_si256(u, _mm256_set1_epi32(0x400000));
-    const __m256i r = _mm256_srli_epi32(_mm256_blendv_epi8(rnd, q, nan), 16);
-    const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    const __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd));
+    const __m256i hi = _mm256_shuffle_epi8(
+        r, _mm256_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1, 2, 3, 6,
+                            7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1));
+    const __m256i p = _mm256_permute4x64_epi64(hi, 0x08);
     _mm_storeu_si128((__m128i *)d, _mm256_castsi256_si128(p));
 #else
     for (int i = 0; i < 8; ++i) d[i] = kf__lp_put(v[i], bf16);
+#endif
+}
+
+/* s[0 .. n) widened into lanes 0 .. n of a vector, 1 <= n <= 8, reading no element past s[n - 1]
+ * (the other lanes unspecified): a tile's elements of a column of a low matrix. From 4 on, two
+ * overlapping 8-byte loads, the second shifted into place (no store to memory and reload, which
+ * would stall on the store forwarding); fewer, lane by lane. */
+static inline __attribute__((always_inline)) kf__vs kf__lp_load_part(const uint16_t *s, int n,
+                                                                    bool bf16) {
+#ifdef KF__LP_AVX2
+    __m128i h;
+    if (n >= 4) {
+        const __m128i lo = _mm_loadl_epi64((const __m128i *)s),
+                      hi = _mm_loadl_epi64((const __m128i *)(s + n - 4));
+        switch (n) { /* hi holds s[n - 4 .. n); lanes 4 .. n of the result are s[4 .. n) */
+        case 8: h = _mm_unpacklo_epi64(lo, hi); break;
+        case 7: h = _mm_unpacklo_epi64(lo, _mm_srli_si128(hi, 2)); break;
+        case 6: h = _mm_unpacklo_epi64(lo, _mm_srli_si128(hi, 4)); break;
+        case 5: h = _mm_unpacklo_epi64(lo, _mm_srli_si128(hi, 6)); break;
+        default: h = lo; break;
+        }
+    } else {
+        h = _mm_setr_epi16((short)s[0], n > 1 ? (short)s[1] : 0, n > 2 ? (short)s[2] : 0, 0, 0, 0,
+                           0, 0);
+    }
+    if (!bf16) return (kf__vs)_mm256_cvtph_ps(h);
+    return (kf__vs)_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+#else
+    kf__vs v = {0};
+    for (int i = 0; i < n; ++i) v[i] = kf__lp_get(s[i], bf16);
+    return v;
 #endif
 }
 

@@ -7,7 +7,9 @@
  *                           compiler no licence to contract a * b + c itself; BLAS uses FMA too);
  *   kf__splat_s/d(v)        v in every lane, as one broadcast: v - 0 is v for every v, so the
  *                           subtraction folds away, where 0 + v does not (0 + -0 = +0) and would
- *                           cost a scalar addition before the broadcast. */
+ *                           cost a scalar addition before the broadcast.
+ * All four are always inlined: a build without AVX has GCC reject (-Wpsabi) an out-of-line copy
+ * of one, such as the clone its constant propagation made of kf__splat_s in cpu/sklinear.c. */
 #ifndef KF_CPU_SIMD_H
 #define KF_CPU_SIMD_H
 
@@ -24,7 +26,7 @@
 typedef float kf__vs __attribute__((vector_size(32), __may_alias__, aligned(1)));
 typedef double kf__vd __attribute__((vector_size(32), __may_alias__, aligned(1)));
 
-static inline kf__vs kf__fma_s(kf__vs a, kf__vs b, kf__vs c) {
+static inline __attribute__((always_inline)) kf__vs kf__fma_s(kf__vs a, kf__vs b, kf__vs c) {
 #ifdef __FMA__
     return (kf__vs)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
 #else
@@ -32,7 +34,7 @@ static inline kf__vs kf__fma_s(kf__vs a, kf__vs b, kf__vs c) {
 #endif
 }
 
-static inline kf__vd kf__fma_d(kf__vd a, kf__vd b, kf__vd c) {
+static inline __attribute__((always_inline)) kf__vd kf__fma_d(kf__vd a, kf__vd b, kf__vd c) {
 #ifdef __FMA__
     return (kf__vd)_mm256_fmadd_pd((__m256d)a, (__m256d)b, (__m256d)c);
 #else
@@ -40,12 +42,12 @@ static inline kf__vd kf__fma_d(kf__vd a, kf__vd b, kf__vd c) {
 #endif
 }
 
-static inline kf__vs kf__splat_s(float v) {
+static inline __attribute__((always_inline)) kf__vs kf__splat_s(float v) {
     const kf__vs z = {0};
     return v - z;
 }
 
-static inline kf__vd kf__splat_d(double v) {
+static inline __attribute__((always_inline)) kf__vd kf__splat_d(double v) {
     const kf__vd z = {0};
     return v - z;
 }

@@ -33,9 +33,11 @@
  * weights and dy in place, widening them as the products load them (cpu/rowgemm.h's typed
  * operands), computes in float32 and rounds each result once as it is written (y and dx in the
  * products' epilogue; the parameter gradients through a float32 block, which the accumulation
- * round(old + g) needs): no conversion passes over whole tensors, so it costs what float32 does
- * (1.7.1; before, the conversion layer's passes made the 8192^2 B=64 forward 1.3x float32's on
- * two threads, and 1.6x and more in a steady loop; benches/results/cpu_lowp.md). */
+ * round(old + g) needs): no conversion passes over whole tensors (1.7.1; before, the conversion
+ * layer's passes made the 8192^2 B=64 forward 1.3x float32's on two threads, and 1.6x and more
+ * in a steady loop). The widening inside the products and the rounding of the results still
+ * cost something: 1.1-1.25x float32's time on an AVX-512 Xeon at 256^2 and 8192^2, B=64
+ * (benches/results/cpu_lowp.md). */
 #include "cpu_backend.h"
 
 #include "blas.h"
@@ -189,6 +191,18 @@ typedef struct skl_bwd_call {
     static void skl_pack_w1t_##X(const struct kf_sklinear_plan *p, const TS *S1, const TS *U2,     \
                                  T *W1T, int64_t ldw, int64_t a0, int64_t a1) {                    \
         const int64_t in = p->in, kk = p->k, r = p->r;                                             \
+        if (!KF__RG_NATIVE_##SK) { /* a row of a sketch widened by vectors, then scattered */     \
+            float t[KF__SKL_TBLOCK];                                                               \
+            for (int64_t j0 = 0; j0 < 2 * r; j0 += kk) /* term j0 / k of S1s, then of U2s */       \
+                for (int64_t a = a0; a < a1; ++a)                                                  \
+                    for (int64_t c0 = 0; c0 < kk; c0 += KF__SKL_TBLOCK) {                          \
+                        const int64_t w = kk - c0 < KF__SKL_TBLOCK ? kk - c0 : KF__SKL_TBLOCK;     \
+                        KF__RG_WIDEN_##SK((j0 < r ? S1 : U2) + (j0 % r / kk * in + a) * kk + c0,   \
+                                          t, w);                                                   \
+                        for (int64_t c = 0; c < w; ++c) W1T[(j0 + c0 + c) * ldw + a] = (T)t[c];    \
+                    }                                                                              \
+            return;                                                                                \
+        }                                                                                          \
         for (int64_t b0 = a0; b0 < a1; b0 += KF__SKL_TBLOCK) {                                     \
             const int64_t b1 = b0 + KF__SKL_TBLOCK < a1 ? b0 + KF__SKL_TBLOCK : a1;                \
             for (int64_t j = 0; j < 2 * r; ++j) {                                                  \
@@ -206,7 +220,10 @@ typedef struct skl_bwd_call {
             const int64_t b1 = b0 + KF__SKL_TBLOCK < o1 ? b0 + KF__SKL_TBLOCK : o1;                \
             for (int64_t j = 0; j < 2 * r; ++j) {                                                  \
                 const TS *src = (j < r ? U1 : S2) + (j % r) * out;                                 \
-                for (int64_t o = b0; o < b1; ++o) B2T[o * 2 * r + j] = KF__RG_GET_##SK(src + o);   \
+                float t[KF__SKL_TBLOCK]; /* a low row widened by vectors first */                  \
+                KF__RG_WIDEN_##SK(src + b0, t, b1 - b0);                                           \
+                for (int64_t o = b0; o < b1; ++o)                                                  \
+                    B2T[o * 2 * r + j] = KF__RG_NATIVE_##SK ? (T)src[o] : (T)t[o - b0];            \
             }                                                                                      \
         }                                                                                          \
     }                                                                                              \
@@ -276,8 +293,16 @@ typedef struct skl_bwd_call {
         for (int64_t c0 = o0; c0 < o1; c0 += KF__SKL_COLSUM) {                                     \
             const int64_t w = o1 - c0 < KF__SKL_COLSUM ? o1 - c0 : KF__SKL_COLSUM;                 \
             for (int64_t j = 0; j < w; ++j) acc[j] = 0.0;                                          \
-            for (int64_t n = 0; n < N; ++n)                                                        \
-                for (int64_t j = 0; j < w; ++j) acc[j] += KF__RG_GET_##SK(dy + n * out + c0 + j);  \
+            for (int64_t n = 0; n < N; ++n) {                                                      \
+                const TS *row = dy + n * out + c0;                                                 \
+                if (KF__RG_NATIVE_##SK) {                                                          \
+                    for (int64_t j = 0; j < w; ++j) acc[j] += row[j];                              \
+                } else { /* widened by vectors first (float16 one at a time: 10% of 256^2) */     \
+                    float t[KF__SKL_COLSUM];                                                       \
+                    KF__RG_WIDEN_##SK(row, t, w);                                                  \
+                    for (int64_t j = 0; j < w; ++j) acc[j] += t[j];                                \
+                }                                                                                  \
+            }                                                                                      \
             for (int64_t j = 0; j < w; ++j) {                                                      \
                 TS *d = db + c0 + j;                                                               \
                 const T v = !accumulate ? (T)acc[j]                                                \

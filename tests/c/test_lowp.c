@@ -352,6 +352,12 @@ Test(lowp, sklinear) {
     check_skl(KF_DTYPE_F16, 40, 48, 40, 3, 24);
     check_skl(KF_DTYPE_BF16, 20, 40, 36, 3, 48);
     check_skl(KF_DTYPE_F16, 300, 40, 36, 3, 48);
+    /* dS1 = x^T dZ widens a tile's mr elements of a column of x (kf__lp_load_part) where k
+     * takes a vector (k >= 8): in = 23, 21, 19 leave a last tile of 5, 3, 1 rows (the shapes
+     * above: 6, 4, 2) */
+    check_skl(KF_DTYPE_BF16, 9, 23, 20, 2, 8);
+    check_skl(KF_DTYPE_F16, 9, 21, 20, 2, 8);
+    check_skl(KF_DTYPE_F16, 9, 19, 20, 2, 8);
 }
 
 /* ---- KANLinear and KANConv2d ----------------------------------------------------------------

@@ -4,11 +4,13 @@
  * infinity, NaN to a quiet NaN. The kernels convert every element of a low-precision plan with
  * these (cpu/sklinear.c, cpu/kan_linear.c, cpu/rnn_*.c), so a rounding slip here is a silent
  * off-by-one-ulp in every result. Inputs: every float16 and bfloat16 value, every float32 tie
- * between two of them and its neighbours, and a stride through all 2^32 float32 bit patterns. */
+ * between two of them and its neighbours, and a stride through all 2^32 float32 bit patterns;
+ * the partial load of a tile's column (kf__lp_load_part) at every length. */
 #include "lowp_simd.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdlib.h>
 
 typedef struct lowfmt {
     bool bf16;
@@ -114,3 +116,49 @@ static void check_format(const lowfmt *f) {
 
 Test(lowp_simd, float16) { check_format(&F16); }
 Test(lowp_simd, bfloat16) { check_format(&BF16); }
+
+/* kf__lp_load_part: n = 1..8 elements, the last of them at the end of their allocation (so that a
+ * read past it is one under AddressSanitizer), each lane i < n equal to the element widened
+ * one at a time. Distinct values per lane catch a lane taken from the wrong element. */
+static void check_part(const lowfmt *f) {
+    for (int n = 1; n <= 8; n++) {
+        uint16_t *s = malloc((size_t)n * sizeof *s);
+        cr_assert(s);
+        for (int i = 0; i < n; i++) s[i] = (uint16_t)(f->bf16 ? 0x3f80 + 3 * i : 0x3c00 + 5 * i);
+        const kf__vs v = kf__lp_load_part(s, n, f->bf16);
+        for (int i = 0; i < n; i++) {
+            const float want = (float)decode(s[i], f);
+            cr_expect(v[i] == want, "%s n = %d lane %d: %a, expected %a",
+                      f->bf16 ? "bf16" : "f16", n, i, v[i], want);
+        }
+        free(s);
+    }
+}
+
+Test(lowp_simd, load_part) {
+    check_part(&F16);
+    check_part(&BF16);
+}
+
+/* kf__lp_store8 with NaNs in some lanes only (its NaN handling is per vector): every lane as
+ * kf__lp_put rounds it alone, for each of the 256 patterns of NaN lanes. */
+static void check_mixed_nan(const lowfmt *f) {
+    for (int m = 0; m < 256; m++) {
+        kf__vs v;
+        for (int i = 0; i < 8; i++)
+            v[i] = (m >> i) & 1 ? (i & 1 ? -NAN : f32_of(0x7f800001u + (uint32_t)i))
+                                : 1.0f + (float)i * 0x1.0101p-7f;
+        uint16_t got[8];
+        kf__lp_store8(got, v, f->bf16);
+        for (int i = 0; i < 8; i++) {
+            const uint16_t want = kf__lp_put(v[i], f->bf16);
+            cr_expect(got[i] == want, "%s NaN lanes 0x%02x, lane %d: 0x%04x, expected 0x%04x",
+                      f->bf16 ? "bf16" : "f16", m, i, got[i], want);
+        }
+    }
+}
+
+Test(lowp_simd, store8_mixed_nan) {
+    check_mixed_nan(&F16);
+    check_mixed_nan(&BF16);
+}
