@@ -74,7 +74,14 @@ def openblas_core(lib_user):
     except (OSError, subprocess.SubprocessError):
         return "?"
     m = re.search(r"^Core: (\S+)", r.stderr, re.M)
-    return m.group(1) if m else "?"
+    if not m:
+        return "?"
+    if m.group(1) == "Prescott" and {"avx2", "fma"} <= (cpu_flags() or set()) and \
+            "OPENBLAS_CORETYPE" not in os.environ:
+        # OpenBLAS's fallback for a CPU it does not know; libkfuse picks again by the CPU's
+        # features before its first GEMM (host/blas.c), after this load-time line
+        return "re-picked by libkfuse (OpenBLAS fell back to Prescott at load)"
+    return m.group(1)
 
 
 def isa_line(build_dir, lib_user):

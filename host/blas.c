@@ -1,7 +1,10 @@
+#define _POSIX_C_SOURCE 200809L /* setenv, unsetenv */
 #include "blas.h"
 
 #include <cblas.h>
 #include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* Every kernel calls GEMM from its own OpenMP threads, concurrently. The serial OpenBLAS of
  * Debian is built without USE_LOCKING, so concurrent calls race on its buffer pool and return
@@ -21,10 +24,46 @@
  * process-wide OpenBLAS (FindBLAS) or one that the static libkfuse shares with its program keeps
  * its workers, which that program may want. */
 #ifdef KF_BLAS_PRIVATE
-int blas_thread_shutdown_(void); /* OpenBLAS's, declared in no public header */
+/* OpenBLAS's, declared in no public header (a DYNAMIC_ARCH build's, as Debian's archive is) */
+int blas_thread_shutdown_(void);
+char *gotoblas_corename(void);
+void gotoblas_dynamic_init(void);
+void gotoblas_dynamic_quit(void);
+
+/* OpenBLAS picks its kernels by the CPU's family and model, from a table of the CPUs known when it
+ * was released, and takes Prescott's (SSE3) for any other: Debian 12's 0.3.21 does so on an
+ * Emerald Rapids Xeon (family 6 model 207), where KANLinear's products then ran 3.5x slower
+ * than on its SkylakeX kernels (kf_bench_kan, 1024 x 256 -> 256: forward 21.8 against 6.1 ms).
+ * So where OpenBLAS fell back to Prescott on a CPU that runs AVX-512 (F, VL, BW, DQ, CD) or AVX2
+ * with FMA, its kernels are chosen again for those features (SkylakeX, Haswell), through its own
+ * selection: OPENBLAS_CORETYPE set for the call of gotoblas_dynamic_init, then removed. Only this
+ * private copy is re-initialised, before its first use (kf__blas_init); a program's own
+ * OPENBLAS_CORETYPE is left to rule. The environment changes only on such a CPU, once per
+ * process, for the duration of that call. */
+static void blas_pick_core(void) {
+#ifdef __x86_64__
+    if (getenv("OPENBLAS_CORETYPE") != NULL || strcmp(gotoblas_corename(), "Prescott") != 0)
+        return;
+    __builtin_cpu_init(); /* libgcc counts AVX and AVX-512 only where the OS saves their state */
+    const char *core =
+        __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                __builtin_cpu_supports("avx512cd")
+            ? "SkylakeX"
+        : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "Haswell"
+                                                                          : NULL;
+    if (core == NULL || setenv("OPENBLAS_CORETYPE", core, 0) != 0) return;
+    gotoblas_dynamic_quit();
+    gotoblas_dynamic_init();
+    unsetenv("OPENBLAS_CORETYPE");
+#endif
+}
 #endif
 static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
 static void blas_single_thread(void) {
+#ifdef KF_BLAS_PRIVATE
+    blas_pick_core();
+#endif
     openblas_set_num_threads(1);
 #ifdef KF_BLAS_PRIVATE
     blas_thread_shutdown_();

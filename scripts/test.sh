@@ -47,6 +47,11 @@ for core in $cores; do
   OPENBLAS_CORETYPE=$core ctest --test-dir build/main --output-on-failure -j1 -LE example
 done
 
+stage "OpenBLAS's kernels where it does not know the CPU (host/blas.c)"
+# one process that calls a GEMM (the sketch initialisation of host/sklinear_init.c)
+bash scripts/openblas-cores.sh --check-auto build/main/benches/kf_bench_sklinear --in 64 --out 64 \
+  --reps 1 --warmup 0
+
 stage "RNN C tests on the baseline recurrent kernels, where the CPU runs the AVX-512 ones"
 # A CPU context runs the x86-64-v4 build of the recurrent kernels where the CPU has AVX-512
 # (cpu/isa.c); KF_CPU_ISA=avx2 makes it run the baseline build of the same sources instead.
