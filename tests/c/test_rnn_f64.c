@@ -380,6 +380,23 @@ Test(rnn_f64, gru_single_layer) {
     both_threads("gru 1 layer, no h0, caller workspace", &c, (opts){.caller_ws = 1});
 }
 
+/* The first GEMM of a process (float64 products run on BLAS) leaves the environment as it found
+ * it: where OpenBLAS fell back to its Prescott kernels on a CPU newer than it, host/blas.c sets
+ * OPENBLAS_CORETYPE for its re-initialisation and must remove it again (a program's own value,
+ * as scripts/test.sh's forced core runs set, must stay). Criterion runs each test in a process
+ * of its own. */
+Test(rnn_f64, blas_core_pick_leaves_environment) {
+    const char *e = getenv("OPENBLAS_CORETYPE");
+    char *before = e ? strdup(e) : NULL;
+    ref_rnn_cfg c = cfg(REF_GRU, 1, 1, 5, 7, 6, 3);
+    run_case("gru 1 layer, 1 thread", &c, &(opts){.h0 = 1, .threads = 1});
+    const char *after = getenv("OPENBLAS_CORETYPE");
+    cr_expect(before ? after && !strcmp(before, after) : !after,
+              "OPENBLAS_CORETYPE was '%s', is '%s' after the first GEMM",
+              before ? before : "(unset)", after ? after : "(unset)");
+    free(before);
+}
+
 Test(rnn_f64, gru_multilayer_bidirectional_lengths) {
     static const int32_t len[5] = {9, 4, 1, 9, 6};
     ref_rnn_cfg c = cfg(REF_GRU, 3, 2, 6, 8, 9, 5);
