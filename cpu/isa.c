@@ -4,16 +4,14 @@
  * baseline. KF_CPU_ISA=avx2 forces the baseline, so an AVX-512 machine tests both. */
 #include "cpu_backend.h"
 
+#include "blas.h"
+
 #include <stdlib.h>
 #include <string.h>
 
-/* libgcc's feature bits count AVX-512 only where the OS saves the zmm state (XCR0). */
 static bool cpu_runs_v4(void) {
-#if defined(KF_HAVE_CPU_V4) && defined(__x86_64__)
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512cd");
+#ifdef KF_HAVE_CPU_V4
+    return kf__cpu_runs_avx512();
 #else
     return false;
 #endif

@@ -44,14 +44,10 @@ static void blas_pick_core(void) {
 #ifdef __x86_64__
     if (getenv("OPENBLAS_CORETYPE") != NULL || strcmp(gotoblas_corename(), "Prescott") != 0)
         return;
-    __builtin_cpu_init(); /* libgcc counts AVX and AVX-512 only where the OS saves their state */
-    const char *core =
-        __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-                __builtin_cpu_supports("avx512cd")
-            ? "SkylakeX"
-        : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "Haswell"
-                                                                          : NULL;
+    __builtin_cpu_init(); /* libgcc counts AVX only where the OS saves the ymm state */
+    const char *core = kf__cpu_runs_avx512() ? "SkylakeX"
+                       : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "Haswell"
+                                                                                         : NULL;
     if (core == NULL || setenv("OPENBLAS_CORETYPE", core, 0) != 0) return;
     gotoblas_dynamic_quit();
     gotoblas_dynamic_init();
@@ -61,12 +57,21 @@ static void blas_pick_core(void) {
 #endif
 static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
 static void blas_single_thread(void) {
-#ifdef KF_BLAS_PRIVATE
-    blas_pick_core();
-#endif
     openblas_set_num_threads(1);
 #ifdef KF_BLAS_PRIVATE
+    blas_pick_core();
     blas_thread_shutdown_();
+#endif
+}
+
+bool kf__cpu_runs_avx512(void) {
+#ifdef __x86_64__
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512cd");
+#else
+    return false;
 #endif
 }
 

@@ -17,6 +17,11 @@ void kf__sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
 void kf__dgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double *a,
                int64_t lda, const double *b, int64_t ldb, double beta, double *c, int64_t ldc);
 
+/* Whether the CPU and the OS run AVX-512 F, VL, BW, DQ and CD: what -march=x86-64-v4 lets the
+ * compiler use (cpu/isa.c's recurrent kernels) and OpenBLAS's SkylakeX kernels need (host/blas.c).
+ * libgcc counts AVX-512 only where the OS saves the zmm state (XCR0). False off x86-64. */
+bool kf__cpu_runs_avx512(void);
+
 /* Pins OpenBLAS to one thread, once per process. kf__sgemm and kf__dgemm call it; call it
  * before any other BLAS or LAPACK routine. */
 void kf__blas_init(void);
