@@ -42,7 +42,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from isa import driver_cmd, isa_line, recurrent_isa  # noqa: E402
+from isa import dispatched_isa, driver_cmd, isa_line  # noqa: E402
 import plots  # noqa: E402
 
 SHAPES = [  # (T, I, H, B)
@@ -449,7 +449,7 @@ def main(argv=None):
                              [kf_bench, "--cell", cell, "--threads", "0", "--reps", str(reps),
                               "--warmup", str(warm)] + shape_args,
                              {"OMP_WAIT_POLICY": "PASSIVE"}))
-                if not a.quick and recurrent_isa(build_dir).startswith("x86-64-v4"):
+                if not a.quick and dispatched_isa(build_dir).startswith("x86-64-v4"):
                     # For the kernel authors only: the same build on its baseline (AVX2)
                     # recurrent kernels, side by side with the AVX-512 ones (not used in ratios).
                     jobs.append(((T, "kfuse-" + cell),
@@ -769,7 +769,7 @@ def render(a, shapes, results, epoch, targets, minfo, vers, build_dir, kf_bench,
        "forward+backward = `KF_MODE_TRAINING` + `kf_rnn_backward(KF_GRAD_OVERWRITE)` with dy, "
        "writing dx and all weight gradients; recurrent kernels: %s (the ISA line). Where those "
        "are the AVX-512 ones, an info row runs the same build on its AVX2 kernels "
-       "(`KF_CPU_ISA=avx2`), not used in the ratios." % recurrent_isa(build_dir))
+       "(`KF_CPU_ISA=avx2`), not used in the ratios." % dispatched_isa(build_dir))
     nrounds = max((r.get("round", 1) for r in raw), default=1)
     waiting = ("before each run the script waits (up to %.0f s; %.0f s in all) until the box's "
                "CPUs are under %.0f%% busy" % (a.max_wait, a.wait_budget,

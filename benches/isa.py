@@ -1,10 +1,10 @@
 """The instruction sets a CPU benchmark ran with, for the results files (one line, shared by the
 CPU bench scripts): what the CPU offers, what kfuse's own kernels were compiled for (the build's
-KF_CPU_ARCH; the recurrent kernels also for x86-64-v4 where CMake's KF_CPU_AVX512 holds, and which
-of the two a context runs: the library picks at context creation, cpu/isa.c, by the same rule as
-recurrent_isa below), and which kernels the OpenBLAS inside libkfuse picked at run time (it names
-its core on stderr under OPENBLAS_VERBOSE=2 when a program linking libkfuse loads;
-OPENBLAS_CORETYPE forces one)."""
+KF_CPU_ARCH; the recurrent and SKLinear kernels also for x86-64-v4 where CMake's KF_CPU_AVX512
+holds, and which of the two a context runs: the library picks at context creation, cpu/isa.c, by
+the same rule as dispatched_isa below), and which kernels the OpenBLAS inside libkfuse picked at
+run time (it names its core on stderr under OPENBLAS_VERBOSE=2 when a program linking libkfuse
+loads; OPENBLAS_CORETYPE forces one)."""
 import os
 import re
 import subprocess
@@ -51,11 +51,11 @@ def kernel_isa(build_dir):
 AVX512_V4 = {"avx512f", "avx512vl", "avx512bw", "avx512dq", "avx512cd"}
 
 
-def recurrent_isa(build_dir, env=None):
-    """What the recurrent kernels of the build's libkfuse run on this CPU under `env` (default
-    os.environ): "x86-64-v4 (AVX-512)" where the build has those kernels and the CPU runs
-    AVX-512 F, VL, BW, DQ and CD, unless KF_CPU_ISA=avx2 forces the baseline; else the baseline
-    (kernel_isa). cpu/isa.c picks by this rule at context creation."""
+def dispatched_isa(build_dir, env=None):
+    """What the recurrent and SKLinear kernels of the build's libkfuse run on this CPU under `env`
+    (default os.environ): "x86-64-v4 (AVX-512)" where the build has those kernels and the CPU
+    runs AVX-512 F, VL, BW, DQ and CD, unless KF_CPU_ISA=avx2 forces the baseline; else the
+    baseline (kernel_isa). cpu/isa.c picks by this rule at context creation."""
     env = os.environ if env is None else env
     built = (cmake_cache(build_dir, "KF_CPU_AVX512") or "").upper() in ("ON", "1", "TRUE") and \
         cmake_cache(build_dir, "KF_CC_HAS_MARCH_X86_64_V4") == "1"
@@ -88,10 +88,11 @@ def isa_line(build_dir, lib_user):
     """"CPU ...; kfuse kernels ...; OpenBLAS core ..." for a results file (build_dir: the
     CMake build of the libkfuse measured; lib_user: as for openblas_core)."""
     forced = os.environ.get("OPENBLAS_CORETYPE")
-    rnn = recurrent_isa(build_dir)
-    return "CPU %s; kfuse's own kernels compiled for %s, its recurrent kernels running %s%s; " \
+    picked = dispatched_isa(build_dir)
+    return "CPU %s; kfuse's own kernels compiled for %s, its recurrent and SKLinear kernels " \
+        "running %s%s; " \
         "its OpenBLAS core %s%s" % (
-            cpu_isa(), kernel_isa(build_dir), rnn,
+            cpu_isa(), kernel_isa(build_dir), picked,
             " (KF_CPU_ISA=avx2)" if os.environ.get("KF_CPU_ISA") == "avx2" else
             " (picked at context creation)",
             openblas_core(lib_user),

@@ -11,8 +11,9 @@
 
 extern const kf__rnn_ops kf__cpu_rnn_ops;
 
-/* The instruction sets of the CPU recurrent kernels (kf_context.isa): the build's baseline
- * (KF_CPU_ARCH) and, where the build has them (KF_HAVE_CPU_V4), x86-64-v4 (AVX-512). */
+/* The instruction sets of the CPU recurrent and sketched-linear kernels (kf_context.isa): the
+ * build's baseline (KF_CPU_ARCH) and, where the build has them (KF_HAVE_CPU_V4), x86-64-v4
+ * (AVX-512). */
 enum { KF__CPU_ISA_BASE = 0, KF__CPU_ISA_V4 = 1 };
 
 /* The ISA a new context's kernels use (cpu/isa.c): the best this build and CPU can run, unless
@@ -29,7 +30,13 @@ extern const kf__rnn_ops kf__cpu_rnn_ops_base;
 #ifdef KF_HAVE_CPU_V4
 extern const kf__rnn_ops kf__cpu_rnn_ops_v4;
 #endif
+/* The sketched linear layer's op table (cpu/sklinear_ops.c), which forwards to one build of
+ * cpu/sklinear.c per ISA, as the recurrent one does. */
 extern const kf__skl_ops kf__cpu_skl_ops;
+extern const kf__skl_ops kf__cpu_skl_ops_base;
+#ifdef KF_HAVE_CPU_V4
+extern const kf__skl_ops kf__cpu_skl_ops_v4;
+#endif
 extern const kf__kan_ops kf__cpu_kan_ops;
 
 #endif /* KF_CPU_BACKEND_H */

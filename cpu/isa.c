@@ -1,4 +1,4 @@
-/* The instruction set of a CPU context's recurrent kernels, picked once at context creation
+/* The instruction set of a CPU context's recurrent and SKLinear kernels, picked once at creation
  * (cpu/cpu_backend.h): x86-64-v4 where this build has those kernels and the CPU and OS run
  * AVX-512 (F, VL, BW, DQ, CD: what -march=x86-64-v4 lets the compiler use), else the build's
  * baseline. KF_CPU_ISA=avx2 forces the baseline, so an AVX-512 machine tests both. */

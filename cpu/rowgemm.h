@@ -14,14 +14,16 @@
  * a row-major matrix (am = lda, aq = 1) or a transposed one (am = 1, aq = lda). C is written
  * once, with the bias or its old value added in registers.
  *
- * Blocking: panels of KF__RG_NV vectors of B's columns outer (then one of a single vector),
- * tiles of KF__RG_MR rows inner, K innermost; a tile keeps MR x NV vector accumulators in
- * registers (12 of 16 with AVX2) and per q loads NV vectors of B and broadcasts MR elements of
- * A. Where several tiles share a panel and B's rows lie KF__RG_FAR_BYTES or more apart, K goes
- * in chunks of KF__RG_KC rows, each first copied contiguous, and C takes each chunk's sum in
- * turn (kf__rg_panel_X). Every C element sums over q in increasing order, in chunks that depend
- * on the shape alone, so the bits do too. Columns past the last vector take a scalar loop, same
- * order.
+ * Blocking: panels of KF__RG_NV vectors of B's columns outer (then one of a single vector, then
+ * a partial one), tiles of KF__RG_MR rows inner, K innermost; a tile keeps MR x NV vector
+ * accumulators in registers (12 of AVX2's 16; 16 of AVX-512's 32, where the including file is
+ * built with cpu/simd.h's 64-byte vectors: cpu/sklinear_v4.c) and per q loads NV vectors of B
+ * and broadcasts MR elements of A. Where several tiles share a panel and B's rows lie
+ * KF__RG_FAR_BYTES or more apart, K goes in chunks of KF__RG_KC rows, each first copied
+ * contiguous, and C takes each chunk's sum in turn (kf__rg_panel_X). Every C element sums over
+ * q in increasing order, in chunks that depend on the shape alone, so the bits do too. Columns
+ * past the last vector take a partial panel, same order (chunked: its B always goes through the
+ * copy).
  *
  * Also used by KANConv2d's forward product with few output channels (cpu/kan_linear.c).
  *
@@ -51,7 +53,28 @@
 #include "lowp_simd.h"
 #include "simd.h"
 
-#define KF__RG_MR 6   /* rows per tile */
+/* Rows per tile (KF__RG_MR_a for an A of kind a): 6, or with AVX-512's 32 vector registers 8
+ * for a low A, whose tile rows are widened into one buffer (8 x 2 accumulators; 8 independent
+ * sums where a panel is one vector, as k = 16 gives, cover the FMA latency where 6 do not:
+ * SKLinear bfloat16/float16 0.75-0.92x the time of 6 at 256^2 and 8192^2, B = 64). A native A
+ * is broadcast in place, one pointer per row, and 8 of them spill x86's general registers
+ * (float32 SKLinear forward 1.14-1.2x the time at 8192). The last tile's switch in
+ * kf__rg_rows_X takes every height below the kind's (KF__RG_CASES_TOP_a: 7 and 6 for 8). */
+#if KF__V_BYTES == 64
+#define KF__RG_MR 8
+#define KF__RG_CASES_TOP(X) KF__RG_CASE(X, 7) KF__RG_CASE(X, 6)
+#else
+#define KF__RG_MR 6
+#define KF__RG_CASES_TOP(X)
+#endif
+#define KF__RG_MR_s 6
+#define KF__RG_MR_d 6
+#define KF__RG_MR_b KF__RG_MR
+#define KF__RG_MR_h KF__RG_MR
+#define KF__RG_CASES_TOP_s(X)
+#define KF__RG_CASES_TOP_d(X)
+#define KF__RG_CASES_TOP_b(X) KF__RG_CASES_TOP(X)
+#define KF__RG_CASES_TOP_h(X) KF__RG_CASES_TOP(X)
 #define KF__RG_NV 2   /* vectors of columns per panel */
 #define KF__RG_KC 256 /* rows of B per copied chunk (16 KiB at NV = 2) */
 #define KF__RG_FAR_BYTES 1024 /* B's rows this far apart are copied (kf__rg_panel_X) */
@@ -66,12 +89,12 @@
 #define KF__RG_GET_h(p) kf__lp_get(*(p), false)
 #define KF__RG_VLD_s(p) (*(const kf__vs *)(p))
 #define KF__RG_VLD_d(p) (*(const kf__vd *)(p))
-#define KF__RG_VLD_b(p) kf__lp_load8((p), true)
-#define KF__RG_VLD_h(p) kf__lp_load8((p), false)
+#define KF__RG_VLD_b(p) kf__lp_loadv((p), true)
+#define KF__RG_VLD_h(p) kf__lp_loadv((p), false)
 #define KF__RG_VST_s(p, x) (*(kf__vs *)(p) = (x))
 #define KF__RG_VST_d(p, x) (*(kf__vd *)(p) = (x))
-#define KF__RG_VST_b(p, x) kf__lp_store8((p), (x), true)
-#define KF__RG_VST_h(p, x) kf__lp_store8((p), (x), false)
+#define KF__RG_VST_b(p, x) kf__lp_storev((p), (x), true)
+#define KF__RG_VST_h(p, x) kf__lp_storev((p), (x), false)
 #define KF__RG_PUT_s(p, x) (*(p) = (x))
 #define KF__RG_PUT_d(p, x) (*(p) = (x))
 #define KF__RG_PUT_b(p, x) (*(p) = kf__lp_put((x), true))
@@ -90,8 +113,8 @@
  * unspecified; the other kinds never take it). */
 #define KF__RG_WIDEN_PART_s(s, n, d) ((void)0)
 #define KF__RG_WIDEN_PART_d(s, n, d) ((void)0)
-#define KF__RG_WIDEN_PART_b(s, n, d) (*(kf__vs *)(d) = kf__lp_load_part((s), (n), true))
-#define KF__RG_WIDEN_PART_h(s, n, d) (*(kf__vs *)(d) = kf__lp_load_part((s), (n), false))
+#define KF__RG_WIDEN_PART_b(s, n, d) kf__lp_load_part((d), (s), (n), true)
+#define KF__RG_WIDEN_PART_h(s, n, d) kf__lp_load_part((d), (s), (n), false)
 
 /* A tile's step over B's row bq (type T, vector kind v): the tile's nv vectors of it, times the
  * broadcast of A's element of each row i, the expression AI, into the accumulators c. */
@@ -109,25 +132,27 @@
 /* One case of the last tile's switch in kf__rg_rows_X: r rows. */
 #define KF__RG_CASE(X, r)                                                                          \
     case r:                                                                                        \
-        kf__rg_tile_##X(r, nv, K, K0, alpha, a_, am, aq, B0, B1, ldb, bias, acc, cm, ldc);         \
+        kf__rg_tile_##X(r, nv, w, K, K0, alpha, a_, am, aq, B0, B1, ldb, bias, acc, cm, ldc);      \
         break;
 
 #define KF__ROWGEMM_DEFINE(X, TA, a, TB, b, TC, e, T, v)                                           \
     enum { kf__rg_lanes_##X = (int)(sizeof(kf__v##v) / sizeof(T)) };                               \
                                                                                                    \
-    /* One tile: mr rows by a panel of nv vectors of columns, B's rows of type T (a low B is       \
-     * widened into its chunk first), the bias of B's type. mr and nv are constants at every       \
-     * call site (kf__rg_rows_X), so the loops unroll into registers. */                           \
+    /* One tile: mr rows by a panel of nv vectors of columns, of which the first w are C's (w =    \
+     * nv L, or w < L in a partial panel, nv = 1, whose B columns past w are zeros), B's rows of   \
+     * type T (a low B is widened into its chunk first), the bias of B's type. mr and nv are       \
+     * constants at every call site (kf__rg_rows_X), so the loops unroll into registers. */        \
     static inline __attribute__((always_inline)) void kf__rg_tile_##X(                             \
-        int mr, int nv, int64_t K, int64_t K0, T alpha, const TA *A, int64_t am, int64_t aq,       \
-        const T *B0, const T *B1, int64_t ldb, const TB *bias, bool acc, TC *C, int64_t ldc) {     \
+        int mr, int nv, int w, int64_t K, int64_t K0, T alpha, const TA *A, int64_t am,            \
+        int64_t aq, const T *B0, const T *B1, int64_t ldb, const TB *bias, bool acc, TC *C,        \
+        int64_t ldc) {                                                                             \
         enum { L = kf__rg_lanes_##X };                                                             \
         kf__v##v c[KF__RG_MR][KF__RG_NV];                                                          \
         for (int i = 0; i < mr; ++i)                                                               \
             for (int u = 0; u < nv; ++u) c[i][u] = (kf__v##v){0};                                  \
         if (!KF__RG_NATIVE_##a && aq == 1) {                                                       \
             /* a low A's rows widened by vectors, KF__RG_KC elements at a time */                  \
-            T ab[KF__RG_MR][KF__RG_KC] __attribute__((aligned(32)));                               \
+            T ab[KF__RG_MR][KF__RG_KC] __attribute__((aligned(KF__V_BYTES)));                      \
             for (int64_t q0 = 0; q0 < K; q0 += KF__RG_KC) {                                        \
                 const int64_t kc = K - q0 < KF__RG_KC ? K - q0 : KF__RG_KC;                        \
                 for (int i = 0; i < mr; ++i) KF__RG_WIDEN_##a(A + i * am + q0, ab[i], kc);         \
@@ -138,7 +163,7 @@
              * q, KF__RG_KC at a time; element by element in the broadcasts, each widening used    \
              * the shuffle port three times (float16 SKLinear fwd+bwd, 256^2 B=64: 1.35x -> 1.28x  \
              * float32's on an AVX-512 Xeon) */                                                    \
-            T at[KF__RG_KC][8] __attribute__((aligned(32)));                                       \
+            T at[KF__RG_KC][8]; /* MR <= 8 */                                                      \
             for (int64_t q0 = 0; q0 < K; q0 += KF__RG_KC) {                                        \
                 const int64_t kc = K - q0 < KF__RG_KC ? K - q0 : KF__RG_KC;                        \
                 for (int64_t q = 0; q < kc; ++q) {                                                 \
@@ -152,66 +177,93 @@
         }                                                                                          \
         kf__v##v badd[KF__RG_NV]; /* the bias, widened once for the tile's rows */                 \
         for (int u = 0; u < nv; ++u)                                                               \
-            badd[u] = bias ? KF__RG_VLD_##b(bias + u * L) : (kf__v##v){0};                         \
+            badd[u] = w == nv * L && bias ? KF__RG_VLD_##b(bias + u * L) : (kf__v##v){0};          \
         for (int i = 0; i < mr; ++i)                                                               \
             for (int u = 0; u < nv; ++u) {                                                         \
                 TC *d = C + i * ldc + u * L;                                                       \
-                const kf__v##v add = bias || !acc ? badd[u] : KF__RG_VLD_##e(d);                   \
-                KF__RG_VST_##e(d, kf__fma_##v(c[i][u], kf__splat_##v(alpha), add));                \
+                if (w == nv * L) {                                                                 \
+                    const kf__v##v add = bias || !acc ? badd[u] : KF__RG_VLD_##e(d);               \
+                    KF__RG_VST_##e(d, kf__fma_##v(c[i][u], kf__splat_##v(alpha), add));            \
+                    continue;                                                                      \
+                }                                                                                  \
+                /* a partial panel's w columns, through arrays of lanes (subscripting the          \
+                 * vectors themselves would keep them in memory through the K loop) */             \
+                T ad[L], rs[L];                                                                    \
+                for (int l = 0; l < L; ++l)                                                        \
+                    ad[l] = l >= w ? 0 : bias ? KF__RG_GET_##b(bias + l)                           \
+                                     : acc  ? KF__RG_GET_##e(d + l) : 0;                           \
+                kf__v##v add;                                                                      \
+                memcpy(&add, ad, sizeof add);                                                      \
+                const kf__v##v res = kf__fma_##v(c[i][u], kf__splat_##v(alpha), add);              \
+                memcpy(rs, &res, sizeof rs);                                                       \
+                for (int l = 0; l < w; ++l) KF__RG_PUT_##e(d + l, rs[l]);                          \
             }                                                                                      \
     }                                                                                              \
                                                                                                    \
-    /* Rows [0, M) of one panel of nv vectors, MR at a time; the last tile's rows a constant. */   \
+    /* Rows [0, M) of one panel of nv vectors (w columns), KF__RG_MR_a at a time; the last         \
+     * tile's rows a constant. */                                                                  \
     static inline __attribute__((always_inline)) void kf__rg_rows_##X(                             \
-        int nv, int64_t M, int64_t K, int64_t K0, T alpha, const TA *A, int64_t am, int64_t aq,    \
-        const T *B0, const T *B1, int64_t ldb, const TB *bias, bool acc, TC *C, int64_t ldc) {     \
+        int nv, int w, int64_t M, int64_t K, int64_t K0, T alpha, const TA *A, int64_t am,         \
+        int64_t aq, const T *B0, const T *B1, int64_t ldb, const TB *bias, bool acc, TC *C,        \
+        int64_t ldc) {                                                                             \
+        enum { MR = KF__RG_MR_##a };                                                               \
         int64_t m = 0;                                                                             \
-        for (; m + KF__RG_MR <= M; m += KF__RG_MR)                                                 \
-            kf__rg_tile_##X(KF__RG_MR, nv, K, K0, alpha, A + m * am, am, aq, B0, B1, ldb, bias,    \
-                            acc, C + m * ldc, ldc);                                                \
+        for (; m + MR <= M; m += MR)                                                               \
+            kf__rg_tile_##X(MR, nv, w, K, K0, alpha, A + m * am, am, aq, B0, B1, ldb, bias, acc,   \
+                            C + m * ldc, ldc);                                                     \
         const TA *a_ = A + m * am;                                                                 \
         TC *cm = C + m * ldc;                                                                      \
-        switch (M - m) {                                                                           \
-            KF__RG_CASE(X, 5) KF__RG_CASE(X, 4) KF__RG_CASE(X, 3) KF__RG_CASE(X, 2)                \
-            KF__RG_CASE(X, 1)                                                                      \
+        switch (M - m) { /* < MR */                                                                \
+            KF__RG_CASES_TOP_##a(X) KF__RG_CASE(X, 5) KF__RG_CASE(X, 4)                            \
+            KF__RG_CASE(X, 3) KF__RG_CASE(X, 2) KF__RG_CASE(X, 1)                                  \
         default: break;                                                                            \
         }                                                                                          \
     }                                                                                              \
                                                                                                    \
-    /* One panel of nv vectors of columns. Where several row tiles read B's rows and these lie     \
-     * KF__RG_FAR_BYTES or more apart, B goes by chunks of KF__RG_KC rows, each copied first into  \
-     * a contiguous buffer that every tile then reads from L1: rows far apart make every load of   \
-     * a tile a new cache line, and a power of two apart they all fall in one cache set            \
-     * (SKLinear's U1, S2 and dy rows are `out` elements apart: 2^13 floats at in = out = 8192).   \
-     * The first chunk adds bias | C | 0 as asked, the later ones the C that the earlier ones      \
-     * wrote. Rows close together are read in place (the copy would cost more than it saves:       \
+    /* One panel of nv vectors of columns, of which the first w are C's: all (w = nv L), or in a   \
+     * partial panel (nv = 1) the last n mod L of C's columns. Where several row tiles read B's    \
+     * rows and these lie KF__RG_FAR_BYTES or more apart, B goes by chunks of KF__RG_KC rows, each \
+     * copied first into a contiguous buffer that every tile then reads from L1: rows far apart    \
+     * make every load of a tile a new cache line, and a power of two apart they all fall in one   \
+     * cache set (SKLinear's U1, S2 and dy rows are `out` elements apart: 2^13 floats at in = out  \
+     * = 8192). The first chunk adds bias | C | 0 as asked, the later ones the C that the earlier  \
+     * ones wrote. Rows close together are read in place (the copy would cost more than it saves:  \
      * in=out=1024, B=1024, 1 thread, fwd+bwd 1.29x slower with it), except a low B's, which       \
-     * always go through the chunk, widened there. */                                              \
+     * always go through the chunk, widened there, and a partial panel's, whose chunk holds its w  \
+     * columns and zeros after them (the tiles then run on whole vectors, and the epilogue writes  \
+     * w columns of C). */                                                                         \
     static inline __attribute__((always_inline)) void kf__rg_panel_##X(                            \
-        int nv, int64_t M, int64_t K, int64_t K0, T alpha, const TA *A, int64_t am, int64_t aq,    \
-        const TB *B0, const TB *B1, int64_t ldb, const TB *bias, bool acc, TC *C, int64_t ldc) {   \
+        int nv, int w, int64_t M, int64_t K, int64_t K0, T alpha, const TA *A, int64_t am,         \
+        int64_t aq, const TB *B0, const TB *B1, int64_t ldb, const TB *bias, bool acc, TC *C,      \
+        int64_t ldc) {                                                                             \
         enum { L = kf__rg_lanes_##X };                                                             \
-        if (KF__RG_NATIVE_##b &&                                                                   \
-            (M <= KF__RG_MR || ldb * (int64_t)sizeof(TB) < KF__RG_FAR_BYTES)) {                    \
-            kf__rg_rows_##X(nv, M, K, K0, alpha, A, am, aq, (const T *)B0, (const T *)B1, ldb,     \
+        if (KF__RG_NATIVE_##b && w == nv * L &&                                                    \
+            (M <= KF__RG_MR_##a || ldb * (int64_t)sizeof(TB) < KF__RG_FAR_BYTES)) {                \
+            kf__rg_rows_##X(nv, w, M, K, K0, alpha, A, am, aq, (const T *)B0, (const T *)B1, ldb,  \
                             bias, acc, C, ldc);                                                    \
             return;                                                                                \
         }                                                                                          \
-        kf__v##v pk[KF__RG_KC * KF__RG_NV] __attribute__((aligned(32)));                           \
+        kf__v##v pk[KF__RG_KC * KF__RG_NV] __attribute__((aligned(KF__V_BYTES)));                  \
         for (int64_t q0 = 0; q0 < K; q0 += KF__RG_KC) {                                            \
             const int64_t kc = K - q0 < KF__RG_KC ? K - q0 : KF__RG_KC;                            \
             for (int64_t q = 0; q < kc; ++q) {                                                     \
                 const TB *bq = KF__RG_BROW(q0 + q);                                                \
+                if (w < nv * L) {                                                                  \
+                    T t[L];                                                                        \
+                    for (int l = 0; l < L; ++l) t[l] = l < w ? KF__RG_GET_##b(bq + l) : 0;         \
+                    memcpy(&pk[q], t, sizeof t);                                                   \
+                    continue;                                                                      \
+                }                                                                                  \
                 for (int u = 0; u < nv; ++u) pk[q * nv + u] = KF__RG_VLD_##b(bq + u * L);          \
             }                                                                                      \
             const T *bp = (const T *)pk;                                                           \
-            kf__rg_rows_##X(nv, M, kc, kc, alpha, A + q0 * aq, am, aq, bp, bp, nv * L,             \
+            kf__rg_rows_##X(nv, w, M, kc, kc, alpha, A + q0 * aq, am, aq, bp, bp, nv * L,          \
                             q0 ? NULL : bias, q0 ? true : acc, C, ldc);                            \
         }                                                                                          \
     }                                                                                              \
                                                                                                    \
     /* The contract in the header comment; K0 <= K (B1 unused where K0 = K). Panels of NV          \
-     * vectors, then one of a single vector, then single columns. */                               \
+     * vectors, then one of a single vector, then a partial one. */                                \
     static inline void kf__rowgemm_##X(int64_t M, int64_t n, int64_t K, int64_t K0, T alpha,       \
                                        const TA *A, int64_t am, int64_t aq, const TB *B0,          \
                                        const TB *B1, int64_t ldb, const TB *bias, bool acc,        \
@@ -219,28 +271,12 @@
         enum { L = kf__rg_lanes_##X };                                                             \
         int64_t j = 0;                                                                             \
         for (; j + KF__RG_NV * L <= n; j += KF__RG_NV * L)                                         \
-            kf__rg_panel_##X(KF__RG_NV, M, K, K0, alpha, A, am, aq, B0 + j, B1 + j, ldb,           \
-                            bias ? bias + j : 0, acc, C + j, ldc);                                 \
-        for (; j + L <= n; j += L)                                                                 \
-            kf__rg_panel_##X(1, M, K, K0, alpha, A, am, aq, B0 + j, B1 + j, ldb,                   \
-                            bias ? bias + j : 0, acc, C + j, ldc);                                 \
-        for (; j < n; ++j)                                                                         \
-            for (int64_t m = 0; m < M; ++m) {                                                      \
-                T s_ = 0;                                                                          \
-                for (int64_t q = 0; q < K; ++q) {                                                  \
-                    const TB *bq = KF__RG_BROW(q);                                                 \
-                    s_ = KF__RG_SFMA_##v(KF__RG_GET_##a(A + m * am + q * aq),                      \
-                                        KF__RG_GET_##b(bq + j), s_);                               \
-                }                                                                                  \
-                TC *d = C + m * ldc + j;                                                           \
-                KF__RG_PUT_##e(d, KF__RG_SFMA_##v(s_, alpha, bias ? KF__RG_GET_##b(bias + j)       \
-                                                            : acc ? KF__RG_GET_##e(d) : 0));       \
-            }                                                                                      \
+            kf__rg_panel_##X(KF__RG_NV, KF__RG_NV * L, M, K, K0, alpha, A, am, aq, B0 + j, B1 + j, \
+                             ldb, bias ? bias + j : 0, acc, C + j, ldc);                           \
+        for (; j < n; j += L)                                                                      \
+            kf__rg_panel_##X(1, n - j < L ? (int)(n - j) : L, M, K, K0, alpha, A, am, aq, B0 + j,  \
+                             B1 + j, ldb, bias ? bias + j : 0, acc, C + j, ldc);                   \
     }
-
-/* The scalar tail's a b + c with one rounding, as the vector lanes compute it. */
-#define KF__RG_SFMA_s(a, b, c) __builtin_fmaf((a), (b), (c))
-#define KF__RG_SFMA_d(a, b, c) __builtin_fma((a), (b), (c))
 
 KF__ROWGEMM_DEFINE(sss, float, s, float, s, float, s, float, s)
 KF__ROWGEMM_DEFINE(ddd, double, d, double, d, double, d, double, d)

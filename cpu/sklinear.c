@@ -36,8 +36,17 @@
  * round(old + g) needs): no conversion passes over whole tensors (1.7.1; before, the conversion
  * layer's passes made the 8192^2 B=64 forward 1.3x float32's on two threads, and 1.6x and more
  * in a steady loop). The widening inside the products and the rounding of the results still
- * cost something: 1.1-1.25x float32's time on an AVX-512 Xeon at 256^2 and 8192^2, B=64
- * (benches/results/cpu_lowp.md). */
+ * cost something: 1.1-1.25x float32's time on an AVX-512 Xeon at 256^2 and 8192^2, B=64, in
+ * this baseline build; 0.9-1.08x in the AVX-512 one (benches/results/avx512/cpu_lowp.md).
+ *
+ * Two builds of this file (as of the recurrent kernels): the baseline's (KF_CPU_ARCH, 8-float
+ * vectors) and, where CMake's KF_CPU_AVX512 holds, an x86-64-v4 one (cpu/sklinear_v4.c: 16-float
+ * vectors and 8-row tiles in cpu/rowgemm.h, 16-lane conversions in cpu/lowp_simd.h), each with
+ * its op table (kf__cpu_skl_ops_base, kf__cpu_skl_ops_v4); cpu/sklinear_ops.c forwards to the
+ * one of the context's ISA (cpu/isa.c). The blocks, the workspace and every sum's order are the
+ * same in both, except that a product whose columns end in a partial vector (cpu/rowgemm.h)
+ * sums a reduction over more than 256 rows in chunks there: so the bits are the baseline's but
+ * for such shapes (k = 8 on AVX-512 with N > 256, say), and never depend on the thread count. */
 #include "cpu_backend.h"
 
 #include "blas.h"
@@ -499,4 +508,8 @@ static kf_status skl_backward(kf_context *ctx, const kf__skl_bwd *c) {
     return KF_OK;
 }
 
-const kf__skl_ops kf__cpu_skl_ops = {NULL, skl_workspace, skl_forward, skl_backward};
+#ifdef KF__SKL_V4
+const kf__skl_ops kf__cpu_skl_ops_v4 = {NULL, skl_workspace, skl_forward, skl_backward};
+#else
+const kf__skl_ops kf__cpu_skl_ops_base = {NULL, skl_workspace, skl_forward, skl_backward};
+#endif

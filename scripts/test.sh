@@ -2,7 +2,7 @@
 # Installs what is needed, builds kfuse, and runs every test that this machine can run:
 #   1. the main build (CUDA backend too when nvcc exists) and its C tests (ctest; CUDA tests skip
 #      without a GPU), then again under each OpenBLAS core type the CPU can run (AVX2, AVX-512),
-#      and the RNN tests on the AVX2 recurrent kernels where the AVX-512 ones run by default,
+#      and the RNN and SKLinear tests on the AVX2 kernels where the AVX-512 ones run by default,
 #   2. the C tests again under AddressSanitizer + UndefinedBehaviorSanitizer,
 #   3. the fast C tests once under valgrind (memcheck, leaks are errors),
 #   4. the ABI check: abidiff of the built library against abi/kfuse.abi,
@@ -52,11 +52,13 @@ stage "OpenBLAS's kernels where it does not know the CPU (host/blas.c)"
 bash scripts/openblas-cores.sh --check-auto build/main/benches/kf_bench_sklinear --in 64 --out 64 \
   --reps 1 --warmup 0
 
-stage "RNN C tests on the baseline recurrent kernels, where the CPU runs the AVX-512 ones"
-# A CPU context runs the x86-64-v4 build of the recurrent kernels where the CPU has AVX-512
-# (cpu/isa.c); KF_CPU_ISA=avx2 makes it run the baseline build of the same sources instead.
+stage "RNN and SKLinear C tests on the baseline kernels, where the CPU runs the AVX-512 ones"
+# A CPU context runs the x86-64-v4 build of the recurrent and sketched-linear kernels where the
+# CPU has AVX-512 (cpu/isa.c); KF_CPU_ISA=avx2 makes it run the baseline build of the same
+# sources instead.
 if grep -qw avx512f /proc/cpuinfo; then
-  KF_CPU_ISA=avx2 ctest --test-dir build/main --output-on-failure -j1 -R 'rnn|api|arena|threads'
+  KF_CPU_ISA=avx2 ctest --test-dir build/main --output-on-failure -j1 \
+    -R 'rnn|sklinear|lowp|api|arena|threads'
 fi
 
 stage "C tests under ASan + UBSan (CPU backend)"

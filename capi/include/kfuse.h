@@ -54,7 +54,7 @@ extern "C" {
 /* ---- version (the build reads these three lines to form the SONAME and package version) - */
 #define KF_VERSION_MAJOR 1
 #define KF_VERSION_MINOR 7
-#define KF_VERSION_PATCH 4
+#define KF_VERSION_PATCH 5
 /* The ABI generation; equals KF_VERSION_MAJOR. */
 #define KF_ABI_VERSION KF_VERSION_MAJOR
 /* MAJOR*10000 + MINOR*100 + PATCH, as kf_version() returns it. */
@@ -161,9 +161,10 @@ typedef struct kf_context_desc {
 KF_API void kf_context_desc_init(kf_context_desc *desc);
 
 /* Creates a context: device, stream (the CUDA default stream until set), BLAS handle, arena.
- * A CPU context picks here, once, the instruction set of its recurrent kernels: x86-64-v4
- * (AVX-512) where the library was built with them and the CPU runs them, else the build's
- * baseline (x86-64-v3: AVX2+FMA). The environment variable KF_CPU_ISA (since 1.4) overrides:
+ * A CPU context picks here, once, the instruction set of its recurrent and (since 1.7.5)
+ * sketched-linear kernels: x86-64-v4 (AVX-512) where the library was built with them and the CPU
+ * runs them, else the build's baseline (x86-64-v3: AVX2+FMA). The environment variable
+ * KF_CPU_ISA (since 1.4) overrides:
  * "avx2" the baseline, "avx512" x86-64-v4 (KF_ERR_UNSUPPORTED where it cannot run); any other
  * non-empty value is KF_ERR_INVALID_ARGUMENT. Results agree within float32 rounding either way.
  * @return KF_OK and *out set; KF_ERR_BACKEND_UNAVAILABLE for CUDA in a CPU-only build or with no

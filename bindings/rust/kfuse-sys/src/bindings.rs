@@ -5,9 +5,9 @@
 
 pub const KF_VERSION_MAJOR: u32 = 1;
 pub const KF_VERSION_MINOR: u32 = 7;
-pub const KF_VERSION_PATCH: u32 = 4;
+pub const KF_VERSION_PATCH: u32 = 5;
 pub const KF_ABI_VERSION: u32 = 1;
-pub const KF_VERSION_NUMBER: u32 = 10704;
+pub const KF_VERSION_NUMBER: u32 = 10705;
 pub const KF_MAX_DIMS: u32 = 6;
 pub const KF_ALIGN_BYTES: u32 = 64;
 pub const KF_CONTEXT_FIXED_ARENA: u32 = 1;
@@ -290,9 +290,10 @@ extern "C" {
 }
 extern "C" {
     #[doc = " Creates a context: device, stream (the CUDA default stream until set), BLAS handle, arena."]
-    #[doc = " A CPU context picks here, once, the instruction set of its recurrent kernels: x86-64-v4"]
-    #[doc = " (AVX-512) where the library was built with them and the CPU runs them, else the build's"]
-    #[doc = " baseline (x86-64-v3: AVX2+FMA). The environment variable KF_CPU_ISA (since 1.4) overrides:"]
+    #[doc = " A CPU context picks here, once, the instruction set of its recurrent and (since 1.7.5)"]
+    #[doc = " sketched-linear kernels: x86-64-v4 (AVX-512) where the library was built with them and the CPU"]
+    #[doc = " runs them, else the build's baseline (x86-64-v3: AVX2+FMA). The environment variable"]
+    #[doc = " KF_CPU_ISA (since 1.4) overrides:"]
     #[doc = " \"avx2\" the baseline, \"avx512\" x86-64-v4 (KF_ERR_UNSUPPORTED where it cannot run); any other"]
     #[doc = " non-empty value is KF_ERR_INVALID_ARGUMENT. Results agree within float32 rounding either way."]
     #[doc = " @return KF_OK and *out set; KF_ERR_BACKEND_UNAVAILABLE for CUDA in a CPU-only build or with no"]
