@@ -37,7 +37,8 @@
  * layer's passes made the 8192^2 B=64 forward 1.3x float32's on two threads, and 1.6x and more
  * in a steady loop). The widening inside the products and the rounding of the results still
  * cost something: 1.1-1.25x float32's time on an AVX-512 Xeon at 256^2 and 8192^2, B=64, in
- * this baseline build; 0.9-1.08x in the AVX-512 one (benches/results/avx512/cpu_lowp.md).
+ * this baseline build (benches/results/avx512/cpu_lowp.md); 0.87-1.01x in the AVX-512 one
+ * (benches/results/avx512/cpu_sklinear_v4.md).
  *
  * Two builds of this file (as of the recurrent kernels): the baseline's (KF_CPU_ARCH, 8-float
  * vectors) and, where CMake's KF_CPU_AVX512 holds, an x86-64-v4 one (cpu/sklinear_v4.c: 16-float
