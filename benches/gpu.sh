@@ -55,8 +55,26 @@
 # All parts take longer than one 600-second device call; with a 15-minute lease, one call with
 # KF_GPU_DEADLINE_S=540 and the parts in priority order, e.g.
 #   KF_GPU_DEADLINE_S=540 KF_GPU_PARTS="tests memcheck bench_kan python racecheck" bash benches/gpu.sh .gpu
+# KF_GPU_TESTS runs the tests in the order of its globs (the first glob's matches first).
+#
+# KF_GPU_PRESET=owed: the first prepared call of issue 36 (the runs the CUDA code of 1.7 owes,
+# most owed first), ~470 s: the float64 and low-precision tests (test_lowp, test_*_f64), then
+# test_kan_linear_cuda (its big shapes, {4096, 21, 1024} among them) and every other test; memcheck
+# on the first four; the kan_lowp, skl_lowp and rnn_lowp rows; profile_kan. Each of
+# KF_GPU_DEADLINE_S, KF_GPU_TESTS, KF_GPU_SAN_TESTS and KF_GPU_PARTS set by the caller wins. The
+# second call is the Python one: KF_GPU_PARTS=python KF_PYTEST_K=cuda (carry .gpu and .whl/).
+#   KF_GPU_PRESET=owed bash benches/gpu.sh .gpu
 set -u
 cd "$(dirname "$0")/.." || exit 2
+case ${KF_GPU_PRESET:-} in
+    "") ;;
+    owed)
+        KF_GPU_DEADLINE_S=${KF_GPU_DEADLINE_S:-470}
+        KF_GPU_TESTS=${KF_GPU_TESTS:-"test_lowp test_sklinear_f64 test_kan_f64 test_rnn_f64 test_kan_linear_cuda test_*"}
+        KF_GPU_SAN_TESTS=${KF_GPU_SAN_TESTS:-"test_lowp test_sklinear_f64 test_kan_f64 test_rnn_f64"}
+        KF_GPU_PARTS=${KF_GPU_PARTS:-"tests memcheck kan_lowp skl_lowp rnn_lowp profile_kan"} ;;
+    *) echo "KF_GPU_PRESET=$KF_GPU_PRESET: expected owed (or unset)"; exit 2 ;;
+esac
 BUILD=$(cd "${1:-build-gpu}" && pwd -P) || { echo "no build directory ${1:-build-gpu}"; exit 2; }
 OUT=${OUT:-/tmp/kf-gpu-out}
 LOGS=$(mktemp -d /tmp/kf-gpu-logs.XXXX)
@@ -107,16 +125,21 @@ part_tests() {
     nvidia-smi > "$LOGS/tests.log" 2>&1 \
         && row "nvidia-smi" ok "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)" \
         || row "nvidia-smi" FAIL "see tests.log"
-    local pass=0 fail=0 failed="" skipped="" t name args rc s g
+    local pass=0 fail=0 failed="" skipped="" t name args rc s g ordered="" seen=" "
     T0=$SECONDS
-    for t in $ALL_TESTS; do
-        name=$(basename "$t")
-        for g in ${KF_GPU_TESTS:-test_*}; do
+    # the tests in the order of the globs (the first glob's matches first), each once
+    for g in ${KF_GPU_TESTS:-test_*}; do
+        for t in $ALL_TESTS; do
+            name=$(basename "$t")
             # shellcheck disable=SC2053
-            [[ $name == $g ]] && break
-            g=""
+            [[ $name == $g ]] || continue
+            [[ $seen == *" $name "* ]] && continue
+            seen="$seen$name "
+            ordered="$ordered $t"
         done
-        [ -n "$g" ] || continue
+    done
+    for t in $ordered; do
+        name=$(basename "$t")
         s=$(cap 120) || { skipped="$skipped $name"; continue; }
         case "$name" in test_header_*) args="" ;; *) args="--jobs 1" ;; esac
         echo "=== $name" >> "$LOGS/tests.log"

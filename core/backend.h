@@ -59,7 +59,7 @@ typedef struct kf__backend {
 } kf__backend;
 
 extern const kf__backend kf__cpu_backend;  /* cpu/backend.c */
-extern const kf__backend kf__cuda_backend; /* cuda/backend.cu, in builds with CUDA */
+extern const kf__backend kf__cuda_backend; /* cuda/device.cu, in builds with CUDA */
 
 /* The backend of `device_type` in this build, or NULL (a CUDA context in a CPU-only build). */
 const kf__backend *kf__backend_for(int32_t device_type);

@@ -9,10 +9,12 @@
 #define KF_CUDA_COMMON_CUH
 
 #include "core.h"
+#include "tf32.cuh"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <stdint.h>
 
 // The sub-buffer at byte offset `off` of a workspace or reserve.
@@ -53,6 +55,39 @@ static inline kf_status kf__cublas_check(cublasStatus_t s, const char *fn, const
     return kf__error(KF_ERR_DEVICE, fn, "%s failed: %s", what, kf__cublas_status_name(s));
 }
 
+// The context's device made current for one call, and the caller's current device restored when
+// the call returns, on every path (a scope object). The runtime's current device is the calling
+// thread's state: a library call that switched it and left it so would move the caller's later
+// allocations and launches to another GPU.
+class kf__device_scope {
+  public:
+    kf__device_scope() = default;
+    kf__device_scope(const kf__device_scope &) = delete;
+    kf__device_scope &operator=(const kf__device_scope &) = delete;
+    ~kf__device_scope() {
+        if (prev_ >= 0 && prev_ != dev_) (void)cudaSetDevice(prev_);
+    }
+    // Makes `dev` current (no runtime call when it already is).
+    cudaError_t enter(int dev) {
+        int prev = -1;
+        cudaError_t e = cudaGetDevice(&prev);
+        if (e == cudaSuccess && prev != dev) e = cudaSetDevice(dev);
+        if (e != cudaSuccess) return e;
+        prev_ = prev;
+        dev_ = dev;
+        return cudaSuccess;
+    }
+
+  private:
+    int prev_ = -1, dev_ = -1;
+};
+
+// Declares the scope of a call on the context's device; a failure is KF_ERR_DEVICE under `fn`.
+#define KF__CUDA_ON_DEVICE(fn, ctx)                                                               \
+    kf__device_scope kf__device_scope_;                                                           \
+    KF_TRY(kf__cuda_check(kf__device_scope_.enter((int)(ctx)->device_index), (fn),               \
+                          "making the context's CUDA device current"))
+
 // After a <<<>>> launch: a bad configuration or an earlier asynchronous fault shows here.
 #define KF__CUDA_LAUNCH_CHECK(fn, kernel_name) \
     KF_TRY(kf__cuda_check(cudaGetLastError(), (fn), "launch of " kernel_name))
@@ -87,20 +122,6 @@ static inline kf_status kf__gemm(kf_context *ctx, const char *fn, bool ta, bool 
                        CUBLAS_COMPUTE_32F);
 }
 
-// A float32 operand as the sum of two TF32 numbers (3xTF32): hi keeps the sign, exponent and top
-// 10 mantissa bits of v (truncated, so never past FLT_MAX), lo = v - hi is exact in float32 and
-// below 2^-10 |v|; TF32 keeps lo to 2^-20 |v|, so hi + lo carries v to about fp32's precision.
-__device__ __forceinline__ float kf__tf32_hi(float v) {
-    return __uint_as_float(__float_as_uint(v) & 0xffffe000u);
-}
-
-// v's split into hi[i] and lo[i] (kf__tf32_hi and the remainder).
-__device__ __forceinline__ void kf__tf32_split(float v, float *hi, float *lo, int64_t i) {
-    const float h = kf__tf32_hi(v);
-    hi[i] = h;
-    lo[i] = v - h;
-}
-
 // C = beta C + A B (op(A), op(B) as kf__gemm) in 3xTF32 on the tensor cores: with A = Ah + Al and
 // B = Bh + Bl split by kf__tf32_hi, C = beta C + Al Bh + Ah Bl + Ah Bh (the small products first;
 // Al Bl, below 2^-20 |A||B|, dropped), each product on CUBLAS_COMPUTE_32F_FAST_TF32 with float32
@@ -120,9 +141,10 @@ static inline kf_status kf__gemm_3xtf32(kf_context *ctx, const char *fn, bool ta
 
 // The dtypes a CUDA plan can have, asked by every op's supports(): float32, which the kernels
 // compute in; float64, which each op sends to cuda/plain.cu; bfloat16 and float16 storage, which
-// core/lowp_ops.c converts around the float32 kernels of the recurrent layers and SKLinear (it
-// asks with the plan's float32 copy) and cuda/plain.cu runs for the KAN layers. Anything else is
-// refused at plan creation, naming the field.
+// cuda/plain.cu runs for SKLinear, the KAN layers and the recurrent layers whose H the persistent
+// kernels do not take, and core/lowp_ops.c converts around the persistent float32 kernels for
+// the others (kf__cuda_rnn_plain, cuda/rnn_fwd.cu). Anything else is refused at plan creation,
+// naming the field.
 static inline kf_status kf__cuda_dtype_supported(int32_t dtype, const char *fn) {
     if (dtype == KF_DTYPE_F32 || dtype == KF_DTYPE_F64 || dtype == KF_DTYPE_BF16 ||
         dtype == KF_DTYPE_F16)
@@ -193,5 +215,27 @@ static inline kf_status kf__grid_of(const char *fn, int64_t jobs, unsigned *g) {
     *g = (unsigned)jobs;
     return KF_OK;
 }
+
+// A kernel allowed the device's opt-in shared memory (ctx->smem_optin_bytes), asked of the
+// driver once per kernel and device rather than before every launch (cudaFuncSetAttribute is a
+// driver call: host time the persistent recurrent kernels' per-call latency paid each call). The
+// launching code holds one record per kernel (a function-local static of its template
+// instance). Every call sets the same value, the device's limit, so two threads racing to set it
+// cannot leave it below what either launches with. Devices past kDevices are asked every time.
+struct kf__smem_optin {
+    static constexpr int kDevices = 64;
+    std::atomic<bool> done[kDevices]; // zero-initialised: a record has static storage
+
+    template <class Kernel>
+    kf_status allow(const kf_context *ctx, const char *fn, Kernel kernel) {
+        const int dev = (int)ctx->device_index;
+        const bool cached = dev >= 0 && dev < kDevices;
+        if (cached && done[dev].load(std::memory_order_acquire)) return KF_OK;
+        KF__CUDA_TRY(fn, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              (int)ctx->smem_optin_bytes));
+        if (cached) done[dev].store(true, std::memory_order_release);
+        return KF_OK;
+    }
+};
 
 #endif // KF_CUDA_COMMON_CUH

@@ -17,7 +17,9 @@ kf_status cuda_init(kf_context *ctx, const char *fn) {
         return kf__error(KF_ERR_INVALID_ARGUMENT, fn,
                          "desc->device_index = %d, expected 0..%d (CUDA devices present)",
                          (int)ctx->device_index, count - 1);
-    e = cudaSetDevice(ctx->device_index);
+    kf__device_scope on_device; // the handle belongs to the context's device; the caller's
+                                // current device is restored on return
+    e = on_device.enter((int)ctx->device_index);
     if (e != cudaSuccess)
         return kf__error(KF_ERR_BACKEND_UNAVAILABLE, fn, "cudaSetDevice(%d) failed: %s (%s)",
                          (int)ctx->device_index, cudaGetErrorName(e), cudaGetErrorString(e));
@@ -37,8 +39,13 @@ kf_status cuda_init(kf_context *ctx, const char *fn) {
     if (s != CUBLAS_STATUS_SUCCESS)
         return kf__error(KF_ERR_BACKEND_UNAVAILABLE, fn, "cublasCreate failed: %s",
                          kf__cublas_status_name(s));
-    // fp32 GEMMs stay fp32: no TF32 or other reduced-precision tensor-core path.
-    s = cublasSetMathMode(h, CUBLAS_DEFAULT_MATH);
+    // fp32 GEMMs stay fp32: no TF32 or other reduced-precision tensor-core path (the 3xTF32
+    // products ask for TF32 by their compute type). And a product whose C is bfloat16 or float16
+    // sums its split-K partial products in float32, not in C's type: the contract of every low
+    // product is "accumulate in float32, round C once" (cuda/plain.cuh); cuBLAS may otherwise
+    // reduce in the output type (with 16 splits, 2.4x the error of one rounding).
+    s = cublasSetMathMode(h, (cublasMath_t)(CUBLAS_DEFAULT_MATH |
+                                            CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
     if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(h, (cudaStream_t)ctx->stream);
     if (s != CUBLAS_STATUS_SUCCESS) {
         cublasDestroy(h);
@@ -69,7 +76,7 @@ bool capturing(cudaStream_t stream) {
 }
 
 kf_status cuda_set_stream(kf_context *ctx, const char *fn, void *stream) {
-    KF__CUDA_TRY(fn, cudaSetDevice(ctx->device_index));
+    KF__CUDA_ON_DEVICE(fn, ctx);
     // The arena may still be in use by work queued on the old stream: the new stream waits for
     // that work (one event, recorded and released here), so a call on the new stream never
     // overwrites scratch an earlier call is still reading, and the arena's stream-ordered free
@@ -107,7 +114,7 @@ bool stream_ordered(const kf_context *ctx) {
 kf_status cuda_alloc(kf_context *ctx, const char *fn, size_t bytes, void **out) {
     *out = NULL;
     if (bytes == 0) return KF_OK;
-    KF__CUDA_TRY(fn, cudaSetDevice(ctx->device_index));
+    KF__CUDA_ON_DEVICE(fn, ctx);
     if (capturing(kf__stream(ctx)))
         return kf__error(KF_ERR_WORKSPACE_TOO_SMALL, fn,
                          "the call needs an arena of %zu bytes (it holds %zu), but the context's "
@@ -132,7 +139,8 @@ kf_status cuda_alloc(kf_context *ctx, const char *fn, size_t bytes, void **out) 
 // cudaFreeAsync, or cudaFree (which waits for the device) without memory pools.
 void cuda_free(kf_context *ctx, void *p) {
     if (p == NULL) return;
-    (void)cudaSetDevice(ctx->device_index);
+    kf__device_scope on_device;
+    (void)on_device.enter((int)ctx->device_index);
     if (stream_ordered(ctx))
         (void)cudaFreeAsync(p, kf__stream(ctx));
     else
@@ -151,7 +159,7 @@ kf_status cuda_synchronize(kf_context *ctx, const char *fn) {
 kf_status cuda_copy(kf_context *ctx, const char *fn, void *dst, const void *src,
                                    size_t bytes, bool to_device) {
     if (bytes == 0) return KF_OK;
-    KF__CUDA_TRY(fn, cudaSetDevice(ctx->device_index));
+    KF__CUDA_ON_DEVICE(fn, ctx);
     KF__CUDA_TRY(fn, cudaMemcpyAsync(dst, src, bytes,
                                      to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
                                      kf__stream(ctx)));

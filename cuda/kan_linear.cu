@@ -144,8 +144,10 @@ template <bool CONV>
 __device__ __forceinline__ float xval(const Prob &P, int64_t n, int64_t f) {
     if (!CONV) return P.x[n * P.in + f];
     const Geom &g = P.g;
-    const int64_t ow = n % g.Wo, nt = n / g.Wo, oh = nt % g.Ho, b = nt / g.Ho;
-    const int64_t j = f % g.kw, ft = f / g.kw, i = ft % g.kh, c = ft / g.kh;
+    using kf_plain::divmod;
+    const kf_plain::QR wq = divmod(n, g.Wo), hq = divmod(wq.q, g.Ho), jq = divmod(f, g.kw),
+                       iq = divmod(jq.q, g.kh);
+    const int64_t ow = wq.r, oh = hq.r, b = hq.q, j = jq.r, i = iq.r, c = iq.q;
     const int64_t h = oh * g.sh - g.ph + i * g.dh, w = ow * g.sw - g.pw + j * g.dw;
     if (h < 0 || h >= g.H || w < 0 || w >= g.W) return 0.0f;
     return P.x[((b * g.Cin + c) * g.H + h) * g.W + w];
@@ -156,8 +158,8 @@ __device__ __forceinline__ float xval(const Prob &P, int64_t n, int64_t f) {
 template <bool CONV>
 __device__ __forceinline__ int64_t yoff(const Prob &P, int64_t n, int64_t o) {
     if (!CONV) return n * P.out + o;
-    const int64_t b = n / P.g.HoWo;
-    return (b * P.out + o) * P.g.HoWo + (n - b * P.g.HoWo);
+    const kf_plain::QR bq = kf_plain::divmod(n, P.g.HoWo);
+    return (bq.q * P.out + o) * P.g.HoWo + bq.r;
 }
 
 // acc[i][j] += sum over kk < w of As[kk][ty + 16 i] * Bs[kk][tx + 16 j].
@@ -420,22 +422,25 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t step = (int64_t)gridDim.x * kThreads;
     float *out = dx + b0 * g.Cin * HW;
     for (int64_t e = (int64_t)blockIdx.x * kThreads + threadIdx.x; e < E; e += step) {
-        const int64_t w = e % g.W, h = e / g.W % g.H, bc = e / HW, c = bc % g.Cin,
-                      bl = bc / g.Cin;
+        using kf_plain::divmod;
+        const kf_plain::QR hw = divmod(e, g.W), hq = divmod(hw.q, g.H), cq = divmod(hq.q, g.Cin);
+        const int64_t w = hw.r, h = hq.r, c = cq.r, bl = cq.q;
         const float *col = dcol + bl * g.HoWo;
         float s = 0.0f;
         for (int i = 0; i < g.kh; ++i) {
             const int64_t th = h + g.ph - (int64_t)i * g.dh;
             if (th < 0) break; // decreasing in i
-            if (th % g.sh != 0) continue;
-            const int64_t oh = th / g.sh;
+            const kf_plain::QR oq = divmod(th, g.sh);
+            if (oq.r != 0) continue;
+            const int64_t oh = oq.q;
             if (oh >= g.Ho) continue;
             const float *rowc = col + ((c * g.kh + i) * g.kw) * R + oh * g.Wo;
             for (int j = 0; j < g.kw; ++j) {
                 const int64_t tw = w + g.pw - (int64_t)j * g.dw;
                 if (tw < 0) break;
-                if (tw % g.sw != 0) continue;
-                const int64_t ow = tw / g.sw;
+                const kf_plain::QR wq = divmod(tw, g.sw);
+                if (wq.r != 0) continue;
+                const int64_t ow = wq.q;
                 if (ow >= g.Wo) continue;
                 s += rowc[j * R + ow];
             }
@@ -541,17 +546,29 @@ __global__ void __launch_bounds__(kThreads) kan_fold(Prob P, Fold F) {
 // ---- KANLinear's materialised path ------------------------------------------------------------
 // Rows [r0, r0 + R), features [f0, f0 + F) of A into [R, F cw] as its 3xTF32 split a (hi) + alo
 // (the block of A's columns [f0 cw, (f0 + F) cw), leading dimension F cw): one thread per
-// (row, feature) writes the feature's cw columns (SiLU, then its C bases: the window, zeros
-// elsewhere), then splits them; consecutive threads take consecutive features, so a warp writes
-// one contiguous run of the row.
+// (row, feature) writes the feature's cw columns once each, hi and lo together, in column order
+// (SiLU, then its C bases: the window, zeros elsewhere); consecutive threads take consecutive
+// features, so a warp writes one contiguous run of the row.
 template <int KM>
 __global__ void __launch_bounds__(kThreads)
     kan_gen(Prob P, int64_t r0, int64_t R, int64_t f0, int64_t F, float *a, float *alo) {
     const int64_t E = R * F, ld = F * P.cw, step = (int64_t)gridDim.x * kThreads;
     for (int64_t e = (int64_t)blockIdx.x * kThreads + threadIdx.x; e < E; e += step) {
         const int64_t r = e / F, f = f0 + e % F, at = r * ld + (f - f0) * P.cw;
-        gen_cols<KM, false>(P, r0 + r, f, f * P.cw, (f + 1) * P.cw, a + r * ld, 1, f0 * P.cw);
-        for (int64_t c = at; c < at + P.cw; ++c) kf__tf32_split(a[c], a, alo, c);
+        const float xv = xval<false>(P, r0 + r, f);
+        float Nw[KM + 1];
+        const int64_t j = kf__bspline_window<KM>(P.grid + f * P.nk, P.inv + f * P.k * P.nk,
+                                                 P.nk, P.k, xv, Nw);
+        kf__tf32_split(xv / (1.0f + expf(-xv)), a, alo, at);
+        const int64_t b0 = j - P.k; // the window's first basis (j < 0: none)
+        for (int64_t b = 0; b < P.C; ++b) {
+            const int64_t w = b - b0;
+            float v = 0.0f;
+#pragma unroll
+            for (int q = 0; q <= KM; ++q) // Nw indexed by a constant: it stays in registers
+                if (j >= 0 && q == w) v = Nw[q];
+            kf__tf32_split(v, a, alo, at + 1 + b);
+        }
     }
 }
 
@@ -875,7 +892,7 @@ kf_status kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
     if (p->dtype != KF_DTYPE_F32) return kf__cuda_kan_plain_forward(ctx, c);
     if (c->N <= 0) return KF_OK;
     const Layout l = make_layout(p, c->N, pt);
-    KF__CUDA_TRY(fn, cudaSetDevice(ctx->device_index));
+    KF__CUDA_ON_DEVICE(fn, ctx);
     Prob P = make_prob(p, c->N, pt, f32(c->x), f32(c->grid), c->ws);
     P.inv = kf__at<float>(c->ws, l.off_inv);
     KF_TRY(launch_prep(ctx, fn, P, f32(c->base), f32(c->spline), f32(c->scaler), c->ws, l, true));
@@ -903,7 +920,7 @@ kf_status kan_backward(kf_context *ctx, const kf__kan_bwd *c) {
         return KF_OK;
     if (c->N <= 0) return KF_OK;
     const Layout l = make_layout(p, c->N, pt);
-    KF__CUDA_TRY(fn, cudaSetDevice(ctx->device_index));
+    KF__CUDA_ON_DEVICE(fn, ctx);
     Prob P = make_prob(p, c->N, pt, f32(c->x), f32(c->grid), c->ws);
     P.inv = kf__at<float>(c->ws, l.off_inv);
     KF_TRY(launch_prep(ctx, fn, P, f32(c->base), f32(c->spline), f32(c->scaler), c->ws, l,

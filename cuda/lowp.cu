@@ -65,7 +65,7 @@ kf_status cuda_convert(kf_context *ctx, const char *fn, const kf__lp_batch *b) {
     }
     L.first[b->n] = (int32_t)at;
     if (at == 0) return KF_OK;
-    KF__CUDA_TRY(fn, cudaSetDevice(ctx->device_index));
+    KF__CUDA_ON_DEVICE(fn, ctx);
     lp_convert<<<(unsigned)at, kThreads, 0, kf__stream(ctx)>>>(L);
     KF__CUDA_LAUNCH_CHECK(fn, "lp_convert");
     return KF_OK;

@@ -122,7 +122,7 @@ size_t kf__cuda_skl_plain_workspace(const struct kf_sklinear_plan *p, int64_t N)
 
 kf_status kf__cuda_skl_plain_forward(kf_context *ctx, const kf__skl_fwd *c) {
     CudaExec ex = {ctx, "kf_sklinear_forward"};
-    KF__CUDA_TRY(ex.fn, cudaSetDevice(ctx->device_index));
+    KF__CUDA_ON_DEVICE(ex.fn, ctx);
     switch (c->plan->dtype) {
     case KF_DTYPE_BF16: return kf_plain::skl_forward<bf16>(ex, c);
     case KF_DTYPE_F16: return kf_plain::skl_forward<f16>(ex, c);
@@ -132,7 +132,7 @@ kf_status kf__cuda_skl_plain_forward(kf_context *ctx, const kf__skl_fwd *c) {
 
 kf_status kf__cuda_skl_plain_backward(kf_context *ctx, const kf__skl_bwd *c) {
     CudaExec ex = {ctx, "kf_sklinear_backward"};
-    KF__CUDA_TRY(ex.fn, cudaSetDevice(ctx->device_index));
+    KF__CUDA_ON_DEVICE(ex.fn, ctx);
     switch (c->plan->dtype) {
     case KF_DTYPE_BF16: return kf_plain::skl_backward<bf16>(ex, c);
     case KF_DTYPE_F16: return kf_plain::skl_backward<f16>(ex, c);
@@ -151,7 +151,7 @@ size_t kf__cuda_kan_plain_workspace(const struct kf_kan_linear_plan *p, int64_t 
 
 kf_status kf__cuda_kan_plain_forward(kf_context *ctx, const kf__kan_fwd *c) {
     CudaExec ex = {ctx, c->patches ? "kf_kan_conv2d_forward" : "kf_kan_linear_forward"};
-    KF__CUDA_TRY(ex.fn, cudaSetDevice(ctx->device_index));
+    KF__CUDA_ON_DEVICE(ex.fn, ctx);
     switch (c->plan->dtype) {
     case KF_DTYPE_BF16: return kf_plain::kan_forward<bf16>(ex, c);
     case KF_DTYPE_F16: return kf_plain::kan_forward<f16>(ex, c);
@@ -161,7 +161,7 @@ kf_status kf__cuda_kan_plain_forward(kf_context *ctx, const kf__kan_fwd *c) {
 
 kf_status kf__cuda_kan_plain_backward(kf_context *ctx, const kf__kan_bwd *c) {
     CudaExec ex = {ctx, c->patches ? "kf_kan_conv2d_backward" : "kf_kan_linear_backward"};
-    KF__CUDA_TRY(ex.fn, cudaSetDevice(ctx->device_index));
+    KF__CUDA_ON_DEVICE(ex.fn, ctx);
     switch (c->plan->dtype) {
     case KF_DTYPE_BF16: return kf_plain::kan_backward<bf16>(ex, c);
     case KF_DTYPE_F16: return kf_plain::kan_backward<f16>(ex, c);
@@ -183,7 +183,7 @@ void kf__cuda_rnn_plain_sizes(const struct kf_rnn_plan *p, int64_t T, int64_t B,
 
 kf_status kf__cuda_rnn_plain_forward(kf_context *ctx, const kf__rnn_fwd *c) {
     CudaExec ex = {ctx, "kf_rnn_forward"};
-    KF__CUDA_TRY(ex.fn, cudaSetDevice(ctx->device_index));
+    KF__CUDA_ON_DEVICE(ex.fn, ctx);
     switch (c->plan->dtype) {
     case KF_DTYPE_BF16: return kf_plain::rnn_forward<bf16>(ex, c);
     case KF_DTYPE_F16: return kf_plain::rnn_forward<f16>(ex, c);
@@ -193,7 +193,7 @@ kf_status kf__cuda_rnn_plain_forward(kf_context *ctx, const kf__rnn_fwd *c) {
 
 kf_status kf__cuda_rnn_plain_backward(kf_context *ctx, const kf__rnn_bwd *c) {
     CudaExec ex = {ctx, "kf_rnn_backward"};
-    KF__CUDA_TRY(ex.fn, cudaSetDevice(ctx->device_index));
+    KF__CUDA_ON_DEVICE(ex.fn, ctx);
     switch (c->plan->dtype) {
     case KF_DTYPE_BF16: return kf_plain::rnn_backward<bf16>(ex, c);
     case KF_DTYPE_F16: return kf_plain::rnn_backward<f16>(ex, c);

@@ -9,8 +9,8 @@
 //    cublasGemmEx with CUBLAS_COMPUTE_32F); everything else is float32;
 //  * bfloat16 and float16 GRU and A-GRU plans whose H the persistent kernels do not take
 //    (plain_rnn.cuh: the input-side products on the tensor cores, the recurrence in float32).
-// Records and notation: core/sklinear_backend.h and core/kan_backend.h; math: DESIGN.md and
-// docs/ops/kan.md.
+// Records and notation: core/sklinear_backend.h and core/kan_backend.h; math: docs/ops/sklinear.md
+// and docs/ops/kan.md.
 //
 // The algorithms are written against an executor X, so that this one code runs both on the GPU
 // (cuda/plain.cu: cuBLAS and a grid-stride kernel) and, compiled for the host with a loop
@@ -31,17 +31,18 @@
 // KF__HD; they trust the records as the op tables do (core/backend.h).
 //
 // SKLinear, element type T (double, or bfloat16 / float16 storage with float32 arithmetic, acc
-// below); the weights stacked into the workspace in T: W1 = [S1_1..S1_L | U2_1..U2_L] [in, 2r],
-// W2 = [U1; S2] [2r, out], s = 1 / (2L):
-//   forward   Z = x W1 [N, 2r] in T, then y = bias + s Z W2: two GEMMs, y rounded once (the
+// below); the weights stacked into the workspace in T: W1 = [S1_1..S1_L | U2_1..U2_L] [in, R],
+// W2 = [U1; S2] [R, out], each half c2 wide (r rounded up to 16 bytes, zeros after the r, so
+// every product's operands are 16-byte aligned: skl_layout), R = 2 c2, s = 1 / (2L):
+//   forward   Z = x W1 [N, R] in T, then y = bias + s Z W2: two GEMMs, y rounded once (the
 //             second GEMM's beta = 1 onto the bias rows)
-//   backward  dZ = s dy W2^T [N, 2r] in T (dx wanted; dS1s alone: its first r columns);
+//   backward  dZ = s dy W2^T [N, R] in T (dx wanted; dS1s alone: its first r columns);
 //             dx = dZ W1^T; dS1s_i (+)= x^T dZ[:, i k:(i+1) k] (batched over the L terms);
-//             Z2 = x W1[:, r:] = x U2 [N, r] in T, dS2s (+)= s Z2^T dy; dbias (+)= column sums
-//             of dy in acc (one thread per column, rows in order); accumulation is
-//             round(acc(old) + g), by the GEMMs' beta = 1
-//   workspace e 2r (in + out) (W1, W2) + e N 2r (Z or dZ) + e N r (Z2), e = sizeof(T), each
-//             rounded up to 64 bytes
+//             Z2 = x W1[:, c2:c2+r] = x U2 [N, r] in T, dS2s (+)= s Z2^T dy; dbias (+)= column
+//             sums of dy in acc (column_sums: row ranges, then the ranges, each in order);
+//             accumulation is round(acc(old) + g), by the GEMMs' beta = 1
+//   workspace e R (in + out) (W1, W2) + e N R (Z or dZ) + e N c2 (Z2) + dbias's partial sums
+//             (a P out, P <= 1024), e = sizeof(T), a = sizeof(acc), each rounded up to 64 bytes
 //   Z, dZ and Z2 are rounded to T between the two products (as torch's own bfloat16 layers
 //   round every product's result), so both products run on the tensor cores.
 //
@@ -92,6 +93,23 @@ constexpr int64_t kPlainChunkBytes = int64_t(1) << 25;
 // The spline-order bound of the basis window (cuda/kan_linear.cu's kMaxOrder; supports() refuses
 // more).
 constexpr int kPlainMaxOrder = 15;
+
+// ---- index arithmetic ------------------------------------------------------------------------
+
+// a / d and a % d for a >= 0, d > 0: in 32-bit unsigned arithmetic where both fit (a GPU divides
+// 32-bit integers in about 20 instructions, 64-bit ones in about 70 through a library routine;
+// the KAN convolution's patch indexing divides several times per element), in 64 bits otherwise.
+struct QR {
+    int64_t q, r;
+};
+KF__HD inline QR divmod(int64_t a, int64_t d) {
+    if ((((uint64_t)a | (uint64_t)d) >> 32) == 0) {
+        const int64_t q = (int64_t)((uint32_t)a / (uint32_t)d);
+        return QR{q, a - q * d};
+    }
+    const int64_t q = a / d;
+    return QR{q, a - q * d};
+}
 
 // ---- workspace sizing (saturating: SIZE_MAX where it cannot fit) ------------------------------
 
@@ -145,21 +163,92 @@ template <> struct Elem<f16> {
     static KF__HD f16 put(float v) { return f16{kf__f32_to_f16(v)}; }
 };
 
+// ---- fixed-order column sums (the bias gradients, the A-GRU's d epsilon) ------------------------
+// db[o] (+)= sum over rows n < N of g[n ld + o], o < cols, in acc, in two levels: the rows split
+// into P ranges of `per` rows, each (range, column) summed in row order into part [P, cols], then
+// each column's P partial sums in range order; rounded once, accumulated as round(acc(old) +
+// sum). The split is a function of (N, cols) alone, so the bits repeat on every device. One
+// thread per column over all N rows would leave the device idle (SKLinear's dbias at out = N =
+// 8192: 8192 threads of 8192 dependent adds; the A-GRU's d epsilon: one thread over T B rows).
+constexpr int64_t kSumMinRows = 64;      // rows per range, at least
+constexpr int64_t kSumPairs = 1 << 17;   // (range, column) threads aimed at
+constexpr int64_t kSumMaxRanges = 1024;  // the second level's length, at most
+
+struct SumSplit {
+    int64_t P, per;
+};
+inline SumSplit sum_split(int64_t N, int64_t cols) {
+    if (N <= 0 || cols <= 0) return SumSplit{1, 1};
+    int64_t P = kSumPairs / cols;
+    const int64_t most = (N + kSumMinRows - 1) / kSumMinRows;
+    if (P > most) P = most;
+    if (P > kSumMaxRanges) P = kSumMaxRanges;
+    if (P < 1) P = 1;
+    const int64_t per = (N + P - 1) / P;
+    return SumSplit{(N + per - 1) / per, per};
+}
+// Bytes of the partial sums of a column sum over N rows and `cols` columns, in acc A.
+template <class A> inline size_t sum_part_bytes(int64_t N, int64_t cols) {
+    return bytes_of<A>(sum_split(N, cols).P, cols);
+}
+
+// part[q cols + o] = sum of g[n ld + o] over the rows n of range q, in order.
+template <class G, class A> struct SumRanges {
+    const G *g; // G: a tensor's type, or (the recurrent layers' gate gradients) acc
+    A *part;
+    int64_t N, ld, cols, per;
+    KF__HD void operator()(int64_t e) const {
+        const int64_t q = e / cols, o = e % cols, n1 = (q + 1) * per < N ? (q + 1) * per : N;
+        A s = A(0);
+        for (int64_t n = q * per; n < n1; ++n) s += Elem<G>::get(g[n * ld + o]);
+        part[e] = s;
+    }
+};
+// db[o] (+)= the sum of part[q cols + o] over the P ranges, in order.
+template <class T> struct SumFinish {
+    using A = typename Elem<T>::acc;
+    const A *part;
+    T *db;
+    int64_t P, cols;
+    bool acc;
+    KF__HD void operator()(int64_t o) const {
+        A s = A(0);
+        for (int64_t q = 0; q < P; ++q) s += part[q * cols + o];
+        db[o] = Elem<T>::put(acc ? Elem<T>::get(db[o]) + s : s);
+    }
+};
+// The two passes; `part` holds sum_part_bytes(N, cols).
+template <class T, class G, class X>
+kf_status column_sums(X &ex, const G *g, int64_t N, int64_t ld, int64_t cols, T *db, bool acc,
+                      typename Elem<T>::acc *part) {
+    const SumSplit sp = sum_split(N, cols);
+    KF_TRY(ex.each(sp.P * cols, SumRanges<G, typename Elem<T>::acc>{g, part, N, ld, cols, sp.per}));
+    return ex.each(cols, SumFinish<T>{part, db, sp.P, cols, acc});
+}
+
 // ---- SKLinear ------------------------------------------------------------------------------------
 
-// The workspace offsets of an SKLinear call in element type T: the stacked weights W1 [in, 2r]
-// and W2 [2r, out], Z or dZ [N, 2r], Z2 [N, r].
+// The workspace offsets of an SKLinear call in element type T: the stacked weights W1 [in, R]
+// and W2 [R, out], Z or dZ [N, R], Z2 [N, c2], dbias's partial sums (column_sums, in acc). The
+// U2 half of W1's columns (and of W2's rows, Z's columns) starts at column c2, r rounded up to 16
+// bytes of T, and R = 2 c2, the columns between zeros: every operand a product reads begins at a
+// 16-byte boundary with a leading dimension of a multiple of 16 bytes (cuBLAS's aligned kernels;
+// at W1 + r a product fell back to its unaligned ones wherever r is not a multiple of 8).
 struct SklLayout {
-    size_t off_w2, off_z, off_z2, bytes;
+    int64_t c2, R;
+    size_t off_w2, off_z, off_z2, off_part, bytes;
 };
 
 template <class T> inline SklLayout skl_layout(const struct kf_sklinear_plan *p, int64_t N) {
     SklLayout l;
-    const int64_t R = 2 * p->r;
-    l.off_w2 = bytes_of<T>(p->in, R);
-    l.off_z = add(l.off_w2, bytes_of<T>(R, p->out));
-    l.off_z2 = add(l.off_z, bytes_of<T>(N, R));
-    l.bytes = add(l.off_z2, bytes_of<T>(N, p->r));
+    const int64_t al = sizeof(T) >= 16 ? 1 : 16 / (int64_t)sizeof(T);
+    l.c2 = (p->r + al - 1) / al * al;
+    l.R = 2 * l.c2;
+    l.off_w2 = bytes_of<T>(p->in, l.R);
+    l.off_z = add(l.off_w2, bytes_of<T>(l.R, p->out));
+    l.off_z2 = add(l.off_z, bytes_of<T>(N, l.R));
+    l.off_part = add(l.off_z2, bytes_of<T>(N, l.c2));
+    l.bytes = add(l.off_part, sum_part_bytes<typename Elem<T>::acc>(N, p->out));
     return l;
 }
 
@@ -167,21 +256,21 @@ template <class T> inline size_t skl_workspace(const struct kf_sklinear_plan *p,
     return skl_layout<T>(p, N).bytes;
 }
 
-// W1[i, h r + t k + j] = (h ? U2 : S1)[t, i, j] (e < in 2r), then W2 = [U1; S2] (U1, S2 [r, out]
-// each, copied as they are).
+// W1[i, h c2 + t k + j] = (h ? U2 : S1)[t, i, j] (e < in R), then W2 = [U1; S2] (rows h c2 + q
+// of U1, S2 [r, out] each, copied as they are); zeros in the columns (rows) r..c2 of each half.
 template <class T> struct StackW {
     const T *S1, *U2, *U1, *S2;
     T *W1, *W2;
-    int64_t in, r, k, out;
+    int64_t in, r, k, out, c2;
     KF__HD void operator()(int64_t e) const {
-        const int64_t R = 2 * r, n1 = in * R;
+        const int64_t R = 2 * c2, n1 = in * R;
         if (e < n1) {
-            const int64_t i = e / R, col = e % R, h = col / r, t = col % r / k, j = col % k;
-            W1[e] = (h ? U2 : S1)[(t * in + i) * k + j];
+            const int64_t i = e / R, col = e % R, h = col >= c2, q = col - h * c2;
+            W1[e] = q < r ? (h ? U2 : S1)[(q / k * in + i) * k + q % k] : Elem<T>::put(0);
             return;
         }
-        const int64_t e2 = e - n1, half = r * out;
-        W2[e2] = e2 < half ? U1[e2] : S2[e2 - half];
+        const int64_t e2 = e - n1, row = e2 / out, o = e2 % out, h = row >= c2, q = row - h * c2;
+        W2[e2] = q < r ? (h ? S2 : U1)[q * out + o] : Elem<T>::put(0);
     }
 };
 
@@ -193,36 +282,23 @@ template <class T> struct FillRows {
     KF__HD void operator()(int64_t i) const { y[i] = bias[i % out]; }
 };
 
-// db[o] (+)= sum over the N rows of g[n ld + o], rows in order, in acc (a bias gradient; rounded
-// once, accumulated as round(acc(old) + sum)).
-template <class T, class G = T> struct ColumnSums {
-    using A = typename Elem<T>::acc;
-    const G *g; // G: T, or (the recurrent layers' gate gradients) acc
-    T *db;
-    int64_t N, ld;
-    bool acc;
-    KF__HD void operator()(int64_t o) const {
-        A s = A(0);
-        for (int64_t n = 0; n < N; ++n) s += Elem<G>::get(g[n * ld + o]);
-        db[o] = Elem<T>::put(acc ? Elem<T>::get(db[o]) + s : s);
-    }
-};
-
 // W1 and W2 into the workspace.
 template <class T, class X>
 kf_status skl_stack(X &ex, const struct kf_sklinear_plan *p, const void *S1, const void *S2,
                     const void *U1, const void *U2, void *ws, const SklLayout &l) {
-    const StackW<T> f = {(const T *)S1, (const T *)U2, (const T *)U1, (const T *)S2,
-                         at_t<T>(ws, 0), at_t<T>(ws, l.off_w2), p->in, p->r, p->k, p->out};
-    return ex.each(2 * p->r * (p->in + p->out), f);
+    const StackW<T> f = {(const T *)S1, (const T *)U2, (const T *)U1,        (const T *)S2,
+                         at_t<T>(ws, 0),   at_t<T>(ws, l.off_w2), p->in, p->r, p->k,
+                         p->out,           l.c2};
+    return ex.each(l.R * (p->in + p->out), f);
 }
 
 template <class T, class X> kf_status skl_forward(X &ex, const kf__skl_fwd *c) {
     using Ac = typename Elem<T>::acc;
     const struct kf_sklinear_plan *p = c->plan;
-    const int64_t N = c->N, R = 2 * p->r, out = p->out;
+    const int64_t N = c->N, out = p->out;
     if (N <= 0) return KF_OK;
     const SklLayout l = skl_layout<T>(p, N);
+    const int64_t R = l.R;
     KF_TRY(skl_stack<T>(ex, p, c->S1, c->S2, c->U1, c->U2, c->ws, l));
     const T *W1 = at_t<T>(c->ws, 0), *W2 = at_t<T>(c->ws, l.off_w2);
     T *Z = at_t<T>(c->ws, l.off_z), *y = (T *)c->y;
@@ -235,16 +311,17 @@ template <class T, class X> kf_status skl_forward(X &ex, const kf__skl_fwd *c) {
 template <class T, class X> kf_status skl_backward(X &ex, const kf__skl_bwd *c) {
     using Ac = typename Elem<T>::acc;
     const struct kf_sklinear_plan *p = c->plan;
-    const int64_t N = c->N, r = p->r, R = 2 * r, in = p->in, out = p->out, k = p->k;
+    const int64_t N = c->N, r = p->r, in = p->in, out = p->out, k = p->k;
     if (N <= 0) return KF_OK;
     const Ac s = Ac(1) / (Ac(2) * (Ac)p->L), wb = c->accumulate ? Ac(1) : Ac(0);
     const T *x = (const T *)c->x, *dy = (const T *)c->dy;
     const SklLayout l = skl_layout<T>(p, N);
+    const int64_t R = l.R, c2 = l.c2;
     if (c->dx || c->dS1 || c->dS2)
         KF_TRY(skl_stack<T>(ex, p, c->S1, c->S2, c->U1, c->U2, c->ws, l));
     const T *W1 = at_t<T>(c->ws, 0), *W2 = at_t<T>(c->ws, l.off_w2);
     T *dZ = at_t<T>(c->ws, l.off_z);
-    if (c->dx || c->dS1) // dZ's r columns of S1 (the first r rows of W2 are U1), all 2r for dx
+    if (c->dx || c->dS1) // dZ's r columns of S1 (the first r rows of W2 are U1), all R for dx
         KF_TRY(ex.gemm(false, true, N, c->dx ? R : r, out, s, dy, out, W2, out, Ac(0), dZ, R));
     if (c->dx)
         KF_TRY(ex.gemm(false, true, N, in, R, Ac(1), dZ, R, W1, R, Ac(0), (T *)c->dx, in));
@@ -253,10 +330,12 @@ template <class T, class X> kf_status skl_backward(X &ex, const kf__skl_bwd *c) 
                                (T *)c->dS1, k, in * k, p->L));
     if (c->dS2) {
         T *Z2 = at_t<T>(c->ws, l.off_z2);
-        KF_TRY(ex.gemm(false, false, N, r, in, Ac(1), x, in, W1 + r, R, Ac(0), Z2, r));
-        KF_TRY(ex.gemm(true, false, r, out, N, s, Z2, r, dy, out, wb, (T *)c->dS2, out));
+        KF_TRY(ex.gemm(false, false, N, r, in, Ac(1), x, in, W1 + c2, R, Ac(0), Z2, c2));
+        KF_TRY(ex.gemm(true, false, r, out, N, s, Z2, c2, dy, out, wb, (T *)c->dS2, out));
     }
-    if (c->db) KF_TRY(ex.each(out, ColumnSums<T>{dy, (T *)c->db, N, out, c->accumulate}));
+    if (c->db)
+        KF_TRY(column_sums(ex, dy, N, out, out, (T *)c->db, c->accumulate,
+                           at_t<Ac>(c->ws, l.off_part)));
     return KF_OK;
 }
 
@@ -272,10 +351,10 @@ template <class T> struct Rows {
     // x at row n (global), feature f.
     KF__HD A at(int64_t n, int64_t f) const {
         if (!conv) return Elem<T>::get(x[n * in + f]);
-        const int64_t hw = g.Ho * g.Wo, b = n / hw, pix = n % hw, oh = pix / g.Wo,
-                      ow = pix % g.Wo, kk = (int64_t)g.kh * g.kw, ch = f / kk, ij = f % kk;
-        const int64_t h = oh * g.sh - g.ph + ij / g.kw * g.dh,
-                      w = ow * g.sw - g.pw + ij % g.kw * g.dw;
+        const QR bp = divmod(n, g.Ho * g.Wo), hw = divmod(bp.r, g.Wo),
+                 cij = divmod(f, (int64_t)g.kh * g.kw), ij = divmod(cij.r, g.kw);
+        const int64_t b = bp.q, oh = hw.q, ow = hw.r, ch = cij.q;
+        const int64_t h = oh * g.sh - g.ph + ij.q * g.dh, w = ow * g.sw - g.pw + ij.r * g.dw;
         if (h < 0 || h >= g.H || w < 0 || w >= g.W) return A(0);
         return Elem<T>::get(x[((b * g.Cin + ch) * g.H + h) * g.W + w]);
     }
@@ -321,7 +400,8 @@ template <class T> struct Prep {
     }
 };
 
-// A[l, f cw .. f cw + C] for l = e / in (row n0 + l), f = e % in: SiLU(x), then the bases.
+// A[l, f cw .. f cw + C] for l = e / in (row n0 + l), f = e % in: SiLU(x), then the bases (the
+// window's k + 1, zeros elsewhere), each element written once, in column order.
 template <class T> struct GenA {
     using Ac = typename Elem<T>::acc;
     Feat<T> F;
@@ -330,17 +410,16 @@ template <class T> struct GenA {
     KF__HD void operator()(int64_t e) const {
         const int64_t in = F.rows.in, l = e / in, f = e % in;
         T *a = A + l * F.K + f * F.cw;
-        for (int64_t c = 0; c < F.cw; ++c) a[c] = Elem<T>::put(Ac(0));
         const Ac xv = F.rows.at(n0 + l, f);
         a[0] = Elem<T>::put(xv / (Ac(1) + exp(-xv)));
         Ac Nw[kPlainMaxOrder + 1];
         const int64_t j = kf__bspline_window<kPlainMaxOrder>(F.grid + f * F.nk,
                                                               F.inv + f * F.k * F.nk, F.nk,
                                                               F.k, xv, Nw);
-        if (j < 0) return;
-        for (int r = 0; r <= F.k; ++r) {
-            const int64_t b = j - F.k + r;
-            if (b >= 0 && b < F.C) a[1 + b] = Elem<T>::put(Nw[r]);
+        const int64_t b0 = j - F.k; // the window's first basis (j < 0: none)
+        for (int64_t b = 0; b < F.C; ++b) {
+            const int64_t r = b - b0;
+            a[1 + b] = Elem<T>::put(j >= 0 && r >= 0 && r <= F.k ? Nw[r] : Ac(0));
         }
     }
 };
@@ -387,24 +466,27 @@ template <class T> struct Col2Im {
     const A *dP; // [rows of the chunk, in]
     T *dx;
     KF__HD void operator()(int64_t e) const {
-        const int64_t img = g.Cin * g.H * g.W, bl = e / img, r = e % img, ch = r / (g.H * g.W),
-                      h = r / g.W % g.H, w = r % g.W;
+        const int64_t img = g.Cin * g.H * g.W;
+        const QR br = divmod(e, img), ci = divmod(br.r, g.H * g.W), hw = divmod(ci.r, g.W);
+        const int64_t bl = br.q, ch = ci.q, h = hw.q, w = hw.r;
         A s = A(0);
         for (int64_t i = 0; i < g.kh; ++i) {
             const int64_t ohs = h + g.ph - i * g.dh;
-            if (ohs < 0 || ohs % g.sh) continue;
-            const int64_t oh = ohs / g.sh;
-            if (oh >= g.Ho) continue;
+            if (ohs < 0) continue;
+            const QR oq = divmod(ohs, g.sh);
+            if (oq.r != 0 || oq.q >= g.Ho) continue;
+            const int64_t oh = oq.q;
             for (int64_t j = 0; j < g.kw; ++j) {
                 const int64_t ows = w + g.pw - j * g.dw;
-                if (ows < 0 || ows % g.sw) continue;
-                const int64_t ow = ows / g.sw;
-                if (ow >= g.Wo) continue;
+                if (ows < 0) continue;
+                const QR wq = divmod(ows, g.sw);
+                if (wq.r != 0 || wq.q >= g.Wo) continue;
+                const int64_t ow = wq.q;
                 const int64_t n = (bl * g.Ho + oh) * g.Wo + ow, f = (ch * g.kh + i) * g.kw + j;
                 s += dP[n * in + f];
             }
         }
-        dx[(b0 + bl) * img + r] = Elem<T>::put(s);
+        dx[(b0 + bl) * img + br.r] = Elem<T>::put(s);
     }
 };
 

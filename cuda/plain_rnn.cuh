@@ -9,7 +9,8 @@
 // batch goes through each step).
 //
 // Both cells have three gate blocks on the input side (GRU r, z, n of weight_ih; A-GRU z, r, d:
-// W_z, W_r, V_h), so the input projection, dX and the input-side weight gradients are one code.
+// W_z, W_r, V_h), so the input projection, dX and the input-side weight gradients are one code
+// (the GRU's three blocks are one contiguous [3H, in] weight: one product each; the A-GRU's three).
 // Rows r = t ts + b bs of the [N = T B] sequence ((ts, bs) = (B, 1), or (1, T) batch-first);
 // len(b) = lengths[b] clamped to [0, T] (device lengths are never checked by the front end).
 //
@@ -31,8 +32,8 @@
 // and the gates into the reserve. Backward, per layer (last first) and direction: the reverse
 // recurrence (per step the gate-gradient pass into dG_x [N, 3H] and, GRU, dG_h / A-GRU, q into
 // aux [N, 3H or H]; then dh += dG_h W_hh, or dq = da_d A, a pass, dh += [da_z da_r] [U_z; U_r]),
-// then every weight gradient and dX as whole-sequence GEMMs, d eps as per-row sums added in row
-// order.
+// then every weight gradient and dX as whole-sequence GEMMs, the bias gradients and d eps (of
+// per-row sums) as fixed-order column sums (plain.cuh's column_sums).
 //
 // Reserve (training), per cell (l, d): hp [N, H] (the state before each step, every row) and the
 // gates [N, ng H] (GRU r, z, n, hn: ng = 4; A-GRU z, r, d: ng = 3) in acc; then the output
@@ -40,8 +41,9 @@
 // (acc), then forward G_x [N, 3H], a [B, 3H], q and h [B, H] (acc) and (inference) two [N, D H]
 // layer outputs (T); backward dG_x and aux [N, 3H], dh, dq [B, H], the weight-gradient block
 // [3H, H], per-row d eps [N] (acc), for the low types dG_x in T [N, 3H] and the first layer's dX
-// sum [N, I] (acc; float64 sums dX in place), and two [N, D H] buffers of d(layer output) in
-// acc (the caller's dy widened, the inner layers' gradients: never rounded).
+// sum [N, I] (acc; float64 sums dX in place), two [N, D H] buffers of d(layer output) in
+// acc (the caller's dy widened, the inner layers' gradients: never rounded), and the column sums'
+// partial sums (acc).
 #ifndef KF_CUDA_PLAIN_RNN_CUH
 #define KF_CUDA_PLAIN_RNN_CUH
 
@@ -65,7 +67,7 @@ struct RnnLayout {
     size_t cell_bytes, hp_bytes, out0, out_bytes, reserve; // reserve
     size_t A, wr;                                            // workspace, both directions
     size_t gx, a, q, h, seq, fwd;                            // forward workspace
-    size_t dgx, aux, dh, dq, gmat, eps, dgx_t, dxs, dseq, dseq_bytes, bwd; // backward workspace
+    size_t dgx, aux, dh, dq, gmat, eps, dgx_t, dxs, dseq, dseq_bytes, part, bwd; // backward
 };
 
 template <class E> inline RnnLayout rnn_layout(const struct kf_rnn_plan *p, int64_t T, int64_t B) {
@@ -100,7 +102,12 @@ template <class E> inline RnnLayout rnn_layout(const struct kf_rnn_plan *p, int6
     l.dxs = add(l.dgx_t, is_low<E>() ? bytes_of<E>(l.N, 3 * l.H) : 0);
     l.dseq = add(l.dxs, is_low<E>() ? bytes_of<A>(l.N, p->I) : 0);
     l.dseq_bytes = bytes_of<A>(l.N, l.DH);
-    l.bwd = add(l.dseq, add(l.dseq_bytes, l.dseq_bytes));
+    l.part = add(l.dseq, add(l.dseq_bytes, l.dseq_bytes));
+    // the partial sums of the column sums: the bias gradients (3H columns at most), d epsilon (1)
+    const size_t part3 = sum_part_bytes<A>(l.N, 3 * l.H), part1 = sum_part_bytes<A>(l.N, 1),
+                 partH = sum_part_bytes<A>(l.N, l.H);
+    const size_t part = part3 > part1 ? part3 : part1;
+    l.bwd = add(l.part, part > partH ? part : partH);
     return l;
 }
 
@@ -270,9 +277,13 @@ template <class T> struct AgruUpdate {
     }
 };
 
-// The weights of cell (l, d): the three input-side gate blocks and the recurrent ones.
+// The weights of cell (l, d): the input-side gate weights, as the products take them (nx blocks of
+// hx rows, block g at wx[g]: the GRU's W_ih [3H, in] is one contiguous block, so one product; the
+// A-GRU's W_z, W_r, V_h are three), the three gate biases, and the recurrent weights.
 template <class T> struct Cell {
     const T *wx[3], *bx[3];
+    int nx;
+    int64_t hx;
     const T *whh, *bhh;          // GRU
     const T *uz, *ur, *wh, *eps; // A-GRU (eps: device scalar)
     int64_t in, idx;
@@ -286,14 +297,16 @@ inline Cell<T> cell_of(const struct kf_rnn_plan *p, const void *const *w, int32_
     const void *const *cw = w + c.idx * p->nw;
     const int64_t H = p->H;
     if (p->cell != KF_RNN_AGRU) {
-        const T *wih = (const T *)cw[KF__GRU_W_IH], *bih = (const T *)cw[KF__GRU_B_IH];
-        for (int g = 0; g < 3; g++) c.wx[g] = wih + g * H * c.in, c.bx[g] = bih + g * H;
+        const T *bih = (const T *)cw[KF__GRU_B_IH];
+        c.nx = 1, c.hx = 3 * H, c.wx[0] = (const T *)cw[KF__GRU_W_IH];
+        for (int g = 0; g < 3; g++) c.bx[g] = bih + g * H;
         c.whh = (const T *)cw[KF__GRU_W_HH];
         c.bhh = (const T *)cw[KF__GRU_B_HH];
         return c;
     }
     const int wx[3] = {KF__AGRU_W_Z, KF__AGRU_W_R, KF__AGRU_V_H};
     const int bx[3] = {KF__AGRU_B_Z, KF__AGRU_B_R, KF__AGRU_B_H};
+    c.nx = 3, c.hx = H;
     for (int g = 0; g < 3; g++) c.wx[g] = (const T *)cw[wx[g]], c.bx[g] = (const T *)cw[bx[g]];
     c.uz = (const T *)cw[KF__AGRU_U_Z];
     c.ur = (const T *)cw[KF__AGRU_U_R];
@@ -363,9 +376,9 @@ template <class T, class X> kf_status rnn_forward(X &ex, const kf__rnn_fwd *c) {
             A *hp = c->training ? at_t<A>(c->reserve, (size_t)cw.idx * lo.cell_bytes) : nullptr;
             A *gates = hp ? (A *)((char *)hp + lo.hp_bytes) : nullptr;
             KF_TRY(ex.each(N * 3 * H, FillBias3<T>{cw.bx[0], cw.bx[1], cw.bx[2], gx, H}));
-            for (int g = 0; g < 3; g++)
-                KF_TRY(ex.gemm(false, true, N, H, cw.in, A(1), x, cw.in, cw.wx[g], cw.in, A(1),
-                               gx + g * H, 3 * H));
+            for (int g = 0; g < cw.nx; g++)
+                KF_TRY(ex.gemm(false, true, N, cw.hx, cw.in, A(1), x, cw.in, cw.wx[g], cw.in,
+                               A(1), gx + g * cw.hx, 3 * H));
             KF_TRY(form_wr(ex, lo, cw, c->ws));
             const T *h0 = c->h0 ? (const T *)c->h0 + cw.idx * B * H : nullptr;
             KF_TRY(ex.each(B * H, CopyOrZero<T, A>{h0, h}));
@@ -501,7 +514,8 @@ template <class T> struct FoldWh {
     }
 };
 
-// *deps (+)= sum of rows[0..N) (in order), rows[n] = sum over j of v[n, j] (in order).
+// rows[n] = sum over j of v[n, j] (in order): the A-GRU's d epsilon per row, whose column sum
+// (column_sums over one column) is d epsilon.
 template <class A> struct RowSums {
     const A *v;
     A *rows;
@@ -510,18 +524,6 @@ template <class A> struct RowSums {
         A s = A(0);
         for (int64_t j = 0; j < H; ++j) s += v[n * H + j];
         rows[n] = s;
-    }
-};
-template <class T> struct TotalInto {
-    using A = typename Elem<T>::acc;
-    const A *rows;
-    T *dst;
-    int64_t N;
-    bool acc;
-    KF__HD void operator()(int64_t) const {
-        A s = A(0);
-        for (int64_t n = 0; n < N; ++n) s += rows[n];
-        *dst = Elem<T>::put(acc ? Elem<T>::get(*dst) + s : s);
     }
 };
 
@@ -534,7 +536,7 @@ template <class T, class X> kf_status rnn_backward(X &ex, const kf__rnn_bwd *c) 
     KF_TRY(form_A<T>(ex, p, lo, c->w, c->ws));
     A *dgx = at_t<A>(c->ws, lo.dgx), *aux = at_t<A>(c->ws, lo.aux), *dh = at_t<A>(c->ws, lo.dh),
       *dq = at_t<A>(c->ws, lo.dq), *gmat = at_t<A>(c->ws, lo.gmat),
-      *erows = at_t<A>(c->ws, lo.eps);
+      *erows = at_t<A>(c->ws, lo.eps), *part = at_t<A>(c->ws, lo.part);
     const A *wr = at_t<A>(c->ws, lo.wr);
     // the input-side products' dG_x in T (float64: dG_x itself)
     T *dgx_t = is_low<T>() ? at_t<T>(c->ws, lo.dgx_t) : (T *)(void *)dgx;
@@ -588,21 +590,20 @@ template <class T, class X> kf_status rnn_backward(X &ex, const kf__rnn_bwd *c) 
             // the whole-sequence products of this cell
             void *const *dw = c->dw ? c->dw + cw.idx * p->nw : nullptr;
             auto W = [&](int j) { return dw ? (T *)dw[j] : nullptr; };
-            for (int g = 0; g < 3; g++) {
+            for (int g = 0; g < cw.nx; g++) { // the input-side blocks (GRU: one, [3H, in])
                 T *dwx, *dbx;
                 if (lo.agru) {
                     const int wx[3] = {KF__AGRU_W_Z, KF__AGRU_W_R, KF__AGRU_V_H};
                     const int bx[3] = {KF__AGRU_B_Z, KF__AGRU_B_R, KF__AGRU_B_H};
                     dwx = W(wx[g]), dbx = W(bx[g]);
                 } else {
-                    dwx = W(KF__GRU_W_IH) ? W(KF__GRU_W_IH) + g * H * cw.in : nullptr;
-                    dbx = W(KF__GRU_B_IH) ? W(KF__GRU_B_IH) + g * H : nullptr;
+                    dwx = W(KF__GRU_W_IH), dbx = W(KF__GRU_B_IH);
                 }
+                const int64_t c0 = g * cw.hx;
                 if (dwx)
-                    KF_TRY(ex.gemm(true, false, H, cw.in, N, A(1), dgx_t + g * H, 3 * H, x,
+                    KF_TRY(ex.gemm(true, false, cw.hx, cw.in, N, A(1), dgx_t + c0, 3 * H, x,
                                    cw.in, acc ? A(1) : A(0), dwx, cw.in));
-                if (dbx)
-                    KF_TRY(ex.each(H, ColumnSums<T, A>{dgx + g * H, dbx, N, 3 * H, acc}));
+                if (dbx) KF_TRY(column_sums(ex, dgx + c0, N, 3 * H, cw.hx, dbx, acc, part));
             }
             if (!lo.agru) {
                 if (W(KF__GRU_W_HH)) {
@@ -611,8 +612,8 @@ template <class T, class X> kf_status rnn_backward(X &ex, const kf__rnn_bwd *c) 
                     KF_TRY(ex.each(3 * H * H, StoreGrad<T>{gmat, W(KF__GRU_W_HH), acc}));
                 }
                 if (W(KF__GRU_B_HH))
-                    KF_TRY(ex.each(3 * H,
-                                   ColumnSums<T, A>{aux, W(KF__GRU_B_HH), N, 3 * H, acc}));
+                    KF_TRY(column_sums(ex, (const A *)aux, N, 3 * H, 3 * H, W(KF__GRU_B_HH), acc,
+                                       part));
             } else {
                 if (W(KF__AGRU_U_Z) || W(KF__AGRU_U_R)) { // [dU_z; dU_r] = [da_z da_r]^T hp
                     KF_TRY(ex.gemm(true, false, 2 * H, H, N, A(1), dgx, 3 * H, hp, H, A(0), gmat,
@@ -630,12 +631,13 @@ template <class T, class X> kf_status rnn_backward(X &ex, const kf__rnn_bwd *c) 
                 }
                 if (W(KF__AGRU_EPS)) {
                     KF_TRY(ex.each(N, RowSums<A>{epsv, erows, H}));
-                    KF_TRY(ex.each(1, TotalInto<T>{erows, W(KF__AGRU_EPS), N, acc}));
+                    KF_TRY(column_sums(ex, (const A *)erows, N, 1, 1, W(KF__AGRU_EPS), acc,
+                                       part));
                 }
             }
             if (l || dx)
-                for (int g = 0; g < 3; g++)
-                    KF_TRY(ex.gemm(false, false, N, cw.in, H, A(1), dgx_t + g * H, 3 * H,
+                for (int g = 0; g < cw.nx; g++)
+                    KF_TRY(ex.gemm(false, false, N, cw.in, cw.hx, A(1), dgx_t + g * cw.hx, 3 * H,
                                    cw.wx[g], cw.in, d || g ? A(1) : A(0), dxs, cw.in));
         }
         if (dx && is_low<T>()) KF_TRY(ex.each(N * p->I, CopyOrZero<A, T>{dxs, dx}));

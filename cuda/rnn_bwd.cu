@@ -373,8 +373,8 @@ kf_status launch_bwd_persistent(kf_context *ctx, const char *fn, const BwdArgs &
     const int H = a.H, nthr = (H / 4) * (3 * H / kKPT);
     const size_t smem = bwd_persistent_smem_bytes(H, BB);
     auto kernel = rnn_bwd_persistent<BB, kAgru>;
-    KF__CUDA_TRY(fn, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          (int)smem));
+    static kf__smem_optin optin; // smem <= the opt-in limit: bwd_persistent_rows chose BB so
+    KF_TRY(optin.allow(ctx, fn, kernel));
     kernel<<<(unsigned)((a.B + BB - 1) / BB), nthr, smem, kf__stream(ctx)>>>(a, m, dhn, dh0);
     KF__CUDA_LAUNCH_CHECK(fn, "rnn_bwd_persistent");
     return KF_OK;
@@ -531,7 +531,7 @@ extern "C" kf_status kf__cuda_rnn_backward(kf_context *ctx, const kf__rnn_bwd *c
     KF_CHECK_FN(fn, T > 0 && B > 0, KF_ERR_UNSUPPORTED,
                 "T = %lld, B = %lld: the CUDA backward needs at least one step and one sample",
                 (long long)T, (long long)B);
-    KF__CUDA_TRY(fn, cudaSetDevice(ctx->device_index));
+    KF__CUDA_ON_DEVICE(fn, ctx);
     kf__rnn_cuda_layout lay;
     kf__rnn_cuda_layout_make(p, T, B, true, &lay);
     void *ws = c->ws;

@@ -1,4 +1,4 @@
-// GRU and A-GRU forward (math: DESIGN.md; layouts: core/rnn_backend.h, cuda/rnn_cuda.cuh).
+// GRU and A-GRU forward (math: docs/ops/rnn.md; layouts: core/rnn_backend.h, cuda/rnn_cuda.cuh).
 // B batch, T steps, I input, H hidden; row-major, last dimension fastest.
 //
 // Per layer-direction: one cuBLAS GEMM projects the input of all T*B rows (gx = X W^T, bias added
@@ -513,8 +513,8 @@ kf_status launch_agru_persistent(kf_context *ctx, const char *fn, const FwdArgs 
                                  const float *wt, const float *h0, float *hn) {
     const size_t smem = agru_persistent_smem_bytes(a.H, BB);
     auto kernel = agru_fwd_persistent<BB, KPT, kTrain>;
-    KF__CUDA_TRY(fn, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          (int)smem));
+    static kf__smem_optin optin; // smem <= the opt-in limit: persistent_rows chose BB so
+    KF_TRY(optin.allow(ctx, fn, kernel));
     kernel<<<(unsigned)((a.B + BB - 1) / BB), 3 * a.H, smem, kf__stream(ctx)>>>(a, wt, h0, hn);
     KF__CUDA_LAUNCH_CHECK(fn, "agru_fwd_persistent");
     return KF_OK;
@@ -549,21 +549,24 @@ kf_status launch_persistent(kf_context *ctx, const char *fn, const FwdArgs &a, c
     const int H = a.H, nthr = (3 * H / 4) * (H / kKPT);
     const size_t smem = persistent_smem_bytes(H, BB);
     auto kernel = rnn_fwd_persistent<BB, kAgru, kTrain>;
-    KF__CUDA_TRY(fn, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          (int)smem));
+    static kf__smem_optin optin; // smem <= the opt-in limit: persistent_rows chose BB so
+    KF_TRY(optin.allow(ctx, fn, kernel));
     kernel<<<(unsigned)((a.B + BB - 1) / BB), nthr, smem, kf__stream(ctx)>>>(a, wt, h0, hn);
     KF__CUDA_LAUNCH_CHECK(fn, "rnn_fwd_persistent");
     return KF_OK;
 }
 
 // Rows per block: the fewest that keep the grid within one wave of the SMs, so that every
-// block runs at once; 0 when the persistent kernel does not apply to this shape.
-int persistent_rows(int H, int64_t B, int sms, size_t smem_optin) {
+// block runs at once; 0 when the persistent kernel does not apply to this shape. Sized by the
+// shared memory of the kernel that will run: the A-GRU's warp-role kernel
+// (agru_persistent_smem_bytes) or the GRU's.
+int persistent_rows(bool agru, int H, int64_t B, int sms, size_t smem_optin) {
     if (!kf__rnn_persistent_h(H)) return 0;
     static const int kChoices[3] = {1, 2, 4};
     int pick = 0;
     for (int c : kChoices) {
-        if (persistent_smem_bytes(H, c) > smem_optin) break;
+        const size_t need = agru ? agru_persistent_smem_bytes(H, c) : persistent_smem_bytes(H, c);
+        if (need > smem_optin) break;
         pick = c;
         if ((B + c - 1) / c <= sms) break;
     }
@@ -665,7 +668,7 @@ extern "C" kf_status kf__cuda_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c)
     KF_CHECK_FN(fn, T <= INT32_MAX && B <= INT32_MAX && H <= INT32_MAX, KF_ERR_UNSUPPORTED,
                 "T = %lld, B = %lld, H = %lld: the CUDA backend takes extents below 2^31",
                 (long long)T, (long long)B, (long long)H);
-    KF__CUDA_TRY(fn, cudaSetDevice(ctx->device_index));
+    KF__CUDA_ON_DEVICE(fn, ctx);
     if (T == 0 || B == 0) { // no step runs: h_n = h0
         if (c->hn != nullptr && B > 0) {
             const size_t bytes = (size_t)(L * D * B * H) * sizeof(float);
@@ -682,7 +685,7 @@ extern "C" kf_status kf__cuda_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c)
     float *wt = kf__at<float>(ws, lay.wt), *gx = kf__at<float>(ws, lay.gx);
     float *hbuf[2] = {kf__at<float>(ws, lay.h[0]), kf__at<float>(ws, lay.h[1])};
 
-    const int BB = persistent_rows((int)H, B, ctx->sm_count, ctx->smem_optin_bytes);
+    const int BB = persistent_rows(agru, (int)H, B, ctx->sm_count, ctx->smem_optin_bytes);
 
     int64_t xts, xbs; // row strides of x and y (the user's layout)
     kf__rnn_row_strides(p, 0, T, B, &xts, &xbs);

@@ -1,5 +1,5 @@
 // SKLinear (Panther's sketched linear layer) on CUDA: forward and backward through the 2r-wide
-// bottleneck, r = L*k (math: DESIGN.md; notation and records: core/sklinear_backend.h).
+// bottleneck, r = L*k (math: docs/ops/sklinear.md; notation and records: core/sklinear_backend.h).
 // Row-major throughout; fp32 operands and fp32 accumulation; no atomics, every sum in a fixed
 // order; no allocation, no synchronisation, no host reads of device data: everything is enqueued
 // on ctx->stream (graph-capturable).
@@ -667,7 +667,7 @@ kf_status skl_forward(kf_context *ctx, const kf__skl_fwd *c) {
     if (c->plan->dtype != KF_DTYPE_F32) return kf__cuda_skl_plain_forward(ctx, c);
     const Layout l = make_layout(c->plan, c->N);
     if (c->N <= 0) return KF_OK;
-    KF__CUDA_TRY(fn, cudaSetDevice(ctx->device_index));
+    KF__CUDA_ON_DEVICE(fn, ctx);
     const Net a = make_net(c->plan, c->N, c->x, c->S1, c->S2, c->U1, c->U2);
     const float *bias = static_cast<const float *>(c->bias);
     float *y = static_cast<float *>(c->y);
@@ -699,7 +699,7 @@ kf_status skl_backward(kf_context *ctx, const kf__skl_bwd *c) {
     if (c->dx == nullptr && c->dS1 == nullptr && c->dS2 == nullptr && c->db == nullptr)
         return KF_OK;
     const Layout l = make_layout(c->plan, c->N);
-    KF__CUDA_TRY(fn, cudaSetDevice(ctx->device_index));
+    KF__CUDA_ON_DEVICE(fn, ctx);
     const Net a = make_net(c->plan, c->N, c->x, c->S1, c->S2, c->U1, c->U2);
     const float *dy = static_cast<const float *>(c->dy);
     const bool need_dz = c->dx != nullptr || c->dS1 != nullptr, need_z2 = c->dS2 != nullptr;

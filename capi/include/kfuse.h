@@ -219,8 +219,7 @@ typedef enum kf_grad_mode {
 /* ---- recurrent layers: GRU and A-GRU --------------------------------------------------- */
 /*
  * One plan describes a stack of L recurrent layers whose cell is a GRU (torch.nn.GRU semantics)
- * or an A-GRU (antisymmetric GRU; math in docs/ops/rnn.md and DESIGN.md). A whole sequence runs in
- * one call. Dropout (probability p) is applied to the output of every layer except the last, in
+ * or an A-GRU (antisymmetric GRU; math in docs/ops/rnn.md). A whole sequence runs in one call. Dropout (probability p) is applied to the output of every layer except the last, in
  * KF_MODE_TRAINING only, with a counter-based generator keyed by (seed, offset) that every backend
  * reproduces bit for bit; kept elements are scaled by 1/(1-p).
  *

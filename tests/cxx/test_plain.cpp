@@ -11,7 +11,9 @@
 #include <criterion/criterion.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <numeric>
 #include <random>
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "plain_rnn.cuh"
+#include "tf32.cuh"
 
 extern "C" {
 #include "ref_kan.h"
@@ -362,6 +365,92 @@ Test(plain, sklinear) {
     check_sklinear(33, 16, 24, 3, 4, false);
     check_sklinear(1, 5, 3, 2, 2, true);
     check_sklinear(64, 40, 8, 4, 8, true); // 2r = 64 > in
+    check_sklinear(203, 6, 10, 1, 2, true); // dbias over 4 row ranges, the last one short
+}
+
+// The fixed-order column sums (plain.cuh's column_sums: SKLinear's dbias, the recurrent bias
+// gradients, the A-GRU's d epsilon) against long-double sums, over one range, several with a
+// short last one, one column and many, written and accumulated; and bit for bit the same result
+// from a second run (the executor shuffles the order of the threads).
+Test(plain, column_sums) {
+    std::mt19937 rng(11);
+    for (auto nc : {std::pair<int64_t, int64_t>{1, 1}, {63, 5}, {64, 1}, {1000, 1}, {1000, 3},
+                    {5003, 40}, {20000, 1}, {300, 2000}, {0, 4}}) {
+        const int64_t N = nc.first, cols = nc.second, ld = cols + 3;
+        const kf_plain::SumSplit sp = kf_plain::sum_split(N, cols);
+        cr_assert(sp.P >= 1 && sp.P <= kf_plain::kSumMaxRanges && sp.per >= 1 &&
+                      (N == 0 || ((sp.P - 1) * sp.per < N && sp.P * sp.per >= N)),
+                  "N = %lld, cols = %lld: split P = %lld, per = %lld", (long long)N,
+                  (long long)cols, (long long)sp.P, (long long)sp.per);
+        if (N >= 1000) cr_assert(sp.P > 1, "N = %lld: one range", (long long)N);
+        const Vec g = random(rng, std::max<int64_t>(N, 1) * ld);
+        const Vec old = random(rng, cols);
+        Vec part(kf_plain::sum_part_bytes<double>(N, cols) / sizeof(double), NAN);
+        for (bool acc : {false, true}) {
+            Vec db[2] = {old, old};
+            for (Vec &d : db) {
+                HostExec ex;
+                ex.rng.seed((unsigned)(&d - db) + 1);
+                cr_assert_eq(kf_plain::column_sums(ex, g.data(), N, ld, cols, d.data(), acc,
+                                                   part.data()),
+                             KF_OK);
+            }
+            for (int64_t o = 0; o < cols; ++o) {
+                long double s = acc ? old[o] : 0.0L;
+                for (int64_t n = 0; n < N; ++n) s += g[n * ld + o];
+                cr_assert(std::fabs(db[0][o] - (double)s) <= 1e-13 * (1.0 + std::sqrt((double)N)),
+                          "N = %lld, cols = %lld, column %lld: %.17g, expected %.17g",
+                          (long long)N, (long long)cols, (long long)o, db[0][o], (double)s);
+                cr_assert(db[0][o] == db[1][o], "column %lld differs between two runs",
+                          (long long)o);
+            }
+        }
+    }
+}
+
+// The 3xTF32 split (cuda/tf32.cuh): hi + lo == v exactly (-0 may come back +0) with hi on TF32's 10 mantissa bits and
+// |lo| <= 2^-10 |v| (for normal v) for every finite v (extremes, subnormals, signed zeros, random
+// bit patterns);
+// a non-finite v is its own hi with lo = 0, a NaN whose payload sits in the low bits stays a NaN.
+// And the three-product form the materialised KAN path runs (Al Bh + Ah Bl + Ah Bh, operands
+// truncated to TF32 as the tensor cores take them): an infinite x times a weight of more than 11
+// significant bits gives the infinity of a float32 product, not NaN (inf - inf in the split
+// made the old lo a NaN).
+Test(plain, tf32_split) {
+    auto bits = [](float v) { uint32_t u; memcpy(&u, &v, 4); return u; };
+    auto from = [](uint32_t u) { float v; memcpy(&v, &u, 4); return v; };
+    std::vector<float> vals = {0.0f, -0.0f, 1.0f, -1.0f, FLT_MAX, -FLT_MAX, FLT_MIN, -FLT_MIN,
+                               from(1), from(0x807fffffu), 3.14159265f, 1e-30f, 65504.0f};
+    std::mt19937 rng(5);
+    for (int i = 0; i < 100000; ++i) {
+        const float v = from((uint32_t)rng());
+        if (std::isfinite(v)) vals.push_back(v);
+    }
+    for (float v : vals) {
+        float hi, lo;
+        kf__tf32_split(v, &hi, &lo, 0);
+        cr_assert(hi + lo == v && (v == 0.0f || bits(hi + lo) == bits(v)) && (bits(hi) & 0x1fffu) == 0 &&
+                      (std::fabs(v) < FLT_MIN || std::fabs(lo) <= std::ldexp(std::fabs(v), -10)),
+                  "split(%a) = %a + %a", (double)v, (double)hi, (double)lo);
+    }
+    for (float v : {INFINITY, -INFINITY, NAN, from(0x7f800001u), from(0xff800fffu)}) {
+        float hi, lo;
+        kf__tf32_split(v, &hi, &lo, 0);
+        cr_assert(lo == 0.0f && (std::isnan(v) ? std::isnan(hi) : hi == v),
+                  "split(%a) = %a + %a", (double)v, (double)hi, (double)lo);
+    }
+    const float w[3] = {0.3f, -1.7f, 2.5e-3f}; // each with a non-zero lo
+    for (float x : {INFINITY, -INFINITY})
+        for (float wv : w) {
+            float xh, xl, wh, wl;
+            kf__tf32_split(x, &xh, &xl, 0);
+            kf__tf32_split(wv, &wh, &wl, 0);
+            cr_assert(wl != 0.0f);
+            const float y = kf__tf32_hi(xl) * kf__tf32_hi(wh) + kf__tf32_hi(xh) * kf__tf32_hi(wl) +
+                            kf__tf32_hi(xh) * kf__tf32_hi(wh);
+            cr_assert(y == x * wv, "3xTF32 %g * %g = %g, expected %g", (double)x, (double)wv,
+                      (double)y, (double)(x * wv));
+        }
 }
 
 Test(plain, kan_linear) {
