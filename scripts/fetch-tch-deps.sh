@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Puts the crate sources that bindings/rust/kfuse-tch needs and no reachable registry has into
-# build/tch-deps (never committed), each at a pinned revision:
+# For a machine without ../shared/tch-deps (developer machines and CI have it, and
+# scripts/test-tch.sh uses it there): puts the crate sources that bindings/rust/kfuse-tch needs
+# and no reachable registry has into build/tch-deps (never committed), each at a pinned revision:
 #   tch-rs          0.10.3 (tch + torch-sys; libtorch 1.13)  LaurentMazare/tch-rs   58fcb8b6c4e3
 #   ndarray         0.15.6                                   rust-ndarray/ndarray   tag 0.15.6
 #   matrixmultiply  0.3.2                                    bluss/matrixmultiply   tag 0.3.2
@@ -33,7 +34,7 @@ SOURCES=(
   "rawpointer 0.2.1 Cargo.toml e4f5800e86acc8cb610430a3f361977480e2b0a6 https://github.com/bluss/rawpointer"
 )
 
-# check NAME VERSION MANIFESTS: each manifest under build/tch-deps/NAME has package version VERSION.
+# check NAME VERSION MANIFESTS: each manifest under $DEPS/NAME has package version VERSION.
 check() {
   local name=$1 version=$2 manifests=$3 m v
   for m in ${manifests//,/ }; do

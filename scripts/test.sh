@@ -15,7 +15,8 @@
 #      operands checked too), the Rust tests under valgrind (scripts/test-sanitize-bindings.sh),
 #      then the Rust crates (bindings-current check, cargo test offline) and a downstream crate
 #      (examples/rust-consumer: pkg-config dynamic and static, built from source), and the tch-rs
-#      interop crate (scripts/test-tch.sh; SKIPPED where build/tch-deps lacks tch's sources),
+#      interop crate on Debian's libtorch 1.13 (scripts/test-tch.sh: tests, doc tests, example;
+#      tch's sources from ../shared/tch-deps, else build/tch-deps, SKIPPED where neither is),
 #   8. the reliability suite, bounded (libFuzzer 60 s, ThreadSanitizer, soak + valgrind leaks),
 #   9. a smoke run of the main job (a few batches) and of the benchmark driver.
 # Build trees live under build/ (build/main, build/asan, ...). Takes ~15-25 min on 2 cores.
@@ -106,7 +107,7 @@ bash scripts/test-rust.sh
 stage "a Rust crate outside the workspace, dynamic and static (scripts/test-rust-consumer.sh)"
 bash scripts/test-rust-consumer.sh build/valgrind
 
-stage "tch-rs interop crate (scripts/test-tch.sh; SKIPPED without tch's sources in build/tch-deps)"
+stage "tch-rs interop crate (scripts/test-tch.sh; tch's sources from ../shared/tch-deps)"
 bash scripts/test-tch.sh
 
 stage "reliability: fuzz, TSan, soak (scripts/test-reliability.sh, bounded)"
