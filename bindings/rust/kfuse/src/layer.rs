@@ -3,7 +3,6 @@
 //! tensors of optional views.
 use crate::context::Context;
 use crate::error::{check, Error, Result, Status};
-use crate::rnn::WeightInfo;
 use crate::tensor::{absent, Element, Float, Tensor, TensorMut};
 use kfuse_sys as sys;
 use std::ffi::CStr;
@@ -12,6 +11,24 @@ use std::os::raw::c_char;
 use std::ptr::{self, NonNull};
 
 const MAX_DIMS: usize = sys::KF_MAX_DIMS as usize;
+
+/// One state tensor of a plan (a recurrent layer's weight, a KAN or SKLinear parameter), in the
+/// canonical order: its reference `state_dict` name and its shape (e.g. `weight_ih_l0` `[3H, I]`,
+/// `cells.0.W_h` `[H, H]`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WeightInfo {
+    /// Reference parameter name.
+    pub name: String,
+    /// Shape in elements.
+    pub shape: Vec<usize>,
+}
+
+impl WeightInfo {
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
 
 /// A kfuse struct as its `*_init` function fills it (defaults and `struct_size`).
 pub(crate) fn init_with<T>(init: unsafe extern "C" fn(*mut T)) -> T {

@@ -151,9 +151,9 @@ pub use kan::{
     KanPlan,
 };
 pub use kan_conv::{KanConv2dDesc, KanConv2dPlan};
+pub use layer::WeightInfo;
 pub use rnn::{
-    BackwardArgs, Cell, ForwardArgs, Mode, Reserve, RnnDesc, RnnPlan, WeightGrads, WeightInfo, Weights,
-    WorkspaceSize,
+    BackwardArgs, Cell, ForwardArgs, Mode, Reserve, RnnDesc, RnnPlan, WeightGrads, Weights, WorkspaceSize,
 };
 pub use sklinear::{
     SkBackwardArgs, SkForwardArgs, SkHostParams, SkLinearDesc, SkLinearPlan, SkParams, SkParamsMut,

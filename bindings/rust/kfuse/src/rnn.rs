@@ -2,7 +2,7 @@
 use crate::context::{Context, Device};
 use crate::error::{check, Error, Result, Status};
 use crate::grad::GradMode;
-use crate::layer;
+use crate::layer::{self, WeightInfo};
 use crate::tensor::{absent, Float, Tensor, TensorMut};
 use kfuse_sys as sys;
 use std::alloc::{self, Layout};
@@ -178,23 +178,6 @@ impl RnnDesc {
 
 fn raw_desc_defaults() -> sys::kf_rnn_desc {
     layer::init_with(sys::kf_rnn_desc_init)
-}
-
-/// One weight tensor of a plan, in the canonical order: its reference `state_dict` name and its
-/// shape (e.g. `weight_ih_l0` `[3H, I]`, `cells.0.W_h` `[H, H]`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WeightInfo {
-    /// Reference parameter name.
-    pub name: String,
-    /// Shape in elements.
-    pub shape: Vec<usize>,
-}
-
-impl WeightInfo {
-    /// Number of elements.
-    pub fn numel(&self) -> usize {
-        self.shape.iter().product()
-    }
 }
 
 /// Bytes a call needs, from [`RnnPlan::workspace_size`].
