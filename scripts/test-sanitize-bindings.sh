@@ -3,11 +3,14 @@
 # boundary (a binding handing libkfuse a dead or too-small buffer) makes this script fail.
 #   1. builds libkfuse with AddressSanitizer + UndefinedBehaviorSanitizer (KF_SANITIZE=ON, gcc's
 #      runtimes, CPU backend, library target only) into build/asan-lib, linked with
-#      tests/sanitize/blas_asan_check.c through -Wl,--wrap=cblas_sgemm (see below),
+#      tests/sanitize/blas_asan_check.c through -Wl,--wrap=cblas_sgemm (see below); or takes
+#      the ASan build KF_ASAN_BUILD names (scripts/test.sh passes its build/asan, configured the
+#      same way with the C tests on: the library's objects are the same),
 #   2. installs bindings/python into its own venv build/pyenv-asan (Debian's /usr/bin/python3,
 #      --system-site-packages for torch 1.13; the package's rpath points at build/asan-lib) and
 #      runs pytest tests/python with libasan preloaded,
-#   3. builds libkfuse without sanitizers (RelWithDebInfo, CPU) into build/valgrind-lib and runs
+#   3. builds libkfuse without sanitizers (RelWithDebInfo, CPU) into build/valgrind-lib (or takes
+#      the CPU build KF_CPU_BUILD names: scripts/test.sh passes build/valgrind) and runs
 #      `cargo test --offline -p kfuse-sys -p kfuse` (unit, integration and doc tests; the benches
 #      crate is skipped) with every test binary under valgrind memcheck (cargo's target runner;
 #      the rustup cargo 1.95 here runs the executed doc tests through the runner too, checked;
@@ -17,8 +20,9 @@
 # Run after scripts/install-deps.sh; installs the few extra Debian packages it needs itself.
 # Takes about 2.5-3 minutes on 2 cores once the packages exist (measured 152 s with the build
 # trees present: builds and pip install ~10 s, pytest under ASan ~30 s, the Rust tests under
-# valgrind ~2 min, 95 s of it tests/rnn.rs's finite-difference tests; a cold run adds the two
-# library builds and the crates' compile, well under a minute).
+# valgrind ~2 min, 95 s of it tests/rnn.rs's finite-difference tests; a cold run on its own adds
+# the two library builds and the crates' compile; under scripts/test.sh the two libraries are
+# the ones it built already, build/asan and build/valgrind).
 #
 # Why each setting (keep them narrow: nothing here hides an error inside libkfuse):
 #   LD_PRELOAD=libasan.so  python3 is not instrumented; ASan's runtime must come first in the
@@ -50,15 +54,18 @@
 #                       uninitialised memory in a branch, or bad free fails that test binary (and
 #                       so cargo test). Leaks are not checked here (tests/kan.rs Box::leak()s
 #                       shapes on purpose; scripts/test.sh's soak + valgrind covers library leaks).
-# Environment: JOBS (build parallelism, default nproc), PYTEST_ARGS (extra pytest arguments).
+# Environment: JOBS (build parallelism, default nproc), PYTEST_ARGS (extra pytest arguments),
+# KF_ASAN_BUILD and KF_CPU_BUILD (existing build trees to use, brought up to date with
+# `cmake --build --target kfuse` but not configured again; KF_ASAN_BUILD's libkfuse.so must carry
+# the GEMM check: lib.sh's asan_gemm_check).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 JOBS=${JOBS:-$(nproc)}
 export OMP_WAIT_POLICY=PASSIVE
 PY=/usr/bin/python3
-ASAN_LIB=$ROOT/build/asan-lib
-VG_LIB=$ROOT/build/valgrind-lib
+ASAN_LIB=${KF_ASAN_BUILD:-$ROOT/build/asan-lib}
+VG_LIB=${KF_CPU_BUILD:-$ROOT/build/valgrind-lib}
 VENV=$ROOT/build/pyenv-asan
 CARGO_TARGET=$ROOT/build/rust-valgrind-target
 
@@ -74,13 +81,12 @@ command -v cargo >/dev/null || PACKAGES+=(cargo rustc)
 bash scripts/install-deps.sh "${PACKAGES[@]}"
 
 stage "libkfuse with ASan + UBSan ($ASAN_LIB; CPU backend; GEMM operands checked)"
-mkdir -p "$ASAN_LIB"
-gcc -c -O1 -g -fPIC -fsanitize=address -fno-omit-frame-pointer -Wall -Wextra -Werror \
-  -I/usr/include/x86_64-linux-gnu/openblas-pthread -I/usr/include/aarch64-linux-gnu/openblas-pthread \
-  tests/sanitize/blas_asan_check.c -o "$ASAN_LIB/blas_asan_check.o"
-cmake -S . -B "$ASAN_LIB" -DCMAKE_BUILD_TYPE=Debug -DKF_CUDA=OFF -DKF_SANITIZE=ON \
-  -DKF_BUILD_TESTS=OFF -DKF_BUILD_EXAMPLES=OFF -DKF_BUILD_BENCHES=OFF \
-  "-DCMAKE_SHARED_LINKER_FLAGS=-Wl,--wrap=cblas_sgemm $ASAN_LIB/blas_asan_check.o" >/dev/null
+if [ -z "${KF_ASAN_BUILD:-}" ]; then
+  gemm_check=$(asan_gemm_check "$ASAN_LIB")
+  cmake -S . -B "$ASAN_LIB" -DCMAKE_BUILD_TYPE=Debug -DKF_CUDA=OFF -DKF_SANITIZE=ON \
+    -DKF_BUILD_TESTS=OFF -DKF_BUILD_EXAMPLES=OFF -DKF_BUILD_BENCHES=OFF \
+    "$gemm_check" >/dev/null
+fi
 cmake --build "$ASAN_LIB" -j"$JOBS" --target kfuse
 nm "$ASAN_LIB/libkfuse.so" | grep -c __wrap_cblas_sgemm >/dev/null ||
   { echo "test-sanitize-bindings: the GEMM check is not linked in" >&2; exit 1; }
@@ -120,8 +126,10 @@ fi
 pytest_verdict "test-sanitize-bindings (under ASan)" "$rc"
 
 stage "libkfuse without sanitizers for valgrind ($VG_LIB; RelWithDebInfo, CPU backend)"
-cmake -S . -B "$VG_LIB" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKF_CUDA=OFF \
-  -DKF_BUILD_TESTS=OFF -DKF_BUILD_EXAMPLES=OFF -DKF_BUILD_BENCHES=OFF >/dev/null
+if [ -z "${KF_CPU_BUILD:-}" ]; then
+  cmake -S . -B "$VG_LIB" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKF_CUDA=OFF \
+    -DKF_BUILD_TESTS=OFF -DKF_BUILD_EXAMPLES=OFF -DKF_BUILD_BENCHES=OFF >/dev/null
+fi
 cmake --build "$VG_LIB" -j"$JOBS" --target kfuse
 
 stage "Rust: cargo test --offline -p kfuse-sys -p kfuse, every test binary under valgrind"

@@ -3,7 +3,8 @@
 #   1. the main build (CUDA backend too when nvcc exists) and its C tests (ctest; CUDA tests skip
 #      without a GPU), then again under each OpenBLAS core type the CPU can run (AVX2, AVX-512),
 #      and the RNN and SKLinear tests on the AVX2 kernels where the AVX-512 ones run by default,
-#   2. the C tests again under AddressSanitizer + UndefinedBehaviorSanitizer,
+#   2. the C tests again under AddressSanitizer + UndefinedBehaviorSanitizer (GEMM operands
+#      checked too: tests/sanitize/blas_asan_check.c),
 #   3. the fast C tests once under valgrind (memcheck, leaks are errors),
 #   4. the ABI check: abidiff of the built library against abi/kfuse.abi,
 #   5. a C consumer of every form: installed (find_package, pkg-config), build tree,
@@ -19,7 +20,10 @@
 #      tch's sources from ../shared/tch-deps, else build/tch-deps, SKIPPED where neither is),
 #   8. the reliability suite, bounded (libFuzzer 60 s, ThreadSanitizer, soak + valgrind leaks),
 #   9. a smoke run of the main job (a few batches) and of the benchmark driver.
-# Build trees live under build/ (build/main, build/asan, ...). Takes ~15-25 min on 2 cores.
+# Build trees live under build/: build/main, build/asan (also the sanitizer lane's ASan library),
+# build/valgrind (the CPU-only build every later stage that needs one takes), and the reliability
+# suite's build/fuzz and build/tsan (docs/architecture.md, "The build"). Took 28-40 min on 2 cores
+# before those builds were shared (issue 38); the log ends with each stage's seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -62,20 +66,26 @@ if grep -qw avx512f /proc/cpuinfo; then
     -R 'rnn|sklinear|lowp|api|arena|threads'
 fi
 
-stage "C tests under ASan + UBSan (CPU backend)"
+stage "C tests under ASan + UBSan (CPU backend; GEMM operands checked too)"
+# libkfuse.so linked with the GEMM check (lib.sh's asan_gemm_check), so that this tree is the
+# sanitizer lane's ASan library too (stage 7): one ASan build of the library, not two.
+gemm_check=$(asan_gemm_check "$ROOT/build/asan")
 cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=Debug -DKF_CUDA=OFF -DKF_SANITIZE=ON \
-  -DKF_BUILD_EXAMPLES=OFF -DKF_BUILD_BENCHES=OFF >/dev/null
+  -DKF_BUILD_EXAMPLES=OFF -DKF_BUILD_BENCHES=OFF "$gemm_check" >/dev/null
 cmake --build build/asan -j"$JOBS"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build/asan --output-on-failure -j1
 
 stage "C tests under valgrind (CPU backend)"
+# build/valgrind is the CPU-only build (RelWithDebInfo) that every later stage needing one takes:
+# the ABI check, the C and Rust consumers, the sanitizer lane's valgrind half, the soak.
+vg_tests=(test_api test_rnn_errors test_rnn)
 cmake -S . -B build/valgrind -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKF_CUDA=OFF \
   -DKF_BUILD_EXAMPLES=OFF -DKF_BUILD_BENCHES=OFF >/dev/null
-cmake --build build/valgrind -j"$JOBS"
+cmake --build build/valgrind -j"$JOBS" --target kfuse kfuse_static "${vg_tests[@]}"
 # Criterion runs each test in a worker process: valgrind must follow it (--trace-children) and
 # stop it on the first error (Criterion ignores a worker's valgrind exit code otherwise).
-for t in test_api test_rnn_errors test_rnn; do
+for t in "${vg_tests[@]}"; do
   [ -x build/valgrind/tests/$t ] || continue
   echo "valgrind $t"
   valgrind -q --trace-children=yes --exit-on-first-error=yes --error-exitcode=99 \
@@ -99,7 +109,8 @@ stage "the Python package as users install it (scripts/test-python-wheel.sh)"
 bash scripts/test-python-wheel.sh
 
 stage "sanitizer lane over the bindings (scripts/test-sanitize-bindings.sh)"
-bash scripts/test-sanitize-bindings.sh
+KF_ASAN_BUILD="$ROOT/build/asan" KF_CPU_BUILD="$ROOT/build/valgrind" \
+  bash scripts/test-sanitize-bindings.sh
 
 stage "Rust crates (scripts/test-rust.sh)"
 bash scripts/test-rust.sh
@@ -111,7 +122,7 @@ stage "tch-rs interop crate (scripts/test-tch.sh; tch's sources from ../shared/t
 bash scripts/test-tch.sh
 
 stage "reliability: fuzz, TSan, soak (scripts/test-reliability.sh, bounded)"
-bash scripts/test-reliability.sh 60 10000
+KF_SOAK_LIB="$ROOT/build/valgrind" bash scripts/test-reliability.sh 60 10000
 
 if [ -x build/main/examples/train_fmnist ]; then
   stage "main job smoke run (20 batches per epoch)"
@@ -125,3 +136,4 @@ stage "KANConv2d benchmark smoke run (small shape, through the Python package)"
 /usr/bin/python3 benches/cpu_kan_conv.py --quick
 
 stage "all tests passed"
+stage_times
