@@ -50,7 +50,8 @@
  * forward), rejected (x of rank 3 against y of rank 4, a NaN margin, a decreasing knot pair, an
  * image too small for the dilated kernel); every input begins with the byte fuzz_draw_setup
  * reads (0: float32, the CPU's default kernels), and fwd_bwd, update_conv and stride2_pad_dil
- * come again as NAME.f64, .bf16, .f16 and as .f32.avx2, .bf16.avx2 (the baseline kernels). */
+ * come again as NAME.f64, .bf16, .f16 and as .f32.avx2, .bf16.avx2 (the baseline kernels), and
+ * fwd_bwd.bf16.avx512 draws avx512 (the fallback on a CPU without AVX-512). */
 #include "kfuse.h"
 #include "ref_kan.h"
 #include "ref_rnn.h"

@@ -37,7 +37,8 @@
  * passed anyway, then valid calls), kan_fwd_bwd (KAN with repeated knots, forward and backward),
  * kan_decreasing_grid (uniform grid, forward with a decreasing knot pair); every input begins
  * with the byte fuzz_draw_setup reads (0: float32, the CPU's default kernels), and the first three
- * come again as NAME.f64, .bf16, .f16 and as .f32.avx2, .bf16.avx2 (the baseline kernels). */
+ * come again as NAME.f64, .bf16, .f16 and as .f32.avx2, .bf16.avx2 (the baseline kernels), and
+ * skl_fwd_bwd.bf16.avx512 draws avx512 (the fallback on a CPU without AVX-512). */
 #include "kfuse.h"
 #include "ref_kan.h"
 #include "ref_rnn.h"

@@ -34,7 +34,8 @@
  *
  * Corpus (tests/fuzz/corpus/fuzz_rnn): every input begins with the byte fuzz_draw_setup reads (0:
  * float32, the CPU's default kernels); gru_fwd_bwd, agru_fwd_bwd, gru_bidir_bf and infer come
- * again as NAME.f64, .bf16, .f16 and as .f32.avx2, .bf16.avx2 (the baseline kernels).
+ * again as NAME.f64, .bf16, .f16 and as .f32.avx2, .bf16.avx2 (the baseline kernels), and
+ * gru_fwd_bwd.bf16.avx512 draws avx512 (the fallback on a CPU without AVX-512).
  *
  * Wrong order: backward with a reserve no forward wrote (fuzz bytes, NaN, Inf), or one written
  * for other inputs / lengths / dropout keys, may return garbage numbers (documented in
