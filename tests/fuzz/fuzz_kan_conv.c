@@ -3,7 +3,8 @@
  * kf_kan_conv2d_update_grid). Build: tests/fuzz/CMakeLists.txt; run: scripts/fuzz.sh. Sibling of
  * fuzz_layers.c (which keeps its own input format) with the same oracle discipline.
  *
- * Each input: a CPU context (1-2 threads, maybe a fixed arena), a conv descriptor with up to 3
+ * Each input: the plans' dtype and the context's CPU instruction set (fuzz_draw_setup), a CPU
+ * context (1-2 threads, maybe a fixed arena), a conv descriptor with up to 3
  * mutations (in/out channels, kernel / stride / pad / dilation fields including 0, negative and
  * huge values, grid_size, spline_order, standalone_scale, dtype, struct_size and its tail), an
  * image geometry (x [B, C_in, H, W] or [C_in, H, W], H, W <= 7) and a KANLinear plan over the same
@@ -23,8 +24,9 @@
  * succeed (KF_ERR_WORKSPACE_TOO_SMALL only from a fixed arena, KF_ERR_OUT_OF_MEMORY allowed),
  * write every element of its outputs (NaN-poisoned before; KF_GRAD_ACCUMULATE outputs are
  * pre-filled with finite values), leave every other byte unchanged and match float64 references:
- * forward / backward through a naive unfold, tests/c/ref_kan.c and a naive col2im for dx
- * (||got - ref|| <= 1e-3 ||ref|| + 1e-4 sqrt(n)); update_grid: every grid row finite and
+ * forward / backward through a naive unfold, tests/c/ref_kan.c and a naive col2im for dx, on the
+ * values the tensors hold (||got - ref|| <= 1e-3 ||ref|| + 1e-4 sqrt(n) for float32, the bounds
+ * fuzz_input.h derives from docs/precision.md for the other dtypes); update_grid: every grid row finite and
  * non-decreasing, spline_weight finite, and the knots equal to kfuse.h's formula (quantile indices
  * floor(j (M - 1) / G), exact for G + 1 <= 7, which tiny plans always have) to a loose tolerance.
  * A margin of 1e30 or more may make the knots overflow: such a call may be rejected.
@@ -46,7 +48,10 @@
  * rank-3 x, a fixed arena), update_conv (conv update_grid with margin 0.5, then forward and
  * backward on the new knots), update_linear (two KANLinear update_grid calls, then a conv
  * forward), rejected (x of rank 3 against y of rank 4, a NaN margin, a decreasing knot pair, an
- * image too small for the dilated kernel). */
+ * image too small for the dilated kernel); every input begins with the byte fuzz_draw_setup
+ * reads (0: float32, the CPU's default kernels), and fwd_bwd, update_conv and stride2_pad_dil
+ * come again as NAME.f64, .bf16, .f16 and as .f32.avx2, .bf16.avx2 (the baseline kernels), and
+ * fwd_bwd.bf16.avx512 draws avx512 (the fallback on a CPU without AVX-512). */
 #include "kfuse.h"
 #include "ref_kan.h"
 #include "ref_rnn.h"
@@ -68,19 +73,23 @@ typedef struct targ {
     int ndim; /* honest */
     int64_t shape[KF_MAX_DIMS];
     int64_t numel;
-    buf b;
-    float *f;
+    int32_t dt; /* the plan's */
+    buf b;      /* the tensor, dtype dt */
+    float *f;   /* an input's values (fuzz_store: what b holds; fuzz_adopt: what a call wrote) */
 } targ;
-static void targ_make(targ *a, const char *name, int ndim, const int64_t *shape) {
+static void targ_make(targ *a, const char *name, int32_t dt, int ndim, const int64_t *shape) {
     memset(a, 0, sizeof *a);
-    a->name = name, a->ndim = ndim, a->numel = 1;
+    a->name = name, a->dt = dt, a->ndim = ndim, a->numel = 1;
     for (int i = 0; i < ndim; i++) a->shape[i] = shape[i], a->numel *= shape[i];
-    a->b = buf_new((size_t)a->numel * 4);
-    a->f = (float *)(void *)a->b.p;
+    a->b = buf_new((size_t)a->numel * fuzz_dtype_bytes(dt));
+    a->f = calloc((size_t)a->numel, sizeof *a->f);
+    if (!a->f) abort();
 }
+static void sync(targ *a) { fuzz_store(a->dt, a->b.p, a->f, a->numel); }
+static void adopt(targ *a) { fuzz_adopt(a->dt, a->b.p, a->f, a->numel); }
 static kf_tensor honest(const targ *a, bool present) {
     kf_tensor t;
-    if (kf_tensor_init(&t, present ? a->b.p : NULL, KF_DTYPE_F32, a->ndim, a->shape) != KF_OK)
+    if (kf_tensor_init(&t, present ? a->b.p : NULL, a->dt, a->ndim, a->shape) != KF_OK)
         FAIL("kf_tensor_init");
     return t;
 }
@@ -114,6 +123,7 @@ typedef struct geo {
 typedef struct sess {
     kf_context *ctx;
     bool fixed_arena;
+    fuzz_setup su;
     kf_kan_conv2d_plan *cp;
     kf_kan_linear_plan *lp;
     int64_t Cin, Cout, F, G, so, nk, C;
@@ -129,7 +139,7 @@ static void mutate_tensor(rd *r, sess *s, slot *sl) {
     targ *a = sl->a;
     bool img = sl->kind == K_XIMG || sl->kind == K_IMG;
     const uint32_t k = u8(r) % 11;
-    if (mutate_tensor_common(r, t, a->b.p, a->ndim, k)) return;
+    if (mutate_tensor_common(r, t, a->b.p, a->ndim, fuzz_dtype_bytes(a->dt), k)) return;
     switch (k) {
     case 8: /* an image tensor of the other rank: [B, C, H, W] <-> [C, H, W] (B dropped / 1) */
         if (img && t->ndim == 4) {
@@ -180,7 +190,7 @@ static bool slot_valid(const sess *s, const slot *sl, geo *g, int64_t *numel) {
     const kf_tensor *t = sl->t;
     if (!t->data) return !sl->required;
     if (!sl->allowed) return false;
-    if (t->dtype != KF_DTYPE_F32 || (uintptr_t)t->data % 4) return false;
+    if (t->dtype != sl->a->dt || (uintptr_t)t->data % fuzz_dtype_bytes(sl->a->dt)) return false;
     switch (sl->kind) {
     case K_FIXED:
         if (t->ndim != sl->a->ndim) return false;
@@ -243,6 +253,7 @@ static void fill_inputs(sess *s, rd *r) {
         kf_status st = kf_kan_conv2d_uniform_grid(s->cp, -1.0f, 1.0f, &t);
         check_status(st, "kf_kan_conv2d_uniform_grid");
         if (st != KF_OK) FAIL("uniform_grid failed");
+        adopt(&s->grid);
     } else {
         for (int64_t i = 0; i < s->F; i++) { /* steps of 0..0.5 (exact), repeated knots included */
             float v = -1.0f - 0.25f * (float)(ref_rng_next(&g) % 5);
@@ -251,6 +262,7 @@ static void fill_inputs(sess *s, rd *r) {
                 v += kind == 1 ? 0.125f * (float)(ref_rng_next(&g) % 5) : 2.0f / (float)s->G;
             }
         }
+        sync(&s->grid); /* rounding keeps the knots non-decreasing */
     }
     /* some x exactly on knots */
     for (int64_t e = 0; e < s->x.numel; e++)
@@ -259,6 +271,8 @@ static void fill_inputs(sess *s, rd *r) {
     for (int64_t e = 0; e < s->xl.numel; e++)
         if (ref_rng_next(&g) % 6 == 0)
             s->xl.f[e] = gr[(e % s->F) * s->nk + (int64_t)(ref_rng_next(&g) % (uint64_t)s->nk)];
+    targ *in[] = {&s->x, &s->xl, &s->dy, &s->base, &s->spline, &s->scaler};
+    for (size_t i = 0; i < sizeof in / sizeof in[0]; i++) sync(in[i]);
 }
 
 /* The unfold of x [B, C_in, H, W] (contiguous) for geometry g: P [N, F], padding 0. */
@@ -315,9 +329,6 @@ static void print_stats(void) {
 
 static double *f64(const float *p, int64_t n) { return ref_to_f64(p, n); }
 
-NOCOV static void poison(float *p, int64_t n) {
-    for (int64_t e = 0; e < n; e++) p[e] = NAN;
-}
 NOCOV static bool all_finite(const float *p, int64_t n) {
     for (int64_t e = 0; e < n; e++)
         if (!isfinite(p[e])) return false;
@@ -346,11 +357,15 @@ NOCOV static int cmp_double(const void *a, const void *b) {
  * exact for G <= 6). */
 NOCOV static void check_update(const sess *s, const double *P, int64_t M, double margin, double eps) {
     const int64_t F = s->F, nk = s->nk, G = s->G, k = s->so;
-    const float *gr = s->grid.f;
-    for (int64_t e = 0; e < s->spline.numel; e++)
-        if (!isfinite(s->spline.f[e])) FAIL("update_grid: spline_weight[%lld] = %g", (long long)e, s->spline.f[e]);
-    double *v = malloc((size_t)M * sizeof *v), *t = malloc((size_t)nk * sizeof *t);
-    if (!v || !t) abort();
+    for (int64_t e = 0; e < s->spline.numel; e++) {
+        const double w = fuzz_get(s->spline.dt, s->spline.b.p, e);
+        if (!isfinite(w)) FAIL("update_grid: spline_weight[%lld] = %g", (long long)e, w);
+    }
+    /* the knots as the call wrote them (a float64 plan's are not float32 values) */
+    double *gr = malloc((size_t)(F * nk) * sizeof *gr), *v = malloc((size_t)M * sizeof *v),
+           *t = malloc((size_t)nk * sizeof *t);
+    if (!gr || !v || !t) abort();
+    for (int64_t e = 0; e < F * nk; e++) gr[e] = fuzz_get(s->grid.dt, s->grid.b.p, e);
     for (int64_t i = 0; i < F; i++) {
         for (int64_t j = 0; j < nk; j++) {
             if (!isfinite(gr[i * nk + j])) FAIL("update_grid: grid[%lld][%lld] = %g", (long long)i, (long long)j, gr[i * nk + j]);
@@ -365,9 +380,11 @@ NOCOV static void check_update(const sess *s, const double *P, int64_t M, double
         for (int64_t j = 0; j <= G; j++)
             t[k + j] = eps * (s0 - margin + (double)j * h) + (1 - eps) * v[j * (M - 1) / G];
         for (int64_t m = 1; m <= k; m++) t[k - m] = t[k] - (double)m * h, t[k + G + m] = t[k + G] + (double)m * h;
-        const double tol = 1e-5 * (1 + fabs(s0) + fabs(s1) + margin) * (double)(k + 2) * (double)(G + 2);
+        /* a low dtype rounds each knot once: u |t_j|, under u times the factor below */
+        const double tol = fuzz_rel_bound(s->su.dtype, 1e-5) * (1 + fabs(s0) + fabs(s1) + margin) *
+                           (double)(k + 2) * (double)(G + 2);
         for (int64_t j = 0; j < nk; j++)
-            if (!(fabs((double)gr[i * nk + j] - t[j]) <= tol)) {
+            if (!(fabs(gr[i * nk + j] - t[j]) <= tol)) {
                 for (int64_t q = 0; q < nk; q++)
                     fprintf(stderr, "  grid[%lld][%lld] = %.9g, formula %.9g\n", (long long)i,
                             (long long)q, gr[i * nk + q], t[q]);
@@ -375,7 +392,7 @@ NOCOV static void check_update(const sess *s, const double *P, int64_t M, double
                      (long long)i, (long long)j, gr[i * nk + j], t[j], (long long)M, margin, eps);
             }
     }
-    free(v), free(t);
+    free(gr), free(v), free(t);
 }
 
 /* Whether the knots and coefficients after an update are mild enough for the float32 tolerance of
@@ -483,11 +500,13 @@ static void call(sess *s, rd *r, int op) {
             saved[0] = a0, saved[1] = a1;
             if (a0 == a1) a1 = a0 + 0.25f;
             t[j] = a1, t[j + 1] = a0;
+            sync(&s->grid); /* a0 < a1 stay so in every dtype (0.25 apart, or rounded alike) */
             swapped = i * s->nk + j;
         } else if (w == 15 && upd && nan_at < 0) {
             nan_at = (int64_t)(u16(r) % (uint32_t)xa->numel);
             nan_saved = xa->f[nan_at];
             xa->f[nan_at] = (u8(r) & 1) ? NAN : -INFINITY;
+            sync(xa);
         } else if (w == 16 && upd) {
             ua->margin = g_margins[u8(r) % (sizeof g_margins / sizeof g_margins[0])];
         } else if (w == 17 && upd) {
@@ -520,12 +539,13 @@ static void call(sess *s, rd *r, int op) {
     bool skip = false;
     if (!bad) /* undetectable lies (consistent enlarged extents): never made */
         for (int i = 0; i < ns; i++)
-            if (sl[i].t->data && (uint64_t)numel[i] > sl[i].a->b.cap / 4) skip = true; /* no * 4: it can wrap */
+            if (sl[i].t->data && (uint64_t)numel[i] > sl[i].a->b.cap / fuzz_dtype_bytes(s->su.dtype))
+                skip = true; /* no multiplication: it can wrap */
     if (upd && !bad && !skip && !all_finite(xa->f, numel[0])) bad = true; /* x finite (elements passed) */
     wsarg ws;
     memset(&ws, 0, sizeof ws);
     /* the workspace of the passed geometry where x's buffer backs it, else the honest one's */
-    bool gx = xok && (uint64_t)numel[0] <= xa->b.cap / 4;
+    bool gx = xok && (uint64_t)numel[0] <= xa->b.cap / fuzz_dtype_bytes(s->su.dtype);
     if (!upd && pick_workspace(r, ws_need(s, gx ? &g : &s->g), &ws)) bad = true;
     if (skip) {
         g_stats[op][2]++;
@@ -539,8 +559,12 @@ static void call(sess *s, rd *r, int op) {
     if (!upd)
         for (int i = 0; i < ns; i++) {
             if (!sl[i].output) continue;
-            if (sl[i].accum && accumulate) ref_fill_uniform_f32(&rg, sl[i].a->f, sl[i].a->numel, -1, 1);
-            else poison(sl[i].a->f, sl[i].a->numel);
+            if (sl[i].accum && accumulate) {
+                ref_fill_uniform_f32(&rg, sl[i].a->f, sl[i].a->numel, -1, 1);
+                sync(sl[i].a);
+            } else {
+                fuzz_poison(sl[i].a->dt, sl[i].a->b.p, sl[i].a->numel);
+            }
         }
     unsigned char *snap[12];
     for (int i = 0; i < ns; i++) {
@@ -570,7 +594,7 @@ static void call(sess *s, rd *r, int op) {
         if (bad) FAIL("%s accepted an invalid call", fn);
         /* only the outputs' declared elements changed */
         for (int i = 0; i < ns; i++) {
-            size_t used = (sl[i].output && sl[i].t->data) ? (size_t)numel[i] * 4 : 0;
+            size_t used = (sl[i].output && sl[i].t->data) ? (size_t)numel[i] * fuzz_dtype_bytes(s->su.dtype) : 0;
             size_t b = first_diff(snap[i], sl[i].a->b.p, used, sl[i].a->b.cap + GUARD);
             if (b < sl[i].a->b.cap + GUARD)
                 FAIL("%s: %s byte %zu (of %zu used, cap %zu) changed", fn, sl[i].a->name, b,
@@ -581,9 +605,11 @@ static void call(sess *s, rd *r, int op) {
             double *P = op == OP_CUPD ? unfold(s, s->x.f, &g) : f64(s->xl.f, g.N * s->F);
             check_update(s, P, g.N, ua->margin, ua->grid_eps);
             free(P);
+            adopt(&s->grid), adopt(&s->spline);
             if (!update_mild(s)) { /* keep the later float32 checks meaningful */
                 memcpy(s->grid.b.p, snap[1], s->grid.b.cap);
                 memcpy(s->spline.b.p, snap[2], s->spline.b.cap);
+                adopt(&s->grid), adopt(&s->spline);
             }
         } else {
             /* the float64 reference over the patches of the x passed */
@@ -621,11 +647,9 @@ static void call(sess *s, rd *r, int op) {
             for (int i = 0; i < ns; i++) {
                 if (!sl[i].output || !sl[i].t->data) continue;
                 if (!want[i]) FAIL("harness: no reference for %s", sl[i].a->name);
-                if (sl[i].accum && accumulate) {
-                    const float *a0 = (const float *)(const void *)snap[i];
-                    for (int64_t e = 0; e < numel[i]; e++) want[i][e] += a0[e];
-                }
-                check_close(sl[i].a->name, sl[i].a->f, want[i], numel[i]);
+                if (sl[i].accum && accumulate) /* f: the values it held before the call */
+                    for (int64_t e = 0; e < numel[i]; e++) want[i][e] += sl[i].a->f[e];
+                check_close(sl[i].a->name, sl[i].a->dt, sl[i].a->b.p, want[i], numel[i]);
             }
             for (int i = 0; i < 12; i++) free(want[i]);
             free(P), free(grid), free(base), free(spl), free(sc);
@@ -635,8 +659,9 @@ static void call(sess *s, rd *r, int op) {
 out:
     if (swapped >= 0) { /* restore the grid (a call that saw it failed and wrote nothing) */
         s->grid.f[swapped] = saved[0], s->grid.f[swapped + 1] = saved[1];
+        sync(&s->grid);
     }
-    if (nan_at >= 0) xa->f[nan_at] = nan_saved;
+    if (nan_at >= 0) xa->f[nan_at] = nan_saved, sync(xa);
     free(ws.b.mem);
 }
 
@@ -654,7 +679,7 @@ static bool plan_from_fuzzed_desc(sess *s, rd *r) {
     d->in_channels = s->Cin, d->out_channels = s->Cout, d->kernel_h = s->kh, d->kernel_w = s->kw,
     d->stride_h = s->sh, d->stride_w = s->sw, d->pad_h = s->ph, d->pad_w = s->pw,
     d->dilation_h = s->dh, d->dilation_w = s->dw, d->grid_size = (int32_t)s->G,
-    d->spline_order = (int32_t)s->so, d->standalone_scale = s->opt;
+    d->spline_order = (int32_t)s->so, d->standalone_scale = s->opt, d->dtype = s->su.dtype;
     int32_t *i32[] = {&d->kernel_h, &d->kernel_w, &d->stride_h, &d->stride_w, &d->pad_h,
                       &d->pad_w, &d->dilation_h, &d->dilation_w, &d->grid_size,
                       &d->spline_order, &d->standalone_scale};
@@ -689,7 +714,7 @@ static bool plan_from_fuzzed_desc(sess *s, rd *r) {
         d->stride_h < 1 || d->stride_w < 1 || d->pad_h < 0 || d->pad_h > 2 || d->pad_w < 0 ||
         d->pad_w > 2 || d->dilation_h < 1 || d->dilation_h > 3 || d->dilation_w < 1 ||
         d->dilation_w > 3 || d->grid_size < 1 || d->grid_size > 5 || d->spline_order < 0 ||
-        d->spline_order > 3 || d->dtype != KF_DTYPE_F32) /* the session's buffers are float32 */
+        d->spline_order > 3)
         tiny = false;
     size_t ssz = d->struct_size;
     if (ssz < dsz) must_fail = true;
@@ -727,7 +752,7 @@ static bool plan_from_fuzzed_desc(sess *s, rd *r) {
     s->Cin = d->in_channels, s->Cout = d->out_channels, s->kh = d->kernel_h, s->kw = d->kernel_w,
     s->sh = d->stride_h, s->sw = d->stride_w, s->ph = d->pad_h, s->pw = d->pad_w,
     s->dh = d->dilation_h, s->dw = d->dilation_w, s->G = d->grid_size, s->so = d->spline_order,
-    s->opt = d->standalone_scale;
+    s->opt = d->standalone_scale, s->su.dtype = d->dtype;
     return true;
 }
 
@@ -760,6 +785,7 @@ static int run(const uint8_t *data, size_t size) {
     rd r = {data, size};
     sess s;
     memset(&s, 0, sizeof s);
+    s.su = fuzz_draw_setup(&r);
     kf_context_desc cd;
     kf_context_desc_init(&cd);
     cd.device_type = KF_DEVICE_CPU;
@@ -784,7 +810,7 @@ static int run(const uint8_t *data, size_t size) {
         d.in_channels = s.Cin, d.out_channels = s.Cout, d.kernel_h = s.kh, d.kernel_w = s.kw,
         d.stride_h = s.sh, d.stride_w = s.sw, d.pad_h = s.ph, d.pad_w = s.pw, d.dilation_h = s.dh,
         d.dilation_w = s.dw, d.grid_size = (int32_t)s.G, d.spline_order = (int32_t)s.so,
-        d.standalone_scale = s.opt;
+        d.standalone_scale = s.opt, d.dtype = s.su.dtype;
         if (kf_kan_conv2d_plan_create(s.ctx, &d, &s.cp) != KF_OK) FAIL("honest plan_create failed");
     }
     s.F = s.Cin * s.kh * s.kw, s.nk = s.G + 2 * s.so + 1, s.C = s.G + s.so;
@@ -792,7 +818,7 @@ static int run(const uint8_t *data, size_t size) {
         kf_kan_linear_desc d;
         kf_kan_linear_desc_init(&d);
         d.in_features = s.F, d.out_features = s.Cout, d.grid_size = (int32_t)s.G,
-        d.spline_order = (int32_t)s.so, d.standalone_scale = s.opt;
+        d.spline_order = (int32_t)s.so, d.standalone_scale = s.opt, d.dtype = s.su.dtype;
         if (kf_kan_linear_plan_create(s.ctx, &d, &s.lp) != KF_OK) FAIL("linear plan_create failed");
     }
     /* honest images: [B, C_in, H, W] (or [C_in, H, W]) with the dilated kernel fitting */
@@ -808,27 +834,27 @@ static int run(const uint8_t *data, size_t size) {
     s.g.xnd = xnd;
     s.Nl = range(&r, 1, 6);
     snprintf(g_desc, sizeof g_desc,
-             "Cin %lld Cout %lld k %dx%d s %dx%d p %dx%d d %dx%d G %lld order %lld scale %d x rank %d "
+             "%s isa %s Cin %lld Cout %lld k %dx%d s %dx%d p %dx%d d %dx%d G %lld order %lld scale %d x rank %d "
              "B %lld H %lld W %lld Ho %lld Wo %lld Nl %lld threads %d fixed %d",
-             (long long)s.Cin, (long long)s.Cout, s.kh, s.kw, s.sh, s.sw, s.ph, s.pw, s.dh, s.dw,
+             fuzz_dtype_name(s.su.dtype), s.su.isa, (long long)s.Cin, (long long)s.Cout, s.kh, s.kw, s.sh, s.sw, s.ph, s.pw, s.dh, s.dw,
              (long long)s.G, (long long)s.so, (int)s.opt, s.g.xnd, (long long)s.g.B, (long long)s.g.H,
              (long long)s.g.W, (long long)s.g.Ho, (long long)s.g.Wo, (long long)s.Nl,
              (int)cd.num_threads, (int)s.fixed_arena);
     int64_t xs[4] = {B, s.Cin, H, W}, ys[4] = {B, s.Cout, s.g.Ho, s.g.Wo};
     int o = 4 - s.g.xnd;
-    targ_make(&s.x, "x", s.g.xnd, xs + o);
-    targ_make(&s.dx, "dx", s.g.xnd, xs + o);
-    targ_make(&s.y, "y", s.g.xnd, ys + o);
-    targ_make(&s.dy, "dy", s.g.xnd, ys + o);
+    targ_make(&s.x, "x", s.su.dtype, s.g.xnd, xs + o);
+    targ_make(&s.dx, "dx", s.su.dtype, s.g.xnd, xs + o);
+    targ_make(&s.y, "y", s.su.dtype, s.g.xnd, ys + o);
+    targ_make(&s.dy, "dy", s.su.dtype, s.g.xnd, ys + o);
     int64_t ls[2] = {s.Nl, s.F}, gs[2] = {s.F, s.nk}, oi[2] = {s.Cout, s.F}, oic[3] = {s.Cout, s.F, s.C};
-    targ_make(&s.xl, "x (linear)", 2, ls);
-    targ_make(&s.grid, "grid", 2, gs);
-    targ_make(&s.base, "base_weight", 2, oi);
-    targ_make(&s.spline, "spline_weight", 3, oic);
-    targ_make(&s.scaler, "spline_scaler", 2, oi);
-    targ_make(&s.dbase, "dbase_weight", 2, oi);
-    targ_make(&s.dspline, "dspline_weight", 3, oic);
-    targ_make(&s.dscaler, "dspline_scaler", 2, oi);
+    targ_make(&s.xl, "x (linear)", s.su.dtype, 2, ls);
+    targ_make(&s.grid, "grid", s.su.dtype, 2, gs);
+    targ_make(&s.base, "base_weight", s.su.dtype, 2, oi);
+    targ_make(&s.spline, "spline_weight", s.su.dtype, 3, oic);
+    targ_make(&s.scaler, "spline_scaler", s.su.dtype, 2, oi);
+    targ_make(&s.dbase, "dbase_weight", s.su.dtype, 2, oi);
+    targ_make(&s.dspline, "dspline_weight", s.su.dtype, 3, oic);
+    targ_make(&s.dscaler, "dspline_scaler", s.su.dtype, 2, oi);
     fill_inputs(&s, &r);
 
     int nops = 1 + (int)(u8(&r) % 8);
@@ -844,7 +870,7 @@ static int run(const uint8_t *data, size_t size) {
 
     targ *all[] = {&s.x, &s.y, &s.dy, &s.dx, &s.xl, &s.grid, &s.base, &s.spline, &s.scaler,
                    &s.dbase, &s.dspline, &s.dscaler};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]->b.mem);
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]->b.mem), free(all[i]->f);
     kf_kan_conv2d_plan_destroy(s.cp);
     kf_kan_linear_plan_destroy(s.lp);
     kf_context_destroy(s.ctx);

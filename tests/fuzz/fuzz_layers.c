@@ -2,8 +2,8 @@
  * (kf_kan_linear_*). Build: tests/fuzz/CMakeLists.txt; run: scripts/fuzz.sh. Smaller sibling of
  * fuzz_rnn.c with the same oracle discipline.
  *
- * Each input: which layer, a context (1-2 threads, maybe a fixed arena), a plan descriptor with up
- * to 3 mutations (in/out features, num_terms, low_rank, bias, grid_size, spline_order,
+ * Each input: the plan's dtype and the context's CPU instruction set (fuzz_draw_setup), which
+ * layer, a context (1-2 threads, maybe a fixed arena), a plan descriptor with up to 3 mutations (in/out features, num_terms, low_rank, bias, grid_size, spline_order,
  * standalone_scale, dtype, struct_size and its tail), then up to 8 calls (forward, backward, a
  * workspace-size query), each with up to 3 mutations: of a tensor argument (absent, dtype, rank,
  * one extent, one stride, misaligned data, an extent shrunk to 1, an absent tensor made present:
@@ -18,8 +18,11 @@
  * allowed), write every element of its outputs (NaN-poisoned before; KF_GRAD_ACCUMULATE outputs
  * are pre-filled with finite values), leave every other byte of every buffer (inputs, absent
  * outputs, the rest of each output buffer and 128 guard bytes after it) unchanged, and match the
- * float64 references of tests/c/ref_sklinear.c and tests/c/ref_kan.c
- * (||got - ref|| <= 1e-3 ||ref|| + 1e-4 sqrt(n)).
+ * float64 references of tests/c/ref_sklinear.c and tests/c/ref_kan.c on the values the tensors
+ * hold (||got - ref|| <= 1e-3 ||ref|| + 1e-4 sqrt(n) for float32, the bounds fuzz_input.h
+ * derives from docs/precision.md for float64, bfloat16 and float16). A tensor of another dtype
+ * than the plan's (the dtype mutation draws every kf_dtype value and some invalid ones) must be
+ * rejected.
  *
  * Lies: a valid-looking call whose tensors declare more elements than their buffers hold (x and y
  * enlarged consistently) cannot be detected by any library; the harness skips such calls instead
@@ -32,7 +35,10 @@
  * many calls were accepted / rejected): skl_fwd_bwd (SKLinear with bias, forward then an
  * accumulating backward with a caller workspace), skl_nobias_fixed (no bias, fixed arena, a bias
  * passed anyway, then valid calls), kan_fwd_bwd (KAN with repeated knots, forward and backward),
- * kan_decreasing_grid (uniform grid, forward with a decreasing knot pair). */
+ * kan_decreasing_grid (uniform grid, forward with a decreasing knot pair); every input begins
+ * with the byte fuzz_draw_setup reads (0: float32, the CPU's default kernels), and the first three
+ * come again as NAME.f64, .bf16, .f16 and as .f32.avx2, .bf16.avx2 (the baseline kernels), and
+ * skl_fwd_bwd.bf16.avx512 draws avx512 (the fallback on a CPU without AVX-512). */
 #include "kfuse.h"
 #include "ref_kan.h"
 #include "ref_rnn.h"
@@ -56,19 +62,23 @@ typedef struct targ {
     int ndim;          /* honest */
     int64_t shape[KF_MAX_DIMS];
     int64_t numel;
-    buf b;
-    float *f;
+    int32_t dt;        /* the plan's */
+    buf b;             /* the tensor, dtype dt */
+    float *f;          /* an input's values (fuzz_store: what b holds) */
 } targ;
-static void targ_make(targ *a, const char *name, int kind, int ndim, const int64_t *shape) {
+static void targ_make(targ *a, const char *name, int kind, int32_t dt, int ndim, const int64_t *shape) {
     memset(a, 0, sizeof *a);
-    a->name = name, a->kind = kind, a->ndim = ndim, a->numel = 1;
+    a->name = name, a->kind = kind, a->dt = dt, a->ndim = ndim, a->numel = 1;
     for (int i = 0; i < ndim; i++) a->shape[i] = shape[i], a->numel *= shape[i];
-    a->b = buf_new((size_t)a->numel * 4);
-    a->f = (float *)(void *)a->b.p;
+    a->b = buf_new((size_t)a->numel * fuzz_dtype_bytes(dt));
+    a->f = calloc((size_t)a->numel, sizeof *a->f);
+    if (!a->f) abort();
 }
+static void targ_free(targ *a) { free(a->b.mem), free(a->f); }
+static void sync(targ *a) { fuzz_store(a->dt, a->b.p, a->f, a->numel); }
 static kf_tensor honest(const targ *a, bool present) {
     kf_tensor t;
-    if (kf_tensor_init(&t, present ? a->b.p : NULL, KF_DTYPE_F32, a->ndim, a->shape) != KF_OK)
+    if (kf_tensor_init(&t, present ? a->b.p : NULL, a->dt, a->ndim, a->shape) != KF_OK)
         FAIL("kf_tensor_init");
     return t;
 }
@@ -88,7 +98,7 @@ static void mutate_tensor(rd *r, slot *s) {
     kf_tensor *t = s->t;
     targ *a = s->a;
     const uint32_t k = u8(r) % 9;
-    if (mutate_tensor_common(r, t, a->b.p, a->ndim, k)) return;
+    if (mutate_tensor_common(r, t, a->b.p, a->ndim, fuzz_dtype_bytes(a->dt), k)) return;
     if (!t->data) t->data = a->b.p; /* k = 8: an absent tensor made present */
 }
 
@@ -98,7 +108,7 @@ static bool slot_valid(const slot *s, int32_t *x_ndim, int64_t *lead, int64_t *N
     const kf_tensor *t = s->t;
     if (!t->data) return !s->required;
     if (!s->allowed) return false;
-    if (t->dtype != KF_DTYPE_F32 || (uintptr_t)t->data % 4) return false;
+    if (t->dtype != s->a->dt || (uintptr_t)t->data % fuzz_dtype_bytes(s->a->dt)) return false;
     if (s->a->kind == K_FIXED) {
         if (t->ndim != s->a->ndim) return false;
         for (int i = 0; i < t->ndim; i++)
@@ -126,6 +136,7 @@ static bool slot_valid(const slot *s, int32_t *x_ndim, int64_t *lead, int64_t *N
 typedef struct sess {
     kf_context *ctx;
     bool fixed_arena, kan;
+    fuzz_setup su;
     kf_sklinear_plan *skl;
     kf_kan_linear_plan *kp;
     int64_t in, out, L, k, G, so, nk, C, N;
@@ -150,9 +161,15 @@ static void fill_inputs(sess *s, rd *r) {
     ref_rng_seed(&g, u64(r));
     ref_fill_uniform_f32(&g, s->x.f, s->x.numel, -1.5, 1.5);
     ref_fill_uniform_f32(&g, s->dy.f, s->dy.numel, -1, 1);
-    for (int i = s->kan ? 1 : 0; i < (s->kan ? 4 : 5); i++)
+    for (int i = s->kan ? 1 : 0; i < (s->kan ? 4 : 5); i++) {
         ref_fill_uniform_f32(&g, s->p[i].f, s->p[i].numel, -1, 1);
-    if (!s->kan) return;
+        sync(&s->p[i]);
+    }
+    sync(&s->dy);
+    if (!s->kan) {
+        sync(&s->x);
+        return;
+    }
     uint32_t kind = u8(r) % 3;
     float *gr = s->p[0].f;
     if (kind == 0) {
@@ -160,6 +177,7 @@ static void fill_inputs(sess *s, rd *r) {
         kf_status st = kf_kan_linear_uniform_grid(s->kp, -1.0f, 1.0f, &t);
         check_status(st, "kf_kan_linear_uniform_grid");
         if (st != KF_OK) FAIL("uniform_grid failed");
+        fuzz_adopt(s->p[0].dt, s->p[0].b.p, gr, s->p[0].numel);
     } else {
         for (int64_t i = 0; i < s->in; i++) { /* steps of 0..0.5 (exact), repeated knots included */
             float v = -1.0f - 0.25f * (float)(u8(r) % 5);
@@ -168,12 +186,14 @@ static void fill_inputs(sess *s, rd *r) {
                 v += kind == 1 ? 0.125f * (float)(u8(r) % 5) : 2.0f / (float)s->G;
             }
         }
+        sync(&s->p[0]); /* rounding keeps the knots non-decreasing */
     }
     /* some x exactly on knots */
     for (int64_t n = 0; n < s->N; n++)
         for (int64_t i = 0; i < s->in; i++)
             if (ref_rng_next(&g) % 6 == 0)
                 s->x.f[n * s->in + i] = gr[i * s->nk + (int64_t)(ref_rng_next(&g) % (uint64_t)s->nk)];
+    sync(&s->x);
 }
 
 /* FUZZ_LAYERS_STATS=1: print per-layer counts of accepted / rejected / skipped calls at exit. */
@@ -284,6 +304,7 @@ static void call(sess *s, rd *r, bool backward) {
             saved[0] = a0, saved[1] = a1;
             if (a0 == a1) a1 = a0 + 0.25f;
             t[j] = a1, t[j + 1] = a0;
+            sync(&s->p[0]); /* a0 < a1 stay so in every dtype (0.25 apart, or rounded alike) */
             swapped = i * s->nk + j;
         }
     }
@@ -311,7 +332,8 @@ static void call(sess *s, rd *r, bool backward) {
     bool skip = false;
     if (!bad) /* undetectable lies (consistent enlarged leading dims): never made */
         for (int i = 0; i < ns; i++)
-            if (sl[i].t->data && (size_t)numel[i] * 4 > sl[i].a->b.cap) skip = true;
+            if (sl[i].t->data && (uint64_t)numel[i] > sl[i].a->b.cap / fuzz_dtype_bytes(s->su.dtype))
+                skip = true; /* no multiplication: it can wrap */
     wsarg ws;
     if (pick_workspace(r, ws_need(s, (xok && N >= 1 && N <= s->N) ? N : s->N), &ws)) bad = true;
     if (skip) {
@@ -325,8 +347,12 @@ static void call(sess *s, rd *r, bool backward) {
     ref_rng_seed(&g, u64(r));
     for (int i = 0; i < ns; i++) {
         if (!sl[i].output) continue;
-        if (sl[i].accum && accumulate) ref_fill_uniform_f32(&g, sl[i].a->f, sl[i].a->numel, -1, 1);
-        else for (int64_t e = 0; e < sl[i].a->numel; e++) sl[i].a->f[e] = NAN;
+        if (sl[i].accum && accumulate) {
+            ref_fill_uniform_f32(&g, sl[i].a->f, sl[i].a->numel, -1, 1);
+            sync(sl[i].a);
+        } else {
+            fuzz_poison(sl[i].a->dt, sl[i].a->b.p, sl[i].a->numel);
+        }
     }
     unsigned char *snap[12];
     for (int i = 0; i < ns; i++) {
@@ -355,7 +381,7 @@ static void call(sess *s, rd *r, bool backward) {
         if (bad) FAIL("%s accepted an invalid call", fn);
         /* outputs: only their declared elements changed */
         for (int i = 0; i < ns; i++) {
-            size_t used = (sl[i].output && sl[i].t->data) ? (size_t)numel[i] * 4 : 0;
+            size_t used = (sl[i].output && sl[i].t->data) ? (size_t)numel[i] * fuzz_dtype_bytes(s->su.dtype) : 0;
             for (size_t b = used; b < sl[i].a->b.cap + GUARD; b++)
                 if (snap[i][b] != sl[i].a->b.p[b])
                     FAIL("%s: %s byte %zu (of %zu used, cap %zu) changed", fn, sl[i].a->name, b,
@@ -384,11 +410,9 @@ static void call(sess *s, rd *r, bool backward) {
             for (int j = 0; j < 5 && !want; j++)
                 if (a == &s->dp[j]) want = D[j];
             if (!want) FAIL("harness: no reference for %s", a->name);
-            if (sl[i].accum && accumulate) {
-                const float *a0 = (const float *)(const void *)snap[i];
-                for (int64_t e = 0; e < numel[i]; e++) want[e] += a0[e];
-            }
-            check_close(a->name, a->f, want, numel[i]);
+            if (sl[i].accum && accumulate) /* a->f: the values it held before the call */
+                for (int64_t e = 0; e < numel[i]; e++) want[e] += a->f[e];
+            check_close(a->name, a->dt, a->b.p, want, numel[i]);
         }
         free(x), free(dy), free(dx), free(y);
         for (int i = 0; i < 5; i++) free(P[i]), free(D[i]);
@@ -397,6 +421,7 @@ static void call(sess *s, rd *r, bool backward) {
 out:
     if (swapped >= 0) { /* restore the grid */
         s->p[0].f[swapped] = saved[0], s->p[0].f[swapped + 1] = saved[1];
+        sync(&s->p[0]);
     }
     free(ws.b.mem);
 }
@@ -418,7 +443,7 @@ static bool plan_from_fuzzed_desc(sess *s, rd *r) {
         kf_sklinear_desc_init(d);
         dsz = sizeof *d;
         d->in_features = s->in, d->out_features = s->out, d->num_terms = (int32_t)s->L,
-        d->low_rank = (int32_t)s->k, d->bias = s->opt;
+        d->low_rank = (int32_t)s->k, d->bias = s->opt, d->dtype = s->su.dtype;
         for (int m = 0; m < nmut; m++) {
             switch (u8(r) % 9) {
             case 0: d->in_features = interesting_i64(r, d->in_features); break;
@@ -442,17 +467,17 @@ static bool plan_from_fuzzed_desc(sess *s, rd *r) {
             must_fail = true;
         if (d->in_features > 6 || d->out_features > 6 || d->num_terms > 3 || d->low_rank > 4 ||
             d->in_features < 1 || d->out_features < 1 || d->num_terms < 1 || d->low_rank < 1 ||
-            d->dtype != KF_DTYPE_F32) /* the session's buffers are float32 */
+            !fuzz_float_dtype(d->dtype))
             tiny = false;
         st = kf_sklinear_plan_create(s->ctx, d, &s->skl);
         if (st == KF_OK) s->in = d->in_features, s->out = d->out_features, s->L = d->num_terms,
-                         s->k = d->low_rank, s->opt = d->bias;
+                         s->k = d->low_rank, s->opt = d->bias, s->su.dtype = d->dtype;
     } else {
         kf_kan_linear_desc *d = (void *)db;
         kf_kan_linear_desc_init(d);
         dsz = sizeof *d;
         d->in_features = s->in, d->out_features = s->out, d->grid_size = (int32_t)s->G,
-        d->spline_order = (int32_t)s->so, d->standalone_scale = s->opt;
+        d->spline_order = (int32_t)s->so, d->standalone_scale = s->opt, d->dtype = s->su.dtype;
         for (int m = 0; m < nmut; m++) {
             switch (u8(r) % 9) {
             case 0: d->in_features = interesting_i64(r, d->in_features); break;
@@ -480,11 +505,11 @@ static bool plan_from_fuzzed_desc(sess *s, rd *r) {
         }
         if (d->in_features > 6 || d->out_features > 6 || d->grid_size > 5 || d->spline_order > 3 ||
             d->in_features < 1 || d->out_features < 1 || d->grid_size < 1 || d->spline_order < 0 ||
-            d->dtype != KF_DTYPE_F32) /* the session's buffers are float32 */
+            !fuzz_float_dtype(d->dtype))
             tiny = false;
         st = kf_kan_linear_plan_create(s->ctx, d, &s->kp);
         if (st == KF_OK) s->in = d->in_features, s->out = d->out_features, s->G = d->grid_size,
-                         s->so = d->spline_order, s->opt = d->standalone_scale;
+                         s->so = d->spline_order, s->opt = d->standalone_scale, s->su.dtype = d->dtype;
     }
     size_t ssz = *(size_t *)(void *)db;
     if (ssz < dsz) must_fail = true;
@@ -517,6 +542,7 @@ static int run(const uint8_t *data, size_t size) {
     rd r = {data, size};
     sess s;
     memset(&s, 0, sizeof s);
+    s.su = fuzz_draw_setup(&r);
     s.kan = u8(&r) & 1;
     kf_context_desc cd;
     kf_context_desc_init(&cd);
@@ -531,20 +557,22 @@ static int run(const uint8_t *data, size_t size) {
     s.opt = u8(&r) & 1;
     const int64_t h_in = s.in, h_out = s.out, h_L = s.L, h_k = s.k, h_G = s.G, h_so = s.so;
     const bool h_opt = s.opt;
+    const int32_t h_dtype = s.su.dtype;
     if (!plan_from_fuzzed_desc(&s, &r)) {
         s.in = h_in, s.out = h_out, s.L = h_L, s.k = h_k, s.G = h_G, s.so = h_so, s.opt = h_opt;
+        s.su.dtype = h_dtype;
         kf_status st;
         if (!s.kan) {
             kf_sklinear_desc d;
             kf_sklinear_desc_init(&d);
             d.in_features = s.in, d.out_features = s.out, d.num_terms = (int32_t)s.L,
-            d.low_rank = (int32_t)s.k, d.bias = s.opt;
+            d.low_rank = (int32_t)s.k, d.bias = s.opt, d.dtype = s.su.dtype;
             st = kf_sklinear_plan_create(s.ctx, &d, &s.skl);
         } else {
             kf_kan_linear_desc d;
             kf_kan_linear_desc_init(&d);
             d.in_features = s.in, d.out_features = s.out, d.grid_size = (int32_t)s.G,
-            d.spline_order = (int32_t)s.so, d.standalone_scale = s.opt;
+            d.spline_order = (int32_t)s.so, d.standalone_scale = s.opt, d.dtype = s.su.dtype;
             st = kf_kan_linear_plan_create(s.ctx, &d, &s.kp);
         }
         if (st != KF_OK) FAIL("honest plan_create failed");
@@ -555,36 +583,36 @@ static int run(const uint8_t *data, size_t size) {
     if (s.xnd == 1) s.N = 1;
     else if (s.xnd == 2) s.lead[0] = range(&r, 1, 6), s.N = s.lead[0];
     else s.lead[0] = range(&r, 1, 3), s.lead[1] = range(&r, 1, 2), s.N = s.lead[0] * s.lead[1];
-    snprintf(g_desc, sizeof g_desc, "%s in %lld out %lld L %lld k %lld G %lld order %lld opt %d x rank %d N %lld threads %d fixed %d",
-             s.kan ? "kan" : "sklinear", (long long)s.in, (long long)s.out, (long long)s.L,
+    snprintf(g_desc, sizeof g_desc, "%s %s isa %s in %lld out %lld L %lld k %lld G %lld order %lld opt %d x rank %d N %lld threads %d fixed %d",
+             s.kan ? "kan" : "sklinear", fuzz_dtype_name(s.su.dtype), s.su.isa, (long long)s.in, (long long)s.out, (long long)s.L,
              (long long)s.k, (long long)s.G, (long long)s.so, (int)s.opt, s.xnd, (long long)s.N,
              (int)cd.num_threads, (int)s.fixed_arena);
     int64_t sh[KF_MAX_DIMS];
     for (int i = 0; i + 1 < s.xnd; i++) sh[i] = s.lead[i];
     sh[s.xnd - 1] = s.in;
-    targ_make(&s.x, "x", K_X, s.xnd, sh);
-    targ_make(&s.dx, "dx", K_ROW, s.xnd, sh);
+    targ_make(&s.x, "x", K_X, s.su.dtype, s.xnd, sh);
+    targ_make(&s.dx, "dx", K_ROW, s.su.dtype, s.xnd, sh);
     sh[s.xnd - 1] = s.out;
-    targ_make(&s.y, "y", K_ROW, s.xnd, sh);
-    targ_make(&s.dy, "dy", K_ROW, s.xnd, sh);
+    targ_make(&s.y, "y", K_ROW, s.su.dtype, s.xnd, sh);
+    targ_make(&s.dy, "dy", K_ROW, s.su.dtype, s.xnd, sh);
     if (!s.kan) {
         int64_t ik[3] = {s.L, s.in, s.k}, ko[3] = {s.L, s.k, s.out}, o[1] = {s.out};
         static const char *nm[5] = {"S1s", "S2s", "U1s", "U2s", "bias"};
         static const char *dnm[5] = {"dS1s", "dS2s", "dU1s", "dU2s", "dbias"};
         for (int i = 0; i < 5; i++) {
             const int64_t *shp = i == 4 ? o : (i == 0 || i == 3) ? ik : ko;
-            targ_make(&s.p[i], nm[i], K_FIXED, i == 4 ? 1 : 3, shp);
-            targ_make(&s.dp[i], dnm[i], K_FIXED, i == 4 ? 1 : 3, shp);
+            targ_make(&s.p[i], nm[i], K_FIXED, s.su.dtype, i == 4 ? 1 : 3, shp);
+            targ_make(&s.dp[i], dnm[i], K_FIXED, s.su.dtype, i == 4 ? 1 : 3, shp);
         }
     } else {
         int64_t gs[2] = {s.in, s.nk}, oi[2] = {s.out, s.in}, oic[3] = {s.out, s.in, s.C};
-        targ_make(&s.p[0], "grid", K_FIXED, 2, gs);
-        targ_make(&s.p[1], "base_weight", K_FIXED, 2, oi);
-        targ_make(&s.p[2], "spline_weight", K_FIXED, 3, oic);
-        targ_make(&s.p[3], "spline_scaler", K_FIXED, 2, oi);
-        targ_make(&s.dp[1], "dbase_weight", K_FIXED, 2, oi);
-        targ_make(&s.dp[2], "dspline_weight", K_FIXED, 3, oic);
-        targ_make(&s.dp[3], "dspline_scaler", K_FIXED, 2, oi);
+        targ_make(&s.p[0], "grid", K_FIXED, s.su.dtype, 2, gs);
+        targ_make(&s.p[1], "base_weight", K_FIXED, s.su.dtype, 2, oi);
+        targ_make(&s.p[2], "spline_weight", K_FIXED, s.su.dtype, 3, oic);
+        targ_make(&s.p[3], "spline_scaler", K_FIXED, s.su.dtype, 2, oi);
+        targ_make(&s.dp[1], "dbase_weight", K_FIXED, s.su.dtype, 2, oi);
+        targ_make(&s.dp[2], "dspline_weight", K_FIXED, s.su.dtype, 3, oic);
+        targ_make(&s.dp[3], "dspline_scaler", K_FIXED, s.su.dtype, 2, oi);
     }
     fill_inputs(&s, &r);
 
@@ -607,8 +635,8 @@ static int run(const uint8_t *data, size_t size) {
     }
 
     targ *all[] = {&s.x, &s.y, &s.dy, &s.dx};
-    for (int i = 0; i < 4; i++) free(all[i]->b.mem);
-    for (int i = 0; i < 5; i++) free(s.p[i].b.mem), free(s.dp[i].b.mem);
+    for (int i = 0; i < 4; i++) targ_free(all[i]);
+    for (int i = 0; i < 5; i++) targ_free(&s.p[i]), targ_free(&s.dp[i]);
     kf_sklinear_plan_destroy(s.skl);
     kf_kan_linear_plan_destroy(s.kp);
     kf_context_destroy(s.ctx);

@@ -1,6 +1,6 @@
 /* What the libFuzzer harnesses fuzz_layers.c and fuzz_kan_conv.c share (header-only: each
  * harness is one translation unit): the oracle's failure report, the status discipline, guarded
- * buffers, interesting integers and the caller-workspace mutation. A harness defines FUZZ_NAME
+ * buffers in the plan's dtype, interesting integers and the caller-workspace mutation. A harness defines FUZZ_NAME
  * (its name in oracle reports) before including this. fuzz_rnn.c predates it and draws its
  * integers from another table (merging them would change how its corpus decodes). */
 #ifndef KF_FUZZ_ORACLE_H
@@ -96,24 +96,33 @@ NOCOV static bool contiguous(const kf_tensor *t, int64_t *numel) {
     return true;
 }
 
-NOCOV static void check_close(const char *what, const float *got, const double *want, int64_t n) {
+/* got: n elements of dtype dt; ||got - want|| <= 1e-3 ||want|| + 1e-4 sqrt(n) for float32, and
+ * the bounds fuzz_input.h derives from it for the other dtypes. */
+NOCOV static void check_close(const char *what, int32_t dt, const void *got, const double *want,
+                              int64_t n) {
     double num = 0, den = 0;
     for (int64_t i = 0; i < n; i++) {
-        if (!isfinite(got[i])) FAIL("%s[%lld] = %g: not written / not finite", what, (long long)i, got[i]);
-        double e = (double)got[i] - want[i];
+        const double v = fuzz_get(dt, got, i);
+        if (!isfinite(v)) FAIL("%s[%lld] = %g: not written / not finite", what, (long long)i, v);
+        double e = v - want[i];
         num += e * e, den += want[i] * want[i];
     }
-    if (sqrt(num) > 1e-3 * sqrt(den) + 1e-4 * sqrt((double)n)) {
+    const double rel = fuzz_rel_bound(dt, 1e-3), floor = fuzz_abs_bound(dt, 1e-4) * sqrt((double)n);
+    if (sqrt(num) > rel * sqrt(den) + floor) {
         for (int64_t i = 0; i < n; i++)
-            fprintf(stderr, "  %s[%lld] = %.9g, reference %.9g\n", what, (long long)i, got[i], want[i]);
-        FAIL("%s: error %g against the float64 reference (norm %g)", what, sqrt(num), sqrt(den));
+            fprintf(stderr, "  %s[%lld] = %.17g, reference %.17g\n", what, (long long)i,
+                    fuzz_get(dt, got, i), want[i]);
+        FAIL("%s: error %g against the float64 reference (norm %g; %s bound %g relative + %g)",
+             what, sqrt(num), sqrt(den), fuzz_dtype_name(dt), rel, floor);
     }
 }
 
-/* The tensor mutations both harnesses make, as case k of their own draw: absent, dtype, rank, one
- * extent, one stride, misaligned data, one extent shrunk to 1 (k = 0..7; `data` is the buffer,
+/* The tensor mutations both harnesses make, as case k of their own draw: absent, dtype (any
+ * value: another float dtype than the plan's among them), rank, one extent, one stride, data
+ * misaligned for the element size esz, one extent shrunk to 1 (k = 0..7; `data` is the buffer,
  * `ndim` the honest rank). Returns false for any other k, the harness's own cases. */
-static bool mutate_tensor_common(rd *r, kf_tensor *t, unsigned char *data, int ndim, uint32_t k) {
+static bool mutate_tensor_common(rd *r, kf_tensor *t, unsigned char *data, int ndim, size_t esz,
+                                 uint32_t k) {
     switch (k) {
     case 0: t->data = NULL; return true;
     case 1: t->dtype = (int32_t)(u8(r) % 9) - 1; return true;
@@ -126,7 +135,7 @@ static bool mutate_tensor_common(rd *r, kf_tensor *t, unsigned char *data, int n
     }
     case 3: case 4: { int d = (int)(u8(r) % (uint32_t)ndim); t->shape[d] = interesting_i64(r, t->shape[d]); return true; }
     case 5: { int d = (int)(u8(r) % (uint32_t)ndim); t->strides[d] = interesting_i64(r, t->strides[d]); return true; }
-    case 6: if (t->data) t->data = (char *)data + 1 + u8(r) % 3; return true;
+    case 6: if (t->data) t->data = (char *)data + 1 + u8(r) % (uint32_t)(esz - 1); return true;
     case 7: if (t->data) t->shape[u8(r) % (uint32_t)ndim] = 1; return true;
     default: return false;
     }

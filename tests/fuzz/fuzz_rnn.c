@@ -1,7 +1,9 @@
 /* libFuzzer harness for kfuse's public API: context, tensors, GRU / A-GRU plans, forward and
  * backward (issue 8). Build: tests/fuzz/CMakeLists.txt; run: scripts/fuzz.sh.
  *
- * Each input is a small "program": a context descriptor, a plan descriptor, then up to 8 calls
+ * Each input is a small "program": its first byte the plan's dtype (float32, float64, bfloat16,
+ * float16) and the CPU instruction set of the context (KF_CPU_ISA; fuzz_input.h's
+ * fuzz_draw_setup), a context descriptor, a plan descriptor, then up to 8 calls
  * (forward in either mode, backward in either gradient mode, workspace-size queries, arena reserves,
  * weight-info queries, fresh inputs), each with up to 3 mutations of its arguments (dtype, rank,
  * shape, strides, NULL / misaligned / offset data, struct_size and reserved fields, counts, modes,
@@ -12,12 +14,15 @@
  *    (y, hn, reserve, dx, dh0, dweights, out-parameters) byte-identical; a successful call leaves "";
  *  - a mutation the contract forbids (NULL required tensor, wrong dtype/rank/shape, non-contiguous
  *    strides, data not aligned to 4 bytes, bad struct_size, reserved != 0, wrong counts, bad mode,
- *    too-small or misaligned caller workspace / reserve) must be rejected;
+ *    too-small or misaligned caller workspace / reserve, a tensor of another dtype than the
+ *    plan's: any other float dtype among them) must be rejected;
  *  - a call with no such mutation must succeed (except KF_ERR_WORKSPACE_TOO_SMALL from a fixed
  *    arena), leave the canary bytes after every output intact, write every element of y / hn /
  *    dx / dh0 / dweights, and, with finite inputs, match the float64 reference of tests/c/ref_rnn.c
- *    (relative error < 1e-3; backward only when the reserve is the one a training forward on the
- *    same inputs wrote).
+ *    on the values the tensors hold (relative error < 1e-3 for float32, and the bounds
+ *    fuzz_input.h derives from docs/precision.md for the other dtypes: + 2^-8 bfloat16, + 2^-11
+ *    float16, x 2^-29 float64; backward only when the reserve is the one a training forward on
+ *    the same inputs wrote).
  *
  * Bounded allocations: real buffers hold at most T <= 6, B <= 5, I, H <= 6, L <= 3 (a few KB). Huge
  * extents (up to INT64_MAX, negative, products that overflow) are still passed, with small buffers
@@ -26,6 +31,11 @@
  * reject it from its shape checks before touching memory. (A lie on x's T in a backward call
  * where no dy / dx is given is undetectable by design, since the reserve is 64-byte granular,
  * so the harness never makes it.)
+ *
+ * Corpus (tests/fuzz/corpus/fuzz_rnn): every input begins with the byte fuzz_draw_setup reads (0:
+ * float32, the CPU's default kernels); gru_fwd_bwd, agru_fwd_bwd, gru_bidir_bf and infer come
+ * again as NAME.f64, .bf16, .f16 and as .f32.avx2, .bf16.avx2 (the baseline kernels), and
+ * gru_fwd_bwd.bf16.avx512 draws avx512 (the fallback on a CPU without AVX-512).
  *
  * Wrong order: backward with a reserve no forward wrote (fuzz bytes, NaN, Inf), or one written
  * for other inputs / lengths / dropout keys, may return garbage numbers (documented in
@@ -108,7 +118,8 @@ static void buf_check_canary(const buf *b, size_t used, const char *what) {
 /* ---- a tensor argument with its honest backing -------------------------------------------------- */
 typedef struct targ {
     kf_tensor t;     /* what is passed */
-    buf b;           /* backing; floats (or int32 for lengths) */
+    buf b;           /* backing, dtype (the plan's, or int32 for lengths) */
+    float *f;        /* an input's values (fuzz_store: what b holds) */
     int64_t numel;   /* honest element count */
     int64_t shape[3];
     int ndim;
@@ -125,14 +136,18 @@ static void targ_make(targ *a, const char *name, int32_t dtype, int ndim, const 
     a->dtype = dtype;
     a->numel = 1;
     for (int i = 0; i < ndim; i++) a->shape[i] = shape[i], a->numel *= shape[i];
-    a->b = buf_new((size_t)a->numel * 4);
+    a->b = buf_new((size_t)a->numel * fuzz_dtype_bytes(dtype));
+    a->f = calloc((size_t)a->numel, sizeof *a->f);
+    if (!a->f) abort();
     a->present = present;
     kf_tensor_init(&a->t, present ? a->b.p : NULL, dtype, ndim, shape);
 }
 static void targ_reset(targ *a) { /* undo mutations */
     kf_tensor_init(&a->t, a->present ? a->b.p : NULL, a->dtype, a->ndim, a->shape);
 }
-static float *tf(const targ *a) { return (float *)a->b.p; }
+static float *tf(const targ *a) { return a->f; }
+static void sync(targ *a) { fuzz_store(a->dtype, a->b.p, a->f, a->numel); }
+static void targ_free(targ *a) { buf_free(&a->b), free(a->f); }
 
 /* ---- the session of one input ----------------------------------------------------------------- */
 #define MAXW (3 * 2 * 10)
@@ -183,6 +198,9 @@ static void fill_inputs(sess *s, rd *r) {
         tf(tg)[u16(r) % tg->numel] = v;
         s->special = true;
     }
+    targ *in[] = {&s->x, &s->h0, &s->dy, &s->dhn};
+    for (size_t i = 0; i < sizeof in / sizeof in[0]; i++) sync(in[i]);
+    for (int k = 0; k < s->nw; k++) sync(&s->w[k]);
     if (sp >= 250) /* invalid lengths: must be rejected when present */
         len[u8(r) % s->B] = (int32_t)interesting_i64(r, s->T);
     s->reserve_state = 0;
@@ -223,7 +241,7 @@ static const char *why_lines(const mut *m, char *buf, size_t n) {
 static bool tensor_bad(const targ *a, const kf_tensor *t, bool required) {
     if (!t->data) return required;
     if (t->dtype != a->dtype || t->ndim != a->ndim) return true;
-    if ((uintptr_t)t->data % 4) return true;
+    if ((uintptr_t)t->data % fuzz_dtype_bytes(a->dtype)) return true;
     int64_t stride = 1;
     for (int i = a->ndim - 1; i >= 0; i--) {
         if (t->shape[i] != a->shape[i]) return true;
@@ -272,9 +290,9 @@ static void mutate_tensor(rd *r, targ *a, const bool *pinned, bool required, mut
         t->strides[dim] = v;
         break;
     }
-    case 6: /* misaligned by 1..3 bytes (the buffer has slack after it) */
-        if (t->data) {
-            t->data = (char *)a->b.p + 1 + u8(r) % 3; /* absolute: never re-aligned */
+    case 6: /* misaligned by 1 to element size - 1 bytes (the buffer has slack after it) */
+        if (t->data) { /* absolute: never re-aligned */
+            t->data = (char *)a->b.p + 1 + u8(r) % (uint32_t)(fuzz_dtype_bytes(a->dtype) - 1);
         }
         break;
     case 7: /* shrunk declared count in one dim to 1: honest, wrong unless that dim is 1 */
@@ -296,24 +314,35 @@ static double norm_f64(const double *v, int64_t n) {
     return sqrt(s);
 }
 
-/* ||got - want|| < tol * ||want||, or below `abs_floor` (a small tensor whose exact value is a
- * cancelling sum, e.g. an epsilon gradient, is judged against the scale of its call's gradients;
- * 0 disables). */
-static void check_close(const char *what, const float *got, const double *want, int64_t n,
-                        double tol, double abs_floor) {
-    double e = ref_rel_err_f32(got, want, n);
-    bool ok = e < tol || e * norm_f64(want, n) < abs_floor;
+/* got: n elements of the target's dtype. ||got - want|| < tol * ||want||, or below `abs_floor` (a
+ * small tensor whose exact value is a cancelling sum, e.g. an epsilon gradient, is judged against
+ * the scale of its call's gradients; 0 disables), with tol and abs_floor a float32 plan's bounds
+ * and fuzz_input.h's derivation of the other dtypes' from them. */
+static void check_close(const char *what, const targ *got, const double *want, int64_t n,
+                        double tol32, double abs_floor32) {
+    const double tol = fuzz_rel_bound(got->dtype, tol32);
+    const double abs_floor = fuzz_abs_bound(got->dtype, abs_floor32);
+    double num = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        const double d = fuzz_get(got->dtype, got->b.p, i) - want[i];
+        num += d * d;
+    }
+    const double den = norm_f64(want, n), e = sqrt(num) / (den > 0 ? den : 1.0);
+    bool ok = e < tol || sqrt(num) < abs_floor;
     if (!ok) {
         for (int64_t i = 0; i < n; i++)
-            fprintf(stderr, "  %s[%lld] = %.9g, reference %.9g\n", what, (long long)i, got[i], want[i]);
-        FAIL("%s: relative error %g against the float64 reference (tol %g, floor %g)", what, e, tol,
-             abs_floor);
+            fprintf(stderr, "  %s[%lld] = %.17g, reference %.17g\n", what, (long long)i,
+                    fuzz_get(got->dtype, got->b.p, i), want[i]);
+        FAIL("%s: relative error %g against the float64 reference (%s: tol %g, floor %g)", what, e,
+             fuzz_dtype_name(got->dtype), tol, abs_floor);
     }
 }
 
-static void all_finite(const char *what, const float *p, int64_t n) {
-    for (int64_t i = 0; i < n; i++)
-        if (!isfinite(p[i])) FAIL("%s[%lld] = %g not written / not finite", what, (long long)i, p[i]);
+static void all_finite(const char *what, const targ *a) {
+    for (int64_t i = 0; i < a->numel; i++) {
+        const double v = fuzz_get(a->dtype, a->b.p, i);
+        if (!isfinite(v)) FAIL("%s[%lld] = %g not written / not finite", what, (long long)i, v);
+    }
 }
 
 /* ---- snapshots for "nothing written on failure" ------------------------------------------------- */
@@ -486,8 +515,8 @@ static void call_forward(sess *s, rd *r, kf_mode mode) {
     snap sn = {0};
     snap_add(&sn, &s->y.b), snap_add(&sn, &s->hn.b), snap_add(&sn, &s->reserve);
     /* poison outputs so that every element must be written */
-    for (int64_t i = 0; i < s->y.numel; i++) tf(&s->y)[i] = NAN;
-    for (int64_t i = 0; i < s->hn.numel; i++) tf(&s->hn)[i] = NAN;
+    fuzz_poison(s->y.dtype, s->y.b.p, s->y.numel);
+    fuzz_poison(s->hn.dtype, s->hn.b.p, s->hn.numel);
     snap_verify_free(&sn, false, "");
     snap_add(&sn, &s->y.b), snap_add(&sn, &s->hn.b), snap_add(&sn, &s->reserve);
 
@@ -514,12 +543,12 @@ static void call_forward(sess *s, rd *r, kf_mode mode) {
         if (m.must_fail) FAIL("kf_rnn_forward accepted an invalid call (mode %d, %s, lie %s[%d]: %lld -> %lld)",
                               (int)passed_mode, why_lines(&m, wb, sizeof wb), m.lied ? m.lie_t->name : "-", m.lie_dim,
                               m.lied ? (long long)m.lie_old : 0, m.lied ? (long long)m.lie_t->t.shape[m.lie_dim] : 0);
-        buf_check_canary(&s->y.b, (size_t)s->y.numel * 4, "y");
-        buf_check_canary(&s->hn.b, (size_t)s->hn.numel * 4, "hn");
+        buf_check_canary(&s->y.b, s->y.b.cap, "y");
+        buf_check_canary(&s->hn.b, s->hn.b.cap, "hn");
         if (training) buf_check_canary(&s->reserve, s->reserve.cap, "reserve");
         if (!s->special) {
-            all_finite("y", tf(&s->y), s->y.numel);
-            if (a->hn.data) all_finite("hn", tf(&s->hn), s->hn.numel);
+            all_finite("y", &s->y);
+            if (a->hn.data) all_finite("hn", &s->hn);
             ref_rnn_cfg c = s->cfg;
             c.training = training;
             c.seed = a->dropout_seed, c.offset = a->dropout_offset;
@@ -534,8 +563,8 @@ static void call_forward(sess *s, rd *r, kf_mode mode) {
                 fprintf(stderr, "forward mode %d h0 %d len %d seed %llu offset %llu\n", (int)mode,
                         a->h0.data != NULL, a->lengths.data != NULL,
                         (unsigned long long)c.seed, (unsigned long long)c.offset);
-            check_close("y", tf(&s->y), y, s->y.numel, 1e-3, 0);
-            if (a->hn.data) check_close("hn", tf(&s->hn), hn, s->hn.numel, 1e-3, 0);
+            check_close("y", &s->y, y, s->y.numel, 1e-3, 0);
+            if (a->hn.data) check_close("hn", &s->hn, hn, s->hn.numel, 1e-3, 0);
             free(x), free(h0), free(y), free(hn);
             for (int k = 0; k < s->nw; k++) free(w[k]);
         }
@@ -697,10 +726,16 @@ static void call_backward(sess *s, rd *r) {
     }
 
     /* prefill outputs: poison in overwrite mode, a known finite value in accumulate mode */
-    for (int64_t i = 0; i < s->dx.numel; i++) tf(&s->dx)[i] = NAN;
-    for (int64_t i = 0; i < s->dh0.numel; i++) tf(&s->dh0)[i] = NAN;
-    for (int q = 0; q < s->nw; q++)
-        for (int64_t i = 0; i < s->dw[q].numel; i++) tf(&s->dw[q])[i] = accumulate ? 0.25f : NAN;
+    fuzz_poison(s->dx.dtype, s->dx.b.p, s->dx.numel);
+    fuzz_poison(s->dh0.dtype, s->dh0.b.p, s->dh0.numel);
+    for (int q = 0; q < s->nw; q++) {
+        if (!accumulate) {
+            fuzz_poison(s->dw[q].dtype, s->dw[q].b.p, s->dw[q].numel);
+            continue;
+        }
+        for (int64_t i = 0; i < s->dw[q].numel; i++) tf(&s->dw[q])[i] = 0.25f; /* every dtype's */
+        sync(&s->dw[q]);
+    }
     snap sn = {0};
     snap_add(&sn, &s->dx.b), snap_add(&sn, &s->dh0.b), snap_add(&sn, &s->reserve);
     for (int q = 0; q < s->nw; q++) snap_add(&sn, &s->dw[q].b);
@@ -721,15 +756,15 @@ static void call_backward(sess *s, rd *r) {
         if (m.must_fail) FAIL("kf_rnn_backward accepted an invalid call (%s, lie %s[%d]: %lld -> %lld)", why_lines(&m, wb, sizeof wb),
                               m.lied ? m.lie_t->name : "-", m.lie_dim,
                               m.lied ? (long long)m.lie_old : 0, m.lied ? (long long)m.lie_t->t.shape[m.lie_dim] : 0);
-        buf_check_canary(&s->dx.b, (size_t)s->dx.numel * 4, "dx");
-        buf_check_canary(&s->dh0.b, (size_t)s->dh0.numel * 4, "dh0");
-        for (int q = 0; q < s->nw; q++) buf_check_canary(&s->dw[q].b, (size_t)s->dw[q].numel * 4, "dw");
+        buf_check_canary(&s->dx.b, s->dx.b.cap, "dx");
+        buf_check_canary(&s->dh0.b, s->dh0.b.cap, "dh0");
+        for (int q = 0; q < s->nw; q++) buf_check_canary(&s->dw[q].b, s->dw[q].b.cap, "dw");
         bool numeric = !s->special && s->reserve_state == 1 && !seed_changed && !x_resized &&
                        (a->h0.data != NULL) == s->reserve_h0 &&
                        (a->lengths.data != NULL) == s->reserve_len;
         if (numeric) {
-            if (a->dx.data) all_finite("dx", tf(&s->dx), s->dx.numel);
-            if (a->dh0.data) all_finite("dh0", tf(&s->dh0), s->dh0.numel);
+            if (a->dx.data) all_finite("dx", &s->dx);
+            if (a->dh0.data) all_finite("dh0", &s->dh0);
             ref_rnn_cfg c = s->cfg;
             c.training = 1;
             c.seed = a->dropout_seed, c.offset = a->dropout_offset;
@@ -772,17 +807,17 @@ static void call_backward(sess *s, rd *r) {
                 const double g_scale = hypot(hypot(norm_f64(dx, s->x.numel),
                                                    norm_f64(dh0, s->h0.numel)), dw_scale);
                 if (a->dx.data)
-                    check_close("dx", tf(&s->dx), dx, s->dx.numel,
+                    check_close("dx", &s->dx, dx, s->dx.numel,
                                 KF__FUZZ_TOL(dx32, dx, s->dx.numel), 1e-6 * g_scale);
                 if (a->dh0.data)
-                    check_close("dh0", tf(&s->dh0), dh0, s->dh0.numel,
+                    check_close("dh0", &s->dh0, dh0, s->dh0.numel,
                                 KF__FUZZ_TOL(dh032, dh0, s->h0.numel), 1e-6 * g_scale);
                 for (int q = 0; q < s->nw && a->dweights; q++) {
                     if (!dwt[q].data) continue;
                     const double tol = KF__FUZZ_TOL(dw32[q], dw[q], s->dw[q].numel);
                     if (accumulate)
                         for (int64_t i = 0; i < s->dw[q].numel; i++) dw[q][i] += 0.25;
-                    check_close("dweights", tf(&s->dw[q]), dw[q], s->dw[q].numel, tol,
+                    check_close("dweights", &s->dw[q], dw[q], s->dw[q].numel, tol,
                                 1e-4 * dw_scale);
                 }
 #undef KF__FUZZ_TOL
@@ -897,6 +932,7 @@ static int LLVMFuzzerTestOneInputImpl(const uint8_t *data, size_t size) {
     rd r = {data, size};
     sess s;
     memset(&s, 0, sizeof s);
+    const fuzz_setup su = fuzz_draw_setup(&r);
     s.ctx = make_context(&r, &s.fixed_arena);
     bool fixed = s.fixed_arena;
 
@@ -907,6 +943,7 @@ static int LLVMFuzzerTestOneInputImpl(const uint8_t *data, size_t size) {
     kf_rnn_desc_init(d);
     uint32_t v = u8(&r);
     d->cell = (v & 1) ? KF_RNN_AGRU : KF_RNN_GRU;
+    d->dtype = su.dtype;
     d->num_layers = (int32_t)range(&r, 1, 3);
     d->input_size = range(&r, 1, 6);
     d->hidden_size = range(&r, 1, 6);
@@ -958,15 +995,15 @@ static int LLVMFuzzerTestOneInputImpl(const uint8_t *data, size_t size) {
         size_t wsb, rsb;
         check_status(kf_rnn_workspace_size(plan, interesting_i64(&r, 4), interesting_i64(&r, 4),
                                            KF_MODE_TRAINING, &wsb, &rsb), "workspace_size");
-        static float xs[64], ys[64];
+        static double xs[64], ys[64]; /* room for 6 (12) elements of every dtype */
         kf_tensor *wt = calloc((size_t)n, sizeof *wt);
         kf_rnn_forward_args a;
         kf_rnn_forward_args_init(&a);
         int64_t sh[3] = {1, 1, d->input_size};
-        kf_tensor_init(&a.x, xs, KF_DTYPE_F32, 3, sh); /* a lie on I, pinned by the plan... */
+        kf_tensor_init(&a.x, xs, d->dtype, 3, sh); /* a lie on I, pinned by the plan... */
         a.x.data = d->input_size <= 6 ? xs : NULL;   /* ...so only pass data when honest */
         sh[2] = d->hidden_size * ((d->flags & 2) ? 2 : 1);
-        kf_tensor_init(&a.y, sh[2] <= 12 ? ys : NULL, KF_DTYPE_F32, 3, sh);
+        kf_tensor_init(&a.y, sh[2] <= 12 ? ys : NULL, d->dtype, 3, sh);
         a.weights = wt;
         a.num_weights = n;
         st = kf_rnn_forward(plan, KF_MODE_INFERENCE, &a, NULL, 0, NULL, 0);
@@ -977,19 +1014,10 @@ static int LLVMFuzzerTestOneInputImpl(const uint8_t *data, size_t size) {
         kf_context_destroy(s.ctx);
         return 0;
     }
-    /* a float64, float16 or bfloat16 plan (CPU): its size queries, then the float32 calls below
-     * on a fresh plan (the harness's buffers are float32; tests/c/test_rnn_f64.c and
-     * tests/c/test_lowp.c hold those dtypes to the reference) */
-    if (st == KF_OK && d->dtype != KF_DTYPE_F32) {
-        size_t wsb = 0, rsb = 0;
-        if (kf_rnn_workspace_size(plan, range(&r, 1, 6), range(&r, 1, 5), KF_MODE_TRAINING, &wsb,
-                                  &rsb) != KF_OK || rsb == 0)
-            FAIL("float64/float16/bfloat16 plan: workspace_size");
-        kf_rnn_plan_destroy(plan);
-    }
-    if (st != KF_OK || d->dtype != KF_DTYPE_F32) { /* fall back to a bounded float32 plan */
+    if (st != KF_OK) { /* fall back to a bounded plan of the drawn dtype */
         kf_rnn_desc_init(d);
         d->cell = (v & 1) ? KF_RNN_AGRU : KF_RNN_GRU;
+        d->dtype = su.dtype;
         d->input_size = 1 + (v >> 4) % 6;
         d->hidden_size = 1 + (v >> 5) % 6;
         if (kf_rnn_plan_create(s.ctx, d, &plan) != KF_OK) FAIL("plain plan");
@@ -1008,22 +1036,22 @@ static int LLVMFuzzerTestOneInputImpl(const uint8_t *data, size_t size) {
                           .gamma = d->gamma};
 
     snprintf(g_desc, sizeof g_desc,
-             "cell %d L %d D %d I %lld H %lld T %lld B %lld batch_first %d dropout %g gamma %g",
-             d->cell, s.L, s.D, (long long)s.I, (long long)s.H, (long long)s.T, (long long)s.B,
+             "%s isa %s cell %d L %d D %d I %lld H %lld T %lld B %lld batch_first %d dropout %g gamma %g",
+             fuzz_dtype_name(d->dtype), su.isa, d->cell, s.L, s.D, (long long)s.I, (long long)s.H, (long long)s.T, (long long)s.B,
              (int)s.batch_first, (double)d->dropout, (double)d->gamma);
     int64_t TB0 = s.batch_first ? s.B : s.T, TB1 = s.batch_first ? s.T : s.B;
     int64_t sh[3];
     sh[0] = TB0, sh[1] = TB1, sh[2] = s.I;
-    targ_make(&s.x, "x", KF_DTYPE_F32, 3, sh, true);
-    targ_make(&s.dx, "dx", KF_DTYPE_F32, 3, sh, true);
+    targ_make(&s.x, "x", d->dtype, 3, sh, true);
+    targ_make(&s.dx, "dx", d->dtype, 3, sh, true);
     sh[2] = s.D * s.H;
-    targ_make(&s.y, "y", KF_DTYPE_F32, 3, sh, true);
-    targ_make(&s.dy, "dy", KF_DTYPE_F32, 3, sh, true);
+    targ_make(&s.y, "y", d->dtype, 3, sh, true);
+    targ_make(&s.dy, "dy", d->dtype, 3, sh, true);
     sh[0] = s.L * s.D, sh[1] = s.B, sh[2] = s.H;
-    targ_make(&s.h0, "h0", KF_DTYPE_F32, 3, sh, true);
-    targ_make(&s.hn, "hn", KF_DTYPE_F32, 3, sh, true);
-    targ_make(&s.dhn, "dhn", KF_DTYPE_F32, 3, sh, true);
-    targ_make(&s.dh0, "dh0", KF_DTYPE_F32, 3, sh, true);
+    targ_make(&s.h0, "h0", d->dtype, 3, sh, true);
+    targ_make(&s.hn, "hn", d->dtype, 3, sh, true);
+    targ_make(&s.dhn, "dhn", d->dtype, 3, sh, true);
+    targ_make(&s.dh0, "dh0", d->dtype, 3, sh, true);
     sh[0] = s.B;
     targ_make(&s.len, "len", KF_DTYPE_I32, 1, sh, true);
     for (int k = 0; k < s.nw; k++) {
@@ -1031,8 +1059,8 @@ static int LLVMFuzzerTestOneInputImpl(const uint8_t *data, size_t size) {
         int64_t ws[KF_MAX_DIMS];
         const char *nm;
         if (kf_rnn_weight_info(plan, k, &nm, &nd, ws) != KF_OK) FAIL("weight_info");
-        targ_make(&s.w[k], "w", KF_DTYPE_F32, nd, ws, true);
-        targ_make(&s.dw[k], "dw", KF_DTYPE_F32, nd, ws, true);
+        targ_make(&s.w[k], "w", d->dtype, nd, ws, true);
+        targ_make(&s.dw[k], "dw", d->dtype, nd, ws, true);
     }
     size_t wsb;
     if (kf_rnn_workspace_size(plan, s.T, s.B, KF_MODE_TRAINING, &wsb, &s.rs_need) != KF_OK)
@@ -1068,8 +1096,8 @@ static int LLVMFuzzerTestOneInputImpl(const uint8_t *data, size_t size) {
     }
 
     targ *all[] = {&s.x, &s.h0, &s.len, &s.y, &s.hn, &s.dy, &s.dhn, &s.dx, &s.dh0};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) buf_free(&all[i]->b);
-    for (int k = 0; k < s.nw; k++) buf_free(&s.w[k].b), buf_free(&s.dw[k].b);
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) targ_free(all[i]);
+    for (int k = 0; k < s.nw; k++) targ_free(&s.w[k]), targ_free(&s.dw[k]);
     buf_free(&s.reserve);
     kf_rnn_plan_destroy(plan);
     kf_context_destroy(s.ctx);

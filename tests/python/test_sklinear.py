@@ -562,7 +562,7 @@ def _cffi_fill(t, obj):
     t.data = ffi.cast("void *", obj.data_ptr())
     t.dtype = {torch.float32: kfuse.lib.KF_DTYPE_F32, torch.float64: kfuse.lib.KF_DTYPE_F64,
                torch.int32: kfuse.lib.KF_DTYPE_I32,
-               torch.float16: kfuse.lib.KF_DTYPE_F16}.get(obj.dtype, 0)  # uint8: none
+               torch.float16: kfuse.lib.KF_DTYPE_F16, torch.int64: kfuse.lib.KF_DTYPE_I64}[obj.dtype]
     t.ndim = obj.dim()
     for i in range(min(obj.dim(), kfuse.lib.KF_MAX_DIMS)):
         t.shape[i] = obj.shape[i]
@@ -574,9 +574,11 @@ def test_packed_torch_args_match_cffi_fill(ranks):
     """The per-call path (a torch tensor of rank <= KF_MAX_DIMS packed from its shape and
     strides, the entries past its rank zeroed) writes what setting each field through cffi gives:
     every rank, strided views, other dtypes, None, a Parameter, more dims than KF_MAX_DIMS (ndim
-    kept, the rest truncated), and a struct reused with other ranks."""
+    kept, the rest truncated), and a struct reused with other ranks. (A dtype no kf_dtype
+    describes is refused before packing: test_torch_ops.py's
+    test_input_dtype_without_kf_dtype_named_as_torch_names_it.)"""
     import kfuse.sklinear as ks
-    dtypes = (torch.float32, torch.float64, torch.int32, torch.float16, torch.uint8)
+    dtypes = (torch.float32, torch.float64, torch.int32, torch.float16, torch.int64)
     objs = []
     for i, r in enumerate(ranks):
         t = torch.zeros((2,) * r, dtype=dtypes[i % len(dtypes)])

@@ -444,3 +444,49 @@ def test_calls_use_torchs_thread_count():
     before, after = map(int, out.stdout.split())
     # fewer is fine: the first GEMM ends the idle workers of libkfuse's private OpenBLAS
     assert after <= before, (before, after)
+
+
+# ---- the last raw torch errors, made kfuse's ----------------------------------------------------
+
+@pytest.mark.skipif(NEW_TORCH, reason="torch >= 2.4 runs the registered operators under vmap "
+                    "(test_vmap_*)")
+@pytest.mark.parametrize("name", list(CASES))
+def test_batched_gradient_check_refused_clearly_on_old_torch(name):
+    """gradcheck's batched-gradient check (check_batched_grad=True, which PyTorch v1.13.1's own
+    test_modules runs on GRU) vmaps the backward with torch's legacy vmap. Without torch.library
+    the backward kernel met its storage-less batched tensors and raised torch's raw "Cannot
+    access data pointer of Tensor that doesn't have storage" from kfuse's tensor packing; it now
+    raises the forward's error, naming the operator."""
+    m, x, _ = make(name)
+    x = x.double().requires_grad_(True)
+    m = m.double()
+    with pytest.raises(RuntimeError, match=r"kfuse::\w+ cannot be traced or transformed "
+                       r"on torch") as e:
+        torch.autograd.gradcheck(lambda t: _first(m(t)), (x,), check_batched_grad=True)
+    assert "storage" not in str(e.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128, torch.int16, torch.uint8,
+                                   torch.bool])
+@pytest.mark.parametrize("name", list(CASES))
+def test_input_dtype_without_kf_dtype_named_as_torch_names_it(name, dtype):
+    """An input of a dtype no kf_dtype describes is refused at the Python door with a ValueError
+    (kfuse.InvalidArgument) naming the argument and torch's dtype, where the library could only
+    report the 0 it was given ("dtype = 0 (no kf_dtype has that value)")."""
+    m, x, _ = make(name)
+    with pytest.raises(ValueError, match=r"x\.dtype = %s, which kfuse has no kf_dtype for"
+                       % str(dtype).replace(".", r"\.")) as e:
+        m(x.to(dtype))
+    assert "dtype = 0" not in str(e.value)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_complex_module_named_as_torch_names_it(name):
+    """A module converted to complex64 (torch's Module.to takes it) is refused when it runs, with
+    a ValueError naming the parameter the plan's dtype comes from and torch.complex64, not the 0
+    the library would be given for the plan's dtype."""
+    m, x, _ = make(name)
+    m = _quiet(m.to, torch.complex64)  # torch warns that complex modules are new
+    with pytest.raises(ValueError, match=r"(S1s|spline_weight|weights\[0\])\.dtype = "
+                       r"torch\.complex64, which kfuse has no kf_dtype for"):
+        m(x.to(torch.complex64))

@@ -18,7 +18,7 @@ __all__ = [
     "ffi", "lib", "KfuseError", "InvalidArgument", "Unsupported", "OutOfMemory",
     "WorkspaceTooSmall", "BackendUnavailable", "DeviceError", "InternalError", "check",
     "version", "version_string", "Context", "RnnPlan", "TensorRef", "tensor_values", "dtype_code",
-    "param_list", "remembered", "ALIGN_BYTES",
+    "kf_dtype_of", "param_list", "remembered", "ALIGN_BYTES",
     "DTYPE_F32", "DTYPE_F64", "DTYPE_F16", "DTYPE_BF16", "DTYPE_I32", "DTYPE_I64",
     "MODE_INFERENCE", "MODE_TRAINING", "GRAD_OVERWRITE", "GRAD_ACCUMULATE",
 ]
@@ -138,12 +138,33 @@ _dtype_codes = {}  # dtype object (numpy or torch) -> kf_dtype, filled on first 
 
 
 def dtype_code(dt):
-    """The kf_dtype of a numpy or torch dtype; 0 (which the library rejects by name) for one it
-    has no code for (another element type, a non-native byte order)."""
+    """The kf_dtype of a numpy or torch dtype; 0 for one it has no code for (another element
+    type, a non-native byte order): a tensor of such a dtype is refused before the library sees
+    it (_no_kf_dtype)."""
     code = _dtype_codes.get(dt)
     if code is None:
         code = _dtype_codes[dt] = _DTYPE_NAMES.get(str(dt).rpartition(".")[2], 0)
     return code
+
+
+def kf_dtype_of(name, t):
+    """The kf_dtype of tensor `t`, argument `name` (a plan's dtype is its parameters'), or the
+    InvalidArgument naming both where no kf_dtype describes its dtype."""
+    code = dtype_code(t.dtype)
+    if not code:
+        raise _no_kf_dtype(name, t.dtype)
+    return code
+
+
+def _no_kf_dtype(name, dt):
+    """The InvalidArgument for argument `name`, a torch tensor or numpy array of dtype `dt` that
+    no kf_dtype describes (torch.complex64, torch.uint8, ...), naming dt as its library names it:
+    the library itself could only report the 0 it would be given."""
+    return InvalidArgument(
+        lib.KF_ERR_INVALID_ARGUMENT,
+        "kfuse: %s.dtype = %s, which kfuse has no kf_dtype for (its tensors are float32, "
+        "float64, float16 or bfloat16, and int32 sequence lengths)" % (name, dt),
+        ffi.string(lib.kf_status_string(lib.KF_ERR_INVALID_ARGUMENT)).decode())
 
 
 def _pack(ptr, dt, shape, strides):
@@ -220,16 +241,19 @@ def _converter(tp):
 
 def tensor_values(obj, name="tensor"):
     """The kf_tensor field values (data, dtype, ndim, shape[KF_MAX_DIMS], strides[KF_MAX_DIMS])
-    of `obj`: a torch tensor or numpy array as it is (its dtype and strides; an unknown dtype goes
-    as 0, which the library names), a TensorRef, a raw (ptr, kf_dtype, shape, strides) tuple, or
-    None (absent). The values hold no reference to obj: only a caller that holds obj until the C
-    call returns may use them (the plans' methods do); anything else raises TypeError naming
-    `name`."""
+    of `obj`: a torch tensor or numpy array as it is (its dtype and strides; one of a dtype no
+    kf_dtype describes raises InvalidArgument naming `name` and the dtype), a TensorRef, a raw
+    (ptr, kf_dtype, shape, strides) tuple, or None (absent). The values hold no reference to obj:
+    only a caller that holds obj until the C call returns may use them (the plans' methods do);
+    anything else raises TypeError naming `name`."""
     f = _converters.get(type(obj)) or _converter(type(obj))
     if f is None:
         raise TypeError("kfuse: %s must be a torch tensor, a numpy array, a kfuse.TensorRef or "
                         "None, got %s" % (name, type(obj).__name__))
-    return f(obj)
+    values = f(obj)
+    if values[1] == 0 and f in (_torch_values, _array_values):
+        raise _no_kf_dtype(name, obj.dtype)
+    return values
 
 
 class TensorRef:
@@ -298,6 +322,10 @@ def _run_struct(key):
     return struct.Struct("@" + "".join(_rank_fmt(c) for c in reversed(codes)))
 
 
+def _entry_name(names, i):
+    return names[i] if type(names) is tuple else "%s[%d]" % (names, i)
+
+
 def pack_tensors(buf, offset, objs, names):
     """Writes `objs` (anything tensor_values() takes) as consecutive kf_tensors, every field (the
     zeros past ndim too: structs are reused), into the cffi buffer `buf` from byte `offset`, with
@@ -305,7 +333,8 @@ def pack_tensors(buf, offset, objs, names):
     shape and strides only (the per-call path), anything else as tensor_values() gives it; the
     Struct of each sequence of ranks is made once. `names`: a tuple naming each object, or a
     string naming an array (its entries are then name[i]), for the TypeError of an object
-    tensor_values() does not take. The caller holds objs until the C call returns."""
+    tensor_values() does not take and the InvalidArgument of a dtype no kf_dtype describes. The
+    caller holds objs until the C call returns."""
     values = []
     put = values.extend
     key = 1
@@ -316,14 +345,16 @@ def pack_tensors(buf, offset, objs, names):
             nd = len(shape)
             if nd <= _MAXD:
                 dt = obj.dtype
-                put((obj.data_ptr(), _dtype_codes.get(dt) or dtype_code(dt), nd))
+                code = _dtype_codes.get(dt) or dtype_code(dt)
+                if not code:
+                    raise _no_kf_dtype(_entry_name(names, i), dt)
+                put((obj.data_ptr(), code, nd))
                 put(shape)
                 put(obj.stride())
                 key = key * 8 + nd + 1
                 i += 1
                 continue
-        put(_ABSENT if obj is None else
-            tensor_values(obj, names[i] if type(names) is tuple else "%s[%d]" % (names, i)))
+        put(_ABSENT if obj is None else tensor_values(obj, _entry_name(names, i)))
         key *= 8
         i += 1
     st = _RUNS.get(key)

@@ -288,11 +288,29 @@ class Op:
             raise RuntimeError("kfuse.torch: the operator kfuse::%s has no ONNX equivalent; "
                                "torch.onnx.export of a kfuse module is not supported" % self.name)
         if self.op is None:
-            raise RuntimeError(
-                "kfuse.torch: kfuse::%s cannot be traced or transformed on torch %s: kfuse's "
-                "operators are registered with torch.library on torch >= 2.4 only (eager "
-                "forward and backward work)" % (self.name, torch.__version__))
+            raise _untransformable(self.name)
         return self.op(*args)
+
+
+def _untransformable(name):
+    """The error of a kfuse operator traced or transformed where it has no torch.library
+    registration (torch < 2.4: its forward in Op._captured, its backward in _first_order)."""
+    return RuntimeError(
+        "kfuse.torch: kfuse::%s cannot be traced or transformed on torch %s: kfuse's "
+        "operators are registered with torch.library on torch >= 2.4 only (eager "
+        "forward and backward work)" % (name, torch.__version__))
+
+
+_has_storage = torch._C._has_storage
+
+
+def _transformed_grads(grads):
+    """Whether the gradients reaching a backward are being traced or transformed: _capturing's
+    cases, and the storage-less batched tensors of torch's own legacy vmap
+    (torch._vmap_internals, which gradcheck's batched-gradient check runs on torch 1.13), which
+    neither is a tensor subclass nor makes a functorch transform active."""
+    return _capturing(grads) or not all(_has_storage(g) for g in grads
+                                        if isinstance(g, torch.Tensor))
 
 
 try:  # torch >= 2.0: the functorch transforms active now, innermost last
@@ -335,6 +353,11 @@ def _first_order(name, backward):
            "(create_graph=True, then a derivative of that gradient)" % name).encode()
 
     def wrapper(ctx, *grads):
+        # without torch.library the backward kernel would meet the transform's tensors (a vmap
+        # over the backward: torch's "Cannot access data pointer of Tensor that doesn't have
+        # storage"); refused as the forward refuses it
+        if not HAS_TORCH_LIBRARY and _transformed_grads(grads):
+            raise _untransformable(name)
         with torch.no_grad():
             out = backward(ctx, *grads)
         if not torch.is_grad_enabled() or _is_compiling() or _capturing(grads):

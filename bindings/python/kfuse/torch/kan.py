@@ -6,7 +6,7 @@ import math
 import torch
 from torch import nn
 
-from kfuse._lowlevel import dtype_code
+from kfuse._lowlevel import dtype_code, kf_dtype_of
 from kfuse.kan import QUANTILES_TORCH1, QUANTILES_TORCH2, _pair
 from kfuse.torch._common import (
     Op, autocast_now, check_devices, check_rank, device_guard, empty_grad, module_attrs, plan,
@@ -40,7 +40,7 @@ def _key(geometry, grid, spline_weight, standalone):
         head = ("kan_conv2d", geometry[0], out) + tuple(geometry[1:])
     else:  # ("kan_linear", in, out, ...)
         head = ("kan_linear", F, out)
-    return head + (C - k, k, standalone, dtype_code(spline_weight.dtype))
+    return head + (C - k, k, standalone, kf_dtype_of("spline_weight", spline_weight))
 
 
 def _conv_geometry(spline_weight, kernel_size, stride, padding, dilation):

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from kfuse._lowlevel import dtype_code
+from kfuse._lowlevel import dtype_code, kf_dtype_of
 from kfuse.torch._common import Op, autocast_inputs, device_guard, empty_grad, plan
 
 __all__ = ["GRU", "AGRU", "AGRUCell", "rnn_function"]
@@ -19,7 +19,8 @@ __all__ = ["GRU", "AGRU", "AGRUCell", "rnn_function"]
 # hidden_size, num_layers, batch_first, bidirectional, dropout (0 outside training), gamma.
 
 def _key(x, weights, desc):
-    return tuple(desc) + (dtype_code(weights[0].dtype if weights else x.dtype),)
+    return tuple(desc) + (kf_dtype_of("weights[0]", weights[0]) if weights else
+                          kf_dtype_of("x", x),)
 
 
 def _dims(batch_first, x):

@@ -6,7 +6,7 @@ import warnings
 import torch
 from torch import nn
 
-from kfuse._lowlevel import dtype_code, lib
+from kfuse._lowlevel import dtype_code, kf_dtype_of, lib
 from kfuse.torch._common import (
     Op, autocast_inputs, check_devices, check_rank, device_guard, empty_grad, module_attrs,
     on_device, plan, workspace,
@@ -25,7 +25,7 @@ def _key(S1s, S2s, has_bias):
     if len(s1) != 3 or len(s2) != 3:
         check_rank("S1s", S1s, 3, "[num_terms, in_features, low_rank]")
         check_rank("S2s", S2s, 3, "[num_terms, low_rank, out_features]")
-    return ("sklinear", s1[1], s2[2], s1[0], s1[2], has_bias, dtype_code(S1s.dtype))
+    return ("sklinear", s1[1], s2[2], s1[0], s1[2], has_bias, kf_dtype_of("S1s", S1s))
 
 
 _NAMES = ("S1s", "S2s", "U1s", "U2s", "bias")
