@@ -82,9 +82,6 @@
 #include <immintrin.h>
 #endif
 
-/* Small calls run in the caller's thread: waking a sleeping team (OMP_WAIT_POLICY=PASSIVE) costs
- * ~25 us, more than it saves below this many multiply-adds (as for SKLinear). */
-#define KF__KAN_TEAM_MIN_FLOPS (1 << 21)
 /* Rows per block. OpenBLAS packs the weight operand on every call, a 1/rows overhead: measured
  * here (2-core EPYC, one thread, [rows, 2304] x [2304, 256]) at 63 GFLOPS for 32 rows, 79 for
  * 128, 81 for 256 and more; 256 rows gave no measurable gain on the whole layer and halve the
@@ -255,10 +252,10 @@ static kan_geom kan_geom_of(const struct kf_kan_linear_plan *p, int64_t N,
     g.F = kan_min(kan_min(p->in, kan_max(1, KF__KAN_COLS / p->cw)),
                   (p->in + KF__KAN_MIN_CHUNKS - 1) / KF__KAN_MIN_CHUNKS);
     g.chunks = (p->in + g.F - 1) / g.F;
-    const double flops = 2.0 * (double)N * (double)p->out * (double)p->K;
-    g.team = flops < KF__KAN_TEAM_MIN_FLOPS
-                 ? 1
-                 : (int32_t)kan_min(p->ctx->num_threads, kan_max(g.blocks, g.chunks));
+    /* the forward's multiply-adds, N out K, decide both directions (cpu/team.h) */
+    g.team = (int32_t)kan_min(kf__cpu_team_size(p->ctx->num_threads,
+                                                (double)N * (double)p->out * (double)p->K),
+                              kan_max(g.blocks, g.chunks));
     const size_t e = p->dtype == KF_DTYPE_F64 ? sizeof(double) : sizeof(float);
     const int64_t ob = KF__KAN_OB((int64_t)e);
     g.outp = g.sparse ? (p->out + ob - 1) / ob * ob : p->out;

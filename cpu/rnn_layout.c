@@ -3,10 +3,6 @@
  * and packing, the dropout row; and this ISA's op table (cpu/rnn_ops.c). */
 #include "rnn_cpu.h"
 
-/* Flops of the gate products below which a call runs on one thread (kf__rnn_cpu_layout_init;
- * the same bound as SKLinear's and KAN's). */
-#define KF__RNN_TEAM_MIN_FLOPS (1 << 21)
-
 static size_t fbytes(int64_t n) { return kf__align_up((size_t)n * sizeof(float)); }
 
 /* n elements of `esize` bytes, aligned. */
@@ -23,14 +19,11 @@ void kf__rnn_cpu_layout_init(kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *p
                              int64_t B, bool training) {
     memset(lo, 0, sizeof *lo);
     int64_t H = p->H, D = p->D, N = T * B;
-    int64_t nt = p->ctx->num_threads > 0 ? p->ctx->num_threads : 1;
-    /* A small call runs in the caller's thread: waking the team costs ~30 us on the 2-core box
-     * (docs/ops/rnn.md), more than it saves below KF__RNN_TEAM_MIN_FLOPS flops of the gate
-     * products (2 per multiply-add; the first layer's input size stands for every layer's).
-     * torch 2.x's GRU(8, 16) at T=4 B=2 took 21.7 us on two threads from C, 4.5 us on one.
-     * Rows are split by batch, so the bits do not depend on it. */
-    const double flops = 6.0 * (double)N * (double)H * (double)(p->I + H) * (double)(D * p->L);
-    if (flops < KF__RNN_TEAM_MIN_FLOPS) nt = 1;
+    /* The team (cpu/team.h) by the multiply-adds of the gate products, 3 N H (I + H) per layer
+     * and direction (the first layer's input size standing for every layer's); rows are split
+     * by batch, so the bits do not depend on it. */
+    const int64_t nt = kf__cpu_team_size(
+        p->ctx->num_threads, 3.0 * (double)N * (double)H * (double)(p->I + H) * (double)(D * p->L));
     lo->T = T, lo->B = B, lo->N = N, lo->H = H, lo->D = D;
     lo->ts = p->batch_first ? 1 : B;
     lo->bs = p->batch_first ? T : 1;

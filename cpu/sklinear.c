@@ -57,10 +57,6 @@
 
 #include <string.h>
 
-/* Small calls run in the caller's thread: waking a sleeping team (OMP_WAIT_POLICY=PASSIVE)
- * costs ~25 us, more than it saves below this many multiply-adds (measured: in=out=256, B=64,
- * 2r=32 runs in 0.05 ms alone and 0.07 ms on two threads). */
-#define KF__SKL_TEAM_MIN_FLOPS (1 << 21)
 /* Block extents, functions of the shape alone: rows of x per row-wise block (each block reads
  * all of the weights again), and parameter columns per reduction product: at least 256, and at
  * most 8 blocks (these products are skinny, K = N rows and 2r columns, so fewer, wider calls
@@ -154,9 +150,10 @@ static size_t skl_workspace(const struct kf_sklinear_plan *p, int64_t N) {
 
 static void *skl_at(void *ws, size_t off) { return (char *)ws + off; }
 
+/* The forward's multiply-adds, N (in + out) 2r, decide the team of both directions. */
 static int32_t skl_team_size(const kf_context *ctx, const struct kf_sklinear_plan *p, int64_t N) {
-    double flops = (double)N * (double)(p->in + p->out) * 2.0 * (double)p->r;
-    return flops < KF__SKL_TEAM_MIN_FLOPS ? 1 : ctx->num_threads;
+    return kf__cpu_team_size(ctx->num_threads,
+                             (double)N * (double)(p->in + p->out) * 2.0 * (double)p->r);
 }
 
 typedef struct skl_fwd_call {

@@ -11,6 +11,22 @@
  * must not allocate (the barriers in `fn` are no-ops outside a parallel region). */
 void kf__cpu_team(int32_t ns, void (*fn)(void *arg, int tid, int nth), void *arg);
 
+/* The threads a call of `madds` multiply-adds runs on, on a context of `num_threads`: the
+ * caller's alone below KF__CPU_TEAM_MIN_MADDS, since waking a sleeping team (OMP_WAIT_POLICY=
+ * PASSIVE) costs 25-30 us on the 2-core box, more than a second thread saves there. Measured
+ * from C, alone against two threads: SKLinear in=out=256, B=64, 2r=32 (2^20 multiply-adds)
+ * 0.05 against 0.07 ms; torch 2.x's GRU(8, 16) at T=4 B=2, 4.5 against 21.7 us; at 1.5M
+ * multiply-adds, the forward of KANLinear(64, 64) B=40 71 against 83 us and of GRU(32, 32) T=30
+ * B=8 63 against 77 us (benches/results/cpu_team_rule.md). Every CPU op decides by it, once per
+ * call from the shape (a backward by its forward's count, so that both directions share one team
+ * size and one workspace layout); the kernels split work by the shape alone, so the bits do not
+ * depend on the answer. An op may use fewer threads than this (fewer blocks than threads). */
+#define KF__CPU_TEAM_MIN_MADDS (1 << 21)
+
+static inline int32_t kf__cpu_team_size(int32_t num_threads, double madds) {
+    return madds < KF__CPU_TEAM_MIN_MADDS ? 1 : num_threads;
+}
+
 /* [*lo, *hi): part `tid` of `nth` near-equal parts of [0, n). */
 static inline void kf__cpu_share(int64_t n, int tid, int nth, int64_t *lo, int64_t *hi) {
     *lo = n * tid / nth;

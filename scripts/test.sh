@@ -35,6 +35,9 @@ export OMP_WAIT_POLICY=PASSIVE
 stage "install dependencies"
 bash scripts/install-deps.sh
 
+stage "README's results table against benches/results/ (scripts/check-readme-figures.py)"
+python3 scripts/check-readme-figures.py
+
 stage "build (RelWithDebInfo, KF_CUDA=AUTO)"
 cmake -S . -B build/main -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKF_CUDA=AUTO >/dev/null
 cmake --build build/main -j"$JOBS"
