@@ -216,9 +216,22 @@ kf_status kf__kan_update_grid_host(const char *fn, const struct kf_kan_linear_pl
                            " (info = %d: the SVD did not converge)", i, info);
             goto done;
         }
+        /* rounded to the dtype, a coefficient must stay finite: an update must not leave a
+         * spline_weight the next update refuses (a float16 fit on ill-conditioned new knots
+         * can pass 65504) */
         for (int64_t o = 0; o < out; ++o)
-            for (int64_t c = 0; c < C; ++c)
-                kf__elem_store(new_spline, dt, (o * in + i) * C + c, U[c + o * ldb]);
+            for (int64_t c = 0; c < C; ++c) {
+                const int64_t e = (o * in + i) * C + c;
+                kf__elem_store(new_spline, dt, e, U[c + o * ldb]);
+                if (!isfinite(kf__elem_load(new_spline, dt, e))) {
+                    st = kf__error(KF_ERR_INVALID_ARGUMENT, fn,
+                                   "args->spline_weight: the refit on the new knots of feature "
+                                   "%" PRId64 " gives coefficient [%" PRId64 "][%" PRId64
+                                   "][%" PRId64 "] = %g, beyond the range of the plan's "
+                                   "dtype (kf_dtype %d)", i, o, i, c, U[c + o * ldb], (int)dt);
+                    goto done;
+                }
+            }
     }
 done:
     free(s), free(aidx), free(off), free(t_old), free(t_new), free(tf), free(S), free(xs);

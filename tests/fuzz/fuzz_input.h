@@ -1,6 +1,8 @@
-/* The fuzz harnesses' input reader: values taken big-endian from the fuzzer's bytes, zeros once
- * they run out, so every input (including an empty one) decodes to some call. Header-only: each
- * harness is one translation unit. */
+/* What the three fuzz harnesses share: the input reader (values taken big-endian from the
+ * fuzzer's bytes, zeros once they run out, so every input, including an empty one, decodes to
+ * some call), the draw of the plans' dtype and the CPU instruction set, tensors in every dtype
+ * (the harness's own conversions) and the oracles' per-dtype bounds. Header-only: each harness
+ * is one translation unit. */
 #ifndef KF_FUZZ_INPUT_H
 #define KF_FUZZ_INPUT_H
 
