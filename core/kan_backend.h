@@ -13,8 +13,8 @@
  * and the combined weight W [out, K] the matching [ base_weight[o, i] | spline_weight[o, i, :] *
  * spline_scaler[o, i] ], so that y = A W^T is one product over K.
  *
- * Every tensor of a call has the plan's dtype (KF_DTYPE_F32, or KF_DTYPE_F64 where the backend's
- * supports() accepts it): the records carry untyped pointers that the backend reads as that
+ * Every tensor of a call has the plan's dtype (KF_DTYPE_F32, F64, BF16 or F16, as the backend's
+ * supports() accepts): the records carry untyped pointers that the backend reads as that
  * type. */
 #ifndef KF_CORE_KAN_BACKEND_H
 #define KF_CORE_KAN_BACKEND_H

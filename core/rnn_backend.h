@@ -17,8 +17,8 @@
  *    memory layout.
  *  - Variable lengths (packed-sequence semantics of torch): for t >= len[b] the state of sample b
  *    does not change and y(t, b, .) = 0; the reverse direction starts at t = len[b]-1.
- *  - Every tensor of a call but the lengths has the plan's dtype (KF_DTYPE_F32, or KF_DTYPE_F64
- *    where the backend's supports() accepts it): the records carry untyped pointers that the
+ *  - Every tensor of a call but the lengths has the plan's dtype (KF_DTYPE_F32, F64, BF16 or
+ *    F16, as the backend's supports() accepts): the records carry untyped pointers that the
  *    backend reads as that type. */
 #ifndef KF_CORE_RNN_BACKEND_H
 #define KF_CORE_RNN_BACKEND_H

@@ -9,8 +9,8 @@
  * r + j the same of x U2s; y = (Z[:, :r] U1 + Z[:, r:] S2) / (2L) + bias where U1 and S2 are
  * U1s and S2s read as [r, out] matrices (their natural layout).
  *
- * Every tensor of a call has the plan's dtype (KF_DTYPE_F32, or KF_DTYPE_F64 where the backend's
- * supports() accepts it): the records carry untyped pointers that the backend reads as that
+ * Every tensor of a call has the plan's dtype (KF_DTYPE_F32, F64, BF16 or F16, as the backend's
+ * supports() accepts): the records carry untyped pointers that the backend reads as that
  * type. */
 #ifndef KF_CORE_SKLINEAR_BACKEND_H
 #define KF_CORE_SKLINEAR_BACKEND_H
