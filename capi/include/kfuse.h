@@ -765,10 +765,10 @@ KF_API void kf_kan_update_grid_args_init(kf_kan_update_grid_args *args);
 /* The grid update for a KANLinear plan. @return KF_OK; KF_ERR_INVALID_ARGUMENT (message names the
  * argument: also a non-finite x or spline_weight, a grid that is not finite and non-decreasing,
  * samples spread too wide for finite knots, a refit coefficient beyond the dtype's range, as a
- * float16 plan's can be past 65504: since 1.7.5, where 1.2-1.7.4 stored an infinity that
- * the next update refused); KF_ERR_UNSUPPORTED (a struct_size newer than the
- * library's with non-zero trailing fields); KF_ERR_OUT_OF_MEMORY; KF_ERR_INTERNAL (the SVD did
- * not converge); KF_ERR_DEVICE. Since 1.2. */
+ * float16 plan's can be past 65504, where releases up to 1.7.5 stored an infinity that the next
+ * update refused); KF_ERR_UNSUPPORTED (a struct_size newer than the library's with non-zero
+ * trailing fields); KF_ERR_OUT_OF_MEMORY; KF_ERR_INTERNAL (the SVD did not converge);
+ * KF_ERR_DEVICE. Since 1.2. */
 KF_API kf_status kf_kan_linear_update_grid(kf_kan_linear_plan *plan,
                                            const kf_kan_update_grid_args *args);
 

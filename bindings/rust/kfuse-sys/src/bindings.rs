@@ -3083,9 +3083,11 @@ extern "C" {
 extern "C" {
     #[doc = " The grid update for a KANLinear plan. @return KF_OK; KF_ERR_INVALID_ARGUMENT (message names the"]
     #[doc = " argument: also a non-finite x or spline_weight, a grid that is not finite and non-decreasing,"]
-    #[doc = " samples spread too wide for finite knots); KF_ERR_UNSUPPORTED (a struct_size newer than the"]
-    #[doc = " library's with non-zero trailing fields); KF_ERR_OUT_OF_MEMORY; KF_ERR_INTERNAL (the SVD did"]
-    #[doc = " not converge); KF_ERR_DEVICE. Since 1.2."]
+    #[doc = " samples spread too wide for finite knots, a refit coefficient beyond the dtype's range, as a"]
+    #[doc = " float16 plan's can be past 65504, where releases up to 1.7.5 stored an infinity that the next"]
+    #[doc = " update refused); KF_ERR_UNSUPPORTED (a struct_size newer than the library's with non-zero"]
+    #[doc = " trailing fields); KF_ERR_OUT_OF_MEMORY; KF_ERR_INTERNAL (the SVD did not converge);"]
+    #[doc = " KF_ERR_DEVICE. Since 1.2."]
     pub fn kf_kan_linear_update_grid(
         plan: *mut kf_kan_linear_plan,
         args: *const kf_kan_update_grid_args,
