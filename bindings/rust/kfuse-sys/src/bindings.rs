@@ -25,6 +25,7 @@ extern "C" {
     #[doc = " \"1.0.0\"-style static string of the loaded library's version. Never NULL. Since 1.0."]
     pub fn kf_version_string() -> *const ::std::os::raw::c_char;
 }
+#[doc = " success"]
 pub const kf_status_KF_OK: kf_status = 0;
 #[doc = " NULL, bad size, shape/dtype mismatch, unknown flag, ..."]
 pub const kf_status_KF_ERR_INVALID_ARGUMENT: kf_status = 1;
@@ -65,6 +66,7 @@ pub const kf_dtype_KF_DTYPE_F16: kf_dtype = 3;
 pub const kf_dtype_KF_DTYPE_BF16: kf_dtype = 4;
 #[doc = " sequence lengths"]
 pub const kf_dtype_KF_DTYPE_I32: kf_dtype = 5;
+#[doc = " 64-bit integers; no op of this version takes them"]
 pub const kf_dtype_KF_DTYPE_I64: kf_dtype = 6;
 #[doc = " Element types. KF_DTYPE_F16 and KF_DTYPE_BF16 are storage types (every op on the CPU backend"]
 #[doc = " since 1.5, on the CUDA backend since 1.6): a plan's tensors are in the type, its arithmetic"]
@@ -176,9 +178,13 @@ extern "C" {
 pub struct kf_context {
     _unused: [u8; 0],
 }
+#[doc = " host memory, CPU threads"]
 pub const kf_device_type_KF_DEVICE_CPU: kf_device_type = 1;
+#[doc = " a CUDA device's memory and stream"]
 pub const kf_device_type_KF_DEVICE_CUDA: kf_device_type = 2;
+#[doc = " Where a context's work and memory are."]
 pub type kf_device_type = ::std::os::raw::c_uint;
+#[doc = " What kf_context_create() makes; kf_context_desc_init() writes the defaults."]
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct kf_context_desc {
@@ -351,21 +357,26 @@ extern "C" {
 pub const kf_mode_KF_MODE_INFERENCE: kf_mode = 1;
 #[doc = " forward writes the reserve that backward reads; dropout applied"]
 pub const kf_mode_KF_MODE_TRAINING: kf_mode = 2;
-#[doc = " ---- calls: modes and gradients --------------------------------------------------------"]
+#[doc = " ---- calls: modes and gradients -------------------------------------------------------- */"]
 pub type kf_mode = ::std::os::raw::c_uint;
 #[doc = " weight gradients are written"]
 pub const kf_grad_mode_KF_GRAD_OVERWRITE: kf_grad_mode = 1;
 #[doc = " weight gradients are added to what the buffers hold"]
 pub const kf_grad_mode_KF_GRAD_ACCUMULATE: kf_grad_mode = 2;
+#[doc = " Whether a backward call overwrites or accumulates into the weight-gradient buffers."]
 pub type kf_grad_mode = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct kf_rnn_plan {
     _unused: [u8; 0],
 }
+#[doc = " torch.nn.GRU's cell (gates r, z, n)"]
 pub const kf_rnn_cell_KF_RNN_GRU: kf_rnn_cell = 1;
+#[doc = " the antisymmetric GRU cell (docs/ops/rnn.md)"]
 pub const kf_rnn_cell_KF_RNN_AGRU: kf_rnn_cell = 2;
+#[doc = " The cell of a recurrent plan."]
 pub type kf_rnn_cell = ::std::os::raw::c_uint;
+#[doc = " A recurrent plan's layer stack; kf_rnn_desc_init() writes the defaults."]
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct kf_rnn_desc {
@@ -572,6 +583,7 @@ extern "C" {
         reserve_bytes: *mut usize,
     ) -> kf_status;
 }
+#[doc = " The tensors of kf_rnn_forward(); kf_rnn_forward_args_init() writes the defaults."]
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct kf_rnn_forward_args {
@@ -770,6 +782,7 @@ extern "C" {
         reserve_bytes: usize,
     ) -> kf_status;
 }
+#[doc = " The tensors of kf_rnn_backward(); kf_rnn_backward_args_init() writes the defaults."]
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct kf_rnn_backward_args {
@@ -781,6 +794,7 @@ pub struct kf_rnn_backward_args {
     pub h0: kf_tensor,
     #[doc = " the forward's weights"]
     pub weights: *const kf_tensor,
+    #[doc = " the forward's"]
     pub num_weights: i32,
     #[doc = " must be 0"]
     pub reserved0: i32,
@@ -1034,6 +1048,7 @@ extern "C" {
 pub struct kf_sklinear_plan {
     _unused: [u8; 0],
 }
+#[doc = " An SKLinear plan's layer; kf_sklinear_desc_init() writes the defaults."]
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct kf_sklinear_desc {
@@ -1204,6 +1219,7 @@ extern "C" {
         workspace_bytes: *mut usize,
     ) -> kf_status;
 }
+#[doc = " The tensors of kf_sklinear_forward(); kf_sklinear_forward_args_init() writes the defaults."]
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct kf_sklinear_forward_args {
@@ -1348,6 +1364,8 @@ extern "C" {
         workspace_bytes: usize,
     ) -> kf_status;
 }
+#[doc = " The tensors of kf_sklinear_backward(); kf_sklinear_backward_args_init() writes the"]
+#[doc = " defaults."]
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct kf_sklinear_backward_args {
@@ -1539,6 +1557,8 @@ extern "C" {
         workspace_bytes: usize,
     ) -> kf_status;
 }
+#[doc = " The seed, optional W_init and outputs of kf_sklinear_init_params();"]
+#[doc = " kf_sklinear_init_args_init() writes the defaults."]
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct kf_sklinear_init_args {
@@ -1691,6 +1711,7 @@ extern "C" {
 pub struct kf_kan_linear_plan {
     _unused: [u8; 0],
 }
+#[doc = " A KANLinear plan's layer; kf_kan_linear_desc_init() writes the defaults."]
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct kf_kan_linear_desc {
@@ -1866,6 +1887,8 @@ extern "C" {
         grid: *mut kf_tensor,
     ) -> kf_status;
 }
+#[doc = " The tensors of kf_kan_linear_forward(); kf_kan_linear_forward_args_init() writes the"]
+#[doc = " defaults."]
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct kf_kan_linear_forward_args {
@@ -2020,6 +2043,8 @@ extern "C" {
         workspace_bytes: usize,
     ) -> kf_status;
 }
+#[doc = " The tensors of kf_kan_linear_backward(); kf_kan_linear_backward_args_init() writes the"]
+#[doc = " defaults."]
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct kf_kan_linear_backward_args {
@@ -2247,6 +2272,7 @@ extern "C" {
 pub struct kf_kan_conv2d_plan {
     _unused: [u8; 0],
 }
+#[doc = " A KANConv2d plan's layer; kf_kan_conv2d_desc_init() writes the defaults."]
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct kf_kan_conv2d_desc {
@@ -2544,6 +2570,8 @@ extern "C" {
         grid: *mut kf_tensor,
     ) -> kf_status;
 }
+#[doc = " The tensors of kf_kan_conv2d_forward(); kf_kan_conv2d_forward_args_init() writes the"]
+#[doc = " defaults."]
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct kf_kan_conv2d_forward_args {
@@ -2694,6 +2722,8 @@ extern "C" {
         workspace_bytes: usize,
     ) -> kf_status;
 }
+#[doc = " The tensors of kf_kan_conv2d_backward(); kf_kan_conv2d_backward_args_init() writes the"]
+#[doc = " defaults."]
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct kf_kan_conv2d_backward_args {
