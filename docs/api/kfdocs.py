@@ -11,12 +11,20 @@ from pathlib import Path
 
 from docutils import nodes
 from docutils.parsers.rst import Directive
-from docutils.statemachine import StringList
-from sphinx.util.nodes import nested_parse_with_titles
+from sphinx import addnodes
 
 
 def _brief(elem):
     return " ".join("".join(elem.find("briefdescription").itertext()).split())
+
+
+def _item(reftype, name, brief):
+    """A list item: the name as a cross-reference into the C domain, then its summary. Built as
+    nodes, so that it reads the same from a Markdown page and from a reStructuredText one."""
+    ref = addnodes.pending_xref("", refdomain="c", reftype=reftype, reftarget=name,
+                                refexplicit=False)
+    ref += nodes.literal(name, name + ("()" if reftype == "func" else ""))
+    return nodes.list_item("", nodes.paragraph("", "", ref, nodes.Text(": " + brief)))
 
 
 class KfCalls(Directive):
@@ -28,21 +36,18 @@ class KfCalls(Directive):
         xml_dir = Path(env.config.breathe_projects[env.config.breathe_default_project])
         prefixes = tuple(self.arguments)
         header = ET.parse(xml_dir / "kfuse_8h.xml").getroot()
-        lines = []
+        items = []
         for m in header.iter("memberdef"):
             if m.get("kind") == "function" and m.findtext("name").startswith(prefixes):
-                lines.append("- :c:func:`%s`: %s" % (m.findtext("name"), _brief(m)))
+                items.append(_item("func", m.findtext("name"), _brief(m)))
         for ref in header.iter("innerclass"):
             if ref.text.startswith(prefixes):
                 struct = ET.parse(xml_dir / (ref.get("refid") + ".xml")).getroot()
-                lines.append("- :c:struct:`%s`: %s"
-                             % (ref.text, _brief(struct.find("compounddef"))))
-        if not lines:
+                items.append(_item("struct", ref.text, _brief(struct.find("compounddef"))))
+        if not items:
             raise self.error("kf-calls: no declaration of kfuse.h starts with %s"
                              % " or ".join(prefixes))
-        container = nodes.container()
-        nested_parse_with_titles(self.state, StringList(lines, source="kfuse.h"), container)
-        return container.children
+        return [nodes.bullet_list("", *items, bullet="-")]
 
 
 def setup(app):
