@@ -3,7 +3,7 @@
 # covers:
 #   1. Doxygen over capi/include/kfuse.h (docs/api/Doxyfile; the header's plain comments read
 #      through docs/api/doxygen_filter.py; an undocumented declaration fails) -> build/docs/doxygen
-#   2. cargo doc for kfuse-sys and kfuse (RUSTDOCFLAGS="-D warnings"; the kfuse crate denies
+#   2. cargo doc for kfuse-sys and kfuse (RUSTDOCFLAGS="-D warnings"; every crate denies
 #      missing_docs) -> build/docs/rust; and for kfuse-tch where scripts/test-tch.sh finds tch's
 #      sources (its --doc mode)
 #   3. the Python package's cffi extension (bindings/python's CMake, linked to a prebuilt

@@ -676,6 +676,8 @@ KF_API kf_status kf_kan_conv2d_workspace_size(const kf_kan_conv2d_plan *plan, in
 /* The per-patch layer's tensors, as kf_kan_linear_param_count() and kf_kan_linear_param_info()
  * with in = in_channels * kernel_h * kernel_w. Since 1.3. */
 KF_API kf_status kf_kan_conv2d_param_count(const kf_kan_conv2d_plan *plan, int32_t *count);
+/* Name, rank and shape of the per-patch layer's tensor `index`, as kf_kan_linear_param_info().
+ * Since 1.3. */
 KF_API kf_status kf_kan_conv2d_param_info(const kf_kan_conv2d_plan *plan, int32_t index,
                                           const char **name, int32_t *ndim, int64_t *shape);
 
