@@ -71,6 +71,10 @@ def main():
         alias = re.match(r"pub type (__\w+) =", line)
         opaque = re.match(r"pub struct (kf_\w+) \{", line)
         if const and not documented:
+            if const.group(1) not in docs:
+                sys.exit("doc_items.py: #define %s in kfuse.h has no comment (kfuse-sys denies "
+                         "missing_docs): give it one, trailing or on the line above"
+                         % const.group(1))
             out.append(doc_attr(docs[const.group(1)]))
         elif alias and not documented:
             out.append(doc_attr("glibc's `%s`, which bindgen emits for stdint.h's types (kfuse's "
