@@ -94,7 +94,6 @@ def described(elem):
 def doxygen_documented(xml_dir):
     """(kind, name) for every declaration with a description in Doxygen's XML."""
     done = set()
-    kinds = {"function": "function", "define": "define", "enum": "enum", "typedef": "typedef"}
     for path in Path(xml_dir).glob("*.xml"):
         root = ET.parse(path).getroot()
         for compound in root.iter("compounddef"):
@@ -106,13 +105,11 @@ def doxygen_documented(xml_dir):
                 name, kind = m.findtext("name"), m.get("kind")
                 if kind == "variable" and compound.get("kind") == "struct" and described(m):
                     done.add(("field", "%s.%s" % (cname, name)))
-                elif kind in kinds and described(m):
-                    done.add((kinds[kind], name))
-                    if kind == "typedef":  # an opaque handle's typedef documents its struct too
+                elif kind in ("function", "define", "enum", "typedef") and described(m):
+                    done.add((kind, name))
+                    if kind == "enum":  # TYPEDEF_HIDES_STRUCT: typedef enum kf_x {..} kf_x;
                         done.add(("typedef", name))
                 if kind == "enum":
-                    if described(m):  # TYPEDEF_HIDES_STRUCT: typedef enum kf_x {..} kf_x;
-                        done.add(("typedef", name))
                     for v in m.iter("enumvalue"):
                         if described(v):
                             done.add(("enumvalue", v.findtext("name")))
