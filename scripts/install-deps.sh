@@ -17,6 +17,7 @@ PACKAGES=(
   python3 python3-numpy python3-torch  # benchmark baselines (Debian's CPU PyTorch 1.13)
   python3-matplotlib       # the benchmark scripts' SVG plots (benches/plots.py)
   libdnnl-dev              # oneDNN 2.6: the fastest-CPU-GRU baseline in benches/
+  doxygen python3-sphinx python3-breathe python3-myst-parser  # the API reference (build-docs.sh)
 )
 
 (($#)) && PACKAGES=("$@")

@@ -17,7 +17,11 @@
 # build/tch-target); the script fails if anything there changed.
 # About 8 minutes on 2 busy cores the first time (apt installs libtorch-dev, torch-sys compiles
 # its C++ wrapper), under a minute after (the doc tests are compiled and linked on every run).
+# With --doc it runs `cargo doc` instead of the tests and the example (RUSTDOCFLAGS="-D warnings";
+# the crate denies missing_docs): scripts/build-docs.sh takes build/tch-target/doc/kfuse_tch.
 set -euo pipefail
+MODE=test
+[ "${1:-}" = "--doc" ] && MODE=doc
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 export OMP_WAIT_POLICY=PASSIVE
@@ -85,11 +89,16 @@ export CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-$(nproc)}
 cd bindings/rust/kfuse-tch
 cargo_tch() { cargo --config "$CONFIG" "$@"; }
 
-stage "kfuse-tch: cargo test --offline (against tch's own ops)"
-cargo_tch test --offline
+if [ "$MODE" = doc ]; then
+  stage "kfuse-tch: cargo doc --offline (-D warnings, missing_docs denied)"
+  RUSTDOCFLAGS="-D warnings" cargo_tch doc --offline --no-deps
+else
+  stage "kfuse-tch: cargo test --offline (against tch's own ops)"
+  cargo_tch test --offline
 
-stage "kfuse-tch example: train_gru (kfuse GRU + tch head; fails unless the loss falls 10x)"
-cargo_tch run --offline --example train_gru  # debug: the profile cargo test built
+  stage "kfuse-tch example: train_gru (kfuse GRU + tch head; fails unless the loss falls 10x)"
+  cargo_tch run --offline --example train_gru  # debug: the profile cargo test built
+fi
 
 written=$(find "$DEPS" -newer "$STAMP" -print | head -5)
 if [ -n "$written" ]; then

@@ -18,8 +18,11 @@
 #      (examples/rust-consumer: pkg-config dynamic and static, built from source), and the tch-rs
 #      interop crate on Debian's libtorch 1.13 (scripts/test-tch.sh: tests, doc tests, example;
 #      tch's sources from ../shared/tch-deps, else build/tch-deps, SKIPPED where neither is),
-#   8. the reliability suite, bounded (libFuzzer 60 s, ThreadSanitizer, soak + valgrind leaks),
-#   9. a smoke run of the main job (a few batches) and of the benchmark driver.
+#   8. the API reference (scripts/build-docs.sh: Doxygen over kfuse.h, cargo doc, Sphinx with
+#      autodoc and breathe, all with warnings as errors; scripts/check-api-docs.py holds it to
+#      every declaration of kfuse.h and every module of the Python package),
+#   9. the reliability suite, bounded (libFuzzer 60 s, ThreadSanitizer, soak + valgrind leaks),
+#  10. a smoke run of the main job (a few batches) and of the benchmark driver.
 # Build trees live under build/: build/main, build/asan (also the sanitizer lane's ASan library),
 # build/valgrind (the CPU-only build every later stage that needs one takes), and the reliability
 # suite's build/fuzz and build/tsan (docs/architecture.md, "The build"). Took 28-40 min on 2 cores
@@ -123,6 +126,9 @@ bash scripts/test-rust-consumer.sh build/valgrind
 
 stage "tch-rs interop crate (scripts/test-tch.sh; tch's sources from ../shared/tch-deps)"
 bash scripts/test-tch.sh
+
+stage "API reference (scripts/build-docs.sh; warnings are errors)"
+bash scripts/build-docs.sh
 
 stage "reliability: fuzz, TSan, soak (scripts/test-reliability.sh, bounded)"
 KF_SOAK_LIB="$ROOT/build/valgrind" bash scripts/test-reliability.sh 60 10000

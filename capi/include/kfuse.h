@@ -52,6 +52,8 @@ extern "C" {
 #endif
 
 /* ---- version (the build reads these three lines to form the SONAME and package version) - */
+/* The version of this header: MAJOR (the ABI generation), MINOR (bumped by additions), PATCH
+ * (fixes). */
 #define KF_VERSION_MAJOR 1
 #define KF_VERSION_MINOR 7
 #define KF_VERSION_PATCH 5
@@ -68,7 +70,7 @@ KF_API const char *kf_version_string(void);
 /* ---- status ---------------------------------------------------------------------------- */
 /* Values are fixed forever; new codes are appended. */
 typedef enum kf_status {
-    KF_OK = 0,
+    KF_OK = 0,                      /* success */
     KF_ERR_INVALID_ARGUMENT = 1,    /* NULL, bad size, shape/dtype mismatch, unknown flag, ... */
     KF_ERR_UNSUPPORTED = 2,         /* valid request this build or backend does not implement */
     KF_ERR_OUT_OF_MEMORY = 3,       /* host or device allocation failed */
@@ -90,6 +92,7 @@ KF_API const char *kf_status_string(kf_status status);
 KF_API const char *kf_last_error_message(void);
 
 /* ---- tensors --------------------------------------------------------------------------- */
+/* The most dimensions a kf_tensor has. */
 #define KF_MAX_DIMS 6
 /* The alignment, in bytes, of every workspace and reserve a caller passes (and of the arena's
  * memory). Since 1.3. */
@@ -112,7 +115,7 @@ typedef enum kf_dtype {
     KF_DTYPE_F16 = 3, /* IEEE binary16 storage (CPU since 1.5, CUDA since 1.6) */
     KF_DTYPE_BF16 = 4, /* bfloat16 storage (CPU since 1.5, CUDA since 1.6) */
     KF_DTYPE_I32 = 5, /* sequence lengths */
-    KF_DTYPE_I64 = 6
+    KF_DTYPE_I64 = 6  /* 64-bit integers; no op of this version takes them */
 } kf_dtype;
 
 /* A plain view of memory, shaped like DLPack's DLTensor. The library never frees `data`. A tensor
@@ -132,17 +135,20 @@ KF_API kf_status kf_tensor_init(kf_tensor *t, void *data, kf_dtype dtype, int32_
                                 const int64_t *shape);
 
 /* ---- context --------------------------------------------------------------------------- */
+/* Opaque handle: device, stream, BLAS handle and arena (kf_context_create()). */
 typedef struct kf_context kf_context;
 
+/* Where a context's work and memory are. */
 typedef enum kf_device_type {
-    KF_DEVICE_CPU = 1,
-    KF_DEVICE_CUDA = 2
+    KF_DEVICE_CPU = 1, /* host memory, CPU threads */
+    KF_DEVICE_CUDA = 2 /* a CUDA device's memory and stream */
 } kf_device_type;
 
 /* Context flags. */
 #define KF_CONTEXT_FIXED_ARENA 1u /* never grow the arena: a call needing more fails with
                                      KF_ERR_WORKSPACE_TOO_SMALL instead of allocating */
 
+/* What kf_context_create() makes; kf_context_desc_init() writes the defaults. */
 typedef struct kf_context_desc {
     size_t struct_size;  /* sizeof(kf_context_desc) as the caller compiled it */
     int32_t device_type; /* a kf_device_type; default KF_DEVICE_CPU */
@@ -206,11 +212,13 @@ KF_API kf_status kf_context_arena_info(const kf_context *ctx, size_t *arena_byte
 KF_API kf_status kf_context_synchronize(kf_context *ctx);
 
 /* ---- calls: modes and gradients -------------------------------------------------------- */
+/* Whether a forward call trains (writes the reserve backward reads) or only infers. */
 typedef enum kf_mode {
     KF_MODE_INFERENCE = 1, /* no reserve written, no dropout */
     KF_MODE_TRAINING = 2   /* forward writes the reserve that backward reads; dropout applied */
 } kf_mode;
 
+/* Whether a backward call overwrites or accumulates into the weight-gradient buffers. */
 typedef enum kf_grad_mode {
     KF_GRAD_OVERWRITE = 1,  /* weight gradients are written */
     KF_GRAD_ACCUMULATE = 2  /* weight gradients are added to what the buffers hold */
@@ -236,14 +244,16 @@ typedef enum kf_grad_mode {
  */
 typedef struct kf_rnn_plan kf_rnn_plan;
 
+/* The cell of a recurrent plan. */
 typedef enum kf_rnn_cell {
-    KF_RNN_GRU = 1,
-    KF_RNN_AGRU = 2
+    KF_RNN_GRU = 1, /* torch.nn.GRU's cell (gates r, z, n) */
+    KF_RNN_AGRU = 2 /* the antisymmetric GRU cell (docs/ops/rnn.md) */
 } kf_rnn_cell;
 
 #define KF_RNN_BATCH_FIRST 1u   /* x, y are [B, T, .] instead of [T, B, .] */
 #define KF_RNN_BIDIRECTIONAL 2u /* GRU only: D = 2, y is [T, B, 2H] (forward half first) */
 
+/* A recurrent plan's layer stack; kf_rnn_desc_init() writes the defaults. */
 typedef struct kf_rnn_desc {
     size_t struct_size;  /* sizeof(kf_rnn_desc) as the caller compiled it */
     int32_t cell;        /* a kf_rnn_cell; default KF_RNN_GRU */
@@ -297,6 +307,7 @@ KF_API kf_status kf_rnn_output_shapes(const kf_rnn_plan *plan, int64_t T, int64_
 KF_API kf_status kf_rnn_workspace_size(const kf_rnn_plan *plan, int64_t T, int64_t B, kf_mode mode,
                                        size_t *workspace_bytes, size_t *reserve_bytes);
 
+/* The tensors of kf_rnn_forward(); kf_rnn_forward_args_init() writes the defaults. */
 typedef struct kf_rnn_forward_args {
     size_t struct_size;     /* sizeof(kf_rnn_forward_args) as the caller compiled it */
     kf_tensor x;            /* [T, B, I] ([B, T, I] with KF_RNN_BATCH_FIRST) */
@@ -330,12 +341,13 @@ KF_API kf_status kf_rnn_forward(kf_rnn_plan *plan, kf_mode mode, const kf_rnn_fo
                                 void *workspace, size_t workspace_bytes, void *reserve,
                                 size_t reserve_bytes);
 
+/* The tensors of kf_rnn_backward(); kf_rnn_backward_args_init() writes the defaults. */
 typedef struct kf_rnn_backward_args {
     size_t struct_size;     /* sizeof(kf_rnn_backward_args) as the caller compiled it */
     kf_tensor x;            /* the forward's x */
     kf_tensor h0;           /* the forward's h0 (optional: absent = zeros, as in forward) */
     const kf_tensor *weights; /* the forward's weights */
-    int32_t num_weights;
+    int32_t num_weights;    /* the forward's */
     int32_t reserved0;      /* must be 0 */
     kf_tensor lengths;      /* the forward's lengths (optional) */
     uint64_t dropout_seed;  /* the forward's */
@@ -375,6 +387,7 @@ KF_API kf_status kf_rnn_backward(kf_rnn_plan *plan, kf_grad_mode grad_mode,
  */
 typedef struct kf_sklinear_plan kf_sklinear_plan;
 
+/* An SKLinear plan's layer; kf_sklinear_desc_init() writes the defaults. */
 typedef struct kf_sklinear_desc {
     size_t struct_size;   /* sizeof(kf_sklinear_desc) as the caller compiled it */
     int64_t in_features;  /* >= 1; no default (0) */
@@ -423,6 +436,7 @@ KF_API kf_status kf_sklinear_param_info(const kf_sklinear_plan *plan, int32_t in
 KF_API kf_status kf_sklinear_workspace_size(const kf_sklinear_plan *plan, int64_t N,
                                             size_t *workspace_bytes);
 
+/* The tensors of kf_sklinear_forward(); kf_sklinear_forward_args_init() writes the defaults. */
 typedef struct kf_sklinear_forward_args {
     size_t struct_size; /* sizeof(kf_sklinear_forward_args) as the caller compiled it */
     kf_tensor x;        /* [..., in], rank 1..KF_MAX_DIMS */
@@ -443,6 +457,8 @@ KF_API void kf_sklinear_forward_args_init(kf_sklinear_forward_args *args);
 KF_API kf_status kf_sklinear_forward(kf_sklinear_plan *plan, const kf_sklinear_forward_args *args,
                                      void *workspace, size_t workspace_bytes);
 
+/* The tensors of kf_sklinear_backward(); kf_sklinear_backward_args_init() writes the
+ * defaults. */
 typedef struct kf_sklinear_backward_args {
     size_t struct_size; /* sizeof(kf_sklinear_backward_args) as the caller compiled it */
     kf_tensor x;        /* the forward's x */
@@ -463,6 +479,8 @@ KF_API kf_status kf_sklinear_backward(kf_sklinear_plan *plan, kf_grad_mode grad_
                                       const kf_sklinear_backward_args *args, void *workspace,
                                       size_t workspace_bytes);
 
+/* The seed, optional W_init and outputs of kf_sklinear_init_params();
+ * kf_sklinear_init_args_init() writes the defaults. */
 typedef struct kf_sklinear_init_args {
     size_t struct_size; /* sizeof(kf_sklinear_init_args) as the caller compiled it */
     uint64_t seed;      /* every draw is a pure function of (seed, element): the same on every
@@ -502,6 +520,7 @@ KF_API kf_status kf_sklinear_init_params(kf_sklinear_plan *plan,
  */
 typedef struct kf_kan_linear_plan kf_kan_linear_plan;
 
+/* A KANLinear plan's layer; kf_kan_linear_desc_init() writes the defaults. */
 typedef struct kf_kan_linear_desc {
     size_t struct_size;       /* sizeof(kf_kan_linear_desc) as the caller compiled it */
     int64_t in_features;      /* >= 1; no default (0) */
@@ -551,6 +570,8 @@ KF_API kf_status kf_kan_linear_param_info(const kf_kan_linear_plan *plan, int32_
 KF_API kf_status kf_kan_linear_uniform_grid(const kf_kan_linear_plan *plan, float lo, float hi,
                                             kf_tensor *grid);
 
+/* The tensors of kf_kan_linear_forward(); kf_kan_linear_forward_args_init() writes the
+ * defaults. */
 typedef struct kf_kan_linear_forward_args {
     size_t struct_size;     /* sizeof(kf_kan_linear_forward_args) as the caller compiled it */
     kf_tensor x;            /* [..., in], rank 1..KF_MAX_DIMS */
@@ -575,6 +596,8 @@ KF_API kf_status kf_kan_linear_forward(kf_kan_linear_plan *plan,
                                        const kf_kan_linear_forward_args *args, void *workspace,
                                        size_t workspace_bytes);
 
+/* The tensors of kf_kan_linear_backward(); kf_kan_linear_backward_args_init() writes the
+ * defaults. */
 typedef struct kf_kan_linear_backward_args {
     size_t struct_size;      /* sizeof(kf_kan_linear_backward_args) as the caller compiled it */
     kf_tensor x, grid, base_weight, spline_weight, spline_scaler; /* the forward's */
@@ -613,6 +636,7 @@ KF_API kf_status kf_kan_linear_backward(kf_kan_linear_plan *plan, kf_grad_mode g
  */
 typedef struct kf_kan_conv2d_plan kf_kan_conv2d_plan;
 
+/* A KANConv2d plan's layer; kf_kan_conv2d_desc_init() writes the defaults. */
 typedef struct kf_kan_conv2d_desc {
     size_t struct_size;            /* sizeof(kf_kan_conv2d_desc) as the caller compiled it */
     int64_t in_channels;           /* C_in >= 1; no default (0) */
@@ -652,6 +676,8 @@ KF_API kf_status kf_kan_conv2d_workspace_size(const kf_kan_conv2d_plan *plan, in
 /* The per-patch layer's tensors, as kf_kan_linear_param_count() and kf_kan_linear_param_info()
  * with in = in_channels * kernel_h * kernel_w. Since 1.3. */
 KF_API kf_status kf_kan_conv2d_param_count(const kf_kan_conv2d_plan *plan, int32_t *count);
+/* Name, rank and shape of the per-patch layer's tensor `index`, as kf_kan_linear_param_info().
+ * Since 1.3. */
 KF_API kf_status kf_kan_conv2d_param_info(const kf_kan_conv2d_plan *plan, int32_t index,
                                           const char **name, int32_t *ndim, int64_t *shape);
 
@@ -669,6 +695,8 @@ KF_API kf_status kf_kan_conv2d_output_size(const kf_kan_conv2d_plan *plan, int64
 KF_API kf_status kf_kan_conv2d_uniform_grid(const kf_kan_conv2d_plan *plan, float lo, float hi,
                                             kf_tensor *grid);
 
+/* The tensors of kf_kan_conv2d_forward(); kf_kan_conv2d_forward_args_init() writes the
+ * defaults. */
 typedef struct kf_kan_conv2d_forward_args {
     size_t struct_size;     /* sizeof(kf_kan_conv2d_forward_args) as the caller compiled it */
     kf_tensor x;            /* [B, C_in, H, W] or [C_in, H, W] */
@@ -689,6 +717,8 @@ KF_API kf_status kf_kan_conv2d_forward(kf_kan_conv2d_plan *plan,
                                        const kf_kan_conv2d_forward_args *args, void *workspace,
                                        size_t workspace_bytes);
 
+/* The tensors of kf_kan_conv2d_backward(); kf_kan_conv2d_backward_args_init() writes the
+ * defaults. */
 typedef struct kf_kan_conv2d_backward_args {
     size_t struct_size;      /* sizeof(kf_kan_conv2d_backward_args) as the caller compiled it */
     kf_tensor x, grid, base_weight, spline_weight, spline_scaler; /* the forward's */

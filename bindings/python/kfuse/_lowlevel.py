@@ -23,19 +23,19 @@ __all__ = [
     "MODE_INFERENCE", "MODE_TRAINING", "GRAD_OVERWRITE", "GRAD_ACCUMULATE",
 ]
 
-# Alignment the ABI asks of workspace and reserve buffers (KF_ALIGN_BYTES, kfuse.h).
+#: Alignment the ABI asks of workspace and reserve buffers (KF_ALIGN_BYTES, kfuse.h).
 ALIGN_BYTES = lib.KF_ALIGN_BYTES
 
-DTYPE_F32 = lib.KF_DTYPE_F32
-DTYPE_F64 = lib.KF_DTYPE_F64
-DTYPE_F16 = lib.KF_DTYPE_F16
-DTYPE_BF16 = lib.KF_DTYPE_BF16
-DTYPE_I32 = lib.KF_DTYPE_I32
-DTYPE_I64 = lib.KF_DTYPE_I64
-MODE_INFERENCE = lib.KF_MODE_INFERENCE
-MODE_TRAINING = lib.KF_MODE_TRAINING
-GRAD_OVERWRITE = lib.KF_GRAD_OVERWRITE
-GRAD_ACCUMULATE = lib.KF_GRAD_ACCUMULATE
+DTYPE_F32 = lib.KF_DTYPE_F32  #: KF_DTYPE_F32 (kfuse.h)
+DTYPE_F64 = lib.KF_DTYPE_F64  #: KF_DTYPE_F64 (kfuse.h)
+DTYPE_F16 = lib.KF_DTYPE_F16  #: KF_DTYPE_F16 (kfuse.h)
+DTYPE_BF16 = lib.KF_DTYPE_BF16  #: KF_DTYPE_BF16 (kfuse.h)
+DTYPE_I32 = lib.KF_DTYPE_I32  #: KF_DTYPE_I32 (kfuse.h)
+DTYPE_I64 = lib.KF_DTYPE_I64  #: KF_DTYPE_I64 (kfuse.h)
+MODE_INFERENCE = lib.KF_MODE_INFERENCE  #: KF_MODE_INFERENCE (kfuse.h)
+MODE_TRAINING = lib.KF_MODE_TRAINING  #: KF_MODE_TRAINING (kfuse.h)
+GRAD_OVERWRITE = lib.KF_GRAD_OVERWRITE  #: KF_GRAD_OVERWRITE (kfuse.h)
+GRAD_ACCUMULATE = lib.KF_GRAD_ACCUMULATE  #: KF_GRAD_ACCUMULATE (kfuse.h)
 
 
 # ---- errors ------------------------------------------------------------------------------------

@@ -37,10 +37,10 @@ __all__ = ["KanLinearPlan", "KanConv2dPlan", "PARAM_NAMES", "QUANTILES_TORCH1",
 
 # update_grid's quantile indices as torch 1.13's or torch 2.x's int64 linspace picks them
 # (kf_kan_quantile_rule).
-QUANTILES_TORCH1 = lib.KF_KAN_QUANTILES_TORCH1
-QUANTILES_TORCH2 = lib.KF_KAN_QUANTILES_TORCH2
+QUANTILES_TORCH1 = lib.KF_KAN_QUANTILES_TORCH1  #: torch 1.13's (KF_KAN_QUANTILES_TORCH1)
+QUANTILES_TORCH2 = lib.KF_KAN_QUANTILES_TORCH2  #: torch >= 2.0's (KF_KAN_QUANTILES_TORCH2)
 
-# efficient-kan's parameter and buffer names, in its state_dict order (parameters, then buffers).
+#: efficient-kan's parameter and buffer names, in its state_dict order (parameters, then buffers).
 PARAM_NAMES = ("base_weight", "spline_weight", "spline_scaler", "grid")
 
 # The forward and backward argument structs of both layers hold the same kf_tensor fields.

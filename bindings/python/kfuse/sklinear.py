@@ -30,7 +30,7 @@ from kfuse._lowlevel import (  # noqa: F401  (tensor_values: re-exported, its 1.
 
 __all__ = ["SkLinearPlan", "PARAM_NAMES"]
 
-# Panther's parameter and buffer names, in its state_dict order (parameters, then buffers).
+#: Panther's parameter and buffer names, in its state_dict order (parameters, then buffers).
 PARAM_NAMES = ("S1s", "S2s", "bias", "U1s", "U2s")
 
 _FWD_FIELDS = ("x", "S1s", "S2s", "U1s", "U2s", "bias", "y")

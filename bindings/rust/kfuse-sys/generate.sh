@@ -29,6 +29,8 @@ gen() {
     --rustfmt-configuration-file "$HERE/../rustfmt.toml" \
     --output "$1" \
     -- -x c -std=c99 -fparse-all-comments
+  # the doc comments bindgen does not carry over (macros, opaque handles): every item documented
+  python3 "$HERE/doc_items.py" "$HEADER" "$1"
 }
 
 if [ "${1:-}" = "--check" ]; then

@@ -204,6 +204,7 @@ def empty_grad(t, needed):
 
 
 def check_rank(name, t, ndim, what):
+    """Raises ValueError naming `name` unless t has `ndim` dimensions (`what` says which)."""
     if t.dim() != ndim:
         raise ValueError("kfuse: %s must be %s (%d-D), got shape %s"
                          % (name, what, ndim, tuple(t.shape)))

@@ -18,6 +18,7 @@
 //! PyTorch's default stream; kfuse must run on PyTorch's *current* stream, which tch 0.10 cannot
 //! read: code that made another stream current passes it to [`kfuse::Context::set_stream`]. The
 //! CUDA path is compiled but has not run on a GPU.
+#![deny(missing_docs)]
 
 mod convert;
 mod error;

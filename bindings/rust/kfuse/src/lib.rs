@@ -130,6 +130,7 @@
 //! The separate crate `kfuse-tch` (bindings/rust/kfuse-tch, its own workspace) wraps these plans
 //! as layers taking and returning `tch::Tensor`; it is kept out of this workspace so that building
 //! `kfuse` never needs tch or libtorch (see the crate README).
+#![deny(missing_docs)]
 
 mod context;
 pub mod error;

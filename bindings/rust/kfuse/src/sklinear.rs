@@ -380,8 +380,9 @@ pub struct SkLinearPlan<'ctx, T: Float = f32> {
 
 impl<'ctx> SkLinearPlan<'ctx> {
     /// Creates a float32 plan on `ctx` (`kf_sklinear_plan_create`). A bad descriptor gives
-    /// [`Status::InvalidArgument`] naming the field. A layer with more parameters than the
-    /// dense one is allowed ([`param_ratio`](Self::param_ratio) > 1).
+    /// [`Status::InvalidArgument`](crate::Status::InvalidArgument) naming the field. A layer
+    /// with more parameters than the dense one is allowed
+    /// ([`param_ratio`](Self::param_ratio) > 1).
     pub fn new(ctx: &'ctx Context, desc: &SkLinearDesc) -> Result<SkLinearPlan<'ctx>> {
         Self::new_typed(ctx, desc)
     }
