@@ -22,12 +22,16 @@ blas_lib=/usr/lib/$(gcc -dumpmachine)/openblas-pthread/libopenblas.a
 flags=(-std=c11 -O1 -g -fsanitize=thread -fno-omit-frame-pointer -fopenmp -march=x86-64-v3
        -DKF_BUILDING_LIBRARY -DKF_STATIC -I"$root/capi/include" -I"$root/core" -I"$root/host" -I"$root/common"
        -I"$blas_inc" -Wno-pass-failed)
-objs=()
+# The library's sources compile in parallel, one per core (the flags go through a response file);
+# xargs exits non-zero when any compile fails.
+printf '%s\n' "${flags[@]}" >"$build/flags.rsp"
+objs=() pairs=()
 for src in "$root"/capi/src/*.c "$root"/core/*.c "$root"/host/*.c "$root"/cpu/*.c; do
   obj="$build/$(basename "$(dirname "$src")")_$(basename "$src" .c).o"
-  "$cc" "${flags[@]}" -c "$src" -o "$obj"
-  objs+=("$obj")
+  objs+=("$obj") pairs+=("$src" "$obj")
 done
+printf '%s\0' "${pairs[@]}" | xargs -0 -n2 -P"$(nproc)" sh -c 'exec "$0" @"$1" -c "$2" -o "$3"' \
+  "$cc" "$build/flags.rsp"
 "$cc" "${flags[@]}" -DKF_CONCURRENCY_STANDALONE -I"$root/tests/c" "$root/tests/c/test_concurrency.c" \
   "${objs[@]}" "$blas_lib" -l:libgfortran.so.5 -lm -lpthread -o "$build/test_concurrency_tsan"
 
