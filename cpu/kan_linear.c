@@ -442,7 +442,7 @@ static int64_t kan_buf_ld(const kf__kan_patches *P, const kan_geom *g, int64_t o
     /* dx^T [f1-f0, rows] for features [f0, f1) from dA^T = (dy W)^T over the same columns:        \
      *     dx = dA_silu SiLU'(x) + sum_c dA_c B'_c(x),                                             \
      *     SiLU'(x) = s (1 + x (1 - s)),   s = sigmoid(x),                                         \
-     *     B'_{c,k}(x) = k (B_{c,k-1}(x) inv_k[c] - B_{c+1,k-1}(x) inv_k[c+1])     (k = 0: B' = 0) \
+     *     B'_{c,k}(x) = KF__BSPLINE_DSTEP over B_{c,k-1}, B_{c+1,k-1} (common/bspline.h)        \
      * from the order-(k-1) bases (C + 1 of them) in S; zero-width spans contribute 0. */          \
     static void kan_dx_##X(const struct kf_kan_linear_plan *p, const T *grid, const T *inv,        \
                            const T *xT, const T *dA, int64_t rows, int64_t f0, int64_t f1, T *dxT, \
@@ -460,10 +460,10 @@ static int64_t kan_buf_ld(const kf__kan_patches *P, const kan_geom *g, int64_t o
             const T *fi = inv + i * k * nk, *ik = fi + (k - 1) * nk;                               \
             kf__bspline_rows_##X(grid + i * nk, fi, nk, k - 1, x, rows, xb, S, S);                 \
             for (int64_t c = 0; c < C; ++c) {                                                      \
-                const T a = (T)k * ik[c], b = (T)k * ik[c + 1];                                    \
                 const T *restrict dc = d0 + (1 + c) * rows, *restrict s0 = S + c * rows,           \
                                   *restrict s1 = s0 + rows;                                        \
-                for (int64_t n = 0; n < rows; ++n) acc[n] += dc[n] * (a * s0[n] - b * s1[n]);      \
+                for (int64_t n = 0; n < rows; ++n)                                                 \
+                    acc[n] += dc[n] * KF__BSPLINE_DSTEP((T)k, ik[c], ik[c + 1], s0[n], s1[n]);     \
             }                                                                                      \
         }                                                                                          \
     }                                                                                              \
@@ -726,7 +726,7 @@ KF__KAN_IO_DEFINE(float, s, h)
                 if (deriv) { /* B'_{j-k+r} from the order-(k-1) bases; iq holds inv_k[j-k..j+1] */ \
                     const VEC s0 = r >= 1 ? Qv[r - 1] : zero, s1 = r < k ? Qv[r] : zero;           \
                     v = zero;                                                                      \
-                    if (k) v = ((T)k * iq[r]) * s0 - ((T)k * iq[r + 1]) * s1;                      \
+                    if (k) v = KF__BSPLINE_DSTEP((T)k, iq[r], iq[r + 1], s0, s1);                  \
                 }                                                                                  \
                 *(VEC *)(Nb + r * rl + n) = v;                                                     \
             }                                                                                      \

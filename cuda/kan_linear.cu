@@ -209,7 +209,7 @@ __device__ __forceinline__ void gen_cols(const Prob &P, int64_t n, int64_t f, in
 }
 
 // dx contribution of columns [c_lo, c_hi) of feature f at row n: drow[c - c0] holds dA[n, c].
-//   SiLU'(x) dA_silu + sum_c dA_c k (B_{c,k-1} inv_k[c] - B_{c+1,k-1} inv_k[c+1])
+//   SiLU'(x) dA_silu + sum_c dA_c B'_c(x)      (B' by common/bspline.h's kf__bspline_dwindow)
 template <int KM, bool CONV>
 __device__ __forceinline__ float dx_part(const Prob &P, int64_t n, int64_t f, int64_t c_lo,
                                          int64_t c_hi, const float *drow, int64_t c0) {
@@ -226,15 +226,12 @@ __device__ __forceinline__ float dx_part(const Prob &P, int64_t n, int64_t f, in
     float Nw[KM + 1];
     const int64_t j = kf__bspline_window<KM>(P.grid + f * P.nk, fi, P.nk, k - 1, xv, Nw);
     if (j < 0) return s;
-    const float kf = (float)k;
 #pragma unroll
     for (int r = 0; r <= KM; ++r) {
         if (r > k) break;
-        const int64_t c = j - k + r, col = base + 1 + c; // B'_c uses window entries r-1 and r
+        const int64_t c = j - k + r, col = base + 1 + c;
         if (c < 0 || c >= P.C || col < c_lo || col >= c_hi) continue;
-        const float s0 = r >= 1 ? Nw[r - 1] : 0.0f, s1 = r <= k - 1 ? Nw[r] : 0.0f;
-        const float a = kf * ik[c], b = kf * ik[c + 1];
-        s += drow[col - c0] * (a * s0 - b * s1);
+        s += drow[col - c0] * kf__bspline_dwindow<KM>(ik, j, k, r, Nw);
     }
     return s;
 }

@@ -425,7 +425,7 @@ template <class T> struct GenA {
 };
 
 // d/dx of row n0 + l, feature f (e = l in + f) from dA's row l (acc):
-//   SiLU'(x) dA_silu + sum_c dA_c k (B_{c,k-1} inv_k[c] - B_{c+1,k-1} inv_k[c+1])
+//   SiLU'(x) dA_silu + sum_c dA_c B'_c(x)      (B' by common/bspline.h's kf__bspline_dwindow)
 // into dst[e], of type D (KANLinear: dx + n0 in, T; KANConv2d: dP, acc).
 template <class T, class D> struct FoldDx {
     using A = typename Elem<T>::acc;
@@ -446,10 +446,9 @@ template <class T, class D> struct FoldDx {
                 kf__bspline_window<kPlainMaxOrder>(F.grid + f * F.nk, fi, F.nk, k - 1, xv, Nw);
             if (j >= 0)
                 for (int r = 0; r <= k; ++r) {
-                    const int64_t c = j - k + r; // B'_c uses window entries r - 1 and r
+                    const int64_t c = j - k + r;
                     if (c < 0 || c >= F.C) continue;
-                    const A s0 = r >= 1 ? Nw[r - 1] : A(0), s1 = r <= k - 1 ? Nw[r] : A(0);
-                    s += d[1 + c] * (A)k * (ik[c] * s0 - ik[c + 1] * s1);
+                    s += d[1 + c] * kf__bspline_dwindow<kPlainMaxOrder>(ik, j, k, r, Nw);
                 }
         }
         dst[e] = Elem<D>::put(s);
