@@ -64,7 +64,8 @@
  *
  * One implementation for both dtypes: KF__KAN_CPU_DEFINE(T, X) (dense) and
  * KF__KAN_SPARSE_DEFINE(T, X, VEC, VI) (windowed) below define the kernels for element type T
- * with the BLAS prefix X (s: float32, d: float64); the op picks them by the plan's dtype. Only
+ * with the BLAS prefix X (s: float32, d: float64); one op table per storage type, which
+ * kan_select picks at plan creation, runs them. Only
  * exp(-x), the FMA and the gathers differ by type (the *_s and *_d helpers). */
 #include "blas.h"
 #include "bspline.h"
@@ -237,8 +238,13 @@ typedef struct kan_geom {
     size_t bytes;
 } kan_geom;
 
+/* The plan's storage type, the one thing an op table of this file stands for (kan_select): its
+ * kernels compute in float64 for KAN_D, in float32 for the others, and read and write the low
+ * types (KAN_B bfloat16, KAN_H float16) where a tile is loaded or a result stored. */
+typedef enum { KAN_S, KAN_D, KAN_B, KAN_H } kan_kind;
+
 static kan_geom kan_geom_of(const struct kf_kan_linear_plan *p, int64_t N,
-                            const kf__kan_patches *patches, bool backward) {
+                            const kf__kan_patches *patches, bool backward, kan_kind kind) {
     kan_geom g;
     memset(&g, 0, sizeof g);
     g.L = patches ? patches->Ho * patches->Wo : N;
@@ -256,7 +262,7 @@ static kan_geom kan_geom_of(const struct kf_kan_linear_plan *p, int64_t N,
     g.team = (int32_t)kan_min(kf__cpu_team_size(p->ctx->num_threads,
                                                 (double)N * (double)p->out * (double)p->K),
                               kan_max(g.blocks, g.chunks));
-    const size_t e = p->dtype == KF_DTYPE_F64 ? sizeof(double) : sizeof(float);
+    const size_t e = kind == KAN_D ? sizeof(double) : sizeof(float);
     const int64_t ob = KF__KAN_OB((int64_t)e);
     g.outp = g.sparse ? (p->out + ob - 1) / ob * ob : p->out;
     g.Fw = kan_max(g.Fr, g.F);
@@ -287,7 +293,7 @@ static kan_geom kan_geom_of(const struct kf_kan_linear_plan *p, int64_t N,
     }
     /* a low plan's buffers, in T: y or dy of a block for the dense products, and (KANConv2d's
      * backward) the dx of the image in hand, whose patches add into it */
-    const bool low = kf__dtype_is_lowp(p->dtype);
+    const bool low = kind == KAN_B || kind == KAN_H;
     g.yb = g.off + (patches ? kf__align_up((size_t)(g.rows * patches->kh * patches->kw) *
                                            sizeof(int64_t))
                             : 0);
@@ -300,9 +306,9 @@ static kan_geom kan_geom_of(const struct kf_kan_linear_plan *p, int64_t N,
 }
 
 static size_t kan_workspace(const struct kf_kan_linear_plan *p, int64_t N,
-                             const kf__kan_patches *patches) {
-    const size_t f = kan_geom_of(p, N, patches, false).bytes,
-                 b = kan_geom_of(p, N, patches, true).bytes;
+                            const kf__kan_patches *patches, kan_kind kind) {
+    const size_t f = kan_geom_of(p, N, patches, false, kind).bytes,
+                 b = kan_geom_of(p, N, patches, true, kind).bytes;
     return f > b ? f : b;
 }
 
@@ -1080,26 +1086,77 @@ KF__KAN_TEAMS_DEFINE(double, d, kf__vd, d, true)
 KF__KAN_TEAMS_DEFINE(float, s, kf__vs, b, false)
 KF__KAN_TEAMS_DEFINE(float, s, kf__vs, h, false)
 
-/* The team functions of the plan's storage type. */
-static void (*kan_team(int32_t dtype, bool backward))(void *, int, int) {
-    switch (dtype) {
-    case KF_DTYPE_F64: return backward ? kan_bwd_team_d : kan_fwd_team_d;
-    case KF_DTYPE_BF16: return backward ? kan_bwd_team_b : kan_fwd_team_b;
-    case KF_DTYPE_F16: return backward ? kan_bwd_team_h : kan_fwd_team_h;
-    default: return backward ? kan_bwd_team_s : kan_fwd_team_s;
+/* A call on one thread team: kan_fwd_team_SX or kan_bwd_team_SX of the table's storage kind. */
+static kf_status kan_run_forward(const kf__kan_fwd *c, kan_kind kind,
+                                 void (*team)(void *, int, int)) {
+    kan_fwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N, c->patches, false, kind)};
+    kf__cpu_team(call.g.team, team, &call);
+    return KF_OK;
+}
+
+static kf_status kan_run_backward(const kf__kan_bwd *c, kan_kind kind,
+                                  void (*team)(void *, int, int)) {
+    kan_bwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N, c->patches, true, kind)};
+    kf__cpu_team(call.g.team, team, &call);
+    return KF_OK;
+}
+
+/* One op table per storage kind, its entries named by the kind's suffix. */
+static size_t kan_workspace_s(const struct kf_kan_linear_plan *p, int64_t N,
+                              const kf__kan_patches *patches) {
+    return kan_workspace(p, N, patches, KAN_S);
+}
+static size_t kan_workspace_d(const struct kf_kan_linear_plan *p, int64_t N,
+                              const kf__kan_patches *patches) {
+    return kan_workspace(p, N, patches, KAN_D);
+}
+static size_t kan_workspace_b(const struct kf_kan_linear_plan *p, int64_t N,
+                              const kf__kan_patches *patches) {
+    return kan_workspace(p, N, patches, KAN_B);
+}
+static size_t kan_workspace_h(const struct kf_kan_linear_plan *p, int64_t N,
+                              const kf__kan_patches *patches) {
+    return kan_workspace(p, N, patches, KAN_H);
+}
+static kf_status kan_forward_s(kf_context *ctx, const kf__kan_fwd *c) {
+    return kan_run_forward(c, KAN_S, kan_fwd_team_s);
+}
+static kf_status kan_forward_d(kf_context *ctx, const kf__kan_fwd *c) {
+    return kan_run_forward(c, KAN_D, kan_fwd_team_d);
+}
+static kf_status kan_forward_b(kf_context *ctx, const kf__kan_fwd *c) {
+    return kan_run_forward(c, KAN_B, kan_fwd_team_b);
+}
+static kf_status kan_forward_h(kf_context *ctx, const kf__kan_fwd *c) {
+    return kan_run_forward(c, KAN_H, kan_fwd_team_h);
+}
+static kf_status kan_backward_s(kf_context *ctx, const kf__kan_bwd *c) {
+    return kan_run_backward(c, KAN_S, kan_bwd_team_s);
+}
+static kf_status kan_backward_d(kf_context *ctx, const kf__kan_bwd *c) {
+    return kan_run_backward(c, KAN_D, kan_bwd_team_d);
+}
+static kf_status kan_backward_b(kf_context *ctx, const kf__kan_bwd *c) {
+    return kan_run_backward(c, KAN_B, kan_bwd_team_b);
+}
+static kf_status kan_backward_h(kf_context *ctx, const kf__kan_bwd *c) {
+    return kan_run_backward(c, KAN_H, kan_bwd_team_h);
+}
+static const kf__kan_ops kan_ops_s = {NULL, kan_workspace_s, kan_forward_s, kan_backward_s};
+static const kf__kan_ops kan_ops_d = {NULL, kan_workspace_d, kan_forward_d, kan_backward_d};
+static const kf__kan_ops kan_ops_b = {NULL, kan_workspace_b, kan_forward_b, kan_backward_b};
+static const kf__kan_ops kan_ops_h = {NULL, kan_workspace_h, kan_forward_h, kan_backward_h};
+
+/* The table of the plan's dtype, once, at plan creation (every dtype and spline order served). */
+static kf_status kan_select(const struct kf_kan_linear_plan *p, const char *fn,
+                            const kf__kan_ops **ops) {
+    switch (p->dtype) {
+    case KF_DTYPE_F64: *ops = &kan_ops_d; break;
+    case KF_DTYPE_BF16: *ops = &kan_ops_b; break;
+    case KF_DTYPE_F16: *ops = &kan_ops_h; break;
+    default: *ops = &kan_ops_s; break;
     }
-}
-
-static kf_status kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
-    kan_fwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N, c->patches, false)};
-    kf__cpu_team(call.g.team, kan_team(c->plan->dtype, false), &call);
     return KF_OK;
 }
 
-static kf_status kan_backward(kf_context *ctx, const kf__kan_bwd *c) {
-    kan_bwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N, c->patches, true)};
-    kf__cpu_team(call.g.team, kan_team(c->plan->dtype, true), &call);
-    return KF_OK;
-}
-
-const kf__kan_ops kf__cpu_kan_ops = {NULL, kan_workspace, kan_forward, kan_backward};
+const kf__kan_ops kf__cpu_kan_ops = {kan_select, NULL, NULL, NULL};

@@ -674,8 +674,8 @@ Layout make_layout(const struct kf_kan_linear_plan *p, int64_t N, const kf__kan_
     return l;
 }
 
-// The records' untyped tensors as float32, the one dtype this backend's kernels see (low plans
-// are converted around them, core/lowp_ops.c; kan_supports refuses float64 at plan creation).
+// The records' untyped tensors as float32, the one dtype this file's kernels see (kan_select gives
+// every other dtype cuda/plain.cu's table at plan creation).
 const float *f32(const void *t) { return static_cast<const float *>(t); }
 float *f32(void *t) { return static_cast<float *>(t); }
 
@@ -862,31 +862,17 @@ kf_status backward_dense(kf_context *ctx, const char *fn, const Layout &l, const
 
 namespace {
 
-// Float32 on the kernels above; float64, bfloat16 and float16 on cuda/plain.cu (the low types'
-// products on the tensor cores; this table is installed as it is, not under core/lowp_ops.c's
-// conversions); spline orders up to kMaxOrder (the basis window is unrolled up to that bound;
-// cuda/plain.cuh has the same one): the rest is refused at plan creation.
-static_assert(kMaxOrder == kf_plain::kPlainMaxOrder, "one spline-order bound for every dtype");
-kf_status kan_supports(const struct kf_kan_linear_plan *p, const char *fn) {
-    KF_TRY(kf__cuda_dtype_supported(p->dtype, fn));
-    if (p->k > kMaxOrder)
-        return kf__error(KF_ERR_UNSUPPORTED, fn,
-                         "desc->spline_order = %d: the CUDA backend supports spline orders up to "
-                         "%d", (int)p->k, kMaxOrder);
-    return KF_OK;
-}
-
+// Float32 on the kernels above, their window unrolled up to KM (>= the plan's order): the
+// entries of the float32 tables, one per KM.
 size_t kan_workspace(const struct kf_kan_linear_plan *p, int64_t N,
-                                         const kf__kan_patches *patches) {
-    if (p->dtype != KF_DTYPE_F32) return kf__cuda_kan_plain_workspace(p, N, patches);
+                     const kf__kan_patches *patches) {
     return make_layout(p, N, patches).bytes;
 }
 
-kf_status kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
+template <int KM> kf_status kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
     const kf__kan_patches *pt = c->patches;
     const char *fn = pt ? "kf_kan_conv2d_forward" : "kf_kan_linear_forward";
     const struct kf_kan_linear_plan *p = c->plan;
-    if (p->dtype != KF_DTYPE_F32) return kf__cuda_kan_plain_forward(ctx, c);
     if (c->N <= 0) return KF_OK;
     const Layout l = make_layout(p, c->N, pt);
     KF__CUDA_ON_DEVICE(fn, ctx);
@@ -894,24 +880,15 @@ kf_status kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
     P.inv = kf__at<float>(c->ws, l.off_inv);
     KF_TRY(launch_prep(ctx, fn, P, f32(c->base), f32(c->spline), f32(c->scaler), c->ws, l, true));
     float *part = kf__at<float>(c->ws, l.off_part);
-    if (l.Nc > 0) {
-        const Dense d = dense_buffers(l, c->ws);
-        if (p->k <= 3) return forward_dense<3>(ctx, fn, l, P, f32(c->y), d);
-        return forward_dense<kMaxOrder>(ctx, fn, l, P, f32(c->y), d);
-    }
-    if (pt) {
-        if (p->k <= 3) return forward_km<3, true>(ctx, fn, l, P, f32(c->y), part);
-        return forward_km<kMaxOrder, true>(ctx, fn, l, P, f32(c->y), part);
-    }
-    if (p->k <= 3) return forward_km<3, false>(ctx, fn, l, P, f32(c->y), part);
-    return forward_km<kMaxOrder, false>(ctx, fn, l, P, f32(c->y), part);
+    if (l.Nc > 0) return forward_dense<KM>(ctx, fn, l, P, f32(c->y), dense_buffers(l, c->ws));
+    if (pt) return forward_km<KM, true>(ctx, fn, l, P, f32(c->y), part);
+    return forward_km<KM, false>(ctx, fn, l, P, f32(c->y), part);
 }
 
-kf_status kan_backward(kf_context *ctx, const kf__kan_bwd *c) {
+template <int KM> kf_status kan_backward(kf_context *ctx, const kf__kan_bwd *c) {
     const kf__kan_patches *pt = c->patches;
     const char *fn = pt ? "kf_kan_conv2d_backward" : "kf_kan_linear_backward";
     const struct kf_kan_linear_plan *p = c->plan;
-    if (p->dtype != KF_DTYPE_F32) return kf__cuda_kan_plain_backward(ctx, c);
     if (c->dx == nullptr && c->dbase == nullptr && c->dspline == nullptr &&
         c->dscaler == nullptr)
         return KF_OK;
@@ -923,20 +900,31 @@ kf_status kan_backward(kf_context *ctx, const kf__kan_bwd *c) {
     KF_TRY(launch_prep(ctx, fn, P, f32(c->base), f32(c->spline), f32(c->scaler), c->ws, l,
                        c->dx != nullptr));
     float *part = kf__at<float>(c->ws, l.off_part);
-    if (l.Nc > 0) {
-        const Dense d = dense_buffers(l, c->ws);
-        if (p->k <= 3) return backward_dense<3>(ctx, fn, l, P, c, part, d);
-        return backward_dense<kMaxOrder>(ctx, fn, l, P, c, part, d);
-    }
-    if (pt) {
-        if (p->k <= 3) return backward_km<3, true>(ctx, fn, l, P, c, part);
-        return backward_km<kMaxOrder, true>(ctx, fn, l, P, c, part);
-    }
-    if (p->k <= 3) return backward_km<3, false>(ctx, fn, l, P, c, part);
-    return backward_km<kMaxOrder, false>(ctx, fn, l, P, c, part);
+    if (l.Nc > 0) return backward_dense<KM>(ctx, fn, l, P, c, part, dense_buffers(l, c->ws));
+    if (pt) return backward_km<KM, true>(ctx, fn, l, P, c, part);
+    return backward_km<KM, false>(ctx, fn, l, P, c, part);
+}
+
+const kf__kan_ops kan_ops_k3 = {nullptr, kan_workspace, kan_forward<3>, kan_backward<3>};
+const kf__kan_ops kan_ops_kmax = {nullptr, kan_workspace, kan_forward<kMaxOrder>,
+                                  kan_backward<kMaxOrder>};
+
+// The plan's table, once, at its creation: float32 on the kernels above (orders up to 3 on the
+// window unrolled to 3, the rest up to kMaxOrder); float64, bfloat16 and float16 on cuda/plain.cu
+// (the low types' products on the tensor cores; not under core/lowp_ops.c's conversions);
+// spline orders above kMaxOrder (cuda/plain.cuh has the same bound) are refused.
+static_assert(kMaxOrder == kf_plain::kPlainMaxOrder, "one spline-order bound for every dtype");
+kf_status kan_select(const struct kf_kan_linear_plan *p, const char *fn, const kf__kan_ops **ops) {
+    KF_TRY(kf__cuda_dtype_supported(p->dtype, fn));
+    if (p->k > kMaxOrder)
+        return kf__error(KF_ERR_UNSUPPORTED, fn,
+                         "desc->spline_order = %d: the CUDA backend supports spline orders up to "
+                         "%d", (int)p->k, kMaxOrder);
+    if (p->dtype != KF_DTYPE_F32) *ops = kf__cuda_kan_plain_ops(p->dtype);
+    else *ops = p->k <= 3 ? &kan_ops_k3 : &kan_ops_kmax;
+    return KF_OK;
 }
 
 } // namespace
 
-extern "C" const kf__kan_ops kf__cuda_kan_ops = {kan_supports, kan_workspace, kan_forward,
-                                                  kan_backward};
+extern "C" const kf__kan_ops kf__cuda_kan_ops = {kan_select, nullptr, nullptr, nullptr};

@@ -520,8 +520,6 @@ kf_status wgrad(kf_context *ctx, const char *fn, int64_t rows_w, int64_t K, int6
 extern "C" kf_status kf__cuda_rnn_backward(kf_context *ctx, const kf__rnn_bwd *c) {
     static const char fn[] = "kf_rnn_backward";
     const struct kf_rnn_plan *p = c->plan;
-    if (kf__cuda_rnn_plain(p)) return kf__cuda_rnn_plain_backward(ctx, c);
-    if (kf__dtype_is_lowp(p->dtype)) return kf__lowp_rnn_ops.backward(ctx, c);
     const int64_t T = c->T, B = c->B, H = p->H, D = p->D, L = p->L, TB = T * B;
     const bool agru = p->cell == KF_RNN_AGRU, acc = c->accumulate;
     cudaStream_t s = kf__stream(ctx);

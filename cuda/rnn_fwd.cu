@@ -647,10 +647,6 @@ bool kf__cuda_rnn_plain(const struct kf_rnn_plan *p) {
 
 extern "C" void kf__cuda_rnn_sizes(const struct kf_rnn_plan *p, int64_t T, int64_t B,
                                    bool training, size_t *ws_bytes, size_t *reserve_bytes) {
-    if (kf__cuda_rnn_plain(p))
-        return kf__cuda_rnn_plain_sizes(p, T, B, training, ws_bytes, reserve_bytes);
-    if (kf__dtype_is_lowp(p->dtype))
-        return kf__lowp_rnn_ops.sizes(p, T, B, training, ws_bytes, reserve_bytes);
     kf__rnn_cuda_layout lay;
     kf__rnn_cuda_layout_make(p, T, B, training, &lay);
     if (ws_bytes) *ws_bytes = lay.ws_bytes;
@@ -660,8 +656,6 @@ extern "C" void kf__cuda_rnn_sizes(const struct kf_rnn_plan *p, int64_t T, int64
 extern "C" kf_status kf__cuda_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c) {
     static const char fn[] = "kf_rnn_forward";
     const struct kf_rnn_plan *p = c->plan;
-    if (kf__cuda_rnn_plain(p)) return kf__cuda_rnn_plain_forward(ctx, c);
-    if (kf__dtype_is_lowp(p->dtype)) return kf__lowp_rnn_ops.forward(ctx, c);
     const int64_t T = c->T, B = c->B, H = p->H, D = p->D, L = p->L;
     const bool agru = p->cell == KF_RNN_AGRU, train = c->training;
     cudaStream_t s = kf__stream(ctx);
@@ -764,13 +758,19 @@ extern "C" kf_status kf__cuda_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c)
 
 namespace {
 
-// Float32 on the kernels above and rnn_bwd.cu; float64, bfloat16 and float16 as
-// kf__cuda_rnn_plain says (cuda/plain.cu, or these kernels through core/lowp_ops.c).
-kf_status rnn_supports(const struct kf_rnn_plan *p, const char *fn) {
-    return kf__cuda_dtype_supported(p->dtype, fn);
+// The plan's table, once, at its creation: float32 on the kernels above and rnn_bwd.cu;
+// float64, bfloat16 and float16 as kf__cuda_rnn_plain says (cuda/plain.cu's table of the dtype,
+// or these kernels through core/lowp_ops.c's conversion layer).
+kf_status rnn_select(const struct kf_rnn_plan *p, const char *fn, const kf__rnn_ops **ops) {
+    KF_TRY(kf__cuda_dtype_supported(p->dtype, fn));
+    if (kf__cuda_rnn_plain(p)) *ops = kf__cuda_rnn_plain_ops(p->dtype);
+    else if (kf__dtype_is_lowp(p->dtype)) *ops = &kf__lowp_rnn_ops;
+    else *ops = &kf__cuda_rnn_ops_f32;
+    return KF_OK;
 }
 
 } // namespace
 
-extern "C" const kf__rnn_ops kf__cuda_rnn_ops = {rnn_supports, kf__cuda_rnn_sizes,
-                                                  kf__cuda_rnn_forward, kf__cuda_rnn_backward};
+extern "C" const kf__rnn_ops kf__cuda_rnn_ops_f32 = {nullptr, kf__cuda_rnn_sizes,
+                                                      kf__cuda_rnn_forward, kf__cuda_rnn_backward};
+extern "C" const kf__rnn_ops kf__cuda_rnn_ops = {rnn_select, nullptr, nullptr, nullptr};
