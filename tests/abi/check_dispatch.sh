@@ -40,20 +40,18 @@ for kind in "${kinds[@]}"; do
     [ "$e" = NULL ] || [ "$e" = nullptr ] && continue
     [ -n "${VERBOSE:-}" ] && echo "  $kind: $e"
     defs=0
-    for f in "${files[@]}"; do
-      while IFS=: read -r line _; do
-        body=$(awk -v start="$line" 'NR >= start { print; if (NR > start && /^}/) exit; if (NR == start && /;[[:space:]]*$/) exit }' "$f")
-        # a declaration (the first line ending in ';' before any '{') is not a definition
-        head=$(printf '%s\n' "$body" | awk '/\{/ { print "def"; exit } /;[[:space:]]*$/ { print "decl"; exit }')
-        [ "$head" = def ] || continue
-        defs=$((defs + 1))
-        if printf '%s\n' "$body" | grep -Eq "$forbidden"; then
-          echo "${f#"$root"/}:$line: op-table entry $e re-dispatches per call:"
-          printf '%s\n' "$body" | grep -En "$forbidden" | sed 's/^/    /'
-          status=1
-        fi
-      done < <(grep -En "^[A-Za-z_][^#;]*[^A-Za-z0-9_]$e(<[^>]*>)?\(" "$f" | grep -v '^[0-9]*:[[:space:]]' || true)
-    done
+    while IFS=: read -r f line _; do
+      body=$(awk -v start="$line" 'NR >= start { print; if (NR > start && /^}/) exit; if (NR == start && /;[[:space:]]*$/) exit }' "$f")
+      # a declaration (the first line ending in ';' before any '{') is not a definition
+      head=$(printf '%s\n' "$body" | awk '/\{/ { print "def"; exit } /;[[:space:]]*$/ { print "decl"; exit }')
+      [ "$head" = def ] || continue
+      defs=$((defs + 1))
+      if printf '%s\n' "$body" | grep -Eq "$forbidden"; then
+        echo "${f#"$root"/}:$line: op-table entry $e re-dispatches per call:"
+        printf '%s\n' "$body" | grep -En "$forbidden" | sed 's/^/    /'
+        status=1
+      fi
+    done < <(grep -EnH "^[A-Za-z_][^#;]*[^A-Za-z0-9_]$e(<[^>]*>)?\(" "${files[@]}" || true)
     if [ $defs -eq 0 ]; then
       echo "op-table entry $e ($kind): no definition grep finds in cpu/, cuda/ or core/"
       status=1
