@@ -10,7 +10,7 @@
  *    (cpu/kan_linear.c) and the float64 grid refit (host/kan_grid.c): the reciprocal table of one feature and the bases
  *    of one feature at many points, vectorised over the points;
  *  - kf__bspline_window<KM, T> (C++ and CUDA only): the bases of one point that can be non-zero,
- *    in registers (cuda/kan_linear.cu in float, cuda/plain.cuh in double).
+ *    in registers (cuda/kan_cuda.cuh in float, cuda/plain.cuh in double).
  * and the derivative rule, once, for every backend and element type (KF__BSPLINE_DSTEP; its
  * window form kf__bspline_dwindow in C++ and CUDA).
  * tests/cxx/test_bspline.cpp holds the window equal to the vectorised form on the CPU, and the

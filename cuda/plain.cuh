@@ -90,7 +90,7 @@ namespace kf_plain {
 
 // Bytes of A per KAN chunk: 32 MiB (2^22 doubles, 2^24 bfloat16 or float16 values).
 constexpr int64_t kPlainChunkBytes = int64_t(1) << 25;
-// The spline-order bound of the basis window (cuda/kan_linear.cu's kMaxOrder; its select() refuses
+// The spline-order bound of the basis window (cuda/kan_cuda.cuh's kMaxOrder; kan_select refuses
 // more).
 constexpr int kPlainMaxOrder = 15;
 

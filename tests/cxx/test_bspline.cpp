@@ -1,6 +1,6 @@
-// The CUDA backend's B-spline window (kf__bspline_window of common/bspline.h, the code
-// cuda/kan_linear.cu runs) equals the vectorised evaluator the CPU backend and the grid refit use
-// (kf__bspline_rows_f of the same header), compiled here for the host: on random knot vectors
+// The CUDA backend's B-spline window (kf__bspline_window of common/bspline.h, the code the
+// kernels of cuda/kan_cuda.cuh run) equals the vectorised evaluator the CPU backend and the grid
+// refit use (kf__bspline_rows_f of the same header), compiled here for the host: on random knot vectors
 // with repeated knots, at random points inside and outside the grid, at the knots themselves and
 // at NaN, for every spline order the CUDA backend supports. And the derivative rule of the same
 // header (kf__bspline_dwindow, KF__BSPLINE_DSTEP), which every backend's dx uses, equals a central
@@ -19,7 +19,7 @@ KF__BSPLINE_DEFINE(double, d)
 
 namespace {
 
-constexpr int kMaxOrder = 15; // cuda/kan_linear.cu's bound
+constexpr int kMaxOrder = 15; // cuda/kan_cuda.cuh's bound
 
 void check_case(std::mt19937 &rng, int G, int k) {
     const int64_t nk = G + 2 * k + 1, C = G + k;
