@@ -8,6 +8,7 @@
 // allocation, no synchronisation (graph-capturable). The op files (cuda/rnn_fwd.cu,
 // cuda/rnn_bwd.cu, cuda/sklinear.cu, cuda/kan_linear.cu) send those plans here.
 #include "cuda_backend.cuh"
+#include "plain_kan.cuh"
 #include "plain_rnn.cuh"
 
 namespace {

@@ -20,6 +20,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "plain_kan.cuh"
 #include "plain_rnn.cuh"
 #include "tf32.cuh"
 
