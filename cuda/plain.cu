@@ -9,7 +9,7 @@
 // cuda/rnn_bwd.cu, cuda/sklinear.cu, cuda/kan_linear.cu) send those plans here.
 #include "cuda_backend.cuh"
 #include "plain_kan.cuh"
-#include "plain_rnn.cuh"
+#include "plain_rnn_bwd.cuh"
 
 namespace {
 

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "plain_kan.cuh"
-#include "plain_rnn.cuh"
+#include "plain_rnn_bwd.cuh"
 #include "tf32.cuh"
 
 extern "C" {
