@@ -10,8 +10,11 @@
  *    (cpu/kan_linear.c) and the float64 grid refit (host/kan_grid.c): the reciprocal table of one feature and the bases
  *    of one feature at many points, vectorised over the points;
  *  - kf__bspline_window<KM, T> (C++ and CUDA only): the bases of one point that can be non-zero,
- *    in registers (cuda/kan_linear.cu in float, cuda/plain.cuh in double).
- * tests/cxx/test_bspline.cpp holds the window equal to the vectorised form on the CPU. */
+ *    in registers (cuda/kan_cuda.cuh in float, cuda/plain.cuh in double).
+ * and the derivative rule, once, for every backend and element type (KF__BSPLINE_DSTEP; its
+ * window form kf__bspline_dwindow in C++ and CUDA).
+ * tests/cxx/test_bspline.cpp holds the window equal to the vectorised form on the CPU, and the
+ * derivative equal to a central difference of the bases. */
 #ifndef KF_BSPLINE_H
 #define KF_BSPLINE_H
 
@@ -36,6 +39,17 @@
  *   overwritten); dst may be S. x [rows] is scratch: points outside the grid are moved to its
  *   right end, which keeps every basis 0 while keeping (x - t) inv finite (far out it would
  *   overflow and make 0 * inf = NaN, as efficient-kan does in float32 for |x| near 1e38). */
+/* The derivative rule: one step of
+ *     d/dx B_{c,p}(x) = p inv_p[c] B_{c,p-1}(x) - p inv_p[c+1] B_{c+1,p-1}(x)      (p >= 1)
+ * as the one expression every backend evaluates (the same operations in the same order, so the
+ * CPU kernels, the CUDA kernels and the plain path agree on the rounding): `p` the order, `il`
+ * and `ir` inv_p[c] and inv_p[c+1], `bl` and `br` B_{c,p-1}(x) and B_{c+1,p-1}(x). A macro only
+ * because the operands may be float, double or the CPU kernels' vectors of either (GCC's vector
+ * extension), in C, C++ and CUDA. The m-th derivative is the same step applied m times, over the
+ * orders p = k - m + 1 .. k, to the order-(k - m) bases (d^m/dx^m B_{c,k} from d^(m-1)/dx^(m-1)
+ * B_{c,k-1} and B_{c+1,k-1}); today's callers take m = 1. */
+#define KF__BSPLINE_DSTEP(p, il, ir, bl, br) ((p) * (il) * (bl) - (p) * (ir) * (br))
+
 #define KF__BSPLINE_DEFINE(T, suffix)                                                             \
     static inline void kf__bspline_inv_##suffix(const T *t, int64_t nk, int64_t k, T *inv) {    \
         for (int64_t p = 1; p <= k; ++p)                                                         \
@@ -126,6 +140,18 @@ KF__BSPLINE_UNROLL
         }
     }
     return j;
+}
+
+/* d/dx B_{j-p+r, p}(x), r = 0..p, from the order-(p-1) window W of x (kf__bspline_window with
+ * q = p - 1, which returned the span j >= 0): W[r - 1] = B_{j-p+r, p-1} and W[r] =
+ * B_{j-p+r+1, p-1}, the ends of the window 0. inv_p: the feature's order-p reciprocals
+ * (inv + (p - 1) nk). The caller keeps the basis index j - p + r in [0, C). */
+template <int KM, typename T>
+KF__BSPLINE_HD T kf__bspline_dwindow(const T *inv_p, int64_t j, int p, int r,
+                                     const T (&W)[KM + 1]) {
+    const int64_t m = j - p + r;
+    const T bl = r >= 1 ? W[r - 1] : T(0), br = r <= p - 1 ? W[r] : T(0);
+    return KF__BSPLINE_DSTEP(T(p), inv_p[m], inv_p[m + 1], bl, br);
 }
 #endif /* __cplusplus */
 

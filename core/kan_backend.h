@@ -14,7 +14,7 @@
  * spline_scaler[o, i] ], so that y = A W^T is one product over K.
  *
  * Every tensor of a call has the plan's dtype (KF_DTYPE_F32, F64, BF16 or F16, as the backend's
- * supports() accepts): the records carry untyped pointers that the backend reads as that
+ * select() accepts): the records carry untyped pointers that the backend reads as that
  * type. */
 #ifndef KF_CORE_KAN_BACKEND_H
 #define KF_CORE_KAN_BACKEND_H
@@ -29,7 +29,7 @@ struct kf__kan_ops;
 
 struct kf_kan_linear_plan {
     kf_context *ctx;
-    const struct kf__kan_ops *ops; /* the context's backend's, taken at creation */
+    const struct kf__kan_ops *ops; /* the table the backend's select() chose at creation */
     int64_t in, out;
     int32_t G, k;
     int64_t C;   /* G + k */
@@ -77,7 +77,8 @@ typedef struct kf__kan_bwd {
 
 /* The op table a backend provides (rules in core/backend.h). */
 typedef struct kf__kan_ops {
-    kf_status (*supports)(const struct kf_kan_linear_plan *p, const char *fn);
+    kf_status (*select)(const struct kf_kan_linear_plan *p, const char *fn,
+                        const struct kf__kan_ops **ops);
     size_t (*workspace)(const struct kf_kan_linear_plan *p, int64_t N,
                         const kf__kan_patches *patches);
     kf_status (*forward)(kf_context *ctx, const kf__kan_fwd *c);

@@ -77,40 +77,28 @@ static size_t lp_max(size_t a, size_t b) { return a > b ? a : b; }
     PLAN q = *(p);                                                                                \
     q.dtype = KF_DTYPE_F32
 
-/* Defines the wrapped entry `name` of an op (REC its call record, PLAN its plan type, OPS the
- * member of kf__lowp_base with the backend's table, FN the public function's name for messages):
- * a call of a low plan converted around the backend's entry `base->OPS->ENTRY`; any other call
- * passed to it. WS32 is the float32 op's workspace for the record `c` and float32 plan `q` (with
- * `base` in scope), LIST the record's tensor list (lp_*_tensors), ACC whether gradients
- * accumulate. */
-#define LP_DEFINE_CALL(name, REC, PLAN, OPS, ENTRY, FN, WS32, LIST, ACC)                           \
-    static kf_status name(kf_context *ctx, const REC *c) {                                         \
-        const kf__lowp_base *base = ctx->backend->lowp;                                            \
-        if (!kf__dtype_is_lowp(c->plan->dtype)) return base->OPS->ENTRY(ctx, c);                   \
-        LP_PLAN_F32(PLAN, q, c->plan);                                                             \
-        const size_t ws32 = (WS32);                                                                \
-        REC f = *c;                                                                                \
-        f.plan = &q;                                                                               \
-        f.ws_bytes = ws32;                                                                         \
-        lp_ctx l = lp_begin(LP_PASS_LOAD, ctx, (FN), c->plan->dtype, c->ws, ws32, (ACC));          \
-        LIST(&l, c, &f);                                                                           \
-        KF_TRY(lp_flush(&l));                                                                      \
-        KF_TRY(base->OPS->ENTRY(ctx, &f));                                                         \
-        l = lp_begin(LP_PASS_STORE, ctx, (FN), c->plan->dtype, c->ws, ws32, (ACC));                \
-        LIST(&l, c, &f);                                                                           \
-        return lp_flush(&l);                                                                       \
-    }
-
-/* Defines the wrapped supports() of an op: the backend's answer for the plan, or for the
- * float32 copy of a low plan (the backend computes it in float32); KF_OK where it has none. */
-#define LP_DEFINE_SUPPORTS(name, PLAN, OPS)                                                        \
-    static kf_status name(const PLAN *p, const char *fn) {                                         \
-        const kf__lowp_base *base = p->ctx->backend->lowp;                                         \
-        if (base->OPS->supports == NULL) return KF_OK;                                             \
-        if (!kf__dtype_is_lowp(p->dtype)) return base->OPS->supports(p, fn);                       \
-        LP_PLAN_F32(PLAN, q, p);                                                                   \
-        return base->OPS->supports(&q, fn);                                                        \
-    }
+/* The body of a wrapped entry of an op, for the call record `c` (REC its type, PLAN its plan
+ * type, OPS the member of kf__lowp_base with the backend's table, FN the public function's name
+ * for messages): a call of a low plan (the only plans a select() gives this table) converted
+ * around the backend's entry `base->OPS->ENTRY`. WS32 is the float32 op's workspace for the
+ * record `c` and float32 plan `q` (with `base` in scope), LIST the record's tensor list
+ * (lp_*_tensors), ACC whether gradients accumulate. */
+#define LP_CALL(ctx, c, REC, PLAN, OPS, ENTRY, FN, WS32, LIST, ACC)                                \
+    do {                                                                                          \
+        const kf__lowp_base *base = (ctx)->backend->lowp;                                         \
+        LP_PLAN_F32(PLAN, q, (c)->plan);                                                          \
+        const size_t ws32 = (WS32);                                                               \
+        REC f = *(c);                                                                             \
+        f.plan = &q;                                                                              \
+        f.ws_bytes = ws32;                                                                        \
+        lp_ctx l = lp_begin(LP_PASS_LOAD, ctx, (FN), (c)->plan->dtype, (c)->ws, ws32, (ACC));     \
+        LIST(&l, c, &f);                                                                          \
+        KF_TRY(lp_flush(&l));                                                                     \
+        KF_TRY(base->OPS->ENTRY(ctx, &f));                                                        \
+        l = lp_begin(LP_PASS_STORE, ctx, (FN), (c)->plan->dtype, (c)->ws, ws32, (ACC));           \
+        LIST(&l, c, &f);                                                                          \
+        return lp_flush(&l);                                                                      \
+    } while (0)
 
 /* The workspace of both calls of a record pair (FWD, BWD) of `p` in the SIZE pass: the larger
  * of the two tensor sets (BWD's only when `both`), after the float32 op's `ws32`. */
@@ -174,10 +162,8 @@ static void lp_rnn_bwd_tensors(lp_ctx *l, const kf__rnn_bwd *c, kf__rnn_bwd *f) 
 
 static void lp_rnn_sizes(const struct kf_rnn_plan *p, int64_t T, int64_t B, bool training,
                          size_t *ws_bytes, size_t *reserve_bytes) {
-    const bool low = kf__dtype_is_lowp(p->dtype);
     LP_PLAN_F32(struct kf_rnn_plan, q, p);
-    p->ctx->backend->lowp->rnn->sizes(low ? &q : p, T, B, training, ws_bytes, reserve_bytes);
-    if (!low) return;
+    p->ctx->backend->lowp->rnn->sizes(&q, T, B, training, ws_bytes, reserve_bytes);
     LP_SIZE_BOTH(kf__rnn_fwd, kf__rnn_bwd, lp_rnn_fwd_tensors, lp_rnn_bwd_tensors, p, training,
                  *ws_bytes, .T = T, .B = B);
 }
@@ -190,11 +176,15 @@ static size_t lp_rnn_ws32(const kf__lowp_base *base, const struct kf_rnn_plan *q
     return ws;
 }
 
-LP_DEFINE_CALL(lp_rnn_forward, kf__rnn_fwd, struct kf_rnn_plan, rnn, forward, "kf_rnn_forward",
-               lp_rnn_ws32(base, &q, c->T, c->B, c->training), lp_rnn_fwd_tensors, false)
-LP_DEFINE_CALL(lp_rnn_backward, kf__rnn_bwd, struct kf_rnn_plan, rnn, backward, "kf_rnn_backward",
-               lp_rnn_ws32(base, &q, c->T, c->B, true), lp_rnn_bwd_tensors, c->accumulate)
-LP_DEFINE_SUPPORTS(lp_rnn_supports, struct kf_rnn_plan, rnn)
+static kf_status lp_rnn_forward(kf_context *ctx, const kf__rnn_fwd *c) {
+    LP_CALL(ctx, c, kf__rnn_fwd, struct kf_rnn_plan, rnn, forward, "kf_rnn_forward",
+            lp_rnn_ws32(base, &q, c->T, c->B, c->training), lp_rnn_fwd_tensors, false);
+}
 
-const kf__rnn_ops kf__lowp_rnn_ops = {lp_rnn_supports, lp_rnn_sizes, lp_rnn_forward,
+static kf_status lp_rnn_backward(kf_context *ctx, const kf__rnn_bwd *c) {
+    LP_CALL(ctx, c, kf__rnn_bwd, struct kf_rnn_plan, rnn, backward, "kf_rnn_backward",
+            lp_rnn_ws32(base, &q, c->T, c->B, true), lp_rnn_bwd_tensors, c->accumulate);
+}
+
+const kf__rnn_ops kf__lowp_rnn_ops = {NULL, lp_rnn_sizes, lp_rnn_forward,
                                       lp_rnn_backward};

@@ -14,14 +14,13 @@
  *      buffer and the sum is formed in the conversion, in float32, once.
  * So the workspace-size query answers the float32 op's workspace plus these buffers (the larger
  * of forward's and backward's set for a training size query), and a call never allocates. A plan
- * of any other dtype goes straight to the backend's table; supports() asks the backend's table
- * about the float32 copy of a low plan.
+ * of any other dtype never reaches this table.
  *
- * A backend takes part by installing kf__lowp_rnn_ops below as its recurrent op table (or
- * calling it) and pointing kf__backend.lowp at its float32 table and its conversion routine,
- * which runs a batch of conversions in order on the context's stream (CUDA: one kernel,
- * cuda/lowp.cu). CUDA's recurrent entries call kf__lowp_rnn_ops themselves for the low plans
- * they do not run natively (cuda/rnn_fwd.cu: the persistent kernels' sizes). Every other op and
+ * A backend takes part by giving kf__lowp_rnn_ops below, from its recurrent select(), to the low
+ * plans it runs this way (asking itself about their float32 copies first), and pointing
+ * kf__backend.lowp at its float32 table and its conversion routine, which runs a batch of
+ * conversions in order on the context's stream (CUDA: one kernel, cuda/lowp.cu). CUDA's select
+ * does so for the low plans whose H the persistent kernels take (cuda/rnn_fwd.cu). Every other op and
  * backend reads and writes the low types in its own kernels (the CPU's since 1.7.4: cpu/rnn_*.c,
  * cpu/sklinear.c, cpu/kan_linear.c; cuda/plain.cu on the tensor cores). */
 #ifndef KF_CORE_LOWP_OPS_H

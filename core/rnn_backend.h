@@ -18,7 +18,7 @@
  *  - Variable lengths (packed-sequence semantics of torch): for t >= len[b] the state of sample b
  *    does not change and y(t, b, .) = 0; the reverse direction starts at t = len[b]-1.
  *  - Every tensor of a call but the lengths has the plan's dtype (KF_DTYPE_F32, F64, BF16 or
- *    F16, as the backend's supports() accepts): the records carry untyped pointers that the
+ *    F16, as the backend's select() accepts): the records carry untyped pointers that the
  *    backend reads as that type. */
 #ifndef KF_CORE_RNN_BACKEND_H
 #define KF_CORE_RNN_BACKEND_H
@@ -44,7 +44,7 @@ struct kf__rnn_ops;
 
 struct kf_rnn_plan {
     kf_context *ctx;
-    const struct kf__rnn_ops *ops; /* the context's backend's, taken at creation */
+    const struct kf__rnn_ops *ops; /* the table the backend's select() chose at creation */
     int32_t cell;          /* kf_rnn_cell */
     int32_t L, D;          /* layers, directions */
     int64_t I, H;
@@ -130,7 +130,8 @@ typedef struct kf__rnn_bwd {
 
 /* The op table a backend provides (rules in core/backend.h). */
 typedef struct kf__rnn_ops {
-    kf_status (*supports)(const struct kf_rnn_plan *p, const char *fn);
+    kf_status (*select)(const struct kf_rnn_plan *p, const char *fn,
+                        const struct kf__rnn_ops **ops);
     void (*sizes)(const struct kf_rnn_plan *p, int64_t T, int64_t B, bool training,
                   size_t *ws_bytes, size_t *reserve_bytes);
     kf_status (*forward)(kf_context *ctx, const kf__rnn_fwd *c);

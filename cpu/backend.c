@@ -37,6 +37,20 @@ static kf_status cpu_check_pointer(const kf_context *ctx, const char *fn, const 
     return KF_OK;
 }
 
+/* The recurrent layers' table for a plan, once, at its creation: the float64 one, or the float32
+ * kernels (which serve the low types too) of the instruction set the context picked. */
+static kf_status cpu_rnn_select(const struct kf_rnn_plan *p, const char *fn,
+                                const kf__rnn_ops **ops) {
+    *ops = &kf__cpu_rnn_ops_base;
+    if (p->dtype == KF_DTYPE_F64) *ops = &kf__cpu_rnn_ops_f64;
+#ifdef KF_HAVE_CPU_V4
+    else if (p->ctx->isa == KF__CPU_ISA_V4) *ops = &kf__cpu_rnn_ops_v4;
+#endif
+    return KF_OK;
+}
+
+static const kf__rnn_ops cpu_rnn_ops = {cpu_rnn_select, NULL, NULL, NULL};
+
 static kf_status cpu_copy(kf_context *ctx, const char *fn, void *dst, const void *src,
                           size_t bytes, bool to_device) {
     if (bytes > 0) memcpy(dst, src, bytes);
@@ -53,7 +67,7 @@ const kf__backend kf__cpu_backend = {
     .check_pointer = cpu_check_pointer,
     .copy = cpu_copy,
     .host_memory = true,
-    .rnn = &kf__cpu_rnn_ops,
+    .rnn = &cpu_rnn_ops,
     .skl = &kf__cpu_skl_ops,
     .kan = &kf__cpu_kan_ops,
 };

@@ -65,7 +65,8 @@
  * default) and, where CMake's KF_CPU_AVX512 holds, again for x86-64-v4 (AVX-512) by cpu/rnn_v4.c,
  * which defines KF__RNN_V4 and includes the three. Each compilation's cross-file names get the
  * suffix of its ISA, and its op-table entries are gathered in that ISA's op table; the context
- * picks an ISA once, at creation (cpu/isa.c), and cpu/rnn_ops.c calls that ISA's table. */
+ * picks an ISA once, at creation (cpu/isa.c), and a plan takes that ISA's table at its own
+ * creation (cpu/backend.c). */
 #ifdef KF__RNN_V4
 #define KF__RNN_ISA(name) name##_v4
 #else

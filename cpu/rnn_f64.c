@@ -494,3 +494,8 @@ kf_status kf__cpu_rnn_backward_f64(kf_context *ctx, const kf__rnn_bwd *c) {
     kf__cpu_team(call.lo.ns, bwd_team, &call);
     return KF_OK;
 }
+
+/* The float64 plans' table, on the baseline's layout whatever the context's ISA (cpu/backend.c's
+ * select gives it to every float64 plan). */
+const kf__rnn_ops kf__cpu_rnn_ops_f64 = {NULL, kf__cpu_rnn_sizes, kf__cpu_rnn_forward_f64,
+                                         kf__cpu_rnn_backward_f64};

@@ -1,6 +1,6 @@
 /* The CPU recurrent backend's layout and the helpers its forward and backward share
  * (cpu/rnn_cpu.h): workspace and reserve sizes (float64 plans' too: cpu/rnn_f64.c), weight views
- * and packing, the dropout row; and this ISA's op table (cpu/rnn_ops.c). */
+ * and packing, the dropout row; and this ISA's op table (cpu/backend.c selects it). */
 #include "rnn_cpu.h"
 
 static size_t fbytes(int64_t n) { return kf__align_up((size_t)n * sizeof(float)); }
@@ -312,6 +312,7 @@ void kf__rnn_cpu_narrow(const kf__rnn_cpu_layout *lo, const struct kf_rnn_plan *
 KF__RNN_DROP_ROW_DEFINE(kf__rnn_cpu_drop_row, float, dr->scale)
 KF__RNN_DROP_ROW_DEFINE(kf__rnn_cpu_drop_row_f64, double, 1.0 / (1.0 - (double)dr->p))
 
-/* This ISA's entries; cpu/rnn_ops.c calls the table of the ISA the context picked. */
+/* This ISA's entries (float32, bfloat16 and float16 plans); cpu/backend.c's select gives a plan
+ * the table of the ISA its context picked. */
 const kf__rnn_ops kf__cpu_rnn_isa_ops = {NULL, kf__cpu_rnn_sizes, kf__cpu_rnn_forward,
                                          kf__cpu_rnn_backward};

@@ -139,7 +139,7 @@ static inline kf_status kf__gemm_3xtf32(kf_context *ctx, const char *fn, bool ta
     return kf__gemm_ct(ctx, fn, ta, tb, M, N, K, 1.0f, Ah, lda, Bh, ldb, 1.0f, C, ldc, ct);
 }
 
-// The dtypes a CUDA plan can have, asked by every op's supports(): float32, which the kernels
+// The dtypes a CUDA plan can have, asked by every op's supports() or select(): float32, which the kernels
 // compute in; float64, which each op sends to cuda/plain.cu; bfloat16 and float16 storage, which
 // cuda/plain.cu runs for SKLinear, the KAN layers and the recurrent layers whose H the persistent
 // kernels do not take, and core/lowp_ops.c converts around the persistent float32 kernels for

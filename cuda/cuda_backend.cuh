@@ -1,9 +1,10 @@
 // The CUDA backend's op tables, one per op file (cuda/rnn_fwd.cu, cuda/sklinear.cu,
-// cuda/kan_linear.cu), gathered into its kf__backend by cuda/device.cu. Every op's entries send
-// float64 plans to cuda/plain.cu, and so do the SKLinear and KAN entries their bfloat16 and
-// float16 plans (on the tensor cores); the recurrent entries send a low plan there too unless
-// its H is one the persistent float32 kernels take, in which case they run those kernels on
-// float32 copies through core/lowp_ops.c's conversion layer (with cuda/lowp.cu's conversions).
+// cuda/kan_linear.cu), gathered into its kf__backend by cuda/device.cu. Every op sends float64
+// plans to cuda/plain.cu, and so do the SKLinear and KAN layers their bfloat16 and float16 plans
+// (on the tensor cores); the recurrent layers send a low plan there too unless its H is one the
+// persistent float32 kernels take, in which case they run those kernels on float32 copies
+// through core/lowp_ops.c's conversion layer (with cuda/lowp.cu's conversions). The recurrent
+// and KAN layers decide this in their select(), once per plan; SKLinear in its entries.
 // Private to cuda/.
 #ifndef KF_CUDA_BACKEND_CUH
 #define KF_CUDA_BACKEND_CUH
@@ -15,29 +16,26 @@
 #include "sklinear_backend.h"
 
 extern "C" {
-extern const kf__rnn_ops kf__cuda_rnn_ops;
+extern const kf__rnn_ops kf__cuda_rnn_ops; // selects, per plan, one of the tables below
 extern const kf__skl_ops kf__cuda_skl_ops;
-extern const kf__kan_ops kf__cuda_kan_ops;
-// The float32 tables above and the CUDA conversion routine (cuda/lowp.cu), for core/lowp_ops.h's
-// conversion layer, which the recurrent entries call for the low plans they do not take.
+extern const kf__kan_ops kf__cuda_kan_ops; // selects, per plan, one of the tables below
+// The persistent float32 recurrent kernels' table (cuda/rnn_fwd.cu, rnn_bwd.cu), and with the
+// CUDA conversion routine (cuda/lowp.cu) the base of core/lowp_ops.h's conversion layer, whose
+// table the recurrent select gives the low plans the persistent kernels take.
+extern const kf__rnn_ops kf__cuda_rnn_ops_f32;
 extern const struct kf__lowp_base kf__cuda_lowp;
 }
 
-// The plain path's entries (cuda/plain.cu, algorithms in cuda/plain.cuh and plain_rnn.cuh).
+// The plain path's tables (cuda/plain.cu, algorithms in cuda/plain.cuh and plain_rnn.cuh), one
+// per dtype (float64, bfloat16, float16), taken by the op's select at plan creation.
 // GRU and A-GRU: the plans kf__cuda_rnn_plain takes (float64, and the low plans whose H the
 // persistent float32 kernels do not take: cuda/rnn_fwd.cu).
 bool kf__cuda_rnn_plain(const struct kf_rnn_plan *p);
-void kf__cuda_rnn_plain_sizes(const struct kf_rnn_plan *p, int64_t T, int64_t B, bool training,
-                              size_t *ws_bytes, size_t *reserve_bytes);
-kf_status kf__cuda_rnn_plain_forward(kf_context *ctx, const kf__rnn_fwd *c);
-kf_status kf__cuda_rnn_plain_backward(kf_context *ctx, const kf__rnn_bwd *c);
+const kf__rnn_ops *kf__cuda_rnn_plain_ops(int32_t dtype);
 // SKLinear and KAN: float64, bfloat16 and float16 plans (the low ones on the tensor cores).
 size_t kf__cuda_skl_plain_workspace(const struct kf_sklinear_plan *p, int64_t N);
 kf_status kf__cuda_skl_plain_forward(kf_context *ctx, const kf__skl_fwd *c);
 kf_status kf__cuda_skl_plain_backward(kf_context *ctx, const kf__skl_bwd *c);
-size_t kf__cuda_kan_plain_workspace(const struct kf_kan_linear_plan *p, int64_t N,
-                                    const kf__kan_patches *patches);
-kf_status kf__cuda_kan_plain_forward(kf_context *ctx, const kf__kan_fwd *c);
-kf_status kf__cuda_kan_plain_backward(kf_context *ctx, const kf__kan_bwd *c);
+const kf__kan_ops *kf__cuda_kan_plain_ops(int32_t dtype);
 
 #endif // KF_CUDA_BACKEND_CUH

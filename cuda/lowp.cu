@@ -73,4 +73,4 @@ kf_status cuda_convert(kf_context *ctx, const char *fn, const kf__lp_batch *b) {
 
 } // namespace
 
-extern "C" const kf__lowp_base kf__cuda_lowp = {&kf__cuda_rnn_ops, cuda_convert};
+extern "C" const kf__lowp_base kf__cuda_lowp = {&kf__cuda_rnn_ops_f32, cuda_convert};

@@ -8,7 +8,8 @@
 // allocation, no synchronisation (graph-capturable). The op files (cuda/rnn_fwd.cu,
 // cuda/rnn_bwd.cu, cuda/sklinear.cu, cuda/kan_linear.cu) send those plans here.
 #include "cuda_backend.cuh"
-#include "plain_rnn.cuh"
+#include "plain_kan.cuh"
+#include "plain_rnn_bwd.cuh"
 
 namespace {
 
@@ -140,63 +141,70 @@ kf_status kf__cuda_skl_plain_backward(kf_context *ctx, const kf__skl_bwd *c) {
     }
 }
 
-size_t kf__cuda_kan_plain_workspace(const struct kf_kan_linear_plan *p, int64_t N,
-                                    const kf__kan_patches *patches) {
-    switch (p->dtype) {
-    case KF_DTYPE_BF16: return kf_plain::kan_workspace<bf16>(p, N, patches);
-    case KF_DTYPE_F16: return kf_plain::kan_workspace<f16>(p, N, patches);
-    default: return kf_plain::kan_workspace<double>(p, N, patches);
-    }
+// The KAN and recurrent layers' entries, one instance per dtype, each listed in its dtype's op
+// table below (the op's select takes the table at plan creation).
+namespace {
+
+template <class T>
+size_t kan_plain_workspace(const struct kf_kan_linear_plan *p, int64_t N,
+                           const kf__kan_patches *patches) {
+    return kf_plain::kan_workspace<T>(p, N, patches);
 }
 
-kf_status kf__cuda_kan_plain_forward(kf_context *ctx, const kf__kan_fwd *c) {
+template <class T> kf_status kan_plain_forward(kf_context *ctx, const kf__kan_fwd *c) {
     CudaExec ex = {ctx, c->patches ? "kf_kan_conv2d_forward" : "kf_kan_linear_forward"};
     KF__CUDA_ON_DEVICE(ex.fn, ctx);
-    switch (c->plan->dtype) {
-    case KF_DTYPE_BF16: return kf_plain::kan_forward<bf16>(ex, c);
-    case KF_DTYPE_F16: return kf_plain::kan_forward<f16>(ex, c);
-    default: return kf_plain::kan_forward<double>(ex, c);
-    }
+    return kf_plain::kan_forward<T>(ex, c);
 }
 
-kf_status kf__cuda_kan_plain_backward(kf_context *ctx, const kf__kan_bwd *c) {
+template <class T> kf_status kan_plain_backward(kf_context *ctx, const kf__kan_bwd *c) {
     CudaExec ex = {ctx, c->patches ? "kf_kan_conv2d_backward" : "kf_kan_linear_backward"};
     KF__CUDA_ON_DEVICE(ex.fn, ctx);
-    switch (c->plan->dtype) {
-    case KF_DTYPE_BF16: return kf_plain::kan_backward<bf16>(ex, c);
-    case KF_DTYPE_F16: return kf_plain::kan_backward<f16>(ex, c);
-    default: return kf_plain::kan_backward<double>(ex, c);
-    }
+    return kf_plain::kan_backward<T>(ex, c);
 }
 
-void kf__cuda_rnn_plain_sizes(const struct kf_rnn_plan *p, int64_t T, int64_t B, bool training,
-                              size_t *ws_bytes, size_t *reserve_bytes) {
+template <class T>
+void rnn_plain_sizes(const struct kf_rnn_plan *p, int64_t T_, int64_t B, bool training,
+                     size_t *ws_bytes, size_t *reserve_bytes) {
     size_t ws = 0, res = 0;
-    switch (p->dtype) {
-    case KF_DTYPE_BF16: kf_plain::rnn_sizes<bf16>(p, T, B, training, &ws, &res); break;
-    case KF_DTYPE_F16: kf_plain::rnn_sizes<f16>(p, T, B, training, &ws, &res); break;
-    default: kf_plain::rnn_sizes<double>(p, T, B, training, &ws, &res); break;
-    }
+    kf_plain::rnn_sizes<T>(p, T_, B, training, &ws, &res);
     if (ws_bytes) *ws_bytes = ws;
     if (reserve_bytes) *reserve_bytes = res;
 }
 
-kf_status kf__cuda_rnn_plain_forward(kf_context *ctx, const kf__rnn_fwd *c) {
+template <class T> kf_status rnn_plain_forward(kf_context *ctx, const kf__rnn_fwd *c) {
     CudaExec ex = {ctx, "kf_rnn_forward"};
     KF__CUDA_ON_DEVICE(ex.fn, ctx);
-    switch (c->plan->dtype) {
-    case KF_DTYPE_BF16: return kf_plain::rnn_forward<bf16>(ex, c);
-    case KF_DTYPE_F16: return kf_plain::rnn_forward<f16>(ex, c);
-    default: return kf_plain::rnn_forward<double>(ex, c);
-    }
+    return kf_plain::rnn_forward<T>(ex, c);
 }
 
-kf_status kf__cuda_rnn_plain_backward(kf_context *ctx, const kf__rnn_bwd *c) {
+template <class T> kf_status rnn_plain_backward(kf_context *ctx, const kf__rnn_bwd *c) {
     CudaExec ex = {ctx, "kf_rnn_backward"};
     KF__CUDA_ON_DEVICE(ex.fn, ctx);
-    switch (c->plan->dtype) {
-    case KF_DTYPE_BF16: return kf_plain::rnn_backward<bf16>(ex, c);
-    case KF_DTYPE_F16: return kf_plain::rnn_backward<f16>(ex, c);
-    default: return kf_plain::rnn_backward<double>(ex, c);
-    }
+    return kf_plain::rnn_backward<T>(ex, c);
+}
+
+template <class T> constexpr kf__kan_ops kan_plain_ops() {
+    return {nullptr, kan_plain_workspace<T>, kan_plain_forward<T>, kan_plain_backward<T>};
+}
+template <class T> constexpr kf__rnn_ops rnn_plain_ops() {
+    return {nullptr, rnn_plain_sizes<T>, rnn_plain_forward<T>, rnn_plain_backward<T>};
+}
+const kf__kan_ops kan_plain_f64 = kan_plain_ops<double>(), kan_plain_bf16 = kan_plain_ops<bf16>(),
+                  kan_plain_f16 = kan_plain_ops<f16>();
+const kf__rnn_ops rnn_plain_f64 = rnn_plain_ops<double>(), rnn_plain_bf16 = rnn_plain_ops<bf16>(),
+                  rnn_plain_f16 = rnn_plain_ops<f16>();
+
+} // namespace
+
+const kf__kan_ops *kf__cuda_kan_plain_ops(int32_t dtype) {
+    return dtype == KF_DTYPE_BF16 ? &kan_plain_bf16
+           : dtype == KF_DTYPE_F16 ? &kan_plain_f16
+                                   : &kan_plain_f64;
+}
+
+const kf__rnn_ops *kf__cuda_rnn_plain_ops(int32_t dtype) {
+    return dtype == KF_DTYPE_BF16 ? &rnn_plain_bf16
+           : dtype == KF_DTYPE_F16 ? &rnn_plain_f16
+                                   : &rnn_plain_f64;
 }

@@ -1,4 +1,4 @@
-// The 3xTF32 split of a float32 operand (cuda/common.cuh's kf__gemm_3xtf32, cuda/kan_linear.cu's
+// The 3xTF32 split of a float32 operand (cuda/common.cuh's kf__gemm_3xtf32, cuda/kan_dense.cu's
 // materialised KAN path), for the device and, so tests/cxx/test_plain.cpp can hold it to its
 // contract, the host.
 //

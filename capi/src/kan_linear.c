@@ -77,7 +77,7 @@ kf_status kf__kan_plan_init(const char *fn, kf_context *ctx, int64_t in, int64_t
     p->K = K;
     p->scaled = standalone_scale == 1;
     p->dtype = (kf_dtype)dtype;
-    return p->ops->supports ? p->ops->supports(p, fn) : KF_OK;
+    return p->ops->select ? p->ops->select(p, fn, &p->ops) : KF_OK;
 }
 
 KF_API kf_status kf_kan_linear_plan_create(kf_context *ctx, const kf_kan_linear_desc *desc,

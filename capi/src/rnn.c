@@ -107,7 +107,7 @@ KF_API kf_status kf_rnn_plan_create(kf_context *ctx, const kf_rnn_desc *desc, kf
     p->gamma = desc->gamma;
     p->nw = p->cell == KF_RNN_GRU ? KF__GRU_NW : KF__AGRU_NW;
     p->num_weights = p->L * p->D * p->nw;
-    kf_status s = p->ops->supports ? p->ops->supports(p, __func__) : KF_OK;
+    kf_status s = p->ops->select ? p->ops->select(p, __func__, &p->ops) : KF_OK;
     if (s != KF_OK) {
         free(p);
         return s;

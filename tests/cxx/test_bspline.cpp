@@ -1,8 +1,10 @@
-// The CUDA backend's B-spline window (kf__bspline_window of common/bspline.h, the code
-// cuda/kan_linear.cu runs) equals the vectorised evaluator the CPU backend and the grid refit use
-// (kf__bspline_rows_f of the same header), compiled here for the host: on random knot vectors
+// The CUDA backend's B-spline window (kf__bspline_window of common/bspline.h, the code the
+// kernels of cuda/kan_cuda.cuh run) equals the vectorised evaluator the CPU backend and the grid
+// refit use (kf__bspline_rows_f of the same header), compiled here for the host: on random knot vectors
 // with repeated knots, at random points inside and outside the grid, at the knots themselves and
-// at NaN, for every spline order the CUDA backend supports.
+// at NaN, for every spline order the CUDA backend supports. And the derivative rule of the same
+// header (kf__bspline_dwindow, KF__BSPLINE_DSTEP), which every backend's dx uses, equals a central
+// difference of the float64 bases away from the knots.
 #include <criterion/criterion.h>
 
 #include <cmath>
@@ -13,10 +15,11 @@
 #include "bspline.h"
 
 KF__BSPLINE_DEFINE(float, f)
+KF__BSPLINE_DEFINE(double, d)
 
 namespace {
 
-constexpr int kMaxOrder = 15; // cuda/kan_linear.cu's bound
+constexpr int kMaxOrder = 15; // cuda/kan_cuda.cuh's bound
 
 void check_case(std::mt19937 &rng, int G, int k) {
     const int64_t nk = G + 2 * k + 1, C = G + k;
@@ -50,7 +53,58 @@ void check_case(std::mt19937 &rng, int G, int k) {
     }
 }
 
+// d/dx B_{c,k} from the order-(k-1) window against (B_{c,k}(x + h) - B_{c,k}(x - h)) / 2h.
+void check_derivative(std::mt19937 &rng, int G, int k) {
+    const int64_t nk = G + 2 * k + 1, C = G + k;
+    std::uniform_real_distribution<double> U(-2.0, 2.0);
+    std::vector<double> t(nk);
+    for (auto &v : t) v = U(rng);
+    std::sort(t.begin(), t.end());
+    if (nk > 3) t[nk / 2] = t[nk / 2 - 1];
+    const double h = 1e-7;
+    std::vector<double> x;
+    while (x.size() < 48) { // inside the grid, at least 1e-3 from every knot
+        const double v = U(rng);
+        bool near = !(v > t[0] && v < t[nk - 1]);
+        for (double tk : t) near = near || std::fabs(v - tk) < 1e-3;
+        if (!near) x.push_back(v);
+    }
+    const int64_t rows = (int64_t)x.size();
+    std::vector<double> xp(rows), xm(rows), inv(k * nk), xs(rows), S((nk - 1) * rows),
+        Bp(C * rows), Bm(C * rows);
+    for (int64_t n = 0; n < rows; ++n) {
+        xp[n] = x[n] + h;
+        xm[n] = x[n] - h;
+    }
+    kf__bspline_inv_d(t.data(), nk, k, inv.data());
+    kf__bspline_rows_d(t.data(), inv.data(), nk, k, xp.data(), rows, xs.data(), S.data(), Bp.data());
+    kf__bspline_rows_d(t.data(), inv.data(), nk, k, xm.data(), rows, xs.data(), S.data(), Bm.data());
+    const double *ik = inv.data() + (int64_t)(k - 1) * nk;
+    for (int64_t n = 0; n < rows; ++n) {
+        double Nw[kMaxOrder + 1];
+        const int64_t j = kf__bspline_window<kMaxOrder>(t.data(), inv.data(), nk, k - 1, x[n], Nw);
+        cr_assert(j >= 0, "x = %g is inside the grid", x[n]);
+        std::vector<double> d(C, 0.0);
+        for (int r = 0; r <= k; ++r) {
+            const int64_t c = j - k + r;
+            if (c >= 0 && c < C) d[c] = kf__bspline_dwindow<kMaxOrder>(ik, j, k, r, Nw);
+        }
+        for (int64_t c = 0; c < C; ++c) {
+            const double fd = (Bp[c * rows + n] - Bm[c * rows + n]) / (2 * h);
+            cr_assert(std::fabs(d[c] - fd) <= 1e-5 * (1 + std::fabs(fd)),
+                      "G=%d k=%d x=%.17g basis %lld: derivative %.17g, central difference %.17g",
+                      G, k, x[n], (long long)c, d[c], fd);
+        }
+    }
+}
+
 } // namespace
+
+Test(bspline, derivative_equals_central_difference) {
+    std::mt19937 rng(4321);
+    for (int k = 1; k <= 6; ++k)
+        for (int G = 1; G <= 6; ++G) check_derivative(rng, G, k);
+}
 
 Test(bspline, cuda_window_equals_vectorised_evaluator) {
     std::mt19937 rng(1234);

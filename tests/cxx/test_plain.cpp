@@ -20,7 +20,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "plain_rnn.cuh"
+#include "plain_kan.cuh"
+#include "plain_rnn_bwd.cuh"
 #include "tf32.cuh"
 
 extern "C" {
