@@ -587,6 +587,16 @@ class Context:
 _CELLS = {"gru": lib.KF_RNN_GRU, "agru": lib.KF_RNN_AGRU}
 
 
+def rnn_seq_dims(batch_first, shape):
+    """(T, B) of a recurrent layer's input of `shape` ([T, B, input_size], or [B, T, input_size]
+    batch-first), for sizing its outputs: the one place the Python bindings read that rule (the
+    Rust crate's is RnnDesc::steps_and_batch). (1, 1) for a shape that is not 3-D, which is passed
+    on for the library to report."""
+    if len(shape) != 3:
+        return 1, 1
+    return (shape[1], shape[0]) if batch_first else (shape[0], shape[1])
+
+
 class _Plan:
     """What every plan object shares (RnnPlan, kfuse.SkLinearPlan, kfuse.KanLinearPlan,
     kfuse.KanConv2dPlan): a kf_<op>_desc with the library's defaults, filled by the subclass and
