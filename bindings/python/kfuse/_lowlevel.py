@@ -587,7 +587,44 @@ class Context:
 _CELLS = {"gru": lib.KF_RNN_GRU, "agru": lib.KF_RNN_AGRU}
 
 
-class RnnPlan:
+def rnn_seq_dims(batch_first, shape):
+    """(T, B) of a recurrent layer's input of `shape` ([T, B, input_size], or [B, T, input_size]
+    batch-first), for sizing its outputs: the one place the Python bindings read that rule (the
+    Rust crate's is RnnDesc::steps_and_batch). (1, 1) for a shape that is not 3-D, which is passed
+    on for the library to report."""
+    if len(shape) != 3:
+        return 1, 1
+    return (shape[1], shape[0]) if batch_first else (shape[0], shape[1])
+
+
+class _Plan:
+    """What every plan object shares (RnnPlan, kfuse.SkLinearPlan, kfuse.KanLinearPlan,
+    kfuse.KanConv2dPlan): a kf_<op>_desc with the library's defaults, filled by the subclass and
+    checked by the library (kf_<op>_plan_create); the plan destroyed with the object and its
+    context kept alive until then; a cache of the argument structs its calls refill."""
+
+    _prefix = None  # "kf_rnn", "kf_sklinear", "kf_kan_linear" or "kf_kan_conv2d"
+
+    def _make_plan(self, ctx, fill):
+        """Creates the plan from a desc that `fill(desc)` writes over the defaults."""
+        p = self._prefix
+        desc = ffi.new(p + "_desc *")
+        getattr(lib, p + "_desc_init")(desc)
+        fill(desc)
+        out = ffi.new(p + "_plan **")
+        check(getattr(lib, p + "_plan_create")(ctx.ptr, desc, out))
+        destroy = getattr(lib, p + "_plan_destroy")
+        ctx_ptr = ctx.ptr  # the closure keeps the context alive until the plan is destroyed
+
+        def _destroy(ptr, _ctx=ctx_ptr):
+            destroy(ptr)
+
+        self._ptr = ffi.gc(out[0], _destroy)
+        self.ctx = ctx
+        self._args = {}  # argument structs (and weight arrays), refilled per call
+
+
+class RnnPlan(_Plan):
     """A kf_rnn_plan (GRU or A-GRU stack) bound to a Context, which it keeps alive.
 
     RnnPlan(ctx, "gru" | "agru", input_size, hidden_size, num_layers=1, batch_first=False,
@@ -595,28 +632,22 @@ class RnnPlan:
     Every descriptor check is the library's (InvalidArgument / Unsupported with its message).
     .weight_info is the canonical weight list [(name, shape), ...] from kf_rnn_weight_info."""
 
+    _prefix = "kf_rnn"
+
     def __init__(self, ctx, cell, input_size, hidden_size, num_layers=1, batch_first=False,
                  bidirectional=False, dropout=0.0, gamma=0.01, dtype=DTYPE_F32):
-        desc = ffi.new("kf_rnn_desc *")
-        lib.kf_rnn_desc_init(desc)
-        desc.cell = _CELLS.get(cell, 0) if isinstance(cell, str) else int(cell)
-        desc.num_layers = int(num_layers)
-        desc.input_size = int(input_size)
-        desc.hidden_size = int(hidden_size)
-        desc.flags = ((lib.KF_RNN_BATCH_FIRST if batch_first else 0)
-                      | (lib.KF_RNN_BIDIRECTIONAL if bidirectional else 0))
-        desc.dropout = float(dropout)
-        desc.gamma = float(gamma)
-        desc.dtype = int(dtype)
-        out = ffi.new("kf_rnn_plan **")
-        check(lib.kf_rnn_plan_create(ctx.ptr, desc, out))
-        ctx_ptr = ctx.ptr  # the closure keeps the context alive until the plan is destroyed
+        def fill(desc):
+            desc.cell = _CELLS.get(cell, 0) if isinstance(cell, str) else int(cell)
+            desc.num_layers = int(num_layers)
+            desc.input_size = int(input_size)
+            desc.hidden_size = int(hidden_size)
+            desc.flags = ((lib.KF_RNN_BATCH_FIRST if batch_first else 0)
+                          | (lib.KF_RNN_BIDIRECTIONAL if bidirectional else 0))
+            desc.dropout = float(dropout)
+            desc.gamma = float(gamma)
+            desc.dtype = int(dtype)
 
-        def _destroy(p, _ctx=ctx_ptr):
-            lib.kf_rnn_plan_destroy(p)
-
-        self._ptr = ffi.gc(out[0], _destroy)
-        self.ctx = ctx
+        self._make_plan(ctx, fill)
         self.cell = cell
         self.input_size = int(input_size)
         self.hidden_size = int(hidden_size)
@@ -628,7 +659,6 @@ class RnnPlan:
         self.gamma = float(gamma)
         self.dtype = int(dtype)
         self.weight_info = param_list(lib.kf_rnn_weight_count, lib.kf_rnn_weight_info, self._ptr)
-        self._args = {}  # argument structs and weight arrays, refilled per call (_arg_struct)
         self._sizes = {}  # (T, B, training) -> workspace_size()
         self._shapes = {}  # (T, B) -> output_shapes()
 

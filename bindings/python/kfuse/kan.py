@@ -27,7 +27,7 @@ GIL is released during each C call. The numpy front end is kfuse.numpy.kan_linea
 drop-ins are kfuse.torch.KANLinear and kfuse.torch.KANConv2d.
 """
 from kfuse._lowlevel import (
-    DTYPE_F32, InvalidArgument, _buffer, _fill_tensor, check, ffi, lib, param_list,
+    DTYPE_F32, InvalidArgument, _buffer, _fill_tensor, _Plan, check, ffi, lib, param_list,
     remembered,
 )
 from kfuse.sklinear import _fill_args, _packed_layout
@@ -67,40 +67,30 @@ def _pair(v, name, owner="kfuse.KanConv2dPlan"):
     return int(v), int(v)
 
 
-class _KanPlan:
+class _KanPlan(_Plan):
     """What KanLinearPlan and KanConv2dPlan share: the kf_kan_<layer>_* calls that differ only
-    by prefix, the parameter layout over F features, and the plan's lifetime."""
+    by prefix, the KAN fields of the desc, and the parameter layout over F features."""
 
     _prefix = None       # "kf_kan_linear" or "kf_kan_conv2d"
     _structs = None      # (forward args layout, backward args layout)
 
     def _create(self, ctx, grid_size, spline_order, standalone_scale, dtype, fill):
-        p = self._prefix
-        desc = ffi.new(p + "_desc *")
-        getattr(lib, p + "_desc_init")(desc)
-        fill(desc)
-        desc.grid_size = int(grid_size)
-        desc.spline_order = int(spline_order)
-        desc.standalone_scale = 1 if standalone_scale else 0
-        desc.dtype = int(dtype)
-        out = ffi.new(p + "_plan **")
-        check(getattr(lib, p + "_plan_create")(ctx.ptr, desc, out))
-        ctx_ptr = ctx.ptr  # the closure keeps the context alive until the plan is destroyed
-        destroy = getattr(lib, p + "_plan_destroy")
+        def fill_all(desc):
+            fill(desc)
+            desc.grid_size = int(grid_size)
+            desc.spline_order = int(spline_order)
+            desc.standalone_scale = 1 if standalone_scale else 0
+            desc.dtype = int(dtype)
 
-        def _destroy(ptr, _ctx=ctx_ptr):
-            destroy(ptr)
-
-        self._ptr = ffi.gc(out[0], _destroy)
-        self.ctx = ctx
+        self._make_plan(ctx, fill_all)
         self.grid_size = int(grid_size)
         self.spline_order = int(spline_order)
         self.standalone_scale = bool(standalone_scale)
         self.dtype = int(dtype)
-        self._args = {}  # argument structs, refilled per call (sklinear._fill_args)
         # [(name, shape), ...] of the layer's tensors (kf_kan_<layer>_param_info) in
         # efficient-kan's state_dict order: base_weight, spline_weight, spline_scaler when the
         # plan has a standalone scale, then the grid buffer
+        p = self._prefix
         self.param_info = param_list(getattr(lib, p + "_param_count"),
                                      getattr(lib, p + "_param_info"), self._ptr, PARAM_NAMES)
         self._shapes = dict(self.param_info)

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from kfuse._lowlevel import ALIGN_BYTES, DTYPE_BF16, DTYPE_F16, DTYPE_F64, TensorRef
+from kfuse._lowlevel import ALIGN_BYTES, DTYPE_BF16, DTYPE_F16, DTYPE_F64, TensorRef, rnn_seq_dims
 from kfuse.kan import QUANTILES_TORCH1
 
 __all__ = ["rnn_forward", "rnn_backward", "sklinear_init", "sklinear_forward",
@@ -65,18 +65,12 @@ def _weights(plan, weights):
     return [as_array(w) for w in weights]
 
 
-def _seq_dims(plan, x):
-    if x.ndim != 3:
-        return 1, 1
-    return (x.shape[1], x.shape[0]) if plan.batch_first else (x.shape[0], x.shape[1])
-
-
 def _y_hn_shapes(plan, x):
     # Output allocation only (the library checks x itself): the library's shapes of y and hn
     # (kf_rnn_output_shapes). For an x that is not 3-D the library reports the error.
     if x.ndim != 3:
         return None, None
-    return plan.output_shapes(*_seq_dims(plan, x))
+    return plan.output_shapes(*rnn_seq_dims(plan.batch_first, x.shape))
 
 
 def rnn_forward(plan, x, weights, h0=None, lengths=None, training=False, dropout_seed=0,
@@ -99,7 +93,7 @@ def rnn_forward(plan, x, weights, h0=None, lengths=None, training=False, dropout
     hn = np.empty(hn_shape, dtype=np.float32) if (hn_shape and return_hn) else None
     reserve = None
     if training:
-        T, B = _seq_dims(plan, x)
+        T, B = rnn_seq_dims(plan.batch_first, x.shape)
         reserve = aligned_empty(plan.workspace_size(T, B, training=True)[1])
     plan.forward(
         tensor_ref(x), [tensor_ref(w) for w in ws], tensor_ref(y) if y_shape else None,

@@ -24,8 +24,8 @@ the layout is checked against the compiler's at import; where it differs, the fi
 by one).
 """
 from kfuse._lowlevel import (  # noqa: F401  (tensor_values: re-exported, its 1.1 home)
-    DTYPE_F32, _buffer, _fill_tensor, check, ffi, lib, pack_tensors, param_list, tensor_run,
-    tensor_values,
+    DTYPE_F32, _buffer, _fill_tensor, _Plan, check, ffi, lib, pack_tensors, param_list,
+    tensor_run, tensor_values,
 )
 
 __all__ = ["SkLinearPlan", "PARAM_NAMES"]
@@ -65,39 +65,32 @@ def _fill_args(cache, ctype, init, start, fields, refs):
     return args
 
 
-class SkLinearPlan:
+class SkLinearPlan(_Plan):
     """A kf_sklinear_plan bound to a Context, which it keeps alive.
 
     SkLinearPlan(ctx, in_features, out_features, num_terms, low_rank, bias=True,
                  dtype=DTYPE_F32). Descriptor checks are the library's (InvalidArgument naming
     the field; Unsupported for a dtype other than f32)."""
 
+    _prefix = "kf_sklinear"
+
     def __init__(self, ctx, in_features, out_features, num_terms, low_rank, bias=True,
                  dtype=DTYPE_F32):
-        desc = ffi.new("kf_sklinear_desc *")
-        lib.kf_sklinear_desc_init(desc)
-        desc.in_features = int(in_features)
-        desc.out_features = int(out_features)
-        desc.num_terms = int(num_terms)
-        desc.low_rank = int(low_rank)
-        desc.bias = 1 if bias else 0
-        desc.dtype = int(dtype)
-        out = ffi.new("kf_sklinear_plan **")
-        check(lib.kf_sklinear_plan_create(ctx.ptr, desc, out))
-        ctx_ptr = ctx.ptr  # the closure keeps the context alive until the plan is destroyed
+        def fill(desc):
+            desc.in_features = int(in_features)
+            desc.out_features = int(out_features)
+            desc.num_terms = int(num_terms)
+            desc.low_rank = int(low_rank)
+            desc.bias = 1 if bias else 0
+            desc.dtype = int(dtype)
 
-        def _destroy(p, _ctx=ctx_ptr):
-            lib.kf_sklinear_plan_destroy(p)
-
-        self._ptr = ffi.gc(out[0], _destroy)
-        self.ctx = ctx
+        self._make_plan(ctx, fill)
         self.in_features = int(in_features)
         self.out_features = int(out_features)
         self.num_terms = int(num_terms)
         self.low_rank = int(low_rank)
         self.bias = bool(bias)
         self.dtype = int(dtype)
-        self._args = {}  # argument structs, refilled per call (_fill_args)
         # [(name, shape), ...] of the layer's tensors (kf_sklinear_param_info) in Panther's
         # state_dict order: S1s, S2s, bias when the plan has one, U1s, U2s
         self.param_info = param_list(lib.kf_sklinear_param_count, lib.kf_sklinear_param_info,

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from kfuse._lowlevel import dtype_code, kf_dtype_of
+from kfuse._lowlevel import dtype_code, kf_dtype_of, rnn_seq_dims
 from kfuse.torch._common import Op, autocast_inputs, device_guard, empty_grad, plan
 
 __all__ = ["GRU", "AGRU", "AGRUCell", "rnn_function"]
@@ -23,13 +23,6 @@ def _key(x, weights, desc):
                           kf_dtype_of("x", x),)
 
 
-def _dims(batch_first, x):
-    """(T, B) for allocation; an x that is not 3-D is passed on for the library to report."""
-    if x.dim() != 3:
-        return 1, 1
-    return (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
-
-
 def _out_shapes(p, x, batch_first):
     """(y_shape, hn_shape, T, B): the library's shapes (kf_rnn_output_shapes, once per plan and
     (T, B)). Under symbolic shapes (torch.compile's dynamic sizes), and for an empty batch
@@ -37,7 +30,7 @@ def _out_shapes(p, x, batch_first):
     one step of one sample with x's T and B put in their places (y keeps x's two leading dims,
     hn's middle one is B). An x that is not 3-D is passed on for the library to report (y
     absent)."""
-    T, B = _dims(batch_first, x)
+    T, B = rnn_seq_dims(batch_first, x.shape)
     if isinstance(T, int) and isinstance(B, int) and B != 0:
         y, hn = p.output_shapes(T, B)
     else:
@@ -100,7 +93,7 @@ def _backward_impl(dy, dhn, x, hx, lengths, weights, reserve, *desc_seed_mask):
     dx = empty_grad(x, need_dx)
     dh0 = empty_grad(hx, need_dh0) if hx is not None else x.new_empty((0,))
     dws = [empty_grad(w, n) for w, n in zip(weights, need_dw)]
-    T, B = _dims(desc[4], x)
+    T, B = rnn_seq_dims(desc[4], x.shape)
     if B == 0:  # an empty batch (the forward ran nothing): zero gradients
         return dx, dh0, [d.zero_() for d in dws]
     key, x, hx, weights, seed, device = _prepared(x, hx, weights, desc, seed)

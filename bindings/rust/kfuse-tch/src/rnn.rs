@@ -275,15 +275,14 @@ impl<'ctx> Rnn<'ctx> {
     /// T and B of x, which must be 3-D (its extents are checked by kfuse).
     fn steps_and_batch(&self, call: &str, x: &Tensor) -> Result<(usize, usize)> {
         let xs = dims(x);
-        if xs.len() != 3 {
-            return Err(Error::arg(
+        self.plan.desc().steps_and_batch(&xs).ok_or_else(|| {
+            Error::arg(
                 call,
                 format_args!(
                     "x has shape {xs:?}, expected 3 dimensions ([T, B, I], or [B, T, I] batch-first)"
                 ),
-            ));
-        }
-        Ok(if self.plan.desc().is_batch_first() { (xs[1], xs[0]) } else { (xs[0], xs[1]) })
+            )
+        })
     }
 
     /// The weights checked against the plan (count, shapes, dtype, device) and contiguous: kfuse

@@ -131,6 +131,22 @@ impl RnnDesc {
     pub fn is_batch_first(&self) -> bool {
         self.batch_first
     }
+    /// (T, B) of an input of shape `x_shape`: `[T, B, input_size]`, or `[B, T, input_size]`
+    /// batch-first; `None` when it is not 3-D. The one place the Rust crates read that rule
+    /// (the Python bindings' is `kfuse._lowlevel.rnn_seq_dims`); the extents are kfuse's to check.
+    ///
+    /// ```
+    /// let d = kfuse::RnnDesc::gru(28, 128).batch_first(true);
+    /// assert_eq!(d.steps_and_batch(&[64, 10, 28]), Some((10, 64)));
+    /// assert_eq!(d.steps_and_batch(&[10, 28]), None);
+    /// ```
+    pub fn steps_and_batch(&self, x_shape: &[usize]) -> Option<(usize, usize)> {
+        match *x_shape {
+            [a, b, _] if self.batch_first => Some((b, a)),
+            [a, b, _] => Some((a, b)),
+            _ => None,
+        }
+    }
     /// Whether there are two directions.
     pub fn is_bidirectional(&self) -> bool {
         self.bidirectional
@@ -694,9 +710,7 @@ impl<'ctx, T: Float> RnnPlan<'ctx, T> {
         }
         // Size the reserve from x's shape; if x is malformed, the call below reports it.
         let mut need = 0usize;
-        let xs = args.inputs.x.shape();
-        if xs.len() == 3 {
-            let (t, b) = if self.desc.batch_first { (xs[1], xs[0]) } else { (xs[0], xs[1]) };
+        if let Some((t, b)) = self.desc.steps_and_batch(args.inputs.x.shape()) {
             // A failed size query (e.g. T = 0) is left to the forward call, whose message names
             // the argument; the reserve stays as it is and the library checks its size.
             if let Ok(sz) = self.workspace_size(t, b, Mode::Training) {
