@@ -3,6 +3,8 @@
  *   supports(plan, fn)  asked once, at plan creation, with the plan's fields filled: KF_OK, or
  *                       KF_ERR_UNSUPPORTED naming the desc field the backend cannot serve (a
  *                       dtype, a spline order); NULL = every plan the front end accepts
+ *                       (SKLinear's entry table has select() instead, which also gives the plan
+ *                       its concrete table: core/sklinear_backend.h)
  *   sizes / workspace   pure: the bytes a call of that shape needs
  *   forward, backward   run a checked record (never re-checked); KF_OK or the message set
  * A context picks its table once, at creation (kf__backend_for); a plan takes its op table from

@@ -25,7 +25,7 @@ struct kf__skl_ops;
 
 struct kf_sklinear_plan {
     kf_context *ctx;
-    const struct kf__skl_ops *ops; /* the context's backend's, taken at creation */
+    const struct kf__skl_ops *ops; /* the concrete table its backend's select() gave at creation */
     int64_t in, out;
     int32_t L, k;
     int64_t r;      /* L * k */
@@ -53,9 +53,14 @@ typedef struct kf__skl_bwd {
     void *ws; size_t ws_bytes;
 } kf__skl_bwd;
 
-/* The op table a backend provides (rules in core/backend.h). */
+/* The op tables (rules in core/backend.h). A backend's entry table (kf__backend.skl) has only
+ * select(): asked once, at plan creation, with the plan's fields filled, it sets *ops to the
+ * concrete table for the plan's device, instruction set and dtype (whose select is NULL), or
+ * returns KF_ERR_UNSUPPORTED naming the desc field it cannot serve. The plan keeps that table,
+ * and no call branches on any of these again. */
 typedef struct kf__skl_ops {
-    kf_status (*supports)(const struct kf_sklinear_plan *p, const char *fn);
+    kf_status (*select)(const struct kf_sklinear_plan *p, const char *fn,
+                        const struct kf__skl_ops **ops);
     size_t (*workspace)(const struct kf_sklinear_plan *p, int64_t N);
     kf_status (*forward)(kf_context *ctx, const kf__skl_fwd *c);
     kf_status (*backward)(kf_context *ctx, const kf__skl_bwd *c);

@@ -29,7 +29,8 @@
  *
  * One implementation for every dtype: KF__SKL_CPU_DEFINE below defines the team functions for a
  * storage type (float32, float64, bfloat16, float16) and its arithmetic type (float32, or
- * float64); the op picks them by the plan's dtype. A bfloat16 or float16 plan reads x, the
+ * float64); each dtype has its own op table (KF__SKL_CPU_OPS), chosen at plan creation. A
+ * bfloat16 or float16 plan reads x, the
  * weights and dy in place, widening them as the products load them (cpu/rowgemm.h's typed
  * operands), computes in float32 and rounds each result once as it is written (y and dx in the
  * products' epilogue; the parameter gradients through a float32 block, which the accumulation
@@ -43,8 +44,9 @@
  * Two builds of this file (as of the recurrent kernels): the baseline's (KF_CPU_ARCH, 8-float
  * vectors) and, where CMake's KF_CPU_AVX512 holds, an x86-64-v4 one (cpu/sklinear_v4.c: 16-float
  * vectors and 8-row tiles in cpu/rowgemm.h, 16-lane conversions in cpu/lowp_simd.h), each with
- * its op table (kf__cpu_skl_ops_base, kf__cpu_skl_ops_v4); cpu/sklinear_ops.c forwards to the
- * one of the context's ISA (cpu/isa.c). The blocks, the workspace and every sum's order are the
+ * its op tables (kf__cpu_skl_ops_base(), kf__cpu_skl_ops_v4(): one per dtype); the plan takes
+ * the one of its context's ISA (cpu/isa.c) and its dtype at creation (skl_select, end of file).
+ * The blocks, the workspace and every sum's order are the
  * same in both, except that a product whose columns end in a partial vector (cpu/rowgemm.h)
  * sums a reduction over more than 256 rows in chunks there: so the bits are the baseline's but
  * for such shapes (k = 8 on AVX-512 with N > 256, say), and never depend on the thread count. */
@@ -482,32 +484,55 @@ KF__SKL_CPU_DEFINE(d, double, d, double, d)
 KF__SKL_CPU_DEFINE(b, uint16_t, b, float, s)
 KF__SKL_CPU_DEFINE(h, uint16_t, h, float, s)
 
-static kf_status skl_forward(kf_context *ctx, const kf__skl_fwd *c) {
-    skl_fwd_call call = {.c = c, .lo = skl_layout_of(c->plan, c->N)};
-    const int32_t dt = c->plan->dtype;
-    kf__cpu_team(skl_team_size(ctx, c->plan, c->N),
-                 dt == KF_DTYPE_F64    ? skl_fwd_team_d
-                 : dt == KF_DTYPE_BF16 ? skl_fwd_team_b
-                 : dt == KF_DTYPE_F16  ? skl_fwd_team_h
-                                       : skl_fwd_team_s,
-                 &call);
-    return KF_OK;
-}
+/* One op table per (instruction set, dtype): skl_ops_X runs the team functions of X alone, so no
+ * call branches on the dtype or the ISA; skl_select picks the table once, at plan
+ * creation. */
+#define KF__SKL_CPU_OPS(X)                                                                         \
+    static kf_status skl_forward_##X(kf_context *ctx, const kf__skl_fwd *c) {                      \
+        skl_fwd_call call = {.c = c, .lo = skl_layout_of(c->plan, c->N)};                          \
+        kf__cpu_team(skl_team_size(ctx, c->plan, c->N), skl_fwd_team_##X, &call);                  \
+        return KF_OK;                                                                              \
+    }                                                                                              \
+    static kf_status skl_backward_##X(kf_context *ctx, const kf__skl_bwd *c) {                     \
+        skl_bwd_call call = {.c = c, .lo = skl_layout_of(c->plan, c->N)};                          \
+        kf__cpu_team(skl_team_size(ctx, c->plan, c->N), skl_bwd_team_##X, &call);                  \
+        return KF_OK;                                                                              \
+    }                                                                                              \
+    static const kf__skl_ops skl_ops_##X = {NULL, skl_workspace, skl_forward_##X,                  \
+                                            skl_backward_##X};
 
-static kf_status skl_backward(kf_context *ctx, const kf__skl_bwd *c) {
-    skl_bwd_call call = {.c = c, .lo = skl_layout_of(c->plan, c->N)};
-    const int32_t dt = c->plan->dtype;
-    kf__cpu_team(skl_team_size(ctx, c->plan, c->N),
-                 dt == KF_DTYPE_F64    ? skl_bwd_team_d
-                 : dt == KF_DTYPE_BF16 ? skl_bwd_team_b
-                 : dt == KF_DTYPE_F16  ? skl_bwd_team_h
-                                       : skl_bwd_team_s,
-                 &call);
-    return KF_OK;
-}
+KF__SKL_CPU_OPS(s)
+KF__SKL_CPU_OPS(d)
+KF__SKL_CPU_OPS(b)
+KF__SKL_CPU_OPS(h)
 
+/* This build's table for a dtype (the front end has accepted only these four). */
 #ifdef KF__SKL_V4
-const kf__skl_ops kf__cpu_skl_ops_v4 = {NULL, skl_workspace, skl_forward, skl_backward};
+const kf__skl_ops *kf__cpu_skl_ops_v4(kf_dtype dtype)
 #else
-const kf__skl_ops kf__cpu_skl_ops_base = {NULL, skl_workspace, skl_forward, skl_backward};
+const kf__skl_ops *kf__cpu_skl_ops_base(kf_dtype dtype)
+#endif
+{
+    return dtype == KF_DTYPE_F64    ? &skl_ops_d
+           : dtype == KF_DTYPE_BF16 ? &skl_ops_b
+           : dtype == KF_DTYPE_F16  ? &skl_ops_h
+                                    : &skl_ops_s;
+}
+
+#ifndef KF__SKL_V4
+/* The CPU backend's entry: the table of the context's ISA (kf_context.isa, picked at context
+ * creation by cpu/isa.c) and the plan's dtype. */
+static kf_status skl_select(const struct kf_sklinear_plan *p, const char *fn,
+                            const kf__skl_ops **ops) {
+#ifdef KF_HAVE_CPU_V4
+    if (p->ctx->isa == KF__CPU_ISA_V4) {
+        *ops = kf__cpu_skl_ops_v4(p->dtype);
+        return KF_OK;
+    }
+#endif
+    *ops = kf__cpu_skl_ops_base(p->dtype);
+    return KF_OK;
+}
+
+const kf__skl_ops kf__cpu_skl_ops = {skl_select, NULL, NULL, NULL};
 #endif

@@ -31,10 +31,10 @@ void kf__cuda_rnn_plain_sizes(const struct kf_rnn_plan *p, int64_t T, int64_t B,
                               size_t *ws_bytes, size_t *reserve_bytes);
 kf_status kf__cuda_rnn_plain_forward(kf_context *ctx, const kf__rnn_fwd *c);
 kf_status kf__cuda_rnn_plain_backward(kf_context *ctx, const kf__rnn_bwd *c);
-// SKLinear and KAN: float64, bfloat16 and float16 plans (the low ones on the tensor cores).
-size_t kf__cuda_skl_plain_workspace(const struct kf_sklinear_plan *p, int64_t N);
-kf_status kf__cuda_skl_plain_forward(kf_context *ctx, const kf__skl_fwd *c);
-kf_status kf__cuda_skl_plain_backward(kf_context *ctx, const kf__skl_bwd *c);
+// SKLinear and KAN: float64, bfloat16 and float16 plans (the low ones on the tensor cores);
+// SKLinear's as the table for the plan's dtype, which cuda/sklinear.cu's select() gives such a
+// plan at creation.
+const kf__skl_ops *kf__cuda_skl_plain_ops(kf_dtype dtype);
 size_t kf__cuda_kan_plain_workspace(const struct kf_kan_linear_plan *p, int64_t N,
                                     const kf__kan_patches *patches);
 kf_status kf__cuda_kan_plain_forward(kf_context *ctx, const kf__kan_fwd *c);

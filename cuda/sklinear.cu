@@ -650,21 +650,13 @@ PartJob no_part() {
 
 namespace {
 
-// Float32 on the kernels above; float64, bfloat16 and float16 on cuda/plain.cu (the low types'
-// products on the tensor cores).
-kf_status skl_supports(const struct kf_sklinear_plan *p, const char *fn) {
-    return kf__cuda_dtype_supported(p->dtype, fn);
-}
-
 size_t skl_workspace(const struct kf_sklinear_plan *p, int64_t N) {
-    if (p->dtype != KF_DTYPE_F32) return kf__cuda_skl_plain_workspace(p, N);
     const Layout l = make_layout(p, N);
     return l.fwd_bytes > l.bwd_bytes ? l.fwd_bytes : l.bwd_bytes;
 }
 
 kf_status skl_forward(kf_context *ctx, const kf__skl_fwd *c) {
     static const char fn[] = "kf_sklinear_forward";
-    if (c->plan->dtype != KF_DTYPE_F32) return kf__cuda_skl_plain_forward(ctx, c);
     const Layout l = make_layout(c->plan, c->N);
     if (c->N <= 0) return KF_OK;
     KF__CUDA_ON_DEVICE(fn, ctx);
@@ -695,7 +687,6 @@ kf_status skl_forward(kf_context *ctx, const kf__skl_fwd *c) {
 
 kf_status skl_backward(kf_context *ctx, const kf__skl_bwd *c) {
     static const char fn[] = "kf_sklinear_backward";
-    if (c->plan->dtype != KF_DTYPE_F32) return kf__cuda_skl_plain_backward(ctx, c);
     if (c->dx == nullptr && c->dS1 == nullptr && c->dS2 == nullptr && c->db == nullptr)
         return KF_OK;
     const Layout l = make_layout(c->plan, c->N);
@@ -761,5 +752,18 @@ kf_status skl_backward(kf_context *ctx, const kf__skl_bwd *c) {
 
 } // namespace
 
-extern "C" const kf__skl_ops kf__cuda_skl_ops = {skl_supports, skl_workspace, skl_forward,
-                                                  skl_backward};
+namespace {
+
+const kf__skl_ops skl_ops_f32 = {nullptr, skl_workspace, skl_forward, skl_backward};
+
+// Chosen once, at plan creation: float32 on the kernels above; float64, bfloat16 and float16 on
+// cuda/plain.cu (the low types' products on the tensor cores).
+kf_status skl_select(const struct kf_sklinear_plan *p, const char *fn, const kf__skl_ops **ops) {
+    KF_TRY(kf__cuda_dtype_supported(p->dtype, fn));
+    *ops = p->dtype == KF_DTYPE_F32 ? &skl_ops_f32 : kf__cuda_skl_plain_ops(p->dtype);
+    return KF_OK;
+}
+
+} // namespace
+
+extern "C" const kf__skl_ops kf__cuda_skl_ops = {skl_select, nullptr, nullptr, nullptr};

@@ -79,7 +79,6 @@ KF_API kf_status kf_sklinear_plan_create(kf_context *ctx, const kf_sklinear_desc
     kf_sklinear_plan *p = calloc(1, sizeof *p);
     KF_CHECK(p != NULL, KF_ERR_OUT_OF_MEMORY, "cannot allocate the plan");
     p->ctx = ctx;
-    p->ops = ctx->backend->skl;
     p->in = desc->in_features;
     p->out = desc->out_features;
     p->L = desc->num_terms;
@@ -87,7 +86,7 @@ KF_API kf_status kf_sklinear_plan_create(kf_context *ctx, const kf_sklinear_desc
     p->r = r;
     p->has_bias = desc->bias == 1;
     p->dtype = (kf_dtype)desc->dtype;
-    kf_status s = p->ops->supports ? p->ops->supports(p, __func__) : KF_OK;
+    kf_status s = ctx->backend->skl->select(p, __func__, &p->ops);
     if (s != KF_OK) {
         free(p);
         return s;
