@@ -10,7 +10,7 @@
  * U1s and S2s read as [r, out] matrices (their natural layout).
  *
  * Every tensor of a call has the plan's dtype (KF_DTYPE_F32, F64, BF16 or F16, as the backend's
- * supports() accepts): the records carry untyped pointers that the backend reads as that
+ * select() accepts): the records carry untyped pointers that the backend reads as that
  * type. */
 #ifndef KF_CORE_SKLINEAR_BACKEND_H
 #define KF_CORE_SKLINEAR_BACKEND_H
@@ -31,7 +31,17 @@ struct kf_sklinear_plan {
     int64_t r;      /* L * k */
     bool has_bias;
     kf_dtype dtype; /* of every parameter, input and output */
+    int32_t act;    /* kf_activation of the fused epilogue (common/activation.h) */
+    float dropout;  /* its dropout probability, in [0, 1) */
 };
+
+/* A call's epilogue (kfuse.h, SKLinear's fused epilogue): y = dropout(act(pre)) with the plan's
+ * activation; p = 0 where no dropout applies (none in the plan, or not a training call). The
+ * element (n, o) of y draws its mask at counter offset + n * out + o (common/activation.h). */
+typedef struct kf__skl_epi {
+    float p;
+    uint64_t seed, offset;
+} kf__skl_epi;
 
 typedef struct kf__skl_fwd {
     const struct kf_sklinear_plan *plan;
@@ -39,6 +49,8 @@ typedef struct kf__skl_fwd {
     const void *x, *S1, *S2, *U1, *U2;
     const void *bias;         /* NULL: the plan has none */
     void *y;
+    void *pre;                /* NULL, or [N, out]: the pre-activation, written */
+    kf__skl_epi epi;
     void *ws; size_t ws_bytes;
 } kf__skl_fwd;
 
@@ -47,6 +59,9 @@ typedef struct kf__skl_bwd {
     int64_t N;
     const void *x, *S1, *S2, *U1, *U2;
     const void *dy;
+    const void *pre;            /* [N, out]: the forward's pre-activation (for RELU its y may
+                                   stand in); NULL exactly when the plan has no activation */
+    kf__skl_epi epi;            /* the forward's; the gradient through it comes first */
     void *dx, *dS1, *dS2, *db;  /* each NULL = not wanted */
     bool accumulate;            /* add into dS1, dS2, db instead of overwriting (dx: always
                                    overwritten) */

@@ -50,8 +50,32 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "activation.h"
 #include "lowp_simd.h"
 #include "simd.h"
+
+/* An epilogue applied as C is stored (kf__rowgemm_epi_X; SKLinear's fused activation and
+ * dropout, common/activation.h): C's element at index i from `origin` (its flat index in the
+ * output) is stored as kf__epi_X(act, p, scale, seed, offset + i, value), and its value before
+ * that is written to pre + i where pre is not NULL. Applied by the last of K's chunks only. */
+typedef struct kf__rg_epi {
+    int32_t act;
+    float p, scale_s; /* dropout probability (0: none) and 1 / (1 - p) in float */
+    double scale_d;   /* and in double */
+    uint64_t seed, offset;
+    const void *origin; /* C's element of flat index 0 */
+    void *pre;          /* NULL, or C's type and layout */
+} kf__rg_epi;
+
+static inline void kf__rg_epi_s(const kf__rg_epi *e, float *v, int n, int64_t i) {
+    for (int l = 0; l < n; ++l)
+        v[l] = kf__epi_s(e->act, e->p, e->scale_s, e->seed, e->offset + (uint64_t)(i + l), v[l]);
+}
+
+static inline void kf__rg_epi_d(const kf__rg_epi *e, double *v, int n, int64_t i) {
+    for (int l = 0; l < n; ++l)
+        v[l] = kf__epi_d(e->act, e->p, e->scale_d, e->seed, e->offset + (uint64_t)(i + l), v[l]);
+}
 
 /* Rows per tile (KF__RG_MR_a for an A of kind a): 6, or with AVX-512's 32 vector registers 8
  * for a low A, whose tile rows are widened into one buffer (8 x 2 accumulators; 8 independent
@@ -132,7 +156,7 @@
 /* One case of the last tile's switch in kf__rg_rows_X: r rows. */
 #define KF__RG_CASE(X, r)                                                                          \
     case r:                                                                                        \
-        kf__rg_tile_##X(r, nv, w, K, K0, alpha, a_, am, aq, B0, B1, ldb, bias, acc, cm, ldc);      \
+        kf__rg_tile_##X(r, nv, w, K, K0, alpha, a_, am, aq, B0, B1, ldb, bias, acc, cm, ldc, epi); \
         break;
 
 #define KF__ROWGEMM_DEFINE(X, TA, a, TB, b, TC, e, T, v)                                           \
@@ -145,7 +169,7 @@
     static inline __attribute__((always_inline)) void kf__rg_tile_##X(                             \
         int mr, int nv, int w, int64_t K, int64_t K0, T alpha, const TA *A, int64_t am,            \
         int64_t aq, const T *B0, const T *B1, int64_t ldb, const TB *bias, bool acc, TC *C,        \
-        int64_t ldc) {                                                                             \
+        int64_t ldc, const kf__rg_epi *epi) {                                                      \
         enum { L = kf__rg_lanes_##X };                                                             \
         kf__v##v c[KF__RG_MR][KF__RG_NV];                                                          \
         for (int i = 0; i < mr; ++i)                                                               \
@@ -183,7 +207,16 @@
                 TC *d = C + i * ldc + u * L;                                                       \
                 if (w == nv * L) {                                                                 \
                     const kf__v##v add = bias || !acc ? badd[u] : KF__RG_VLD_##e(d);               \
-                    KF__RG_VST_##e(d, kf__fma_##v(c[i][u], kf__splat_##v(alpha), add));            \
+                    kf__v##v res = kf__fma_##v(c[i][u], kf__splat_##v(alpha), add);                \
+                    if (epi) {                                                                     \
+                        const int64_t ix = d - (const TC *)epi->origin;                            \
+                        if (epi->pre) KF__RG_VST_##e((TC *)epi->pre + ix, res);                    \
+                        T ev[L];                                                                   \
+                        memcpy(ev, &res, sizeof ev);                                               \
+                        kf__rg_epi_##v(epi, ev, L, ix);                                            \
+                        memcpy(&res, ev, sizeof ev);                                               \
+                    }                                                                              \
+                    KF__RG_VST_##e(d, res);                                                        \
                     continue;                                                                      \
                 }                                                                                  \
                 /* a partial panel's w columns, through arrays of lanes (subscripting the          \
@@ -196,6 +229,13 @@
                 memcpy(&add, ad, sizeof add);                                                      \
                 const kf__v##v res = kf__fma_##v(c[i][u], kf__splat_##v(alpha), add);              \
                 memcpy(rs, &res, sizeof rs);                                                       \
+                if (epi) {                                                                         \
+                    const int64_t ix = d - (const TC *)epi->origin;                                \
+                    if (epi->pre)                                                                  \
+                        for (int l = 0; l < w; ++l)                                                \
+                            KF__RG_PUT_##e((TC *)epi->pre + ix + l, rs[l]);                        \
+                    kf__rg_epi_##v(epi, rs, w, ix);                                                \
+                }                                                                                  \
                 for (int l = 0; l < w; ++l) KF__RG_PUT_##e(d + l, rs[l]);                          \
             }                                                                                      \
     }                                                                                              \
@@ -205,12 +245,12 @@
     static inline __attribute__((always_inline)) void kf__rg_rows_##X(                             \
         int nv, int w, int64_t M, int64_t K, int64_t K0, T alpha, const TA *A, int64_t am,         \
         int64_t aq, const T *B0, const T *B1, int64_t ldb, const TB *bias, bool acc, TC *C,        \
-        int64_t ldc) {                                                                             \
+        int64_t ldc, const kf__rg_epi *epi) {                                                      \
         enum { MR = KF__RG_MR_##a };                                                               \
         int64_t m = 0;                                                                             \
         for (; m + MR <= M; m += MR)                                                               \
             kf__rg_tile_##X(MR, nv, w, K, K0, alpha, A + m * am, am, aq, B0, B1, ldb, bias, acc,   \
-                            C + m * ldc, ldc);                                                     \
+                            C + m * ldc, ldc, epi);                                                \
         const TA *a_ = A + m * am;                                                                 \
         TC *cm = C + m * ldc;                                                                      \
         switch (M - m) { /* < MR */                                                                \
@@ -235,12 +275,12 @@
     static inline __attribute__((always_inline)) void kf__rg_panel_##X(                            \
         int nv, int w, int64_t M, int64_t K, int64_t K0, T alpha, const TA *A, int64_t am,         \
         int64_t aq, const TB *B0, const TB *B1, int64_t ldb, const TB *bias, bool acc, TC *C,      \
-        int64_t ldc) {                                                                             \
+        int64_t ldc, const kf__rg_epi *epi) {                                                      \
         enum { L = kf__rg_lanes_##X };                                                             \
         if (KF__RG_NATIVE_##b && w == nv * L &&                                                    \
             (M <= KF__RG_MR_##a || ldb * (int64_t)sizeof(TB) < KF__RG_FAR_BYTES)) {                \
             kf__rg_rows_##X(nv, w, M, K, K0, alpha, A, am, aq, (const T *)B0, (const T *)B1, ldb,  \
-                            bias, acc, C, ldc);                                                    \
+                            bias, acc, C, ldc, epi);                                               \
             return;                                                                                \
         }                                                                                          \
         kf__v##v pk[KF__RG_KC * KF__RG_NV] __attribute__((aligned(KF__V_BYTES)));                  \
@@ -258,24 +298,30 @@
             }                                                                                      \
             const T *bp = (const T *)pk;                                                           \
             kf__rg_rows_##X(nv, w, M, kc, kc, alpha, A + q0 * aq, am, aq, bp, bp, nv * L,          \
-                            q0 ? NULL : bias, q0 ? true : acc, C, ldc);                            \
+                            q0 ? NULL : bias, q0 ? true : acc, C, ldc, q0 + kc < K ? NULL : epi);  \
         }                                                                                          \
     }                                                                                              \
                                                                                                    \
     /* The contract in the header comment; K0 <= K (B1 unused where K0 = K). Panels of NV          \
-     * vectors, then one of a single vector, then a partial one. */                                \
-    static inline void kf__rowgemm_##X(int64_t M, int64_t n, int64_t K, int64_t K0, T alpha,       \
-                                       const TA *A, int64_t am, int64_t aq, const TB *B0,          \
-                                       const TB *B1, int64_t ldb, const TB *bias, bool acc,        \
-                                       TC *C, int64_t ldc) {                                       \
+     * vectors, then one of a single vector, then a partial one. epi: NULL, or the epilogue. */    \
+    static inline void kf__rowgemm_epi_##X(int64_t M, int64_t n, int64_t K, int64_t K0, T alpha,   \
+                                           const TA *A, int64_t am, int64_t aq, const TB *B0,      \
+                                           const TB *B1, int64_t ldb, const TB *bias, bool acc,    \
+                                           TC *C, int64_t ldc, const kf__rg_epi *epi) {            \
         enum { L = kf__rg_lanes_##X };                                                             \
         int64_t j = 0;                                                                             \
         for (; j + KF__RG_NV * L <= n; j += KF__RG_NV * L)                                         \
             kf__rg_panel_##X(KF__RG_NV, KF__RG_NV * L, M, K, K0, alpha, A, am, aq, B0 + j, B1 + j, \
-                             ldb, bias ? bias + j : 0, acc, C + j, ldc);                           \
+                             ldb, bias ? bias + j : 0, acc, C + j, ldc, epi);                      \
         for (; j < n; j += L)                                                                      \
             kf__rg_panel_##X(1, n - j < L ? (int)(n - j) : L, M, K, K0, alpha, A, am, aq, B0 + j,  \
-                             B1 + j, ldb, bias ? bias + j : 0, acc, C + j, ldc);                   \
+                             B1 + j, ldb, bias ? bias + j : 0, acc, C + j, ldc, epi);              \
+    }                                                                                              \
+    static inline void kf__rowgemm_##X(int64_t M, int64_t n, int64_t K, int64_t K0, T alpha,       \
+                                       const TA *A, int64_t am, int64_t aq, const TB *B0,          \
+                                       const TB *B1, int64_t ldb, const TB *bias, bool acc,        \
+                                       TC *C, int64_t ldc) {                                       \
+        kf__rowgemm_epi_##X(M, n, K, K0, alpha, A, am, aq, B0, B1, ldb, bias, acc, C, ldc, NULL);  \
     }
 
 KF__ROWGEMM_DEFINE(sss, float, s, float, s, float, s, float, s)

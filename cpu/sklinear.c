@@ -110,6 +110,10 @@ typedef struct skl_layout {
      * out] (forward); dx [N, in], dS1s [r, in], dS2s [r, out] (backward); y's and dx's empty
      * where they are written directly; 0 for the other dtypes */
     size_t ysh, dxsh, d1sh, d2sh;
+    /* A plan with an epilogue (an activation or dropout): the gradient through it, [N, out] of
+     * the plan's dtype, which backward's products read in dy's place (skl_epi_grad_X) */
+    bool epi;
+    size_t g;
 } skl_layout;
 
 /* Whether a low plan's y and dx (products over K = 2r) go through float32 blocks: where 2r takes
@@ -143,6 +147,9 @@ static skl_layout skl_layout_of(const struct kf_sklinear_plan *p, int64_t N) {
                      bsh = lo.d2sh + kf__align_up((size_t)(p->r * p->out) * e);
         lo.bytes = fsh > bsh ? fsh : bsh;
     }
+    lo.epi = p->act != KF_ACTIVATION_NONE || p->dropout > 0.0f;
+    lo.g = lo.bytes;
+    if (lo.epi) lo.bytes += kf__align_up((size_t)(N * p->out) * e);
     return lo;
 }
 
@@ -161,7 +168,20 @@ static int32_t skl_team_size(const kf_context *ctx, const struct kf_sklinear_pla
 typedef struct skl_fwd_call {
     const kf__skl_fwd *c;
     skl_layout lo;
+    kf__rg_epi epi;       /* y's epilogue (origin: y) */
+    const kf__rg_epi *ep; /* &epi, or NULL where the call has none (no activation, dropout, pre) */
 } skl_fwd_call;
+
+static void skl_fwd_call_init(skl_fwd_call *call, const kf__skl_fwd *c) {
+    const struct kf_sklinear_plan *p = c->plan;
+    call->c = c;
+    call->lo = skl_layout_of(p, c->N);
+    call->epi = (kf__rg_epi){.act = p->act, .p = c->epi.p, .scale_s = kf__dropout_scale_s(c->epi.p),
+                             .scale_d = kf__dropout_scale_d(c->epi.p), .seed = c->epi.seed,
+                             .offset = c->epi.offset, .origin = c->y, .pre = c->pre};
+    const bool on = p->act != KF_ACTIVATION_NONE || c->epi.p > 0.0f || c->pre;
+    call->ep = on ? &call->epi : NULL;
+}
 
 typedef struct skl_bwd_call {
     const kf__skl_bwd *c;
@@ -327,18 +347,47 @@ typedef struct skl_bwd_call {
      * block ys unless direct (KF__SKL_DIRECT). */                                                 \
     static void skl_stage2_##X(const struct kf_sklinear_plan *p, const T *z, int64_t rows,         \
                                const TS *U1, const TS *S2, const TS *bias, int64_t o0,             \
-                               int64_t o1, TS *y, T *ys) {                                         \
+                               int64_t o1, TS *y, T *ys, const kf__rg_epi *ep) {                   \
         const int64_t out = p->out, r = p->r;                                                      \
         const T s = (T)1 / ((T)2 * (T)p->L);                                                       \
         const TS *b = bias ? bias + o0 : NULL;                                                     \
-        if (KF__SKL_DIRECT(SK, r)) {                                                               \
-            kf__rowgemm_##CK##SK##SK(rows, o1 - o0, 2 * r, r, s, z, 2 * r, 1, U1 + o0, S2 + o0,    \
-                                     out, b, false, y + o0, out);                                  \
+        if (KF__SKL_DIRECT(SK, r)) { /* the epilogue in the product's store */                     \
+            kf__rowgemm_epi_##CK##SK##SK(rows, o1 - o0, 2 * r, r, s, z, 2 * r, 1, U1 + o0,         \
+                                         S2 + o0, out, b, false, y + o0, out, ep);                 \
             return;                                                                                \
         }                                                                                          \
         kf__rowgemm_##CK##SK##CK(rows, o1 - o0, 2 * r, r, s, z, 2 * r, 1, U1 + o0, S2 + o0, out,   \
                                  b, false, ys + o0, out);                                          \
-        skl_out_##X(ys + o0, y + o0, rows, o1 - o0, out, false);                                   \
+        if (!ep) {                                                                                 \
+            skl_out_##X(ys + o0, y + o0, rows, o1 - o0, out, false);                               \
+            return;                                                                                \
+        }                                                                                          \
+        for (int64_t n = 0; n < rows && !KF__RG_NATIVE_##SK; ++n) { /* as it is rounded */        \
+            float *v = (float *)ys + o0 + n * out;                                                 \
+            const int64_t ix = y + o0 + n * out - (const TS *)ep->origin;                          \
+            if (ep->pre)                                                                           \
+                kf__lp_store_n((uint16_t *)ep->pre + ix, v, o1 - o0, false, KF__SKL_BF16_##SK);    \
+            kf__rg_epi_s(ep, v, (int)(o1 - o0), ix);                                               \
+            kf__lp_store_n((uint16_t *)y + o0 + n * out, v, o1 - o0, false, KF__SKL_BF16_##SK);    \
+        }                                                                                          \
+    }                                                                                              \
+                                                                                                   \
+    /* The gradient through the epilogue, g = dy * mask / (1 - p) * act'(pre), in TS: this         \
+     * thread's share of the rows (common/activation.h). */                                        \
+    static void skl_epi_grad_##X(const kf__skl_bwd *c, TS *g, int tid, int nth) {                  \
+        const struct kf_sklinear_plan *p = c->plan;                                                \
+        const int64_t out = p->out;                                                                \
+        const TS *dy = c->dy, *pre = c->pre;                                                       \
+        const T scale = kf__dropout_scale_##CK(c->epi.p);                                          \
+        int64_t n0, n1;                                                                            \
+        kf__cpu_share(c->N, tid, nth, &n0, &n1);                                                   \
+        for (int64_t i = n0 * out; i < n1 * out; ++i) {                                            \
+            const T v = pre ? (T)KF__RG_GET_##SK(pre + i) : (T)0;                                  \
+            const T gi = kf__epi_grad_##CK(p->act, c->epi.p, scale, c->epi.seed,                   \
+                                           c->epi.offset + (uint64_t)i, v,                         \
+                                           (T)KF__RG_GET_##SK(dy + i));                            \
+            KF__RG_PUT_##SK(g + i, gi);                                                            \
+        }                                                                                          \
     }                                                                                              \
                                                                                                    \
     /* dx[rows, a0:a1] = dz W1[a0:a1, :]^T (row stride in), from W1^T packed; through the          \
@@ -359,6 +408,7 @@ typedef struct skl_bwd_call {
     static void skl_fwd_team_##X(void *arg, int tid, int nth) {                                    \
         const kf__skl_fwd *c = ((const skl_fwd_call *)arg)->c;                                     \
         const skl_layout *lo = &((const skl_fwd_call *)arg)->lo;                                   \
+        const kf__rg_epi *ep = ((const skl_fwd_call *)arg)->ep;                                    \
         const struct kf_sklinear_plan *p = c->plan;                                                \
         const int64_t in = p->in, out = p->out, r = p->r, N = c->N;                                \
         const TS *x = c->x;                                                                        \
@@ -378,24 +428,25 @@ typedef struct skl_bwd_call {
             }                                                                                      \
             _Pragma("omp barrier")                                                                 \
             for (int64_t b = tid; skl_block(out, skl_cols(out), b, &o0, &o1); b += nth)            \
-                skl_stage2_##X(p, Z, N, c->U1, c->S2, c->bias, o0, o1, Y, Ys);                     \
+                skl_stage2_##X(p, Z, N, c->U1, c->S2, c->bias, o0, o1, Y, Ys, ep);                 \
             return;                                                                                \
         }                                                                                          \
         for (int64_t b = tid; skl_block(N, KF__SKL_ROWS, b, &n0, &n1); b += nth) {                 \
             T *z = Z + n0 * 2 * r;                                                                 \
             skl_z_##X(p, n1 - n0, x + n0 * in, c->S1, c->U2, 0, in, 0, z, 2 * r);                  \
             skl_stage2_##X(p, z, n1 - n0, c->U1, c->S2, c->bias, 0, out, Y + n0 * out,             \
-                           Ys + n0 * out);                                                         \
+                           Ys + n0 * out, ep);                                                     \
         }                                                                                          \
     }                                                                                              \
                                                                                                    \
     /* The wide split's products through the bottleneck: W1^T packed (for dx); Z's second half     \
      * (x U2, for dS2) by blocks of `in`; dZ by blocks of `out`; partial sums in block order. dx   \
      * is left to the column phase. */                                                             \
-    static void skl_bwd_wide_##X(const kf__skl_bwd *c, const skl_layout *lo, int tid, int nth) {   \
+    static void skl_bwd_wide_##X(const kf__skl_bwd *c, const skl_layout *lo, const TS *DY,        \
+                                 int tid, int nth) {                                               \
         const struct kf_sklinear_plan *p = c->plan;                                                \
         const int64_t in = p->in, out = p->out, r = p->r, N = c->N;                                \
-        const TS *x = c->x, *U1 = c->U1, *S2 = c->S2, *DY = c->dy;                                 \
+        const TS *x = c->x, *U1 = c->U1, *S2 = c->S2;                                              \
         T *W1T = skl_at(c->ws, lo->w1), *B2T = skl_at(c->ws, lo->b2);                              \
         T *Z = skl_at(c->ws, lo->z), *dZ = skl_at(c->ws, lo->dz);                                  \
         T *Pz = skl_at(c->ws, lo->part), *Pd = Pz + lo->nbi * N * r;                               \
@@ -428,6 +479,12 @@ typedef struct skl_bwd_call {
         const T s = (T)1 / ((T)2 * (T)p->L);                                                       \
         const bool acc = c->accumulate, pacc = KF__RG_NATIVE_##SK && acc;                          \
         const TS *x = c->x, *U1 = c->U1, *S2 = c->S2, *DY = c->dy;                                 \
+        if (lo->epi) { /* the products read the gradient through the epilogue in dy's place */     \
+            TS *g = skl_at(c->ws, lo->g);                                                          \
+            skl_epi_grad_##X(c, g, tid, nth);                                                      \
+            DY = g;                                                                                \
+            _Pragma("omp barrier")                                                                 \
+        }                                                                                          \
         TS *dX = c->dx;                                                                            \
         T *dXs = skl_at(c->ws, lo->dxsh);                                                          \
         T *dS1 = c->dS1 ? KF__SKL_RES(SK, c->dS1, c->ws, lo->d1sh) : NULL;                         \
@@ -436,7 +493,7 @@ typedef struct skl_bwd_call {
         T *Z = skl_at(c->ws, lo->z), *dZ = skl_at(c->ws, lo->dz);                                  \
         int64_t a0, a1, n0, n1, o0, o1;                                                            \
         if (lo->wide) {                                                                            \
-            skl_bwd_wide_##X(c, lo, tid, nth);                                                     \
+            skl_bwd_wide_##X(c, lo, DY, tid, nth);                                                 \
         } else {                                                                                   \
             kf__cpu_share(in, tid, nth, &a0, &a1);                                                 \
             if (dX) skl_pack_w1t_##X(p, c->S1, c->U2, W1T, lo->ldw, a0, a1);                       \
@@ -489,7 +546,8 @@ KF__SKL_CPU_DEFINE(h, uint16_t, h, float, s)
  * creation. */
 #define KF__SKL_CPU_OPS(X)                                                                         \
     static kf_status skl_forward_##X(kf_context *ctx, const kf__skl_fwd *c) {                      \
-        skl_fwd_call call = {.c = c, .lo = skl_layout_of(c->plan, c->N)};                          \
+        skl_fwd_call call;                                                                         \
+        skl_fwd_call_init(&call, c);                                                               \
         kf__cpu_team(skl_team_size(ctx, c->plan, c->N), skl_fwd_team_##X, &call);                  \
         return KF_OK;                                                                              \
     }                                                                                              \

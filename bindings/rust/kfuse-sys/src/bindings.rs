@@ -1034,6 +1034,17 @@ extern "C" {
 pub struct kf_sklinear_plan {
     _unused: [u8; 0],
 }
+pub const kf_activation_KF_ACTIVATION_NONE: kf_activation = 0;
+#[doc = " max(v, 0)"]
+pub const kf_activation_KF_ACTIVATION_RELU: kf_activation = 1;
+#[doc = " v Phi(v) = v (1 + erf(v / sqrt 2)) / 2 (torch's default)"]
+pub const kf_activation_KF_ACTIVATION_GELU: kf_activation = 2;
+#[doc = " v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3))) / 2"]
+pub const kf_activation_KF_ACTIVATION_GELU_TANH: kf_activation = 3;
+#[doc = " v / (1 + exp(-v))"]
+pub const kf_activation_KF_ACTIVATION_SILU: kf_activation = 4;
+#[doc = " The activation of SKLinear's fused epilogue (kf_sklinear_desc.activation). Since 1.8."]
+pub type kf_activation = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct kf_sklinear_desc {
@@ -1053,12 +1064,19 @@ pub struct kf_sklinear_desc {
     #[doc = "(since 1.3; on CUDA since 1.7), KF_DTYPE_F16 or KF_DTYPE_BF16"]
     #[doc = "(since 1.5; on CUDA since 1.6)"]
     pub dtype: i32,
+    #[doc = " kf_activation applied to s Z W2 + bias in the output store:"]
+    #[doc = "KF_ACTIVATION_NONE (default). Since 1.8"]
+    pub activation: i32,
+    #[doc = " probability in [0, 1) of zeroing an output element after the"]
+    #[doc = "activation, in KF_MODE_TRAINING calls only (kept ones are scaled by"]
+    #[doc = "1/(1-p)); 0 (default): none. Since 1.8"]
+    pub dropout: f32,
 }
 #[test]
 fn bindgen_test_layout_kf_sklinear_desc() {
     assert_eq!(
         ::std::mem::size_of::<kf_sklinear_desc>(),
-        40usize,
+        48usize,
         concat!("Size of: ", stringify!(kf_sklinear_desc))
     );
     assert_eq!(
@@ -1150,6 +1168,30 @@ fn bindgen_test_layout_kf_sklinear_desc() {
         );
     }
     test_field_dtype();
+    fn test_field_activation() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).activation) as usize - ptr as usize
+            },
+            40usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_desc), "::", stringify!(activation))
+        );
+    }
+    test_field_activation();
+    fn test_field_dropout() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dropout) as usize - ptr as usize
+            },
+            44usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_desc), "::", stringify!(dropout))
+        );
+    }
+    test_field_dropout();
 }
 extern "C" {
     #[doc = " Writes the defaults and struct_size into `desc`. Since 1.1."]
@@ -1223,12 +1265,23 @@ pub struct kf_sklinear_forward_args {
     pub bias: kf_tensor,
     #[doc = " out [..., out]: x's leading dims"]
     pub y: kf_tensor,
+    #[doc = " kf_mode: KF_MODE_TRAINING applies the plan's dropout; 0 (default) or"]
+    #[doc = "KF_MODE_INFERENCE does not"]
+    pub mode: i32,
+    #[doc = " must be 0"]
+    pub reserved0: i32,
+    #[doc = " key of the dropout mask"]
+    pub dropout_seed: u64,
+    #[doc = " counter offset of y's element 0"]
+    pub dropout_offset: u64,
+    #[doc = " optional out, y's shape: the pre-activation s Z W2 + bias"]
+    pub pre: kf_tensor,
 }
 #[test]
 fn bindgen_test_layout_kf_sklinear_forward_args() {
     assert_eq!(
         ::std::mem::size_of::<kf_sklinear_forward_args>(),
-        792usize,
+        928usize,
         concat!("Size of: ", stringify!(kf_sklinear_forward_args))
     );
     assert_eq!(
@@ -1332,6 +1385,76 @@ fn bindgen_test_layout_kf_sklinear_forward_args() {
         );
     }
     test_field_y();
+    fn test_field_mode() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).mode) as usize - ptr as usize
+            },
+            792usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_forward_args), "::", stringify!(mode))
+        );
+    }
+    test_field_mode();
+    fn test_field_reserved0() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved0) as usize - ptr as usize
+            },
+            796usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_forward_args), "::", stringify!(reserved0))
+        );
+    }
+    test_field_reserved0();
+    fn test_field_dropout_seed() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dropout_seed) as usize - ptr as usize
+            },
+            800usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_sklinear_forward_args),
+                "::",
+                stringify!(dropout_seed)
+            )
+        );
+    }
+    test_field_dropout_seed();
+    fn test_field_dropout_offset() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dropout_offset) as usize - ptr as usize
+            },
+            808usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_sklinear_forward_args),
+                "::",
+                stringify!(dropout_offset)
+            )
+        );
+    }
+    test_field_dropout_offset();
+    fn test_field_pre() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).pre) as usize - ptr as usize
+            },
+            816usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_forward_args), "::", stringify!(pre))
+        );
+    }
+    test_field_pre();
 }
 extern "C" {
     #[doc = " Writes the defaults (all tensors absent) and struct_size into `args`. Since 1.1."]
@@ -1373,12 +1496,23 @@ pub struct kf_sklinear_backward_args {
     pub dS2s: kf_tensor,
     #[doc = " optional out [out] (plans with a bias only): likewise"]
     pub dbias: kf_tensor,
+    #[doc = " the forward's"]
+    pub mode: i32,
+    #[doc = " must be 0"]
+    pub reserved0: i32,
+    #[doc = " the forward's"]
+    pub dropout_seed: u64,
+    #[doc = " the forward's"]
+    pub dropout_offset: u64,
+    #[doc = " dy's shape: the forward's pre-activation, required when the plan has"]
+    #[doc = "an activation (for RELU the forward's y may be passed instead)"]
+    pub pre: kf_tensor,
 }
 #[test]
 fn bindgen_test_layout_kf_sklinear_backward_args() {
     assert_eq!(
         ::std::mem::size_of::<kf_sklinear_backward_args>(),
-        1128usize,
+        1264usize,
         concat!("Size of: ", stringify!(kf_sklinear_backward_args))
     );
     assert_eq!(
@@ -1523,6 +1657,76 @@ fn bindgen_test_layout_kf_sklinear_backward_args() {
         );
     }
     test_field_dbias();
+    fn test_field_mode() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).mode) as usize - ptr as usize
+            },
+            1128usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_backward_args), "::", stringify!(mode))
+        );
+    }
+    test_field_mode();
+    fn test_field_reserved0() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved0) as usize - ptr as usize
+            },
+            1132usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_backward_args), "::", stringify!(reserved0))
+        );
+    }
+    test_field_reserved0();
+    fn test_field_dropout_seed() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dropout_seed) as usize - ptr as usize
+            },
+            1136usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_sklinear_backward_args),
+                "::",
+                stringify!(dropout_seed)
+            )
+        );
+    }
+    test_field_dropout_seed();
+    fn test_field_dropout_offset() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dropout_offset) as usize - ptr as usize
+            },
+            1144usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_sklinear_backward_args),
+                "::",
+                stringify!(dropout_offset)
+            )
+        );
+    }
+    test_field_dropout_offset();
+    fn test_field_pre() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).pre) as usize - ptr as usize
+            },
+            1152usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_backward_args), "::", stringify!(pre))
+        );
+    }
+    test_field_pre();
 }
 extern "C" {
     #[doc = " Writes the defaults and struct_size into `args`. Since 1.1."]
