@@ -82,6 +82,26 @@ static void sync_buf(kf_dtype dt, buf *t) {
 
 static void free_buf(buf *t) { free(t->b), free(t->d); }
 
+/* t's buffer where a call on a `dev` context reads it: itself on the CPU, a device copy (poison
+ * included) on CUDA; release with unplace(). */
+static void *place(kf_device_type dev, kf_dtype dt, const buf *t) {
+#ifdef KF_HAVE_CUDA
+    if (dev == KF_DEVICE_CUDA) return to_dev(t->b, (size_t)t->n * esize(dt));
+#endif
+    (void)dev, (void)dt;
+    return t->b;
+}
+
+/* What a call wrote at `placed` back into t (buffer and float64 image). */
+static void fetch(kf_device_type dev, kf_dtype dt, buf *t, const void *placed) {
+#ifdef KF_HAVE_CUDA
+    if (dev == KF_DEVICE_CUDA)
+        CUDA_OK(cudaMemcpy(t->b, placed, (size_t)t->n * esize(dt), cudaMemcpyDeviceToHost));
+#endif
+    (void)placed;
+    sync_buf(dt, t);
+}
+
 static double rel_err(const double *a, const double *ref, int64_t n) {
     double num = 0, den = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -141,24 +161,33 @@ static void params(const prob *p, kf_tensor *S1, kf_tensor *S2, kf_tensor *U1, k
 
 enum { SEED = 0x5eed1234abcdull, OFFSET = 977 };
 
-/* Forward (y, pre written) and backward (gradients written) of one configuration, each checked
- * against the reference. relu_y: ReLU's backward reads y in pre's place. */
-static void check_one(kf_context *ctx, const prob *p, int act, float drop, int mode,
-                      int relu_y) {
+/* Forward (y, pre written) and backward (gradients written) of one configuration on a `dev`
+ * context, each checked against the reference. relu_y: ReLU's backward reads y in pre's place. */
+static void check_one(kf_context *ctx, kf_device_type dev, const prob *p, int act, float drop,
+                      int mode, int relu_y) {
     const shape *s = &p->s;
+    const kf_dtype dt = p->dt;
     const int64_t ny = s->N * s->out, ik = s->L * s->in * s->k, ko = s->L * s->k * s->out;
     kf_sklinear_plan *plan = plan_of(ctx, p, act, drop);
-    buf y = make_buf(p->dt, ny, NULL, 0), pre = make_buf(p->dt, ny, NULL, 0);
+    buf y = make_buf(dt, ny, NULL, 0), pre = make_buf(dt, ny, NULL, 0);
+    buf dx = make_buf(dt, s->N * s->in, NULL, 0), d1 = make_buf(dt, ik, NULL, 0),
+        d2 = make_buf(dt, ko, NULL, 0), db = make_buf(dt, s->out, NULL, 0);
+    const buf *in[7] = {&p->x, &p->S1, &p->S2, &p->U1, &p->U2, &p->b, &p->dy};
+    buf *out[6] = {&y, &pre, &dx, &d1, &d2, &db};
+    void *din[7], *dout[6];
+    for (int i = 0; i < 7; i++) din[i] = place(dev, dt, in[i]);
+    for (int i = 0; i < 6; i++) dout[i] = place(dev, dt, out[i]);
     kf_sklinear_forward_args f;
     kf_sklinear_forward_args_init(&f);
-    f.x = t2(p, p->x.b, s->N, s->in);
-    params(p, &f.S1s, &f.S2s, &f.U1s, &f.U2s);
-    f.bias = tens(p->b.b, p->dt, 1, (int64_t[]){s->out});
-    f.y = t2(p, y.b, s->N, s->out);
-    f.pre = t2(p, pre.b, s->N, s->out);
+    f.x = t2(p, din[0], s->N, s->in);
+    f.S1s = t3p(p, din[1], s->L, s->in, s->k), f.S2s = t3p(p, din[2], s->L, s->k, s->out);
+    f.U1s = t3p(p, din[3], s->L, s->k, s->out), f.U2s = t3p(p, din[4], s->L, s->in, s->k);
+    f.bias = tens(din[5], dt, 1, (int64_t[]){s->out});
+    f.y = t2(p, dout[0], s->N, s->out);
+    f.pre = t2(p, dout[1], s->N, s->out);
     f.mode = mode, f.dropout_seed = SEED, f.dropout_offset = OFFSET;
     KF_OK_(kf_sklinear_forward(plan, &f, NULL, 0));
-    sync_buf(p->dt, &y), sync_buf(p->dt, &pre);
+    fetch(dev, dt, &y, dout[0]), fetch(dev, dt, &pre, dout[1]);
 
     const ref_skl_cfg c = {s->N, s->in, s->out, s->L, s->k};
     const float pe = mode == KF_MODE_TRAINING ? drop : 0.0f;
@@ -166,55 +195,63 @@ static void check_one(kf_context *ctx, const prob *p, int act, float drop, int m
            *g_ref = xalloc((size_t)ny * 8);
     ref_skl_forward(&c, p->x.d, p->S1.d, p->S2.d, p->U1.d, p->U2.d, p->b.d, pre_ref);
     ref_skl_epilogue(act, pe, SEED, OFFSET, ny, pre_ref, y_ref, p->dy.d, g_ref);
-    const double t = tol(p->dt), ep = rel_err(pre.d, pre_ref, ny), ey = rel_err(y.d, y_ref, ny);
-    cr_expect(ep < t && ey < t, "dtype %d act %d p %g mode %d: forward pre %.3g y %.3g, bound %.3g",
-              p->dt, act, drop, mode, ep, ey, t);
+    const double t = tol(dt) * (dev == KF_DEVICE_CUDA && esize(dt) == 2 ? 2 : 1),
+                 ep = rel_err(pre.d, pre_ref, ny), ey = rel_err(y.d, y_ref, ny);
+    cr_expect(ep < t && ey < t, "dev %d dtype %d act %d p %g mode %d: forward pre %.3g y %.3g, "
+              "bound %.3g", dev, dt, act, drop, mode, ep, ey, t);
 
     /* backward: the reference's gradients are the layer's with g in dy's place */
-    buf dx = make_buf(p->dt, s->N * s->in, NULL, 0), d1 = make_buf(p->dt, ik, NULL, 0),
-        d2 = make_buf(p->dt, ko, NULL, 0), db = make_buf(p->dt, s->out, NULL, 0);
     kf_sklinear_backward_args a;
     kf_sklinear_backward_args_init(&a);
     a.x = f.x, a.S1s = f.S1s, a.S2s = f.S2s, a.U1s = f.U1s, a.U2s = f.U2s;
-    a.dy = t2(p, p->dy.b, s->N, s->out);
-    a.dx = t2(p, dx.b, s->N, s->in);
-    a.dS1s = t3p(p, d1.b, s->L, s->in, s->k), a.dS2s = t3p(p, d2.b, s->L, s->k, s->out);
-    a.dbias = tens(db.b, p->dt, 1, (int64_t[]){s->out});
+    a.dy = t2(p, din[6], s->N, s->out);
+    a.dx = t2(p, dout[2], s->N, s->in);
+    a.dS1s = t3p(p, dout[3], s->L, s->in, s->k), a.dS2s = t3p(p, dout[4], s->L, s->k, s->out);
+    a.dbias = tens(dout[5], dt, 1, (int64_t[]){s->out});
     a.mode = mode, a.dropout_seed = SEED, a.dropout_offset = OFFSET;
     if (act != KF_ACTIVATION_NONE) a.pre = relu_y ? f.y : f.pre;
     KF_OK_(kf_sklinear_backward(plan, KF_GRAD_OVERWRITE, &a, NULL, 0));
-    sync_buf(p->dt, &dx), sync_buf(p->dt, &d1), sync_buf(p->dt, &d2), sync_buf(p->dt, &db);
+    for (int i = 2; i < 6; i++) fetch(dev, dt, out[i], dout[i]);
     double *rx = xalloc((size_t)dx.n * 8), *r1 = xalloc((size_t)ik * 8),
            *r2 = xalloc((size_t)ko * 8), *rb = xalloc((size_t)s->out * 8);
     ref_skl_backward(&c, p->x.d, p->S1.d, p->S2.d, p->U1.d, p->U2.d, g_ref, rx, r1, r2, rb);
     const double e[4] = {rel_err(dx.d, rx, dx.n), rel_err(d1.d, r1, ik), rel_err(d2.d, r2, ko),
                          rel_err(db.d, rb, s->out)};
     cr_expect(e[0] < t && e[1] < t && e[2] < t && e[3] < t,
-              "dtype %d act %d p %g mode %d%s: backward dx %.3g dS1 %.3g dS2 %.3g db %.3g, "
-              "bound %.3g", p->dt, act, drop, mode, relu_y ? " (y as pre)" : "", e[0], e[1], e[2],
-              e[3], t);
+              "dev %d dtype %d act %d p %g mode %d%s: backward dx %.3g dS1 %.3g dS2 %.3g "
+              "db %.3g, bound %.3g", dev, dt, act, drop, mode, relu_y ? " (y as pre)" : "",
+              e[0], e[1], e[2], e[3], t);
+    if (dev == KF_DEVICE_CUDA) {
+        for (int i = 0; i < 7; i++) unplace(dev, din[i]);
+        for (int i = 0; i < 6; i++) unplace(dev, dout[i]);
+    }
     free(rx), free(r1), free(r2), free(rb), free(pre_ref), free(y_ref), free(g_ref);
-    free_buf(&dx), free_buf(&d1), free_buf(&d2), free_buf(&db), free_buf(&y), free_buf(&pre);
+    for (int i = 0; i < 6; i++) free_buf(out[i]);
     kf_sklinear_plan_destroy(plan);
 }
 
-/* Every activation, dropout and dtype on one shape, in a context of the given ISA (NULL: the
- * default; "avx2": the baseline build). */
-static void check_all(const char *isa, const shape *s) {
-    if (isa) setenv("KF_CPU_ISA", isa, 1);
-    else unsetenv("KF_CPU_ISA");
-    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 2);
+/* Every activation, dropout and dtype on one shape on a `dev` context. */
+static void check_dev(kf_context *ctx, kf_device_type dev, const shape *s) {
     const kf_dtype dts[] = {KF_DTYPE_F32, KF_DTYPE_F64, KF_DTYPE_BF16, KF_DTYPE_F16};
     for (int di = 0; di < 4; di++) {
         prob p = make_prob(dts[di], s, 42 + (uint64_t)di);
         for (int act = KF_ACTIVATION_NONE; act <= KF_ACTIVATION_SILU; act++)
             for (int drop = 0; drop < 2; drop++)
-                check_one(ctx, &p, act, drop ? 0.3f : 0.0f, KF_MODE_TRAINING, 0);
+                check_one(ctx, dev, &p, act, drop ? 0.3f : 0.0f, KF_MODE_TRAINING, 0);
         /* inference: no dropout; ReLU's backward through y */
-        check_one(ctx, &p, KF_ACTIVATION_GELU, 0.3f, KF_MODE_INFERENCE, 0);
-        check_one(ctx, &p, KF_ACTIVATION_RELU, 0.3f, KF_MODE_TRAINING, 1);
+        check_one(ctx, dev, &p, KF_ACTIVATION_GELU, 0.3f, KF_MODE_INFERENCE, 0);
+        check_one(ctx, dev, &p, KF_ACTIVATION_RELU, 0.3f, KF_MODE_TRAINING, 1);
         free_prob(&p);
     }
+}
+
+/* check_dev on the CPU, in a context of the given ISA (NULL: the default; "avx2": the
+ * baseline build). */
+static void check_all(const char *isa, const shape *s) {
+    if (isa) setenv("KF_CPU_ISA", isa, 1);
+    else unsetenv("KF_CPU_ISA");
+    kf_context *ctx = make_ctx(KF_DEVICE_CPU, 2);
+    check_dev(ctx, KF_DEVICE_CPU, s);
     kf_context_destroy(ctx);
     unsetenv("KF_CPU_ISA");
 }
@@ -225,6 +262,15 @@ Test(sklinear_epilogue, blocks) { check_all(NULL, &kShapes[2]); }
 Test(sklinear_epilogue, row_split_avx2) { check_all("avx2", &kShapes[0]); }
 Test(sklinear_epilogue, wide_split_avx2) { check_all("avx2", &kShapes[1]); }
 Test(sklinear_epilogue, blocks_avx2) { check_all("avx2", &kShapes[2]); }
+
+/* The same on a CUDA context (skipped without a device): float32 on its own kernels (the first
+ * two shapes' forward fused, the third's split: 2r > 256), the other dtypes on the plain path;
+ * against the same reference and mask, so CUDA's mask bits are the CPU's. */
+Test(sklinear_epilogue, cuda) {
+    kf_context *ctx = make_ctx(KF_DEVICE_CUDA, 0);
+    for (int i = 0; i < 3; i++) check_dev(ctx, KF_DEVICE_CUDA, &kShapes[i]);
+    kf_context_destroy(ctx);
+}
 
 /* The mask depends on the seed and offset: another seed, or the offset moved by one, changes
  * it (about 30% of elements differ), and a whole call's mask is its elements' masks. */
