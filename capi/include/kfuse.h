@@ -53,8 +53,8 @@ extern "C" {
 
 /* ---- version (the build reads these three lines to form the SONAME and package version) - */
 #define KF_VERSION_MAJOR 1
-#define KF_VERSION_MINOR 7
-#define KF_VERSION_PATCH 5
+#define KF_VERSION_MINOR 8
+#define KF_VERSION_PATCH 0
 /* The ABI generation; equals KF_VERSION_MAJOR. */
 #define KF_ABI_VERSION KF_VERSION_MAJOR
 /* MAJOR*10000 + MINOR*100 + PATCH, as kf_version() returns it. */

@@ -4,10 +4,10 @@
 // Do not edit: change the header, rerun generate.sh, commit the result.
 
 pub const KF_VERSION_MAJOR: u32 = 1;
-pub const KF_VERSION_MINOR: u32 = 7;
-pub const KF_VERSION_PATCH: u32 = 5;
+pub const KF_VERSION_MINOR: u32 = 8;
+pub const KF_VERSION_PATCH: u32 = 0;
 pub const KF_ABI_VERSION: u32 = 1;
-pub const KF_VERSION_NUMBER: u32 = 10705;
+pub const KF_VERSION_NUMBER: u32 = 10800;
 pub const KF_MAX_DIMS: u32 = 6;
 pub const KF_ALIGN_BYTES: u32 = 64;
 pub const KF_CONTEXT_FIXED_ARENA: u32 = 1;
