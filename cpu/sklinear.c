@@ -200,6 +200,39 @@ typedef struct skl_bwd_call {
  * in the epilogue: always for float32 and float64; for a low kind unless KF__SKL_BLOCKS. */
 #define KF__SKL_DIRECT(k, r) (KF__RG_NATIVE_##k || !KF__SKL_BLOCKS(r))
 
+/* g[l] = g[l] * mask / (1 - p) * act'(pre[l]) for n gradients of y at flat index i (pre NULL: the
+ * plan has no activation), in float: act' by a loop per kind, so that it vectorises
+ * (common/activation.h); then the mask. */
+static void skl_grad_s(const kf__skl_bwd *c, const float *pre, float *g, int n, int64_t i) {
+    switch (c->plan->act) {
+    case KF__ACT_RELU:
+        for (int l = 0; l < n; ++l) g[l] *= kf__act_grad_s(KF__ACT_RELU, pre[l]);
+        break;
+    case KF__ACT_GELU:
+        for (int l = 0; l < n; ++l) g[l] *= kf__act_grad_s(KF__ACT_GELU, pre[l]);
+        break;
+    case KF__ACT_GELU_TANH:
+        for (int l = 0; l < n; ++l) g[l] *= kf__act_grad_s(KF__ACT_GELU_TANH, pre[l]);
+        break;
+    case KF__ACT_SILU:
+        for (int l = 0; l < n; ++l) g[l] *= kf__act_grad_s(KF__ACT_SILU, pre[l]);
+        break;
+    default: break;
+    }
+    const float p = c->epi.p, sc = kf__dropout_scale_s(p);
+    if (p > 0.0f)
+        for (int l = 0; l < n; ++l)
+            g[l] = kf__drop_s(p, sc, c->epi.seed, c->epi.offset + (uint64_t)(i + l), g[l]);
+}
+
+/* The same in double (float64 plans: libm's functions, element by element). */
+static void skl_grad_d(const kf__skl_bwd *c, const double *pre, double *g, int n, int64_t i) {
+    const double sc = kf__dropout_scale_d(c->epi.p);
+    for (int l = 0; l < n; ++l)
+        g[l] = kf__epi_grad_d(c->plan->act, c->epi.p, sc, c->epi.seed,
+                              c->epi.offset + (uint64_t)(i + l), pre ? pre[l] : 0.0, g[l]);
+}
+
 /* For storage type TS of kind SK (cpu/rowgemm.h's kinds: s float, d double, b bfloat16, h
  * float16) and arithmetic type T of kind CK (s or d; also the BLAS prefix), function suffix X:
  *  skl_pack_w1t_X: columns [a0, a1) of W1^T [2r, in] in T (row stride ldw; element (j, a): term
@@ -373,21 +406,22 @@ typedef struct skl_bwd_call {
     }                                                                                              \
                                                                                                    \
     /* The gradient through the epilogue, g = dy * mask / (1 - p) * act'(pre), in TS: this         \
-     * thread's share of the rows (common/activation.h). */                                        \
+     * thread's share of the rows, KF__SKL_COLSUM columns at a time in T (skl_grad_CK). */        \
     static void skl_epi_grad_##X(const kf__skl_bwd *c, TS *g, int tid, int nth) {                  \
-        const struct kf_sklinear_plan *p = c->plan;                                                \
-        const int64_t out = p->out;                                                                \
+        const int64_t out = c->plan->out;                                                          \
         const TS *dy = c->dy, *pre = c->pre;                                                       \
-        const T scale = kf__dropout_scale_##CK(c->epi.p);                                          \
+        T gb[KF__SKL_COLSUM], pb[KF__SKL_COLSUM];                                                  \
         int64_t n0, n1;                                                                            \
         kf__cpu_share(c->N, tid, nth, &n0, &n1);                                                   \
-        for (int64_t i = n0 * out; i < n1 * out; ++i) {                                            \
-            const T v = pre ? (T)KF__RG_GET_##SK(pre + i) : (T)0;                                  \
-            const T gi = kf__epi_grad_##CK(p->act, c->epi.p, scale, c->epi.seed,                   \
-                                           c->epi.offset + (uint64_t)i, v,                         \
-                                           (T)KF__RG_GET_##SK(dy + i));                            \
-            KF__RG_PUT_##SK(g + i, gi);                                                            \
-        }                                                                                          \
+        for (int64_t n = n0; n < n1; ++n)                                                          \
+            for (int64_t o0 = 0; o0 < out; o0 += KF__SKL_COLSUM) {                                 \
+                const int w = (int)(out - o0 < KF__SKL_COLSUM ? out - o0 : KF__SKL_COLSUM);        \
+                const int64_t i = n * out + o0;                                                    \
+                for (int l = 0; l < w; ++l) gb[l] = (T)KF__RG_GET_##SK(dy + i + l);                \
+                for (int l = 0; pre && l < w; ++l) pb[l] = (T)KF__RG_GET_##SK(pre + i + l);        \
+                skl_grad_##CK(c, pre ? pb : NULL, gb, w, i);                                       \
+                for (int l = 0; l < w; ++l) KF__RG_PUT_##SK(g + i + l, gb[l]);                     \
+            }                                                                                      \
     }                                                                                              \
                                                                                                    \
     /* dx[rows, a0:a1] = dz W1[a0:a1, :]^T (row stride in), from W1^T packed; through the          \
