@@ -200,3 +200,20 @@ def test_torch_compile_fullgraph():
     m.eval()
     with torch.no_grad():
         assert rel(cm(x), m(x)) < 1e-6
+
+
+@pytest.mark.skipif(not kt.HAS_TORCH_LIBRARY, reason="torch.library operators need torch >= 2.4")
+def test_opcheck():
+    """torch.library.opcheck of kfuse::sklinear_epi and its backward (schema, fake shapes,
+    autograd registration), as test_torch_ops.py does for the other operators."""
+    m = layer("gelu", 0.2, shape=(12, 10, 2, 3))
+    x = torch.randn(5, 12, requires_grad=True)
+    seed = torch.tensor([7], dtype=torch.int64)
+    args = (x, m.S1s, m.S2s, m.U1s, m.U2s, m.bias, CODES["gelu"], 0.2, True, True, seed)
+    torch.library.opcheck(torch.ops.kfuse.sklinear_epi.default, args)
+    with torch.no_grad():
+        y, pre = torch.ops.kfuse.sklinear_epi(*args)
+    d = [t.detach() for t in (x, m.S1s, m.S2s, m.U1s, m.U2s)]
+    torch.library.opcheck(torch.ops.kfuse.sklinear_epi_backward.default,
+                          (torch.randn_like(y), *d, pre, True, CODES["gelu"], 0.2, True, seed,
+                           [True, True, True, True]))
