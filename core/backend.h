@@ -1,15 +1,15 @@
 /* The backend seam: what a backend gives the core and the front ends, as one table per backend
  * with one op table per op (core/<op>_backend.h). Every op table has the same four entries:
- *   supports(plan, fn)  asked once, at plan creation, with the plan's fields filled: KF_OK, or
- *   (SKLinear)          KF_ERR_UNSUPPORTED naming the desc field the backend cannot serve (a
- *                       dtype, a spline order); NULL = every plan the front end accepts
- *   select(plan, fn,    (recurrent and KAN layers) the same question, and on KF_OK the table
- *          &ops)        that serves this plan: the one for its device x instruction set x
- *                       dtype x path, which the plan keeps; NULL = this table serves every plan
+ *   select(plan, fn,    asked once, at plan creation, with the plan's fields filled: KF_OK and
+ *          &ops)        the table that serves this plan (the one for its device x instruction
+ *                       set x dtype x path, which the plan keeps), or KF_ERR_UNSUPPORTED naming
+ *                       the desc field the backend cannot serve (a dtype, a spline order);
+ *                       NULL in a selected table (and in an entry table that serves every
+ *                       plan as it is: the recurrent and KAN fronts then keep it)
  *   sizes / workspace   pure: the bytes a call of that shape needs
  *   forward, backward   run a checked record (never re-checked); KF_OK or the message set
  * A context picks its table once, at creation (kf__backend_for); a plan takes its op table from
- * the context once, at plan creation, and asks the op's select() (or supports()) there, so what a
+ * the context once, at plan creation, and asks the op's select() there, so what a
  * backend cannot do is KF_ERR_UNSUPPORTED at creation, never in a call, and a selected table's
  * entries never branch on the dtype, the instruction set or the path again
  * (tests/abi/check_dispatch.sh). Nothing else branches on the device.

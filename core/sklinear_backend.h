@@ -10,7 +10,7 @@
  * U1s and S2s read as [r, out] matrices (their natural layout).
  *
  * Every tensor of a call has the plan's dtype (KF_DTYPE_F32, F64, BF16 or F16, as the backend's
- * supports() accepts): the records carry untyped pointers that the backend reads as that
+ * select() accepts): the records carry untyped pointers that the backend reads as that
  * type. */
 #ifndef KF_CORE_SKLINEAR_BACKEND_H
 #define KF_CORE_SKLINEAR_BACKEND_H
@@ -25,13 +25,23 @@ struct kf__skl_ops;
 
 struct kf_sklinear_plan {
     kf_context *ctx;
-    const struct kf__skl_ops *ops; /* the context's backend's, taken at creation */
+    const struct kf__skl_ops *ops; /* the concrete table its backend's select() gave at creation */
     int64_t in, out;
     int32_t L, k;
     int64_t r;      /* L * k */
     bool has_bias;
     kf_dtype dtype; /* of every parameter, input and output */
+    int32_t act;    /* kf_activation of the fused epilogue (common/activation.h) */
+    float dropout;  /* its dropout probability, in [0, 1) */
 };
+
+/* A call's epilogue (kfuse.h, SKLinear's fused epilogue): y = dropout(act(pre)) with the plan's
+ * activation; p = 0 where no dropout applies (none in the plan, or not a training call). The
+ * element (n, o) of y draws its mask at counter offset + n * out + o (common/activation.h). */
+typedef struct kf__skl_epi {
+    float p;
+    uint64_t seed, offset;
+} kf__skl_epi;
 
 typedef struct kf__skl_fwd {
     const struct kf_sklinear_plan *plan;
@@ -39,6 +49,8 @@ typedef struct kf__skl_fwd {
     const void *x, *S1, *S2, *U1, *U2;
     const void *bias;         /* NULL: the plan has none */
     void *y;
+    void *pre;                /* NULL, or [N, out]: the pre-activation, written */
+    kf__skl_epi epi;
     void *ws; size_t ws_bytes;
 } kf__skl_fwd;
 
@@ -47,15 +59,23 @@ typedef struct kf__skl_bwd {
     int64_t N;
     const void *x, *S1, *S2, *U1, *U2;
     const void *dy;
+    const void *pre;            /* [N, out]: the forward's pre-activation (for RELU its y may
+                                   stand in); NULL exactly when the plan has no activation */
+    kf__skl_epi epi;            /* the forward's; the gradient through it comes first */
     void *dx, *dS1, *dS2, *db;  /* each NULL = not wanted */
     bool accumulate;            /* add into dS1, dS2, db instead of overwriting (dx: always
                                    overwritten) */
     void *ws; size_t ws_bytes;
 } kf__skl_bwd;
 
-/* The op table a backend provides (rules in core/backend.h). */
+/* The op tables (rules in core/backend.h). A backend's entry table (kf__backend.skl) has only
+ * select(): asked once, at plan creation, with the plan's fields filled, it sets *ops to the
+ * concrete table for the plan's device, instruction set and dtype (whose select is NULL), or
+ * returns KF_ERR_UNSUPPORTED naming the desc field it cannot serve. The plan keeps that table,
+ * and no call branches on any of these again. */
 typedef struct kf__skl_ops {
-    kf_status (*supports)(const struct kf_sklinear_plan *p, const char *fn);
+    kf_status (*select)(const struct kf_sklinear_plan *p, const char *fn,
+                        const struct kf__skl_ops **ops);
     size_t (*workspace)(const struct kf_sklinear_plan *p, int64_t N);
     kf_status (*forward)(kf_context *ctx, const kf__skl_fwd *c);
     kf_status (*backward)(kf_context *ctx, const kf__skl_bwd *c);

@@ -30,12 +30,13 @@ extern const kf__rnn_ops kf__cpu_rnn_ops_base;
 #ifdef KF_HAVE_CPU_V4
 extern const kf__rnn_ops kf__cpu_rnn_ops_v4;
 #endif
-/* The sketched linear layer's op table (cpu/sklinear_ops.c), which forwards to one build of
- * cpu/sklinear.c per ISA, as the recurrent one does. */
+/* The sketched linear layer: the backend's entry table, whose select() gives a plan the table of
+ * its context's ISA and its dtype at creation, and each build of cpu/sklinear.c's tables by
+ * dtype (the baseline's, and where the build has it x86-64-v4's, cpu/sklinear_v4.c). */
 extern const kf__skl_ops kf__cpu_skl_ops;
-extern const kf__skl_ops kf__cpu_skl_ops_base;
+const kf__skl_ops *kf__cpu_skl_ops_base(kf_dtype dtype);
 #ifdef KF_HAVE_CPU_V4
-extern const kf__skl_ops kf__cpu_skl_ops_v4;
+const kf__skl_ops *kf__cpu_skl_ops_v4(kf_dtype dtype);
 #endif
 extern const kf__kan_ops kf__cpu_kan_ops;
 

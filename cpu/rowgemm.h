@@ -50,8 +50,43 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "activation.h"
 #include "lowp_simd.h"
 #include "simd.h"
+
+/* An epilogue applied as C is stored (kf__rowgemm_epi_X; SKLinear's fused activation and
+ * dropout, common/activation.h): C's element at index i from `origin` (its flat index in the
+ * output) is stored as kf__epi_X(act, p, scale, seed, offset + i, value), and its value before
+ * that is written to pre + i where pre is not NULL. Applied by the last of K's chunks only. */
+typedef struct kf__rg_epi {
+    int32_t act;
+    float p, scale_s; /* dropout probability (0: none) and 1 / (1 - p) in float */
+    double scale_d;   /* and in double */
+    uint64_t seed, offset;
+    const void *origin; /* C's element of flat index 0 */
+    void *pre;          /* NULL, or C's type and layout */
+} kf__rg_epi;
+
+/* The epilogue on n values of C's lanes at flat index i: the activation by a loop per kind
+ * (common/activation.h's float functions are branch-free, so each loop vectorises), then the
+ * dropout. */
+static inline void kf__rg_epi_s(const kf__rg_epi *e, float *v, int n, int64_t i) {
+    switch (e->act) {
+    case KF__ACT_RELU: for (int l = 0; l < n; ++l) v[l] = kf__relu_s(v[l]); break;
+    case KF__ACT_GELU: for (int l = 0; l < n; ++l) v[l] = kf__gelu_s(v[l]); break;
+    case KF__ACT_GELU_TANH: for (int l = 0; l < n; ++l) v[l] = kf__gelu_tanh_s(v[l]); break;
+    case KF__ACT_SILU: for (int l = 0; l < n; ++l) v[l] = kf__silu_s(v[l]); break;
+    default: break;
+    }
+    if (e->p > 0.0f)
+        for (int l = 0; l < n; ++l)
+            v[l] = kf__drop_s(e->p, e->scale_s, e->seed, e->offset + (uint64_t)(i + l), v[l]);
+}
+
+static inline void kf__rg_epi_d(const kf__rg_epi *e, double *v, int n, int64_t i) {
+    for (int l = 0; l < n; ++l)
+        v[l] = kf__epi_d(e->act, e->p, e->scale_d, e->seed, e->offset + (uint64_t)(i + l), v[l]);
+}
 
 /* Rows per tile (KF__RG_MR_a for an A of kind a): 6, or with AVX-512's 32 vector registers 8
  * for a low A, whose tile rows are widened into one buffer (8 x 2 accumulators; 8 independent
@@ -132,7 +167,7 @@
 /* One case of the last tile's switch in kf__rg_rows_X: r rows. */
 #define KF__RG_CASE(X, r)                                                                          \
     case r:                                                                                        \
-        kf__rg_tile_##X(r, nv, w, K, K0, alpha, a_, am, aq, B0, B1, ldb, bias, acc, cm, ldc);      \
+        kf__rg_tile_##X(r, nv, w, K, K0, alpha, a_, am, aq, B0, B1, ldb, bias, acc, cm, ldc, epi); \
         break;
 
 #define KF__ROWGEMM_DEFINE(X, TA, a, TB, b, TC, e, T, v)                                           \
@@ -145,7 +180,7 @@
     static inline __attribute__((always_inline)) void kf__rg_tile_##X(                             \
         int mr, int nv, int w, int64_t K, int64_t K0, T alpha, const TA *A, int64_t am,            \
         int64_t aq, const T *B0, const T *B1, int64_t ldb, const TB *bias, bool acc, TC *C,        \
-        int64_t ldc) {                                                                             \
+        int64_t ldc, const kf__rg_epi *epi) {                                                      \
         enum { L = kf__rg_lanes_##X };                                                             \
         kf__v##v c[KF__RG_MR][KF__RG_NV];                                                          \
         for (int i = 0; i < mr; ++i)                                                               \
@@ -178,26 +213,43 @@
         kf__v##v badd[KF__RG_NV]; /* the bias, widened once for the tile's rows */                 \
         for (int u = 0; u < nv; ++u)                                                               \
             badd[u] = w == nv * L && bias ? KF__RG_VLD_##b(bias + u * L) : (kf__v##v){0};          \
+        /* with an epilogue, the tile's results are gathered here first and it runs once the      \
+         * accumulators are dead (a call among them made the compiler spill them all: ReLU cost    \
+         * 0.3 ns an element more than this) */                                                    \
+        T eb[KF__RG_MR][KF__RG_NV * L];                                                            \
         for (int i = 0; i < mr; ++i)                                                               \
             for (int u = 0; u < nv; ++u) {                                                         \
                 TC *d = C + i * ldc + u * L;                                                       \
                 if (w == nv * L) {                                                                 \
                     const kf__v##v add = bias || !acc ? badd[u] : KF__RG_VLD_##e(d);               \
-                    KF__RG_VST_##e(d, kf__fma_##v(c[i][u], kf__splat_##v(alpha), add));            \
+                    const kf__v##v res = kf__fma_##v(c[i][u], kf__splat_##v(alpha), add);          \
+                    if (epi) memcpy(&eb[i][u * L], &res, sizeof res);                              \
+                    else KF__RG_VST_##e(d, res);                                                   \
                     continue;                                                                      \
                 }                                                                                  \
                 /* a partial panel's w columns, through arrays of lanes (subscripting the          \
                  * vectors themselves would keep them in memory through the K loop) */             \
-                T ad[L], rs[L];                                                                    \
+                T ad[L];                                                                           \
                 for (int l = 0; l < L; ++l)                                                        \
                     ad[l] = l >= w ? 0 : bias ? KF__RG_GET_##b(bias + l)                           \
                                      : acc  ? KF__RG_GET_##e(d + l) : 0;                           \
                 kf__v##v add;                                                                      \
                 memcpy(&add, ad, sizeof add);                                                      \
                 const kf__v##v res = kf__fma_##v(c[i][u], kf__splat_##v(alpha), add);              \
-                memcpy(rs, &res, sizeof rs);                                                       \
-                for (int l = 0; l < w; ++l) KF__RG_PUT_##e(d + l, rs[l]);                          \
+                memcpy(&eb[i][u * L], &res, sizeof res);                                           \
+                if (!epi)                                                                          \
+                    for (int l = 0; l < w; ++l) KF__RG_PUT_##e(d + l, eb[i][u * L + l]);           \
             }                                                                                      \
+        if (!epi) return;                                                                          \
+        const int n = w == nv * L ? nv * L : w; /* a row's columns */                              \
+        for (int i = 0; i < mr; ++i) {                                                             \
+            TC *d = C + i * ldc;                                                                   \
+            const int64_t ix = d - (const TC *)epi->origin;                                        \
+            if (epi->pre)                                                                          \
+                for (int l = 0; l < n; ++l) KF__RG_PUT_##e((TC *)epi->pre + ix + l, eb[i][l]);     \
+            kf__rg_epi_##v(epi, eb[i], n, ix);                                                     \
+            for (int l = 0; l < n; ++l) KF__RG_PUT_##e(d + l, eb[i][l]);                           \
+        }                                                                                          \
     }                                                                                              \
                                                                                                    \
     /* Rows [0, M) of one panel of nv vectors (w columns), KF__RG_MR_a at a time; the last         \
@@ -205,12 +257,12 @@
     static inline __attribute__((always_inline)) void kf__rg_rows_##X(                             \
         int nv, int w, int64_t M, int64_t K, int64_t K0, T alpha, const TA *A, int64_t am,         \
         int64_t aq, const T *B0, const T *B1, int64_t ldb, const TB *bias, bool acc, TC *C,        \
-        int64_t ldc) {                                                                             \
+        int64_t ldc, const kf__rg_epi *epi) {                                                      \
         enum { MR = KF__RG_MR_##a };                                                               \
         int64_t m = 0;                                                                             \
         for (; m + MR <= M; m += MR)                                                               \
             kf__rg_tile_##X(MR, nv, w, K, K0, alpha, A + m * am, am, aq, B0, B1, ldb, bias, acc,   \
-                            C + m * ldc, ldc);                                                     \
+                            C + m * ldc, ldc, epi);                                                \
         const TA *a_ = A + m * am;                                                                 \
         TC *cm = C + m * ldc;                                                                      \
         switch (M - m) { /* < MR */                                                                \
@@ -235,12 +287,12 @@
     static inline __attribute__((always_inline)) void kf__rg_panel_##X(                            \
         int nv, int w, int64_t M, int64_t K, int64_t K0, T alpha, const TA *A, int64_t am,         \
         int64_t aq, const TB *B0, const TB *B1, int64_t ldb, const TB *bias, bool acc, TC *C,      \
-        int64_t ldc) {                                                                             \
+        int64_t ldc, const kf__rg_epi *epi) {                                                      \
         enum { L = kf__rg_lanes_##X };                                                             \
         if (KF__RG_NATIVE_##b && w == nv * L &&                                                    \
             (M <= KF__RG_MR_##a || ldb * (int64_t)sizeof(TB) < KF__RG_FAR_BYTES)) {                \
             kf__rg_rows_##X(nv, w, M, K, K0, alpha, A, am, aq, (const T *)B0, (const T *)B1, ldb,  \
-                            bias, acc, C, ldc);                                                    \
+                            bias, acc, C, ldc, epi);                                               \
             return;                                                                                \
         }                                                                                          \
         kf__v##v pk[KF__RG_KC * KF__RG_NV] __attribute__((aligned(KF__V_BYTES)));                  \
@@ -258,24 +310,30 @@
             }                                                                                      \
             const T *bp = (const T *)pk;                                                           \
             kf__rg_rows_##X(nv, w, M, kc, kc, alpha, A + q0 * aq, am, aq, bp, bp, nv * L,          \
-                            q0 ? NULL : bias, q0 ? true : acc, C, ldc);                            \
+                            q0 ? NULL : bias, q0 ? true : acc, C, ldc, q0 + kc < K ? NULL : epi);  \
         }                                                                                          \
     }                                                                                              \
                                                                                                    \
     /* The contract in the header comment; K0 <= K (B1 unused where K0 = K). Panels of NV          \
-     * vectors, then one of a single vector, then a partial one. */                                \
-    static inline void kf__rowgemm_##X(int64_t M, int64_t n, int64_t K, int64_t K0, T alpha,       \
-                                       const TA *A, int64_t am, int64_t aq, const TB *B0,          \
-                                       const TB *B1, int64_t ldb, const TB *bias, bool acc,        \
-                                       TC *C, int64_t ldc) {                                       \
+     * vectors, then one of a single vector, then a partial one. epi: NULL, or the epilogue. */    \
+    static inline void kf__rowgemm_epi_##X(int64_t M, int64_t n, int64_t K, int64_t K0, T alpha,   \
+                                           const TA *A, int64_t am, int64_t aq, const TB *B0,      \
+                                           const TB *B1, int64_t ldb, const TB *bias, bool acc,    \
+                                           TC *C, int64_t ldc, const kf__rg_epi *epi) {            \
         enum { L = kf__rg_lanes_##X };                                                             \
         int64_t j = 0;                                                                             \
         for (; j + KF__RG_NV * L <= n; j += KF__RG_NV * L)                                         \
             kf__rg_panel_##X(KF__RG_NV, KF__RG_NV * L, M, K, K0, alpha, A, am, aq, B0 + j, B1 + j, \
-                             ldb, bias ? bias + j : 0, acc, C + j, ldc);                           \
+                             ldb, bias ? bias + j : 0, acc, C + j, ldc, epi);                      \
         for (; j < n; j += L)                                                                      \
             kf__rg_panel_##X(1, n - j < L ? (int)(n - j) : L, M, K, K0, alpha, A, am, aq, B0 + j,  \
-                             B1 + j, ldb, bias ? bias + j : 0, acc, C + j, ldc);                   \
+                             B1 + j, ldb, bias ? bias + j : 0, acc, C + j, ldc, epi);              \
+    }                                                                                              \
+    static inline void kf__rowgemm_##X(int64_t M, int64_t n, int64_t K, int64_t K0, T alpha,       \
+                                       const TA *A, int64_t am, int64_t aq, const TB *B0,          \
+                                       const TB *B1, int64_t ldb, const TB *bias, bool acc,        \
+                                       TC *C, int64_t ldc) {                                       \
+        kf__rowgemm_epi_##X(M, n, K, K0, alpha, A, am, aq, B0, B1, ldb, bias, acc, C, ldc, NULL);  \
     }
 
 KF__ROWGEMM_DEFINE(sss, float, s, float, s, float, s, float, s)

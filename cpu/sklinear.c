@@ -29,7 +29,8 @@
  *
  * One implementation for every dtype: KF__SKL_CPU_DEFINE below defines the team functions for a
  * storage type (float32, float64, bfloat16, float16) and its arithmetic type (float32, or
- * float64); the op picks them by the plan's dtype. A bfloat16 or float16 plan reads x, the
+ * float64); each dtype has its own op table (KF__SKL_CPU_OPS), chosen at plan creation. A
+ * bfloat16 or float16 plan reads x, the
  * weights and dy in place, widening them as the products load them (cpu/rowgemm.h's typed
  * operands), computes in float32 and rounds each result once as it is written (y and dx in the
  * products' epilogue; the parameter gradients through a float32 block, which the accumulation
@@ -43,8 +44,9 @@
  * Two builds of this file (as of the recurrent kernels): the baseline's (KF_CPU_ARCH, 8-float
  * vectors) and, where CMake's KF_CPU_AVX512 holds, an x86-64-v4 one (cpu/sklinear_v4.c: 16-float
  * vectors and 8-row tiles in cpu/rowgemm.h, 16-lane conversions in cpu/lowp_simd.h), each with
- * its op table (kf__cpu_skl_ops_base, kf__cpu_skl_ops_v4); cpu/sklinear_ops.c forwards to the
- * one of the context's ISA (cpu/isa.c). The blocks, the workspace and every sum's order are the
+ * its op tables (kf__cpu_skl_ops_base(), kf__cpu_skl_ops_v4(): one per dtype); the plan takes
+ * the one of its context's ISA (cpu/isa.c) and its dtype at creation (skl_select, end of file).
+ * The blocks, the workspace and every sum's order are the
  * same in both, except that a product whose columns end in a partial vector (cpu/rowgemm.h)
  * sums a reduction over more than 256 rows in chunks there: so the bits are the baseline's but
  * for such shapes (k = 8 on AVX-512 with N > 256, say), and never depend on the thread count. */
@@ -108,6 +110,10 @@ typedef struct skl_layout {
      * out] (forward); dx [N, in], dS1s [r, in], dS2s [r, out] (backward); y's and dx's empty
      * where they are written directly; 0 for the other dtypes */
     size_t ysh, dxsh, d1sh, d2sh;
+    /* A plan with an epilogue (an activation or dropout): the gradient through it, [N, out] of
+     * the plan's dtype, which backward's products read in dy's place (skl_epi_grad_X) */
+    bool epi;
+    size_t g;
 } skl_layout;
 
 /* Whether a low plan's y and dx (products over K = 2r) go through float32 blocks: where 2r takes
@@ -141,6 +147,9 @@ static skl_layout skl_layout_of(const struct kf_sklinear_plan *p, int64_t N) {
                      bsh = lo.d2sh + kf__align_up((size_t)(p->r * p->out) * e);
         lo.bytes = fsh > bsh ? fsh : bsh;
     }
+    lo.epi = p->act != KF_ACTIVATION_NONE || p->dropout > 0.0f;
+    lo.g = lo.bytes;
+    if (lo.epi) lo.bytes += kf__align_up((size_t)(N * p->out) * e);
     return lo;
 }
 
@@ -159,7 +168,20 @@ static int32_t skl_team_size(const kf_context *ctx, const struct kf_sklinear_pla
 typedef struct skl_fwd_call {
     const kf__skl_fwd *c;
     skl_layout lo;
+    kf__rg_epi epi;       /* y's epilogue (origin: y) */
+    const kf__rg_epi *ep; /* &epi, or NULL where the call has none (no activation, dropout, pre) */
 } skl_fwd_call;
+
+static void skl_fwd_call_init(skl_fwd_call *call, const kf__skl_fwd *c) {
+    const struct kf_sklinear_plan *p = c->plan;
+    call->c = c;
+    call->lo = skl_layout_of(p, c->N);
+    call->epi = (kf__rg_epi){.act = p->act, .p = c->epi.p, .scale_s = kf__dropout_scale_s(c->epi.p),
+                             .scale_d = kf__dropout_scale_d(c->epi.p), .seed = c->epi.seed,
+                             .offset = c->epi.offset, .origin = c->y, .pre = c->pre};
+    const bool on = p->act != KF_ACTIVATION_NONE || c->epi.p > 0.0f || c->pre;
+    call->ep = on ? &call->epi : NULL;
+}
 
 typedef struct skl_bwd_call {
     const kf__skl_bwd *c;
@@ -177,6 +199,39 @@ typedef struct skl_bwd_call {
 /* Whether y and dx (products over K = 2r) are written by their products directly, rounded once
  * in the epilogue: always for float32 and float64; for a low kind unless KF__SKL_BLOCKS. */
 #define KF__SKL_DIRECT(k, r) (KF__RG_NATIVE_##k || !KF__SKL_BLOCKS(r))
+
+/* g[l] = g[l] * mask / (1 - p) * act'(pre[l]) for n gradients of y at flat index i (pre NULL: the
+ * plan has no activation), in float: act' by a loop per kind, so that it vectorises
+ * (common/activation.h); then the mask. */
+static void skl_grad_s(const kf__skl_bwd *c, const float *pre, float *g, int n, int64_t i) {
+    switch (c->plan->act) {
+    case KF__ACT_RELU:
+        for (int l = 0; l < n; ++l) g[l] *= kf__act_grad_s(KF__ACT_RELU, pre[l]);
+        break;
+    case KF__ACT_GELU:
+        for (int l = 0; l < n; ++l) g[l] *= kf__act_grad_s(KF__ACT_GELU, pre[l]);
+        break;
+    case KF__ACT_GELU_TANH:
+        for (int l = 0; l < n; ++l) g[l] *= kf__act_grad_s(KF__ACT_GELU_TANH, pre[l]);
+        break;
+    case KF__ACT_SILU:
+        for (int l = 0; l < n; ++l) g[l] *= kf__act_grad_s(KF__ACT_SILU, pre[l]);
+        break;
+    default: break;
+    }
+    const float p = c->epi.p, sc = kf__dropout_scale_s(p);
+    if (p > 0.0f)
+        for (int l = 0; l < n; ++l)
+            g[l] = kf__drop_s(p, sc, c->epi.seed, c->epi.offset + (uint64_t)(i + l), g[l]);
+}
+
+/* The same in double (float64 plans: libm's functions, element by element). */
+static void skl_grad_d(const kf__skl_bwd *c, const double *pre, double *g, int n, int64_t i) {
+    const double sc = kf__dropout_scale_d(c->epi.p);
+    for (int l = 0; l < n; ++l)
+        g[l] = kf__epi_grad_d(c->plan->act, c->epi.p, sc, c->epi.seed,
+                              c->epi.offset + (uint64_t)(i + l), pre ? pre[l] : 0.0, g[l]);
+}
 
 /* For storage type TS of kind SK (cpu/rowgemm.h's kinds: s float, d double, b bfloat16, h
  * float16) and arithmetic type T of kind CK (s or d; also the BLAS prefix), function suffix X:
@@ -325,18 +380,48 @@ typedef struct skl_bwd_call {
      * block ys unless direct (KF__SKL_DIRECT). */                                                 \
     static void skl_stage2_##X(const struct kf_sklinear_plan *p, const T *z, int64_t rows,         \
                                const TS *U1, const TS *S2, const TS *bias, int64_t o0,             \
-                               int64_t o1, TS *y, T *ys) {                                         \
+                               int64_t o1, TS *y, T *ys, const kf__rg_epi *ep) {                   \
         const int64_t out = p->out, r = p->r;                                                      \
         const T s = (T)1 / ((T)2 * (T)p->L);                                                       \
         const TS *b = bias ? bias + o0 : NULL;                                                     \
-        if (KF__SKL_DIRECT(SK, r)) {                                                               \
-            kf__rowgemm_##CK##SK##SK(rows, o1 - o0, 2 * r, r, s, z, 2 * r, 1, U1 + o0, S2 + o0,    \
-                                     out, b, false, y + o0, out);                                  \
+        if (KF__SKL_DIRECT(SK, r)) { /* the epilogue in the product's store */                     \
+            kf__rowgemm_epi_##CK##SK##SK(rows, o1 - o0, 2 * r, r, s, z, 2 * r, 1, U1 + o0,         \
+                                         S2 + o0, out, b, false, y + o0, out, ep);                 \
             return;                                                                                \
         }                                                                                          \
         kf__rowgemm_##CK##SK##CK(rows, o1 - o0, 2 * r, r, s, z, 2 * r, 1, U1 + o0, S2 + o0, out,   \
                                  b, false, ys + o0, out);                                          \
-        skl_out_##X(ys + o0, y + o0, rows, o1 - o0, out, false);                                   \
+        if (!ep) {                                                                                 \
+            skl_out_##X(ys + o0, y + o0, rows, o1 - o0, out, false);                               \
+            return;                                                                                \
+        }                                                                                          \
+        for (int64_t n = 0; n < rows && !KF__RG_NATIVE_##SK; ++n) { /* as it is rounded */        \
+            float *v = (float *)ys + o0 + n * out;                                                 \
+            const int64_t ix = y + o0 + n * out - (const TS *)ep->origin;                          \
+            if (ep->pre)                                                                           \
+                kf__lp_store_n((uint16_t *)ep->pre + ix, v, o1 - o0, false, KF__SKL_BF16_##SK);    \
+            kf__rg_epi_s(ep, v, (int)(o1 - o0), ix);                                               \
+            kf__lp_store_n((uint16_t *)y + o0 + n * out, v, o1 - o0, false, KF__SKL_BF16_##SK);    \
+        }                                                                                          \
+    }                                                                                              \
+                                                                                                   \
+    /* The gradient through the epilogue, g = dy * mask / (1 - p) * act'(pre), in TS: this         \
+     * thread's share of the rows, KF__SKL_COLSUM columns at a time in T (skl_grad_CK). */        \
+    static void skl_epi_grad_##X(const kf__skl_bwd *c, TS *g, int tid, int nth) {                  \
+        const int64_t out = c->plan->out;                                                          \
+        const TS *dy = c->dy, *pre = c->pre;                                                       \
+        T gb[KF__SKL_COLSUM], pb[KF__SKL_COLSUM];                                                  \
+        int64_t n0, n1;                                                                            \
+        kf__cpu_share(c->N, tid, nth, &n0, &n1);                                                   \
+        for (int64_t n = n0; n < n1; ++n)                                                          \
+            for (int64_t o0 = 0; o0 < out; o0 += KF__SKL_COLSUM) {                                 \
+                const int w = (int)(out - o0 < KF__SKL_COLSUM ? out - o0 : KF__SKL_COLSUM);        \
+                const int64_t i = n * out + o0;                                                    \
+                for (int l = 0; l < w; ++l) gb[l] = (T)KF__RG_GET_##SK(dy + i + l);                \
+                for (int l = 0; pre && l < w; ++l) pb[l] = (T)KF__RG_GET_##SK(pre + i + l);        \
+                skl_grad_##CK(c, pre ? pb : NULL, gb, w, i);                                       \
+                for (int l = 0; l < w; ++l) KF__RG_PUT_##SK(g + i + l, gb[l]);                     \
+            }                                                                                      \
     }                                                                                              \
                                                                                                    \
     /* dx[rows, a0:a1] = dz W1[a0:a1, :]^T (row stride in), from W1^T packed; through the          \
@@ -357,6 +442,7 @@ typedef struct skl_bwd_call {
     static void skl_fwd_team_##X(void *arg, int tid, int nth) {                                    \
         const kf__skl_fwd *c = ((const skl_fwd_call *)arg)->c;                                     \
         const skl_layout *lo = &((const skl_fwd_call *)arg)->lo;                                   \
+        const kf__rg_epi *ep = ((const skl_fwd_call *)arg)->ep;                                    \
         const struct kf_sklinear_plan *p = c->plan;                                                \
         const int64_t in = p->in, out = p->out, r = p->r, N = c->N;                                \
         const TS *x = c->x;                                                                        \
@@ -376,24 +462,25 @@ typedef struct skl_bwd_call {
             }                                                                                      \
             _Pragma("omp barrier")                                                                 \
             for (int64_t b = tid; skl_block(out, skl_cols(out), b, &o0, &o1); b += nth)            \
-                skl_stage2_##X(p, Z, N, c->U1, c->S2, c->bias, o0, o1, Y, Ys);                     \
+                skl_stage2_##X(p, Z, N, c->U1, c->S2, c->bias, o0, o1, Y, Ys, ep);                 \
             return;                                                                                \
         }                                                                                          \
         for (int64_t b = tid; skl_block(N, KF__SKL_ROWS, b, &n0, &n1); b += nth) {                 \
             T *z = Z + n0 * 2 * r;                                                                 \
             skl_z_##X(p, n1 - n0, x + n0 * in, c->S1, c->U2, 0, in, 0, z, 2 * r);                  \
             skl_stage2_##X(p, z, n1 - n0, c->U1, c->S2, c->bias, 0, out, Y + n0 * out,             \
-                           Ys + n0 * out);                                                         \
+                           Ys + n0 * out, ep);                                                     \
         }                                                                                          \
     }                                                                                              \
                                                                                                    \
     /* The wide split's products through the bottleneck: W1^T packed (for dx); Z's second half     \
      * (x U2, for dS2) by blocks of `in`; dZ by blocks of `out`; partial sums in block order. dx   \
      * is left to the column phase. */                                                             \
-    static void skl_bwd_wide_##X(const kf__skl_bwd *c, const skl_layout *lo, int tid, int nth) {   \
+    static void skl_bwd_wide_##X(const kf__skl_bwd *c, const skl_layout *lo, const TS *DY,        \
+                                 int tid, int nth) {                                               \
         const struct kf_sklinear_plan *p = c->plan;                                                \
         const int64_t in = p->in, out = p->out, r = p->r, N = c->N;                                \
-        const TS *x = c->x, *U1 = c->U1, *S2 = c->S2, *DY = c->dy;                                 \
+        const TS *x = c->x, *U1 = c->U1, *S2 = c->S2;                                              \
         T *W1T = skl_at(c->ws, lo->w1), *B2T = skl_at(c->ws, lo->b2);                              \
         T *Z = skl_at(c->ws, lo->z), *dZ = skl_at(c->ws, lo->dz);                                  \
         T *Pz = skl_at(c->ws, lo->part), *Pd = Pz + lo->nbi * N * r;                               \
@@ -426,6 +513,12 @@ typedef struct skl_bwd_call {
         const T s = (T)1 / ((T)2 * (T)p->L);                                                       \
         const bool acc = c->accumulate, pacc = KF__RG_NATIVE_##SK && acc;                          \
         const TS *x = c->x, *U1 = c->U1, *S2 = c->S2, *DY = c->dy;                                 \
+        if (lo->epi) { /* the products read the gradient through the epilogue in dy's place */     \
+            TS *g = skl_at(c->ws, lo->g);                                                          \
+            skl_epi_grad_##X(c, g, tid, nth);                                                      \
+            DY = g;                                                                                \
+            _Pragma("omp barrier")                                                                 \
+        }                                                                                          \
         TS *dX = c->dx;                                                                            \
         T *dXs = skl_at(c->ws, lo->dxsh);                                                          \
         T *dS1 = c->dS1 ? KF__SKL_RES(SK, c->dS1, c->ws, lo->d1sh) : NULL;                         \
@@ -434,7 +527,7 @@ typedef struct skl_bwd_call {
         T *Z = skl_at(c->ws, lo->z), *dZ = skl_at(c->ws, lo->dz);                                  \
         int64_t a0, a1, n0, n1, o0, o1;                                                            \
         if (lo->wide) {                                                                            \
-            skl_bwd_wide_##X(c, lo, tid, nth);                                                     \
+            skl_bwd_wide_##X(c, lo, DY, tid, nth);                                                 \
         } else {                                                                                   \
             kf__cpu_share(in, tid, nth, &a0, &a1);                                                 \
             if (dX) skl_pack_w1t_##X(p, c->S1, c->U2, W1T, lo->ldw, a0, a1);                       \
@@ -482,32 +575,56 @@ KF__SKL_CPU_DEFINE(d, double, d, double, d)
 KF__SKL_CPU_DEFINE(b, uint16_t, b, float, s)
 KF__SKL_CPU_DEFINE(h, uint16_t, h, float, s)
 
-static kf_status skl_forward(kf_context *ctx, const kf__skl_fwd *c) {
-    skl_fwd_call call = {.c = c, .lo = skl_layout_of(c->plan, c->N)};
-    const int32_t dt = c->plan->dtype;
-    kf__cpu_team(skl_team_size(ctx, c->plan, c->N),
-                 dt == KF_DTYPE_F64    ? skl_fwd_team_d
-                 : dt == KF_DTYPE_BF16 ? skl_fwd_team_b
-                 : dt == KF_DTYPE_F16  ? skl_fwd_team_h
-                                       : skl_fwd_team_s,
-                 &call);
-    return KF_OK;
-}
+/* One op table per (instruction set, dtype): skl_ops_X runs the team functions of X alone, so no
+ * call branches on the dtype or the ISA; skl_select picks the table once, at plan
+ * creation. */
+#define KF__SKL_CPU_OPS(X)                                                                         \
+    static kf_status skl_forward_##X(kf_context *ctx, const kf__skl_fwd *c) {                      \
+        skl_fwd_call call;                                                                         \
+        skl_fwd_call_init(&call, c);                                                               \
+        kf__cpu_team(skl_team_size(ctx, c->plan, c->N), skl_fwd_team_##X, &call);                  \
+        return KF_OK;                                                                              \
+    }                                                                                              \
+    static kf_status skl_backward_##X(kf_context *ctx, const kf__skl_bwd *c) {                     \
+        skl_bwd_call call = {.c = c, .lo = skl_layout_of(c->plan, c->N)};                          \
+        kf__cpu_team(skl_team_size(ctx, c->plan, c->N), skl_bwd_team_##X, &call);                  \
+        return KF_OK;                                                                              \
+    }                                                                                              \
+    static const kf__skl_ops skl_ops_##X = {NULL, skl_workspace, skl_forward_##X,                  \
+                                            skl_backward_##X};
 
-static kf_status skl_backward(kf_context *ctx, const kf__skl_bwd *c) {
-    skl_bwd_call call = {.c = c, .lo = skl_layout_of(c->plan, c->N)};
-    const int32_t dt = c->plan->dtype;
-    kf__cpu_team(skl_team_size(ctx, c->plan, c->N),
-                 dt == KF_DTYPE_F64    ? skl_bwd_team_d
-                 : dt == KF_DTYPE_BF16 ? skl_bwd_team_b
-                 : dt == KF_DTYPE_F16  ? skl_bwd_team_h
-                                       : skl_bwd_team_s,
-                 &call);
-    return KF_OK;
-}
+KF__SKL_CPU_OPS(s)
+KF__SKL_CPU_OPS(d)
+KF__SKL_CPU_OPS(b)
+KF__SKL_CPU_OPS(h)
 
+/* This build's table for a dtype (the front end has accepted only these four). */
 #ifdef KF__SKL_V4
-const kf__skl_ops kf__cpu_skl_ops_v4 = {NULL, skl_workspace, skl_forward, skl_backward};
+const kf__skl_ops *kf__cpu_skl_ops_v4(kf_dtype dtype)
 #else
-const kf__skl_ops kf__cpu_skl_ops_base = {NULL, skl_workspace, skl_forward, skl_backward};
+const kf__skl_ops *kf__cpu_skl_ops_base(kf_dtype dtype)
+#endif
+{
+    return dtype == KF_DTYPE_F64    ? &skl_ops_d
+           : dtype == KF_DTYPE_BF16 ? &skl_ops_b
+           : dtype == KF_DTYPE_F16  ? &skl_ops_h
+                                    : &skl_ops_s;
+}
+
+#ifndef KF__SKL_V4
+/* The CPU backend's entry: the table of the context's ISA (kf_context.isa, picked at context
+ * creation by cpu/isa.c) and the plan's dtype. */
+static kf_status skl_select(const struct kf_sklinear_plan *p, const char *fn,
+                            const kf__skl_ops **ops) {
+#ifdef KF_HAVE_CPU_V4
+    if (p->ctx->isa == KF__CPU_ISA_V4) {
+        *ops = kf__cpu_skl_ops_v4(p->dtype);
+        return KF_OK;
+    }
+#endif
+    *ops = kf__cpu_skl_ops_base(p->dtype);
+    return KF_OK;
+}
+
+const kf__skl_ops kf__cpu_skl_ops = {skl_select, NULL, NULL, NULL};
 #endif

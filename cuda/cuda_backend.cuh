@@ -32,10 +32,9 @@ extern const struct kf__lowp_base kf__cuda_lowp;
 // persistent float32 kernels do not take: cuda/rnn_fwd.cu).
 bool kf__cuda_rnn_plain(const struct kf_rnn_plan *p);
 const kf__rnn_ops *kf__cuda_rnn_plain_ops(int32_t dtype);
-// SKLinear and KAN: float64, bfloat16 and float16 plans (the low ones on the tensor cores).
-size_t kf__cuda_skl_plain_workspace(const struct kf_sklinear_plan *p, int64_t N);
-kf_status kf__cuda_skl_plain_forward(kf_context *ctx, const kf__skl_fwd *c);
-kf_status kf__cuda_skl_plain_backward(kf_context *ctx, const kf__skl_bwd *c);
+// SKLinear and KAN: float64, bfloat16 and float16 plans (the low ones on the tensor cores), as
+// the table for the plan's dtype, which the layer's select() gives such a plan at creation.
+const kf__skl_ops *kf__cuda_skl_plain_ops(kf_dtype dtype);
 const kf__kan_ops *kf__cuda_kan_plain_ops(int32_t dtype);
 
 #endif // KF_CUDA_BACKEND_CUH

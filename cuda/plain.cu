@@ -113,32 +113,39 @@ struct CudaExec {
 
 } // namespace
 
-size_t kf__cuda_skl_plain_workspace(const struct kf_sklinear_plan *p, int64_t N) {
-    switch (p->dtype) {
-    case KF_DTYPE_BF16: return kf_plain::skl_workspace<bf16>(p, N);
-    case KF_DTYPE_F16: return kf_plain::skl_workspace<f16>(p, N);
-    default: return kf_plain::skl_workspace<double>(p, N);
-    }
+namespace {
+
+template <class T> size_t skl_plain_workspace(const struct kf_sklinear_plan *p, int64_t N) {
+    return kf_plain::skl_workspace<T>(p, N);
 }
 
-kf_status kf__cuda_skl_plain_forward(kf_context *ctx, const kf__skl_fwd *c) {
+template <class T> kf_status skl_plain_forward(kf_context *ctx, const kf__skl_fwd *c) {
     CudaExec ex = {ctx, "kf_sklinear_forward"};
     KF__CUDA_ON_DEVICE(ex.fn, ctx);
-    switch (c->plan->dtype) {
-    case KF_DTYPE_BF16: return kf_plain::skl_forward<bf16>(ex, c);
-    case KF_DTYPE_F16: return kf_plain::skl_forward<f16>(ex, c);
-    default: return kf_plain::skl_forward<double>(ex, c);
-    }
+    return kf_plain::skl_forward<T>(ex, c);
 }
 
-kf_status kf__cuda_skl_plain_backward(kf_context *ctx, const kf__skl_bwd *c) {
+template <class T> kf_status skl_plain_backward(kf_context *ctx, const kf__skl_bwd *c) {
     CudaExec ex = {ctx, "kf_sklinear_backward"};
     KF__CUDA_ON_DEVICE(ex.fn, ctx);
-    switch (c->plan->dtype) {
-    case KF_DTYPE_BF16: return kf_plain::skl_backward<bf16>(ex, c);
-    case KF_DTYPE_F16: return kf_plain::skl_backward<f16>(ex, c);
-    default: return kf_plain::skl_backward<double>(ex, c);
-    }
+    return kf_plain::skl_backward<T>(ex, c);
+}
+
+template <class T> constexpr kf__skl_ops skl_plain_ops() {
+    return kf__skl_ops{nullptr, skl_plain_workspace<T>, skl_plain_forward<T>,
+                       skl_plain_backward<T>};
+}
+
+const kf__skl_ops skl_plain_f64 = skl_plain_ops<double>();
+const kf__skl_ops skl_plain_bf16 = skl_plain_ops<bf16>();
+const kf__skl_ops skl_plain_f16 = skl_plain_ops<f16>();
+
+} // namespace
+
+const kf__skl_ops *kf__cuda_skl_plain_ops(kf_dtype dtype) {
+    return dtype == KF_DTYPE_BF16 ? &skl_plain_bf16
+           : dtype == KF_DTYPE_F16 ? &skl_plain_f16
+                                   : &skl_plain_f64;
 }
 
 // The KAN and recurrent layers' entries, one instance per dtype, each listed in its dtype's op

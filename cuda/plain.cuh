@@ -44,11 +44,15 @@
 //             accumulation is round(acc(old) + g), by the GEMMs' beta = 1
 //   workspace e R (in + out) (W1, W2) + e N R (Z or dZ) + e N c2 (Z2) + dbias's partial sums
 //             (a P out, P <= 1024), e = sizeof(T), a = sizeof(acc), each rounded up to 64 bytes
+//   epilogue  (an activation or dropout: kfuse.h) one pass over y after the second GEMM, which
+//             cuBLAS stores (SklEpiPass); backward first forms g = dy mask / (1 - p) act'(pre)
+//             [N, out] in T (SklEpiGrad, e N out more workspace), read in dy's place
 //   Z, dZ and Z2 are rounded to T between the two products (as torch's own bfloat16 layers
 //   round every product's result), so both products run on the tensor cores.
 #ifndef KF_CUDA_PLAIN_CUH
 #define KF_CUDA_PLAIN_CUH
 
+#include "activation.h"
 #include "bspline.h"
 #include "core.h"
 #include "kan_backend.h"
@@ -215,8 +219,57 @@ kf_status column_sums(X &ex, const G *g, int64_t N, int64_t ld, int64_t cols, T 
 // at W1 + r a product fell back to its unaligned ones wherever r is not a multiple of 8).
 struct SklLayout {
     int64_t c2, R;
-    size_t off_w2, off_z, off_z2, off_part, bytes;
+    size_t off_w2, off_z, off_z2, off_part, off_g, bytes;
 };
+
+// The epilogue's arithmetic in acc (common/activation.h, shared with the CPU and the float32
+// kernels).
+KF__HD inline float skl_epi(int32_t a, float p, uint64_t s, uint64_t c, float v) {
+    return kf__epi_s(a, p, kf__dropout_scale_s(p), s, c, v);
+}
+KF__HD inline double skl_epi(int32_t a, float p, uint64_t s, uint64_t c, double v) {
+    return kf__epi_d(a, p, kf__dropout_scale_d(p), s, c, v);
+}
+KF__HD inline float skl_epi_grad(int32_t a, float p, uint64_t s, uint64_t c, float v, float g) {
+    return kf__epi_grad_s(a, p, kf__dropout_scale_s(p), s, c, v, g);
+}
+KF__HD inline double skl_epi_grad(int32_t a, float p, uint64_t s, uint64_t c, double v,
+                                  double g) {
+    return kf__epi_grad_d(a, p, kf__dropout_scale_d(p), s, c, v, g);
+}
+
+// y[i] = dropout(act(y[i])) at counter offset + i, its value before to pre[i] (pre given): the
+// forward's epilogue, a pass over y after the second GEMM (cuBLAS stores y).
+template <class T> struct SklEpiPass {
+    using A = typename Elem<T>::acc;
+    T *y, *pre;
+    int32_t act;
+    kf__skl_epi e;
+    KF__HD void operator()(int64_t i) const {
+        if (pre) pre[i] = y[i];
+        y[i] = Elem<T>::put(skl_epi(act, e.p, e.seed, e.offset + (uint64_t)i, Elem<T>::get(y[i])));
+    }
+};
+
+// g[i] = dy[i] * mask / (1 - p) * act'(pre[i]): the gradient through the epilogue, which the
+// backward's products read in dy's place.
+template <class T> struct SklEpiGrad {
+    using A = typename Elem<T>::acc;
+    const T *dy, *pre;
+    T *g;
+    int32_t act;
+    kf__skl_epi e;
+    KF__HD void operator()(int64_t i) const {
+        const A v = pre ? Elem<T>::get(pre[i]) : A(0);
+        g[i] = Elem<T>::put(skl_epi_grad(act, e.p, e.seed, e.offset + (uint64_t)i, v,
+                                         Elem<T>::get(dy[i])));
+    }
+};
+
+// Whether a plan has an epilogue (an activation, or dropout).
+inline bool skl_has_epi(const struct kf_sklinear_plan *p) {
+    return p->act != KF_ACTIVATION_NONE || p->dropout > 0.0f;
+}
 
 template <class T> inline SklLayout skl_layout(const struct kf_sklinear_plan *p, int64_t N) {
     SklLayout l;
@@ -227,7 +280,8 @@ template <class T> inline SklLayout skl_layout(const struct kf_sklinear_plan *p,
     l.off_z = add(l.off_w2, bytes_of<T>(l.R, p->out));
     l.off_z2 = add(l.off_z, bytes_of<T>(N, l.R));
     l.off_part = add(l.off_z2, bytes_of<T>(N, l.c2));
-    l.bytes = add(l.off_part, sum_part_bytes<typename Elem<T>::acc>(N, p->out));
+    l.off_g = add(l.off_part, sum_part_bytes<typename Elem<T>::acc>(N, p->out));
+    l.bytes = add(l.off_g, skl_has_epi(p) ? bytes_of<T>(N, p->out) : 0);
     return l;
 }
 
@@ -283,8 +337,10 @@ template <class T, class X> kf_status skl_forward(X &ex, const kf__skl_fwd *c) {
     T *Z = at_t<T>(c->ws, l.off_z), *y = (T *)c->y;
     KF_TRY(ex.gemm(false, false, N, R, p->in, Ac(1), (const T *)c->x, p->in, W1, R, Ac(0), Z, R));
     if (c->bias) KF_TRY(ex.each(N * out, FillRows<T>{(const T *)c->bias, y, out}));
-    return ex.gemm(false, false, N, out, R, Ac(1) / (Ac(2) * (Ac)p->L), Z, R, W2, out,
-                   c->bias ? Ac(1) : Ac(0), y, out);
+    KF_TRY(ex.gemm(false, false, N, out, R, Ac(1) / (Ac(2) * (Ac)p->L), Z, R, W2, out,
+                   c->bias ? Ac(1) : Ac(0), y, out));
+    if (!skl_has_epi(p) && !c->pre) return KF_OK;
+    return ex.each(N * out, SklEpiPass<T>{y, (T *)c->pre, p->act, c->epi});
 }
 
 template <class T, class X> kf_status skl_backward(X &ex, const kf__skl_bwd *c) {
@@ -296,6 +352,11 @@ template <class T, class X> kf_status skl_backward(X &ex, const kf__skl_bwd *c) 
     const T *x = (const T *)c->x, *dy = (const T *)c->dy;
     const SklLayout l = skl_layout<T>(p, N);
     const int64_t R = l.R, c2 = l.c2;
+    if (skl_has_epi(p)) { // the products read the gradient through the epilogue in dy's place
+        T *g = at_t<T>(c->ws, l.off_g);
+        KF_TRY(ex.each(N * out, SklEpiGrad<T>{dy, (const T *)c->pre, g, p->act, c->epi}));
+        dy = g;
+    }
     if (c->dx || c->dS1 || c->dS2)
         KF_TRY(skl_stack<T>(ex, p, c->S1, c->S2, c->U1, c->U2, c->ws, l));
     const T *W1 = at_t<T>(c->ws, 0), *W2 = at_t<T>(c->ws, l.off_w2);

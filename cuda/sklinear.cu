@@ -56,6 +56,7 @@
 //   forward  (split path only)  Pf * N * 2r * 4
 //   backward                    Pdz * N * 2r * 4 + Pz2 * N * r * 4
 //                               + (Pw > 1 ? Pw * (r * in + r * out + out) * 4 : 0).
+#include "activation.h"
 #include "common.cuh"
 #include "cuda_backend.cuh"
 
@@ -236,6 +237,37 @@ __device__ __forceinline__ void tile_finish(const float (&acc)[4][4], float *red
 }
 
 // ---- the layer ------------------------------------------------------------------------------
+// y's epilogue (kfuse.h's fused epilogue; common/activation.h, shared with the CPU): element i of
+// y (row * out + column) is stored as dropout(act(v)) at counter offset + i, and v, the
+// pre-activation, to pre[i] where pre is given.
+struct Epi {
+    int32_t act;
+    float p, scale; // dropout probability (0: none), 1 / (1 - p)
+    uint64_t seed, offset;
+    float *pre;
+    __device__ __forceinline__ float operator()(int64_t i, float v) const {
+        if (pre != nullptr) pre[i] = v;
+        return kf__epi_s(act, p, scale, seed, offset + (uint64_t)i, v);
+    }
+};
+
+Epi make_epi(const kf__skl_fwd *c) {
+    const Epi e = {c->plan->act, c->epi.p, kf__dropout_scale_s(c->epi.p), c->epi.seed,
+                   c->epi.offset, static_cast<float *>(c->pre)};
+    return e;
+}
+
+// The gradient through the epilogue, g = dy * mask / (1 - p) * act'(pre), which backward's
+// products read in dy's place.
+__global__ void __launch_bounds__(kThreads)
+    skl_epi_grad(const float *dy, const float *pre, float *g, int64_t n, int32_t act, float p,
+                 float scale, uint64_t seed, uint64_t offset) {
+    const int64_t step = (int64_t)gridDim.x * kThreads;
+    for (int64_t i = (int64_t)blockIdx.x * kThreads + threadIdx.x; i < n; i += step)
+        g[i] = kf__epi_grad_s(act, p, scale, seed, offset + (uint64_t)i,
+                              pre != nullptr ? pre[i] : 0.0f, dy[i]);
+}
+
 struct Net {
     int64_t N, in, out;
     int r, R, k; // R = 2r (the front end keeps 2r below 2^31)
@@ -257,7 +289,7 @@ __device__ __forceinline__ const float *w2_row(const Net &a, int j) {
 // Fused forward (one launch): Z tile of 16 rows in shared memory, then y tiles from it.
 template <int CW>
 __global__ void __launch_bounds__(kThreads)
-    skl_fwd_fused(Net a, const float *bias, float *y, int64_t groups, int64_t cpb,
+    skl_fwd_fused(Net a, const float *bias, float *y, Epi e, int64_t groups, int64_t cpb,
                   int64_t coltiles) {
     using T1 = Tile<CW, false, false>;
     using T2 = Tile<8, false, false>;
@@ -294,7 +326,8 @@ __global__ void __launch_bounds__(kThreads)
         tile_mma<T2, true>(acc, NoLoad(), bl, 0, R, smem, NoHook(), Zs, LDZ);
         tile_finish<T2>(acc, nullptr, [=](int m, int c, float v) {
             const int64_t row = m0 + m, o = o0 + c;
-            if (row < N && o < out) y[row * out + o] = v * inv + (bias ? bias[o] : 0.0f);
+            if (row < N && o < out)
+                y[row * out + o] = e(row * out + o, v * inv + (bias ? bias[o] : 0.0f));
         });
     }
 }
@@ -364,7 +397,7 @@ __device__ __forceinline__ float psum(const float *part, int64_t P, int64_t stri
 
 // Split-path forward, second launch: y = (sum_p Zpart_p) W2 / (2L) + bias, 16 x 256 tiles.
 __global__ void __launch_bounds__(kThreads)
-    skl_fwd_y(Net a, const float *part, int64_t P, const float *bias, float *y,
+    skl_fwd_y(Net a, const float *part, int64_t P, const float *bias, float *y, Epi e,
               int64_t coltiles) {
     using T = Tile<8, false, false>;
     __shared__ __align__(16) float smem[T::FLOATS];
@@ -382,7 +415,8 @@ __global__ void __launch_bounds__(kThreads)
     tile_mma<T, false>(acc, al, bl, 0, R, smem, NoHook(), nullptr, 0);
     tile_finish<T>(acc, nullptr, [=](int m, int c, float v) {
         const int64_t row = m0 + m, o = o0 + c;
-        if (row < N && o < out) y[row * out + o] = v * inv + (bias ? bias[o] : 0.0f);
+        if (row < N && o < out)
+            y[row * out + o] = e(row * out + o, v * inv + (bias ? bias[o] : 0.0f));
     });
 }
 
@@ -543,6 +577,7 @@ struct Layout {
     kf__split fz, dz, z2, w;
     int64_t rc_f, rc_dz, rc_z2;     // column tiles of the Z, dZ, Z2 partial problems
     size_t off_z2, off_w1, off_w2, off_wb; // backward (dZ partials at 0; forward's Z too)
+    size_t off_g;                   // backward, a plan with an epilogue: g [N, out] (skl_epi_grad)
     size_t fwd_bytes, bwd_bytes;
 };
 
@@ -589,6 +624,9 @@ Layout make_layout(const struct kf_sklinear_plan *p, int64_t N) {
         l.off_wb = o;
         o = kf__sat_add(o, kf__sat_floats(l.w.P, 1, l.out));
     }
+    l.off_g = o;
+    if (p->act != KF_ACTIVATION_NONE || p->dropout > 0.0f)
+        o = kf__sat_add(o, kf__sat_floats(1, N, l.out));
     l.bwd_bytes = o;
     return l;
 }
@@ -609,10 +647,10 @@ Net make_net(const struct kf_sklinear_plan *p, int64_t N, const void *x, const v
 
 template <int CW>
 kf_status launch_fused(kf_context *ctx, const char *fn, const Layout &l, const Net &a,
-                       const float *bias, float *y) {
+                       const float *bias, float *y, const Epi &e) {
     unsigned g = 0;
     KF_TRY(kf__grid_of(fn, l.rt * l.groups, &g));
-    skl_fwd_fused<CW><<<g, kThreads, 0, kf__stream(ctx)>>>(a, bias, y, l.groups, l.cpb,
+    skl_fwd_fused<CW><<<g, kThreads, 0, kf__stream(ctx)>>>(a, bias, y, e, l.groups, l.cpb,
                                                             l.ct_out);
     KF__CUDA_LAUNCH_CHECK(fn, "skl_fwd_fused");
     return KF_OK;
@@ -650,33 +688,26 @@ PartJob no_part() {
 
 namespace {
 
-// Float32 on the kernels above; float64, bfloat16 and float16 on cuda/plain.cu (the low types'
-// products on the tensor cores).
-kf_status skl_supports(const struct kf_sklinear_plan *p, const char *fn) {
-    return kf__cuda_dtype_supported(p->dtype, fn);
-}
-
 size_t skl_workspace(const struct kf_sklinear_plan *p, int64_t N) {
-    if (p->dtype != KF_DTYPE_F32) return kf__cuda_skl_plain_workspace(p, N);
     const Layout l = make_layout(p, N);
     return l.fwd_bytes > l.bwd_bytes ? l.fwd_bytes : l.bwd_bytes;
 }
 
 kf_status skl_forward(kf_context *ctx, const kf__skl_fwd *c) {
     static const char fn[] = "kf_sklinear_forward";
-    if (c->plan->dtype != KF_DTYPE_F32) return kf__cuda_skl_plain_forward(ctx, c);
     const Layout l = make_layout(c->plan, c->N);
     if (c->N <= 0) return KF_OK;
     KF__CUDA_ON_DEVICE(fn, ctx);
     const Net a = make_net(c->plan, c->N, c->x, c->S1, c->S2, c->U1, c->U2);
     const float *bias = static_cast<const float *>(c->bias);
     float *y = static_cast<float *>(c->y);
+    const Epi e = make_epi(c);
     if (l.fused) {
         switch (l.cw) {
-        case 1: return launch_fused<1>(ctx, fn, l, a, bias, y);
-        case 2: return launch_fused<2>(ctx, fn, l, a, bias, y);
-        case 4: return launch_fused<4>(ctx, fn, l, a, bias, y);
-        default: return launch_fused<8>(ctx, fn, l, a, bias, y);
+        case 1: return launch_fused<1>(ctx, fn, l, a, bias, y, e);
+        case 2: return launch_fused<2>(ctx, fn, l, a, bias, y, e);
+        case 4: return launch_fused<4>(ctx, fn, l, a, bias, y, e);
+        default: return launch_fused<8>(ctx, fn, l, a, bias, y, e);
         }
     }
     float *part = kf__at<float>(c->ws, 0);
@@ -688,20 +719,30 @@ kf_status skl_forward(kf_context *ctx, const kf__skl_fwd *c) {
     KF_TRY(run_zpart(ctx, fn, l.cw, a, nullptr, px, no_part()));
     unsigned g = 0;
     KF_TRY(kf__grid_of(fn, l.rt * l.ct_out, &g));
-    skl_fwd_y<<<g, kThreads, 0, kf__stream(ctx)>>>(a, part, l.fz.P, bias, y, l.ct_out);
+    skl_fwd_y<<<g, kThreads, 0, kf__stream(ctx)>>>(a, part, l.fz.P, bias, y, e, l.ct_out);
     KF__CUDA_LAUNCH_CHECK(fn, "skl_fwd_y");
     return KF_OK;
 }
 
 kf_status skl_backward(kf_context *ctx, const kf__skl_bwd *c) {
     static const char fn[] = "kf_sklinear_backward";
-    if (c->plan->dtype != KF_DTYPE_F32) return kf__cuda_skl_plain_backward(ctx, c);
     if (c->dx == nullptr && c->dS1 == nullptr && c->dS2 == nullptr && c->db == nullptr)
         return KF_OK;
     const Layout l = make_layout(c->plan, c->N);
     KF__CUDA_ON_DEVICE(fn, ctx);
     const Net a = make_net(c->plan, c->N, c->x, c->S1, c->S2, c->U1, c->U2);
     const float *dy = static_cast<const float *>(c->dy);
+    if (c->plan->act != KF_ACTIVATION_NONE || c->plan->dropout > 0.0f) { // 0. through the epilogue
+        float *g = kf__at<float>(c->ws, l.off_g);
+        const int64_t n = c->N * l.out, blocks = kf__ceil_div(n, kThreads);
+        skl_epi_grad<<<(unsigned)(blocks < 65535 ? blocks : 65535), kThreads, 0,
+                       kf__stream(ctx)>>>(dy, static_cast<const float *>(c->pre), g, n,
+                                          c->plan->act, c->epi.p,
+                                          kf__dropout_scale_s(c->epi.p), c->epi.seed,
+                                          c->epi.offset);
+        KF__CUDA_LAUNCH_CHECK(fn, "skl_epi_grad");
+        dy = g;
+    }
     const bool need_dz = c->dx != nullptr || c->dS1 != nullptr, need_z2 = c->dS2 != nullptr;
 
     // 1. Partials of Z2 = x U2 and dZ = dy W2^T / (2L).
@@ -761,5 +802,18 @@ kf_status skl_backward(kf_context *ctx, const kf__skl_bwd *c) {
 
 } // namespace
 
-extern "C" const kf__skl_ops kf__cuda_skl_ops = {skl_supports, skl_workspace, skl_forward,
-                                                  skl_backward};
+namespace {
+
+const kf__skl_ops skl_ops_f32 = {nullptr, skl_workspace, skl_forward, skl_backward};
+
+// Chosen once, at plan creation: float32 on the kernels above; float64, bfloat16 and float16 on
+// cuda/plain.cu (the low types' products on the tensor cores).
+kf_status skl_select(const struct kf_sklinear_plan *p, const char *fn, const kf__skl_ops **ops) {
+    KF_TRY(kf__cuda_dtype_supported(p->dtype, fn));
+    *ops = p->dtype == KF_DTYPE_F32 ? &skl_ops_f32 : kf__cuda_skl_plain_ops(p->dtype);
+    return KF_OK;
+}
+
+} // namespace
+
+extern "C" const kf__skl_ops kf__cuda_skl_ops = {skl_select, nullptr, nullptr, nullptr};

@@ -55,8 +55,8 @@ extern "C" {
 /* The version of this header: MAJOR (the ABI generation), MINOR (bumped by additions), PATCH
  * (fixes). */
 #define KF_VERSION_MAJOR 1
-#define KF_VERSION_MINOR 7
-#define KF_VERSION_PATCH 5
+#define KF_VERSION_MINOR 8
+#define KF_VERSION_PATCH 0
 /* The ABI generation; equals KF_VERSION_MAJOR. */
 #define KF_ABI_VERSION KF_VERSION_MAJOR
 /* MAJOR*10000 + MINOR*100 + PATCH, as kf_version() returns it. */
@@ -384,8 +384,29 @@ KF_API kf_status kf_rnn_backward(kf_rnn_plan *plan, kf_grad_mode grad_mode,
  * [..., out] with the same leading dims.
  * Backward gives dx, dS1s, dS2s and dbias (U1s and U2s are fixed). No reserve: backward
  * recomputes the bottleneck from x.
+ *
+ * Fused epilogue (since 1.8): with desc->activation and desc->dropout = p the layer stores
+ *     y = dropout(act(pre)),  pre = 1/(2L) * sum_i [...] + bias
+ * in the one output store. The dropout mask is never stored: element (n, o) of y (row n of the
+ * flattened leading dims, column o) is kept iff the counter-based generator the recurrent layers
+ * use (keyed by args->dropout_seed) draws u >= p at counter args->dropout_offset + n * out + o,
+ * the same bits on every backend; kept elements are scaled by 1/(1-p). A caller that draws a fresh
+ * seed per call (the bindings do) gets fresh masks; the offset lets one seed serve several calls.
+ * Dropout applies in KF_MODE_TRAINING calls only (args->mode). The backward needs the
+ * pre-activation for GELU, GELU_TANH and SILU: the forward writes it to the optional args->pre,
+ * and the backward reads it from its args->pre; for RELU the forward's y serves as well (pre > 0
+ * exactly where a kept y > 0), so nothing more is stored; with no activation nothing is needed.
  */
 typedef struct kf_sklinear_plan kf_sklinear_plan;
+
+/* The activation of SKLinear's fused epilogue (kf_sklinear_desc.activation). Since 1.8. */
+typedef enum kf_activation {
+    KF_ACTIVATION_NONE = 0,      /* the identity: no activation */
+    KF_ACTIVATION_RELU = 1,      /* max(v, 0) */
+    KF_ACTIVATION_GELU = 2,      /* v Phi(v) = v (1 + erf(v / sqrt 2)) / 2 (torch's default) */
+    KF_ACTIVATION_GELU_TANH = 3, /* v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3))) / 2 */
+    KF_ACTIVATION_SILU = 4       /* v / (1 + exp(-v)) */
+} kf_activation;
 
 /* An SKLinear plan's layer; kf_sklinear_desc_init() writes the defaults. */
 typedef struct kf_sklinear_desc {
@@ -398,6 +419,11 @@ typedef struct kf_sklinear_desc {
     int32_t dtype;        /* kf_dtype of every tensor: KF_DTYPE_F32 (default), or KF_DTYPE_F64
                              (since 1.3; on CUDA since 1.7), KF_DTYPE_F16 or KF_DTYPE_BF16
                              (since 1.5; on CUDA since 1.6) */
+    int32_t activation;   /* kf_activation applied to s Z W2 + bias in the output store:
+                             KF_ACTIVATION_NONE (default). Since 1.8 */
+    float dropout;        /* probability in [0, 1) of zeroing an output element after the
+                             activation, in KF_MODE_TRAINING calls only (kept ones are scaled by
+                             1/(1-p)); 0 (default): none. Since 1.8 */
     /* appended in later versions below this line; never reorder or remove */
 } kf_sklinear_desc;
 
@@ -446,6 +472,13 @@ typedef struct kf_sklinear_forward_args {
     kf_tensor U2s;      /* [L, in, k] */
     kf_tensor bias;     /* [out]: required when the plan has a bias, absent otherwise */
     kf_tensor y;        /* out [..., out]: x's leading dims */
+    /* since 1.8: the fused epilogue (header comment of this section) */
+    int32_t mode;       /* kf_mode: KF_MODE_TRAINING applies the plan's dropout; 0 (default) or
+                           KF_MODE_INFERENCE does not */
+    int32_t reserved0;  /* must be 0 */
+    uint64_t dropout_seed;   /* key of the dropout mask */
+    uint64_t dropout_offset; /* counter offset of y's element 0 */
+    kf_tensor pre;      /* optional out, y's shape: the pre-activation s Z W2 + bias */
 } kf_sklinear_forward_args;
 
 /* Writes the defaults (all tensors absent) and struct_size into `args`. Since 1.1. */
@@ -468,6 +501,13 @@ typedef struct kf_sklinear_backward_args {
     kf_tensor dS1s;     /* optional out [L, in, k]: written or accumulated per kf_grad_mode */
     kf_tensor dS2s;     /* optional out [L, k, out]: likewise */
     kf_tensor dbias;    /* optional out [out] (plans with a bias only): likewise */
+    /* since 1.8: the fused epilogue's gradient, dy * mask / (1-p) * act'(pre) */
+    int32_t mode;       /* the forward's */
+    int32_t reserved0;  /* must be 0 */
+    uint64_t dropout_seed;   /* the forward's */
+    uint64_t dropout_offset; /* the forward's */
+    kf_tensor pre;      /* dy's shape: the forward's pre-activation, required when the plan has
+                           an activation (for RELU the forward's y may be passed instead) */
 } kf_sklinear_backward_args;
 
 /* Writes the defaults and struct_size into `args`. Since 1.1. */

@@ -7,6 +7,7 @@
 #include "sklinear_backend.h"
 
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,7 @@ KF_API void kf_sklinear_desc_init(kf_sklinear_desc *desc) {
     d.struct_size = sizeof d;
     d.bias = 1;
     d.dtype = KF_DTYPE_F32;
+    d.activation = KF_ACTIVATION_NONE;
     *desc = d;
 }
 
@@ -50,7 +52,11 @@ KF_API kf_status kf_sklinear_plan_create(kf_context *ctx, const kf_sklinear_desc
     KF_CHECK(out != NULL, KF_ERR_INVALID_ARGUMENT, "out is NULL");
     *out = NULL;
     KF_CHECK(ctx != NULL, KF_ERR_INVALID_ARGUMENT, "ctx is NULL");
-    KF_TRY(kf__check_struct_size(__func__, "desc", desc, sizeof(kf_sklinear_desc)));
+    kf_sklinear_desc d0; /* a 1.1 .. 1.7 caller's desc gets the epilogue's defaults */
+    kf_sklinear_desc_init(&d0);
+    KF_TRY(kf__read_struct(__func__, "desc", desc, offsetof(kf_sklinear_desc, activation),
+                           sizeof d0, &d0));
+    desc = &d0;
     KF_CHECK(desc->in_features >= 1 && desc->in_features <= KF__SKL_MAX_EXTENT,
              KF_ERR_INVALID_ARGUMENT, "desc->in_features = %" PRId64 ", expected 1..%d",
              desc->in_features, KF__SKL_MAX_EXTENT);
@@ -68,6 +74,12 @@ KF_API kf_status kf_sklinear_plan_create(kf_context *ctx, const kf_sklinear_desc
     KF_CHECK(desc->bias == 0 || desc->bias == 1, KF_ERR_INVALID_ARGUMENT,
              "desc->bias = %d, expected 0 or 1", (int)desc->bias);
     KF_TRY(kf__check_layer_dtype(__func__, desc->dtype));
+    KF_CHECK(desc->activation >= KF_ACTIVATION_NONE && desc->activation <= KF_ACTIVATION_SILU,
+             KF_ERR_INVALID_ARGUMENT, "desc->activation = %d, expected a kf_activation: "
+             "KF_ACTIVATION_NONE (0), _RELU (1), _GELU (2), _GELU_TANH (3) or _SILU (4)",
+             (int)desc->activation);
+    KF_CHECK(desc->dropout >= 0.0f && desc->dropout < 1.0f, KF_ERR_INVALID_ARGUMENT,
+             "desc->dropout = %g, expected a probability in [0, 1)", (double)desc->dropout);
     /* Every parameter must be addressable: r * max(in, out) elements of up to 8 bytes. */
     size_t biggest;
     int64_t wide = desc->in_features > desc->out_features ? desc->in_features
@@ -79,7 +91,6 @@ KF_API kf_status kf_sklinear_plan_create(kf_context *ctx, const kf_sklinear_desc
     kf_sklinear_plan *p = calloc(1, sizeof *p);
     KF_CHECK(p != NULL, KF_ERR_OUT_OF_MEMORY, "cannot allocate the plan");
     p->ctx = ctx;
-    p->ops = ctx->backend->skl;
     p->in = desc->in_features;
     p->out = desc->out_features;
     p->L = desc->num_terms;
@@ -87,7 +98,9 @@ KF_API kf_status kf_sklinear_plan_create(kf_context *ctx, const kf_sklinear_desc
     p->r = r;
     p->has_bias = desc->bias == 1;
     p->dtype = (kf_dtype)desc->dtype;
-    kf_status s = p->ops->supports ? p->ops->supports(p, __func__) : KF_OK;
+    p->act = desc->activation;
+    p->dropout = desc->dropout;
+    kf_status s = ctx->backend->skl->select(p, __func__, &p->ops);
     if (s != KF_OK) {
         free(p);
         return s;
@@ -181,11 +194,30 @@ static kf_status kf__skl_check_bias(const kf_sklinear_plan *p, const char *fn, c
     return KF_OK;
 }
 
+/* The epilogue's per-call fields: the mode (dropout in training calls only), seed and offset. */
+static kf_status kf__skl_check_epi(const kf_sklinear_plan *p, const char *fn, int32_t mode,
+                                   int32_t reserved0, uint64_t seed, uint64_t offset,
+                                   kf__skl_epi *epi) {
+    KF_CHECK_FN(fn, mode == 0 || mode == KF_MODE_INFERENCE || mode == KF_MODE_TRAINING,
+                KF_ERR_INVALID_ARGUMENT, "args->mode = %d, expected 0, KF_MODE_INFERENCE (1) "
+                "or KF_MODE_TRAINING (2)", (int)mode);
+    KF_CHECK_FN(fn, reserved0 == 0, KF_ERR_INVALID_ARGUMENT, "args->reserved0 = %d, expected 0",
+                (int)reserved0);
+    epi->p = mode == KF_MODE_TRAINING ? p->dropout : 0.0f;
+    epi->seed = seed;
+    epi->offset = offset;
+    return KF_OK;
+}
+
 KF_API kf_status kf_sklinear_forward(kf_sklinear_plan *plan, const kf_sklinear_forward_args *args,
                                      void *workspace, size_t workspace_bytes) {
     kf__clear_error();
     KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
-    KF_TRY(kf__check_struct_size(__func__, "args", args, sizeof(kf_sklinear_forward_args)));
+    kf_sklinear_forward_args a0; /* a 1.1 .. 1.7 caller's args: no epilogue fields */
+    kf_sklinear_forward_args_init(&a0);
+    KF_TRY(kf__read_struct(__func__, "args", args, offsetof(kf_sklinear_forward_args, mode),
+                           sizeof a0, &a0));
+    args = &a0;
     int64_t xs[KF_MAX_DIMS], ys[KF_MAX_DIMS], N;
     bool present;
     KF_TRY(kf__check_rows_of(plan->ctx, __func__, "args->x", &args->x, plan->dtype, -1, NULL,
@@ -199,6 +231,11 @@ KF_API kf_status kf_sklinear_forward(kf_sklinear_plan *plan, const kf_sklinear_f
     c.bias = bias;
     KF_TRY(kf__check_rows_of(plan->ctx, __func__, "args->y", &args->y, plan->dtype,
                              args->x.ndim, xs, plan->out, false, ys, &present, NULL));
+    KF_TRY(kf__skl_check_epi(plan, __func__, args->mode, args->reserved0, args->dropout_seed,
+                             args->dropout_offset, &c.epi));
+    KF_TRY(kf__check_rows_of(plan->ctx, __func__, "args->pre", &args->pre, plan->dtype,
+                             args->x.ndim, xs, plan->out, true, ys, &present, NULL));
+    c.pre = present ? args->pre.data : NULL;
     size_t need = plan->ops->workspace(plan, N);
     KF_TRY(kf__workspace_select(plan->ctx, __func__, workspace, workspace_bytes, need, &c.ws));
     c.ws_bytes = need;
@@ -211,7 +248,11 @@ KF_API kf_status kf_sklinear_backward(kf_sklinear_plan *plan, kf_grad_mode grad_
     kf__clear_error();
     KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
     KF_TRY(kf__check_grad_mode(__func__, grad_mode));
-    KF_TRY(kf__check_struct_size(__func__, "args", args, sizeof(kf_sklinear_backward_args)));
+    kf_sklinear_backward_args a0; /* a 1.1 .. 1.7 caller's args: no epilogue fields */
+    kf_sklinear_backward_args_init(&a0);
+    KF_TRY(kf__read_struct(__func__, "args", args, offsetof(kf_sklinear_backward_args, mode),
+                           sizeof a0, &a0));
+    args = &a0;
     int64_t xs[KF_MAX_DIMS], s[KF_MAX_DIMS], N;
     bool present;
     KF_TRY(kf__check_rows_of(plan->ctx, __func__, "args->x", &args->x, plan->dtype, -1, NULL,
@@ -225,6 +266,15 @@ KF_API kf_status kf_sklinear_backward(kf_sklinear_plan *plan, kf_grad_mode grad_
     KF_TRY(kf__check_rows_of(plan->ctx, __func__, "args->dy", &args->dy, plan->dtype, nd, xs,
                              plan->out, false, s, &present, NULL));
     c.dy = args->dy.data;
+    KF_TRY(kf__skl_check_epi(plan, __func__, args->mode, args->reserved0, args->dropout_seed,
+                             args->dropout_offset, &c.epi));
+    const bool act = plan->act != KF_ACTIVATION_NONE;
+    KF_CHECK(act || args->pre.data == NULL, KF_ERR_INVALID_ARGUMENT,
+             "args->pre is given but the plan has no activation (desc->activation = "
+             "KF_ACTIVATION_NONE)");
+    KF_TRY(kf__check_rows_of(plan->ctx, __func__, "args->pre", &args->pre, plan->dtype, nd, xs,
+                             plan->out, !act, s, &present, NULL));
+    c.pre = act ? args->pre.data : NULL;
     KF_TRY(kf__check_rows_of(plan->ctx, __func__, "args->dx", &args->dx, plan->dtype, nd, xs,
                              plan->in, true, s, &present, NULL));
     c.dx = present ? args->dx.data : NULL;

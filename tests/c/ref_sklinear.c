@@ -1,5 +1,8 @@
 #include "ref_sklinear.h"
 
+#define REF_PI 3.14159265358979323846
+
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -91,4 +94,53 @@ void ref_skl_backward(const ref_skl_cfg *c_, const double *x, const double *S1, 
         }
     free(g1);
     free(g2);
+}
+
+double ref_skl_act(int act, double v) {
+    switch (act) {
+    case 1: return v > 0 ? v : 0;
+    case 2: return v * 0.5 * erfc(-v / sqrt(2.0)); /* x Phi(x) */
+    case 3: return 0.5 * v * (1.0 + tanh(sqrt(2.0 / REF_PI) * (v + 0.044715 * v * v * v)));
+    case 4: return v / (1.0 + exp(-v));
+    default: return v;
+    }
+}
+
+double ref_skl_act_grad(int act, double v) {
+    switch (act) {
+    case 1: return v > 0 ? 1 : 0;
+    case 2: return 0.5 * erfc(-v / sqrt(2.0)) + v * exp(-0.5 * v * v) / sqrt(2.0 * REF_PI);
+    case 3: {
+        const double c = sqrt(2.0 / REF_PI), u = c * (v + 0.044715 * v * v * v), t = tanh(u);
+        return 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * v * v);
+    }
+    case 4: {
+        const double sg = 1.0 / (1.0 + exp(-v));
+        return sg + v * sg * (1.0 - sg);
+    }
+    default: return 1;
+    }
+}
+
+static uint64_t ref_splitmix(uint64_t z) {
+    z ^= z >> 30;
+    z *= 0xBF58476D1CE4E5B9ull;
+    z ^= z >> 27;
+    z *= 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+int ref_skl_keep(uint64_t seed, uint64_t ctr, float p) {
+    const uint64_t z = ref_splitmix(ref_splitmix(seed + 0x9E3779B97F4A7C15ull) ^ ctr);
+    return ldexp((double)(z >> 40), -24) >= (double)p;
+}
+
+void ref_skl_epilogue(int act, float p, uint64_t seed, uint64_t offset, int64_t n,
+                      const double *pre, double *y, const double *dy, double *g) {
+    for (int64_t i = 0; i < n; i++) {
+        const int keep = p > 0 ? ref_skl_keep(seed, offset + (uint64_t)i, p) : 1;
+        const double m = keep ? (p > 0 ? 1.0 / (1.0 - p) : 1.0) : 0.0;
+        y[i] = m * ref_skl_act(act, pre[i]);
+        if (g) g[i] = dy[i] * m * ref_skl_act_grad(act, pre[i]);
+    }
 }

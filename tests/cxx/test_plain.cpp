@@ -120,8 +120,10 @@ void check_sklinear(int64_t N, int64_t in, int64_t out, int32_t L, int32_t k, bo
     HostExec ex;
 
     Vec y(N * out, NAN), y_ref(N * out);
-    kf__skl_fwd f = {&p, N, x.data(), S1.data(), S2.data(), U1.data(), U2.data(),
-                     bias ? b.data() : nullptr, y.data(), ws.data(), ws.size() * 8};
+    kf__skl_fwd f = {};
+    f.plan = &p, f.N = N, f.x = x.data(), f.S1 = S1.data(), f.S2 = S2.data(), f.U1 = U1.data();
+    f.U2 = U2.data(), f.bias = bias ? b.data() : nullptr, f.y = y.data();
+    f.ws = ws.data(), f.ws_bytes = ws.size() * 8;
     cr_assert_eq(kf_plain::skl_forward<double>(ex, &f), KF_OK);
     ref_skl_cfg rc = {N, in, out, L, k};
     ref_skl_forward(&rc, x.data(), S1.data(), S2.data(), U1.data(), U2.data(),
@@ -142,10 +144,12 @@ void check_sklinear(int64_t N, int64_t in, int64_t out, int32_t L, int32_t k, bo
                     std::fill(db.begin(), db.end(), NAN);
             const bool on[4] = {want < 0 || want == 0, want < 0 || want == 1,
                                 want < 0 || want == 2, (want < 0 || want == 3) && bias};
-            kf__skl_bwd c = {&p, N, x.data(), S1.data(), S2.data(), U1.data(), U2.data(),
-                             dy.data(), on[0] ? dx.data() : nullptr, on[1] ? d1.data() : nullptr,
-                             on[2] ? d2.data() : nullptr, on[3] ? db.data() : nullptr, acc,
-                             ws.data(), ws.size() * 8};
+            kf__skl_bwd c = {};
+            c.plan = &p, c.N = N, c.x = x.data(), c.S1 = S1.data(), c.S2 = S2.data();
+            c.U1 = U1.data(), c.U2 = U2.data(), c.dy = dy.data();
+            c.dx = on[0] ? dx.data() : nullptr, c.dS1 = on[1] ? d1.data() : nullptr;
+            c.dS2 = on[2] ? d2.data() : nullptr, c.db = on[3] ? db.data() : nullptr;
+            c.accumulate = acc, c.ws = ws.data(), c.ws_bytes = ws.size() * 8;
             cr_assert_eq(kf_plain::skl_backward<double>(ex, &c), KF_OK);
             if (on[0]) expect_close(dx, dx_ref, "SKLinear dx");
             if (on[1]) expect_close(d1, acc ? plus(d1_0, d1_ref) : d1_ref, "SKLinear dS1s");
@@ -154,6 +158,52 @@ void check_sklinear(int64_t N, int64_t in, int64_t out, int32_t L, int32_t k, bo
             if (!on[1]) cr_assert(std::isnan(d1[0]), "an absent dS1s was written");
         }
     }
+}
+
+// The fused epilogue on the plain path (float64): y = dropout(act(pre)) and its gradient against
+// tests/c/ref_sklinear.c's epilogue, whose mask the CPU backend's tests (test_sklinear_epilogue)
+// hold the CPU to: so the CUDA path's mask bits are the CPU's.
+void check_sklinear_epilogue(int32_t act, float drop) {
+    const int64_t N = 13, in = 40, out = 37;
+    const int32_t L = 2, k = 3;
+    std::mt19937 rng((unsigned)(act * 7 + (drop > 0)));
+    kf_sklinear_plan p = {};
+    p.in = in, p.out = out, p.L = L, p.k = k, p.r = (int64_t)L * k, p.has_bias = true;
+    p.dtype = KF_DTYPE_F64, p.act = act, p.dropout = drop;
+    Vec x = random(rng, N * in), S1 = random(rng, L * in * k), S2 = random(rng, L * k * out),
+        U1 = random(rng, L * k * out), U2 = random(rng, L * in * k), b = random(rng, out),
+        dy = random(rng, N * out);
+    Vec ws(kf_plain::skl_workspace<double>(&p, N) / sizeof(double) + 1, NAN);
+    HostExec ex;
+    const kf__skl_epi e = {drop, 12345, 678};
+    Vec y(N * out, NAN), pre(N * out, NAN), pre_ref(N * out), y_ref(N * out), g_ref(N * out);
+    kf__skl_fwd f = {};
+    f.plan = &p, f.N = N, f.x = x.data(), f.S1 = S1.data(), f.S2 = S2.data(), f.U1 = U1.data();
+    f.U2 = U2.data(), f.bias = b.data(), f.y = y.data(), f.pre = pre.data(), f.epi = e;
+    f.ws = ws.data(), f.ws_bytes = ws.size() * 8;
+    cr_assert_eq(kf_plain::skl_forward<double>(ex, &f), KF_OK);
+    ref_skl_cfg rc = {N, in, out, L, k};
+    ref_skl_forward(&rc, x.data(), S1.data(), S2.data(), U1.data(), U2.data(), b.data(),
+                    pre_ref.data());
+    ref_skl_epilogue(act, drop, e.seed, e.offset, N * out, pre_ref.data(), y_ref.data(),
+                     dy.data(), g_ref.data());
+    expect_close(pre, pre_ref, "SKLinear epilogue pre");
+    expect_close(y, y_ref, "SKLinear epilogue y");
+    Vec dx(N * in, NAN), d1(L * in * k, NAN), d2(L * k * out, NAN), db(out, NAN);
+    Vec dx_ref(N * in), d1_ref(L * in * k), d2_ref(L * k * out), db_ref(out);
+    ref_skl_backward(&rc, x.data(), S1.data(), S2.data(), U1.data(), U2.data(), g_ref.data(),
+                     dx_ref.data(), d1_ref.data(), d2_ref.data(), db_ref.data());
+    kf__skl_bwd c = {};
+    c.plan = &p, c.N = N, c.x = x.data(), c.S1 = S1.data(), c.S2 = S2.data();
+    c.U1 = U1.data(), c.U2 = U2.data(), c.dy = dy.data();
+    c.pre = act ? pre.data() : nullptr, c.epi = e;
+    c.dx = dx.data(), c.dS1 = d1.data(), c.dS2 = d2.data(), c.db = db.data();
+    c.ws = ws.data(), c.ws_bytes = ws.size() * 8;
+    cr_assert_eq(kf_plain::skl_backward<double>(ex, &c), KF_OK);
+    expect_close(dx, dx_ref, "SKLinear epilogue dx");
+    expect_close(d1, d1_ref, "SKLinear epilogue dS1s");
+    expect_close(d2, d2_ref, "SKLinear epilogue dS2s");
+    expect_close(db, db_ref, "SKLinear epilogue dbias");
 }
 
 // ---- KAN -----------------------------------------------------------------------------------------
@@ -367,6 +417,11 @@ Test(plain, sklinear) {
     check_sklinear(1, 5, 3, 2, 2, true);
     check_sklinear(64, 40, 8, 4, 8, true); // 2r = 64 > in
     check_sklinear(203, 6, 10, 1, 2, true); // dbias over 4 row ranges, the last one short
+}
+
+Test(plain, sklinear_epilogue) {
+    for (int32_t act = KF_ACTIVATION_NONE; act <= KF_ACTIVATION_SILU; ++act)
+        for (float drop : {0.0f, 0.3f}) check_sklinear_epilogue(act, drop);
 }
 
 // The fixed-order column sums (plain.cuh's column_sums: SKLinear's dbias, the recurrent bias
@@ -768,15 +823,19 @@ void check_sklinear_low(int64_t N, int64_t in, int64_t out, int32_t L, int32_t k
     const auto xl = to_low<T>(x), S1l = to_low<T>(S1), S2l = to_low<T>(S2), U1l = to_low<T>(U1),
                U2l = to_low<T>(U2), bl = to_low<T>(b), dyl = to_low<T>(dy);
     std::vector<T> y(N * out);
-    kf__skl_fwd f = {&p, N, xl.data(), S1l.data(), S2l.data(), U1l.data(), U2l.data(),
-                     bl.data(), y.data(), ws.data(), ws.size()};
+    kf__skl_fwd f = {};
+    f.plan = &p, f.N = N, f.x = xl.data(), f.S1 = S1l.data(), f.S2 = S2l.data();
+    f.U1 = U1l.data(), f.U2 = U2l.data(), f.bias = bl.data(), f.y = y.data();
+    f.ws = ws.data(), f.ws_bytes = ws.size();
     cr_assert_eq(kf_plain::skl_forward<T>(ex, &f), KF_OK);
     double emax = expect_low(y, y_ref, "low SKLinear y");
 
     std::vector<T> dx(N * in), d1(L * in * k), d2(L * k * out), db(out);
-    kf__skl_bwd c = {&p, N, xl.data(), S1l.data(), S2l.data(), U1l.data(), U2l.data(),
-                     dyl.data(), dx.data(), d1.data(), d2.data(), db.data(), false,
-                     ws.data(), ws.size()};
+    kf__skl_bwd c = {};
+    c.plan = &p, c.N = N, c.x = xl.data(), c.S1 = S1l.data(), c.S2 = S2l.data();
+    c.U1 = U1l.data(), c.U2 = U2l.data(), c.dy = dyl.data(), c.dx = dx.data();
+    c.dS1 = d1.data(), c.dS2 = d2.data(), c.db = db.data(), c.accumulate = false;
+    c.ws = ws.data(), c.ws_bytes = ws.size();
     cr_assert_eq(kf_plain::skl_backward<T>(ex, &c), KF_OK);
     emax = std::max(emax, expect_low(dx, dx_ref, "low SKLinear dx"));
     emax = std::max(emax, expect_low(d1, d1_ref, "low SKLinear dS1s"));

@@ -1,12 +1,15 @@
 """Thin Python object over kfuse's sketched linear layer (SKLinear, Panther's randomized low-rank
 layer): the kf_sklinear_* part of capi/include/kfuse.h.
 
-    plan = SkLinearPlan(ctx, in_features, out_features, num_terms, low_rank, bias=True)
+    plan = SkLinearPlan(ctx, in_features, out_features, num_terms, low_rank, bias=True,
+                        activation=ACTIVATION_NONE, dropout=0.0)
     plan.param_info      [("S1s", (L, in, k)), ("S2s", (L, k, out)), ("bias", (out,)),
                           ("U1s", (L, k, out)), ("U2s", (L, in, k))]   (Panther's state_dict order)
     plan.param_ratio     2Lk(in+out) / (in*out)  (Panther warns above 1)
-    plan.forward(x, S1s, S2s, U1s, U2s, y, bias=None)
-    plan.backward(x, S1s, S2s, U1s, U2s, dy, dx=None, dS1s=None, dS2s=None, dbias=None)
+    plan.forward(x, S1s, S2s, U1s, U2s, y, bias=None, pre=None, training=False,
+                 dropout_seed=0, dropout_offset=0)
+    plan.backward(x, S1s, S2s, U1s, U2s, dy, dx=None, dS1s=None, dS2s=None, dbias=None,
+                  pre=None, training=False, dropout_seed=0, dropout_offset=0)
     plan.init_params(seed, S1s, S2s, U1s, U2s, bias=None, W_init=None)
 
 As in kfuse._lowlevel, nothing is validated or computed here: every check is the library's, and
@@ -28,7 +31,15 @@ from kfuse._lowlevel import (  # noqa: F401  (tensor_values: re-exported, its 1.
     tensor_run, tensor_values,
 )
 
-__all__ = ["SkLinearPlan", "PARAM_NAMES"]
+__all__ = ["SkLinearPlan", "PARAM_NAMES", "ACTIVATIONS"]
+
+#: No activation in the fused epilogue (kf_activation's KF_ACTIVATION_NONE, the default).
+ACTIVATION_NONE = lib.KF_ACTIVATION_NONE
+#: The fused epilogue's activations (kf_activation, since 1.8) by name, as
+#: kfuse.torch.SKLinear's `activation=` takes them.
+ACTIVATIONS = {None: lib.KF_ACTIVATION_NONE, "relu": lib.KF_ACTIVATION_RELU,
+               "gelu": lib.KF_ACTIVATION_GELU, "gelu_tanh": lib.KF_ACTIVATION_GELU_TANH,
+               "silu": lib.KF_ACTIVATION_SILU}
 
 #: Panther's parameter and buffer names, in its state_dict order (parameters, then buffers).
 PARAM_NAMES = ("S1s", "S2s", "bias", "U1s", "U2s")
@@ -65,17 +76,27 @@ def _fill_args(cache, ctype, init, start, fields, refs):
     return args
 
 
+def _fill_epi(args, pre, training, seed, offset):
+    """The epilogue's fields of a forward or backward args struct (refilled every call)."""
+    args.mode = lib.KF_MODE_TRAINING if training else lib.KF_MODE_INFERENCE
+    args.dropout_seed = int(seed)
+    args.dropout_offset = int(offset)
+    _fill_tensor(args.pre, pre, "pre")
+
+
 class SkLinearPlan(_Plan):
     """A kf_sklinear_plan bound to a Context, which it keeps alive.
 
     SkLinearPlan(ctx, in_features, out_features, num_terms, low_rank, bias=True,
-                 dtype=DTYPE_F32). Descriptor checks are the library's (InvalidArgument naming
-    the field; Unsupported for a dtype other than f32)."""
+                 dtype=DTYPE_F32, activation=ACTIVATION_NONE, dropout=0.0). Descriptor checks
+    are the library's (InvalidArgument naming the field; Unsupported for a dtype the backend
+    lacks). activation (a kf_activation) and dropout (p in [0, 1)) make the fused epilogue
+    y = dropout(act(pre)) (kfuse.h, since 1.8)."""
 
     _prefix = "kf_sklinear"
 
     def __init__(self, ctx, in_features, out_features, num_terms, low_rank, bias=True,
-                 dtype=DTYPE_F32):
+                 dtype=DTYPE_F32, activation=ACTIVATION_NONE, dropout=0.0):
         def fill(desc):
             desc.in_features = int(in_features)
             desc.out_features = int(out_features)
@@ -83,6 +104,8 @@ class SkLinearPlan(_Plan):
             desc.low_rank = int(low_rank)
             desc.bias = 1 if bias else 0
             desc.dtype = int(dtype)
+            desc.activation = int(activation)
+            desc.dropout = float(dropout)
 
         self._make_plan(ctx, fill)
         self.in_features = int(in_features)
@@ -91,6 +114,8 @@ class SkLinearPlan(_Plan):
         self.low_rank = int(low_rank)
         self.bias = bool(bias)
         self.dtype = int(dtype)
+        self.activation = int(activation)
+        self.dropout = float(dropout)
         # [(name, shape), ...] of the layer's tensors (kf_sklinear_param_info) in Panther's
         # state_dict order: S1s, S2s, bias when the plan has one, U1s, U2s
         self.param_info = param_list(lib.kf_sklinear_param_count, lib.kf_sklinear_param_info,
@@ -115,25 +140,32 @@ class SkLinearPlan(_Plan):
         check(lib.kf_sklinear_workspace_size(self._ptr, int(N), ws))
         return int(ws[0])
 
-    def forward(self, x, S1s, S2s, U1s, U2s, y, bias=None, workspace=None):
+    def forward(self, x, S1s, S2s, U1s, U2s, y, bias=None, workspace=None, pre=None,
+                training=False, dropout_seed=0, dropout_offset=0):
         """kf_sklinear_forward: y [..., out] from x [..., in]. Tensors: torch tensors, numpy
         arrays, TensorRefs or raw (ptr, kf_dtype, shape, strides) tuples, None = absent; each is
         held until the call returns. `workspace` is a uint8 tensor or array, a raw (ptr, nbytes)
-        pair or None (the context's arena). Releases the GIL."""
+        pair or None (the context's arena). The epilogue's: `pre` (optional out, y's shape: the
+        pre-activation), `training` (KF_MODE_TRAINING: the plan's dropout applies), the dropout
+        mask's seed and counter offset. Releases the GIL."""
         args = _fill_args(self._args, "kf_sklinear_forward_args",
                           lib.kf_sklinear_forward_args_init, _FWD_STRUCT, _FWD_FIELDS,
                           (x, S1s, S2s, U1s, U2s, bias, y))
+        _fill_epi(args, pre, training, dropout_seed, dropout_offset)
         ws, ws_bytes = _buffer(workspace, "workspace")
         check(lib.kf_sklinear_forward(self._ptr, args, ws, ws_bytes))
 
     def backward(self, x, S1s, S2s, U1s, U2s, dy, dx=None, dS1s=None, dS2s=None, dbias=None,
-                 accumulate=False, workspace=None):
+                 accumulate=False, workspace=None, pre=None, training=False, dropout_seed=0,
+                 dropout_offset=0):
         """kf_sklinear_backward: dx (always overwritten), dS1s, dS2s, dbias (written, or added
-        to with accumulate=True); each output may be None. Tensors as for forward(). Releases
-        the GIL."""
+        to with accumulate=True); each output may be None. Tensors as for forward(); the
+        epilogue's fields are the forward's (`pre`: its pre-activation, required with an
+        activation; for ReLU its y serves). Releases the GIL."""
         args = _fill_args(self._args, "kf_sklinear_backward_args",
                           lib.kf_sklinear_backward_args_init, _BWD_STRUCT, _BWD_FIELDS,
                           (x, S1s, S2s, U1s, U2s, dy, dx, dS1s, dS2s, dbias))
+        _fill_epi(args, pre, training, dropout_seed, dropout_offset)
         ws, ws_bytes = _buffer(workspace, "workspace")
         grad_mode = lib.KF_GRAD_ACCUMULATE if accumulate else lib.KF_GRAD_OVERWRITE
         check(lib.kf_sklinear_backward(self._ptr, grad_mode, args, ws, ws_bytes))
@@ -153,5 +185,6 @@ class SkLinearPlan(_Plan):
 
     def __repr__(self):
         return ("kfuse.SkLinearPlan(in_features=%d, out_features=%d, num_terms=%d, "
-                "low_rank=%d, bias=%r)" % (self.in_features, self.out_features, self.num_terms,
-                                           self.low_rank, self.bias))
+                "low_rank=%d, bias=%r, activation=%d, dropout=%g)"
+                % (self.in_features, self.out_features, self.num_terms, self.low_rank, self.bias,
+                   self.activation, self.dropout))

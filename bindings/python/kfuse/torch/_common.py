@@ -48,8 +48,9 @@ def _context(device, num_threads):
 def _make_plan(ctx, key):
     kind = key[0]
     if kind == "sklinear":
-        _, I, O, L, k, bias, dtype = key
-        return SkLinearPlan(ctx, I, O, L, k, bias=bias, dtype=dtype)
+        _, I, O, L, k, bias, dtype, act, dropout = key
+        return SkLinearPlan(ctx, I, O, L, k, bias=bias, dtype=dtype, activation=act,
+                            dropout=dropout)
     if kind == "kan_linear":
         _, I, O, G, k, standalone, dtype = key
         return KanLinearPlan(ctx, I, O, grid_size=G, spline_order=k, standalone_scale=standalone,
@@ -68,7 +69,8 @@ def plan(key, device):
     """The calling thread's plan for descriptor `key` on `device` (a torch.device), on a context
     that uses torch.get_num_threads() CPU threads (one context per thread count, so a call never
     starts a thread pool of its own): an RnnPlan for (cell, I, H, L, batch_first, bidirectional,
-    dropout, gamma, kf_dtype), a SkLinearPlan for ("sklinear", in, out, L, k, bias, kf_dtype), a
+    dropout, gamma, kf_dtype), a SkLinearPlan for ("sklinear", in, out, L, k, bias, kf_dtype,
+    kf_activation, dropout), a
     KanLinearPlan for ("kan_linear", in, out, grid_size, spline_order, standalone_scale,
     kf_dtype), a KanConv2dPlan for ("kan_conv2d", in_channels, out_channels, kh, kw, sh, sw, ph,
     pw, dh, dw, grid_size, spline_order, standalone_scale, kf_dtype)."""

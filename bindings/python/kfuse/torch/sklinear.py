@@ -1,5 +1,6 @@
 """kfuse.torch.SKLinear, the drop-in for panther.nn.SKLinear, and its operators
-kfuse::sklinear / kfuse::sklinear_backward."""
+kfuse::sklinear / kfuse::sklinear_backward, and with the fused activation and dropout (kfuse.h's
+epilogue, since 1.8) kfuse::sklinear_epi / kfuse::sklinear_epi_backward."""
 import functools
 import warnings
 
@@ -7,6 +8,7 @@ import torch
 from torch import nn
 
 from kfuse._lowlevel import dtype_code, kf_dtype_of, lib
+from kfuse.sklinear import ACTIVATIONS
 from kfuse.torch._common import (
     Op, autocast_inputs, check_devices, check_rank, device_guard, empty_grad, module_attrs,
     on_device, plan, workspace,
@@ -15,17 +17,20 @@ from kfuse.torch._common import (
 __all__ = ["SKLinear", "sklinear_function"]
 
 _MAX_DIMS = lib.KF_MAX_DIMS  # a plain int (torch.compile cannot guard on the cffi lib object)
+_ACT_NONE, _ACT_RELU = int(lib.KF_ACTIVATION_NONE), int(lib.KF_ACTIVATION_RELU)  # likewise
 
 
 # ---- kernels -----------------------------------------------------------------------------------
 
-def _key(S1s, S2s, has_bias):
-    """The plan key from the parameters' shapes: S1s [L, in, k], S2s [L, k, out]."""
+def _key(S1s, S2s, has_bias, act=0, dropout=0.0):
+    """The plan key from the parameters' shapes (S1s [L, in, k], S2s [L, k, out]) and the
+    epilogue (a kf_activation, the dropout probability)."""
     s1, s2 = S1s.shape, S2s.shape
     if len(s1) != 3 or len(s2) != 3:
         check_rank("S1s", S1s, 3, "[num_terms, in_features, low_rank]")
         check_rank("S2s", S2s, 3, "[num_terms, low_rank, out_features]")
-    return ("sklinear", s1[1], s2[2], s1[0], s1[2], has_bias, kf_dtype_of("S1s", S1s))
+    return ("sklinear", s1[1], s2[2], s1[0], s1[2], has_bias, kf_dtype_of("S1s", S1s), act,
+            dropout)
 
 
 _NAMES = ("S1s", "S2s", "U1s", "U2s", "bias")
@@ -37,24 +42,44 @@ def _rows(x):
 
 def _forward_impl(x, S1s, S2s, U1s, U2s, bias):
     """y [..., out] from x [..., in] through kf_sklinear_forward."""
-    key = _key(S1s, S2s, bias is not None)
+    return _forward_any(x, S1s, S2s, U1s, U2s, bias, 0, 0.0, False, False, None)[0]
+
+
+def _epi_forward_impl(x, S1s, S2s, U1s, U2s, bias, act, dropout, training, save, seed):
+    """(y, pre): y = dropout(act(s Z W2 + bias)) [..., out], the dropout in training calls;
+    pre, the pre-activation, where `save` asks for what a backward needs and the activation's
+    derivative needs it (GELU, GELU_TANH, SiLU), else an empty tensor (ReLU's backward reads y).
+    The dropout mask is keyed by seed (an int64 tensor [1]; None: 0) at offset 0."""
+    return _forward_any(x, S1s, S2s, U1s, U2s, bias, act, dropout, training, save, seed)
+
+
+def _forward_any(x, S1s, S2s, U1s, U2s, bias, act, dropout, training, save, seed):
+    key = _key(S1s, S2s, bias is not None, act, dropout)
     check_devices("SKLinear", x, _NAMES, (S1s, S2s, U1s, U2s, bias))
     return on_device(x, _forward, key, x.contiguous(), S1s.contiguous(), S2s.contiguous(),
                      U1s.contiguous(), U2s.contiguous(),
-                     None if bias is None else bias.contiguous())
+                     None if bias is None else bias.contiguous(), training, save,
+                     0 if seed is None else int(seed.item()))
 
 
-def _forward(key, x, S1s, S2s, U1s, U2s, bias):
+def _keeps_pre(act):
+    """Whether the backward reads the pre-activation (else y, or nothing)."""
+    return act not in (_ACT_NONE, _ACT_RELU)
+
+
+def _forward(key, x, S1s, S2s, U1s, U2s, bias, training, save, seed):
     device = x.device
     p = plan(key, device)
     if x.dim() == 0:  # the library reports it
         p.forward(x, S1s, S2s, U1s, U2s, None, bias=bias)
     y = x.new_empty(x.shape[:-1] + (p.out_features,))
+    pre = x.new_empty(y.shape if save and _keeps_pre(p.activation) else (0,))
     # an empty batch of the right width: y is empty (the library takes N >= 1)
     if x.numel() or x.dim() < 2 or x.shape[-1] != p.in_features:
         p.forward(x, S1s, S2s, U1s, U2s, y, bias=bias,
-                  workspace=workspace(p, device, _rows(x)) if x.is_cuda else None)
-    return y
+                  workspace=workspace(p, device, _rows(x)) if x.is_cuda else None,
+                  pre=pre if pre.numel() else None, training=training, dropout_seed=seed)
+    return y, pre
 
 
 def _forward_fake(x, S1s, S2s, U1s, U2s, bias):
@@ -64,10 +89,29 @@ def _forward_fake(x, S1s, S2s, U1s, U2s, bias):
     return x.new_empty(x.shape[:-1] + (S2s.shape[2],))
 
 
+def _epi_forward_fake(x, S1s, S2s, U1s, U2s, bias, act, dropout, training, save, seed):
+    y = _forward_fake(x, S1s, S2s, U1s, U2s, bias)
+    return y, x.new_empty(y.shape if save and _keeps_pre(act) else (0,))
+
+
 def _backward_impl(dy, x, S1s, S2s, U1s, U2s, has_bias, output_mask):
     """(dx, dS1s, dS2s, dbias) through kf_sklinear_backward; an output not in output_mask is an
     empty tensor."""
-    key = _key(S1s, S2s, has_bias)
+    return _backward_any(dy, x, S1s, S2s, U1s, U2s, None, has_bias, 0, 0.0, False, None,
+                         output_mask)
+
+
+def _epi_backward_impl(dy, x, S1s, S2s, U1s, U2s, saved, has_bias, act, dropout, training, seed,
+                       output_mask):
+    """The same through the epilogue: `saved` is the forward's pre (GELU, GELU_TANH, SiLU) or
+    y (ReLU), or empty (no activation)."""
+    return _backward_any(dy, x, S1s, S2s, U1s, U2s, saved if saved.numel() else None, has_bias,
+                         act, dropout, training, seed, output_mask)
+
+
+def _backward_any(dy, x, S1s, S2s, U1s, U2s, saved, has_bias, act, dropout, training, seed,
+                  output_mask):
+    key = _key(S1s, S2s, has_bias, act, dropout)
     need_dx, need_d1, need_d2, need_db = output_mask
     dx, dS1s, dS2s, dbias = _grads(x, S1s, S2s, output_mask)
     if not x.numel():  # an empty batch (forward checked its shape): nothing flows back
@@ -77,15 +121,19 @@ def _backward_impl(dy, x, S1s, S2s, U1s, U2s, has_bias, output_mask):
         return dx, dS1s, dS2s, dbias
     on_device(x, _backward_run, key, x.contiguous(), S1s.contiguous(), S2s.contiguous(),
               U1s.contiguous(), U2s.contiguous(), dy.contiguous(), dx if need_dx else None,
-              dS1s if need_d1 else None, dS2s if need_d2 else None, dbias if need_db else None)
+              dS1s if need_d1 else None, dS2s if need_d2 else None, dbias if need_db else None,
+              None if saved is None else saved.contiguous(), training,
+              0 if seed is None else int(seed.item()))
     return dx, dS1s, dS2s, dbias
 
 
-def _backward_run(key, x, S1s, S2s, U1s, U2s, dy, dx, dS1s, dS2s, dbias):
+def _backward_run(key, x, S1s, S2s, U1s, U2s, dy, dx, dS1s, dS2s, dbias, saved, training,
+                  seed):
     device = x.device
     p = plan(key, device)
     p.backward(x, S1s, S2s, U1s, U2s, dy, dx=dx, dS1s=dS1s, dS2s=dS2s, dbias=dbias,
-               workspace=workspace(p, device, _rows(x)) if x.is_cuda else None)
+               workspace=workspace(p, device, _rows(x)) if x.is_cuda else None, pre=saved,
+               training=training, dropout_seed=seed)
 
 
 def _grads(x, S1s, S2s, output_mask):
@@ -99,21 +147,53 @@ def _backward_fake(dy, x, S1s, S2s, U1s, U2s, has_bias, output_mask):
     return _grads(x, S1s, S2s, output_mask)
 
 
+def _epi_backward_fake(dy, x, S1s, S2s, U1s, U2s, saved, has_bias, act, dropout, training, seed,
+                       output_mask):
+    return _grads(x, S1s, S2s, output_mask)
+
+
 def _setup_context(ctx, inputs, output):
     x, S1s, S2s, U1s, U2s, bias = inputs
     ctx.has_bias = bias is not None
     ctx.save_for_backward(x, S1s, S2s, U1s, U2s)
 
 
+def _grad_mask(ctx):
+    need = ctx.needs_input_grad  # x, S1s, S2s, U1s, U2s, bias, ...
+    return [bool(need[0]), bool(need[1]), bool(need[2]), bool(ctx.has_bias and need[5])]
+
+
+def _grads_out(mask, grads, extra):
+    dx, dS1s, dS2s, dbias = grads
+    return (dx if mask[0] else None, dS1s if mask[1] else None, dS2s if mask[2] else None,
+            None, None, dbias if mask[3] else None) + (None,) * extra
+
+
 def _backward(ctx, dy):
     x, S1s, S2s, U1s, U2s = ctx.saved_tensors
-    need = ctx.needs_input_grad  # x, S1s, S2s, U1s, U2s, bias
-    mask = [bool(need[0]), bool(need[1]), bool(need[2]), bool(ctx.has_bias and need[5])]
+    mask = _grad_mask(ctx)
     if dy is None or not any(mask):
-        return None, None, None, None, None, None
-    dx, dS1s, dS2s, dbias = sklinear_backward(dy, x, S1s, S2s, U1s, U2s, ctx.has_bias, mask)
-    return (dx if mask[0] else None, dS1s if mask[1] else None, dS2s if mask[2] else None,
-            None, None, dbias if mask[3] else None)
+        return (None,) * 6
+    return _grads_out(mask, sklinear_backward(dy, x, S1s, S2s, U1s, U2s, ctx.has_bias, mask), 0)
+
+
+def _epi_setup_context(ctx, inputs, output):
+    x, S1s, S2s, U1s, U2s, bias, act, dropout, training, save, seed = inputs
+    y, pre = output
+    ctx.has_bias = bias is not None
+    ctx.epi = (act, dropout, training)
+    ctx.save_for_backward(x, S1s, S2s, U1s, U2s, y if act == _ACT_RELU else pre,
+                          seed)
+
+
+def _epi_backward(ctx, dy, dpre):
+    x, S1s, S2s, U1s, U2s, saved, seed = ctx.saved_tensors
+    mask = _grad_mask(ctx)
+    if dy is None or not any(mask):
+        return (None,) * 11
+    act, dropout, training = ctx.epi
+    return _grads_out(mask, sklinear_epi_backward(dy, x, S1s, S2s, U1s, U2s, saved, ctx.has_bias,
+                                                  act, dropout, training, seed, mask), 5)
 
 
 sklinear_backward = Op(
@@ -126,6 +206,20 @@ sklinear = Op(
     "sklinear",
     "(Tensor x, Tensor S1s, Tensor S2s, Tensor U1s, Tensor U2s, Tensor? bias) -> Tensor",
     _forward_impl, _forward_fake, _setup_context, _backward, feature_dims=1)
+
+
+sklinear_epi_backward = Op(
+    "sklinear_epi_backward",
+    "(Tensor dy, Tensor x, Tensor S1s, Tensor S2s, Tensor U1s, Tensor U2s, Tensor saved, "
+    "bool has_bias, int activation, float dropout, bool training, Tensor? seed, "
+    "bool[] output_mask) -> (Tensor, Tensor, Tensor, Tensor)",
+    _epi_backward_impl, _epi_backward_fake)
+
+sklinear_epi = Op(
+    "sklinear_epi",
+    "(Tensor x, Tensor S1s, Tensor S2s, Tensor U1s, Tensor U2s, Tensor? bias, int activation, "
+    "float dropout, bool training, bool save, Tensor? seed) -> (Tensor, Tensor)",
+    _epi_forward_impl, _epi_forward_fake, _epi_setup_context, _epi_backward)
 
 
 def sklinear_function(x, S1s, S2s, U1s, U2s, bias=None):
@@ -146,7 +240,7 @@ def _has_tensor_core():
 
 class SKLinear(nn.Module):
     """Drop-in for panther.nn.SKLinear: SKLinear(in_features, out_features, num_terms, low_rank,
-    W_init=None, bias=True, dtype=None, device=None).
+    W_init=None, bias=True, dtype=None, device=None, activation=None, dropout=None).
 
     Same parameters and buffers as Panther's (learnable S1s [L, in, k], S2s [L, k, out] and bias
     [out] (or None); fixed sketch buffers U1s [L, k, out] and U2s [L, in, k]), so
@@ -175,7 +269,16 @@ class SKLinear(nn.Module):
     a CUDA device of compute capability >= 7.0 is present; read-only, asked on first read so that
     construction initialises no CUDA context) and `use_gpu` (True: kfuse's kernels take every
     shape on the tensors' device, so Panther's fallback for sizes that are not multiples of 16
-    never applies; it has no effect when set)."""
+    never applies; it has no effect when set).
+
+    Beyond Panther (kfuse 1.8): `activation` (None, "relu", "gelu" (erf, torch's default),
+    "gelu_tanh", "silu") and `dropout` (p in [0, 1); None or 0: none) make the layer
+    y = dropout(act(SKLinear(x))), fused into the layer's one output store (the operator
+    kfuse::sklinear_epi) instead of two more passes over y. Dropout follows module.training;
+    its mask is drawn from a seed taken from torch's default generator per call (so
+    torch.manual_seed makes it repeatable) by the library's counter-based generator, the same
+    on CPU and CUDA (kfuse.h). The defaults leave the layer, its state_dict and its operator
+    exactly Panther's."""
 
     __constants__ = ["in_features", "out_features", "num_terms", "low_rank"]
     in_features: int
@@ -195,9 +298,14 @@ class SKLinear(nn.Module):
     )
 
     def __init__(self, in_features, out_features, num_terms, low_rank, W_init=None, bias=True,
-                 dtype=None, device=None):
+                 dtype=None, device=None, activation=None, dropout=None):
         factory_kwargs = {"dtype": dtype, "device": device}
         super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError("kfuse.torch.SKLinear: activation=%r, expected one of None, %s"
+                             % (activation, ", ".join(repr(a) for a in ACTIVATIONS if a)))
+        self.activation = activation
+        self.dropout = 0.0 if dropout is None else float(dropout)  # the library checks it
         self.in_features = in_features
         self.out_features = out_features
         self.num_terms = num_terms
@@ -226,7 +334,7 @@ class SKLinear(nn.Module):
 
     def _key(self, dtype, bias):
         return ("sklinear", self.in_features, self.out_features, self.num_terms, self.low_rank,
-                bool(bias), dtype_code(dtype))
+                bool(bias), dtype_code(dtype), ACTIVATIONS[self.activation], self.dropout)
 
     @torch.no_grad()
     def _init_parameters(self, W_init=None):
@@ -247,16 +355,31 @@ class SKLinear(nn.Module):
         x, tensors = autocast_inputs(h_in, self._tensors())
         if x.dim() > _MAX_DIMS and x.shape[-1] > 0:
             lead = x.shape[:-1]
-            y = sklinear(x.reshape(-1, x.shape[-1]), *tensors)
+            y = self._layer(x.reshape(-1, x.shape[-1]), tensors)
             y = y.view(*lead, y.shape[-1])
         else:
-            y = sklinear(x, *tensors)
+            y = self._layer(x, tensors)
         return y
+
+    def _layer(self, x, tensors):
+        act = ACTIVATIONS[self.activation]
+        if act == _ACT_NONE and not self.dropout:
+            return sklinear(x, *tensors)  # Panther's layer, its operator
+        training = self.training and self.dropout > 0.0
+        # what the backward needs (the pre-activation) is kept only where a gradient may flow
+        # (a trace must not depend on the grad mode it was recorded in, as in kfuse.torch.GRU)
+        save = (torch.is_grad_enabled() or torch.jit.is_tracing()) and any(
+            t is not None and t.requires_grad for t in (x,) + tuple(tensors))
+        seed = torch.randint(0, 2 ** 62, (1,), dtype=torch.int64) if training else None
+        return sklinear_epi(x, *tensors, act, self.dropout, training, save, seed)[0]
 
     def _tensors(self):
         return module_attrs(self, (SKLinear,), _NAMES)
 
     def extra_repr(self):
-        return "in_features={}, out_features={}, num_terms={}, low_rank={}, bias={}".format(
+        s = "in_features={}, out_features={}, num_terms={}, low_rank={}, bias={}".format(
             self.in_features, self.out_features, self.num_terms, self.low_rank,
             self.bias is not None)
+        if self.activation is not None or self.dropout:
+            s += ", activation={!r}, dropout={}".format(self.activation, self.dropout)
+        return s

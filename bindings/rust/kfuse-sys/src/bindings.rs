@@ -6,13 +6,13 @@
 #[doc = " The version of this header: MAJOR (the ABI generation), MINOR (bumped by additions), PATCH (fixes)."]
 pub const KF_VERSION_MAJOR: u32 = 1;
 #[doc = " The version of this header: MAJOR (the ABI generation), MINOR (bumped by additions), PATCH (fixes)."]
-pub const KF_VERSION_MINOR: u32 = 7;
+pub const KF_VERSION_MINOR: u32 = 8;
 #[doc = " The version of this header: MAJOR (the ABI generation), MINOR (bumped by additions), PATCH (fixes)."]
-pub const KF_VERSION_PATCH: u32 = 5;
+pub const KF_VERSION_PATCH: u32 = 0;
 #[doc = " The ABI generation; equals KF_VERSION_MAJOR."]
 pub const KF_ABI_VERSION: u32 = 1;
 #[doc = " MAJOR*10000 + MINOR*100 + PATCH, as kf_version() returns it."]
-pub const KF_VERSION_NUMBER: u32 = 10705;
+pub const KF_VERSION_NUMBER: u32 = 10800;
 #[doc = " The most dimensions a kf_tensor has."]
 pub const KF_MAX_DIMS: u32 = 6;
 #[doc = " The alignment, in bytes, of every workspace and reserve a caller passes (and of the arena's memory). Since 1.3."]
@@ -1059,12 +1059,24 @@ extern "C" {
         reserve_bytes: usize,
     ) -> kf_status;
 }
-#[doc = " Panther's randomized low-rank replacement of a dense Linear, with L = num_terms terms of rank k = low_rank. Parameters in Panther's layout and names: learnable S1s [L, in, k] and S2s [L, k, out], fixed sketch buffers U1s [L, k, out] and U2s [L, in, k], bias [out]: y = 1/(2L) * sum_i [ (x S1_i) U1_i + (x U2_i) S2_i ] + bias computed as two GEMMs through the rank-2Lk bottleneck Z = x [S1_1..S1_L | U2_1..U2_L], y = Z [U1_1; ..; U1_L; S2_1; ..; S2_L] / (2L) + bias, never term by term. x is [..., in] with any leading dims (flattened into N >= 1 rows; bindings handle empty batches themselves), y is [..., out] with the same leading dims. Backward gives dx, dS1s, dS2s and dbias (U1s and U2s are fixed). No reserve: backward recomputes the bottleneck from x."]
+#[doc = " Panther's randomized low-rank replacement of a dense Linear, with L = num_terms terms of rank k = low_rank. Parameters in Panther's layout and names: learnable S1s [L, in, k] and S2s [L, k, out], fixed sketch buffers U1s [L, k, out] and U2s [L, in, k], bias [out]: y = 1/(2L) * sum_i [ (x S1_i) U1_i + (x U2_i) S2_i ] + bias computed as two GEMMs through the rank-2Lk bottleneck Z = x [S1_1..S1_L | U2_1..U2_L], y = Z [U1_1; ..; U1_L; S2_1; ..; S2_L] / (2L) + bias, never term by term. x is [..., in] with any leading dims (flattened into N >= 1 rows; bindings handle empty batches themselves), y is [..., out] with the same leading dims. Backward gives dx, dS1s, dS2s and dbias (U1s and U2s are fixed). No reserve: backward recomputes the bottleneck from x. Fused epilogue (since 1.8): with desc->activation and desc->dropout = p the layer stores y = dropout(act(pre)), pre = 1/(2L) * sum_i [...] + bias in the one output store. The dropout mask is never stored: element (n, o) of y (row n of the flattened leading dims, column o) is kept iff the counter-based generator the recurrent layers use (keyed by args->dropout_seed) draws u >= p at counter args->dropout_offset + n * out + o, the same bits on every backend; kept elements are scaled by 1/(1-p). A caller that draws a fresh seed per call (the bindings do) gets fresh masks; the offset lets one seed serve several calls. Dropout applies in KF_MODE_TRAINING calls only (args->mode). The backward needs the pre-activation for GELU, GELU_TANH and SILU: the forward writes it to the optional args->pre, and the backward reads it from its args->pre; for RELU the forward's y serves as well (pre > 0 exactly where a kept y > 0), so nothing more is stored; with no activation nothing is needed."]
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct kf_sklinear_plan {
     _unused: [u8; 0],
 }
+#[doc = " the identity: no activation"]
+pub const kf_activation_KF_ACTIVATION_NONE: kf_activation = 0;
+#[doc = " max(v, 0)"]
+pub const kf_activation_KF_ACTIVATION_RELU: kf_activation = 1;
+#[doc = " v Phi(v) = v (1 + erf(v / sqrt 2)) / 2 (torch's default)"]
+pub const kf_activation_KF_ACTIVATION_GELU: kf_activation = 2;
+#[doc = " v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3))) / 2"]
+pub const kf_activation_KF_ACTIVATION_GELU_TANH: kf_activation = 3;
+#[doc = " v / (1 + exp(-v))"]
+pub const kf_activation_KF_ACTIVATION_SILU: kf_activation = 4;
+#[doc = " The activation of SKLinear's fused epilogue (kf_sklinear_desc.activation). Since 1.8."]
+pub type kf_activation = ::std::os::raw::c_uint;
 #[doc = " An SKLinear plan's layer; kf_sklinear_desc_init() writes the defaults."]
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -1085,12 +1097,19 @@ pub struct kf_sklinear_desc {
     #[doc = "(since 1.3; on CUDA since 1.7), KF_DTYPE_F16 or KF_DTYPE_BF16"]
     #[doc = "(since 1.5; on CUDA since 1.6)"]
     pub dtype: i32,
+    #[doc = " kf_activation applied to s Z W2 + bias in the output store:"]
+    #[doc = "KF_ACTIVATION_NONE (default). Since 1.8"]
+    pub activation: i32,
+    #[doc = " probability in [0, 1) of zeroing an output element after the"]
+    #[doc = "activation, in KF_MODE_TRAINING calls only (kept ones are scaled by"]
+    #[doc = "1/(1-p)); 0 (default): none. Since 1.8"]
+    pub dropout: f32,
 }
 #[test]
 fn bindgen_test_layout_kf_sklinear_desc() {
     assert_eq!(
         ::std::mem::size_of::<kf_sklinear_desc>(),
-        40usize,
+        48usize,
         concat!("Size of: ", stringify!(kf_sklinear_desc))
     );
     assert_eq!(
@@ -1182,6 +1201,30 @@ fn bindgen_test_layout_kf_sklinear_desc() {
         );
     }
     test_field_dtype();
+    fn test_field_activation() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).activation) as usize - ptr as usize
+            },
+            40usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_desc), "::", stringify!(activation))
+        );
+    }
+    test_field_activation();
+    fn test_field_dropout() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dropout) as usize - ptr as usize
+            },
+            44usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_desc), "::", stringify!(dropout))
+        );
+    }
+    test_field_dropout();
 }
 extern "C" {
     #[doc = " Writes the defaults and struct_size into `desc`. Since 1.1."]
@@ -1256,12 +1299,23 @@ pub struct kf_sklinear_forward_args {
     pub bias: kf_tensor,
     #[doc = " out [..., out]: x's leading dims"]
     pub y: kf_tensor,
+    #[doc = " kf_mode: KF_MODE_TRAINING applies the plan's dropout; 0 (default) or"]
+    #[doc = "KF_MODE_INFERENCE does not"]
+    pub mode: i32,
+    #[doc = " must be 0"]
+    pub reserved0: i32,
+    #[doc = " key of the dropout mask"]
+    pub dropout_seed: u64,
+    #[doc = " counter offset of y's element 0"]
+    pub dropout_offset: u64,
+    #[doc = " optional out, y's shape: the pre-activation s Z W2 + bias"]
+    pub pre: kf_tensor,
 }
 #[test]
 fn bindgen_test_layout_kf_sklinear_forward_args() {
     assert_eq!(
         ::std::mem::size_of::<kf_sklinear_forward_args>(),
-        792usize,
+        928usize,
         concat!("Size of: ", stringify!(kf_sklinear_forward_args))
     );
     assert_eq!(
@@ -1365,6 +1419,76 @@ fn bindgen_test_layout_kf_sklinear_forward_args() {
         );
     }
     test_field_y();
+    fn test_field_mode() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).mode) as usize - ptr as usize
+            },
+            792usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_forward_args), "::", stringify!(mode))
+        );
+    }
+    test_field_mode();
+    fn test_field_reserved0() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved0) as usize - ptr as usize
+            },
+            796usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_forward_args), "::", stringify!(reserved0))
+        );
+    }
+    test_field_reserved0();
+    fn test_field_dropout_seed() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dropout_seed) as usize - ptr as usize
+            },
+            800usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_sklinear_forward_args),
+                "::",
+                stringify!(dropout_seed)
+            )
+        );
+    }
+    test_field_dropout_seed();
+    fn test_field_dropout_offset() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dropout_offset) as usize - ptr as usize
+            },
+            808usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_sklinear_forward_args),
+                "::",
+                stringify!(dropout_offset)
+            )
+        );
+    }
+    test_field_dropout_offset();
+    fn test_field_pre() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).pre) as usize - ptr as usize
+            },
+            816usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_forward_args), "::", stringify!(pre))
+        );
+    }
+    test_field_pre();
 }
 extern "C" {
     #[doc = " Writes the defaults (all tensors absent) and struct_size into `args`. Since 1.1."]
@@ -1408,12 +1532,23 @@ pub struct kf_sklinear_backward_args {
     pub dS2s: kf_tensor,
     #[doc = " optional out [out] (plans with a bias only): likewise"]
     pub dbias: kf_tensor,
+    #[doc = " the forward's"]
+    pub mode: i32,
+    #[doc = " must be 0"]
+    pub reserved0: i32,
+    #[doc = " the forward's"]
+    pub dropout_seed: u64,
+    #[doc = " the forward's"]
+    pub dropout_offset: u64,
+    #[doc = " dy's shape: the forward's pre-activation, required when the plan has"]
+    #[doc = "an activation (for RELU the forward's y may be passed instead)"]
+    pub pre: kf_tensor,
 }
 #[test]
 fn bindgen_test_layout_kf_sklinear_backward_args() {
     assert_eq!(
         ::std::mem::size_of::<kf_sklinear_backward_args>(),
-        1128usize,
+        1264usize,
         concat!("Size of: ", stringify!(kf_sklinear_backward_args))
     );
     assert_eq!(
@@ -1558,6 +1693,76 @@ fn bindgen_test_layout_kf_sklinear_backward_args() {
         );
     }
     test_field_dbias();
+    fn test_field_mode() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).mode) as usize - ptr as usize
+            },
+            1128usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_backward_args), "::", stringify!(mode))
+        );
+    }
+    test_field_mode();
+    fn test_field_reserved0() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved0) as usize - ptr as usize
+            },
+            1132usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_backward_args), "::", stringify!(reserved0))
+        );
+    }
+    test_field_reserved0();
+    fn test_field_dropout_seed() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dropout_seed) as usize - ptr as usize
+            },
+            1136usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_sklinear_backward_args),
+                "::",
+                stringify!(dropout_seed)
+            )
+        );
+    }
+    test_field_dropout_seed();
+    fn test_field_dropout_offset() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dropout_offset) as usize - ptr as usize
+            },
+            1144usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_sklinear_backward_args),
+                "::",
+                stringify!(dropout_offset)
+            )
+        );
+    }
+    test_field_dropout_offset();
+    fn test_field_pre() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_sklinear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).pre) as usize - ptr as usize
+            },
+            1152usize,
+            concat!("Offset of field: ", stringify!(kf_sklinear_backward_args), "::", stringify!(pre))
+        );
+    }
+    test_field_pre();
 }
 extern "C" {
     #[doc = " Writes the defaults and struct_size into `args`. Since 1.1."]

@@ -29,9 +29,9 @@ mod sklinear;
 pub use convert::context;
 pub use error::{Error, Result};
 pub use kan::{Kan, KanConv2d, KanGrads, KanKind, KanLinear, KanTensors};
-pub use kfuse::{KanConv2dDesc, KanLinearDesc, Mode, RnnDesc, SkLinearDesc, WeightInfo};
+pub use kfuse::{Activation, KanConv2dDesc, KanLinearDesc, Mode, RnnDesc, SkLinearDesc, WeightInfo};
 pub use rnn::{Rnn, RnnGrads, RnnOutput, RnnSaved};
-pub use sklinear::{SkGrads, SkLinear, SkTensors};
+pub use sklinear::{SkGrads, SkLinear, SkSaved, SkTensors};
 
 /// The safe kfuse crate, re-exported (contexts, descriptors, plans).
 pub use kfuse;

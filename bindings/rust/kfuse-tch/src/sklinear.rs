@@ -5,7 +5,8 @@ use crate::convert::{
 };
 use crate::error::{Error, Result};
 use kfuse::{
-    Context, GradMode, SkBackwardArgs, SkForwardArgs, SkLinearDesc, SkLinearPlan, SkParams, SkParamsMut,
+    Activation, Context, GradMode, SkBackwardArgs, SkForwardArgs, SkLinearDesc, SkLinearPlan, SkParams,
+    SkParamsMut,
 };
 use tch::Tensor;
 
@@ -35,6 +36,15 @@ pub struct SkGrads {
     pub ds2s: Tensor,
     /// Gradient of the bias (when the layer has one).
     pub dbias: Option<Tensor>,
+}
+
+/// What a training forward ([`SkLinear::forward_train`]) leaves for its backward
+/// ([`SkLinear::backward_train`]): the dropout mask's seed and, where the activation's derivative
+/// needs it, the pre-activation (GELU, GELU tanh, SiLU) or y (ReLU).
+#[derive(Debug)]
+pub struct SkSaved {
+    seed: u64,
+    saved: Option<Tensor>,
 }
 
 /// Panther's sketched linear layer,
@@ -103,27 +113,73 @@ impl<'ctx> SkLinear<'ctx> {
         &self.plan
     }
 
-    /// y `[..., out]` for x `[..., in]` (at most 6 dims).
+    /// y `[..., out]` for x `[..., in]` (at most 6 dims): an inference call (the descriptor's
+    /// activation applies, its dropout does not).
     pub fn forward(&mut self, x: &Tensor) -> Result<Tensor> {
-        const CALL: &str = "SkLinear::forward";
-        let x = input(CALL, "x", x, self.device)?;
-        let p = self.checked_params(CALL)?;
-        let (n, y_shape) = self.rows(CALL, &x)?;
-        let scratch = Scratch::new(self.plan.workspace_size(n)?, self.device)?;
-        let mut y = empty(&y_shape, self.device)?;
-        let args = SkForwardArgs::new(view(&x), views(&p), view_mut(&mut y));
-        // SAFETY: a tch allocation of the plan's size on the context's device, aligned.
-        unsafe { self.plan.forward_raw(&args, scratch.ptr(), scratch.bytes())? };
-        Ok(y)
+        Ok(self.forward_impl("SkLinear::forward", x, None)?.0)
     }
 
-    /// Gradients of x, S1s, S2s and the bias for the forward on `x` and the gradient `dy` of y.
+    /// A training call: y with the descriptor's activation and dropout (the mask keyed by
+    /// `seed`: draw a fresh one per call), and what [`backward_train`](Self::backward_train)
+    /// needs.
+    pub fn forward_train(&mut self, x: &Tensor, seed: u64) -> Result<(Tensor, SkSaved)> {
+        let (y, saved) = self.forward_impl("SkLinear::forward_train", x, Some(seed))?;
+        Ok((y, SkSaved { seed, saved }))
+    }
+
+    fn forward_impl(
+        &mut self,
+        call: &str,
+        x: &Tensor,
+        seed: Option<u64>,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        let x = input(call, "x", x, self.device)?;
+        let p = self.checked_params(call)?;
+        let (n, y_shape) = self.rows(call, &x)?;
+        let scratch = Scratch::new(self.plan.workspace_size(n)?, self.device)?;
+        let mut y = empty(&y_shape, self.device)?;
+        let act = self.plan.desc().get_activation();
+        let keep_pre = seed.is_some() && !matches!(act, Activation::None | Activation::Relu);
+        let mut pre = if keep_pre { Some(empty(&y_shape, self.device)?) } else { None };
+        let mut args = SkForwardArgs::new(view(&x), views(&p), view_mut(&mut y));
+        if let Some(s) = seed {
+            args = args.training(s, 0);
+        }
+        if let Some(t) = pre.as_mut() {
+            args = args.pre(view_mut(t));
+        }
+        // SAFETY: a tch allocation of the plan's size on the context's device, aligned.
+        unsafe { self.plan.forward_raw(&args, scratch.ptr(), scratch.bytes())? };
+        drop(args);
+        if seed.is_some() && act == Activation::Relu {
+            pre = Some(y.shallow_clone()); // ReLU's backward reads y
+        }
+        Ok((y, pre))
+    }
+
+    /// Gradients of x, S1s, S2s and the bias for the forward on `x` and the gradient `dy` of y
+    /// (a layer without an activation or dropout, or its inference calls).
     pub fn backward(&mut self, x: &Tensor, dy: &Tensor) -> Result<SkGrads> {
-        const CALL: &str = "SkLinear::backward";
-        let x = input(CALL, "x", x, self.device)?;
-        let dy = input(CALL, "dy", dy, self.device)?;
-        let p = self.checked_params(CALL)?;
-        let (n, _) = self.rows(CALL, &x)?;
+        self.backward_impl("SkLinear::backward", x, dy, None)
+    }
+
+    /// The same for a [`forward_train`](Self::forward_train) call, through its activation and
+    /// dropout.
+    pub fn backward_train(&mut self, x: &Tensor, dy: &Tensor, saved: &SkSaved) -> Result<SkGrads> {
+        self.backward_impl("SkLinear::backward_train", x, dy, Some(saved))
+    }
+
+    fn backward_impl(
+        &mut self,
+        call: &str,
+        x: &Tensor,
+        dy: &Tensor,
+        saved: Option<&SkSaved>,
+    ) -> Result<SkGrads> {
+        let x = input(call, "x", x, self.device)?;
+        let dy = input(call, "dy", dy, self.device)?;
+        let p = self.checked_params(call)?;
+        let (n, _) = self.rows(call, &x)?;
         let scratch = Scratch::new(self.plan.workspace_size(n)?, self.device)?;
         let desc = self.plan.desc();
         let mut g = SkGrads {
@@ -138,6 +194,12 @@ impl<'ctx> SkLinear<'ctx> {
             .ds2s(view_mut(&mut g.ds2s));
         if let Some(db) = g.dbias.as_mut() {
             args = args.dbias(view_mut(db));
+        }
+        if let Some(s) = saved {
+            args = args.training(s.seed, 0);
+            if let Some(t) = s.saved.as_ref() {
+                args = args.pre(view(t));
+            }
         }
         // SAFETY: as in forward.
         unsafe { self.plan.backward_raw(GradMode::Overwrite, &args, scratch.ptr(), scratch.bytes())? };

@@ -94,3 +94,55 @@ fn from_params_takes_the_callers_tensors() {
     let x = randn(&[3, 8], 1.0);
     assert!(sk.forward(&x).unwrap().equal(&made.forward(&x).unwrap()));
 }
+
+/// The dropout mask at counter `ctr` (kfuse.h: SplitMix64's finaliser on the seed, then on it
+/// xor the counter; kept when the top 24 bits over 2^24 are >= p), written for this test.
+fn keep(seed: u64, ctr: u64, p: f32) -> bool {
+    fn mix(mut z: u64) -> u64 {
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
+        z ^ (z >> 31)
+    }
+    let z = mix(mix(seed.wrapping_add(0x9E3779B97F4A7C15)) ^ ctr);
+    (z >> 40) as f64 / 16777216.0 >= p as f64
+}
+
+#[test]
+fn fused_gelu_and_dropout_match_tch() {
+    use kfuse_tch::Activation;
+    tch::manual_seed(4);
+    let ctx = context(Device::Cpu).unwrap();
+    let (p, seed) = (0.3f32, 99u64);
+    for (act, f) in [
+        (Activation::Gelu, (|t: &tch::Tensor| t.gelu("none")) as fn(&tch::Tensor) -> tch::Tensor),
+        (Activation::Relu, |t: &tch::Tensor| t.relu()),
+        (Activation::Silu, |t: &tch::Tensor| t.silu()),
+    ] {
+        let desc = SkLinearDesc::new(24, 20, 2, 4).activation(act).dropout(p);
+        let mut sk = SkLinear::new(&ctx, &desc, 11, None).unwrap();
+        let x = randn(&[7, 24], 1.0);
+        let (y, saved) = sk.forward_train(&x, seed).unwrap();
+        let dy = randn(&y.size(), 1.0);
+        let g = sk.backward_train(&x, &dy, &saved).unwrap();
+
+        let pp = &sk.params;
+        let (x64, s1s, s2s, u1s, u2s) = (leaf(&x), leaf(&pp.s1s), leaf(&pp.s2s), f64(&pp.u1s), f64(&pp.u2s));
+        let bias = leaf(pp.bias.as_ref().unwrap());
+        let lin = (0..2)
+            .map(|i| x64.matmul(&s1s.get(i)).matmul(&u1s.get(i)) + x64.matmul(&u2s.get(i)).matmul(&s2s.get(i)))
+            .reduce(|a, b| a + b)
+            .unwrap()
+            / 4.0
+            + &bias;
+        let m: Vec<f64> =
+            (0..7 * 20).map(|i| if keep(seed, i as u64, p) { 1.0 / (1.0 - p as f64) } else { 0.0 }).collect();
+        let mask = tch::Tensor::of_slice(&m).view([7, 20]);
+        let want = f(&lin) * &mask;
+        assert_close("y", &y, &want);
+        let w = grads(&[(&want, &dy)], &[&x64, &s1s, &s2s, &bias]);
+        assert_close("dx", &g.dx, &w[0]);
+        assert_close("dS1s", &g.ds1s, &w[1]);
+        assert_close("dS2s", &g.ds2s, &w[2]);
+        assert_close("dbias", g.dbias.as_ref().unwrap(), &w[3]);
+    }
+}

@@ -157,7 +157,8 @@ pub use rnn::{
     BackwardArgs, Cell, ForwardArgs, Mode, Reserve, RnnDesc, RnnPlan, WeightGrads, Weights, WorkspaceSize,
 };
 pub use sklinear::{
-    SkBackwardArgs, SkForwardArgs, SkHostParams, SkLinearDesc, SkLinearPlan, SkParams, SkParamsMut,
+    Activation, SkBackwardArgs, SkForwardArgs, SkHostParams, SkLinearDesc, SkLinearPlan, SkParams,
+    SkParamsMut,
 };
 pub use tensor::{Element, Float, Tensor, TensorMut};
 

@@ -9,6 +9,11 @@
 //! with learnable `S1s [L, in, k]`, `S2s [L, k, out]`, fixed sketches `U1s [L, k, out]`,
 //! `U2s [L, in, k]` and an optional `bias [out]`. x is `[..., in]` with any leading dims (at most
 //! 6 dims in all), y is `[..., out]` with the same leading dims.
+//!
+//! Since 1.8 the layer may fuse an activation and dropout into its output store
+//! ([`SkLinearDesc::activation`], [`SkLinearDesc::dropout`]): `y = dropout(act(pre))`, the mask
+//! drawn per call from a seed and counter offset ([`SkForwardArgs::training`]), the same bits on
+//! every backend (kfuse.h).
 use crate::context::Context;
 use crate::error::{check, Result};
 use crate::grad::GradMode;
@@ -36,6 +41,37 @@ pub struct SkLinearDesc {
     num_terms: u32,
     low_rank: u32,
     bias: bool,
+    activation: Activation,
+    dropout_bits: u32, // the f32's bits, so that the desc stays Eq and Hash
+}
+
+/// The activation of the fused epilogue (`kf_activation`, since 1.8).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Activation {
+    /// None (the default): y = pre.
+    #[default]
+    None,
+    /// max(v, 0).
+    Relu,
+    /// v Phi(v), with erf (torch's default GELU).
+    Gelu,
+    /// GELU's tanh approximation.
+    GeluTanh,
+    /// v sigma(v).
+    Silu,
+}
+
+impl Activation {
+    /// The `kf_activation` value.
+    pub fn raw(self) -> i32 {
+        (match self {
+            Activation::None => sys::kf_activation_KF_ACTIVATION_NONE,
+            Activation::Relu => sys::kf_activation_KF_ACTIVATION_RELU,
+            Activation::Gelu => sys::kf_activation_KF_ACTIVATION_GELU,
+            Activation::GeluTanh => sys::kf_activation_KF_ACTIVATION_GELU_TANH,
+            Activation::Silu => sys::kf_activation_KF_ACTIVATION_SILU,
+        }) as i32
+    }
 }
 
 impl SkLinearDesc {
@@ -43,7 +79,34 @@ impl SkLinearDesc {
     /// `low_rank` (k).
     pub fn new(in_features: usize, out_features: usize, num_terms: u32, low_rank: u32) -> SkLinearDesc {
         let d = init_with(sys::kf_sklinear_desc_init);
-        SkLinearDesc { in_features, out_features, num_terms, low_rank, bias: d.bias != 0 }
+        SkLinearDesc {
+            in_features,
+            out_features,
+            num_terms,
+            low_rank,
+            bias: d.bias != 0,
+            activation: Activation::None,
+            dropout_bits: d.dropout.to_bits(),
+        }
+    }
+    /// The activation fused into the output store (default [`Activation::None`]).
+    pub fn activation(mut self, act: Activation) -> Self {
+        self.activation = act;
+        self
+    }
+    /// The dropout probability `p` in [0, 1) applied after the activation in training calls
+    /// (default 0: none); the library rejects another value, naming `desc->dropout`.
+    pub fn dropout(mut self, p: f32) -> Self {
+        self.dropout_bits = p.to_bits();
+        self
+    }
+    /// The fused activation.
+    pub fn get_activation(&self) -> Activation {
+        self.activation
+    }
+    /// The dropout probability.
+    pub fn get_dropout(&self) -> f32 {
+        f32::from_bits(self.dropout_bits)
     }
     /// Whether a bias `[out]` is added.
     pub fn bias(mut self, yes: bool) -> Self {
@@ -125,6 +188,8 @@ impl SkLinearDesc {
         d.num_terms = i32::try_from(self.num_terms).unwrap_or(i32::MAX);
         d.low_rank = i32::try_from(self.low_rank).unwrap_or(i32::MAX);
         d.bias = i32::from(self.bias);
+        d.activation = self.activation.raw();
+        d.dropout = self.get_dropout();
         d
     }
 }
@@ -263,12 +328,40 @@ pub struct SkForwardArgs<'i, 'o, T: Float = f32> {
     x: Tensor<'i, T>,
     params: SkParams<'i, T>,
     y: TensorMut<'o, T>,
+    pre: Option<TensorMut<'o, T>>,
+    epi: Epilogue,
+}
+
+/// A call's epilogue fields: training (dropout applies), the mask's seed and counter offset.
+#[derive(Clone, Copy, Debug, Default)]
+struct Epilogue {
+    training: bool,
+    seed: u64,
+    offset: u64,
+}
+
+impl Epilogue {
+    fn mode(&self) -> i32 {
+        (if self.training { sys::kf_mode_KF_MODE_TRAINING } else { sys::kf_mode_KF_MODE_INFERENCE }) as i32
+    }
 }
 
 impl<'i, 'o, T: Float> SkForwardArgs<'i, 'o, T> {
     /// Input x `[..., in]`, the parameters, output y `[..., out]` (x's leading dims).
     pub fn new(x: Tensor<'i, T>, params: SkParams<'i, T>, y: TensorMut<'o, T>) -> Self {
-        SkForwardArgs { x, params, y }
+        SkForwardArgs { x, params, y, pre: None, epi: Epilogue::default() }
+    }
+    /// A training call: the plan's dropout applies, its mask keyed by `seed`, element (n, o) of y
+    /// at counter `offset + n * out + o` (a fresh seed per call gives a fresh mask).
+    pub fn training(mut self, seed: u64, offset: u64) -> Self {
+        self.epi = Epilogue { training: true, seed, offset };
+        self
+    }
+    /// Output: the pre-activation `s Z W2 + bias`, y's shape, which the backward of a GELU or
+    /// SiLU plan reads (a ReLU plan's backward reads y instead).
+    pub fn pre(mut self, pre: TensorMut<'o, T>) -> Self {
+        self.pre = Some(pre);
+        self
     }
 }
 
@@ -284,16 +377,38 @@ pub struct SkBackwardArgs<'a, T: Float = f32> {
     ds1s: Option<TensorMut<'a, T>>,
     ds2s: Option<TensorMut<'a, T>>,
     dbias: Option<TensorMut<'a, T>>,
+    pre: Option<Tensor<'a, T>>,
+    epi: Epilogue,
 }
 
 impl<'a, T: Float> SkBackwardArgs<'a, T> {
     /// The forward's x and parameters, and dy `[..., out]`; no gradient output yet.
     pub fn new(x: Tensor<'a, T>, params: SkParams<'a, T>, dy: Tensor<'a, T>) -> Self {
-        SkBackwardArgs { x, params, dy, dx: None, ds1s: None, ds2s: None, dbias: None }
+        SkBackwardArgs {
+            x,
+            params,
+            dy,
+            dx: None,
+            ds1s: None,
+            ds2s: None,
+            dbias: None,
+            pre: None,
+            epi: Epilogue::default(),
+        }
     }
-    /// The inputs of `fwd` (x and the parameters), and dy.
+    /// The inputs of `fwd` (x, the parameters and its training seed and offset), and dy.
     pub fn from_forward(fwd: &SkForwardArgs<'a, '_, T>, dy: Tensor<'a, T>) -> Self {
-        SkBackwardArgs::new(fwd.x, fwd.params, dy)
+        SkBackwardArgs { epi: fwd.epi, ..SkBackwardArgs::new(fwd.x, fwd.params, dy) }
+    }
+    /// The forward was a training call with this seed and offset (its dropout mask).
+    pub fn training(mut self, seed: u64, offset: u64) -> Self {
+        self.epi = Epilogue { training: true, seed, offset };
+        self
+    }
+    /// Input: the forward's pre-activation (required with an activation; for ReLU its y serves).
+    pub fn pre(mut self, pre: Tensor<'a, T>) -> Self {
+        self.pre = Some(pre);
+        self
     }
     /// Output: gradient w.r.t. x, x's shape (always overwritten).
     pub fn dx(mut self, dx: TensorMut<'a, T>) -> Self {
@@ -571,7 +686,14 @@ impl<'ctx, T: Float> SkLinearPlan<'ctx, T> {
         ws_bytes: usize,
     ) -> Result<()> {
         let inputs = Self::raw_inputs(call, self.ctx, &args.x, &args.params)?;
-        let a = sys::kf_sklinear_forward_args { y: args.y.raw(call, "args.y", self.ctx)?, ..inputs };
+        let a = sys::kf_sklinear_forward_args {
+            y: args.y.raw(call, "args.y", self.ctx)?,
+            mode: args.epi.mode(),
+            dropout_seed: args.epi.seed,
+            dropout_offset: args.epi.offset,
+            pre: opt_out(&args.pre, call, "args.pre", self.ctx)?,
+            ..inputs
+        };
         check(sys::kf_sklinear_forward(self.raw.as_ptr(), &a, ws, ws_bytes))
     }
 
@@ -598,6 +720,10 @@ impl<'ctx, T: Float> SkLinearPlan<'ctx, T> {
             dS1s: opt_out(&args.ds1s, call, "args.dS1s", ctx)?,
             dS2s: opt_out(&args.ds2s, call, "args.dS2s", ctx)?,
             dbias: opt_out(&args.dbias, call, "args.dbias", ctx)?,
+            mode: args.epi.mode(),
+            dropout_seed: args.epi.seed,
+            dropout_offset: args.epi.offset,
+            pre: opt_in(&args.pre, call, "args.pre", ctx)?,
             ..init_with(sys::kf_sklinear_backward_args_init)
         };
         check(sys::kf_sklinear_backward(self.raw.as_ptr(), grad_mode.raw(), &a, ws, ws_bytes))

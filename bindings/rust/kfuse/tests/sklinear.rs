@@ -760,3 +760,121 @@ fn low_precision_plans_match_f64_reference() {
     typed_plan_matches_f64_reference::<half::bf16>(half::bf16::TOL);
     typed_plan_matches_f64_reference::<half::f16>(half::f16::TOL);
 }
+
+// ---- the fused epilogue (since 1.8) --------------------------------------------------------
+
+/// erf by its Maclaurin series (|v| < 4 here), written for this test.
+fn erf(v: f64) -> f64 {
+    let (mut term, mut sum) = (v, v);
+    for n in 1..80 {
+        term *= -v * v / n as f64;
+        sum += term / (2 * n + 1) as f64;
+    }
+    sum * 2.0 / std::f64::consts::PI.sqrt()
+}
+
+/// act(v) and act'(v) from their definitions (kfuse.h's kf_activation).
+fn act_ref(a: Activation, v: f64) -> (f64, f64) {
+    let c = (2.0 / std::f64::consts::PI).sqrt();
+    match a {
+        Activation::None => (v, 1.0),
+        Activation::Relu => (v.max(0.0), if v > 0.0 { 1.0 } else { 0.0 }),
+        Activation::Gelu => {
+            let phi = 0.5 * (1.0 + erf(v / 2f64.sqrt()));
+            (v * phi, phi + v * (-0.5 * v * v).exp() / (2.0 * std::f64::consts::PI).sqrt())
+        }
+        Activation::GeluTanh => {
+            let t = (c * (v + 0.044715 * v * v * v)).tanh();
+            (
+                0.5 * v * (1.0 + t),
+                0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * v * v),
+            )
+        }
+        Activation::Silu => {
+            let s = 1.0 / (1.0 + (-v).exp());
+            (v * s, s * (1.0 + v * (1.0 - s)))
+        }
+    }
+}
+
+/// The dropout mask at counter `ctr`: SplitMix64's finaliser on the seed, then on it xor the
+/// counter; kept when the top 24 bits over 2^24 are >= p (written here from kfuse.h's words).
+fn keep(seed: u64, ctr: u64, p: f32) -> bool {
+    fn mix(mut z: u64) -> u64 {
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
+        z ^ (z >> 31)
+    }
+    let z = mix(mix(seed.wrapping_add(0x9E3779B97F4A7C15)) ^ ctr);
+    (z >> 40) as f64 / 16777216.0 >= p as f64
+}
+
+#[test]
+fn fused_activation_and_dropout_match_f64_reference() {
+    let ctx = Context::cpu().unwrap();
+    let c = Cfg { inf: 40, outf: 24, l: 2, k: 3, bias: true, lead: &[3, 5] };
+    let (seed, offset) = (0x1234_5678_9abc_u64, 11_u64);
+    for act in [Activation::None, Activation::Relu, Activation::Gelu, Activation::GeluTanh, Activation::Silu]
+    {
+        for p in [0.0f32, 0.3] {
+            let d = c.desc().activation(act).dropout(p);
+            let mut plan = SkLinearPlan::new(&ctx, &d).unwrap();
+            let pr = problem(&c, 77);
+            let q = p64(&pr);
+            let pre_ref = reference(c, &q).forward();
+            let scale = if p > 0.0 { 1.0 / (1.0 - p as f64) } else { 1.0 };
+            let m: Vec<f64> = (0..pre_ref.len())
+                .map(|i| if p == 0.0 || keep(seed, offset + i as u64, p) { scale } else { 0.0 })
+                .collect();
+            let y_ref: Vec<f64> = pre_ref.iter().zip(&m).map(|(&v, &m)| m * act_ref(act, v).0).collect();
+            let g_ref: Vec<f64> =
+                pre_ref.iter().zip(&m).zip(&q.dy).map(|((&v, &m), &g)| g * m * act_ref(act, v).1).collect();
+            let (mut y, mut pre) = (vec![f32::NAN; y_ref.len()], vec![f32::NAN; y_ref.len()]);
+            let fwd = SkForwardArgs::new(
+                Tensor::new(&pr.x, &c.x_shape()),
+                pr.params(&c),
+                TensorMut::new(&mut y, &c.y_shape()),
+            )
+            .pre(TensorMut::new(&mut pre, &c.y_shape()))
+            .training(seed, offset);
+            plan.forward(&fwd).unwrap();
+            drop(fwd);
+            let (ey, ep) = (rel_err(&y, &y_ref), rel_err(&pre, &pre_ref));
+            assert!(ey < 1e-5 && ep < 1e-5, "{act:?} p={p}: y {ey:.3e} pre {ep:.3e}");
+
+            let gr = reference(c, &q).backward(&g_ref);
+            let mut dx = vec![f32::NAN; pr.x.len()];
+            let mut grads = SkHostParams::zeros(&d);
+            let saved = if act == Activation::Relu { &y } else { &pre }; // ReLU: y serves
+            let mut bwd = SkBackwardArgs::new(
+                Tensor::new(&pr.x, &c.x_shape()),
+                pr.params(&c),
+                Tensor::new(&pr.dy, &c.y_shape()),
+            )
+            .training(seed, offset)
+            .dx(TensorMut::new(&mut dx, &c.x_shape()))
+            .dparams(&mut grads);
+            if act != Activation::None {
+                bwd = bwd.pre(Tensor::new(saved, &c.y_shape()));
+            }
+            plan.backward(GradMode::Overwrite, &bwd).unwrap();
+            drop(bwd);
+            let e = [
+                rel_err(&dx, &gr.dx),
+                rel_err(&grads.s1s, &gr.ds1),
+                rel_err(&grads.s2s, &gr.ds2),
+                rel_err(grads.bias.as_ref().unwrap(), &gr.db),
+            ];
+            assert!(e.iter().all(|&v| v < 1e-5), "{act:?} p={p}: dx dS1 dS2 db {e:?}");
+        }
+    }
+}
+
+#[test]
+fn fused_epilogue_bad_input_names_the_field() {
+    let ctx = Context::cpu().unwrap();
+    for p in [1.0f32, -0.5] {
+        let e = SkLinearPlan::new(&ctx, &SkLinearDesc::new(8, 8, 1, 2).dropout(p)).unwrap_err();
+        assert!(e.to_string().contains("desc->dropout"), "{e}");
+    }
+}
