@@ -111,10 +111,10 @@ __global__ void agru_bwd_step1(BwdArgs a) {
     }
     const float g = out_grad(a, t, b, j, a.dh[i]);
     const float eps = *a.eps;
-    const float *q = a.gates + row * 3 * H;
-    const float z = q[j], d = q[2 * H + j];
-    const float dad = g * eps * z * (1.0f - d * d);
-    const float daz = g * eps * d * z * (1.0f - z);
+    const float *q = a.gates + row * 3 * H; // pre-activations (rnn_cuda.cuh)
+    const float z = sigm(q[j]), d = tanhf(q[2 * H + j]);
+    const float dad = g * eps * z * tanh_dc(q[2 * H + j]);
+    const float daz = g * eps * d * z * sigm(-q[j]);
     dx[j] = ds[j] = daz;
     dx[2 * H + j] = ds[2 * H + j] = dad;
     a.epsg[row * H + j] = g * z * d;
@@ -129,8 +129,8 @@ __global__ void agru_bwd_step2(BwdArgs a) {
     int t;
     if (!kf__step_time(a.st, kf__row_length(a.len, b, a.T), a.reverse, &t)) return;
     const int64_t row = t * a.ts + b * a.bs;
-    const float r = a.gates[row * 3 * H + H + j], h = a.hprev[row * H + j], drh = a.drh[i];
-    const float dar = drh * h * r * (1.0f - r);
+    const float ar = a.gates[row * 3 * H + H + j], h = a.hprev[row * H + j], drh = a.drh[i];
+    const float r = sigm(ar), dar = drh * h * r * sigm(-ar);
     a.dgx[row * 3 * H + H + j] = dar;
     a.dstep[(int64_t)b * 3 * H + H + j] = dar;
     a.rh[row * H + j] = r * h;
@@ -188,7 +188,7 @@ __device__ __forceinline__ float red_sum_t(const float *red, int s0, int s1, int
 
 // The reserve values of one (row, unit) item at one step, loaded ahead of their use.
 struct BwdItem {
-    float q0, q1, q2, q3; // GRU: r, z, n, hn; A-GRU: z, r, d (q3 unused)
+    float q0, q1, q2, q3; // GRU: r, z, n, hn; A-GRU: z, r, d's pre-activations (q3 unused)
     float h, dy;          // state before the step; masked output gradient
     int t;
     bool act;
@@ -263,7 +263,7 @@ rnn_bwd_persistent(BwdArgs a, const float *m, const float *dhn, float *dh0) {
     for (int st = a.T - 1; st >= 0; --st) {
         int tc[kPMax];
         bool ac[kPMax];
-        float rr[kPMax], hh[kPMax];
+        float rr[kPMax], hh[kPMax]; // rr: A-GRU, r's pre-activation
 #pragma unroll
         for (int p = 0; p < kPMax; ++p) {
             const int i = tid + p * nthr, bb = i / H, j = i % H, b = b0 + bb;
@@ -306,9 +306,9 @@ rnn_bwd_persistent(BwdArgs a, const float *m, const float *dhn, float *dh0) {
                 dg[2 * H + j] = v[2 * H + j] = dan * r;
                 carry[p] = g * z;
             } else {
-                const float z = it.q0, r = it.q1, d = it.q2, h = it.h;
-                const float dad = g * eps * z * (1.0f - d * d);
-                const float daz = g * eps * d * z * (1.0f - z);
+                const float z = sigm(it.q0), r = sigm(it.q1), d = tanhf(it.q2), h = it.h;
+                const float dad = g * eps * z * tanh_dc(it.q2);
+                const float daz = g * eps * d * z * sigm(-it.q0);
                 dx[j] = v[j] = daz;
                 dx[2 * H + j] = v[2 * H + j] = dad;
                 a.epsg[row * H + j] = g * z * d;
@@ -332,8 +332,8 @@ rnn_bwd_persistent(BwdArgs a, const float *m, const float *dhn, float *dh0) {
                     continue;
                 }
                 const float drh = red_sum_t(red, 2 * KH, 3 * KH, BB, H, bb, j);
-                const float r = rr[p], h = hh[p];
-                const float dar = drh * h * r * (1.0f - r);
+                const float r = sigm(rr[p]), h = hh[p];
+                const float dar = drh * h * r * sigm(-rr[p]);
                 a.dgx[(tc[p] * a.ts + b * a.bs) * 3 * H + H + j] = dar;
                 v[H + j] = dar;
                 carry[p] += r * drh;

@@ -49,8 +49,6 @@ struct FwdArgs {
     float *hprev;             // reserve [rows, H] (training)
 };
 
-__device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
-
 __device__ __forceinline__ void write_out(const FwdArgs &a, int t, int b, int j, float v) {
     if (a.drop) {
         uint64_t c = a.ctr_base + ((uint64_t)t * (uint64_t)a.B + (uint64_t)b) * (uint64_t)a.DH +
@@ -95,25 +93,26 @@ __device__ __forceinline__ float gru_cell(const FwdArgs &a, int64_t row, int j, 
     return hnew;
 }
 
-// A-GRU, first half: z and r from their pre-activations (no bias).
+// A-GRU, first half: the pre-activations az, ar of z and r (bias added).
 __device__ __forceinline__ void agru_zr(const FwdArgs &a, int j, float gxz, float gxr, float ghz,
-                                        float ghr, float *z, float *r) {
-    *z = sigm(gxz + a.bx[0][j] + ghz);
-    *r = sigm(gxr + a.bx[1][j] + ghr);
+                                        float ghr, float *az, float *ar) {
+    *az = gxz + a.bx[0][j] + ghz;
+    *ar = gxr + a.bx[1][j] + ghr;
 }
 
-// A-GRU, second half: d = tanh(V_h x + b_h + A (r*h)), h' = h + eps * z * d.
+// A-GRU, second half: d = tanh(V_h x + b_h + A (r*h)), h' = h + eps * z * d, z = sigm(az);
+// the reserve gets the pre-activations az, ar, ad.
 template <bool kTrain>
 __device__ __forceinline__ float agru_out(const FwdArgs &a, int64_t row, int j, float gxd,
-                                          float ghd, float z, float r, float h, float eps) {
+                                          float ghd, float az, float ar, float h, float eps) {
     const int H = a.H;
-    float d = tanhf(gxd + a.bx[2][j] + ghd);
-    float hnew = h + eps * (z * d);
+    const float ad = gxd + a.bx[2][j] + ghd;
+    float hnew = h + eps * (sigm(az) * tanhf(ad));
     if (kTrain) {
         float *g = a.gates + row * 3 * H;
-        g[j] = z;
-        g[H + j] = r;
-        g[2 * H + j] = d;
+        g[j] = az;
+        g[H + j] = ar;
+        g[2 * H + j] = ad;
         a.hprev[row * H + j] = h;
     }
     return hnew;
@@ -141,7 +140,8 @@ __global__ void gru_fwd_step(FwdArgs a) {
     write_out(a, t, b, j, hnew);
 }
 
-// A-GRU step, part 1: z, r overwrite their pre-activations in gh; rh = r * h feeds A (r*h).
+// A-GRU step, part 1: the pre-activations of z, r (bias added) overwrite gh's; rh = r * h feeds
+// A (r*h).
 __global__ void agru_fwd_step1(FwdArgs a) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (int64_t)a.B * a.H) return;
@@ -154,11 +154,11 @@ __global__ void agru_fwd_step1(FwdArgs a) {
     int64_t row = t * a.ts + b * a.bs;
     const float *g = a.gx + row * 3 * H;
     float *q = a.gh + (int64_t)b * 3 * H;
-    float z, r;
-    agru_zr(a, j, g[j], g[H + j], q[j], q[H + j], &z, &r);
-    q[j] = z;
-    q[H + j] = r;
-    a.rh[i] = r * a.h[i];
+    float az, ar;
+    agru_zr(a, j, g[j], g[H + j], q[j], q[H + j], &az, &ar);
+    q[j] = az;
+    q[H + j] = ar;
+    a.rh[i] = sigm(ar) * a.h[i];
 }
 
 template <bool kTrain>
@@ -278,7 +278,7 @@ rnn_fwd_persistent(FwdArgs a, const float *wt, const float *h0, float *hn) {
             }
             __syncthreads();
         } else {
-            float zv[kPMax], rv[kPMax];
+            float zv[kPMax], rv[kPMax]; // the pre-activations of z, r
 #pragma unroll
             for (int p = 0; p < kPMax; ++p) {
                 const int i = tid + p * nthr, bb = i / H, j = i % H;
@@ -287,7 +287,7 @@ rnn_fwd_persistent(FwdArgs a, const float *wt, const float *h0, float *hn) {
                 if (act[p])
                     agru_zr(a, j, gxv[p][0], gxv[p][1], red_sum(red, KS, BB, H, bb, j),
                             red_sum(red, KS, BB, H, bb, H + j), &zv[p], &rv[p]);
-                srh[i] = rv[p] * sh[i];
+                srh[i] = act[p] ? sigm(rv[p]) * sh[i] : 0.0f;
             }
             __syncthreads();
             if (ph2) kf__slice_matvec<BB, kRK>(srh, H, k0, wr, ws, red, 3 * H, tid, nthr, s, cg);
@@ -456,11 +456,11 @@ agru_fwd_persistent(FwdArgs a, const float *wt, const float *h0, float *hn) {
                 const int b = b0 + bb;
                 int t;
                 const bool act = kf__step_time(st, len[bb], a.reverse, &t);
-                const float g = act ? sigm(gcur[bb] + bias + sum) : 0.0f;
+                const float pre = act ? gcur[bb] + bias + sum : 0.0f, g = act ? sigm(pre) : 0.0f;
                 if (role == 0) sz[bb * H + j] = g;
                 else srh[bb * H + j] = act ? g * sh[bb * H + j] : 0.0f;
-                if (kTrain && b < a.B)
-                    a.gates[(t * a.ts + b * a.bs) * 3 * H + role * H + j] = g;
+                if (kTrain && b < a.B) // the pre-activation (rnn_cuda.cuh)
+                    a.gates[(t * a.ts + b * a.bs) * 3 * H + role * H + j] = pre;
             }
         }
         __syncthreads(); // B_mid: r*h and z of every row are in shared memory
@@ -484,10 +484,10 @@ agru_fwd_persistent(FwdArgs a, const float *wt, const float *h0, float *hn) {
                 }
                 const int64_t row = t * a.ts + b * a.bs;
                 const float h = sh[bb * H + j];
-                const float d = tanhf(gcur[bb] + bias + sum);
-                const float hnew = h + eps * (sz[bb * H + j] * d);
+                const float ad = gcur[bb] + bias + sum;
+                const float hnew = h + eps * (sz[bb * H + j] * tanhf(ad));
                 if (kTrain) {
-                    a.gates[row * 3 * H + 2 * H + j] = d;
+                    a.gates[row * 3 * H + 2 * H + j] = ad;
                     a.hprev[row * H + j] = h;
                 }
                 sh[bb * H + j] = hnew;
