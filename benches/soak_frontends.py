@@ -147,7 +147,7 @@ def verdict(r, rss_slack, object_slack):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calls", type=int, default=100000)
-    ap.add_argument("--warmup", type=int, default=0, help="default: max(30, calls / 50)")
+    ap.add_argument("--warmup", type=int, default=0, help="default: max(100, calls / 50)")
     ap.add_argument("--modes", default="eager,compile")
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--modules", default=",".join(MODULES))
@@ -155,7 +155,7 @@ def main():
     ap.add_argument("--object-slack", type=int, default=100)
     ap.add_argument("--json", help="append one JSON line per configuration here")
     a = ap.parse_args()
-    warmup = a.warmup or max(30, a.calls // 50)
+    warmup = a.warmup or max(100, a.calls // 50)
     modes = a.modes.split(",")
     if "compile" in modes and not _common.HAS_TORCH_LIBRARY:
         print(f"torch {torch.__version__}: no torch.compile of kfuse operators (torch < 2.4), "

@@ -10,7 +10,8 @@
 #   4. a bounded soak of every kfuse.torch module (benches/soak_frontends.py: 300 forward +
 #      backward calls per module, float32 and bfloat16, eager and, on torch >= 2.4, under
 #      torch.compile), failing if resident memory, Python objects, plans or their caches grow
-#      after warm-up (about 3 s on torch 1.13, 30 s on torch 2.x, mostly compiling).
+#      after warm-up (about 3 s on torch 1.13; on torch 2.x 17 s of CPU, mostly compiling, 60 s
+#      wall on the shared 2-core box).
 # Takes about a minute with a prebuilt library. Run from anywhere: bash scripts/test-python.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
