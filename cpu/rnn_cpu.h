@@ -399,7 +399,9 @@ KF__VINLINE kf__vf kf__vf_exp_neg(kf__vf a) {
 KF__VINLINE kf__vf kf__vf_sigmoid_c(kf__vf x, kf__vf *c) {
     const kf__vf e = kf__vf_exp_neg(kf__vf_abs(x));
     const kf__vf q = e / (1.0f + e), p = 1.0f - q;
-    *c = kf__vf_select(x >= 0.0f, q, p);
+    /* past exp_neg's clamp (x >= 87) q is exp(-87), not exp(-x): the complement is 0 there, as
+     * 1 - z of the rounded z = 1 was (a tiny constant would be scaled up by a huge weight) */
+    *c = kf__vf_select(x >= 0.0f, kf__vf_select(x >= 87.0f, kf__vf_set1(0.0f), q), p);
     return kf__vf_select(x >= 0.0f, p, q);
 }
 
@@ -425,7 +427,9 @@ KF__VINLINE kf__vf kf__vf_tanh_c(kf__vf x, kf__vf *dc) {
     p = kf__vf_fma(p, z, kf__vf_set1(-3.33332819422e-1f));
     const kf__vf small = kf__vf_fma(p * z, ax, ax);
     const kf__vf t = kf__vf_select(ax < 0.625f, small, 1.0f - c);
-    *dc = kf__vf_select(ax < 0.625f, 1.0f - small * small, c * (2.0f - c));
+    /* 0 past exp_neg's clamp (2|x| >= 87), as for the sigmoid's complement */
+    *dc = kf__vf_select(ax < 0.625f, 1.0f - small * small,
+                        kf__vf_select(ax >= 43.5f, kf__vf_set1(0.0f), c * (2.0f - c)));
     return (kf__vf)((kf__vfi)t | ((kf__vfi)x & INT32_MIN));
 }
 
