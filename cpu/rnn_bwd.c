@@ -84,33 +84,37 @@ KF__VEC_CLONES static void gru_bwd_pointwise(const bwd_step *s) {
     }
 }
 
-/* A-GRU pass 1 (before dq = da_d A): da_z, da_d, q, dh = g; returns this step's d eps. */
-KF__VEC_CLONES static double agru_bwd_pointwise1(const bwd_step *s, float eps) {
+/* A-GRU pass 1 (before dq = da_d A): da_z, da_d, q, dh = g; returns this step's d eps. z, d and
+ * their complements 1 - z, 1 - d^2 come from the reserve's pre-activations (kf__vf_sigmoid_c,
+ * kf__vf_tanh_c): none of them cancels in a saturated gate. KF__MK_CLONES as the forward's
+ * step functions, so that z, r and d are the forward's to the bit in every build. */
+KF__MK_CLONES static double agru_bwd_pointwise1(const bwd_step *s, float eps) {
     const int64_t H = s->H;
-    double deps = 0.0;
+    const kf__vf ve = kf__vf_set1(eps);
+    double deps = 0.0; /* d eps sums N*H terms that largely cancel */
     for (int64_t i = 0; i < s->nb; i++) {
         if (!bstep_valid(s, i)) {
             zero_row(s, i, H);
             continue;
         }
-        const float *restrict sv = s->sv + i * s->sv_ld;
-        const float *restrict hp = s->hp + i * s->hp_ld;
-        const float *restrict gy = s->gy + i * s->gy_ld;
-        float *restrict dgx = s->dgx + i * s->dgx_ld;
-        float *restrict q = s->aux + i * s->aux_ld;
-        float *restrict dh = s->dh + i * H;
-        double acc = 0.0; /* d eps sums N*H terms that largely cancel */
-#pragma omp simd reduction(+ : acc)
-        for (int64_t k = 0; k < H; k++) {
-            float z = sv[k], r = sv[H + k], d = sv[2 * H + k];
-            float g = dh[k] + gy[k];
-            dgx[k] = g * eps * d * z * (1.0f - z);
-            dgx[2 * H + k] = g * eps * z * (1.0f - d * d);
-            q[k] = r * hp[k];
-            dh[k] = g;
-            acc += (double)(g * z * d);
+        const float *sv = s->sv + i * s->sv_ld, *hp = s->hp + i * s->hp_ld;
+        const float *gy = s->gy + i * s->gy_ld;
+        float *dgx = s->dgx + i * s->dgx_ld, *q = s->aux + i * s->aux_ld, *dh = s->dh + i * H;
+        for (int64_t j = 0; j < H; j += KF__VW) {
+            const int nc = kf__cols_left(j, H);
+            kf__vf zc, dc;
+            const kf__vf z = kf__vf_sigmoid_c(kf__vf_load_n(sv + j, nc), &zc);
+            const kf__vf r = kf__vf_sigmoid(kf__vf_load_n(sv + H + j, nc));
+            const kf__vf d = kf__vf_tanh_c(kf__vf_load_n(sv + 2 * H + j, nc), &dc);
+            const kf__vf g = kf__vf_load_n(dh + j, nc) + kf__vf_load_n(gy + j, nc);
+            kf__vf_store_n(dgx + j, g * ve * d * z * zc, nc);
+            kf__vf_store_n(dgx + 2 * H + j, g * ve * z * dc, nc);
+            kf__vf_store_n(q + j, r * kf__vf_load_n(hp + j, nc), nc);
+            kf__vf_store_n(dh + j, g, nc);
+            float gzd[KF__VW];
+            kf__vf_store_n(gzd, g * z * d, nc);
+            for (int v = 0; v < nc; v++) deps += (double)gzd[v];
         }
-        deps += acc;
     }
     return deps;
 }
@@ -216,7 +220,8 @@ static void input_side_step(const bwd_step *s, const kf__rnn_cell *cw, const flo
         win_thin(s, x, ldx, in, wi);
 }
 
-/* A-GRU pass 2 in the epilogue of dq = da_d A: da_r = dq hp r(1-r); dh += dq r. */
+/* A-GRU pass 2 in the epilogue of dq = da_d A: da_r = dq hp r(1-r); dh += dq r (r and 1 - r from
+ * the pre-activation, as in pass 1). */
 KF__MK_CLONES static void agru_bwd_dq(const bwd_step *s, const float *pk) {
     const int64_t H = s->H;
     for (int64_t p = 0; p < kf__num_panels(1, KF__NV_P, H); p++) {
@@ -232,10 +237,12 @@ KF__MK_CLONES static void agru_bwd_dq(const bwd_step *s, const float *pk) {
                 for (int64_t i = i0; i < i0 + mr; i++) {
                     if (!bstep_valid(s, i)) continue;
                     const kf__vf dq = acc[(i - i0) * KF__NV_P + v];
-                    const kf__vf r = kf__vf_load_n(s->sv + i * s->sv_ld + H + j, nc);
+                    kf__vf rc;
+                    const kf__vf r = kf__vf_sigmoid_c(kf__vf_load_n(s->sv + i * s->sv_ld + H + j,
+                                                                    nc), &rc);
                     const kf__vf hp = kf__vf_load_n(s->hp + i * s->hp_ld + j, nc);
                     float *dh = s->dh + i * H + j;
-                    kf__vf_store_n(s->dgx + i * s->dgx_ld + H + j, dq * hp * r * (1.0f - r), nc);
+                    kf__vf_store_n(s->dgx + i * s->dgx_ld + H + j, dq * hp * r * rc, nc);
                     kf__vf_store_n(dh, kf__vf_fma(dq, r, kf__vf_load_n(dh, nc)), nc);
                 }
             }

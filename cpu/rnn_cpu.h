@@ -13,7 +13,9 @@
  *
  * Reserve (training forward -> backward), per cell c = l*D + d, N = T*B rows:
  *   hp[c]    [N, H]     state before step t of row (t, b) (h0 at the first step)
- *   gates[c] [N, NG*H]  GRU (NG = 4): r, z, n, W_hn h + b_hn; A-GRU (NG = 3): z, r, d
+ *   gates[c] [N, NG*H]  GRU (NG = 4): r, z, n, W_hn h + b_hn; A-GRU (NG = 3): the
+ *                       pre-activations a_z, a_r, a_d of z, r, d, from which the backward takes
+ *                       each gate and its complement (1 - z, 1 - r, 1 - d^2) without cancellation
  *            (rows with t >= len[b] are not written and never read)
  *   out[l]   [N, D*H]   layer l < L-1 output after dropout = layer l+1's input
  * Workspace (shared by forward and backward; scratch, nothing survives a call):
@@ -389,23 +391,35 @@ KF__VINLINE kf__vf kf__vf_exp_neg(kf__vf a) {
     return q * (kf__vf)scale;
 }
 
-/* q = e / (1 + e), e = exp(-|x|): sigmoid(x) = q for x < 0 and 1 - q for x >= 0. No cancellation,
- * and near saturation (x >> 0) the only rounding left is that of 1 - q, so sigmoid(x) is within
- * about half an ulp there: the backward's z (1 - z) is then as exact as float32 allows. */
-KF__VINLINE kf__vf kf__vf_sigmoid(kf__vf x) {
+/* q = e / (1 + e), e = exp(-|x|): sigmoid(x) = q for x < 0 and 1 - q for x >= 0, and its
+ * complement *c = 1 - sigmoid(x) = sigmoid(-x) the other one. No cancellation: each is within
+ * about half an ulp, the smaller one (q) to its own last digit. Near saturation (x >> 0) a
+ * 1 - z taken from the rounded z keeps none of that: at 1 - z = 5e-6 the float32 spacing of z
+ * below 1 (6e-8) is 1.2% of it, and the A-GRU backward's z (1 - z) lost a digit to it
+ * (tests/fuzz/corpus/fuzz_rnn/agru_h1_vanishing_dx); it takes both from the pre-activation. */
+KF__VINLINE kf__vf kf__vf_sigmoid_c(kf__vf x, kf__vf *c) {
     const kf__vf e = kf__vf_exp_neg(kf__vf_abs(x));
-    const kf__vf q = e / (1.0f + e);
-    return kf__vf_select(x >= 0.0f, 1.0f - q, q);
+    const kf__vf q = e / (1.0f + e), p = 1.0f - q;
+    /* past exp_neg's clamp (x >= 87) q is exp(-87), not exp(-x): the complement is 0 there, as
+     * 1 - z of the rounded z = 1 was (a tiny constant would be scaled up by a huge weight) */
+    *c = kf__vf_select(x >= 0.0f, kf__vf_select(x >= 87.0f, kf__vf_set1(0.0f), q), p);
+    return kf__vf_select(x >= 0.0f, p, q);
 }
 
-/* |x| < 0.625: Cephes' odd minimax polynomial (tanhf); else 1 - 2e / (1 + e), e = exp(-2|x|)
- * <= 0.287: near saturation the only rounding left is that of the final subtraction, so |d| is
- * within about half an ulp of tanh and the backward's 1 - d^2 (which cancels there) keeps the
- * accuracy a correctly rounded tanhf would give it. Sign restored from x. */
-KF__VINLINE kf__vf kf__vf_tanh(kf__vf x) {
+KF__VINLINE kf__vf kf__vf_sigmoid(kf__vf x) {
+    kf__vf c;
+    return kf__vf_sigmoid_c(x, &c);
+}
+
+/* |x| < 0.625: Cephes' odd minimax polynomial (tanhf); else 1 - c, c = 2e / (1 + e),
+ * e = exp(-2|x|) <= 0.287: near saturation the only rounding left is that of the final
+ * subtraction, so |t| is within about half an ulp of tanh. Sign restored from x. *dc gets
+ * 1 - t^2 without cancellation: c (2 - c) where |x| >= 0.625 (1 - d^2 from a rounded
+ * d = 1 - 6e-8 would be 1.2e-7 whatever the true value below it), 1 - t^2 below (t^2 < 0.31). */
+KF__VINLINE kf__vf kf__vf_tanh_c(kf__vf x, kf__vf *dc) {
     const kf__vf ax = kf__vf_abs(x);
     const kf__vf e = kf__vf_exp_neg(ax + ax);
-    const kf__vf big = 1.0f - (e + e) / (1.0f + e);
+    const kf__vf c = (e + e) / (1.0f + e);
     const kf__vf z = x * x;
     kf__vf p = kf__vf_set1(-5.70498872745e-3f);
     p = kf__vf_fma(p, z, kf__vf_set1(2.06390887954e-2f));
@@ -413,8 +427,16 @@ KF__VINLINE kf__vf kf__vf_tanh(kf__vf x) {
     p = kf__vf_fma(p, z, kf__vf_set1(1.33314422036e-1f));
     p = kf__vf_fma(p, z, kf__vf_set1(-3.33332819422e-1f));
     const kf__vf small = kf__vf_fma(p * z, ax, ax);
-    const kf__vf t = kf__vf_select(ax < 0.625f, small, big);
+    const kf__vf t = kf__vf_select(ax < 0.625f, small, 1.0f - c);
+    /* 0 past exp_neg's clamp (2|x| >= 87), as for the sigmoid's complement */
+    *dc = kf__vf_select(ax < 0.625f, 1.0f - small * small,
+                        kf__vf_select(ax >= 43.5f, kf__vf_set1(0.0f), c * (2.0f - c)));
     return (kf__vf)((kf__vfi)t | ((kf__vfi)x & INT32_MIN));
+}
+
+KF__VINLINE kf__vf kf__vf_tanh(kf__vf x) {
+    kf__vf dc;
+    return kf__vf_tanh_c(x, &dc);
 }
 
 /* ---- the register-blocked micro-kernel ------------------------------------------------------

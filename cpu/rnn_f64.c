@@ -21,6 +21,19 @@ static double *dat(void *base, size_t off) { return (double *)kf__at(base, off);
 
 static double sigm(double a) { return 1.0 / (1.0 + exp(-a)); }
 
+/* The A-GRU backward's gates and complements from the reserve's pre-activations (rnn_cpu.h):
+ * sigmoid(a) and *c = 1 - sigmoid(a) = sigmoid(-a), neither taken from the other; tanh(a) and
+ * *dc = 1 - tanh(a)^2 = 1 / cosh(a)^2 (0 where cosh overflows). */
+static double sigm_c(double a, double *c) {
+    *c = sigm(-a);
+    return sigm(a);
+}
+static double tanh_c(double a, double *dc) {
+    const double ch = cosh(a);
+    *dc = 1.0 / (ch * ch);
+    return tanh(a);
+}
+
 /* A-GRU weight indices of the input-side gate blocks z, r, d and their biases. */
 static const int agru_wx[3] = {KF__AGRU_W_Z, KF__AGRU_W_R, KF__AGRU_V_H};
 static const int agru_bx[3] = {KF__AGRU_B_Z, KF__AGRU_B_R, KF__AGRU_B_H};
@@ -157,26 +170,28 @@ static void fwd_slice(const fwd64 *f, int32_t s) {
                 gru_row(H, gx + r * 3 * H, ai, cw->bhh, hi, sv);
                 continue;
             }
-            /* A-GRU, before q A^T: z, r = sigmoid(gx + h U^T) (into a), q = r h */
+            /* A-GRU, before q A^T: z, r = sigmoid(gx + h U^T) (into a), q = r h; sv gets the
+             * pre-activations */
             for (int64_t j = 0; j < H; j++) {
-                ai[j] = sigm(gx[r * 3 * H + j] + ai[j]);
-                ai[H + j] = sigm(gx[r * 3 * H + H + j] + ai[H + j]);
+                const double az = gx[r * 3 * H + j] + ai[j], ar = gx[r * 3 * H + H + j] + ai[H + j];
+                if (sv) sv[j] = az, sv[H + j] = ar;
+                ai[j] = sigm(az);
+                ai[H + j] = sigm(ar);
                 q[i * H + j] = ai[H + j] * hi[j];
             }
         }
         if (lo->agru) {
-            /* a_d = q A^T; d = tanh(gx_d + a_d); h' = h + eps z d; sv gets z, r, d */
+            /* a_d = q A^T; d = tanh(gx_d + a_d); h' = h + eps z d; sv gets the pre-activation */
             kf__dgemm(false, true, nb, H, H, 1.0, q, H, cw->A, H, 0.0, a + 2 * H, 3 * H);
             for (int64_t i = 0; i < nb; i++) {
                 if (!valid_at(c->lengths, T, t, b0 + i)) continue;
                 const int64_t r = r0 + i * lo->bs;
                 double *hi = h + i * H, *ai = a + i * 3 * H;
                 for (int64_t j = 0; j < H; j++) {
-                    const double dd = tanh(gx[r * 3 * H + 2 * H + j] + ai[2 * H + j]);
-                    hi[j] += cw->eps * ai[j] * dd;
-                    ai[2 * H + j] = dd;
+                    const double ad = gx[r * 3 * H + 2 * H + j] + ai[2 * H + j];
+                    hi[j] += cw->eps * ai[j] * tanh(ad);
+                    if (gates) gates[r * ng * H + 2 * H + j] = ad;
                 }
-                if (gates) memcpy(gates + r * ng * H, ai, (size_t)(3 * H) * sizeof(double));
             }
         }
         for (int64_t i = 0; i < nb; i++) {
@@ -272,17 +287,19 @@ static void gru_bwd_row(int64_t H, const double *restrict sv, const double *rest
 }
 
 /* A-GRU, one valid row before dq = da_d A: da_z = g eps d z(1-z), da_d = g eps z (1-d^2),
- * q = r hp, dh = g; returns the row's d eps = sum g z d. */
+ * q = r hp, dh = g (z, r, d and the complements from sv's pre-activations); returns the row's
+ * d eps = sum g z d. */
 static double agru_bwd_row(int64_t H, double eps, const double *restrict sv,
                            const double *restrict hp, const double *restrict gy,
                            double *restrict dgx, double *restrict q, double *restrict dh) {
     double deps = 0.0;
     for (int64_t j = 0; j < H; j++) {
-        const double z = sv[j], r = sv[H + j], dd = sv[2 * H + j];
+        double zc, dc;
+        const double z = sigm_c(sv[j], &zc), dd = tanh_c(sv[2 * H + j], &dc);
         const double g = dh[j] + gy[j];
-        dgx[j] = g * eps * dd * z * (1.0 - z);
-        dgx[2 * H + j] = g * eps * z * (1.0 - dd * dd);
-        q[j] = r * hp[j];
+        dgx[j] = g * eps * dd * z * zc;
+        dgx[2 * H + j] = g * eps * z * dc;
+        q[j] = sigm(sv[H + j]) * hp[j];
         dh[j] = g;
         deps += g * z * dd;
     }
@@ -342,11 +359,13 @@ static void bwd_slice(const bwd64 *f, int32_t s) {
         for (int64_t i = 0; i < nb; i++) {
             if (!valid_at(c->lengths, T, t, b0 + i)) continue;
             const int64_t r = r0 + i * lo->bs;
-            const double *rg = gates + r * ng * H + H, *hpr = hp + r * H, *dqi = dq + i * H;
+            const double *ar = gates + r * ng * H + H, *hpr = hp + r * H, *dqi = dq + i * H;
             double *dar = dgx + r * 3 * H + H, *dhi = dh + i * H;
             for (int64_t j = 0; j < H; j++) {
-                dar[j] = dqi[j] * hpr[j] * rg[j] * (1.0 - rg[j]);
-                dhi[j] += dqi[j] * rg[j];
+                double rc;
+                const double rg = sigm_c(ar[j], &rc);
+                dar[j] = dqi[j] * hpr[j] * rg * rc;
+                dhi[j] += dqi[j] * rg;
             }
         }
         kf__dgemm(false, false, nb, H, H, 1.0, dgx + r0 * 3 * H, ld3, cw->uz, H, 1.0, dh, H);

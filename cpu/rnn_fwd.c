@@ -113,16 +113,16 @@ KF__MK_CLONES static void agru_step1(const fwd_step *s, const float *pk, const f
                 z[t] = kf__vf_load_n(gx, nc) + acc[t * 2];
                 r[t] = kf__vf_load_n(gx + H, nc) + acc[t * 2 + 1];
             }
+            for (int64_t i = i0; i < i0 + mr && s->sv; i++) { /* the pre-activations */
+                kf__vf_store_n(s->sv + i * s->sv_ld + j, z[i - i0], nc);
+                kf__vf_store_n(s->sv + i * s->sv_ld + H + j, r[i - i0], nc);
+            }
             for (int t = 0; t < KF__MR_G2; t++) z[t] = kf__vf_sigmoid(z[t]);
             for (int t = 0; t < KF__MR_G2; t++) r[t] = kf__vf_sigmoid(r[t]);
             for (int64_t i = i0; i < i0 + mr; i++) {
                 const int64_t t = i - i0;
                 kf__vf_store_n(zb + i * H + j, z[t], nc);
                 kf__vf_store_n(q + i * H + j, r[t] * kf__vf_load_n(h + i * H + j, nc), nc);
-                if (s->sv) {
-                    kf__vf_store_n(s->sv + i * s->sv_ld + j, z[t], nc);
-                    kf__vf_store_n(s->sv + i * s->sv_ld + H + j, r[t], nc);
-                }
             }
         }
     }
@@ -149,6 +149,9 @@ KF__MK_CLONES static void agru_step2(const fwd_step *s, const float *pk, float e
                     const float *gx = s->gx + (i0 + (t < mr ? t : mr - 1)) * s->gx_ld + 2 * H + j;
                     d[t] = kf__vf_load_n(gx, nc) + acc[t * KF__NV_P + v];
                 }
+                for (int64_t i = i0; i < i0 + mr && s->sv; i++) /* the pre-activation */
+                    if (step_valid(s, i))
+                        kf__vf_store_n(s->sv + i * s->sv_ld + 2 * H + j, d[i - i0], nc);
                 for (int t = 0; t < KF__MR_P; t++) d[t] = kf__vf_tanh(d[t]);
                 for (int64_t i = i0; i < i0 + mr; i++) {
                     const int64_t t = i - i0;
@@ -161,7 +164,6 @@ KF__MK_CLONES static void agru_step2(const fwd_step *s, const float *pk, float e
                     const kf__vf hnew = kf__vf_fma(ez, d[t], kf__vf_load_n(hr, nc));
                     kf__vf_store_n(hr, hnew, nc);
                     put_state(s, i, j, hnew, true, nc);
-                    if (s->sv) kf__vf_store_n(s->sv + i * s->sv_ld + 2 * H + j, d[t], nc);
                 }
             }
         }

@@ -37,13 +37,13 @@
 // plain_rnn_bwd.cuh.
 //
 // Reserve (training), per cell (l, d): hp [N, H] (the state before each step, every row) and the
-// gates [N, ng H] (GRU r, z, n, hn: ng = 4; A-GRU z, r, d: ng = 3) in acc; then the output
-// [N, D H] of every layer but the last, in T. Workspace: A per A-GRU layer [H, H] and Wr [3H, H]
-// (acc), then forward G_x [N, 3H], a [B, 3H], q and h [B, H] (acc) and (inference) two [N, D H]
-// layer outputs (T); backward dG_x and aux [N, 3H], dh, dq [B, H], the weight-gradient block
-// [3H, H], per-row d eps [N] (acc), for the low types dG_x in T [N, 3H] and the first layer's dX
-// sum [N, I] (acc; float64 sums dX in place), two [N, D H] buffers of d(layer output) in
-// acc (the caller's dy widened, the inner layers' gradients: never rounded), and the column sums'
+// gates [N, ng H] (GRU r, z, n, hn: ng = 4; A-GRU the pre-activations of z, r, d: ng = 3) in acc;
+// then the output [N, D H] of every layer but the last, in T. Workspace: A per A-GRU layer [H, H]
+// and Wr [3H, H] (acc), then forward G_x [N, 3H], a [B, 3H], q and h [B, H] (acc) and (inference)
+// two [N, D H] layer outputs (T); backward dG_x and aux [N, 3H], dh, dq [B, H], the weight-gradient
+// block [3H, H], per-row d eps [N] (acc), for the low types dG_x in T [N, 3H] and the first layer's
+// dX sum [N, I] (acc; float64 sums dX in place), two [N, D H] buffers of d(layer output) in acc
+// (the caller's dy widened, the inner layers' gradients: never rounded), and the column sums'
 // partial sums (acc).
 #ifndef KF_CUDA_PLAIN_RNN_CUH
 #define KF_CUDA_PLAIN_RNN_CUH
@@ -148,6 +148,14 @@ struct Seq {
 
 template <class V> KF__HD inline V sigm(V a) { return V(1) / (V(1) + exp(-a)); }
 
+// The A-GRU's reserve keeps its gates' pre-activations a (cpu/rnn_cpu.h): the backward takes
+// z = sigm(a) and 1 - z = sigm(-a), and 1 - tanh(a)^2 = 1 / cosh(a)^2 (0 where cosh overflows),
+// none of which cancels in a saturated gate as 1 - z and 1 - d^2 from the rounded gates did.
+template <class V> KF__HD inline V tanh_dc(V a) {
+    const V c = cosh(a);
+    return V(1) / (c * c);
+}
+
 // G[n, c] = bias[c % w] for the 3 blocks' biases laid out [3, H] (c = g H + j), N rows.
 template <class T> struct FillBias3 {
     const T *b0, *b1, *b2;
@@ -227,13 +235,14 @@ template <class T> struct GruStep {
 };
 
 // A-GRU step, first pass, element (b, j): hp saved; on valid rows z, r = sigmoid(gx + h U^T)
-// into a's first two blocks and q = r h; else q = 0.
+// into a's first two blocks and q = r h, their pre-activations into the gates in training; else
+// q = 0.
 template <class T> struct AgruGates {
     using A = typename Elem<T>::acc;
     Seq s;
     int64_t t;
     const A *gx, *h;
-    A *a, *q, *hp;
+    A *a, *q, *hp, *gates;
     KF__HD void operator()(int64_t e) const {
         const int64_t H = s.H, b = e / H, j = e % H, r = s.row(t, b);
         const A hv = h[b * H + j];
@@ -244,14 +253,16 @@ template <class T> struct AgruGates {
         }
         A *ab = a + b * 3 * H;
         const A *g = gx + r * 3 * H;
-        ab[j] = sigm(g[j] + ab[j]);
-        ab[H + j] = sigm(g[H + j] + ab[H + j]);
+        const A az = g[j] + ab[j], ar = g[H + j] + ab[H + j];
+        if (gates) gates[r * 3 * H + j] = az, gates[r * 3 * H + H + j] = ar;
+        ab[j] = sigm(az);
+        ab[H + j] = sigm(ar);
         q[b * H + j] = ab[H + j] * hv;
     }
 };
 
 // A-GRU step, second pass (a's third block = q A^T): d = tanh(gx_d + a_d), h' = h + eps z d on
-// valid rows; gates z, r, d in training; the output row as GruStep's.
+// valid rows; d's pre-activation into the gates in training; the output row as GruStep's.
 template <class T> struct AgruUpdate {
     using A = typename Elem<T>::acc;
     Seq s;
@@ -267,12 +278,9 @@ template <class T> struct AgruUpdate {
         const bool ok = s.valid(t, b);
         if (ok) {
             const A *ab = a + b * 3 * H;
-            const A dd = tanh(gx[r * 3 * H + 2 * H + j] + ab[2 * H + j]);
-            *hj += Elem<T>::get(*eps) * ab[j] * dd;
-            if (gates) {
-                A *sv = gates + r * 3 * H;
-                sv[j] = ab[j], sv[H + j] = ab[H + j], sv[2 * H + j] = dd;
-            }
+            const A ad = gx[r * 3 * H + 2 * H + j] + ab[2 * H + j];
+            *hj += Elem<T>::get(*eps) * ab[j] * tanh(ad);
+            if (gates) gates[r * 3 * H + 2 * H + j] = ad;
         }
         out[r * s.DH + j] = Elem<T>::put(ok ? s.dropped(*hj, t, b, j) : A(0));
     }
@@ -392,7 +400,7 @@ template <class T, class X> kf_status rnn_forward(X &ex, const kf__rnn_fwd *c) {
                     continue;
                 }
                 KF_TRY(ex.gemm(false, true, B, 2 * H, H, A(1), h, H, wr, H, A(0), a, 3 * H));
-                KF_TRY(ex.each(B * H, AgruGates<T>{s, t, gx, h, a, q, hp}));
+                KF_TRY(ex.each(B * H, AgruGates<T>{s, t, gx, h, a, q, hp, gates}));
                 KF_TRY(ex.gemm(false, true, B, H, H, A(1), q, H, A_of<A>(lo, c->ws, l), H, A(0),
                                a + 2 * H, 3 * H));
                 KF_TRY(ex.each(B * H, AgruUpdate<T>{s, t, gx, a, cw.eps, h, od, gates}));

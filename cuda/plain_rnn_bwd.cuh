@@ -47,9 +47,10 @@ template <class T> struct GruBack {
     }
 };
 
-// A-GRU, first pass of step t, element (b, j): da_z = g eps d z(1-z), da_d = g eps z (1-d^2),
-// q = r hp (into aux [N, H]), dh = g, and the element's d eps term g z d into epsv [N, H] (summed
-// per row, then over rows, after the recurrence); rows past len: zeros.
+// A-GRU, first pass of step t, element (b, j): da_z = g eps d z(1-z), da_d = g eps z (1-d^2)
+// (z, r, d and the complements from the gates' pre-activations), q = r hp (into aux [N, H]),
+// dh = g, and the element's d eps term g z d into epsv [N, H] (summed per row, then over rows,
+// after the recurrence); rows past len: zeros.
 template <class T> struct AgruBack1 {
     using A = typename Elem<T>::acc;
     Seq s;
@@ -68,17 +69,18 @@ template <class T> struct AgruBack1 {
             return;
         }
         const A *sv = gates + r * 3 * H;
-        const A z = sv[j], rr = sv[H + j], dd = sv[2 * H + j], ep = Elem<T>::get(*eps);
+        const A z = sigm(sv[j]), dd = tanh(sv[2 * H + j]), ep = Elem<T>::get(*eps);
         const A g = dh[b * H + j] + grad_in(s, dy, t, b, j, r);
-        gxr[j] = g * ep * dd * z * (A(1) - z);
-        gxr[2 * H + j] = g * ep * z * (A(1) - dd * dd);
-        aux[r * H + j] = rr * hp[r * H + j];
+        gxr[j] = g * ep * dd * z * sigm(-sv[j]);
+        gxr[2 * H + j] = g * ep * z * tanh_dc(sv[2 * H + j]);
+        aux[r * H + j] = sigm(sv[H + j]) * hp[r * H + j];
         dh[b * H + j] = g;
         epsv[r * H + j] = g * z * dd;
     }
 };
 
-// A-GRU, second pass (dq = da_d A): da_r = dq hp r(1-r), dh += dq r on valid rows.
+// A-GRU, second pass (dq = da_d A): da_r = dq hp r(1-r), dh += dq r on valid rows (r and 1 - r
+// from the pre-activation).
 template <class A> struct AgruBack2 {
     Seq s;
     int64_t t;
@@ -87,8 +89,8 @@ template <class A> struct AgruBack2 {
     KF__HD void operator()(int64_t e) const {
         const int64_t H = s.H, b = e / H, j = e % H, r = s.row(t, b);
         if (!s.valid(t, b)) return;
-        const A rr = gates[r * 3 * H + H + j], dqv = dq[b * H + j];
-        dgx[r * 3 * H + H + j] = dqv * hp[r * H + j] * rr * (A(1) - rr);
+        const A ar = gates[r * 3 * H + H + j], rr = sigm(ar), dqv = dq[b * H + j];
+        dgx[r * 3 * H + H + j] = dqv * hp[r * H + j] * rr * sigm(-ar);
         dh[b * H + j] += dqv * rr;
     }
 };

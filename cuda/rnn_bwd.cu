@@ -90,10 +90,10 @@ __global__ void agru_bwd_step1(BwdArgs a) {
     }
     const float g = out_grad(a, t, b, j, a.dh[i]);
     const float eps = *a.eps;
-    const float *q = a.gates + row * 3 * H;
-    const float z = q[j], d = q[2 * H + j];
-    const float dad = g * eps * z * (1.0f - d * d);
-    const float daz = g * eps * d * z * (1.0f - z);
+    const float *q = a.gates + row * 3 * H; // pre-activations (rnn_cuda.cuh)
+    const float z = sigm(q[j]), d = tanhf(q[2 * H + j]);
+    const float dad = g * eps * z * tanh_dc(q[2 * H + j]);
+    const float daz = g * eps * d * z * sigm(-q[j]);
     dx[j] = ds[j] = daz;
     dx[2 * H + j] = ds[2 * H + j] = dad;
     a.epsg[row * H + j] = g * z * d;
@@ -108,8 +108,8 @@ __global__ void agru_bwd_step2(BwdArgs a) {
     int t;
     if (!kf__step_time(a.st, kf__row_length(a.len, b, a.T), a.reverse, &t)) return;
     const int64_t row = t * a.ts + b * a.bs;
-    const float r = a.gates[row * 3 * H + H + j], h = a.hprev[row * H + j], drh = a.drh[i];
-    const float dar = drh * h * r * (1.0f - r);
+    const float ar = a.gates[row * 3 * H + H + j], h = a.hprev[row * H + j], drh = a.drh[i];
+    const float r = sigm(ar), dar = drh * h * r * sigm(-ar);
     a.dgx[row * 3 * H + H + j] = dar;
     a.dstep[(int64_t)b * 3 * H + H + j] = dar;
     a.rh[row * H + j] = r * h;

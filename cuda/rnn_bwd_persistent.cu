@@ -49,7 +49,7 @@ __device__ __forceinline__ float red_sum_t(const float *red, int s0, int s1, int
 
 // The reserve values of one (row, unit) item at one step, loaded ahead of their use.
 struct BwdItem {
-    float q0, q1, q2, q3; // GRU: r, z, n, hn; A-GRU: z, r, d (q3 unused)
+    float q0, q1, q2, q3; // GRU: r, z, n, hn; A-GRU: z, r, d's pre-activations (q3 unused)
     float h, dy;          // state before the step; masked output gradient
     int t;
     bool act;
@@ -124,7 +124,7 @@ rnn_bwd_persistent(BwdArgs a, const float *m, const float *dhn, float *dh0) {
     for (int st = a.T - 1; st >= 0; --st) {
         int tc[kPMax];
         bool ac[kPMax];
-        float rr[kPMax], hh[kPMax];
+        float rr[kPMax], hh[kPMax]; // rr: A-GRU, r's pre-activation
 #pragma unroll
         for (int p = 0; p < kPMax; ++p) {
             const int i = tid + p * nthr, bb = i / H, j = i % H, b = b0 + bb;
@@ -167,9 +167,9 @@ rnn_bwd_persistent(BwdArgs a, const float *m, const float *dhn, float *dh0) {
                 dg[2 * H + j] = v[2 * H + j] = dan * r;
                 carry[p] = g * z;
             } else {
-                const float z = it.q0, r = it.q1, d = it.q2, h = it.h;
-                const float dad = g * eps * z * (1.0f - d * d);
-                const float daz = g * eps * d * z * (1.0f - z);
+                const float z = sigm(it.q0), r = sigm(it.q1), d = tanhf(it.q2), h = it.h;
+                const float dad = g * eps * z * tanh_dc(it.q2);
+                const float daz = g * eps * d * z * sigm(-it.q0);
                 dx[j] = v[j] = daz;
                 dx[2 * H + j] = v[2 * H + j] = dad;
                 a.epsg[row * H + j] = g * z * d;
@@ -193,8 +193,8 @@ rnn_bwd_persistent(BwdArgs a, const float *m, const float *dhn, float *dh0) {
                     continue;
                 }
                 const float drh = red_sum_t(red, 2 * KH, 3 * KH, BB, H, bb, j);
-                const float r = rr[p], h = hh[p];
-                const float dar = drh * h * r * (1.0f - r);
+                const float r = sigm(rr[p]), h = hh[p];
+                const float dar = drh * h * r * sigm(-rr[p]);
                 a.dgx[(tc[p] * a.ts + b * a.bs) * 3 * H + H + j] = dar;
                 v[H + j] = dar;
                 carry[p] += r * drh;

@@ -8,7 +8,9 @@
 // states, their gradients) uses that order, so the weight-gradient GEMMs pair rows directly.
 //
 // Reserve (training forward -> backward), per layer-direction (l, d):
-//   gates [T*B, KG]   GRU: r, z, n, W_hn h + b_hn (KG = 4H); A-GRU: z, r, d (KG = 3H)
+//   gates [T*B, KG]   GRU: r, z, n, W_hn h + b_hn (KG = 4H); A-GRU: the pre-activations of
+//                     z, r, d (KG = 3H), whence backward takes each gate and its complement
+//                     (sigm, tanh_dc below)
 //   hprev [T*B, H]    state before the step at that (t, b)
 //   both zero at padded (t >= len[b]) rows, so zero gradients there meet finite values
 // and per layer l < L-1: out_l [T*B, D*H] time-major, the layer's output after dropout (the next
@@ -129,6 +131,16 @@ static __device__ __forceinline__ bool kf__step_time(int st, int len, bool rever
     }
     *t = st;
     return false;
+}
+
+// The gates of forward and backward: sigm(x), whose complement 1 - sigm(x) is sigm(-x), and
+// tanh_dc(x) = 1 - tanh(x)^2 = 1 / cosh(x)^2 (0 where cosh overflows). The A-GRU's reserve keeps
+// the pre-activations, so that backward's 1 - z, 1 - r and 1 - d^2 do not cancel in a saturated
+// gate, as they did taken from the rounded gates (cpu/rnn_cpu.h, kf__vf_sigmoid_c).
+__device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float tanh_dc(float x) {
+    const float c = coshf(x);
+    return 1.0f / (c * c);
 }
 
 // Element (c, k) of the recurrent matrix Wrec [3H, H] of one cell: W_hh for a GRU, or

@@ -45,7 +45,8 @@ __global__ void gru_fwd_step(FwdArgs a) {
     write_out(a, t, b, j, hnew);
 }
 
-// A-GRU step, part 1: z, r overwrite their pre-activations in gh; rh = r * h feeds A (r*h).
+// A-GRU step, part 1: the pre-activations of z, r (bias added) overwrite gh's; rh = r * h feeds
+// A (r*h).
 __global__ void agru_fwd_step1(FwdArgs a) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (int64_t)a.B * a.H) return;
@@ -58,11 +59,11 @@ __global__ void agru_fwd_step1(FwdArgs a) {
     int64_t row = t * a.ts + b * a.bs;
     const float *g = a.gx + row * 3 * H;
     float *q = a.gh + (int64_t)b * 3 * H;
-    float z, r;
-    agru_zr(a, j, g[j], g[H + j], q[j], q[H + j], &z, &r);
-    q[j] = z;
-    q[H + j] = r;
-    a.rh[i] = r * a.h[i];
+    float az, ar;
+    agru_zr(a, j, g[j], g[H + j], q[j], q[H + j], &az, &ar);
+    q[j] = az;
+    q[H + j] = ar;
+    a.rh[i] = sigm(ar) * a.h[i];
 }
 
 template <bool kTrain>

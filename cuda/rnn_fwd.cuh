@@ -39,8 +39,6 @@ struct FwdArgs {
     float *hprev;             // reserve [rows, H] (training)
 };
 
-__device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
-
 __device__ __forceinline__ void write_out(const FwdArgs &a, int t, int b, int j, float v) {
     if (a.drop) {
         uint64_t c = a.ctr_base + ((uint64_t)t * (uint64_t)a.B + (uint64_t)b) * (uint64_t)a.DH +
@@ -85,25 +83,26 @@ __device__ __forceinline__ float gru_cell(const FwdArgs &a, int64_t row, int j, 
     return hnew;
 }
 
-// A-GRU, first half: z and r from their pre-activations (no bias).
+// A-GRU, first half: the pre-activations az, ar of z and r (bias added).
 __device__ __forceinline__ void agru_zr(const FwdArgs &a, int j, float gxz, float gxr, float ghz,
-                                        float ghr, float *z, float *r) {
-    *z = sigm(gxz + a.bx[0][j] + ghz);
-    *r = sigm(gxr + a.bx[1][j] + ghr);
+                                        float ghr, float *az, float *ar) {
+    *az = gxz + a.bx[0][j] + ghz;
+    *ar = gxr + a.bx[1][j] + ghr;
 }
 
-// A-GRU, second half: d = tanh(V_h x + b_h + A (r*h)), h' = h + eps * z * d.
+// A-GRU, second half: d = tanh(V_h x + b_h + A (r*h)), h' = h + eps * z * d, z = sigm(az);
+// the reserve gets the pre-activations az, ar, ad.
 template <bool kTrain>
 __device__ __forceinline__ float agru_out(const FwdArgs &a, int64_t row, int j, float gxd,
-                                          float ghd, float z, float r, float h, float eps) {
+                                          float ghd, float az, float ar, float h, float eps) {
     const int H = a.H;
-    float d = tanhf(gxd + a.bx[2][j] + ghd);
-    float hnew = h + eps * (z * d);
+    const float ad = gxd + a.bx[2][j] + ghd;
+    float hnew = h + eps * (sigm(az) * tanhf(ad));
     if (kTrain) {
         float *g = a.gates + row * 3 * H;
-        g[j] = z;
-        g[H + j] = r;
-        g[2 * H + j] = d;
+        g[j] = az;
+        g[H + j] = ar;
+        g[2 * H + j] = ad;
         a.hprev[row * H + j] = h;
     }
     return hnew;

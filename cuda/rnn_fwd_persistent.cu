@@ -95,7 +95,7 @@ rnn_fwd_persistent(FwdArgs a, const float *wt, const float *h0, float *hn) {
             }
             __syncthreads();
         } else {
-            float zv[kPMax], rv[kPMax];
+            float zv[kPMax], rv[kPMax]; // the pre-activations of z, r
 #pragma unroll
             for (int p = 0; p < kPMax; ++p) {
                 const int i = tid + p * nthr, bb = i / H, j = i % H;
@@ -104,7 +104,7 @@ rnn_fwd_persistent(FwdArgs a, const float *wt, const float *h0, float *hn) {
                 if (act[p])
                     agru_zr(a, j, gxv[p][0], gxv[p][1], red_sum(red, KS, BB, H, bb, j),
                             red_sum(red, KS, BB, H, bb, H + j), &zv[p], &rv[p]);
-                srh[i] = rv[p] * sh[i];
+                srh[i] = act[p] ? sigm(rv[p]) * sh[i] : 0.0f;
             }
             __syncthreads();
             if (ph2) kf__slice_matvec<BB, kRK>(srh, H, k0, wr, ws, red, 3 * H, tid, nthr, s, cg);
@@ -273,11 +273,11 @@ agru_fwd_persistent(FwdArgs a, const float *wt, const float *h0, float *hn) {
                 const int b = b0 + bb;
                 int t;
                 const bool act = kf__step_time(st, len[bb], a.reverse, &t);
-                const float g = act ? sigm(gcur[bb] + bias + sum) : 0.0f;
+                const float pre = act ? gcur[bb] + bias + sum : 0.0f, g = act ? sigm(pre) : 0.0f;
                 if (role == 0) sz[bb * H + j] = g;
                 else srh[bb * H + j] = act ? g * sh[bb * H + j] : 0.0f;
-                if (kTrain && b < a.B)
-                    a.gates[(t * a.ts + b * a.bs) * 3 * H + role * H + j] = g;
+                if (kTrain && b < a.B) // the pre-activation (rnn_cuda.cuh)
+                    a.gates[(t * a.ts + b * a.bs) * 3 * H + role * H + j] = pre;
             }
         }
         __syncthreads(); // B_mid: r*h and z of every row are in shared memory
@@ -301,10 +301,10 @@ agru_fwd_persistent(FwdArgs a, const float *wt, const float *h0, float *hn) {
                 }
                 const int64_t row = t * a.ts + b * a.bs;
                 const float h = sh[bb * H + j];
-                const float d = tanhf(gcur[bb] + bias + sum);
-                const float hnew = h + eps * (sz[bb * H + j] * d);
+                const float ad = gcur[bb] + bias + sum;
+                const float hnew = h + eps * (sz[bb * H + j] * tanhf(ad));
                 if (kTrain) {
-                    a.gates[row * 3 * H + 2 * H + j] = d;
+                    a.gates[row * 3 * H + 2 * H + j] = ad;
                     a.hprev[row * H + j] = h;
                 }
                 sh[bb * H + j] = hnew;

@@ -6,7 +6,12 @@
 #      out-of-line API mode, abi3, cdef generated from capi/include/kfuse.h). With
 #      KFUSE_LIBRARY_DIR set (scripts/test.sh passes build/main) it links that prebuilt library
 #      with an rpath to it; without, pip builds libkfuse itself and bundles it in the package,
-#   3. pytest tests/python. Exits non-zero on any failure, and when pytest collects no test.
+#   3. pytest tests/python. Exits non-zero on any failure, and when pytest collects no test,
+#   4. a bounded soak of every kfuse.torch module (benches/soak_frontends.py: 300 forward +
+#      backward calls per module, float32 and bfloat16, eager and, on torch >= 2.4, under
+#      torch.compile), failing if resident memory, Python objects, plans or their caches grow
+#      after warm-up (about 3 s on torch 1.13; on torch 2.x 17 s of CPU, mostly compiling, 60 s
+#      wall on the shared 2-core box).
 # Takes about a minute with a prebuilt library. Run from anywhere: bash scripts/test-python.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,4 +49,7 @@ set +e
 rc=$?
 set -e
 pytest_verdict test-python "$rc"
+
+stage "soak: kfuse.torch's modules, bounded (benches/soak_frontends.py --calls 300)"
+(cd /tmp && "$VENV/bin/python" "$ROOT/benches/soak_frontends.py" --calls 300)
 stage "python tests passed"

@@ -4,7 +4,8 @@
 #             replayed, then at most 60 s and 100000 new inputs per harness from a fixed seed;
 #             see fuzz.sh for what is and is not repeatable; run it without KF_FUZZ_SEED for
 #             fresh draws)
-#   2. tsan:  scripts/tsan.sh 3           (ThreadSanitizer, 4 threads x own contexts)
+#   2. tsan:  scripts/tsan.sh 3           (ThreadSanitizer, 4 threads x own contexts, then 4
+#             threads in turn on one context; every op in every dtype)
 #   3. soak:  scripts/soak.sh 10000       (RSS curve in a fixed arena + valgrind leak check)
 # Exits non-zero if any part fails; runs all parts either way and prints a summary.
 #   scripts/test-reliability.sh [fuzz-seconds-per-harness] [soak-calls]

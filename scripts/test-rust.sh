@@ -6,7 +6,9 @@
 #   4. runs `cargo test --offline` for the workspace (kfuse-sys: bindgen layout tests, unit and
 #      doc tests; kfuse: unit, integration against a float64 reference, doc and compile_fail tests),
 #   5. runs the example that trains an A-GRU through the safe crate (exits non-zero unless its
-#      loss falls),
+#      loss falls), and the soak example (soak_layers: 3000 forward + backward calls of each
+#      plan in f32 and bf16; exits non-zero if the arena, the reserve or resident memory grows
+#      after warm-up; about 4 s),
 #   6. compiles the criterion benchmarks (benches/rust, a workspace of its own) without running them.
 # Exits non-zero on any failure. About 1-2 minutes on 2 cores once build/main exists (plus about
 # 1 minute the first time, to compile criterion and its dependencies).
@@ -52,6 +54,9 @@ cargo test --offline --workspace
 
 stage "example: train_agru_step"
 cargo run --offline --release --example train_agru_step
+
+stage "example: soak_layers, bounded"
+cargo run --offline --release --example soak_layers -- --calls 3000
 
 stage "benchmarks compile (benches/rust, a workspace of its own; not run)"
 (cd "$ROOT/benches/rust" && cargo bench --offline --no-run)

@@ -9,12 +9,14 @@
 #   4. the ABI check: abidiff of the built library against abi/kfuse.abi,
 #   5. a C consumer of every form: installed (find_package, pkg-config), build tree,
 #      add_subdirectory; shared and static (scripts/test-c-consumers.sh),
-#   6. the Python package (cffi; pytest against torch and float64 references) on Debian's torch 1.13
+#   6. the Python package (cffi; pytest against torch and float64 references, then a bounded soak
+#      of every module) on Debian's torch 1.13
 #      and on PyPI's torch 2.x (a venv kept in ~/.cache/kfuse), and as users get it:
 #      sdist -> wheel (scikit-build-core builds libkfuse) -> moved -> fresh venv -> forward,
 #   7. the sanitizer lane over the bindings: the Python tests against an ASan+UBSan libkfuse (GEMM
 #      operands checked too), the Rust tests under valgrind (scripts/test-sanitize-bindings.sh),
-#      then the Rust crates (bindings-current check, cargo test offline) and a downstream crate
+#      then the Rust crates (bindings-current check, cargo test offline, a bounded soak of every
+#      plan) and a downstream crate
 #      (examples/rust-consumer: pkg-config dynamic and static, built from source), and the tch-rs
 #      interop crate on Debian's libtorch 1.13 (scripts/test-tch.sh: tests, doc tests, example;
 #      tch's sources from ../shared/tch-deps, else build/tch-deps, SKIPPED where neither is),

@@ -151,21 +151,25 @@ double *ref_to_f64(const float *p, int64_t n) {
 #define SFX(name) name##_f64
 #define EXP exp
 #define TANH tanh
+#define COSH cosh
 #include "ref_rnn.c"
 #undef REAL
 #undef SFX
 #undef EXP
 #undef TANH
+#undef COSH
 
 #define REAL float
 #define SFX(name) name##_f32
 #define EXP expf
 #define TANH tanhf
+#define COSH coshf
 #include "ref_rnn.c"
 #undef REAL
 #undef SFX
 #undef EXP
 #undef TANH
+#undef COSH
 
 #else /* REF_RNN_BODY: the precision-generic part, REAL and SFX() defined by the includer */
 
@@ -182,7 +186,8 @@ typedef struct SFX(tape) {
     REAL **in;     /* [L] layer input (after dropout) [T][B][I_l] */
     REAL **out;    /* [L] layer output (before dropout) [T][B][D*H] */
     REAL **hprev;  /* [L*D] state before step t [T][B][H] (valid for t < len[b]) */
-    REAL **gates;  /* [L*D] GRU: r, z, n, c_n; A-GRU: z, r, d  ([T][B][G*H]) */
+    REAL **gates;  /* [L*D] GRU: r, z, n, c_n; A-GRU: the pre-activations of z, r, d
+                      ([T][B][G*H]) */
     REAL **A;      /* [L] A-GRU: W_h - W_h^T - gamma I */
     int G;
 } SFX(tape);
@@ -243,7 +248,9 @@ static void SFX(gru_step)(const ref_rnn_cfg *c, const REAL *const *w, const REAL
     }
 }
 
-/* One A-GRU step; stores z, r, d in g. scratch: H (s = r h). */
+/* One A-GRU step; stores the pre-activations of z, r, d in g, from which the backward takes
+ * each gate and its complement (1 - z = sig(-a), 1 - d^2 = 1 / cosh(a)^2): taken from the
+ * rounded gates they cancel in a saturated gate, in float64 too. scratch: H (s = r h). */
 static void SFX(agru_step)(const ref_rnn_cfg *c, const REAL *const *w, const REAL *A,
                            const REAL *x, int64_t Il, const REAL *h, REAL *g, REAL *hnew,
                            REAL *scratch) {
@@ -262,17 +269,16 @@ static void SFX(agru_step)(const ref_rnn_cfg *c, const REAL *const *w, const REA
             az += U_z[j * H + k] * h[k];
             ar += U_r[j * H + k] * h[k];
         }
-        g[j] = SFX(sig)(az);
-        g[H + j] = SFX(sig)(ar);
+        g[j] = az;
+        g[H + j] = ar;
     }
-    for (int64_t k = 0; k < H; ++k) s[k] = g[H + k] * h[k];
+    for (int64_t k = 0; k < H; ++k) s[k] = SFX(sig)(g[H + k]) * h[k];
     for (int64_t j = 0; j < H; ++j) {
         REAL ad = b_h[j];
         for (int64_t i = 0; i < Il; ++i) ad += V_h[j * Il + i] * x[i];
         for (int64_t k = 0; k < H; ++k) ad += A[j * H + k] * s[k];
-        REAL d = TANH(ad);
-        g[2 * H + j] = d;
-        hnew[j] = h[j] + eps * (g[j] * d);
+        g[2 * H + j] = ad;
+        hnew[j] = h[j] + eps * (SFX(sig)(g[j]) * TANH(ad));
     }
 }
 
@@ -401,14 +407,14 @@ static void SFX(agru_step_bwd)(const ref_rnn_cfg *c, const REAL *const *w, REAL 
     REAL *ds = scratch + 4 * H, *dh = scratch + 5 * H;
     REAL deps = 0;
     for (int64_t j = 0; j < H; ++j) {
-        REAL z = g[j], d = g[2 * H + j];
+        REAL z = SFX(sig)(g[j]), d = TANH(g[2 * H + j]), ch = COSH(g[2 * H + j]);
         deps += gh[j] * z * d;
         REAL dd = gh[j] * eps * z;
         REAL dz = gh[j] * eps * d;
-        dad[j] = dd * ((REAL)1 - d * d);
-        daz[j] = dz * z * ((REAL)1 - z);
+        dad[j] = dd / (ch * ch);
+        daz[j] = dz * z * SFX(sig)(-g[j]);
         dh[j] = gh[j];
-        s[j] = g[H + j] * h[j];
+        s[j] = SFX(sig)(g[H + j]) * h[j];
     }
     dw[9][0] += deps;
     for (int64_t k = 0; k < H; ++k) {
@@ -423,10 +429,10 @@ static void SFX(agru_step_bwd)(const ref_rnn_cfg *c, const REAL *const *w, REAL 
             dw[8][k * H + j] -= v;
         }
     for (int64_t k = 0; k < H; ++k) {
-        REAL r = g[H + k];
+        REAL r = SFX(sig)(g[H + k]);
         REAL dr = ds[k] * h[k];
         dh[k] += ds[k] * r;
-        dar[k] = dr * r * ((REAL)1 - r);
+        dar[k] = dr * r * SFX(sig)(-g[H + k]);
     }
     /* (weight, bias, recurrent weight or NULL, pre-activation gradient) */
     const REAL *Wx[3] = {W_z, W_r, V_h};

@@ -280,11 +280,27 @@ typedef struct opts {
     int dw_mode;             /* 0 all dweights, 1 none (NULL array), 2 every other one absent */
     int32_t num_threads;
     uint64_t seed;
+    float saturate;          /* A-GRU: every gate's bias shifted by this (saturate_gates) */
 } opts;
+
+/* An A-GRU whose gates saturate (z, r -> 1, |d| -> 1): every bias shifted by `by`. The backward's
+ * z (1 - z), r (1 - r) and 1 - d^2 then lie below what float32 resolves from z, r and d
+ * themselves (by 12: 1 - z ~ 6e-6, a hundred spacings of z below 1; 1 - d^2 ~ 1e-10, d rounds to
+ * 1), so they must come from the pre-activations (cpu/rnn_cpu.h, kf__vf_sigmoid_c); taken from
+ * the rounded gates they were a percent off, or zero. */
+static void saturate_gates(prob *p, float by) {
+    for (int i = 0; i < p->nw; ++i) {
+        char name[64];
+        const int64_t n = ref_rnn_weight_desc(&p->c, i, name, sizeof name, NULL, NULL);
+        if (!strstr(name, ".bias")) continue;
+        for (int64_t j = 0; j < n; ++j) p->w[i][j] += by, p->wd[i][j] = p->w[i][j];
+    }
+}
 
 static void run_case(const char *label, const ref_rnn_cfg *cfg, const opts *o) {
     prob p;
     prob_make(&p, cfg, o->seed ? o->seed : 0xC0FFEE, o->h0, o->lengths);
+    if (o->saturate) saturate_gates(&p, o->saturate);
     lib k;
     lib_make(&k, &p, o->num_threads);
     const ref_rnn_cfg *c = &p.c;
@@ -815,6 +831,19 @@ Test(rnn_numerics, whole_panel_hidden) {
     o.dw_mode = 2;
     run_case("GRU H=32 every other dweight", &c, &o);
     run_case("A-GRU H=32 every other dweight", &a, &o);
+}
+
+/* Saturated gates: the pre-activation gradients are products of a gradient with 1 - z, 1 - r or
+ * 1 - d^2, each far below float32's spacing at 1, yet dX and every weight gradient stay within
+ * 1e-5 of the float64 reference (tests/fuzz/corpus/fuzz_rnn/agru_h1_vanishing_dx found it). */
+Test(rnn_numerics, agru_saturated_gates) {
+    static const int32_t len[3] = {4, 2, 3};
+    opts o = {.h0 = 1, .lengths = len, .saturate = 12.0f};
+    ref_rnn_cfg a = agru(2, 5, 9, 4, 3);
+    run_case("A-GRU saturated H=9", &a, &o);
+    ref_rnn_cfg a32 = agru(1, 16, 32, 3, 2); /* whole panels: the fused weight gradients */
+    o.lengths = NULL;
+    run_case("A-GRU saturated H=32", &a32, &o);
 }
 
 /* ---- repeated calls agree bit for bit ------------------------------------------------------

@@ -322,13 +322,25 @@ static void check_close(const char *what, const targ *got, const double *want, i
                         double tol32, double abs_floor32) {
     const double tol = fuzz_rel_bound(got->dtype, tol32);
     const double abs_floor = fuzz_abs_bound(got->dtype, abs_floor32);
-    double num = 0.0;
+    /* float16 rounds a result below its smallest normal (6.1e-5) to a multiple of 2^-24: up to
+     * 2^-25 per element that no relative bound covers (an A-GRU's y of 1e-6: 2.9e-3 off, each
+     * element correctly rounded; corpus agru_f16_subnormal_y) */
+    const double sub = got->dtype == KF_DTYPE_F16 ? 0x1p-25 * sqrt((double)n) : 0.0;
+    /* A 16-bit result whose exact value lies past the type's largest finite one rounds to inf
+     * (float16: |v| >= 65520; an A-GRU with gamma 7e25 has dh0 ~ 1e25; corpus
+     * agru_f16_overflow_dh0): such an element must be that inf, and leaves the norms */
+    const double big = got->dtype == KF_DTYPE_F16    ? 65520.0
+                       : got->dtype == KF_DTYPE_BF16 ? 0x1.fep127
+                                                     : INFINITY;
+    double num = 0.0, den2 = 0.0;
     for (int64_t i = 0; i < n; i++) {
-        const double d = fuzz_get(got->dtype, got->b.p, i) - want[i];
-        num += d * d;
+        const double v = fuzz_get(got->dtype, got->b.p, i);
+        if (fabs(want[i]) >= 0.999 * big && isinf(v) && (v > 0) == (want[i] > 0)) continue;
+        num += (v - want[i]) * (v - want[i]);
+        den2 += want[i] * want[i];
     }
-    const double den = norm_f64(want, n), e = sqrt(num) / (den > 0 ? den : 1.0);
-    bool ok = e < tol || sqrt(num) < abs_floor;
+    const double den = sqrt(den2), e = sqrt(num) / (den > 0 ? den : 1.0);
+    bool ok = sqrt(num) < tol * (den > 0 ? den : 1.0) + sub || sqrt(num) < abs_floor + sub;
     if (!ok) {
         for (int64_t i = 0; i < n; i++)
             fprintf(stderr, "  %s[%lld] = %.17g, reference %.17g\n", what, (long long)i,
@@ -338,10 +350,14 @@ static void check_close(const char *what, const targ *got, const double *want, i
     }
 }
 
+/* Every element written and not NaN; finite, except that a 16-bit one may be an overflow's inf,
+ * which check_close then holds to the reference. */
 static void all_finite(const char *what, const targ *a) {
+    const bool low = a->dtype == KF_DTYPE_F16 || a->dtype == KF_DTYPE_BF16;
     for (int64_t i = 0; i < a->numel; i++) {
         const double v = fuzz_get(a->dtype, a->b.p, i);
-        if (!isfinite(v)) FAIL("%s[%lld] = %g not written / not finite", what, (long long)i, v);
+        if (isnan(v) || (isinf(v) && !low))
+            FAIL("%s[%lld] = %g not written / not finite", what, (long long)i, v);
     }
 }
 
@@ -797,21 +813,15 @@ static void call_backward(sess *s, rd *r) {
                                      a->dy.data ? tf(&s->dy) : NULL,
                                      a->dhn.data ? tf(&s->dhn) : NULL, dx32, dh032, dw32);
 #define KF__FUZZ_TOL(F32, F64, N) fmax(1e-3, 4.0 * ref_rel_err_f32((F32), (F64), (N)))
+                if (a->dx.data)
+                    check_close("dx", &s->dx, dx, s->dx.numel,
+                                KF__FUZZ_TOL(dx32, dx, s->dx.numel), 0);
+                if (a->dh0.data)
+                    check_close("dh0", &s->dh0, dh0, s->dh0.numel,
+                                KF__FUZZ_TOL(dh032, dh0, s->h0.numel), 0);
                 double dw_scale = 0.0; /* norm of all the call's weight gradients */
                 for (int q = 0; q < s->nw; q++)
                     dw_scale = hypot(dw_scale, norm_f64(dw[q], s->dw[q].numel));
-                /* dx and dh0 may also vanish against the call's other gradients (H = 1, three
-                 * layers, dropout 0.9: ||dx|| 9e-8 beside ||dh0|| 3.5, where one saturated gate
-                 * scales all of dx and its float32 error was 4.4x the reference's own); below
-                 * 1e-6 of the call's gradient norm (16 float32 ulps of it) an error is noise */
-                const double g_scale = hypot(hypot(norm_f64(dx, s->x.numel),
-                                                   norm_f64(dh0, s->h0.numel)), dw_scale);
-                if (a->dx.data)
-                    check_close("dx", &s->dx, dx, s->dx.numel,
-                                KF__FUZZ_TOL(dx32, dx, s->dx.numel), 1e-6 * g_scale);
-                if (a->dh0.data)
-                    check_close("dh0", &s->dh0, dh0, s->dh0.numel,
-                                KF__FUZZ_TOL(dh032, dh0, s->h0.numel), 1e-6 * g_scale);
                 for (int q = 0; q < s->nw && a->dweights; q++) {
                     if (!dwt[q].data) continue;
                     const double tol = KF__FUZZ_TOL(dw32[q], dw[q], s->dw[q].numel);
