@@ -182,6 +182,9 @@ def test_compile_fullgraph_forward_backward(name):
     gradients as eager. aot_eager runs dynamo and AOTAutograd on the fake kernels without
     generating code (inductor is exercised once, below: its C++ build takes seconds)."""
     from torch._dynamo.testing import CompileCounterWithBackend
+    # dynamo's caches are per code object and outlive a test: another file's compiled SKLinear
+    # (tests/python/test_sklinear_epilogue.py) would otherwise serve or re-guard this one's frames
+    torch._dynamo.reset()
     m, x, x2 = make(name)
     cnt = CompileCounterWithBackend("aot_eager")
     c = torch.compile(m, fullgraph=True, backend=cnt)
