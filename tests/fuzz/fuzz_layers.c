@@ -45,6 +45,7 @@
 #include "ref_sklinear.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -434,7 +435,7 @@ static bool mul_ok(unsigned __int128 v) { return v <= (unsigned __int128)INT64_M
 static bool plan_from_fuzzed_desc(sess *s, rd *r) {
     unsigned char db[sizeof(kf_kan_linear_desc) + sizeof(kf_sklinear_desc) + 32] __attribute__((aligned(16)));
     memset(db, 0, sizeof db);
-    size_t dsz;
+    size_t dsz, oldest; /* this header's size, and the oldest size the library still reads */
     int nmut = (int)(u8(r) % 4);
     bool must_fail = false, tiny = true;
     kf_status st;
@@ -442,6 +443,9 @@ static bool plan_from_fuzzed_desc(sess *s, rd *r) {
         kf_sklinear_desc *d = (void *)db;
         kf_sklinear_desc_init(d);
         dsz = sizeof *d;
+        /* a 1.1-1.7 caller's desc ends before the epilogue's fields (1.8), which then keep their
+         * defaults: kfuse.h */
+        oldest = offsetof(kf_sklinear_desc, activation);
         d->in_features = s->in, d->out_features = s->out, d->num_terms = (int32_t)s->L,
         d->low_rank = (int32_t)s->k, d->bias = s->opt, d->dtype = s->su.dtype;
         for (int m = 0; m < nmut; m++) {
@@ -475,7 +479,7 @@ static bool plan_from_fuzzed_desc(sess *s, rd *r) {
     } else {
         kf_kan_linear_desc *d = (void *)db;
         kf_kan_linear_desc_init(d);
-        dsz = sizeof *d;
+        dsz = oldest = sizeof *d;
         d->in_features = s->in, d->out_features = s->out, d->grid_size = (int32_t)s->G,
         d->spline_order = (int32_t)s->so, d->standalone_scale = s->opt, d->dtype = s->su.dtype;
         for (int m = 0; m < nmut; m++) {
@@ -512,7 +516,7 @@ static bool plan_from_fuzzed_desc(sess *s, rd *r) {
                          s->so = d->spline_order, s->opt = d->standalone_scale, s->su.dtype = d->dtype;
     }
     size_t ssz = *(size_t *)(void *)db;
-    if (ssz < dsz) must_fail = true;
+    if (ssz < oldest) must_fail = true;
     for (size_t i = dsz; i < ssz && i < sizeof db; i++)
         if (db[i]) must_fail = true;
     check_status(st, "plan_create");
