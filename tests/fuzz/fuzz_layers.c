@@ -214,7 +214,7 @@ static void call(sess *s, rd *r, bool backward) {
     unsigned char argbuf[sizeof(kf_kan_linear_backward_args) + sizeof(kf_sklinear_backward_args) + 64]
         __attribute__((aligned(16)));
     memset(argbuf, 0, sizeof argbuf);
-    size_t asz;
+    size_t asz, aold; /* this header's size, and the oldest size the library still reads */
     slot sl[12];
     int ns = 0;
     uint32_t opt = u8(r);
@@ -224,6 +224,7 @@ static void call(sess *s, rd *r, bool backward) {
         kf_sklinear_forward_args *a = (void *)argbuf;
         kf_sklinear_forward_args_init(a);
         asz = sizeof *a;
+        aold = offsetof(kf_sklinear_forward_args, mode); /* 1.1-1.7: no epilogue fields */
         SLOT(&s->x, &a->x, true, true, false, false, s->in);
         SLOT(&s->p[0], &a->S1s, true, true, false, false, 0);
         SLOT(&s->p[1], &a->S2s, true, true, false, false, 0);
@@ -235,6 +236,7 @@ static void call(sess *s, rd *r, bool backward) {
         kf_sklinear_backward_args *a = (void *)argbuf;
         kf_sklinear_backward_args_init(a);
         asz = sizeof *a;
+        aold = offsetof(kf_sklinear_backward_args, mode);
         SLOT(&s->x, &a->x, true, true, false, false, s->in);
         SLOT(&s->p[0], &a->S1s, true, true, false, false, 0);
         SLOT(&s->p[1], &a->S2s, true, true, false, false, 0);
@@ -248,7 +250,7 @@ static void call(sess *s, rd *r, bool backward) {
     } else if (!backward) {
         kf_kan_linear_forward_args *a = (void *)argbuf;
         kf_kan_linear_forward_args_init(a);
-        asz = sizeof *a;
+        asz = aold = sizeof *a;
         SLOT(&s->x, &a->x, true, true, false, false, s->in);
         SLOT(&s->p[0], &a->grid, true, true, false, false, 0);
         SLOT(&s->p[1], &a->base_weight, false, true, false, false, 0); /* optional since 1.3 */
@@ -258,7 +260,7 @@ static void call(sess *s, rd *r, bool backward) {
     } else {
         kf_kan_linear_backward_args *a = (void *)argbuf;
         kf_kan_linear_backward_args_init(a);
-        asz = sizeof *a;
+        asz = aold = sizeof *a;
         SLOT(&s->x, &a->x, true, true, false, false, s->in);
         SLOT(&s->p[0], &a->grid, true, true, false, false, 0);
         SLOT(&s->p[1], &a->base_weight, false, true, false, false, 0); /* optional since 1.3 */
@@ -315,7 +317,7 @@ static void call(sess *s, rd *r, bool backward) {
     int32_t xnd = 0;
     int64_t lead[KF_MAX_DIMS] = {0}, N = 0, numel[12] = {0};
     size_t ssz = *(size_t *)(void *)argbuf;
-    if (ssz < asz) bad = true;
+    if (ssz < aold) bad = true;
     for (size_t i = asz; i < ssz && i < sizeof argbuf; i++)
         if (argbuf[i]) bad = true;
     if (backward && grad_mode != KF_GRAD_OVERWRITE && grad_mode != KF_GRAD_ACCUMULATE) bad = true;
