@@ -418,6 +418,20 @@ def _any_requires_grad(args):
     return False
 
 
+def grad_may_flow(*args):
+    """Whether a gradient may flow from a call on `args` (tensors, lists or tuples of them, None),
+    so that a module keeps what its backward needs only then: grad mode on, or a trace being
+    recorded (a trace must not depend on the grad mode it was recorded in: torch.jit.trace's check
+    reruns under no_grad), and an argument that requires grad."""
+    return (torch.is_grad_enabled() or torch.jit.is_tracing()) and _any_requires_grad(args)
+
+
+def dropout_seed():
+    """The key of a call's dropout masks, drawn from torch's default generator (torch.manual_seed
+    repeats it), as a tensor, so a trace or a compiled graph draws a fresh one per call."""
+    return torch.randint(0, 2 ** 62, (1,), dtype=torch.int64)
+
+
 def _function(name, impl, setup_context, backward, has_lists):
     """An autograd.Function running `impl` with register_autograd's setup_context/backward. With
     `has_lists` (Tensor[] arguments), the lists are flattened into the Function's inputs so that

@@ -8,7 +8,9 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from kfuse._lowlevel import dtype_code, kf_dtype_of, rnn_seq_dims
-from kfuse.torch._common import Op, autocast_inputs, device_guard, empty_grad, plan
+from kfuse.torch._common import (
+    Op, autocast_inputs, device_guard, dropout_seed, empty_grad, grad_may_flow, plan,
+)
 
 __all__ = ["GRU", "AGRU", "AGRUCell", "rnn_function"]
 
@@ -222,15 +224,8 @@ class _KfuseRNNBase(nn.Module):
         out_dtype = (hx if hx is not None else x).dtype
         x, (hx, *weights) = autocast_inputs(x, [hx] + self._canonical_weights())
         dropout = self.dropout if self.training else 0.0
-        # (a trace must not depend on the grad mode it was recorded in: torch.jit.trace's check
-        # reruns under no_grad)
-        need_grad = (torch.is_grad_enabled() or torch.jit.is_tracing()) and (
-            x.requires_grad or (hx is not None and hx.requires_grad)
-            or any(w.requires_grad for w in weights))
-        training = need_grad or dropout > 0.0
-        seed = None
-        if dropout > 0.0:
-            seed = torch.randint(0, 2 ** 62, (1,), dtype=torch.int64)
+        training = grad_may_flow(x, hx, weights) or dropout > 0.0
+        seed = dropout_seed() if dropout > 0.0 else None
         # gamma: an AGRU's plain attribute; a GRU has none (read without the AttributeError
         # nn.Module.__getattr__ would raise: ~1 us a call)
         y, hn, _ = rnn(x, hx, lengths, weights, self._cell, self.input_size, self.hidden_size,

@@ -10,8 +10,8 @@ from torch import nn
 from kfuse._lowlevel import dtype_code, kf_dtype_of, lib
 from kfuse.sklinear import ACTIVATIONS
 from kfuse.torch._common import (
-    Op, autocast_inputs, check_devices, check_rank, device_guard, empty_grad, module_attrs,
-    on_device, plan, workspace,
+    Op, autocast_inputs, check_devices, check_rank, device_guard, dropout_seed, empty_grad,
+    grad_may_flow, module_attrs, on_device, plan, workspace,
 )
 
 __all__ = ["SKLinear", "sklinear_function"]
@@ -367,10 +367,8 @@ class SKLinear(nn.Module):
             return sklinear(x, *tensors)  # Panther's layer, its operator
         training = self.training and self.dropout > 0.0
         # what the backward needs (the pre-activation) is kept only where a gradient may flow
-        # (a trace must not depend on the grad mode it was recorded in, as in kfuse.torch.GRU)
-        save = (torch.is_grad_enabled() or torch.jit.is_tracing()) and any(
-            t is not None and t.requires_grad for t in (x,) + tuple(tensors))
-        seed = torch.randint(0, 2 ** 62, (1,), dtype=torch.int64) if training else None
+        save = grad_may_flow(x, tensors)
+        seed = dropout_seed() if training else None
         return sklinear_epi(x, *tensors, act, self.dropout, training, save, seed)[0]
 
     def _tensors(self):
