@@ -79,6 +79,8 @@ static prob make_prob(const shape *s, uint64_t seed) {
         for (int64_t f = 0; f < p.F; f++) {
             ref_fill_uniform_f32(&r, p.grid + f * p.nk, p.nk, -1.5, 1.5);
             qsort(p.grid + f * p.nk, (size_t)p.nk, sizeof(float), cmp_float);
+            if (s->random_grid == 2 && f % 2) /* pairs of features share their knots */
+                memcpy(p.grid + f * p.nk, p.grid + (f - 1) * p.nk, (size_t)p.nk * sizeof(float));
         }
     } else {
         kf_context *ctx = make_ctx(KF_DEVICE_CPU, 1);
@@ -251,7 +253,8 @@ static void check_against_reference(const shape *s, int32_t threads) {
     free_prob(&p);
 }
 
-/* B, Cin, H, W, out, kh, kw, sh, sw, ph, pw, dh, dw, G, k, scaled, unbatched, random_grid */
+/* B, Cin, H, W, out, kh, kw, sh, sw, ph, pw, dh, dw, G, k, scaled, unbatched, random_grid (1: sorted
+ * random knots per feature, 2: the same, shared by pairs of features; 0: uniform over [-1, 1]) */
 static const shape kShapes[] = {
     {2, 3, 8, 8, 5, 3, 3, 1, 1, 1, 1, 1, 1, 5, 3, 1, 0, 0},     /* 3x3, padding 1 */
     {2, 3, 9, 7, 4, 3, 3, 2, 2, 1, 1, 2, 2, 5, 3, 1, 0, 1},     /* stride 2, pad 1, dilation 2 */
@@ -267,6 +270,11 @@ static const shape kShapes[] = {
     {1, 2, 13, 12, 256, 3, 2, 1, 1, 1, 1, 1, 1, 20, 2, 0, 0, 0}, /* > 128 pixels, no scaler */
     {1, 2, 6, 6, 300, 2, 2, 1, 1, 0, 0, 1, 1, 5, 0, 1, 1, 1},   /* k 0, unbatched */
     {1, 3, 7, 7, 520, 3, 3, 1, 1, 1, 1, 1, 1, 5, 3, 1, 0, 1},   /* forward only (1.8) */
+    /* The small-output path (out <= 16, cpu/kan_small.h; the shapes above with out < 16 take it
+     * too), its window tables shared by features with the same knots: */
+    {4, 1, 28, 28, 5, 3, 3, 1, 1, 0, 0, 1, 1, 10, 3, 1, 0, 0},  /* KKAN's first layer: one table */
+    {3, 2, 9, 10, 10, 3, 3, 1, 1, 1, 1, 1, 1, 10, 3, 1, 0, 2},  /* knots shared in pairs */
+    {2, 2, 10, 9, 16, 3, 2, 2, 1, 1, 0, 1, 1, 4, 5, 0, 0, 2},   /* k 5, 16 outputs, stride 2 */
 };
 
 ParameterizedTestParameters(kan_conv2d, matches_reference) {
