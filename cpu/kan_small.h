@@ -89,8 +89,32 @@ KAN_INLINE void KAN_X(kan_small_terms)(VEC *e, const T *v, int32_t s, const T *w
     }
 }
 
+/* The forward terms of patches [p0, p0 + NB) added into their rows of acc (y^T [P, op]), over
+ * positions [q0, q1): NB patches at once, since one patch's terms are one chain of dependent
+ * FMAs (kk (k + 2) of them) that only other patches' chains can overlap. */
+KAN_INLINE void KAN_X(kan_small_fwd_block)(const T *Wp, const T *vals, const int32_t *st,
+                                           const int32_t *tab, const int64_t *off, int64_t f0,
+                                           int64_t q0, int64_t q1, int64_t p0, int64_t P,
+                                           int64_t X, int64_t cw, int64_t op, T *acc, int K2,
+                                           int OV, int NB) {
+    enum { L = 32 / sizeof(T) };
+    VEC a[4][4];
+    for (int j = 0; j < NB; ++j)
+        for (int q = 0; q < OV; ++q) a[j][q] = *(const VEC *)(acc + (p0 + j) * op + q * L);
+    for (int64_t u = q0; u < q1; ++u) {
+        const int64_t tb = tab[f0 + u];
+        const T *w = Wp + (f0 + u) * cw * op;
+        for (int j = 0; j < NB; ++j) {
+            const int64_t o = off[u * P + p0 + j], pix = tb * X + (o >= 0 ? o : X - 1);
+            KAN_X(kan_small_terms)(a[j], vals + pix * K2, st[pix], w, op, K2, OV);
+        }
+    }
+    for (int j = 0; j < NB; ++j)
+        for (int q = 0; q < OV; ++q) *(VEC *)(acc + (p0 + j) * op + q * L) = a[j][q];
+}
+
 /* The patches' loop of one channel (first feature f0, positions [q0, q1) of kk), by direction:
- *   0 forward  acc[p, :] += the terms (acc: y^T [P, op])
+ *   0 forward  acc[p, :] += the terms (acc: y^T [P, op]; kan_small_fwd_block)
  *   1 dx       dxv[pix, :] += dy^T[p, :] * the terms, lane-wise (summed across lanes later)
  *   2 weights  dw[f - f0w, c, :] += V_c dy^T[p, :] for the window's columns c
  * off [kk, P]: each patch's pixel per position (-1: padding, read as entry X - 1). */
@@ -101,6 +125,16 @@ KAN_INLINE void KAN_X(kan_small_loop)(int dir, const T *Wp, const T *vals, const
                                       int OV) {
     enum { L = 32 / sizeof(T) };
     const VEC zero = {0};
+    if (dir == 0) {
+        int64_t p = 0;
+        for (; p + 4 <= P; p += 4)
+            KAN_X(kan_small_fwd_block)(Wp, vals, st, tab, off, f0, q0, q1, p, P, X, cw, op, acc,
+                                       K2, OV, 4);
+        for (; p < P; ++p)
+            KAN_X(kan_small_fwd_block)(Wp, vals, st, tab, off, f0, q0, q1, p, P, X, cw, op, acc,
+                                       K2, OV, 1);
+        return;
+    }
     for (int64_t p = 0; p < P; ++p) {
         VEC a[4];
         for (int q = 0; q < OV; ++q) a[q] = *(const VEC *)(acc + p * op + q * L);
@@ -119,17 +153,11 @@ KAN_INLINE void KAN_X(kan_small_loop)(int dir, const T *Wp, const T *vals, const
                 continue;
             }
             const T *w = Wp + (f0 + u) * cw * op;
-            if (dir == 0) {
-                KAN_X(kan_small_terms)(a, v, s, w, op, K2, OV);
-                continue;
-            }
             VEC e[4] = {zero, zero, zero, zero}, d = *(const VEC *)(dxv + pix * L);
             KAN_X(kan_small_terms)(e, v, s, w, op, K2, OV);
             for (int q = 0; q < OV; ++q) d = KAN_X(kf__fma)(a[q], e[q], d);
             *(VEC *)(dxv + pix * L) = d;
         }
-        if (dir == 0)
-            for (int q = 0; q < OV; ++q) *(VEC *)(acc + p * op + q * L) = a[q];
     }
 }
 
