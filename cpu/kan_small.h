@@ -52,25 +52,25 @@ KAN_INLINE void KAN_X(kan_small_plane)(kan_kind kind, const void *x, const kf__k
 }
 
 /* The tables of the channel whose first feature is f0, for the kernel positions q with
- * tab[f0 + q] == q that some position of [q0, q1) uses: vals[(q X + n)(k+2) + c] = V_c and
- * st[q X + n] = s at xc[n] (kan_window, `deriv` as there; R rows at a time through V, scr and
- * ints). */
+ * tab[f0 + q] == q: vals[(q X + n)(k+2) + c] = V_c and st[q X + n] = s at xc[n] (kan_window,
+ * `deriv` as there; with dvals, not NULL, the derivatives' window there too). R rows at a time
+ * through V, scr and ints. */
 static void KAN_X(kan_small_tables)(const struct kf_kan_linear_plan *p, const T *grid,
-                                    const T *inv, const T *xc, int64_t X, int64_t f0,
-                                    const int32_t *tab, int64_t q0, int64_t q1, bool deriv, T *vals,
+                                    const T *inv, const T *xc, int64_t X, int64_t kk, int64_t f0,
+                                    const int32_t *tab, bool deriv, T *vals, T *dvals,
                                     int32_t *st, T *V, T *scr, int32_t *ints) {
-    const int64_t nk = p->nk, k2 = p->k + 2;
-    for (int64_t q = 0; q < q1; ++q) { /* tab[f0 + u] <= u: no table past q1 is used */
-        bool used = false;
-        for (int64_t u = q0; u < q1 && !used; ++u) used = tab[f0 + u] == q;
-        if (!used) continue;
-        for (int64_t r0 = 0; r0 < X; r0 += KF__KAN_ROWS) {
-            const int64_t rows = kan_min(KF__KAN_ROWS, X - r0);
+    const int64_t nk = p->nk, k2 = p->k + 2, R = KF__KAN_ROWS;
+    for (int64_t q = 0; q < kk; ++q) {
+        if (tab[f0 + q] != q) continue;
+        for (int64_t r0 = 0; r0 < X; r0 += R) {
+            const int64_t rows = kan_min(R, X - r0);
             KAN_X(kan_window)(p, grid + (f0 + q) * nk, inv + (f0 + q) * p->k * nk, xc + r0, rows,
-                              deriv, V, st + q * X + r0, scr, ints);
+                              deriv, V, dvals ? V + k2 * R : NULL, st + q * X + r0, scr, ints);
             for (int64_t n = 0; n < rows; ++n)
-                for (int64_t c = 0; c < k2; ++c)
+                for (int64_t c = 0; c < k2; ++c) {
                     vals[(q * X + r0 + n) * k2 + c] = V[c * rows + n];
+                    if (dvals) dvals[(q * X + r0 + n) * k2 + c] = V[k2 * R + c * rows + n];
+                }
         }
     }
 }
@@ -90,18 +90,17 @@ KAN_INLINE void KAN_X(kan_small_terms)(VEC *e, const T *v, int32_t s, const T *w
 }
 
 /* The forward terms of patches [p0, p0 + NB) added into their rows of acc (y^T [P, op]), over
- * positions [q0, q1): NB patches at once, since one patch's terms are one chain of dependent
+ * the kk positions: NB patches at once, since one patch's terms are one chain of dependent
  * FMAs (kk (k + 2) of them) that only other patches' chains can overlap. */
 KAN_INLINE void KAN_X(kan_small_fwd_block)(const T *Wp, const T *vals, const int32_t *st,
-                                           const int32_t *tab, const int64_t *off, int64_t f0,
-                                           int64_t q0, int64_t q1, int64_t p0, int64_t P,
+                                           const int32_t *tab, const int64_t *off, int64_t f0, int64_t kk, int64_t p0, int64_t P,
                                            int64_t X, int64_t cw, int64_t op, T *acc, int K2,
                                            int OV, int NB) {
     enum { L = 32 / sizeof(T) };
     VEC a[4][4];
     for (int j = 0; j < NB; ++j)
         for (int q = 0; q < OV; ++q) a[j][q] = *(const VEC *)(acc + (p0 + j) * op + q * L);
-    for (int64_t u = q0; u < q1; ++u) {
+    for (int64_t u = 0; u < kk; ++u) {
         const int64_t tb = tab[f0 + u];
         const T *w = Wp + (f0 + u) * cw * op;
         for (int j = 0; j < NB; ++j) {
@@ -113,14 +112,13 @@ KAN_INLINE void KAN_X(kan_small_fwd_block)(const T *Wp, const T *vals, const int
         for (int q = 0; q < OV; ++q) *(VEC *)(acc + (p0 + j) * op + q * L) = a[j][q];
 }
 
-/* The patches' loop of one channel (first feature f0, positions [q0, q1) of kk), by direction:
+/* The patches' loop of one channel (first feature f0, kk positions), by direction:
  *   0 forward  acc[p, :] += the terms (acc: y^T [P, op]; kan_small_fwd_block)
  *   1 dx       dxv[pix, :] += dy^T[p, :] * the terms, lane-wise (summed across lanes later)
- *   2 weights  dw[f - f0w, c, :] += V_c dy^T[p, :] for the window's columns c
+ *   2 weights  dw[f, c, :] += V_c dy^T[p, :] for the window's columns c
  * off [kk, P]: each patch's pixel per position (-1: padding, read as entry X - 1). */
 KAN_INLINE void KAN_X(kan_small_loop)(int dir, const T *Wp, const T *vals, const int32_t *st,
-                                      const int32_t *tab, const int64_t *off, int64_t f0,
-                                      int64_t f0w, int64_t q0, int64_t q1, int64_t P, int64_t X,
+                                      const int32_t *tab, const int64_t *off, int64_t f0, int64_t kk, int64_t P, int64_t X,
                                       int64_t cw, int64_t op, T *acc, T *dxv, T *dw, int K2,
                                       int OV) {
     enum { L = 32 / sizeof(T) };
@@ -128,22 +126,22 @@ KAN_INLINE void KAN_X(kan_small_loop)(int dir, const T *Wp, const T *vals, const
     if (dir == 0) {
         int64_t p = 0;
         for (; p + 4 <= P; p += 4)
-            KAN_X(kan_small_fwd_block)(Wp, vals, st, tab, off, f0, q0, q1, p, P, X, cw, op, acc,
+            KAN_X(kan_small_fwd_block)(Wp, vals, st, tab, off, f0, kk, p, P, X, cw, op, acc,
                                        K2, OV, 4);
         for (; p < P; ++p)
-            KAN_X(kan_small_fwd_block)(Wp, vals, st, tab, off, f0, q0, q1, p, P, X, cw, op, acc,
+            KAN_X(kan_small_fwd_block)(Wp, vals, st, tab, off, f0, kk, p, P, X, cw, op, acc,
                                        K2, OV, 1);
         return;
     }
     for (int64_t p = 0; p < P; ++p) {
         VEC a[4];
         for (int q = 0; q < OV; ++q) a[q] = *(const VEC *)(acc + p * op + q * L);
-        for (int64_t u = q0; u < q1; ++u) {
+        for (int64_t u = 0; u < kk; ++u) {
             const int64_t o = off[u * P + p], pix = o >= 0 ? o : X - 1, tb = tab[f0 + u];
             const T *v = vals + (tb * X + pix) * K2;
             const int32_t s = st[tb * X + pix];
             if (dir == 2) {
-                T *w = dw + (f0 + u - f0w) * cw * op;
+                T *w = dw + (f0 + u) * cw * op;
                 for (int t = 0; t < K2; ++t) {
                     const VEC vt = KAN_X(kf__splat)(v[t]);
                     T *wt = w + (t ? 1 + s + t - 1 : 0) * op;
@@ -163,11 +161,10 @@ KAN_INLINE void KAN_X(kan_small_loop)(int dir, const T *Wp, const T *vals, const
 
 /* kan_small_loop with its constants: K2 = 5 (the default order k = 3) or any, OV = 1..4. */
 static void KAN_X(kan_small_run)(int dir, const T *Wp, const T *vals, const int32_t *st,
-                                 const int32_t *tab, const int64_t *off, int64_t f0, int64_t f0w,
-                                 int64_t q0, int64_t q1, int64_t P, int64_t X, int64_t cw,
+                                 const int32_t *tab, const int64_t *off, int64_t f0, int64_t kk, int64_t P, int64_t X, int64_t cw,
                                  int64_t op, T *acc, T *dxv, T *dw, int K2) {
     enum { L = 32 / sizeof(T) };
-#define KAN_SMALL_ARGS Wp, vals, st, tab, off, f0, f0w, q0, q1, P, X, cw, op, acc, dxv, dw
+#define KAN_SMALL_ARGS Wp, vals, st, tab, off, f0, kk, P, X, cw, op, acc, dxv, dw
     switch ((K2 == 5 ? 0 : 4) + (int)(op / L) - 1) {
     case 0: KAN_X(kan_small_loop)(dir, KAN_SMALL_ARGS, 5, 1); break;
     case 1: KAN_X(kan_small_loop)(dir, KAN_SMALL_ARGS, 5, 2); break;
@@ -203,7 +200,7 @@ KAN_INLINE void KAN_X(kan_small_dyt)(kan_kind kind, const void *dy, int64_t img,
 typedef struct KAN_X(kan_small_mem) {
     int64_t *off;
     int32_t *tab, *st, *ints;
-    T *Wp, *inv, *grid, *vals, *xc, *V, *scr, *acc, *dxv, *dw, *dxi;
+    T *Wp, *inv, *grid, *vals, *dvals, *xc, *V, *scr, *acc, *dxv, *dxi;
 } KAN_X(kan_small_mem);
 
 static KAN_X(kan_small_mem) KAN_X(kan_small_at)(void *ws, const kan_sgeom *g, int tid) {
@@ -211,9 +208,9 @@ static KAN_X(kan_small_mem) KAN_X(kan_small_at)(void *ws, const kan_sgeom *g, in
     KAN_X(kan_small_mem) m = {
         .off = kan_at(mine, g->off), .tab = kan_at(mine, g->tab), .st = kan_at(mine, g->st),
         .ints = kan_at(mine, g->ints), .Wp = ws, .inv = kan_at(ws, g->inv),
-        .grid = kan_at(ws, g->grid), .vals = kan_at(mine, g->vals), .xc = kan_at(mine, g->xc),
+        .grid = kan_at(ws, g->grid), .vals = kan_at(mine, g->vals), .dvals = kan_at(mine, g->dvals), .xc = kan_at(mine, g->xc),
         .V = kan_at(mine, g->win), .scr = kan_at(mine, g->scr), .acc = kan_at(mine, g->acc),
-        .dxv = kan_at(mine, g->dxv), .dw = kan_at(mine, g->dw), .dxi = kan_at(mine, g->dxi)};
+        .dxv = kan_at(mine, g->dxv), .dxi = kan_at(mine, g->dxi)};
     return m;
 }
 
@@ -235,9 +232,9 @@ KAN_INLINE void KAN_X(kan_small_fwd_body)(kan_kind kind, void *arg, int tid, int
         memset(m.acc, 0, (size_t)(np * op) * sizeof(T));
         for (int64_t ci = 0; ci < P->Cin; ++ci) {
             KAN_X(kan_small_plane)(kind, c->x, P, b, ci, m.xc);
-            KAN_X(kan_small_tables)(p, m.grid, m.inv, m.xc, g->X, ci * kk, m.tab, 0, kk, false,
-                                    m.vals, m.st, m.V, m.scr, m.ints);
-            KAN_X(kan_small_run)(0, m.Wp, m.vals, m.st, m.tab, m.off, ci * kk, 0, 0, kk, np,
+            KAN_X(kan_small_tables)(p, m.grid, m.inv, m.xc, g->X, kk, ci * kk, m.tab, false,
+                                    m.vals, NULL, m.st, m.V, m.scr, m.ints);
+            KAN_X(kan_small_run)(0, m.Wp, m.vals, m.st, m.tab, m.off, ci * kk, kk, np,
                                  g->X, p->cw, op, m.acc, NULL, NULL, (int)p->k + 2);
         }
         for (int64_t o = 0; o < p->out; ++o)
@@ -246,9 +243,13 @@ KAN_INLINE void KAN_X(kan_small_fwd_body)(kan_kind kind, void *arg, int tid, int
     }
 }
 
-/* One thread's share of a backward call: dx of images tid, tid + nth, ... (each image's dx summed
- * by its one thread over channels, patches and positions in order), then the weight gradient
- * of features [a0, a1) over every image in order, folded into the parameter gradients. */
+/* One thread's share of a backward call. Images go in KF__KAN_SMALL_GROUPS groups of
+ * consecutive images, round-robin to the threads; per image and channel one
+ * window evaluation gives both tables (B for the weight gradient, B' for dx). An image's dx is
+ * summed by its one thread over channels, patches and positions in order; the weight gradient
+ * of each group in its own accumulator, over its images in order; after a barrier the groups'
+ * accumulators are summed in group order per feature (features split by thread) and folded into
+ * the parameter gradients. So the bits depend on the shape alone. */
 KAN_INLINE void KAN_X(kan_small_bwd_body)(kan_kind kind, void *arg, int tid, int nth) {
     enum { L = 32 / sizeof(T) };
     const kf__kan_bwd *c = ((const kan_sbwd_call *)arg)->c;
@@ -256,45 +257,50 @@ KAN_INLINE void KAN_X(kan_small_bwd_body)(kan_kind kind, void *arg, int tid, int
     const struct kf_kan_linear_plan *p = c->plan;
     const kf__kan_patches *P = c->patches;
     const int64_t kk = g->kk, np = g->P, op = g->op, X = g->X, plane = X - 1;
+    const int64_t wsz = p->in * p->cw * op; /* one group's weight-gradient accumulator */
     const int K2 = (int)p->k + 2;
+    const bool want_w = c->dbase || c->dspline || c->dscaler, want_x = c->dx != NULL;
     const KAN_X(kan_small_mem) m = KAN_X(kan_small_at)(c->ws, g, tid);
+    T *const dwg = kan_at(c->ws, g->dwg);
     int64_t a0, a1;
     kf__cpu_share(p->in, tid, nth, &a0, &a1);
-    if (c->dx) KAN_X(kan_small_pack)(kind, p, c->base, c->spline, c->scaler, m.Wp, op, a0, a1);
+    if (want_x) KAN_X(kan_small_pack)(kind, p, c->base, c->spline, c->scaler, m.Wp, op, a0, a1);
     KAN_X(kan_knots)(kind, p, c->grid, m.grid, m.inv, a0, a1);
     #pragma omp barrier
     KAN_X(kan_small_prep)(p, P, g, m.grid, m.off, m.tab);
-    for (int64_t b = tid; c->dx && b < P->B; b += nth) {
-        T *img = kan_direct(kind) ? (T *)c->dx + b * P->Cin * plane : m.dxi;
-        KAN_X(kan_small_dyt)(kind, c->dy, b, p->out, np, op, m.acc);
-        for (int64_t ci = 0; ci < P->Cin; ++ci) {
-            KAN_X(kan_small_plane)(kind, c->x, P, b, ci, m.xc);
-            KAN_X(kan_small_tables)(p, m.grid, m.inv, m.xc, X, ci * kk, m.tab, 0, kk, true,
-                                    m.vals, m.st, m.V, m.scr, m.ints);
-            memset(m.dxv, 0, (size_t)(X * L) * sizeof(T));
-            KAN_X(kan_small_run)(1, m.Wp, m.vals, m.st, m.tab, m.off, ci * kk, 0, 0, kk, np, X,
-                                 p->cw, op, m.acc, m.dxv, NULL, K2);
-            for (int64_t n = 0; n < plane; ++n) {
-                T d = 0;
-                for (int l = 0; l < L; ++l) d += m.dxv[n * L + l];
-                img[ci * plane + n] = d;
+    for (int64_t gi = tid; gi < g->groups; gi += nth) {
+        T *dw = dwg + gi * wsz;
+        if (want_w) memset(dw, 0, (size_t)wsz * sizeof(T));
+        for (int64_t b = gi * P->B / g->groups; b < (gi + 1) * P->B / g->groups; ++b) {
+            T *img = kan_direct(kind) ? (T *)c->dx + b * P->Cin * plane : m.dxi;
+            KAN_X(kan_small_dyt)(kind, c->dy, b, p->out, np, op, m.acc);
+            for (int64_t ci = 0; ci < P->Cin; ++ci) {
+                KAN_X(kan_small_plane)(kind, c->x, P, b, ci, m.xc);
+                KAN_X(kan_small_tables)(p, m.grid, m.inv, m.xc, X, kk, ci * kk, m.tab, !want_w,
+                                        want_w ? m.vals : m.dvals, want_w && want_x ? m.dvals
+                                                                                    : NULL,
+                                        m.st, m.V, m.scr, m.ints);
+                if (want_w)
+                    KAN_X(kan_small_run)(2, m.Wp, m.vals, m.st, m.tab, m.off, ci * kk, kk,
+                                         np, X, p->cw, op, m.acc, NULL, dw, K2);
+                if (!want_x) continue;
+                memset(m.dxv, 0, (size_t)(X * L) * sizeof(T));
+                KAN_X(kan_small_run)(1, m.Wp, m.dvals, m.st, m.tab, m.off, ci * kk, kk, np,
+                                     X, p->cw, op, m.acc, m.dxv, NULL, K2);
+                for (int64_t n = 0; n < plane; ++n) {
+                    T d = 0;
+                    for (int l = 0; l < L; ++l) d += m.dxv[n * L + l];
+                    img[ci * plane + n] = d;
+                }
             }
-        }
-        if (!kan_direct(kind))
-            KAN_X(kan_set_n)(kind, c->dx, b * P->Cin * plane, m.dxi, P->Cin * plane);
-    }
-    if (!(c->dbase || c->dspline || c->dscaler) || a0 == a1) return;
-    memset(m.dw, 0, (size_t)((a1 - a0) * p->cw * op) * sizeof(T));
-    for (int64_t b = 0; b < P->B; ++b) {
-        KAN_X(kan_small_dyt)(kind, c->dy, b, p->out, np, op, m.acc);
-        for (int64_t ci = a0 / kk; ci * kk < a1; ++ci) {
-            const int64_t q0 = kan_max(a0 - ci * kk, 0), q1 = kan_min(a1 - ci * kk, kk);
-            KAN_X(kan_small_plane)(kind, c->x, P, b, ci, m.xc);
-            KAN_X(kan_small_tables)(p, m.grid, m.inv, m.xc, X, ci * kk, m.tab, q0, q1, false,
-                                    m.vals, m.st, m.V, m.scr, m.ints);
-            KAN_X(kan_small_run)(2, m.Wp, m.vals, m.st, m.tab, m.off, ci * kk, a0, q0, q1, np, X,
-                                 p->cw, op, m.acc, NULL, m.dw, K2);
+            if (want_x && !kan_direct(kind))
+                KAN_X(kan_set_n)(kind, c->dx, b * P->Cin * plane, m.dxi, P->Cin * plane);
         }
     }
-    KAN_X(kan_fold_dw)(kind, c, m.dw, a0, a1, p->out, 0, 1, op);
+    if (!want_w) return;
+    #pragma omp barrier
+    const int64_t w0 = a0 * p->cw * op, w1 = a1 * p->cw * op;
+    for (int64_t gi = 1; gi < g->groups; ++gi)
+        for (int64_t j = w0; j < w1; ++j) dwg[j] += dwg[gi * wsz + j];
+    KAN_X(kan_fold_dw)(kind, c, dwg + w0, a0, a1, p->out, 0, 1, op);
 }
