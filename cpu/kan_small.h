@@ -93,9 +93,10 @@ KAN_INLINE void KAN_X(kan_small_terms)(VEC *e, const T *v, int32_t s, const T *w
  * the kk positions: NB patches at once, since one patch's terms are one chain of dependent
  * FMAs (kk (k + 2) of them) that only other patches' chains can overlap. */
 KAN_INLINE void KAN_X(kan_small_fwd_block)(const T *Wp, const T *vals, const int32_t *st,
-                                           const int32_t *tab, const int64_t *off, int64_t f0, int64_t kk, int64_t p0, int64_t P,
-                                           int64_t X, int64_t cw, int64_t op, T *acc, int K2,
-                                           int OV, int NB) {
+                                           const int32_t *tab, const int64_t *off, int64_t f0,
+                                           int64_t kk, int64_t p0, int64_t P, int64_t X,
+                                           int64_t cw, int64_t op, T *acc, int K2, int OV,
+                                           int NB) {
     enum { L = 32 / sizeof(T) };
     VEC a[4][4];
     for (int j = 0; j < NB; ++j)
@@ -118,9 +119,9 @@ KAN_INLINE void KAN_X(kan_small_fwd_block)(const T *Wp, const T *vals, const int
  *   2 weights  dw[f, c, :] += V_c dy^T[p, :] for the window's columns c
  * off [kk, P]: each patch's pixel per position (-1: padding, read as entry X - 1). */
 KAN_INLINE void KAN_X(kan_small_loop)(int dir, const T *Wp, const T *vals, const int32_t *st,
-                                      const int32_t *tab, const int64_t *off, int64_t f0, int64_t kk, int64_t P, int64_t X,
-                                      int64_t cw, int64_t op, T *acc, T *dxv, T *dw, int K2,
-                                      int OV) {
+                                      const int32_t *tab, const int64_t *off, int64_t f0,
+                                      int64_t kk, int64_t P, int64_t X, int64_t cw, int64_t op,
+                                      T *acc, T *dxv, T *dw, int K2, int OV) {
     enum { L = 32 / sizeof(T) };
     const VEC zero = {0};
     if (dir == 0) {
@@ -161,8 +162,9 @@ KAN_INLINE void KAN_X(kan_small_loop)(int dir, const T *Wp, const T *vals, const
 
 /* kan_small_loop with its constants: K2 = 5 (the default order k = 3) or any, OV = 1..4. */
 static void KAN_X(kan_small_run)(int dir, const T *Wp, const T *vals, const int32_t *st,
-                                 const int32_t *tab, const int64_t *off, int64_t f0, int64_t kk, int64_t P, int64_t X, int64_t cw,
-                                 int64_t op, T *acc, T *dxv, T *dw, int K2) {
+                                 const int32_t *tab, const int64_t *off, int64_t f0, int64_t kk,
+                                 int64_t P, int64_t X, int64_t cw, int64_t op, T *acc, T *dxv,
+                                 T *dw, int K2) {
     enum { L = 32 / sizeof(T) };
 #define KAN_SMALL_ARGS Wp, vals, st, tab, off, f0, kk, P, X, cw, op, acc, dxv, dw
     switch ((K2 == 5 ? 0 : 4) + (int)(op / L) - 1) {
@@ -208,7 +210,8 @@ static KAN_X(kan_small_mem) KAN_X(kan_small_at)(void *ws, const kan_sgeom *g, in
     KAN_X(kan_small_mem) m = {
         .off = kan_at(mine, g->off), .tab = kan_at(mine, g->tab), .st = kan_at(mine, g->st),
         .ints = kan_at(mine, g->ints), .Wp = ws, .inv = kan_at(ws, g->inv),
-        .grid = kan_at(ws, g->grid), .vals = kan_at(mine, g->vals), .dvals = kan_at(mine, g->dvals), .xc = kan_at(mine, g->xc),
+        .grid = kan_at(ws, g->grid), .vals = kan_at(mine, g->vals),
+        .dvals = kan_at(mine, g->dvals), .xc = kan_at(mine, g->xc),
         .V = kan_at(mine, g->win), .scr = kan_at(mine, g->scr), .acc = kan_at(mine, g->acc),
         .dxv = kan_at(mine, g->dxv), .dxi = kan_at(mine, g->dxi)};
     return m;

@@ -253,8 +253,8 @@ static void check_against_reference(const shape *s, int32_t threads) {
     free_prob(&p);
 }
 
-/* B, Cin, H, W, out, kh, kw, sh, sw, ph, pw, dh, dw, G, k, scaled, unbatched, random_grid (1: sorted
- * random knots per feature, 2: the same, shared by pairs of features; 0: uniform over [-1, 1]) */
+/* B, Cin, H, W, out, kh, kw, sh, sw, ph, pw, dh, dw, G, k, scaled, unbatched, random_grid (1:
+ * sorted random knots per feature, 2: the same, shared by pairs of features; 0: uniform) */
 static const shape kShapes[] = {
     {2, 3, 8, 8, 5, 3, 3, 1, 1, 1, 1, 1, 1, 5, 3, 1, 0, 0},     /* 3x3, padding 1 */
     {2, 3, 9, 7, 4, 3, 3, 2, 2, 1, 1, 2, 2, 5, 3, 1, 0, 1},     /* stride 2, pad 1, dilation 2 */
