@@ -113,15 +113,17 @@ KAN_INLINE void KAN_X(kan_small_fwd_block)(const T *Wp, const T *vals, const int
         for (int q = 0; q < OV; ++q) *(VEC *)(acc + (p0 + j) * op + q * L) = a[j][q];
 }
 
-/* The patches' loop of one channel (first feature f0, kk positions), by direction:
+/* The patches' loop of one channel (first feature f0, kk positions), by direction `dir`:
  *   0 forward  acc[p, :] += the terms (acc: y^T [P, op]; kan_small_fwd_block)
- *   1 dx       dxv[pix, :] += dy^T[p, :] * the terms, lane-wise (summed across lanes later)
- *   2 weights  dw[f, c, :] += V_c dy^T[p, :] for the window's columns c
+ * or the backward's one or both of (acc: dy^T [P, op]), each (patch, position) once:
+ *   bit 1 dx       dxv[pix, :] += dy^T[p, :] * the terms of the derivatives' window (dvals),
+ *                  lane-wise (summed across lanes later)
+ *   bit 2 weights  dw[f, c, :] += V_c dy^T[p, :] for the window's columns c (vals)
  * off [kk, P]: each patch's pixel per position (-1: padding, read as entry X - 1). */
-KAN_INLINE void KAN_X(kan_small_loop)(int dir, const T *Wp, const T *vals, const int32_t *st,
-                                      const int32_t *tab, const int64_t *off, int64_t f0,
-                                      int64_t kk, int64_t P, int64_t X, int64_t cw, int64_t op,
-                                      T *acc, T *dxv, T *dw, int K2, int OV) {
+KAN_INLINE void KAN_X(kan_small_loop)(int dir, const T *Wp, const T *vals, const T *dvals,
+                                      const int32_t *st, const int32_t *tab, const int64_t *off,
+                                      int64_t f0, int64_t kk, int64_t P, int64_t X, int64_t cw,
+                                      int64_t op, T *acc, T *dxv, T *dw, int K2, int OV) {
     enum { L = 32 / sizeof(T) };
     const VEC zero = {0};
     if (dir == 0) {
@@ -139,9 +141,9 @@ KAN_INLINE void KAN_X(kan_small_loop)(int dir, const T *Wp, const T *vals, const
         for (int q = 0; q < OV; ++q) a[q] = *(const VEC *)(acc + p * op + q * L);
         for (int64_t u = 0; u < kk; ++u) {
             const int64_t o = off[u * P + p], pix = o >= 0 ? o : X - 1, tb = tab[f0 + u];
-            const T *v = vals + (tb * X + pix) * K2;
+            const T *v = vals + (tb * X + pix) * K2, *dv = dvals + (tb * X + pix) * K2;
             const int32_t s = st[tb * X + pix];
-            if (dir == 2) {
+            if (dir & 2) {
                 T *w = dw + (f0 + u) * cw * op;
                 for (int t = 0; t < K2; ++t) {
                     const VEC vt = KAN_X(kf__splat)(v[t]);
@@ -149,11 +151,11 @@ KAN_INLINE void KAN_X(kan_small_loop)(int dir, const T *Wp, const T *vals, const
                     for (int q = 0; q < OV; ++q)
                         *(VEC *)(wt + q * L) = KAN_X(kf__fma)(vt, a[q], *(const VEC *)(wt + q * L));
                 }
-                continue;
             }
+            if (!(dir & 1)) continue;
             const T *w = Wp + (f0 + u) * cw * op;
             VEC e[4] = {zero, zero, zero, zero}, d = *(const VEC *)(dxv + pix * L);
-            KAN_X(kan_small_terms)(e, v, s, w, op, K2, OV);
+            KAN_X(kan_small_terms)(e, dv, s, w, op, K2, OV);
             for (int q = 0; q < OV; ++q) d = KAN_X(kf__fma)(a[q], e[q], d);
             *(VEC *)(dxv + pix * L) = d;
         }
@@ -161,12 +163,12 @@ KAN_INLINE void KAN_X(kan_small_loop)(int dir, const T *Wp, const T *vals, const
 }
 
 /* kan_small_loop with its constants: K2 = 5 (the default order k = 3) or any, OV = 1..4. */
-static void KAN_X(kan_small_run)(int dir, const T *Wp, const T *vals, const int32_t *st,
-                                 const int32_t *tab, const int64_t *off, int64_t f0, int64_t kk,
-                                 int64_t P, int64_t X, int64_t cw, int64_t op, T *acc, T *dxv,
-                                 T *dw, int K2) {
+static void KAN_X(kan_small_run)(int dir, const T *Wp, const T *vals, const T *dvals,
+                                 const int32_t *st, const int32_t *tab, const int64_t *off,
+                                 int64_t f0, int64_t kk, int64_t P, int64_t X, int64_t cw,
+                                 int64_t op, T *acc, T *dxv, T *dw, int K2) {
     enum { L = 32 / sizeof(T) };
-#define KAN_SMALL_ARGS Wp, vals, st, tab, off, f0, kk, P, X, cw, op, acc, dxv, dw
+#define KAN_SMALL_ARGS Wp, vals, dvals, st, tab, off, f0, kk, P, X, cw, op, acc, dxv, dw
     switch ((K2 == 5 ? 0 : 4) + (int)(op / L) - 1) {
     case 0: KAN_X(kan_small_loop)(dir, KAN_SMALL_ARGS, 5, 1); break;
     case 1: KAN_X(kan_small_loop)(dir, KAN_SMALL_ARGS, 5, 2); break;
@@ -237,7 +239,7 @@ KAN_INLINE void KAN_X(kan_small_fwd_body)(kan_kind kind, void *arg, int tid, int
             KAN_X(kan_small_plane)(kind, c->x, P, b, ci, m.xc);
             KAN_X(kan_small_tables)(p, m.grid, m.inv, m.xc, g->X, kk, ci * kk, m.tab, false,
                                     m.vals, NULL, m.st, m.V, m.scr, m.ints);
-            KAN_X(kan_small_run)(0, m.Wp, m.vals, m.st, m.tab, m.off, ci * kk, kk, np,
+            KAN_X(kan_small_run)(0, m.Wp, m.vals, NULL, m.st, m.tab, m.off, ci * kk, kk, np,
                                  g->X, p->cw, op, m.acc, NULL, NULL, (int)p->k + 2);
         }
         for (int64_t o = 0; o < p->out; ++o)
@@ -283,13 +285,11 @@ KAN_INLINE void KAN_X(kan_small_bwd_body)(kan_kind kind, void *arg, int tid, int
                                         want_w ? m.vals : m.dvals, want_w && want_x ? m.dvals
                                                                                     : NULL,
                                         m.st, m.V, m.scr, m.ints);
-                if (want_w)
-                    KAN_X(kan_small_run)(2, m.Wp, m.vals, m.st, m.tab, m.off, ci * kk, kk,
-                                         np, X, p->cw, op, m.acc, NULL, dw, K2);
+                if (want_x) memset(m.dxv, 0, (size_t)(X * L) * sizeof(T));
+                KAN_X(kan_small_run)((want_w ? 2 : 0) | (want_x ? 1 : 0), m.Wp, m.vals, m.dvals,
+                                     m.st, m.tab, m.off, ci * kk, kk, np, X, p->cw, op, m.acc,
+                                     m.dxv, dw, K2);
                 if (!want_x) continue;
-                memset(m.dxv, 0, (size_t)(X * L) * sizeof(T));
-                KAN_X(kan_small_run)(1, m.Wp, m.dvals, m.st, m.tab, m.off, ci * kk, kk, np,
-                                     X, p->cw, op, m.acc, m.dxv, NULL, K2);
                 for (int64_t n = 0; n < plane; ++n) {
                     T d = 0;
                     for (int l = 0; l < L; ++l) d += m.dxv[n * L + l];
