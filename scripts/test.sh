@@ -98,12 +98,14 @@ cmake -S . -B build/valgrind -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKF_CUDA=OFF \
 cmake --build build/valgrind -j"$JOBS" --target kfuse kfuse_static "${vg_tests[@]}"
 # Criterion runs each test in a worker process: valgrind must follow it (--trace-children) and
 # stop it on the first error (Criterion ignores a worker's valgrind exit code otherwise).
+# valgrind runs a process's threads one at a time, so two workers at once (--jobs 2: Criterion
+# warns that reports may interleave) keep both cores busy where --jobs 1 left one idle.
 for t in "${vg_tests[@]}"; do
   [ -x build/valgrind/tests/$t ] || continue
   echo "valgrind $t"
   valgrind -q --trace-children=yes --exit-on-first-error=yes --error-exitcode=99 \
     --leak-check=full --errors-for-leak-kinds=definite \
-    build/valgrind/tests/$t --jobs 1 --no-early-exit
+    build/valgrind/tests/$t --jobs "$JOBS" --no-early-exit
 done
 
 stage "ABI check against abi/kfuse.abi"
