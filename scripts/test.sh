@@ -48,6 +48,9 @@ cmake -S . -B build/main -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKF_CUDA=AUTO >/dev/
 cmake --build build/main -j"$JOBS"
 
 stage "C tests"
+# One test at a time here, as a user runs them; the later passes over the same tests run $JOBS
+# at once (the library's OpenMP teams wait passively, OMP_WAIT_POLICY above, so two tests share
+# the cores without spinning; no test writes a file or depends on the machine being idle).
 ctest --test-dir build/main --output-on-failure -j1
 
 stage "OpenBLAS's kernels where it does not know the CPU (host/blas.c)"
@@ -67,7 +70,7 @@ cores=$(bash scripts/openblas-cores.sh --check build/main/tests/test_header_c99)
 for core in $cores; do
   if [ "$core" = "$default_core" ]; then echo "OPENBLAS_CORETYPE=$core: the run above"; continue; fi
   echo "OPENBLAS_CORETYPE=$core"
-  OPENBLAS_CORETYPE=$core ctest --test-dir build/main --output-on-failure -j1 -LE 'example|no_blas'
+  OPENBLAS_CORETYPE=$core ctest --test-dir build/main --output-on-failure -j"$JOBS" -LE 'example|no_blas'
 done
 
 stage "RNN and SKLinear C tests on the baseline kernels, where the CPU runs the AVX-512 ones"
@@ -75,7 +78,7 @@ stage "RNN and SKLinear C tests on the baseline kernels, where the CPU runs the 
 # CPU has AVX-512 (cpu/isa.c); KF_CPU_ISA=avx2 makes it run the baseline build of the same
 # sources instead.
 if grep -qw avx512f /proc/cpuinfo; then
-  KF_CPU_ISA=avx2 ctest --test-dir build/main --output-on-failure -j1 \
+  KF_CPU_ISA=avx2 ctest --test-dir build/main --output-on-failure -j"$JOBS" \
     -R 'rnn|sklinear|lowp|api|arena|threads'
 fi
 
@@ -87,7 +90,7 @@ cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=Debug -DKF_CUDA=OFF -DKF_SANITIZE=ON
   -DKF_BUILD_EXAMPLES=OFF -DKF_BUILD_BENCHES=OFF "$gemm_check" >/dev/null
 cmake --build build/asan -j"$JOBS"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build/asan --output-on-failure -j1
+  ctest --test-dir build/asan --output-on-failure -j"$JOBS"
 
 stage "C tests under valgrind (CPU backend)"
 # build/valgrind is the CPU-only build (RelWithDebInfo) that every later stage needing one takes:
