@@ -39,8 +39,12 @@
  * double): kf__rg_gemm_X(ka, kb, kc, ...) with the kinds of A, B (and the bias) and C constant
  * arguments (kf__rg_kind: KF__RG_S float, KF__RG_D double, KF__RG_B bfloat16, KF__RG_H float16;
  * the operands are `void *` of those kinds), force-inlined, so each call site is one kinds'
- * code. A float64 product takes KF__RG_D alone; a float32 one any of the others. kf__rowgemm_sss
- * and kf__rowgemm_ddd are the named instances the KAN layers call. */
+ * code. A float64 product takes KF__RG_D alone; a float32 one any of the others. The named
+ * instances (end of file) are its only out-of-line copies: the KAN layers call kf__rowgemm_sss
+ * and _ddd, SKLinear kf__rowgemm_s/_d and their _epi forms, which pick one by the constant kinds.
+ * A product without an epilogue runs an instance without one (epi NULL folded away): where
+ * 1.8.0's float32 products ran the epilogue's instance with a NULL epi, SKLinear float32 took
+ * 1.4-1.8x the time (benches/results/cpu_sklinear_functions.md). */
 #ifndef KF_CPU_ROWGEMM_H
 #define KF_CPU_ROWGEMM_H
 
