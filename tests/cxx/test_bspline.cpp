@@ -51,22 +51,35 @@ void check_case(std::mt19937 &rng, int G, int k) {
     }
 }
 
-// d/dx B_{c,k} from the order-(k-1) window against (B_{c,k}(x + h) - B_{c,k}(x - h)) / 2h.
-void check_derivative(std::mt19937 &rng, int G, int k) {
-    const int64_t nk = G + 2 * k + 1, C = G + k;
+// nk sorted random knots in [-2, 2], one repeated (a zero-width span) where nk > 3.
+std::vector<double> random_knots(std::mt19937 &rng, int64_t nk) {
     std::uniform_real_distribution<double> U(-2.0, 2.0);
     std::vector<double> t(nk);
     for (auto &v : t) v = U(rng);
     std::sort(t.begin(), t.end());
     if (nk > 3) t[nk / 2] = t[nk / 2 - 1];
-    const double h = 1e-7;
+    return t;
+}
+
+// `count` points inside the grid t, at least `gap` from every knot (where the bases are smooth).
+std::vector<double> points_off_knots(std::mt19937 &rng, const std::vector<double> &t,
+                                     size_t count, double gap) {
+    std::uniform_real_distribution<double> U(-2.0, 2.0);
     std::vector<double> x;
-    while (x.size() < 48) { // inside the grid, at least 1e-3 from every knot
+    while (x.size() < count) {
         const double v = U(rng);
-        bool near = !(v > t[0] && v < t[nk - 1]);
-        for (double tk : t) near = near || std::fabs(v - tk) < 1e-3;
+        bool near = !(v > t.front() && v < t.back());
+        for (double tk : t) near = near || std::fabs(v - tk) < gap;
         if (!near) x.push_back(v);
     }
+    return x;
+}
+
+// d/dx B_{c,k} from the order-(k-1) window against (B_{c,k}(x + h) - B_{c,k}(x - h)) / 2h.
+void check_derivative(std::mt19937 &rng, int G, int k) {
+    const int64_t nk = G + 2 * k + 1, C = G + k;
+    const std::vector<double> t = random_knots(rng, nk), x = points_off_knots(rng, t, 48, 1e-3);
+    const double h = 1e-7;
     const int64_t rows = (int64_t)x.size();
     std::vector<double> xp(rows), xm(rows), inv(k * nk), xs(rows), S((nk - 1) * rows),
         Bp(C * rows), Bm(C * rows);
@@ -97,23 +110,12 @@ void check_derivative(std::mt19937 &rng, int G, int k) {
 }
 
 // kf__bspline_deriv_rows_d at order m against a central difference of its order m - 1, for
-// m = 1..k, and order k + 1 exactly 0, and the window form kf__bspline_deriv_window equal to it: random knots with a repeated one, points inside the grid
-// away from the knots (where B^(m-1) is smooth).
+// m = 1..k, order k + 1 exactly 0, and the window form kf__bspline_deriv_window equal to it:
+// random knots with a repeated one, points inside the grid away from the knots.
 void check_deriv_rows(std::mt19937 &rng, int G, int k) {
     const int64_t nk = G + 2 * k + 1, C = G + k;
-    std::uniform_real_distribution<double> U(-2.0, 2.0);
-    std::vector<double> t(nk);
-    for (auto &v : t) v = U(rng);
-    std::sort(t.begin(), t.end());
-    if (nk > 3) t[nk / 2] = t[nk / 2 - 1];
+    std::vector<double> t = random_knots(rng, nk), x = points_off_knots(rng, t, 32, 1e-2);
     const double h = 1e-6;
-    std::vector<double> x;
-    while (x.size() < 32) {
-        const double v = U(rng);
-        bool near = !(v > t[0] && v < t[nk - 1]);
-        for (double tk : t) near = near || std::fabs(v - tk) < 1e-2;
-        if (!near) x.push_back(v);
-    }
     const int64_t rows = (int64_t)x.size();
     std::vector<double> xp(rows), xm(rows), inv(k * nk + 1), xs(rows), D((nk - 1) * rows),
         Dp((nk - 1) * rows), Dm((nk - 1) * rows);
