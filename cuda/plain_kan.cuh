@@ -257,12 +257,6 @@ inline KanLayout kan_layout(const struct kf_kan_linear_plan *p, int64_t N,
 }
 
 template <class T>
-inline size_t kan_workspace(const struct kf_kan_linear_plan *p, int64_t N,
-                            const kf__kan_patches *pt) {
-    return kan_layout<T>(p, N, pt, kPlainChunkBytes).bytes;
-}
-
-template <class T>
 inline Feat<T> kan_feat(const struct kf_kan_linear_plan *p, const kf__kan_patches *pt,
                         const void *x, void *ws, const KanLayout &l) {
     using A = typename Elem<T>::acc;
