@@ -151,7 +151,8 @@ def main(argv=None):
                datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                time.time() - t_start),
            "- " + (cpu_line() if cpu else "GPU: %s" % torch.cuda.get_device_name(device)),
-           "- ISA: " + isa_line(a.build_dir, python_cmd(sys.executable)) if cpu else "- CUDA %s" % torch.version.cuda,
+           "- ISA: " + isa_line(a.build_dir, python_cmd(sys.executable)) if cpu
+           else "- CUDA %s" % torch.version.cuda,
            "- torch %s, Python %s, %d torch threads (kfuse's context: the same count); env %s" % (
                torch.__version__, platform.python_version(), torch.get_num_threads(),
                ", ".join("%s=%s" % (k, os.environ[k]) for k in ("OMP_WAIT_POLICY",))),

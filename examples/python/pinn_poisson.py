@@ -12,15 +12,16 @@ interior collocation points, the Laplacian taken by torch.autograd.grad(..., cre
 twice, plus the mean squared u at the boundary points; Adam. Both models train in turn, step by
 step, on the same points, so both see the same load on a shared machine.
 
-Every --print-every steps it prints, for each model: the loss, the relative L2 error against
-the exact solution on a 64 x 64 grid, the median time per step since the last line, and the peak
-extra memory of that step (the line's step, run under the memory probe and left out of the
-times): on CUDA torch.cuda.max_memory_allocated above what was allocated before the step; on
-the CPU torch's allocations (torch.profiler allocation events, as benches/cpu_kan.py counts
-them), plus, for kfuse, the bytes its CPU context's arena holds (the library's own workspace,
-outside torch's allocator).
+Every --print-every steps it prints, for each model: the loss (at the weights the step starts
+from), the relative L2 error against the exact solution on a 64 x 64 grid (--test-grid), the
+median time of the steps since the last line, and, on the first and the last step (run under the
+memory probe and left out of the times), the peak extra memory of a step: on CUDA
+torch.cuda.max_memory_allocated above what was allocated before the step; on the CPU torch's
+allocations (torch.profiler allocation events, as benches/cpu_kan.py counts them), plus, for
+kfuse, the bytes its CPU context's arena holds (the library's own workspace, outside torch's
+allocator).
 
-    python3 examples/python/pinn_poisson.py                       # CPU, ~30 s on 2 cores
+    python3 examples/python/pinn_poisson.py                       # CPU, under a minute on 2 cores
     python3 examples/python/pinn_poisson.py --device cuda --points 8192 --steps 2000
     python3 examples/python/pinn_poisson.py --plot pinn.svg       # solution and error (matplotlib)
 
@@ -62,9 +63,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
-    p.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
-    p.add_argument("--points", type=int, default=1024,
-                   help="interior collocation points (default 1024); a quarter as many on the "
+    p.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
+    p.add_argument("--points", type=int, default=512,
+                   help="interior collocation points (default 512); a quarter as many on the "
                         "boundary")
     p.add_argument("--lr", type=float, default=1e-2, help="Adam's learning rate (default 1e-2)")
     p.add_argument("--boundary-weight", type=float, default=10.0,
@@ -72,12 +73,14 @@ def parse_args(argv=None):
     p.add_argument("--grid-size", type=int, default=5)
     p.add_argument("--spline-order", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--print-every", type=int, default=50)
+    p.add_argument("--print-every", type=int, default=25)
+    p.add_argument("--test-grid", type=int, default=64,
+                   help="the error is measured on an n x n grid (default 64)")
     p.add_argument("--plot", default=None, metavar="OUT.svg",
                    help="write the solutions and their errors (needs matplotlib)")
     a = p.parse_args(argv)
-    if a.steps < 1 or a.points < 4 or a.print_every < 1:
-        p.error("--steps and --print-every must be >= 1 and --points >= 4")
+    if a.steps < 1 or a.print_every < 1 or a.points < 4 or a.test_grid < 2:
+        p.error("--steps and --print-every must be >= 1, --points >= 4, --test-grid >= 2")
     return a
 
 
@@ -214,7 +217,7 @@ def run(a):
                       make_models(a.seed, device, dtype, a.grid_size, a.spline_order)))
     interior, f, boundary = collocation(a.points, a.seed, device, dtype)
     batch = (interior, f, boundary, a.boundary_weight)
-    test_xy, test_u = test_grid(64, device, dtype)
+    test_xy, test_u = test_grid(a.test_grid, device, dtype)
     opts = {n: torch.optim.Adam(m.parameters(), lr=a.lr) for n, m in models.items()}
     print("PINN, 2-D Poisson on [-1, 1]^2: KAN %s, grid %d, order %d, %d interior + %d boundary "
           "points, %s on %s, Adam lr %g; efficient-kan: %s" % (
