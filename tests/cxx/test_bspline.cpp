@@ -1,6 +1,6 @@
 // The CUDA backend's B-spline window (kf__bspline_window of common/bspline.h, the code the
 // kernels of cuda/kan_cuda.cuh run) equals the vectorised evaluator the CPU backend and the grid
-// refit use (kf__bspline_rows_f of the same header), compiled here for the host: on random knot vectors
+// refit use (kf__bspline_rows_s of the same header), compiled here for the host: on random knot vectors
 // with repeated knots, at random points inside and outside the grid, at the knots themselves and
 // at NaN, for every spline order the CUDA backend supports. And the derivative rule of the same
 // header (kf__bspline_dwindow, KF__BSPLINE_DSTEP), which every backend's dx uses, equals a central
@@ -13,9 +13,6 @@
 #include <vector>
 
 #include "bspline.h"
-
-KF__BSPLINE_DEFINE(float, f)
-KF__BSPLINE_DEFINE(double, d)
 
 namespace {
 
@@ -34,8 +31,8 @@ void check_case(std::mt19937 &rng, int G, int k) {
     x.push_back(NAN);
     const int64_t rows = (int64_t)x.size();
     std::vector<float> inv(k > 0 ? k * nk : 1), xs(rows), S((nk - 1) * rows), full(C * rows);
-    kf__bspline_inv_f(t.data(), nk, k, inv.data());
-    kf__bspline_rows_f(t.data(), inv.data(), nk, k, x.data(), rows, xs.data(), S.data(),
+    kf__bspline_inv_s(t.data(), nk, k, inv.data());
+    kf__bspline_rows_s(t.data(), inv.data(), nk, k, x.data(), rows, xs.data(), S.data(),
                        full.data());
     for (int64_t n = 0; n < rows; ++n) {
         float Nw[kMaxOrder + 1];

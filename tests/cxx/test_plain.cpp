@@ -355,7 +355,7 @@ void check_kan_linear(int64_t N, const KanCase &s, int64_t chunk_rows) {
 
     Vec y(N * s.out, NAN);
     kf__kan_fwd f = {&p, N, nullptr, x.data(), d.grid.data(), d.base_arg(), d.spline.data(),
-                     d.scaler_arg(), y.data(), ws.data(), ws.size() * 8};
+                     d.scaler_arg(), y.data(), nullptr, 0, ws.data(), ws.size() * 8};
     cr_assert_eq(kf_plain::kan_forward<double>(ex, &f), KF_OK);
     expect_close(y, ref.y, "KANLinear y");
 
@@ -399,7 +399,7 @@ void check_kan_conv2d(const ConvShape &cs, const KanCase &s0, int64_t images_per
     if (images_per_chunk > 0) cr_assert_eq(l.Bg, std::min(images_per_chunk, cs.B));
     Vec ws(l.bytes / sizeof(double) + 1, NAN), y(cs.B * s.out * hw, NAN);
     kf__kan_fwd f = {&p, N, &g, x.data(), d.grid.data(), d.base_arg(), d.spline.data(),
-                     d.scaler_arg(), y.data(), ws.data(), ws.size() * 8};
+                     d.scaler_arg(), y.data(), nullptr, 0, ws.data(), ws.size() * 8};
     cr_assert_eq(kf_plain::kan_forward<double>(ex, &f), KF_OK);
     expect_close(y, y_ref, "KANConv2d y");
     kf__kan_bwd c = {};
@@ -771,7 +771,7 @@ template <class T> void check_kan_low(int64_t N, const KanCase &s, const ConvSha
     std::vector<T> y(ny);
     kf__kan_fwd f = {&p, N, cs ? &g : nullptr, xl.data(), gl.data(),
                      d.zero_base.empty() ? bl.data() : nullptr, sl.data(),
-                     s.scaled ? scl.data() : nullptr, y.data(), ws.data(), ws.size()};
+                     s.scaled ? scl.data() : nullptr, y.data(), nullptr, 0, ws.data(), ws.size()};
     cr_assert_eq(kf_plain::kan_forward<T>(ex, &f), KF_OK);
     const double ey = expect_low(y, y_ref, "low KAN y");
 
