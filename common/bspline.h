@@ -116,6 +116,43 @@ KF__BSPLINE_HD T kf__bspline_dwindow(const T *inv_p, int64_t j, int p, int r,
     const T bl = r >= 1 ? W[r - 1] : T(0), br = r <= p - 1 ? W[r] : T(0);
     return KF__BSPLINE_DSTEP(T(p), inv_p[m], inv_p[m + 1], bl, br);
 }
+
+/* The m-th derivatives of the order-k bases of one point that can be non-zero, 0 <= m <= k + 1:
+ * Nw[r] = B_{j-k+r, k}^(m)(x), r = 0..k, for the span j it returns (-1 and every value 0 outside
+ * the grid, for NaN, and for m = k + 1: B^(k+1) = 0). The order-(k-m) window of
+ * kf__bspline_window, then m steps of the derivative rule (KF__BSPLINE_DSTEP) over the orders
+ * p = k-m+1 .. k in registers, descending r as there; a term whose basis index falls outside
+ * [0, nk - 1 - p) is 0 (it feeds no basis of the layer). The window form of
+ * kf__bspline_deriv_rows_X (the same operations per basis), for C++ and CUDA; the caller keeps
+ * the basis index j - k + r in [0, C). */
+template <int KM, typename T>
+KF__BSPLINE_HD int64_t kf__bspline_deriv_window(const T *t, const T *inv, int64_t nk, int k, int m,
+                                                T x, T (&Nw)[KM + 1]) {
+    if (m > k) {
+KF__BSPLINE_UNROLL
+        for (int r = 0; r <= KM; ++r) Nw[r] = T(0);
+        return -1;
+    }
+    const int64_t j = kf__bspline_window<KM, T>(t, inv, nk, k - m, x, Nw);
+    if (j < 0) return j;
+KF__BSPLINE_UNROLL
+    for (int p = 1; p <= KM; ++p) {
+        if (p <= k - m) continue;
+        if (p > k) break;
+        const T *ip = inv + (int64_t)(p - 1) * nk;
+KF__BSPLINE_UNROLL
+        for (int r = p; r >= 0; --r) {
+            const int64_t i = j - p + r;
+            T v = T(0);
+            if (i >= 0 && i + p + 1 < nk) {
+                const T bl = r >= 1 ? Nw[r - 1] : T(0), br = r <= p - 1 ? Nw[r] : T(0);
+                v = KF__BSPLINE_DSTEP(T(p), ip[i], ip[i + 1], bl, br);
+            }
+            Nw[r] = v;
+        }
+    }
+    return j;
+}
 #endif /* __cplusplus */
 
 #endif /* KF_BSPLINE_H */

@@ -61,14 +61,12 @@ static kd_geom kd_geom_of(const struct kf_kan_linear_plan *p, int64_t N) {
     return g;
 }
 
-/* One call: the record, its tensors as the kernels read them, the blocking and the SiLU^(j)
- * polynomials for j <= m + 1. */
+/* One call: the record, its tensors as the kernels read them and the blocking. */
 typedef struct kd_call {
     const kf__kan_fwd *fwd;
     const kf__kan_bwd *bwd;
     const void *x, *w, *grid;
     kd_geom g;
-    double silu[KF__SILU_MAX_ORDER + 1][KF__SILU_MAX_ORDER + 2];
 } kd_call;
 
 #define T float
@@ -94,7 +92,6 @@ size_t kf__kan_deriv_workspace(const struct kf_kan_linear_plan *p, int64_t N) {
 kf_status kf__kan_deriv_forward(const kf__kan_fwd *c) {
     kd_call q = {.fwd = c, .x = c->x, .w = c->w, .grid = c->grid,
                  .g = kd_geom_of(c->plan, c->N)};
-    kf__silu_dpoly(c->order, q.silu);
     kf__cpu_team(q.g.team, c->plan->dtype == KF_DTYPE_F64 ? kd_fwd_team_d : kd_fwd_team_s, &q);
     return KF_OK;
 }
@@ -102,7 +99,6 @@ kf_status kf__kan_deriv_forward(const kf__kan_fwd *c) {
 kf_status kf__kan_deriv_backward(const kf__kan_bwd *c) {
     kd_call q = {.bwd = c, .x = c->x, .w = c->w, .grid = c->grid,
                  .g = kd_geom_of(c->plan, c->N)};
-    kf__silu_dpoly(c->order + 1, q.silu);
     kf__cpu_team(q.g.team, c->plan->dtype == KF_DTYPE_F64 ? kd_bwd_team_d : kd_bwd_team_s, &q);
     return KF_OK;
 }

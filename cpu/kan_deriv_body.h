@@ -35,7 +35,7 @@ static void KD_X(kd_tile)(const struct kf_kan_linear_plan *p, const kd_call *q, 
         }
         T *col = AT + (f - f0) * cw * rows;
         for (int64_t r = 0; r < rows; ++r)
-            col[r] = wc[r] * (T)kf__silu_deriv((double)xc[r], (int)m, q->silu);
+            col[r] = wc[r] * (T)kf__silu_deriv((double)xc[r], (int)m);
         KD_X(kf__bspline_deriv_rows)(t, inv, nk, p->k, m, xc, rows, xs, S);
         for (int64_t c = 0; c < p->C; ++c)
             for (int64_t r = 0; r < rows; ++r) col[(1 + c) * rows + r] = wc[r] * S[c * rows + r];
@@ -89,7 +89,7 @@ static void KD_X(kd_contract)(const kf__kan_bwd *c, const kd_call *q, int64_t m,
     const T *t = (const T *)q->grid + f * p->nk;
     KD_X(kf__bspline_deriv_rows)(t, s->inv, p->nk, p->k, m, s->xc, rows, s->xs, s->S);
     for (int64_t r = 0; r < rows; ++r) {
-        T v = D[r] * (T)kf__silu_deriv((double)s->xc[r], (int)m, q->silu);
+        T v = D[r] * (T)kf__silu_deriv((double)s->xc[r], (int)m);
         for (int64_t j = 0; j < p->C; ++j) v += D[(1 + j) * rows + r] * s->S[j * rows + r];
         out[(n0 + r) * p->in + f] = wc ? wc[r] * v : v;
     }

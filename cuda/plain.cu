@@ -198,7 +198,8 @@ template <class T> constexpr kf__rnn_ops rnn_plain_ops() {
     return {nullptr, rnn_plain_sizes<T>, rnn_plain_forward<T>, rnn_plain_backward<T>};
 }
 const kf__kan_ops kan_plain_f64 = kan_plain_ops<double>(), kan_plain_bf16 = kan_plain_ops<bf16>(),
-                  kan_plain_f16 = kan_plain_ops<f16>();
+                  kan_plain_f16 = kan_plain_ops<f16>(),
+                  kan_plain_f32 = kan_plain_ops<float>(); // float32's order-m calls
 const kf__rnn_ops rnn_plain_f64 = rnn_plain_ops<double>(), rnn_plain_bf16 = rnn_plain_ops<bf16>(),
                   rnn_plain_f16 = rnn_plain_ops<f16>();
 
@@ -207,6 +208,7 @@ const kf__rnn_ops rnn_plain_f64 = rnn_plain_ops<double>(), rnn_plain_bf16 = rnn_
 const kf__kan_ops *kf__cuda_kan_plain_ops(int32_t dtype) {
     return dtype == KF_DTYPE_BF16 ? &kan_plain_bf16
            : dtype == KF_DTYPE_F16 ? &kan_plain_f16
+           : dtype == KF_DTYPE_F32 ? &kan_plain_f32
                                    : &kan_plain_f64;
 }
 

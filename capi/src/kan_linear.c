@@ -254,10 +254,6 @@ static kf_status kf__kan_check_order(const char *fn, const struct kf_kan_linear_
     KF_CHECK_FN(fn, !generic || p->dtype == KF_DTYPE_F32 || p->dtype == KF_DTYPE_F64,
                 KF_ERR_UNSUPPORTED, "args->derivative_order = %d or an input weight on a plan of "
                 "dtype %d: expected KF_DTYPE_F32 or KF_DTYPE_F64", (int)m, (int)p->dtype);
-    /* the order-m kernels exist on the CPU backend only (so far; docs/ops/kan.md) */
-    KF_CHECK_FN(fn, !generic || p->ctx->backend->host_memory, KF_ERR_UNSUPPORTED,
-                "args->derivative_order = %d or an input weight: not implemented on CUDA "
-                "contexts yet (CPU contexts only)", (int)m);
     return KF_OK;
 }
 

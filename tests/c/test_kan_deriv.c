@@ -11,9 +11,9 @@
  * spline_scaler), overwritten and accumulated, for every m from 0 to k + 1 (dx to k), float64
  * (1e-10 relative) and float32 (2e-4), with and without w, on 1 and 2 threads, random
  * non-uniform knots with a repeated one; a 1.1-1.8 caller's shorter structs (the m = 0 results,
- * bit for bit); an order out of bounds and a low-precision plan refused with nothing written. The
- * CUDA test lives beside (test_kan_deriv_cuda.c is not written yet: CUDA contexts refuse these
- * calls with KF_ERR_UNSUPPORTED, checked there by the front end). */
+ * bit for bit); an order out of bounds and a low-precision plan refused with nothing written.
+ * The same checks on a CUDA context (cuda/plain_kan.cuh's order-m path; device copies of every
+ * tensor), float32 and float64, where a device is: they skip without one (not yet run on a GPU). */
 #include <criterion/criterion.h>
 
 #include <math.h>
@@ -162,19 +162,32 @@ static void expect_close(const lib_call *L, const void *got, const double *want,
               what, m, sqrt(num / (den > 0 ? den : 1)), tol);
 }
 
-/* Every order's forward and backward against the reference, with or without w. */
-static void check_orders(kf_dtype dt, int threads, bool weighted) {
+/* n elements of size e at host `h` where a `dev` call reads them (kf_test.h's float64 helpers
+ * over whole 8-byte words: the buffers have xalloc's slack), and back. */
+static void *put(kf_device_type dev, void *h, int64_t n, size_t e) {
+    return place_f64(dev, h, (int64_t)(((size_t)n * e + 7) / 8));
+}
+static void fetch(kf_device_type dev, void *h, void *placed, int64_t n, size_t e) {
+    fetch_f64(dev, h, placed, (int64_t)(((size_t)n * e + 7) / 8));
+}
+
+/* Every order's forward and backward against the reference, with or without w, on `dev`. */
+static void check_orders(kf_device_type dev, kf_dtype dt, int threads, bool weighted) {
     const lib_call L = {dt, dt == KF_DTYPE_F64 ? 8 : 4};
     const double tol = dt == KF_DTYPE_F64 ? 1e-10 : 2e-4;
     static prob p;
     make_prob(&p);
-    kf_context *ctx = make_ctx(KF_DEVICE_CPU, threads);
+    kf_context *ctx = make_ctx(dev, threads);
     kf_kan_linear_plan *plan = make_plan(ctx, dt);
     const int64_t xs[2] = {N, IN}, ys[2] = {N, OUT}, oi[2] = {OUT, IN}, oic[3] = {OUT, IN, C},
                   gs[2] = {IN, NK};
     void *x = conv(&L, p.x, N * IN), *w = conv(&L, p.w, N * IN), *t = conv(&L, p.t, IN * NK),
          *bw = conv(&L, p.bw, OUT * IN), *sw = conv(&L, p.sw, OUT * IN * C),
          *sc = conv(&L, p.sc, OUT * IN), *dy = conv(&L, p.dy, N * OUT);
+    void *px = put(dev, x, N * IN, L.e), *pw = put(dev, w, N * IN, L.e),
+         *pt = put(dev, t, IN * NK, L.e), *pbw = put(dev, bw, OUT * IN, L.e),
+         *psw = put(dev, sw, OUT * IN * C, L.e), *psc = put(dev, sc, OUT * IN, L.e),
+         *pdy = put(dev, dy, N * OUT, L.e);
     double *want_y = malloc(sizeof(double) * N * OUT), *want_dx = malloc(sizeof(double) * N * IN),
            *want_dw = malloc(sizeof(double) * N * IN), *want_dbw = calloc(OUT * IN, 8),
            *want_dsw = calloc(OUT * IN * C, 8), *want_dsc = calloc(OUT * IN, 8);
@@ -210,32 +223,43 @@ static void check_orders(kf_dtype dt, int threads, bool weighted) {
         }
         kf_kan_linear_forward_args fa;
         kf_kan_linear_forward_args_init(&fa);
-        fa.x = tens(x, dt, 2, xs), fa.grid = tens(t, dt, 2, gs), fa.base_weight = tens(bw, dt, 2, oi);
-        fa.spline_weight = tens(sw, dt, 3, oic), fa.spline_scaler = tens(sc, dt, 2, oi);
-        void *y = nans(&L, N * OUT);
-        fa.y = tens(y, dt, 2, ys);
-        if (weighted) fa.input_weight = tens(w, dt, 2, xs);
+        fa.x = tens(px, dt, 2, xs), fa.grid = tens(pt, dt, 2, gs);
+        fa.base_weight = tens(pbw, dt, 2, oi), fa.spline_weight = tens(psw, dt, 3, oic);
+        fa.spline_scaler = tens(psc, dt, 2, oi);
+        void *y = nans(&L, N * OUT), *py = put(dev, y, N * OUT, L.e);
+        fa.y = tens(py, dt, 2, ys);
+        if (weighted) fa.input_weight = tens(pw, dt, 2, xs);
         fa.derivative_order = m;
         KF_OK_(kf_kan_linear_forward(plan, &fa, NULL, 0));
+        fetch(dev, y, py, N * OUT, L.e);
+        unplace(dev, py);
         expect_close(&L, y, want_y, N * OUT, tol, "y", m);
         for (int accumulate = 0; accumulate <= 1; ++accumulate) {
             kf_kan_linear_backward_args ba;
             kf_kan_linear_backward_args_init(&ba);
             ba.x = fa.x, ba.grid = fa.grid, ba.base_weight = fa.base_weight;
             ba.spline_weight = fa.spline_weight, ba.spline_scaler = fa.spline_scaler;
-            ba.dy = tens(dy, dt, 2, ys);
+            ba.dy = tens(pdy, dt, 2, ys);
             void *dx = nans(&L, N * IN), *dw = nans(&L, N * IN);
             void *dbw = accumulate ? conv(&L, p.bw, OUT * IN) : nans(&L, OUT * IN),
                  *dsw = accumulate ? conv(&L, p.sw, OUT * IN * C) : nans(&L, OUT * IN * C),
                  *dsc = accumulate ? conv(&L, p.sc, OUT * IN) : nans(&L, OUT * IN);
-            if (m <= K) ba.dx = tens(dx, dt, 2, xs);
-            ba.dinput_weight = tens(dw, dt, 2, xs);
-            ba.dbase_weight = tens(dbw, dt, 2, oi), ba.dspline_weight = tens(dsw, dt, 3, oic);
-            ba.dspline_scaler = tens(dsc, dt, 2, oi);
+            void *outs[5] = {dx, dw, dbw, dsw, dsc}, *placed[5];
+            const int64_t sizes[5] = {N * IN, N * IN, OUT * IN, OUT * IN * C, OUT * IN};
+            for (int j = 0; j < 5; ++j) placed[j] = put(dev, outs[j], sizes[j], L.e);
+            if (m <= K) ba.dx = tens(placed[0], dt, 2, xs);
+            ba.dinput_weight = tens(placed[1], dt, 2, xs);
+            ba.dbase_weight = tens(placed[2], dt, 2, oi);
+            ba.dspline_weight = tens(placed[3], dt, 3, oic);
+            ba.dspline_scaler = tens(placed[4], dt, 2, oi);
             if (weighted) ba.input_weight = fa.input_weight;
             ba.derivative_order = m;
             KF_OK_(kf_kan_linear_backward(plan, accumulate ? KF_GRAD_ACCUMULATE
                                                            : KF_GRAD_OVERWRITE, &ba, NULL, 0));
+            for (int j = 0; j < 5; ++j) {
+                fetch(dev, outs[j], placed[j], sizes[j], L.e);
+                unplace(dev, placed[j]);
+            }
             if (m <= K) expect_close(&L, dx, want_dx, N * IN, tol, "dx", m);
             expect_close(&L, dw, want_dw, N * IN, tol, "dinput_weight", m);
             double *acc_bw = malloc(8 * OUT * IN), *acc_sw = malloc(8 * OUT * IN * C),
@@ -254,14 +278,21 @@ static void check_orders(kf_dtype dt, int threads, bool weighted) {
         free(y);
     }
     free(want_y), free(want_dx), free(want_dw), free(want_dbw), free(want_dsw), free(want_dsc);
+    void *placed[7] = {px, pw, pt, pbw, psw, psc, pdy};
+    for (int j = 0; j < 7; ++j) unplace(dev, placed[j]);
     free(x), free(w), free(t), free(bw), free(sw), free(sc), free(dy);
     kf_kan_linear_plan_destroy(plan);
     kf_context_destroy(ctx);
 }
 
-Test(kan_deriv, f64_weighted_1_thread) { check_orders(KF_DTYPE_F64, 1, true); }
-Test(kan_deriv, f64_unweighted_2_threads) { check_orders(KF_DTYPE_F64, 2, false); }
-Test(kan_deriv, f32_weighted_2_threads) { check_orders(KF_DTYPE_F32, 2, true); }
+Test(kan_deriv, f64_weighted_1_thread) { check_orders(KF_DEVICE_CPU, KF_DTYPE_F64, 1, true); }
+Test(kan_deriv, f64_unweighted_2_threads) { check_orders(KF_DEVICE_CPU, KF_DTYPE_F64, 2, false); }
+Test(kan_deriv, f32_weighted_2_threads) { check_orders(KF_DEVICE_CPU, KF_DTYPE_F32, 2, true); }
+/* CUDA (cuda/plain_kan.cuh's order-m path, float32 and float64): the same checks where a device
+ * is (skipped here otherwise). */
+Test(kan_deriv, cuda_f64_weighted) { check_orders(KF_DEVICE_CUDA, KF_DTYPE_F64, 0, true); }
+Test(kan_deriv, cuda_f32_weighted) { check_orders(KF_DEVICE_CUDA, KF_DTYPE_F32, 0, true); }
+Test(kan_deriv, cuda_f32_unweighted) { check_orders(KF_DEVICE_CUDA, KF_DTYPE_F32, 0, false); }
 
 /* A 1.1-1.8 caller's args (struct_size before input_weight) give the m = 0 results, bit for bit;
  * an order out of bounds, dx at an order past k + 1, and a bfloat16 plan asked for an order are

@@ -182,11 +182,16 @@ def _deriv_backward_backward(ctx, a, b, cbw, cS):
 
 _ARGS = "Tensor x, Tensor grid, Tensor? input_weight, Tensor? base_weight, Tensor spline_weight"
 
+#: kfuse::kan_linear_deriv_backward(dy, x, grid, input_weight, base_weight, S, order,
+#: output_mask) -> (w G_{m+1}, G_m, d base_weight, dS): the order-m backward (kf_kan_linear_backward
+#: at derivative_order m), differentiable again (_deriv_backward_backward)
 kan_linear_deriv_backward = Op(
     "kan_linear_deriv_backward",
     "(Tensor dy, %s, int order, bool[] output_mask) -> (Tensor, Tensor, Tensor, Tensor)" % _ARGS,
     _backward_impl, _backward_fake, _setup_backward_context, _deriv_backward_backward,
     double_backward=_deriv_backward_backward)
+#: kfuse::kan_linear_deriv(x, grid, input_weight, base_weight, S, order) -> F_order(x; w): the
+#: order-m forward (kf_kan_linear_forward at derivative_order m)
 kan_linear_deriv = Op(
     "kan_linear_deriv", "(%s, int order) -> Tensor" % _ARGS, _forward_impl, _forward_fake,
     _setup_context, _deriv_forward_backward, double_backward=_deriv_forward_backward)
