@@ -159,7 +159,8 @@ def main(argv=None):
            else "- CUDA %s" % torch.version.cuda,
            "- torch %s, Python %s, %d torch threads (kfuse's context: the same count); env %s" % (
                torch.__version__, platform.python_version(), torch.get_num_threads(),
-               ", ".join("%s=%s" % (k, os.environ[k]) for k in ("OMP_WAIT_POLICY",))),
+               ", ".join("%s=%s" % (k, os.environ[k])
+                         for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS") if k in os.environ)),
            "- kfuse %s (git %s%s)" % (kfuse.version_string(), git,
                                       " + local changes" if dirty else "")]
     if cpu:
