@@ -21,7 +21,8 @@ allocations (torch.profiler allocation events, as benches/cpu_kan.py counts them
 kfuse, the bytes its CPU context's arena holds (the library's own workspace, outside torch's
 allocator).
 
-    python3 examples/python/pinn_poisson.py                       # CPU, under a minute on 2 cores
+    python3 examples/python/pinn_poisson.py                       # CPU: ~1 min on 2 busy cores
+    python3 examples/python/pinn_poisson.py --points 1024 --steps 500       # a closer solution
     python3 examples/python/pinn_poisson.py --device cuda --points 8192 --steps 2000
     python3 examples/python/pinn_poisson.py --plot pinn.svg       # solution and error (matplotlib)
 
@@ -64,8 +65,8 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     p.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
-    p.add_argument("--points", type=int, default=512,
-                   help="interior collocation points (default 512); a quarter as many on the "
+    p.add_argument("--points", type=int, default=256,
+                   help="interior collocation points (default 256); a quarter as many on the "
                         "boundary")
     p.add_argument("--lr", type=float, default=1e-2, help="Adam's learning rate (default 1e-2)")
     p.add_argument("--boundary-weight", type=float, default=10.0,
