@@ -21,8 +21,8 @@ allocations (torch.profiler allocation events, as benches/cpu_kan.py counts them
 kfuse, the bytes its CPU context's arena holds (the library's own workspace, outside torch's
 allocator).
 
-    python3 examples/python/pinn_poisson.py                       # CPU: ~1 min on 2 busy cores
-    python3 examples/python/pinn_poisson.py --points 1024 --steps 500       # a closer solution
+    python3 examples/python/pinn_poisson.py                       # CPU: ~1 min, 2 busy cores
+    python3 examples/python/pinn_poisson.py --points 1024 --steps 500  # a closer solution
     python3 examples/python/pinn_poisson.py --device cuda --points 8192 --steps 2000
     python3 examples/python/pinn_poisson.py --plot pinn.svg       # solution and error (matplotlib)
 
