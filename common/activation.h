@@ -68,69 +68,21 @@ KF_HOST_DEVICE float kf__phi_s(float x) {
 KF_HOST_DEVICE double kf__exp_d(double x) { return exp(x); }
 KF_HOST_DEVICE double kf__phi_d(double x) { return 0.5 * erfc(x * -0.70710678118654752); }
 
-/* The activations and their derivatives per arithmetic type T (suffix X), from exp and Phi.
- * GELU's tanh form as a sigmoid: (1 + tanh(u)) / 2 = sigma(2u). */
-#define KF__ACT_DEFINE(T, X)                                                                       \
-    KF_HOST_DEVICE T kf__sigmoid_##X(T v) { return (T)1 / ((T)1 + kf__exp_##X(-v)); }              \
-    KF_HOST_DEVICE T kf__relu_##X(T v) { return v > (T)0 ? v : (T)0; }                             \
-    KF_HOST_DEVICE T kf__gelu_##X(T v) { return v * kf__phi_##X(v); }                              \
-    KF_HOST_DEVICE T kf__gelu_tanh_##X(T v) {                                                      \
-        return v * kf__sigmoid_##X((T)1.5957691216057308 * (v + (T)0.044715 * v * v * v));         \
-    }                                                                                              \
-    KF_HOST_DEVICE T kf__silu_##X(T v) { return v * kf__sigmoid_##X(v); }                          \
-    KF_HOST_DEVICE T kf__act_##X(int32_t act, T v) {                                               \
-        switch (act) {                                                                             \
-        case KF__ACT_RELU: return kf__relu_##X(v);                                                 \
-        case KF__ACT_GELU: return kf__gelu_##X(v);                                                 \
-        case KF__ACT_GELU_TANH: return kf__gelu_tanh_##X(v);                                       \
-        case KF__ACT_SILU: return kf__silu_##X(v);                                                 \
-        default: return v;                                                                         \
-        }                                                                                          \
-    }                                                                                              \
-    KF_HOST_DEVICE T kf__act_grad_##X(int32_t act, T v) {                                          \
-        switch (act) {                                                                             \
-        case KF__ACT_RELU: return v > (T)0 ? (T)1 : (T)0;                                          \
-        case KF__ACT_GELU: /* Phi(v) + v phi(v) */                                                 \
-            return kf__phi_##X(v) + v * (T)0.3989422804014327 * kf__exp_##X((T)-0.5 * v * v);      \
-        case KF__ACT_GELU_TANH: { /* s + 2 v s (1 - s) c (1 + 3 0.044715 v^2), s = sigma(2u) */    \
-            const T s = kf__sigmoid_##X((T)1.5957691216057308 * (v + (T)0.044715 * v * v * v));   \
-            return s + (T)1.5957691216057308 * v * s * ((T)1 - s) * ((T)1 + (T)0.134145 * v * v);  \
-        }                                                                                          \
-        case KF__ACT_SILU: {                                                                       \
-            const T s = kf__sigmoid_##X(v);                                                        \
-            return s * ((T)1 + v * ((T)1 - s));                                                    \
-        }                                                                                          \
-        default: return (T)1;                                                                      \
-        }                                                                                          \
-    }
-
-/* The dropout after the activation, and the gradient through both. kf__drop_X multiplies by
- * the mask's 0 or 1 / (1 - p) (a product, not a select: the CPU's loops over lanes vectorise);
- * its callers skip it where p = 0. */
-#define KF__EPI_DEFINE(T, X)                                                                       \
-    KF_HOST_DEVICE T kf__drop_##X(float p, T scale, uint64_t seed, uint64_t ctr, T v) {            \
-        return v * (kf__dropout_keep(seed, ctr, p) ? scale : (T)0);                                \
-    }                                                                                              \
-    /* The stored value of pre-activation v at dropout counter `ctr` (p = 0: no dropout). */       \
-    KF_HOST_DEVICE T kf__epi_##X(int32_t act, float p, T scale, uint64_t seed, uint64_t ctr,       \
-                                 T v) {                                                            \
-        v = kf__act_##X(act, v);                                                                   \
-        return p > 0.0f ? kf__drop_##X(p, scale, seed, ctr, v) : v;                                \
-    }                                                                                              \
-    /* The gradient of v's pre-activation from the stored value's gradient g. */                   \
-    KF_HOST_DEVICE T kf__epi_grad_##X(int32_t act, float p, T scale, uint64_t seed, uint64_t ctr,  \
-                                      T v, T g) {                                                  \
-        if (p > 0.0f) g = kf__drop_##X(p, scale, seed, ctr, g);                                    \
-        return act == KF__ACT_NONE ? g : g * kf__act_grad_##X(act, v);                             \
-    }
-
 /* 1 / (1 - p), the scale of a kept element, as every backend computes it. */
 KF_HOST_DEVICE float kf__dropout_scale_s(float p) { return 1.0f / (1.0f - p); }
 KF_HOST_DEVICE double kf__dropout_scale_d(float p) { return 1.0 / (1.0 - (double)p); }
 
-KF__ACT_DEFINE(float, s)
-KF__ACT_DEFINE(double, d)
-KF__EPI_DEFINE(float, s)
-KF__EPI_DEFINE(double, d)
+/* The activations and their derivatives, the dropout and the gradient through both, once per
+ * arithmetic type (kf__relu_s, kf__act_grad_d, kf__epi_s, ...). */
+#define T float
+#define ACT_X(name) name##_s
+#include "activation_typed.h"
+#undef T
+#undef ACT_X
+#define T double
+#define ACT_X(name) name##_d
+#include "activation_typed.h"
+#undef T
+#undef ACT_X
 
 #endif /* KF_ACTIVATION_H */

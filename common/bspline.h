@@ -6,9 +6,11 @@
  * with inv_p[m] = 1 / (t_{m+p} - t_m), 0 for a span narrower than FLT_MIN.
  *
  * Two forms of the one recurrence, in the one header every backend includes:
- *  - KF__BSPLINE_DEFINE(T, suffix): for C and C++, the CPU kernels in float and double
- *    (cpu/kan_linear.c) and the float64 grid refit (host/kan_grid.c): the reciprocal table of one feature and the bases
- *    of one feature at many points, vectorised over the points;
+ *  - kf__bspline_inv_X, kf__bspline_rows_X and kf__bspline_deriv_rows_X (X = s for float,
+ *    d for double; common/bspline_rows.h, written once and included per type): for C and C++,
+ *    the CPU kernels (cpu/kan_linear.c, cpu/kan_deriv.c) and the float64 grid refit
+ *    (host/kan_grid.c): the reciprocal table of one feature and the bases (or their m-th
+ *    derivatives) of one feature at many points, vectorised over the points;
  *  - kf__bspline_window<KM, T> (C++ and CUDA only): the bases of one point that can be non-zero,
  *    in registers (cuda/kan_cuda.cuh in float, cuda/plain.cuh in double).
  * and the derivative rule, once, for every backend and element type (KF__BSPLINE_DSTEP; its
@@ -27,18 +29,6 @@
 #define KF__RESTRICT restrict
 #endif
 
-/* Defines, for element type T:
- *
- * kf__bspline_inv_<suffix>(t, nk, k, inv): the reciprocal table inv [k, nk] of knots t[0..nk-1]:
- *   inv[(p-1) nk + m] = inv_p[m] for p = 1..k, m = 0..nk-1 (0 where m + p >= nk).
- *
- * kf__bspline_rows_<suffix>(t, inv, nk, q, x0, rows, x, S, dst): the order-q bases of one feature
- *   at x0[0..rows), computed over all indices as the reference does (no local window, no branch):
- *   dst [nk-1-q, rows] (row stride `rows`), B_c at point n in dst[c rows + n]. Orders below q go
- *   to the scratch S [nk-1, rows], in place (ascending j reads B_{j+1,p-1} before it is
- *   overwritten); dst may be S. x [rows] is scratch: points outside the grid are moved to its
- *   right end, which keeps every basis 0 while keeping (x - t) inv finite (far out it would
- *   overflow and make 0 * inf = NaN, as efficient-kan does in float32 for |x| near 1e38). */
 /* The derivative rule: one step of
  *     d/dx B_{c,p}(x) = p inv_p[c] B_{c,p-1}(x) - p inv_p[c+1] B_{c+1,p-1}(x)      (p >= 1)
  * as the one expression every backend evaluates (the same operations in the same order, so the
@@ -47,47 +37,20 @@
  * because the operands may be float, double or the CPU kernels' vectors of either (GCC's vector
  * extension), in C, C++ and CUDA. The m-th derivative is the same step applied m times, over the
  * orders p = k - m + 1 .. k, to the order-(k - m) bases (d^m/dx^m B_{c,k} from d^(m-1)/dx^(m-1)
- * B_{c,k-1} and B_{c+1,k-1}); today's callers take m = 1. */
+ * B_{c,k-1} and B_{c+1,k-1}); kf__bspline_deriv_rows_X does so for any m <= k. */
 #define KF__BSPLINE_DSTEP(p, il, ir, bl, br) ((p) * (il) * (bl) - (p) * (ir) * (br))
 
-#define KF__BSPLINE_DEFINE(T, suffix)                                                             \
-    static inline void kf__bspline_inv_##suffix(const T *t, int64_t nk, int64_t k, T *inv) {    \
-        for (int64_t p = 1; p <= k; ++p)                                                         \
-            for (int64_t m = 0; m < nk; ++m) {                                                   \
-                const T d = m + p < nk ? t[m + p] - t[m] : (T)0;                                 \
-                inv[(p - 1) * nk + m] = d >= (T)FLT_MIN ? (T)1 / d : (T)0;                       \
-            }                                                                                    \
-    }                                                                                            \
-    static inline void kf__bspline_rows_##suffix(const T *t, const T *inv, int64_t nk, int64_t q, \
-                                                 const T *KF__RESTRICT x0, int64_t rows,         \
-                                                 T *KF__RESTRICT x, T *S, T *dst) {              \
-        const T first = t[0], last = t[nk - 1];                                                  \
-        for (int64_t n = 0; n < rows; ++n)                                                       \
-            x[n] = (x0[n] >= first && x0[n] < last) ? x0[n] : last;                              \
-        T *o0 = q == 0 ? dst : S;                                                                \
-        for (int64_t j = 0; j + 1 < nk; ++j) {                                                   \
-            const T lo = t[j], hi = t[j + 1];                                                    \
-            T *KF__RESTRICT b = o0 + j * rows;                                                   \
-            for (int64_t n = 0; n < rows; ++n) b[n] = (x[n] >= lo && x[n] < hi) ? (T)1 : (T)0;   \
-        }                                                                                        \
-        for (int64_t p = 1; p <= q; ++p) {                                                       \
-            const T *ip = inv + (p - 1) * nk;                                                    \
-            T *out = p == q ? dst : S;                                                           \
-            for (int64_t j = 0; j + p + 1 < nk; ++j) {                                           \
-                const T tl = t[j], tr = t[j + p + 1], il = ip[j], ir = ip[j + 1];                \
-                const T *KF__RESTRICT b1 = S + (j + 1) * rows;                                   \
-                T *KF__RESTRICT d = out + j * rows;                                              \
-                if (out == S) { /* in place: B_{j,p-1} is d itself */                            \
-                    for (int64_t n = 0; n < rows; ++n)                                           \
-                        d[n] = (x[n] - tl) * il * d[n] + (tr - x[n]) * ir * b1[n];               \
-                } else {                                                                         \
-                    const T *KF__RESTRICT b0 = S + j * rows;                                     \
-                    for (int64_t n = 0; n < rows; ++n)                                           \
-                        d[n] = (x[n] - tl) * il * b0[n] + (tr - x[n]) * ir * b1[n];              \
-                }                                                                                \
-            }                                                                                    \
-        }                                                                                        \
-    }
+/* The vectorised rows form, for float (suffix _s) and double (_d): common/bspline_rows.h. */
+#define KF__BS_T float
+#define KF__BS_X(name) name##_s
+#include "bspline_rows.h"
+#undef KF__BS_T
+#undef KF__BS_X
+#define KF__BS_T double
+#define KF__BS_X(name) name##_d
+#include "bspline_rows.h"
+#undef KF__BS_T
+#undef KF__BS_X
 
 #ifdef __cplusplus
 #if defined(__CUDACC__)
@@ -152,6 +115,43 @@ KF__BSPLINE_HD T kf__bspline_dwindow(const T *inv_p, int64_t j, int p, int r,
     const int64_t m = j - p + r;
     const T bl = r >= 1 ? W[r - 1] : T(0), br = r <= p - 1 ? W[r] : T(0);
     return KF__BSPLINE_DSTEP(T(p), inv_p[m], inv_p[m + 1], bl, br);
+}
+
+/* The m-th derivatives of the order-k bases of one point that can be non-zero, 0 <= m <= k + 1:
+ * Nw[r] = B_{j-k+r, k}^(m)(x), r = 0..k, for the span j it returns (-1 and every value 0 outside
+ * the grid, for NaN, and for m = k + 1: B^(k+1) = 0). The order-(k-m) window of
+ * kf__bspline_window, then m steps of the derivative rule (KF__BSPLINE_DSTEP) over the orders
+ * p = k-m+1 .. k in registers, descending r as there; a term whose basis index falls outside
+ * [0, nk - 1 - p) is 0 (it feeds no basis of the layer). The window form of
+ * kf__bspline_deriv_rows_X (the same operations per basis), for C++ and CUDA; the caller keeps
+ * the basis index j - k + r in [0, C). */
+template <int KM, typename T>
+KF__BSPLINE_HD int64_t kf__bspline_deriv_window(const T *t, const T *inv, int64_t nk, int k, int m,
+                                                T x, T (&Nw)[KM + 1]) {
+    if (m > k) {
+KF__BSPLINE_UNROLL
+        for (int r = 0; r <= KM; ++r) Nw[r] = T(0);
+        return -1;
+    }
+    const int64_t j = kf__bspline_window<KM, T>(t, inv, nk, k - m, x, Nw);
+    if (j < 0) return j;
+KF__BSPLINE_UNROLL
+    for (int p = 1; p <= KM; ++p) {
+        if (p <= k - m) continue;
+        if (p > k) break;
+        const T *ip = inv + (int64_t)(p - 1) * nk;
+KF__BSPLINE_UNROLL
+        for (int r = p; r >= 0; --r) {
+            const int64_t i = j - p + r;
+            T v = T(0);
+            if (i >= 0 && i + p + 1 < nk) {
+                const T bl = r >= 1 ? Nw[r - 1] : T(0), br = r <= p - 1 ? Nw[r] : T(0);
+                v = KF__BSPLINE_DSTEP(T(p), ip[i], ip[i + 1], bl, br);
+            }
+            Nw[r] = v;
+        }
+    }
+    return j;
 }
 #endif /* __cplusplus */
 

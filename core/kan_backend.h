@@ -58,6 +58,9 @@ typedef struct kf__kan_fwd {
     const void *x, *grid, *base, *spline; /* base NULL: no base term */
     const void *scaler; /* NULL: the plan has none (standalone_scale = 0) */
     void *y;
+    /* KANLinear only (patches NULL); both at their defaults take the m = 0 paths: */
+    const void *w;  /* NULL, or the per-element input weight [N, in] */
+    int32_t order;  /* the derivative order m, 0 .. k + 1 (checked) */
     void *ws; size_t ws_bytes;
 } kf__kan_fwd;
 
@@ -72,6 +75,10 @@ typedef struct kf__kan_bwd {
                                              the plan has no scaler) */
     bool accumulate;                    /* add into the parameter gradients instead of
                                            overwriting (dx: always overwritten) */
+    /* KANLinear only (patches NULL); at their defaults (NULL, NULL, 0) the m = 0 paths run: */
+    const void *w;                      /* NULL, or the forward's input weight [N, in] */
+    void *dw;                           /* NULL, or G_m [N, in] (always overwritten) */
+    int32_t order;                      /* m: 0 .. k + 1, and m + 1 <= k + 1 with dx */
     void *ws; size_t ws_bytes;
 } kf__kan_bwd;
 

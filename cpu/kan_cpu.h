@@ -255,9 +255,6 @@ static void kan_exp_neg_rows_d(const double *restrict x, int64_t rows, double *r
     for (int64_t n = 0; n < rows; ++n) e[n] = exp(-x[n]);
 }
 
-KF__BSPLINE_DEFINE(float, s)
-KF__BSPLINE_DEFINE(double, d)
-
 typedef struct kan_fwd_call {
     const kf__kan_fwd *c;
     kan_geom g;

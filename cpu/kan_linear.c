@@ -75,6 +75,7 @@
  * float64, bfloat16, float16) is a constant argument of the force-inlined team bodies; each op
  * table, one per storage type and picked by kan_select at plan creation, names its own short
  * wrappers (kan_forward_b -> kan_fwd_team_b -> kan_fwd_body_s(KAN_B, ...)). */#include "kan_cpu.h"
+#include "kan_deriv.h"
 
 /* Windowed (true) or dense, per direction, from the shape alone (so that the bits never depend
  * on the thread count). The windowed products do k + 2 of the C + 1 multiply-adds per (row,
@@ -163,8 +164,10 @@ static size_t kan_workspace(const struct kf_kan_linear_plan *p, int64_t N,
     const size_t f = small ? kan_sgeom_of(p, N, patches, false, kind).bytes
                            : kan_geom_of(p, N, patches, false, kind).bytes,
                  b = small ? kan_sgeom_of(p, N, patches, true, kind).bytes
-                           : kan_geom_of(p, N, patches, true, kind).bytes;
-    return f > b ? f : b;
+                           : kan_geom_of(p, N, patches, true, kind).bytes,
+                 d = patches ? 0 : kf__kan_deriv_workspace(p, N); /* the order-m path's */
+    const size_t fb = f > b ? f : b;
+    return fb > d ? fb : d;
 }
 
 /* The kernels, once per compute type: float (storage kinds KAN_S, KAN_B, KAN_H) and double
@@ -241,10 +244,12 @@ static void kan_sbwd_team_h(void *arg, int tid, int nth) {
 
 /* A call on one thread team: the kan_fwd_team_* or kan_bwd_team_* of the table's storage kind,
  * or for a KANConv2d call of a small-output plan its kan_sfwd_team_* or kan_sbwd_team_* (`small`:
- * NULL in the general tables). */
+ * NULL in the general tables), or, for a call at a derivative order or with an input weight, the
+ * order-m path (cpu/kan_deriv.c; the one place the choice is made). */
 static kf_status kan_run_forward(const kf__kan_fwd *c, kan_kind kind,
                                  void (*team)(void *, int, int),
                                  void (*small)(void *, int, int)) {
+    if (kf__kan_is_deriv_fwd(c)) return kf__kan_deriv_forward(c);
     if (small && c->patches) {
         kan_sfwd_call call = {.c = c, .g = kan_sgeom_of(c->plan, c->N, c->patches, false, kind)};
         kf__cpu_team(call.g.team, small, &call);
@@ -258,6 +263,7 @@ static kf_status kan_run_forward(const kf__kan_fwd *c, kan_kind kind,
 static kf_status kan_run_backward(const kf__kan_bwd *c, kan_kind kind,
                                   void (*team)(void *, int, int),
                                   void (*small)(void *, int, int)) {
+    if (kf__kan_is_deriv_bwd(c)) return kf__kan_deriv_backward(c);
     if (small && c->patches) {
         kan_sbwd_call call = {.c = c, .g = kan_sgeom_of(c->plan, c->N, c->patches, true, kind)};
         kf__cpu_team(call.g.team, small, &call);

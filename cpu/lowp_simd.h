@@ -4,7 +4,7 @@
  * The rounding is core/lowp.h's (to nearest, ties to even; a NaN stays a quiet NaN; a float16
  * overflow is an infinity), which these vectorise: F16C rounds as core/lowp.h does on every
  * float32 input, bfloat16 is integer arithmetic on the bits. Used by the kernels that read and
- * write the low types themselves (cpu/rowgemm.h's typed operands, cpu/sklinear.c,
+ * write the low types themselves (cpu/rowgemm.h's operand kinds, cpu/sklinear.c,
  * cpu/kan_linear.c, cpu/rnn_cpu.h's kf__rnn_cpu_get / kf__rnn_cpu_put). `bf16` selects the type
  * (float16 otherwise); the callers pass a constant, so each type gets its own inlined code.
  * tests/c/test_lowp_simd.c holds both forms to rounding done in double arithmetic. */

@@ -9,7 +9,7 @@
  * then the state update in that of q A^T), which also stores the new state into y and the
  * reserve. Nothing is allocated. */
 #include "blas.h"
-#include "rnn_cpu.h"
+#include "rnn_simd.h"
 
 /* ---- one step of a slice --------------------------------------------------------------------
  * Row i of the slice is sample b0 + i; its rows of G_x and of the saved gates sit i*gx_ld and

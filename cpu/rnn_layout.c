@@ -1,7 +1,7 @@
 /* The CPU recurrent backend's layout and the helpers its forward and backward share
  * (cpu/rnn_cpu.h): workspace and reserve sizes (float64 plans' too: cpu/rnn_f64.c), weight views
  * and packing, the dropout row; and this ISA's op table (cpu/backend.c selects it). */
-#include "rnn_cpu.h"
+#include "rnn_simd.h"
 
 static size_t fbytes(int64_t n) { return kf__align_up((size_t)n * sizeof(float)); }
 
@@ -164,7 +164,7 @@ static float spec_at(const pack_spec *ps, int64_t H, float gamma, int64_t k, int
     return v;
 }
 
-/* Panel p of `ps` into dst (layout: kf__mk in rnn_cpu.h; columns past nc are zeros). */
+/* Panel p of `ps` into dst (layout: kf__mk in rnn_simd.h; columns past nc are zeros). */
 static void pack_panel(const pack_spec *ps, int64_t H, float gamma, int64_t p, float *dst) {
     const int w = ps->nv * KF__VW;
     dst += p * ps->K * w;

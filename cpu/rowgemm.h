@@ -35,18 +35,21 @@
  * once as the epilogue writes it. A low C must take K in one pass (K <= KF__RG_KC, or B's rows
  * close together and B not low): a later chunk would add to the rounded value.
  *
- * KF__ROWGEMM_DEFINE(X, TA, a, TB, b, TC, e, T, v) defines kf__rowgemm_X for A elements of type
- * TA and kind a, B (and bias) elements of type TB and kind b, C of type TC and kind e, alpha and
- * the arithmetic of type T with vector kind v (cpu/simd.h's kf__vX, kf__fma_X, kf__splat_X: s
- * float, d double). A kind is s (float), d (double), b (bfloat16) or h (float16): KF__RG_GET_k
- * reads one element as the arithmetic type, KF__RG_PUT_k writes one, KF__RG_VLD_k and
- * KF__RG_VST_k a vector, KF__RG_NATIVE_k says whether the kind is an arithmetic type (read in
- * place). X names the kinds of A, B and C: kf__rowgemm_sss and _ddd (float, double), and for a
- * low kind k (b, h) _kks, _kss, _sks, _skk and _ssk (KF__ROWGEMM_LOW). */
+ * The kernel (cpu/rowgemm_kernel.h) is written once per arithmetic type T (suffix _s float, _d
+ * double): kf__rg_gemm_X(ka, kb, kc, ...) with the kinds of A, B (and the bias) and C constant
+ * arguments (kf__rg_kind: KF__RG_S float, KF__RG_D double, KF__RG_B bfloat16, KF__RG_H float16;
+ * the operands are `void *` of those kinds), force-inlined, so each call site is one kinds'
+ * code. A float64 product takes KF__RG_D alone; a float32 one any of the others. The named
+ * instances (end of file) are its only out-of-line copies: the KAN layers call kf__rowgemm_sss
+ * and _ddd, SKLinear kf__rowgemm_s/_d and their _epi forms, which pick one by the constant kinds.
+ * A product without an epilogue runs an instance without one (epi NULL folded away): where
+ * 1.8.0's float32 products ran the epilogue's instance with a NULL epi, SKLinear float32 took
+ * 1.4-1.8x the time (benches/results/cpu_sklinear_functions.md). */
 #ifndef KF_CPU_ROWGEMM_H
 #define KF_CPU_ROWGEMM_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -54,7 +57,9 @@
 #include "lowp_simd.h"
 #include "simd.h"
 
-/* An epilogue applied as C is stored (kf__rowgemm_epi_X; SKLinear's fused activation and
+#define KF__RG_INLINE static inline __attribute__((always_inline))
+
+/* An epilogue applied as C is stored (kf__rg_gemm_X's epi; SKLinear's fused activation and
  * dropout, common/activation.h): C's element at index i from `origin` (its flat index in the
  * output) is stored as kf__epi_X(act, p, scale, seed, offset + i, value), and its value before
  * that is written to pre + i where pre is not NULL. Applied by the last of K's chunks only. */
@@ -88,266 +93,255 @@ static inline void kf__rg_epi_d(const kf__rg_epi *e, double *v, int n, int64_t i
         v[l] = kf__epi_d(e->act, e->p, e->scale_d, e->seed, e->offset + (uint64_t)(i + l), v[l]);
 }
 
-/* Rows per tile (KF__RG_MR_a for an A of kind a): 6, or with AVX-512's 32 vector registers 8
+/* Rows per tile (kf__rg_mr(ka) for an A of kind ka): 6, or with AVX-512's 32 vector registers 8
  * for a low A, whose tile rows are widened into one buffer (8 x 2 accumulators; 8 independent
  * sums where a panel is one vector, as k = 16 gives, cover the FMA latency where 6 do not:
  * SKLinear bfloat16/float16 0.75-0.92x the time of 6 at 256^2 and 8192^2, B = 64). A native A
  * is broadcast in place, one pointer per row, and 8 of them spill x86's general registers
- * (float32 SKLinear forward 1.14-1.2x the time at 8192). The last tile's switch in
- * kf__rg_rows_X takes every height below the kind's (KF__RG_CASES_TOP_a: 7 and 6 for 8). */
+ * (float32 SKLinear forward 1.14-1.2x the time at 8192). */
 #if KF__V_BYTES == 64
 #define KF__RG_MR 8
-#define KF__RG_CASES_TOP(X) KF__RG_CASE(X, 7) KF__RG_CASE(X, 6)
 #else
 #define KF__RG_MR 6
-#define KF__RG_CASES_TOP(X)
 #endif
-#define KF__RG_MR_s 6
-#define KF__RG_MR_d 6
-#define KF__RG_MR_b KF__RG_MR
-#define KF__RG_MR_h KF__RG_MR
-#define KF__RG_CASES_TOP_s(X)
-#define KF__RG_CASES_TOP_d(X)
-#define KF__RG_CASES_TOP_b(X) KF__RG_CASES_TOP(X)
-#define KF__RG_CASES_TOP_h(X) KF__RG_CASES_TOP(X)
 #define KF__RG_NV 2   /* vectors of columns per panel */
 #define KF__RG_KC 256 /* rows of B per copied chunk (16 KiB at NV = 2) */
 #define KF__RG_FAR_BYTES 1024 /* B's rows this far apart are copied (kf__rg_panel_X) */
 
-/* The pointer to B's row q (two stacked panels). */
-#define KF__RG_BROW(q) ((q) < K0 ? B0 + (q) * ldb : B1 + ((q) - K0) * ldb)
+/* ---- operand kinds ----
+ * An operand's storage kind, a constant wherever the force-inlined kernel takes one: float32
+ * and float64 are read in place (native), bfloat16 and float16 are widened to float32 as they
+ * are loaded and rounded to nearest even as they are stored (cpu/lowp_simd.h). Per arithmetic
+ * type (suffix _s float: kinds S, B, H; _d double: kind D alone): kf__rg_get_X(k, p, i) is
+ * element i of p, kf__rg_put_X stores one, kf__rg_vld_X and kf__rg_vst_X a vector from element
+ * i on, kf__rg_widen_X(k, p, i, d, n) widens a low p's elements [i, i + n) into d (n <= 8 for
+ * kf__rg_widen_part_s; lanes n .. 8 of d unspecified). */
+typedef enum kf__rg_kind { KF__RG_S, KF__RG_D, KF__RG_B, KF__RG_H } kf__rg_kind;
 
-/* The operand kinds (header comment). */
-#define KF__RG_GET_s(p) (*(p))
-#define KF__RG_GET_d(p) (*(p))
-#define KF__RG_GET_b(p) kf__lp_get(*(p), true)
-#define KF__RG_GET_h(p) kf__lp_get(*(p), false)
-#define KF__RG_VLD_s(p) (*(const kf__vs *)(p))
-#define KF__RG_VLD_d(p) (*(const kf__vd *)(p))
-#define KF__RG_VLD_b(p) kf__lp_loadv((p), true)
-#define KF__RG_VLD_h(p) kf__lp_loadv((p), false)
-#define KF__RG_VST_s(p, x) (*(kf__vs *)(p) = (x))
-#define KF__RG_VST_d(p, x) (*(kf__vd *)(p) = (x))
-#define KF__RG_VST_b(p, x) kf__lp_storev((p), (x), true)
-#define KF__RG_VST_h(p, x) kf__lp_storev((p), (x), false)
-#define KF__RG_PUT_s(p, x) (*(p) = (x))
-#define KF__RG_PUT_d(p, x) (*(p) = (x))
-#define KF__RG_PUT_b(p, x) (*(p) = kf__lp_put((x), true))
-#define KF__RG_PUT_h(p, x) (*(p) = kf__lp_put((x), false))
-#define KF__RG_NATIVE_s 1
-#define KF__RG_NATIVE_d 1
-#define KF__RG_NATIVE_b 0
-#define KF__RG_NATIVE_h 0
+KF__RG_INLINE bool kf__rg_native(kf__rg_kind k) { return k == KF__RG_S || k == KF__RG_D; }
+KF__RG_INLINE bool kf__rg_bf16(kf__rg_kind k) { return k == KF__RG_B; }
+KF__RG_INLINE int64_t kf__rg_size(kf__rg_kind k) {
+    return k == KF__RG_D ? 8 : k == KF__RG_S ? 4 : 2;
+}
+/* Element i of p, as an address (p of kind k). */
+KF__RG_INLINE const void *kf__rg_at(kf__rg_kind k, const void *p, int64_t i) {
+    return (const char *)p + i * kf__rg_size(k);
+}
+KF__RG_INLINE void *kf__rg_atw(kf__rg_kind k, void *p, int64_t i) {
+    return (char *)p + i * kf__rg_size(k);
+}
+/* Rows per tile for an A of kind ka (above). */
+KF__RG_INLINE int kf__rg_mr(kf__rg_kind ka) { return kf__rg_native(ka) ? 6 : KF__RG_MR; }
 
-/* A low A's elements [0, n) from s widened into the float32 d (the other kinds never take it). */
-#define KF__RG_WIDEN_s(s, d, n) ((void)0)
-#define KF__RG_WIDEN_d(s, d, n) ((void)0)
-#define KF__RG_WIDEN_b(s, d, n) kf__lp_load_n((d), (s), (n), true)
-#define KF__RG_WIDEN_h(s, d, n) kf__lp_load_n((d), (s), (n), false)
-/* A low A's elements [0, n) from s, n <= 8, widened into the float32 d[0 .. 8) (lanes n .. 8
- * unspecified; the other kinds never take it). */
-#define KF__RG_WIDEN_PART_s(s, n, d) ((void)0)
-#define KF__RG_WIDEN_PART_d(s, n, d) ((void)0)
-#define KF__RG_WIDEN_PART_b(s, n, d) kf__lp_load_part((d), (s), (n), true)
-#define KF__RG_WIDEN_PART_h(s, n, d) kf__lp_load_part((d), (s), (n), false)
+KF__RG_INLINE float kf__rg_get_s(kf__rg_kind k, const void *p, int64_t i) {
+    if (k == KF__RG_S) return ((const float *)p)[i];
+    return kf__lp_get(((const uint16_t *)p)[i], kf__rg_bf16(k));
+}
+KF__RG_INLINE void kf__rg_put_s(kf__rg_kind k, void *p, int64_t i, float v) {
+    if (k == KF__RG_S) ((float *)p)[i] = v;
+    else ((uint16_t *)p)[i] = kf__lp_put(v, kf__rg_bf16(k));
+}
+KF__RG_INLINE kf__vs kf__rg_vld_s(kf__rg_kind k, const void *p, int64_t i) {
+    if (k == KF__RG_S) return *(const kf__vs *)((const float *)p + i);
+    return kf__lp_loadv((const uint16_t *)p + i, kf__rg_bf16(k));
+}
+KF__RG_INLINE void kf__rg_vst_s(kf__rg_kind k, void *p, int64_t i, kf__vs v) {
+    if (k == KF__RG_S) *(kf__vs *)((float *)p + i) = v;
+    else kf__lp_storev((uint16_t *)p + i, v, kf__rg_bf16(k));
+}
+KF__RG_INLINE void kf__rg_widen_s(kf__rg_kind k, const void *p, int64_t i, float *d, int64_t n) {
+    if (!kf__rg_native(k)) kf__lp_load_n(d, (const uint16_t *)p + i, n, kf__rg_bf16(k));
+}
+KF__RG_INLINE void kf__rg_widen_part_s(kf__rg_kind k, const void *p, int64_t i, int n, float *d) {
+    if (!kf__rg_native(k)) kf__lp_load_part(d, (const uint16_t *)p + i, n, kf__rg_bf16(k));
+}
 
-/* A tile's step over B's row bq (type T, vector kind v): the tile's nv vectors of it, times the
- * broadcast of A's element of each row i, the expression AI, into the accumulators c. */
-#define KF__RG_STEP(v, bq, AI)                                                                     \
-    do {                                                                                           \
-        const kf__v##v *bq_ = (const kf__v##v *)(bq); /* vector u: elements u L .. */             \
-        kf__v##v bv[KF__RG_NV];                                                                    \
-        for (int u = 0; u < nv; ++u) bv[u] = bq_[u];                                               \
-        for (int i = 0; i < mr; ++i) {                                                             \
-            const kf__v##v av = kf__splat_##v(AI);                                                 \
-            for (int u = 0; u < nv; ++u) c[i][u] = kf__fma_##v(av, bv[u], c[i][u]);                \
-        }                                                                                          \
-    } while (0)
+KF__RG_INLINE double kf__rg_get_d(kf__rg_kind k, const void *p, int64_t i) {
+    (void)k;
+    return ((const double *)p)[i];
+}
+KF__RG_INLINE void kf__rg_put_d(kf__rg_kind k, void *p, int64_t i, double v) {
+    (void)k;
+    ((double *)p)[i] = v;
+}
+KF__RG_INLINE kf__vd kf__rg_vld_d(kf__rg_kind k, const void *p, int64_t i) {
+    (void)k;
+    return *(const kf__vd *)((const double *)p + i);
+}
+KF__RG_INLINE void kf__rg_vst_d(kf__rg_kind k, void *p, int64_t i, kf__vd v) {
+    (void)k;
+    *(kf__vd *)((double *)p + i) = v;
+}
+/* float64 products take no low operand: nothing to widen */
+KF__RG_INLINE void kf__rg_widen_d(kf__rg_kind k, const void *p, int64_t i, double *d, int64_t n) {
+    (void)k, (void)p, (void)i, (void)d, (void)n;
+}
+KF__RG_INLINE void kf__rg_widen_part_d(kf__rg_kind k, const void *p, int64_t i, int n, double *d) {
+    (void)k, (void)p, (void)i, (void)n, (void)d;
+}
 
-/* One case of the last tile's switch in kf__rg_rows_X: r rows. */
-#define KF__RG_CASE(X, r)                                                                          \
-    case r:                                                                                        \
-        kf__rg_tile_##X(r, nv, w, K, K0, alpha, a_, am, aq, B0, B1, ldb, bias, acc, cm, ldc, epi); \
-        break;
+/* The kernel, once per arithmetic type. */
+#define T float
+#define V kf__vs
+#define RG_X(name) name##_s
+#include "rowgemm_kernel.h"
+#undef T
+#undef V
+#undef RG_X
+#define T double
+#define V kf__vd
+#define RG_X(name) name##_d
+#include "rowgemm_kernel.h"
+#undef T
+#undef V
+#undef RG_X
 
-#define KF__ROWGEMM_DEFINE(X, TA, a, TB, b, TC, e, T, v)                                           \
-    enum { kf__rg_lanes_##X = (int)(sizeof(kf__v##v) / sizeof(T)) };                               \
-                                                                                                   \
-    /* One tile: mr rows by a panel of nv vectors of columns, of which the first w are C's (w =    \
-     * nv L, or w < L in a partial panel, nv = 1, whose B columns past w are zeros), B's rows of   \
-     * type T (a low B is widened into its chunk first), the bias of B's type. mr and nv are       \
-     * constants at every call site (kf__rg_rows_X), so the loops unroll into registers. */        \
-    static inline __attribute__((always_inline)) void kf__rg_tile_##X(                             \
-        int mr, int nv, int w, int64_t K, int64_t K0, T alpha, const TA *A, int64_t am,            \
-        int64_t aq, const T *B0, const T *B1, int64_t ldb, const TB *bias, bool acc, TC *C,        \
-        int64_t ldc, const kf__rg_epi *epi) {                                                      \
-        enum { L = kf__rg_lanes_##X };                                                             \
-        kf__v##v c[KF__RG_MR][KF__RG_NV];                                                          \
-        for (int i = 0; i < mr; ++i)                                                               \
-            for (int u = 0; u < nv; ++u) c[i][u] = (kf__v##v){0};                                  \
-        if (!KF__RG_NATIVE_##a && aq == 1) {                                                       \
-            /* a low A's rows widened by vectors, KF__RG_KC elements at a time */                  \
-            T ab[KF__RG_MR][KF__RG_KC] __attribute__((aligned(KF__V_BYTES)));                      \
-            for (int64_t q0 = 0; q0 < K; q0 += KF__RG_KC) {                                        \
-                const int64_t kc = K - q0 < KF__RG_KC ? K - q0 : KF__RG_KC;                        \
-                for (int i = 0; i < mr; ++i) KF__RG_WIDEN_##a(A + i * am + q0, ab[i], kc);         \
-                for (int64_t q = 0; q < kc; ++q) KF__RG_STEP(v, KF__RG_BROW(q0 + q), ab[i][q]);    \
-            }                                                                                      \
-        } else if (!KF__RG_NATIVE_##a && am == 1) {                                                \
-            /* a low A^T (a tile's mr elements for one q lie together), widened by vectors, q by   \
-             * q, KF__RG_KC at a time; element by element in the broadcasts, each widening used    \
-             * the shuffle port three times (float16 SKLinear fwd+bwd, 256^2 B=64: 1.35x -> 1.28x  \
-             * float32's on an AVX-512 Xeon) */                                                    \
-            T at[KF__RG_KC][8]; /* MR <= 8 */                                                      \
-            for (int64_t q0 = 0; q0 < K; q0 += KF__RG_KC) {                                        \
-                const int64_t kc = K - q0 < KF__RG_KC ? K - q0 : KF__RG_KC;                        \
-                for (int64_t q = 0; q < kc; ++q) {                                                 \
-                    KF__RG_WIDEN_PART_##a(A + (q0 + q) * aq, mr, at[q]);                           \
-                }                                                                                  \
-                for (int64_t q = 0; q < kc; ++q) KF__RG_STEP(v, KF__RG_BROW(q0 + q), at[q][i]);    \
-            }                                                                                      \
-        } else {                                                                                   \
-            for (int64_t q = 0; q < K; ++q)                                                        \
-                KF__RG_STEP(v, KF__RG_BROW(q), KF__RG_GET_##a(A + i * am + q * aq));               \
-        }                                                                                          \
-        kf__v##v badd[KF__RG_NV]; /* the bias, widened once for the tile's rows */                 \
-        for (int u = 0; u < nv; ++u)                                                               \
-            badd[u] = w == nv * L && bias ? KF__RG_VLD_##b(bias + u * L) : (kf__v##v){0};          \
-        /* with an epilogue, the tile's results are gathered here first and it runs once the      \
-         * accumulators are dead (a call among them made the compiler spill them all: ReLU cost    \
-         * 0.3 ns an element more than this) */                                                    \
-        T eb[KF__RG_MR][KF__RG_NV * L];                                                            \
-        for (int i = 0; i < mr; ++i)                                                               \
-            for (int u = 0; u < nv; ++u) {                                                         \
-                TC *d = C + i * ldc + u * L;                                                       \
-                if (w == nv * L) {                                                                 \
-                    const kf__v##v add = bias || !acc ? badd[u] : KF__RG_VLD_##e(d);               \
-                    const kf__v##v res = kf__fma_##v(c[i][u], kf__splat_##v(alpha), add);          \
-                    if (epi) memcpy(&eb[i][u * L], &res, sizeof res);                              \
-                    else KF__RG_VST_##e(d, res);                                                   \
-                    continue;                                                                      \
-                }                                                                                  \
-                /* a partial panel's w columns, through arrays of lanes (subscripting the          \
-                 * vectors themselves would keep them in memory through the K loop) */             \
-                T ad[L];                                                                           \
-                for (int l = 0; l < L; ++l)                                                        \
-                    ad[l] = l >= w ? 0 : bias ? KF__RG_GET_##b(bias + l)                           \
-                                     : acc  ? KF__RG_GET_##e(d + l) : 0;                           \
-                kf__v##v add;                                                                      \
-                memcpy(&add, ad, sizeof add);                                                      \
-                const kf__v##v res = kf__fma_##v(c[i][u], kf__splat_##v(alpha), add);              \
-                memcpy(&eb[i][u * L], &res, sizeof res);                                           \
-                if (!epi)                                                                          \
-                    for (int l = 0; l < w; ++l) KF__RG_PUT_##e(d + l, eb[i][u * L + l]);           \
-            }                                                                                      \
-        if (!epi) return;                                                                          \
-        const int n = w == nv * L ? nv * L : w; /* a row's columns */                              \
-        for (int i = 0; i < mr; ++i) {                                                             \
-            TC *d = C + i * ldc;                                                                   \
-            const int64_t ix = d - (const TC *)epi->origin;                                        \
-            if (epi->pre)                                                                          \
-                for (int l = 0; l < n; ++l) KF__RG_PUT_##e((TC *)epi->pre + ix + l, eb[i][l]);     \
-            kf__rg_epi_##v(epi, eb[i], n, ix);                                                     \
-            for (int l = 0; l < n; ++l) KF__RG_PUT_##e(d + l, eb[i][l]);                           \
-        }                                                                                          \
-    }                                                                                              \
-                                                                                                   \
-    /* Rows [0, M) of one panel of nv vectors (w columns), KF__RG_MR_a at a time; the last         \
-     * tile's rows a constant. */                                                                  \
-    static inline __attribute__((always_inline)) void kf__rg_rows_##X(                             \
-        int nv, int w, int64_t M, int64_t K, int64_t K0, T alpha, const TA *A, int64_t am,         \
-        int64_t aq, const T *B0, const T *B1, int64_t ldb, const TB *bias, bool acc, TC *C,        \
-        int64_t ldc, const kf__rg_epi *epi) {                                                      \
-        enum { MR = KF__RG_MR_##a };                                                               \
-        int64_t m = 0;                                                                             \
-        for (; m + MR <= M; m += MR)                                                               \
-            kf__rg_tile_##X(MR, nv, w, K, K0, alpha, A + m * am, am, aq, B0, B1, ldb, bias, acc,   \
-                            C + m * ldc, ldc, epi);                                                \
-        const TA *a_ = A + m * am;                                                                 \
-        TC *cm = C + m * ldc;                                                                      \
-        switch (M - m) { /* < MR */                                                                \
-            KF__RG_CASES_TOP_##a(X) KF__RG_CASE(X, 5) KF__RG_CASE(X, 4)                            \
-            KF__RG_CASE(X, 3) KF__RG_CASE(X, 2) KF__RG_CASE(X, 1)                                  \
-        default: break;                                                                            \
-        }                                                                                          \
-    }                                                                                              \
-                                                                                                   \
-    /* One panel of nv vectors of columns, of which the first w are C's: all (w = nv L), or in a   \
-     * partial panel (nv = 1) the last n mod L of C's columns. Where several row tiles read B's    \
-     * rows and these lie KF__RG_FAR_BYTES or more apart, B goes by chunks of KF__RG_KC rows, each \
-     * copied first into a contiguous buffer that every tile then reads from L1: rows far apart    \
-     * make every load of a tile a new cache line, and a power of two apart they all fall in one   \
-     * cache set (SKLinear's U1, S2 and dy rows are `out` elements apart: 2^13 floats at in = out  \
-     * = 8192). The first chunk adds bias | C | 0 as asked, the later ones the C that the earlier  \
-     * ones wrote. Rows close together are read in place (the copy would cost more than it saves:  \
-     * in=out=1024, B=1024, 1 thread, fwd+bwd 1.29x slower with it), except a low B's, which       \
-     * always go through the chunk, widened there, and a partial panel's, whose chunk holds its w  \
-     * columns and zeros after them (the tiles then run on whole vectors, and the epilogue writes  \
-     * w columns of C). */                                                                         \
-    static inline __attribute__((always_inline)) void kf__rg_panel_##X(                            \
-        int nv, int w, int64_t M, int64_t K, int64_t K0, T alpha, const TA *A, int64_t am,         \
-        int64_t aq, const TB *B0, const TB *B1, int64_t ldb, const TB *bias, bool acc, TC *C,      \
-        int64_t ldc, const kf__rg_epi *epi) {                                                      \
-        enum { L = kf__rg_lanes_##X };                                                             \
-        if (KF__RG_NATIVE_##b && w == nv * L &&                                                    \
-            (M <= KF__RG_MR_##a || ldb * (int64_t)sizeof(TB) < KF__RG_FAR_BYTES)) {                \
-            kf__rg_rows_##X(nv, w, M, K, K0, alpha, A, am, aq, (const T *)B0, (const T *)B1, ldb,  \
-                            bias, acc, C, ldc, epi);                                               \
-            return;                                                                                \
-        }                                                                                          \
-        kf__v##v pk[KF__RG_KC * KF__RG_NV] __attribute__((aligned(KF__V_BYTES)));                  \
-        for (int64_t q0 = 0; q0 < K; q0 += KF__RG_KC) {                                            \
-            const int64_t kc = K - q0 < KF__RG_KC ? K - q0 : KF__RG_KC;                            \
-            for (int64_t q = 0; q < kc; ++q) {                                                     \
-                const TB *bq = KF__RG_BROW(q0 + q);                                                \
-                if (w < nv * L) {                                                                  \
-                    T t[L];                                                                        \
-                    for (int l = 0; l < L; ++l) t[l] = l < w ? KF__RG_GET_##b(bq + l) : 0;         \
-                    memcpy(&pk[q], t, sizeof t);                                                   \
-                    continue;                                                                      \
-                }                                                                                  \
-                for (int u = 0; u < nv; ++u) pk[q * nv + u] = KF__RG_VLD_##b(bq + u * L);          \
-            }                                                                                      \
-            const T *bp = (const T *)pk;                                                           \
-            kf__rg_rows_##X(nv, w, M, kc, kc, alpha, A + q0 * aq, am, aq, bp, bp, nv * L,          \
-                            q0 ? NULL : bias, q0 ? true : acc, C, ldc, q0 + kc < K ? NULL : epi);  \
-        }                                                                                          \
-    }                                                                                              \
-                                                                                                   \
-    /* The contract in the header comment; K0 <= K (B1 unused where K0 = K). Panels of NV          \
-     * vectors, then one of a single vector, then a partial one. epi: NULL, or the epilogue. */    \
-    static inline void kf__rowgemm_epi_##X(int64_t M, int64_t n, int64_t K, int64_t K0, T alpha,   \
-                                           const TA *A, int64_t am, int64_t aq, const TB *B0,      \
-                                           const TB *B1, int64_t ldb, const TB *bias, bool acc,    \
-                                           TC *C, int64_t ldc, const kf__rg_epi *epi) {            \
-        enum { L = kf__rg_lanes_##X };                                                             \
-        int64_t j = 0;                                                                             \
-        for (; j + KF__RG_NV * L <= n; j += KF__RG_NV * L)                                         \
-            kf__rg_panel_##X(KF__RG_NV, KF__RG_NV * L, M, K, K0, alpha, A, am, aq, B0 + j, B1 + j, \
-                             ldb, bias ? bias + j : 0, acc, C + j, ldc, epi);                      \
-        for (; j < n; j += L)                                                                      \
-            kf__rg_panel_##X(1, n - j < L ? (int)(n - j) : L, M, K, K0, alpha, A, am, aq, B0 + j,  \
-                             B1 + j, ldb, bias ? bias + j : 0, acc, C + j, ldc, epi);              \
-    }                                                                                              \
-    static inline void kf__rowgemm_##X(int64_t M, int64_t n, int64_t K, int64_t K0, T alpha,       \
-                                       const TA *A, int64_t am, int64_t aq, const TB *B0,          \
-                                       const TB *B1, int64_t ldb, const TB *bias, bool acc,        \
-                                       TC *C, int64_t ldc) {                                       \
-        kf__rowgemm_epi_##X(M, n, K, K0, alpha, A, am, aq, B0, B1, ldb, bias, acc, C, ldc, NULL);  \
-    }
+/* The named instances, by the kinds of A, B and C (s float, d double, b bfloat16, h float16),
+ * each compiled once where it is called: float and double; for a low kind k both operands low
+ * (kks), one of them (kss, sks), and a low C (a product whose result is rounded as written:
+ * ssk, and skk with an epilogue, the _epi forms). The KAN layers call kf__rowgemm_sss and
+ * _ddd by name, SKLinear through kf__rowgemm_s/_d below. */
+static inline void kf__rowgemm_sss(int64_t M, int64_t n, int64_t K, int64_t K0, float alpha,
+                                   const float *A, int64_t am, int64_t aq, const float *B0,
+                                   const float *B1, int64_t ldb, const float *bias, bool acc,
+                                   float *C, int64_t ldc) {
+    kf__rg_gemm_s(KF__RG_S, KF__RG_S, KF__RG_S, M, n, K, K0, alpha, A, am, aq, B0, B1, ldb, bias,
+                  acc, C, ldc, NULL);
+}
+static inline void kf__rowgemm_ddd(int64_t M, int64_t n, int64_t K, int64_t K0, double alpha,
+                                   const double *A, int64_t am, int64_t aq, const double *B0,
+                                   const double *B1, int64_t ldb, const double *bias, bool acc,
+                                   double *C, int64_t ldc) {
+    kf__rg_gemm_d(KF__RG_D, KF__RG_D, KF__RG_D, M, n, K, K0, alpha, A, am, aq, B0, B1, ldb, bias,
+                  acc, C, ldc, NULL);
+}
+static inline void kf__rowgemm_bbs(int64_t M, int64_t n, int64_t K, int64_t K0, float alpha,
+                                   const uint16_t *A, int64_t am, int64_t aq, const uint16_t *B0,
+                                   const uint16_t *B1, int64_t ldb, const uint16_t *bias, bool acc,
+                                   float *C, int64_t ldc) {
+    kf__rg_gemm_s(KF__RG_B, KF__RG_B, KF__RG_S, M, n, K, K0, alpha, A, am, aq, B0, B1, ldb, bias,
+                  acc, C, ldc, NULL);
+}
+static inline void kf__rowgemm_hhs(int64_t M, int64_t n, int64_t K, int64_t K0, float alpha,
+                                   const uint16_t *A, int64_t am, int64_t aq, const uint16_t *B0,
+                                   const uint16_t *B1, int64_t ldb, const uint16_t *bias, bool acc,
+                                   float *C, int64_t ldc) {
+    kf__rg_gemm_s(KF__RG_H, KF__RG_H, KF__RG_S, M, n, K, K0, alpha, A, am, aq, B0, B1, ldb, bias,
+                  acc, C, ldc, NULL);
+}
+static inline void kf__rowgemm_bss(int64_t M, int64_t n, int64_t K, int64_t K0, float alpha,
+                                   const uint16_t *A, int64_t am, int64_t aq, const float *B0,
+                                   const float *B1, int64_t ldb, const float *bias, bool acc,
+                                   float *C, int64_t ldc) {
+    kf__rg_gemm_s(KF__RG_B, KF__RG_S, KF__RG_S, M, n, K, K0, alpha, A, am, aq, B0, B1, ldb, bias,
+                  acc, C, ldc, NULL);
+}
+static inline void kf__rowgemm_hss(int64_t M, int64_t n, int64_t K, int64_t K0, float alpha,
+                                   const uint16_t *A, int64_t am, int64_t aq, const float *B0,
+                                   const float *B1, int64_t ldb, const float *bias, bool acc,
+                                   float *C, int64_t ldc) {
+    kf__rg_gemm_s(KF__RG_H, KF__RG_S, KF__RG_S, M, n, K, K0, alpha, A, am, aq, B0, B1, ldb, bias,
+                  acc, C, ldc, NULL);
+}
+static inline void kf__rowgemm_sbs(int64_t M, int64_t n, int64_t K, int64_t K0, float alpha,
+                                   const float *A, int64_t am, int64_t aq, const uint16_t *B0,
+                                   const uint16_t *B1, int64_t ldb, const uint16_t *bias, bool acc,
+                                   float *C, int64_t ldc) {
+    kf__rg_gemm_s(KF__RG_S, KF__RG_B, KF__RG_S, M, n, K, K0, alpha, A, am, aq, B0, B1, ldb, bias,
+                  acc, C, ldc, NULL);
+}
+static inline void kf__rowgemm_shs(int64_t M, int64_t n, int64_t K, int64_t K0, float alpha,
+                                   const float *A, int64_t am, int64_t aq, const uint16_t *B0,
+                                   const uint16_t *B1, int64_t ldb, const uint16_t *bias, bool acc,
+                                   float *C, int64_t ldc) {
+    kf__rg_gemm_s(KF__RG_S, KF__RG_H, KF__RG_S, M, n, K, K0, alpha, A, am, aq, B0, B1, ldb, bias,
+                  acc, C, ldc, NULL);
+}
+static inline void kf__rowgemm_ssb(int64_t M, int64_t n, int64_t K, int64_t K0, float alpha,
+                                   const float *A, int64_t am, int64_t aq, const float *B0,
+                                   const float *B1, int64_t ldb, const float *bias, bool acc,
+                                   uint16_t *C, int64_t ldc) {
+    kf__rg_gemm_s(KF__RG_S, KF__RG_S, KF__RG_B, M, n, K, K0, alpha, A, am, aq, B0, B1, ldb, bias,
+                  acc, C, ldc, NULL);
+}
+static inline void kf__rowgemm_ssh(int64_t M, int64_t n, int64_t K, int64_t K0, float alpha,
+                                   const float *A, int64_t am, int64_t aq, const float *B0,
+                                   const float *B1, int64_t ldb, const float *bias, bool acc,
+                                   uint16_t *C, int64_t ldc) {
+    kf__rg_gemm_s(KF__RG_S, KF__RG_S, KF__RG_H, M, n, K, K0, alpha, A, am, aq, B0, B1, ldb, bias,
+                  acc, C, ldc, NULL);
+}
+static inline void kf__rowgemm_epi_sss(int64_t M, int64_t n, int64_t K, int64_t K0, float alpha,
+                                       const float *A, int64_t am, int64_t aq, const float *B0,
+                                       const float *B1, int64_t ldb, const float *bias, bool acc,
+                                       float *C, int64_t ldc, const kf__rg_epi *epi) {
+    kf__rg_gemm_s(KF__RG_S, KF__RG_S, KF__RG_S, M, n, K, K0, alpha, A, am, aq, B0, B1, ldb, bias,
+                  acc, C, ldc, epi);
+}
+static inline void kf__rowgemm_epi_ddd(int64_t M, int64_t n, int64_t K, int64_t K0, double alpha,
+                                       const double *A, int64_t am, int64_t aq, const double *B0,
+                                       const double *B1, int64_t ldb, const double *bias, bool acc,
+                                       double *C, int64_t ldc, const kf__rg_epi *epi) {
+    kf__rg_gemm_d(KF__RG_D, KF__RG_D, KF__RG_D, M, n, K, K0, alpha, A, am, aq, B0, B1, ldb, bias,
+                  acc, C, ldc, epi);
+}
+static inline void kf__rowgemm_epi_sbb(int64_t M, int64_t n, int64_t K, int64_t K0, float alpha,
+                                       const float *A, int64_t am, int64_t aq, const uint16_t *B0,
+                                       const uint16_t *B1, int64_t ldb, const uint16_t *bias,
+                                       bool acc, uint16_t *C, int64_t ldc, const kf__rg_epi *epi) {
+    kf__rg_gemm_s(KF__RG_S, KF__RG_B, KF__RG_B, M, n, K, K0, alpha, A, am, aq, B0, B1, ldb, bias,
+                  acc, C, ldc, epi);
+}
+static inline void kf__rowgemm_epi_shh(int64_t M, int64_t n, int64_t K, int64_t K0, float alpha,
+                                       const float *A, int64_t am, int64_t aq, const uint16_t *B0,
+                                       const uint16_t *B1, int64_t ldb, const uint16_t *bias,
+                                       bool acc, uint16_t *C, int64_t ldc, const kf__rg_epi *epi) {
+    kf__rg_gemm_s(KF__RG_S, KF__RG_H, KF__RG_H, M, n, K, K0, alpha, A, am, aq, B0, B1, ldb, bias,
+                  acc, C, ldc, epi);
+}
 
-KF__ROWGEMM_DEFINE(sss, float, s, float, s, float, s, float, s)
-KF__ROWGEMM_DEFINE(ddd, double, d, double, d, double, d, double, d)
-/* The instances a low kind k (b, h) takes, named by the kinds of A, B and C: both operands low,
- * one of them low, and the two with a low C (products whose result is rounded as written). */
-#define KF__ROWGEMM_LOW(k)                                                                         \
-    KF__ROWGEMM_DEFINE(k##k##s, uint16_t, k, uint16_t, k, float, s, float, s)                      \
-    KF__ROWGEMM_DEFINE(k##s##s, uint16_t, k, float, s, float, s, float, s)                         \
-    KF__ROWGEMM_DEFINE(s##k##s, float, s, uint16_t, k, float, s, float, s)                         \
-    KF__ROWGEMM_DEFINE(s##k##k, float, s, uint16_t, k, uint16_t, k, float, s)                      \
-    KF__ROWGEMM_DEFINE(s##s##k, float, s, float, s, uint16_t, k, float, s)
-
-KF__ROWGEMM_LOW(b)
-KF__ROWGEMM_LOW(h)
+/* The instance of the kinds (ka, kb, kc), constants at every call site (the force-inlined
+ * kernels of cpu/sklinear_products.h), so that each call folds to one direct call: float
+ * arithmetic takes kinds S, B and H, double D alone; no other combination is asked. */
+#define KF__RG_IS(a, b, c) (ka == KF__RG_##a && kb == KF__RG_##b && kc == KF__RG_##c)
+#define KF__RG_ARGS M, n, K, K0, alpha, A, am, aq, B0, B1, ldb, bias, acc, C, ldc
+KF__RG_INLINE void kf__rowgemm_s(kf__rg_kind ka, kf__rg_kind kb, kf__rg_kind kc, int64_t M,
+                                 int64_t n, int64_t K, int64_t K0, float alpha, const void *A,
+                                 int64_t am, int64_t aq, const void *B0, const void *B1,
+                                 int64_t ldb, const void *bias, bool acc, void *C, int64_t ldc) {
+    if (KF__RG_IS(S, S, S)) kf__rowgemm_sss(KF__RG_ARGS);
+    else if (KF__RG_IS(B, B, S)) kf__rowgemm_bbs(KF__RG_ARGS);
+    else if (KF__RG_IS(H, H, S)) kf__rowgemm_hhs(KF__RG_ARGS);
+    else if (KF__RG_IS(B, S, S)) kf__rowgemm_bss(KF__RG_ARGS);
+    else if (KF__RG_IS(H, S, S)) kf__rowgemm_hss(KF__RG_ARGS);
+    else if (KF__RG_IS(S, B, S)) kf__rowgemm_sbs(KF__RG_ARGS);
+    else if (KF__RG_IS(S, H, S)) kf__rowgemm_shs(KF__RG_ARGS);
+    else if (KF__RG_IS(S, S, B)) kf__rowgemm_ssb(KF__RG_ARGS);
+    else if (KF__RG_IS(S, S, H)) kf__rowgemm_ssh(KF__RG_ARGS);
+}
+KF__RG_INLINE void kf__rowgemm_d(kf__rg_kind ka, kf__rg_kind kb, kf__rg_kind kc, int64_t M,
+                                 int64_t n, int64_t K, int64_t K0, double alpha, const void *A,
+                                 int64_t am, int64_t aq, const void *B0, const void *B1,
+                                 int64_t ldb, const void *bias, bool acc, void *C, int64_t ldc) {
+    if (KF__RG_IS(D, D, D)) kf__rowgemm_ddd(KF__RG_ARGS);
+}
+KF__RG_INLINE void kf__rowgemm_epi_s(kf__rg_kind ka, kf__rg_kind kb, kf__rg_kind kc, int64_t M,
+                                 int64_t n, int64_t K, int64_t K0, float alpha, const void *A,
+                                 int64_t am, int64_t aq, const void *B0, const void *B1,
+                                 int64_t ldb, const void *bias, bool acc, void *C, int64_t ldc,
+                                 const kf__rg_epi *epi) {
+    if (KF__RG_IS(S, S, S)) kf__rowgemm_epi_sss(KF__RG_ARGS, epi);
+    else if (KF__RG_IS(S, B, B)) kf__rowgemm_epi_sbb(KF__RG_ARGS, epi);
+    else if (KF__RG_IS(S, H, H)) kf__rowgemm_epi_shh(KF__RG_ARGS, epi);
+}
+KF__RG_INLINE void kf__rowgemm_epi_d(kf__rg_kind ka, kf__rg_kind kb, kf__rg_kind kc, int64_t M,
+                                 int64_t n, int64_t K, int64_t K0, double alpha, const void *A,
+                                 int64_t am, int64_t aq, const void *B0, const void *B1,
+                                 int64_t ldb, const void *bias, bool acc, void *C, int64_t ldc,
+                                 const kf__rg_epi *epi) {
+    if (KF__RG_IS(D, D, D)) kf__rowgemm_epi_ddd(KF__RG_ARGS, epi);
+}
+#undef KF__RG_IS
+#undef KF__RG_ARGS
 
 #endif

@@ -33,7 +33,9 @@ extern const struct kf__lowp_base kf__cuda_lowp;
 bool kf__cuda_rnn_plain(const struct kf_rnn_plan *p);
 const kf__rnn_ops *kf__cuda_rnn_plain_ops(int32_t dtype);
 // SKLinear and KAN: float64, bfloat16 and float16 plans (the low ones on the tensor cores), as
-// the table for the plan's dtype, which the layer's select() gives such a plan at creation.
+// the table for the plan's dtype, which the layer's select() gives such a plan at creation; KAN's
+// KF_DTYPE_F32 table serves the float32 plans' calls at a derivative order or with an input
+// weight (cuda/kan_linear.cu sends them there).
 const kf__skl_ops *kf__cuda_skl_plain_ops(kf_dtype dtype);
 const kf__kan_ops *kf__cuda_kan_plain_ops(int32_t dtype);
 

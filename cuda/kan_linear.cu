@@ -252,12 +252,17 @@ using namespace kf_kan;
 
 // Float32 on the kernels of cuda/kan_fwd.cu, kan_bwd.cu and kan_dense.cu, their window unrolled
 // up to KM (>= the plan's order): the entries of the float32 tables, one per KM.
+// The tiled kernels' need, or for KANLinear the plain path's where larger (its float32 instance
+// runs the calls at a derivative order or with an input weight).
 size_t kan_workspace(const struct kf_kan_linear_plan *p, int64_t N,
                      const kf__kan_patches *patches) {
-    return make_layout(p, N, patches).bytes;
+    const size_t tiled = make_layout(p, N, patches).bytes,
+                 plain = patches ? 0 : kf__cuda_kan_plain_ops(KF_DTYPE_F32)->workspace(p, N, NULL);
+    return tiled > plain ? tiled : plain;
 }
 
 template <int KM> kf_status kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
+    if (c->order != 0 || c->w) return kf__cuda_kan_plain_ops(KF_DTYPE_F32)->forward(ctx, c);
     const kf__kan_patches *pt = c->patches;
     const char *fn = pt ? "kf_kan_conv2d_forward" : "kf_kan_linear_forward";
     const struct kf_kan_linear_plan *p = c->plan;
@@ -274,6 +279,8 @@ template <int KM> kf_status kan_forward(kf_context *ctx, const kf__kan_fwd *c) {
 }
 
 template <int KM> kf_status kan_backward(kf_context *ctx, const kf__kan_bwd *c) {
+    if (c->order != 0 || c->w || c->dw)
+        return kf__cuda_kan_plain_ops(KF_DTYPE_F32)->backward(ctx, c);
     const kf__kan_patches *pt = c->patches;
     const char *fn = pt ? "kf_kan_conv2d_backward" : "kf_kan_linear_backward";
     const struct kf_kan_linear_plan *p = c->plan;

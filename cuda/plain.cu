@@ -11,6 +11,8 @@
 #include "plain_kan.cuh"
 #include "plain_rnn_bwd.cuh"
 
+#include <type_traits>
+
 namespace {
 
 using kf_plain::bf16;
@@ -152,20 +154,29 @@ const kf__skl_ops *kf__cuda_skl_plain_ops(kf_dtype dtype) {
 // table below (the op's select takes the table at plan creation).
 namespace {
 
+// A chunk's bytes of A: the plain path's bound, but 1 MiB for the float32 instance, which serves
+// only a float32 plan's order-m calls: its workspace joins that plan's query for every call
+// (cuda/kan_linear.cu), so it must add little to what the tiled kernels need.
+template <class T> constexpr int64_t kan_chunk_bytes() {
+    return std::is_same<T, float>::value ? int64_t(1) << 20 : kf_plain::kPlainChunkBytes;
+}
+
 template <class T>
 size_t kan_plain_workspace(const struct kf_kan_linear_plan *p, int64_t N,
                            const kf__kan_patches *patches) {
-    return kf_plain::kan_workspace<T>(p, N, patches);
+    return kf_plain::kan_layout<T>(p, N, patches, kan_chunk_bytes<T>()).bytes;
 }
 
 template <class T> kf_status kan_plain_forward(kf_context *ctx, const kf__kan_fwd *c) {
-    CudaExec ex = {ctx, c->patches ? "kf_kan_conv2d_forward" : "kf_kan_linear_forward"};
+    CudaExec ex = {ctx, c->patches ? "kf_kan_conv2d_forward" : "kf_kan_linear_forward",
+                   kan_chunk_bytes<T>()};
     KF__CUDA_ON_DEVICE(ex.fn, ctx);
     return kf_plain::kan_forward<T>(ex, c);
 }
 
 template <class T> kf_status kan_plain_backward(kf_context *ctx, const kf__kan_bwd *c) {
-    CudaExec ex = {ctx, c->patches ? "kf_kan_conv2d_backward" : "kf_kan_linear_backward"};
+    CudaExec ex = {ctx, c->patches ? "kf_kan_conv2d_backward" : "kf_kan_linear_backward",
+                   kan_chunk_bytes<T>()};
     KF__CUDA_ON_DEVICE(ex.fn, ctx);
     return kf_plain::kan_backward<T>(ex, c);
 }
@@ -198,7 +209,8 @@ template <class T> constexpr kf__rnn_ops rnn_plain_ops() {
     return {nullptr, rnn_plain_sizes<T>, rnn_plain_forward<T>, rnn_plain_backward<T>};
 }
 const kf__kan_ops kan_plain_f64 = kan_plain_ops<double>(), kan_plain_bf16 = kan_plain_ops<bf16>(),
-                  kan_plain_f16 = kan_plain_ops<f16>();
+                  kan_plain_f16 = kan_plain_ops<f16>(),
+                  kan_plain_f32 = kan_plain_ops<float>(); // float32's order-m calls
 const kf__rnn_ops rnn_plain_f64 = rnn_plain_ops<double>(), rnn_plain_bf16 = rnn_plain_ops<bf16>(),
                   rnn_plain_f16 = rnn_plain_ops<f16>();
 
@@ -207,6 +219,7 @@ const kf__rnn_ops rnn_plain_f64 = rnn_plain_ops<double>(), rnn_plain_bf16 = rnn_
 const kf__kan_ops *kf__cuda_kan_plain_ops(int32_t dtype) {
     return dtype == KF_DTYPE_BF16 ? &kan_plain_bf16
            : dtype == KF_DTYPE_F16 ? &kan_plain_f16
+           : dtype == KF_DTYPE_F32 ? &kan_plain_f32
                                    : &kan_plain_f64;
 }
 

@@ -11,12 +11,14 @@
 //             as on the CPU)
 //   per chunk of Nc rows (KANConv2d: Bg whole images), A [Nc, K] generated in T (one thread per
 //   (row, feature): SiLU(x), then the window of k + 1 bases, computed in acc and rounded once;
-//   zeros elsewhere), then
+//   zeros elsewhere; at a derivative order m and with an input weight w, KANLinear's since 1.9:
+//   w SiLU^(m)(x) and w B^(m)), then
 //   forward   y[chunk] = A W^T in T (KANConv2d: y_b [out, Ho Wo] = W A_b^T, batched over images)
 //   backward  dW (+)= dy[chunk]^T A in acc (chunk order; KANConv2d one GEMM per image, in
 //             order); dA = dy[chunk] W in acc, then per (row, feature) SiLU'(x) dA_silu + sum_c
 //             B'_c dA_c (B' from the order-(k-1) window, docs/ops/kan.md) into dx (KANLinear,
-//             rounded once) or into dP [Nc, in] (acc) and gathered per pixel over the patches
+//             rounded once; at order m: w times the contraction at m + 1, and dinput_weight the
+//             contraction at m) or into dP [Nc, in] (acc) and gathered per pixel over the patches
 //             that read it (KANConv2d, in kernel-offset order); after the chunks dW is folded
 //             into d base_weight, d spline_weight (* scaler) and d spline_scaler (sum over c in
 //             order), each written, or accumulated as round(acc(old) + g), once
@@ -28,6 +30,7 @@
 #define KF_CUDA_PLAIN_KAN_CUH
 
 #include "plain.cuh"
+#include "silu_deriv.h"
 
 namespace kf_plain {
 
@@ -90,58 +93,71 @@ template <class T> struct Prep {
     }
 };
 
-// A[l, f cw .. f cw + C] for l = e / in (row n0 + l), f = e % in: SiLU(x), then the bases (the
-// window's k + 1, zeros elsewhere), each element written once, in column order.
+// SiLU^(m)(x) in acc: the first-order kernels' expressions for m = 0 and 1, common/silu_deriv.h's
+// polynomial (in double) beyond.
+template <class A> KF__HD A silu_order(A x, int m) {
+    if (m == 0) return x / (A(1) + exp(-x));
+    if (m == 1) {
+        const A sg = A(1) / (A(1) + exp(-x));
+        return sg * (A(1) + x * (A(1) - sg));
+    }
+    return A(kf__silu_deriv(double(x), m));
+}
+
+// A[l, f cw .. f cw + C] for l = e / in (row n0 + l), f = e % in: w SiLU^(m)(x), then w times
+// the bases' m-th derivatives (the window's k + 1, zeros elsewhere; kf__bspline_deriv_window),
+// each element written once, in column order. m = 0 and no w (a null pointer: 1) is the layer.
 template <class T> struct GenA {
     using Ac = typename Elem<T>::acc;
     Feat<T> F;
     int64_t n0;
     T *A;
+    int m;
+    const T *w; // KANLinear's input weight [N, in], or null
     KF__HD void operator()(int64_t e) const {
         const int64_t in = F.rows.in, l = e / in, f = e % in;
         T *a = A + l * F.K + f * F.cw;
         const Ac xv = F.rows.at(n0 + l, f);
-        a[0] = Elem<T>::put(xv / (Ac(1) + exp(-xv)));
+        const Ac wv = w ? Elem<T>::get(w[(n0 + l) * in + f]) : Ac(1);
+        a[0] = Elem<T>::put(wv * silu_order(xv, m));
         Ac Nw[kPlainMaxOrder + 1];
-        const int64_t j = kf__bspline_window<kPlainMaxOrder>(F.grid + f * F.nk,
-                                                              F.inv + f * F.k * F.nk, F.nk,
-                                                              F.k, xv, Nw);
+        const int64_t j = kf__bspline_deriv_window<kPlainMaxOrder>(
+            F.grid + f * F.nk, F.inv + f * F.k * F.nk, F.nk, F.k, m, xv, Nw);
         const int64_t b0 = j - F.k; // the window's first basis (j < 0: none)
         for (int64_t b = 0; b < F.C; ++b) {
             const int64_t r = b - b0;
-            a[1 + b] = Elem<T>::put(j >= 0 && r >= 0 && r <= F.k ? Nw[r] : Ac(0));
+            a[1 + b] = Elem<T>::put(j >= 0 && r >= 0 && r <= F.k ? wv * Nw[r] : Ac(0));
         }
     }
 };
 
-// d/dx of row n0 + l, feature f (e = l in + f) from dA's row l (acc):
-//   SiLU'(x) dA_silu + sum_c dA_c B'_c(x)      (B' by common/bspline.h's kf__bspline_dwindow)
-// into dst[e], of type D (KANLinear: dx + n0 in, T; KANConv2d: dP, acc).
+// The contraction of row n0 + l, feature f (e = l in + f) with dA's row l (acc) at order m:
+//   w (SiLU^(m)(x) dA_silu + sum_c dA_c B_c^(m)(x))      (w null: 1)
+// into dst[e], of type D: m = 1 gives d/dx (KANLinear: dx + n0 in, T; KANConv2d: dP, acc);
+// KANLinear's order-m backward takes dx at m + 1 (times its input weight) and dinput_weight at m.
 template <class T, class D> struct FoldDx {
     using A = typename Elem<T>::acc;
     Feat<T> F;
     int64_t n0;
     const A *dA;
     D *dst;
+    int m;
+    const T *w;
     KF__HD void operator()(int64_t e) const {
         const int64_t in = F.rows.in, l = e / in, f = e % in;
         const A *d = dA + l * F.K + f * F.cw;
-        const A xv = F.rows.at(n0 + l, f), sg = A(1) / (A(1) + exp(-xv));
-        A s = d[0] * (sg * (A(1) + xv * (A(1) - sg)));
-        const int k = F.k;
-        if (k > 0) {
-            const A *fi = F.inv + f * k * F.nk, *ik = fi + (int64_t)(k - 1) * F.nk;
-            A Nw[kPlainMaxOrder + 1];
-            const int64_t j =
-                kf__bspline_window<kPlainMaxOrder>(F.grid + f * F.nk, fi, F.nk, k - 1, xv, Nw);
-            if (j >= 0)
-                for (int r = 0; r <= k; ++r) {
-                    const int64_t c = j - k + r;
-                    if (c < 0 || c >= F.C) continue;
-                    s += d[1 + c] * kf__bspline_dwindow<kPlainMaxOrder>(ik, j, k, r, Nw);
-                }
-        }
-        dst[e] = Elem<D>::put(s);
+        const A xv = F.rows.at(n0 + l, f);
+        A s = d[0] * silu_order(xv, m);
+        A Nw[kPlainMaxOrder + 1];
+        const int64_t j = kf__bspline_deriv_window<kPlainMaxOrder>(
+            F.grid + f * F.nk, F.inv + f * F.k * F.nk, F.nk, F.k, m, xv, Nw);
+        if (j >= 0)
+            for (int r = 0; r <= F.k; ++r) {
+                const int64_t c = j - F.k + r;
+                if (c < 0 || c >= F.C) continue;
+                s += d[1 + c] * Nw[r];
+            }
+        dst[e] = Elem<D>::put(w ? Elem<T>::get(w[(n0 + l) * in + f]) * s : s);
     }
 };
 
@@ -241,12 +257,6 @@ inline KanLayout kan_layout(const struct kf_kan_linear_plan *p, int64_t N,
 }
 
 template <class T>
-inline size_t kan_workspace(const struct kf_kan_linear_plan *p, int64_t N,
-                            const kf__kan_patches *pt) {
-    return kan_layout<T>(p, N, pt, kPlainChunkBytes).bytes;
-}
-
-template <class T>
 inline Feat<T> kan_feat(const struct kf_kan_linear_plan *p, const kf__kan_patches *pt,
                         const void *x, void *ws, const KanLayout &l) {
     using A = typename Elem<T>::acc;
@@ -303,7 +313,7 @@ template <class T, class X> kf_status kan_forward(X &ex, const kf__kan_fwd *c) {
     T *A = at_t<T>(c->ws, l.off_a), *y = (T *)c->y;
     for (int64_t n0 = 0; n0 < N; n0 += l.Nc) {
         const Chunk ch = chunk_at(l, n0, N, pt != nullptr);
-        KF_TRY(ex.each(ch.rows * p->in, GenA<T>{F, n0, A}));
+        KF_TRY(ex.each(ch.rows * p->in, GenA<T>{F, n0, A, c->order, (const T *)c->w}));
         if (pt)
             KF_TRY(ex.gemm_batched(false, true, out, l.hw, K, Ac(1), W, K, 0, A, K, l.hw * K,
                                    Ac(0), y + ch.b0 * out * l.hw, l.hw, out * l.hw, ch.imgs));
@@ -320,18 +330,19 @@ template <class T, class X> kf_status kan_backward(X &ex, const kf__kan_bwd *c) 
     const kf__kan_patches *pt = c->patches;
     const int64_t N = c->N, K = p->K, out = p->out, in = p->in;
     const bool want_w = c->dbase || c->dspline || c->dscaler;
-    if (N <= 0 || (!want_w && !c->dx)) return KF_OK;
+    if (N <= 0 || (!want_w && !c->dx && !c->dw)) return KF_OK;
     const KanLayout l = kan_layout<T>(p, N, pt, ex.chunk_bytes);
     KF_TRY(kan_prep<T>(ex, p, c->grid, c->base, c->spline, c->scaler, c->ws, l,
-                       c->dx != nullptr));
+                       c->dx != nullptr || c->dw != nullptr));
     const Feat<T> F = kan_feat<T>(p, pt, c->x, c->ws, l);
-    const T *W = at_t<T>(c->ws, 0), *dy = (const T *)c->dy;
+    const T *W = at_t<T>(c->ws, 0), *dy = (const T *)c->dy, *w = (const T *)c->w;
     Ac *dW = at_t<Ac>(c->ws, l.off_dw), *dA = at_t<Ac>(c->ws, l.off_da);
-    T *A = at_t<T>(c->ws, l.off_a), *dx = (T *)c->dx;
+    T *A = at_t<T>(c->ws, l.off_a), *dx = (T *)c->dx, *dw = (T *)c->dw;
+    const int m = c->order;
     for (int64_t n0 = 0; n0 < N; n0 += l.Nc) {
         const Chunk ch = chunk_at(l, n0, N, pt != nullptr);
         if (want_w) {
-            KF_TRY(ex.each(ch.rows * in, GenA<T>{F, n0, A}));
+            KF_TRY(ex.each(ch.rows * in, GenA<T>{F, n0, A, m, w}));
             if (pt)
                 for (int64_t b = 0; b < ch.imgs; ++b)
                     KF_TRY(ex.gemm(false, false, out, K, l.hw, Ac(1),
@@ -341,18 +352,19 @@ template <class T, class X> kf_status kan_backward(X &ex, const kf__kan_bwd *c) 
                 KF_TRY(ex.gemm(true, false, out, K, ch.rows, Ac(1), dy + n0 * out, out, A, K,
                                n0 > 0 ? Ac(1) : Ac(0), dW, K));
         }
-        if (!dx) continue;
-        if (pt) {
+        if (!dx && !dw) continue;
+        if (pt) { /* KANConv2d: order 0, no input weight (the front end's records) */
             Ac *dP = at_t<Ac>(c->ws, l.off_dp);
             KF_TRY(ex.gemm_batched(true, false, l.hw, K, out, Ac(1), dy + ch.b0 * out * l.hw,
                                    l.hw, out * l.hw, W, K, 0, Ac(0), dA, K, l.hw * K, ch.imgs));
-            KF_TRY(ex.each(ch.rows * in, FoldDx<T, Ac>{F, n0, dA, dP}));
+            KF_TRY(ex.each(ch.rows * in, FoldDx<T, Ac>{F, n0, dA, dP, 1, nullptr}));
             KF_TRY(ex.each(ch.imgs * pt->Cin * pt->H * pt->W,
                            Col2Im<T>{*pt, ch.b0, in, dP, dx}));
         } else {
             KF_TRY(ex.gemm(false, false, ch.rows, K, out, Ac(1), dy + n0 * out, out, W, K, Ac(0),
                            dA, K));
-            KF_TRY(ex.each(ch.rows * in, FoldDx<T, T>{F, n0, dA, dx + n0 * in}));
+            if (dx) KF_TRY(ex.each(ch.rows * in, FoldDx<T, T>{F, n0, dA, dx + n0 * in, m + 1, w}));
+            if (dw) KF_TRY(ex.each(ch.rows * in, FoldDx<T, T>{F, n0, dA, dw + n0 * in, m, nullptr}));
         }
     }
     if (!want_w) return KF_OK;

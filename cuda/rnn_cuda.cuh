@@ -136,7 +136,7 @@ static __device__ __forceinline__ bool kf__step_time(int st, int len, bool rever
 // The gates of forward and backward: sigm(x), whose complement 1 - sigm(x) is sigm(-x), and
 // tanh_dc(x) = 1 - tanh(x)^2 = 1 / cosh(x)^2 (0 where cosh overflows). The A-GRU's reserve keeps
 // the pre-activations, so that backward's 1 - z, 1 - r and 1 - d^2 do not cancel in a saturated
-// gate, as they did taken from the rounded gates (cpu/rnn_cpu.h, kf__vf_sigmoid_c).
+// gate, as they did taken from the rounded gates (cpu/rnn_simd.h, kf__vf_sigmoid_c).
 __device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float tanh_dc(float x) {
     const float c = coshf(x);

@@ -64,8 +64,6 @@ static void kan_linspace_idx(int64_t M, int64_t n, int32_t rule, int64_t *a) {
     for (int64_t j = 0; j < n; ++j) a[j] = a[j] < 0 ? 0 : a[j] > end ? end : a[j];
 }
 
-KF__BSPLINE_DEFINE(double, d)
-
 static int kan_cmp_double(const void *a, const void *b) {
     const double u = *(const double *)a, v = *(const double *)b;
     return (u > v) - (u < v);

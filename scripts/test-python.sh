@@ -20,6 +20,7 @@ export OMP_WAIT_POLICY=PASSIVE
 PY=/usr/bin/python3
 VENV=${KFUSE_VENV:-$ROOT/build/pyenv}
 LIBDIR=${KFUSE_LIBRARY_DIR:-}
+[ -n "$LIBDIR" ] && LIBDIR=$(cd "$LIBDIR" && pwd)  # relative to the repository root: made absolute
 
 . scripts/lib.sh
 

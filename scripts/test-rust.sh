@@ -43,6 +43,7 @@ if [ -z "${KFUSE_LIB_DIR:-}" ]; then
   fi
   export KFUSE_LIB_DIR="$ROOT/build/main"
 fi
+KFUSE_LIB_DIR=$(cd "$KFUSE_LIB_DIR" && pwd)  # relative to the repository root: made absolute
 echo "libkfuse from $KFUSE_LIB_DIR"
 
 stage "kfuse-sys: committed bindings are current"

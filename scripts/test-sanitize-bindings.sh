@@ -18,9 +18,9 @@
 #      build/rust-valgrind-target.
 # Exits non-zero on any ASan/UBSan report, any valgrind error, or any test failure.
 # Run after scripts/install-deps.sh; installs the few extra Debian packages it needs itself.
-# Takes about 2.5-3 minutes on 2 cores once the packages exist (measured 152 s with the build
-# trees present: builds and pip install ~10 s, pytest under ASan ~30 s, the Rust tests under
-# valgrind ~2 min, 95 s of it tests/rnn.rs's finite-difference tests; a cold run on its own adds
+# Took 152 s on 2 cores with the build trees present (builds and pip install ~10 s, pytest under
+# ASan ~30 s, the Rust tests under valgrind ~2 min, 95 s of it tests/rnn.rs's finite-difference
+# references, now compiled at opt-level 1: about a quarter of that); a cold run on its own adds
 # the two library builds and the crates' compile; under scripts/test.sh the two libraries are
 # the ones it built already, build/asan and build/valgrind).
 #
@@ -138,6 +138,11 @@ stage "Rust: cargo test --offline -p kfuse-sys -p kfuse, every test binary under
   export KFUSE_LIB_DIR="$VG_LIB" CARGO_TARGET_DIR="$CARGO_TARGET"
   export CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="valgrind -q --error-exitcode=99 --exit-on-first-error=yes"
   export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="$CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER"
+  # The tests' own float64 references (finite differences over every weight) dominate under
+  # valgrind; optimised (debug assertions, overflow checks and debug info kept) they take 16 s
+  # instead of 65 s (tests/rnn.rs's one-thread finite-difference test, measured on a loaded box).
+  # The library is the same build either way; scripts/test-rust.sh runs the unoptimised profile.
+  export CARGO_PROFILE_DEV_OPT_LEVEL=1
   # valgrind runs one thread at a time, so the default-threads repeat of the finite-difference
   # test (there to catch races, ~45 s here) cannot show one: it runs natively in
   # scripts/test-rust.sh; its one-thread twin checks the same calls here.

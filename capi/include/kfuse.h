@@ -55,7 +55,7 @@ extern "C" {
 /* The version of this header: MAJOR (the ABI generation), MINOR (bumped by additions), PATCH
  * (fixes). */
 #define KF_VERSION_MAJOR 1
-#define KF_VERSION_MINOR 8
+#define KF_VERSION_MINOR 9
 #define KF_VERSION_PATCH 0
 /* The ABI generation; equals KF_VERSION_MAJOR. */
 #define KF_ABI_VERSION KF_VERSION_MAJOR
@@ -610,6 +610,11 @@ KF_API kf_status kf_kan_linear_param_info(const kf_kan_linear_plan *plan, int32_
 KF_API kf_status kf_kan_linear_uniform_grid(const kf_kan_linear_plan *plan, float lo, float hi,
                                             kf_tensor *grid);
 
+/* The largest derivative_order a KAN call takes (kf_kan_linear_forward_args): SiLU^(m) is a
+ * polynomial in the sigmoid whose coefficients grow like m!, so beyond this its float64 value
+ * is cancellation. Since 1.9. */
+#define KF_KAN_MAX_DERIVATIVE_ORDER 12
+
 /* The tensors of kf_kan_linear_forward(); kf_kan_linear_forward_args_init() writes the
  * defaults. */
 typedef struct kf_kan_linear_forward_args {
@@ -622,6 +627,14 @@ typedef struct kf_kan_linear_forward_args {
     kf_tensor spline_weight;/* [out, in, G + k] */
     kf_tensor spline_scaler;/* [out, in]: required with standalone_scale, absent otherwise */
     kf_tensor y;            /* out [..., out]: x's leading dims */
+    /* since 1.9 (a 1.1-1.8 caller's shorter struct means: absent, order 0) */
+    kf_tensor input_weight; /* optional, x's shape: w[n, i] multiplies feature i's term of row
+                               n (absent: 1), y[n, o] = sum_i w[n, i] phi_oi^(m)(x[n, i]) */
+    int32_t derivative_order; /* m, default 0: y takes the m-th derivative of every edge
+                                 function phi_oi = base_weight SiLU + sum_c spline_weight B_c
+                                 (SiLU^(m), B_c^(m); B^(k+1) = 0, the a.e. derivative);
+                                 0 <= m <= min(spline_order + 1, KF_KAN_MAX_DERIVATIVE_ORDER).
+                                 m > 0 or input_weight: KF_DTYPE_F32 or KF_DTYPE_F64 plans only */
 } kf_kan_linear_forward_args;
 
 /* Writes the defaults (all tensors absent) and struct_size into `args`. Since 1.1. */
@@ -647,6 +660,17 @@ typedef struct kf_kan_linear_backward_args {
                                 must be absent when base_weight is */
     kf_tensor dspline_weight;/* optional out [out, in, G + k]: likewise */
     kf_tensor dspline_scaler;/* optional out [out, in] (standalone_scale only): likewise */
+    /* since 1.9 (a 1.1-1.8 caller's shorter struct means: absent, order 0); the backward of
+     * the forward at the same input_weight w and derivative_order m (docs/ops/kan.md):
+     * dx = w * sum_o dy phi^(m+1), dinput_weight = sum_o dy phi^(m), and the parameter
+     * gradients of y = sum_i w phi^(m) */
+    kf_tensor input_weight;  /* optional, x's shape: the forward's (absent: 1) */
+    kf_tensor dinput_weight; /* optional out, x's shape: always overwritten; may be given
+                                without input_weight (the gradient at w = 1) */
+    int32_t derivative_order; /* m, default 0: as the forward's, 0 <= m <= spline_order + 1;
+                                 with dx, m + 1 <= min(spline_order + 1,
+                                 KF_KAN_MAX_DERIVATIVE_ORDER). m > 0, input_weight or
+                                 dinput_weight: KF_DTYPE_F32 or KF_DTYPE_F64 plans only */
 } kf_kan_linear_backward_args;
 
 /* Writes the defaults and struct_size into `args`. Since 1.1. */

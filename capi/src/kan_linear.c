@@ -7,6 +7,7 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -236,12 +237,36 @@ kf_status kf__kan_run_backward(const char *fn, kf__kan_bwd *c, void *workspace,
     return c->plan->ops->backward(ctx, c);
 }
 
+/* The order-m call's bounds (kfuse.h): m in 0 .. k + 1 (B^(k+1) = 0), and m + 1 for the
+ * derivative dx takes; a non-default m or input weight on a float32 or float64 plan only. */
+static kf_status kf__kan_check_order(const char *fn, const struct kf_kan_linear_plan *p,
+                                     int32_t m, bool dx, bool generic) {
+    const int32_t top = p->k + 1 < KF_KAN_MAX_DERIVATIVE_ORDER ? p->k + 1
+                                                               : KF_KAN_MAX_DERIVATIVE_ORDER;
+    KF_CHECK_FN(fn, m >= 0 && m <= top, KF_ERR_INVALID_ARGUMENT,
+                "args->derivative_order = %d, expected 0..%d (spline_order %d: B^(k+1) = 0 is "
+                "the last derivative; at most KF_KAN_MAX_DERIVATIVE_ORDER = %d)", (int)m,
+                (int)top, (int)p->k, KF_KAN_MAX_DERIVATIVE_ORDER);
+    KF_CHECK_FN(fn, !dx || m + 1 <= top, KF_ERR_INVALID_ARGUMENT,
+                "args->derivative_order = %d with args->dx: dx takes derivative order %d, "
+                "expected <= %d (spline_order %d); pass dx absent", (int)m, (int)m + 1, (int)top,
+                (int)p->k);
+    KF_CHECK_FN(fn, !generic || p->dtype == KF_DTYPE_F32 || p->dtype == KF_DTYPE_F64,
+                KF_ERR_UNSUPPORTED, "args->derivative_order = %d or an input weight on a plan of "
+                "dtype %d: expected KF_DTYPE_F32 or KF_DTYPE_F64", (int)m, (int)p->dtype);
+    return KF_OK;
+}
+
 KF_API kf_status kf_kan_linear_forward(kf_kan_linear_plan *plan,
                                        const kf_kan_linear_forward_args *args, void *workspace,
                                        size_t workspace_bytes) {
     kf__clear_error();
     KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
-    KF_TRY(kf__check_struct_size(__func__, "args", args, sizeof(kf_kan_linear_forward_args)));
+    kf_kan_linear_forward_args a0; /* a 1.1 .. 1.8 caller's args: no order, no input weight */
+    kf_kan_linear_forward_args_init(&a0);
+    KF_TRY(kf__read_struct(__func__, "args", args, offsetof(kf_kan_linear_forward_args,
+                                                            input_weight), sizeof a0, &a0));
+    args = &a0;
     int64_t xs[KF_MAX_DIMS], ys[KF_MAX_DIMS], N;
     bool present;
     KF_TRY(kf__check_rows_of(plan->ctx, __func__, "args->x", &args->x, plan->dtype, -1, NULL,
@@ -253,6 +278,11 @@ KF_API kf_status kf_kan_linear_forward(kf_kan_linear_plan *plan,
                                 &c.spline, &c.scaler));
     KF_TRY(kf__check_rows_of(plan->ctx, __func__, "args->y", &args->y, plan->dtype,
                              args->x.ndim, xs, plan->out, false, ys, &present, NULL));
+    KF_TRY(kf__check_rows_of(plan->ctx, __func__, "args->input_weight", &args->input_weight,
+                             plan->dtype, args->x.ndim, xs, plan->in, true, ys, &present, NULL));
+    c.w = present ? args->input_weight.data : NULL;
+    c.order = args->derivative_order;
+    KF_TRY(kf__kan_check_order(__func__, plan, c.order, false, c.order != 0 || c.w != NULL));
     return kf__kan_run_forward(__func__, &c, workspace, workspace_bytes);
 }
 
@@ -262,7 +292,11 @@ KF_API kf_status kf_kan_linear_backward(kf_kan_linear_plan *plan, kf_grad_mode g
     kf__clear_error();
     KF_CHECK(plan != NULL, KF_ERR_INVALID_ARGUMENT, "plan is NULL");
     KF_TRY(kf__check_grad_mode(__func__, grad_mode));
-    KF_TRY(kf__check_struct_size(__func__, "args", args, sizeof(kf_kan_linear_backward_args)));
+    kf_kan_linear_backward_args a0; /* a 1.1 .. 1.8 caller's args: no order, no input weight */
+    kf_kan_linear_backward_args_init(&a0);
+    KF_TRY(kf__read_struct(__func__, "args", args, offsetof(kf_kan_linear_backward_args,
+                                                            input_weight), sizeof a0, &a0));
+    args = &a0;
     int64_t xs[KF_MAX_DIMS], s[KF_MAX_DIMS], N;
     bool present;
     KF_TRY(kf__check_rows_of(plan->ctx, __func__, "args->x", &args->x, plan->dtype, -1, NULL,
@@ -282,6 +316,15 @@ KF_API kf_status kf_kan_linear_backward(kf_kan_linear_plan *plan, kf_grad_mode g
     c.dx = present ? args->dx.data : NULL;
     KF_TRY(kf__kan_check_grads(plan, __func__, &args->dbase_weight, &args->dspline_weight,
                                &args->dspline_scaler, &c));
+    KF_TRY(kf__check_rows_of(plan->ctx, __func__, "args->input_weight", &args->input_weight,
+                             plan->dtype, nd, xs, plan->in, true, s, &present, NULL));
+    c.w = present ? args->input_weight.data : NULL;
+    KF_TRY(kf__check_rows_of(plan->ctx, __func__, "args->dinput_weight", &args->dinput_weight,
+                             plan->dtype, nd, xs, plan->in, true, s, &present, NULL));
+    c.dw = present ? args->dinput_weight.data : NULL;
+    c.order = args->derivative_order;
+    KF_TRY(kf__kan_check_order(__func__, plan, c.order, c.dx != NULL,
+                               c.order != 0 || c.w != NULL || c.dw != NULL));
     return kf__kan_run_backward(__func__, &c, workspace, workspace_bytes);
 }
 

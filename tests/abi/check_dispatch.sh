@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Decide once (issue 38): a plan's op table is chosen at plan creation by its backend's select()
 # (core/backend.h), so no entry a table lists branches on the dtype, the instruction set or the
-# path again. For every op table of the kinds named (default: the recurrent and KAN layers;
-# SKLinear joins with its own select()), in cpu/, cuda/ and core/, every entry but the first
+# path again. For every op table of the kinds named (default: the recurrent, KAN and SKLinear
+# layers), in cpu/, cuda/ and core/, every entry but the first
 # (select) must be a function whose definition grep finds (not one a macro pastes together), and
 # whose body reads none of: a dtype, the context's ISA, the CUDA plain-path predicate, the
 # low-precision predicate, the AVX-512 build flag.
@@ -10,7 +10,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 kinds=("$@")
-[ ${#kinds[@]} -gt 0 ] || kinds=(rnn kan)
+[ ${#kinds[@]} -gt 0 ] || kinds=(rnn kan skl)
 files=()
 for f in "$root"/cpu/*.c "$root"/cpu/*.h "$root"/cuda/*.cu "$root"/cuda/*.cuh "$root"/core/*.c; do
   [ -f "$f" ] && files+=("$f")

@@ -74,18 +74,25 @@ void ref_skl_backward(const ref_skl_cfg *c_, const double *x, const double *S1, 
                     for (int64_t n = 0; n < N; n++) acc += x[n * in + a] * g1[(n * L + i) * k + c];
                     dS1[IK(i, a, c)] = acc;
                 }
-    if (dS2)
+    if (dS2) {
+        /* t2[n, i, c] = (x U2_i)[n, c], formed once (not once per output column) */
+        double *t2 = malloc((size_t)(N * L * k) * sizeof *t2);
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t i = 0; i < L; i++)
+                for (int64_t c = 0; c < k; c++) {
+                    double acc = 0.0;
+                    for (int64_t a = 0; a < in; a++) acc += x[n * in + a] * U2[IK(i, a, c)];
+                    t2[(n * L + i) * k + c] = acc;
+                }
         for (int64_t i = 0; i < L; i++)
             for (int64_t c = 0; c < k; c++)
                 for (int64_t o = 0; o < out; o++) {
                     double acc = 0.0;
-                    for (int64_t n = 0; n < N; n++) {
-                        double t2 = 0.0; /* (x U2_i)[n, c] */
-                        for (int64_t a = 0; a < in; a++) t2 += x[n * in + a] * U2[IK(i, a, c)];
-                        acc += t2 * dy[n * out + o];
-                    }
+                    for (int64_t n = 0; n < N; n++) acc += t2[(n * L + i) * k + c] * dy[n * out + o];
                     dS2[KO(i, c, o)] = s * acc;
                 }
+        free(t2);
+    }
     if (db)
         for (int64_t o = 0; o < out; o++) {
             double acc = 0.0;

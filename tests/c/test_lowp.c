@@ -306,7 +306,7 @@ Test(lowp, sklinear) {
     check_skl(KF_DTYPE_F16, 320, 256, 256, 1, 16);
     /* the CPU's wide split (few rows, in and out over two blocks each); a bottleneck wider than
      * the float32 plans take on kf__rowgemm (2r = 144); one over 256, whose y and dx the CPU
-     * rounds through float32 blocks (cpu/sklinear.c, KF__SKL_DIRECT) */
+     * rounds through float32 blocks (cpu/sklinear_cpu.h, skl_direct) */
     check_skl(KF_DTYPE_BF16, 64, 640, 576, 2, 8);
     check_skl(KF_DTYPE_F16, 64, 640, 576, 2, 8);
     check_skl(KF_DTYPE_BF16, 40, 48, 40, 3, 24);

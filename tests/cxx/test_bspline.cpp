@@ -1,6 +1,6 @@
 // The CUDA backend's B-spline window (kf__bspline_window of common/bspline.h, the code the
 // kernels of cuda/kan_cuda.cuh run) equals the vectorised evaluator the CPU backend and the grid
-// refit use (kf__bspline_rows_f of the same header), compiled here for the host: on random knot vectors
+// refit use (kf__bspline_rows_s of the same header), compiled here for the host: on random knot vectors
 // with repeated knots, at random points inside and outside the grid, at the knots themselves and
 // at NaN, for every spline order the CUDA backend supports. And the derivative rule of the same
 // header (kf__bspline_dwindow, KF__BSPLINE_DSTEP), which every backend's dx uses, equals a central
@@ -13,9 +13,7 @@
 #include <vector>
 
 #include "bspline.h"
-
-KF__BSPLINE_DEFINE(float, f)
-KF__BSPLINE_DEFINE(double, d)
+#include "silu_deriv.h"
 
 namespace {
 
@@ -34,8 +32,8 @@ void check_case(std::mt19937 &rng, int G, int k) {
     x.push_back(NAN);
     const int64_t rows = (int64_t)x.size();
     std::vector<float> inv(k > 0 ? k * nk : 1), xs(rows), S((nk - 1) * rows), full(C * rows);
-    kf__bspline_inv_f(t.data(), nk, k, inv.data());
-    kf__bspline_rows_f(t.data(), inv.data(), nk, k, x.data(), rows, xs.data(), S.data(),
+    kf__bspline_inv_s(t.data(), nk, k, inv.data());
+    kf__bspline_rows_s(t.data(), inv.data(), nk, k, x.data(), rows, xs.data(), S.data(),
                        full.data());
     for (int64_t n = 0; n < rows; ++n) {
         float Nw[kMaxOrder + 1];
@@ -53,22 +51,35 @@ void check_case(std::mt19937 &rng, int G, int k) {
     }
 }
 
-// d/dx B_{c,k} from the order-(k-1) window against (B_{c,k}(x + h) - B_{c,k}(x - h)) / 2h.
-void check_derivative(std::mt19937 &rng, int G, int k) {
-    const int64_t nk = G + 2 * k + 1, C = G + k;
+// nk sorted random knots in [-2, 2], one repeated (a zero-width span) where nk > 3.
+std::vector<double> random_knots(std::mt19937 &rng, int64_t nk) {
     std::uniform_real_distribution<double> U(-2.0, 2.0);
     std::vector<double> t(nk);
     for (auto &v : t) v = U(rng);
     std::sort(t.begin(), t.end());
     if (nk > 3) t[nk / 2] = t[nk / 2 - 1];
-    const double h = 1e-7;
+    return t;
+}
+
+// `count` points inside the grid t, at least `gap` from every knot (where the bases are smooth).
+std::vector<double> points_off_knots(std::mt19937 &rng, const std::vector<double> &t,
+                                     size_t count, double gap) {
+    std::uniform_real_distribution<double> U(-2.0, 2.0);
     std::vector<double> x;
-    while (x.size() < 48) { // inside the grid, at least 1e-3 from every knot
+    while (x.size() < count) {
         const double v = U(rng);
-        bool near = !(v > t[0] && v < t[nk - 1]);
-        for (double tk : t) near = near || std::fabs(v - tk) < 1e-3;
+        bool near = !(v > t.front() && v < t.back());
+        for (double tk : t) near = near || std::fabs(v - tk) < gap;
         if (!near) x.push_back(v);
     }
+    return x;
+}
+
+// d/dx B_{c,k} from the order-(k-1) window against (B_{c,k}(x + h) - B_{c,k}(x - h)) / 2h.
+void check_derivative(std::mt19937 &rng, int G, int k) {
+    const int64_t nk = G + 2 * k + 1, C = G + k;
+    const std::vector<double> t = random_knots(rng, nk), x = points_off_knots(rng, t, 48, 1e-3);
+    const double h = 1e-7;
     const int64_t rows = (int64_t)x.size();
     std::vector<double> xp(rows), xm(rows), inv(k * nk), xs(rows), S((nk - 1) * rows),
         Bp(C * rows), Bm(C * rows);
@@ -98,7 +109,70 @@ void check_derivative(std::mt19937 &rng, int G, int k) {
     }
 }
 
+// kf__bspline_deriv_rows_d at order m against a central difference of its order m - 1, for
+// m = 1..k, order k + 1 exactly 0, and the window form kf__bspline_deriv_window equal to it:
+// random knots with a repeated one, points inside the grid away from the knots.
+void check_deriv_rows(std::mt19937 &rng, int G, int k) {
+    const int64_t nk = G + 2 * k + 1, C = G + k;
+    std::vector<double> t = random_knots(rng, nk), x = points_off_knots(rng, t, 32, 1e-2);
+    const double h = 1e-6;
+    const int64_t rows = (int64_t)x.size();
+    std::vector<double> xp(rows), xm(rows), inv(k * nk + 1), xs(rows), D((nk - 1) * rows),
+        Dp((nk - 1) * rows), Dm((nk - 1) * rows);
+    for (int64_t n = 0; n < rows; ++n) xp[n] = x[n] + h, xm[n] = x[n] - h;
+    kf__bspline_inv_d(t.data(), nk, k, inv.data());
+    for (int m = 1; m <= k + 1; ++m) {
+        kf__bspline_deriv_rows_d(t.data(), inv.data(), nk, k, m, x.data(), rows, xs.data(), D.data());
+        kf__bspline_deriv_rows_d(t.data(), inv.data(), nk, k, m - 1, xp.data(), rows, xs.data(),
+                                 Dp.data());
+        kf__bspline_deriv_rows_d(t.data(), inv.data(), nk, k, m - 1, xm.data(), rows, xs.data(),
+                                 Dm.data());
+        for (int64_t n = 0; n < rows; ++n) { // the window form: the same values
+            double Nw[kMaxOrder + 1];
+            const int64_t j = kf__bspline_deriv_window<kMaxOrder>(t.data(), inv.data(), nk, k, m,
+                                                                  x[n], Nw);
+            for (int64_t c = 0; c < C; ++c) {
+                const int64_t r = c - (j - k);
+                const double w = j >= 0 && r >= 0 && r <= k ? Nw[r] : 0.0;
+                cr_assert(std::fabs(w - D[c * rows + n]) <= 1e-12 * (1 + std::fabs(w)),
+                          "G=%d k=%d m=%d basis %lld: window %.17g, rows %.17g", G, k, m,
+                          (long long)c, w, D[c * rows + n]);
+            }
+        }
+        for (int64_t c = 0; c < C; ++c)
+            for (int64_t n = 0; n < rows; ++n) {
+                const double fd = (Dp[c * rows + n] - Dm[c * rows + n]) / (2 * h),
+                             d = D[c * rows + n];
+                if (m == k + 1) cr_assert(d == 0.0, "B^(k+1) = %g, expected 0", d);
+                cr_assert(std::fabs(d - fd) <= 1e-4 * (1 + std::fabs(fd)),
+                          "G=%d k=%d m=%d x=%.17g basis %lld: %.17g, central difference %.17g",
+                          G, k, m, x[n], (long long)c, d, fd);
+            }
+    }
+}
+
 } // namespace
+
+Test(bspline, deriv_rows_equal_central_differences) {
+    std::mt19937 rng(987);
+    for (int k = 0; k <= 5; ++k)
+        for (int G = 1; G <= 5; ++G) check_deriv_rows(rng, G, k);
+}
+
+// SiLU^(m) (common/silu_deriv.h) against a central difference of SiLU^(m-1), m = 1..8, and
+// SiLU^(0) = x / (1 + e^-x).
+Test(bspline, silu_deriv_equals_central_difference) {
+    const double h = 1e-5;
+    for (double x = -6.0; x <= 6.0; x += 0.37) {
+        cr_assert(std::fabs(kf__silu_deriv(x, 0) - x / (1 + std::exp(-x))) <= 1e-15 * (1 + std::fabs(x)));
+        for (int m = 1; m <= 8; ++m) {
+            const double fd = (kf__silu_deriv(x + h, m - 1) - kf__silu_deriv(x - h, m - 1)) / (2 * h),
+                         d = kf__silu_deriv(x, m);
+            cr_assert(std::fabs(d - fd) <= 1e-6 * (1 + std::fabs(fd)), "x=%g m=%d: %.17g vs %.17g", x,
+                      m, d, fd);
+        }
+    }
+}
 
 Test(bspline, derivative_equals_central_difference) {
     std::mt19937 rng(4321);

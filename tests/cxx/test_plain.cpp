@@ -355,7 +355,7 @@ void check_kan_linear(int64_t N, const KanCase &s, int64_t chunk_rows) {
 
     Vec y(N * s.out, NAN);
     kf__kan_fwd f = {&p, N, nullptr, x.data(), d.grid.data(), d.base_arg(), d.spline.data(),
-                     d.scaler_arg(), y.data(), ws.data(), ws.size() * 8};
+                     d.scaler_arg(), y.data(), nullptr, 0, ws.data(), ws.size() * 8};
     cr_assert_eq(kf_plain::kan_forward<double>(ex, &f), KF_OK);
     expect_close(y, ref.y, "KANLinear y");
 
@@ -399,7 +399,7 @@ void check_kan_conv2d(const ConvShape &cs, const KanCase &s0, int64_t images_per
     if (images_per_chunk > 0) cr_assert_eq(l.Bg, std::min(images_per_chunk, cs.B));
     Vec ws(l.bytes / sizeof(double) + 1, NAN), y(cs.B * s.out * hw, NAN);
     kf__kan_fwd f = {&p, N, &g, x.data(), d.grid.data(), d.base_arg(), d.spline.data(),
-                     d.scaler_arg(), y.data(), ws.data(), ws.size() * 8};
+                     d.scaler_arg(), y.data(), nullptr, 0, ws.data(), ws.size() * 8};
     cr_assert_eq(kf_plain::kan_forward<double>(ex, &f), KF_OK);
     expect_close(y, y_ref, "KANConv2d y");
     kf__kan_bwd c = {};
@@ -515,6 +515,85 @@ Test(plain, kan_linear) {
     check_kan_linear(9, {2, 5, 4, 0, false, true}, 4);   // order 0: no derivative
     check_kan_linear(11, {3, 2, 2, 5, true, false}, 1);  // no base term; one row per chunk
     check_kan_linear(16, {5, 6, 8, 2, false, false}, 16); // exactly one chunk
+}
+
+// The plain path's KANLinear at derivative orders m with an input weight w (since 1.9; CUDA's
+// float32 and float64 calls run it): y_m against a central difference of y_{m-1} with every
+// feature of x moved together (d/dh sum_i w_i phi^(m-1)(x_i + h) = y_m), m = 1..k+1; the
+// backward's dinput_weight against y_m with one-hot w (G_m = sum_o dy phi^(m)), dx against
+// w G_{m+1}, and the parameter gradients by the bilinear identity sum(dy y_m) =
+// <dbase, base> + <dspline, spline> = <dbase, base> + <dscaler, scaler>; chunks of 6 rows.
+void check_kan_orders(const KanCase &s, int64_t N) {
+    std::mt19937 rng(77);
+    const KanData d = kan_data(rng, s);
+    const kf_kan_linear_plan &p = d.p;
+    const Vec x = random(rng, N * s.in, -1.4, 1.4), w = random(rng, N * s.in), dy = random(rng, N * s.out);
+    HostExec ex;
+    ex.chunk_bytes = 6 * p.K * (int64_t)sizeof(double);
+    const kf_plain::KanLayout l = kf_plain::kan_layout<double>(&p, N, nullptr, ex.chunk_bytes);
+    Vec ws(l.bytes / sizeof(double) + 1, NAN);
+    auto fwd = [&](const Vec &xv, const Vec *wv, int m) {
+        Vec y(N * s.out, NAN);
+        kf__kan_fwd f = {&p, N, nullptr, xv.data(), d.grid.data(), d.base_arg(), d.spline.data(),
+                         d.scaler_arg(), y.data(), wv ? wv->data() : nullptr, m, ws.data(),
+                         ws.size() * 8};
+        cr_assert_eq(kf_plain::kan_forward<double>(ex, &f), KF_OK);
+        return y;
+    };
+    const double h = 1e-6;
+    Vec xp = x, xm = x;
+    for (auto &v : xp) v += h;
+    for (auto &v : xm) v -= h;
+    for (int m = 0; m <= s.k + 1; ++m) {
+        const Vec y = fwd(x, &w, m);
+        if (m > 0) {
+            const Vec a = fwd(xp, &w, m - 1), b = fwd(xm, &w, m - 1);
+            Vec fd(y.size());
+            for (size_t i = 0; i < y.size(); ++i) fd[i] = (a[i] - b[i]) / (2 * h);
+            for (size_t i = 0; i < y.size(); ++i)
+                cr_assert(std::fabs(fd[i] - y[i]) <= 1e-4 * (1 + std::fabs(y[i])),
+                          "order %d y[%zu] = %.17g, central difference %.17g", m, i, y[i], fd[i]);
+        }
+        Vec G(N * s.in), G1(N * s.in, 0.0);
+        for (int64_t i = 0; i < s.in; ++i) {
+            Vec e(N * s.in, 0.0);
+            for (int64_t n = 0; n < N; ++n) e[n * s.in + i] = 1.0;
+            const Vec ym = fwd(x, &e, m), y1 = m <= s.k ? fwd(x, &e, m + 1) : Vec(N * s.out, 0.0);
+            for (int64_t n = 0; n < N; ++n) {
+                double g0 = 0, g1 = 0;
+                for (int64_t o = 0; o < s.out; ++o)
+                    g0 += dy[n * s.out + o] * ym[n * s.out + o],
+                        g1 += dy[n * s.out + o] * y1[n * s.out + o];
+                G[n * s.in + i] = g0, G1[n * s.in + i] = w[n * s.in + i] * g1;
+            }
+        }
+        Vec dx(N * s.in, NAN), dw(N * s.in, NAN), db(s.out * s.in, NAN), dsw(s.out * s.in * p.C, NAN),
+            dsc(s.out * s.in, NAN);
+        kf__kan_bwd c = {};
+        c.plan = &p, c.N = N, c.x = x.data(), c.grid = d.grid.data(), c.base = d.base_arg();
+        c.spline = d.spline.data(), c.scaler = d.scaler_arg(), c.dy = dy.data();
+        c.ws = ws.data(), c.ws_bytes = ws.size() * 8, c.w = w.data(), c.order = m;
+        c.dx = m <= s.k ? dx.data() : nullptr, c.dw = dw.data(), c.dspline = dsw.data();
+        c.dbase = s.base ? db.data() : nullptr, c.dscaler = s.scaled ? dsc.data() : nullptr;
+        cr_assert_eq(kf_plain::kan_backward<double>(ex, &c), KF_OK);
+        expect_close(dw, G, "KAN order-m dinput_weight");
+        if (m <= s.k) expect_close(dx, G1, "KAN order-m dx");
+        double lhs = 0, bb = 0, ss = 0, cc = 0;
+        for (size_t i = 0; i < y.size(); ++i) lhs += dy[i] * y[i];
+        for (int64_t i = 0; i < s.out * s.in; ++i) {
+            if (s.base) bb += db[i] * d.base[i];
+            if (s.scaled) cc += dsc[i] * d.scaler[i];
+        }
+        for (int64_t i = 0; i < s.out * s.in * p.C; ++i) ss += dsw[i] * d.spline[i];
+        cr_assert(std::fabs(lhs - (bb + ss)) <= 1e-10 * (1 + std::fabs(lhs)), "order %d", m);
+        if (s.scaled)
+            cr_assert(std::fabs(lhs - (bb + cc)) <= 1e-10 * (1 + std::fabs(lhs)), "order %d", m);
+    }
+}
+
+Test(plain, kan_linear_orders) {
+    check_kan_orders({3, 4, 5, 3, true, true}, 20);
+    check_kan_orders({2, 3, 3, 1, false, false}, 13);
 }
 
 Test(plain, kan_conv2d) {
@@ -771,7 +850,7 @@ template <class T> void check_kan_low(int64_t N, const KanCase &s, const ConvSha
     std::vector<T> y(ny);
     kf__kan_fwd f = {&p, N, cs ? &g : nullptr, xl.data(), gl.data(),
                      d.zero_base.empty() ? bl.data() : nullptr, sl.data(),
-                     s.scaled ? scl.data() : nullptr, y.data(), ws.data(), ws.size()};
+                     s.scaled ? scl.data() : nullptr, y.data(), nullptr, 0, ws.data(), ws.size()};
     cr_assert_eq(kf_plain::kan_forward<T>(ex, &f), KF_OK);
     const double ey = expect_low(y, y_ref, "low KAN y");
 

@@ -618,6 +618,22 @@ def test_errors_carry_the_library_message():
         knp.sklinear_forward(plan, np.zeros((8, 2), np.float32).T, p)
 
 
+def test_parameter_shapes_are_the_keyed_plans():
+    # (in, out, L, k) come from S1s [L, in, k] and S2s [L, k, out]; the other tensors must then
+    # have the library's shapes for them: S2s with L = 2 against S1s's L = 1 is refused, naming
+    # S2s and what [L, k, out] = [1, 2, 6] expects, with rows (the library's check) or without
+    # (an empty batch, which no library call sees: the plan's kf_sklinear_param_info).
+    S1s, U2s = torch.randn(1, 8, 2), torch.randn(1, 8, 2)
+    S2s, U1s, bias = torch.randn(2, 2, 6), torch.randn(1, 2, 6), torch.randn(6)
+    with pytest.raises(kfuse.InvalidArgument) as e:
+        kt.sklinear_function(torch.randn(3, 8), S1s, S2s, U1s, U2s, bias)
+    assert "args->S2s.shape[0] = 2, expected 1" in e.value.message
+    with pytest.raises(ValueError, match=r"S2s has shape \(2, 2, 6\), expected \(1, 2, 6\)"):
+        kt.sklinear_function(torch.randn(0, 8), S1s, S2s, U1s, U2s, bias)
+    with pytest.raises(ValueError, match=r"bias has shape \(5,\), expected \(6,\)"):
+        kt.sklinear_function(torch.randn(0, 8), S1s, S2s[:1], U1s, U2s, torch.randn(5))
+
+
 def test_descriptor_errors_at_construction():
     with pytest.raises(kfuse.InvalidArgument, match="low_rank"):
         kt.SKLinear(8, 6, 1, 0)

@@ -263,9 +263,10 @@ def test_onnx_export_refuses(name):
 
 # ---- double backward: refused with a clear error, never silently wrong ----------------------------
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", [n for n in CASES if not n.startswith("KAN")])
 def test_double_backward_raises_clear_error(name):
-    """The issue's contract: double backward is not supported and says so. A first-order gradient
+    """The issue's contract: double backward is not supported and says so (except through the KAN
+    layers, which differentiate twice since 1.9: tests/python/test_kan_deriv.py). A first-order gradient
     taken with create_graph=True has the plain gradient's values; differentiating it again
     (backward through it, torch.autograd.grad of it as gradgradcheck does, a gradient penalty on
     the parameters' gradients behind a Linear) raises a RuntimeError naming the kfuse operator,

@@ -15,9 +15,11 @@ GEMM), its kf_kan_conv2d_* part.
                      quantile_rule=QUANTILES_TORCH1)
     plan.output_shape(x_shape)                     y's shape for an x of that shape
     plan.workspace_size(N) / plan.workspace_size(batch, height, width)
-    plan.forward(x, grid, base_weight, spline_weight, y, spline_scaler=None)
+    plan.forward(x, grid, base_weight, spline_weight, y, spline_scaler=None,
+                 input_weight=None, derivative_order=0)      (the last two: KANLinear only)
     plan.backward(x, grid, base_weight, spline_weight, dy, spline_scaler=None, dx=None,
-                  dbase_weight=None, dspline_weight=None, dspline_scaler=None)
+                  dbase_weight=None, dspline_weight=None, dspline_scaler=None,
+                  input_weight=None, dinput_weight=None, derivative_order=0)
 
 As in kfuse._lowlevel and kfuse.sklinear, tensors are torch tensors, numpy arrays, TensorRefs or
 raw (ptr, kf_dtype, shape, strides) tuples (None = absent), each held by the method until the C
@@ -48,8 +50,13 @@ _FWD_FIELDS = ("x", "grid", "base_weight", "spline_weight", "spline_scaler", "y"
 _BWD_FIELDS = ("x", "grid", "base_weight", "spline_weight", "spline_scaler", "dy", "dx",
                "dbase_weight", "dspline_weight", "dspline_scaler")
 
-_FWD_STRUCT = _packed_layout("kf_kan_linear_forward_args", _FWD_FIELDS)
-_BWD_STRUCT = _packed_layout("kf_kan_linear_backward_args", _BWD_FIELDS)
+# KANLinear's structs append (since 1.9) the input weight (and the backward's dinput_weight) and
+# the derivative order, set on every call.
+_LIN_FWD_FIELDS = _FWD_FIELDS + ("input_weight",)
+_LIN_BWD_FIELDS = _BWD_FIELDS + ("input_weight", "dinput_weight")
+
+_FWD_STRUCT = _packed_layout("kf_kan_linear_forward_args", _LIN_FWD_FIELDS)
+_BWD_STRUCT = _packed_layout("kf_kan_linear_backward_args", _LIN_BWD_FIELDS)
 _CONV_FWD_STRUCT = _packed_layout("kf_kan_conv2d_forward_args", _FWD_FIELDS)
 _CONV_BWD_STRUCT = _packed_layout("kf_kan_conv2d_backward_args", _BWD_FIELDS)
 
@@ -73,6 +80,23 @@ class _KanPlan(_Plan):
 
     _prefix = None       # "kf_kan_linear" or "kf_kan_conv2d"
     _structs = None      # (forward args layout, backward args layout)
+    _fields = (_FWD_FIELDS, _BWD_FIELDS)  # the kf_tensor fields of those structs
+
+    def _args_of(self, direction, tensors, extra, order):
+        """The filled args struct of `direction` ("forward" 0 or "backward" 1) for `tensors`, plus
+        `extra` (the input weight tensors) and the derivative order where the layer's struct has
+        them (KANLinear, since 1.9); elsewhere they must be absent."""
+        p, fields = self._prefix, self._fields[direction]
+        name = p + ("_forward_args", "_backward_args")[direction]
+        if len(fields) == len(tensors):
+            if order or any(t is not None for t in extra):
+                raise ValueError("kfuse: %s takes no input weight or derivative order" % name)
+            extra = ()
+        args = _fill_args(self._args, name, getattr(lib, name + "_init"),
+                          self._structs[direction], fields, tuple(tensors) + tuple(extra))
+        if extra:
+            args.derivative_order = int(order)
+        return args
 
     def _create(self, ctx, grid_size, spline_order, standalone_scale, dtype, fill):
         def fill_all(desc):
@@ -145,30 +169,33 @@ class _KanPlan(_Plan):
         return int(ws[0])
 
     def forward(self, x, grid, base_weight, spline_weight, y, spline_scaler=None,
-                workspace=None):
+                workspace=None, input_weight=None, derivative_order=0):
         """kf_kan_<layer>_forward: y from x (see the class). Tensors: torch tensors, numpy arrays,
         TensorRefs or raw (ptr, kf_dtype, shape, strides) tuples, None = absent; each is held
         until the call returns. `workspace` is a uint8 tensor or array, a raw (ptr, nbytes) pair
-        or None (the context's arena). Releases the GIL."""
+        or None (the context's arena). KANLinear only (since 1.9): `input_weight` (x's shape)
+        and `derivative_order` m give y = sum_i w phi^(m)(x) (kf_kan_linear_forward_args).
+        Releases the GIL."""
         p = self._prefix
-        args = _fill_args(self._args, p + "_forward_args",
-                          getattr(lib, p + "_forward_args_init"), self._structs[0],
-                          _FWD_FIELDS, (x, grid, base_weight, spline_weight, spline_scaler, y))
+        args = self._args_of(0, (x, grid, base_weight, spline_weight, spline_scaler, y),
+                             (input_weight,), derivative_order)
         ws, ws_bytes = _buffer(workspace, "workspace")
         check(getattr(lib, p + "_forward")(self._ptr, args, ws, ws_bytes))
 
     def backward(self, x, grid, base_weight, spline_weight, dy, spline_scaler=None, dx=None,
                  dbase_weight=None, dspline_weight=None, dspline_scaler=None,
-                 accumulate=False, workspace=None):
+                 accumulate=False, workspace=None, input_weight=None, dinput_weight=None,
+                 derivative_order=0):
         """kf_kan_<layer>_backward: dx (always overwritten), dbase_weight, dspline_weight,
         dspline_scaler (written, or added to with accumulate=True); each output may be None
-        (its work is skipped). The grid gets no gradient. Tensors as for forward(). Releases
-        the GIL."""
+        (its work is skipped). The grid gets no gradient. KANLinear only (since 1.9): the
+        backward of forward() at `input_weight` w and `derivative_order` m, with dx = w
+        sum_o dy phi^(m+1) and `dinput_weight` = sum_o dy phi^(m) (x's shape, overwritten).
+        Tensors as for forward(). Releases the GIL."""
         p = self._prefix
-        args = _fill_args(self._args, p + "_backward_args",
-                          getattr(lib, p + "_backward_args_init"), self._structs[1],
-                          _BWD_FIELDS, (x, grid, base_weight, spline_weight, spline_scaler, dy,
-                                        dx, dbase_weight, dspline_weight, dspline_scaler))
+        args = self._args_of(1, (x, grid, base_weight, spline_weight, spline_scaler, dy, dx,
+                                 dbase_weight, dspline_weight, dspline_scaler),
+                             (input_weight, dinput_weight), derivative_order)
         ws, ws_bytes = _buffer(workspace, "workspace")
         grad_mode = lib.KF_GRAD_ACCUMULATE if accumulate else lib.KF_GRAD_OVERWRITE
         check(getattr(lib, p + "_backward")(self._ptr, grad_mode, args, ws, ws_bytes))
@@ -185,6 +212,7 @@ class KanLinearPlan(_KanPlan):
 
     _prefix = "kf_kan_linear"
     _structs = (_FWD_STRUCT, _BWD_STRUCT)
+    _fields = (_LIN_FWD_FIELDS, _LIN_BWD_FIELDS)
 
     def __init__(self, ctx, in_features, out_features, grid_size=5, spline_order=3,
                  standalone_scale=True, dtype=DTYPE_F32):

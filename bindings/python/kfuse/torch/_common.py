@@ -246,17 +246,20 @@ class Op:
     """One kfuse operator: `impl` (the eager kernel on real tensors), `fake` (output shapes,
     torch >= 2.4), and where it is differentiable `setup_context(ctx, inputs, output)` and
     `backward(ctx, *grads)` with torch.library.register_autograd's meaning (a Tensor[] input
-    gets a list of needs_input_grad flags and a list of gradients). Calling the Op runs
+    gets a list of needs_input_grad flags and a list of gradients). `double_backward`, where
+    given, is the backward autograd runs under create_graph=True (grad mode on during the
+    backward): the same gradients computed by differentiable operations, so that they can be
+    differentiated again; elsewhere `backward` runs (under no_grad). Calling the Op runs
     torch.ops.kfuse.<name> when a graph is being captured, else the kernel, through an
     autograd.Function when something needs a gradient."""
 
     def __init__(self, name, schema, impl, fake, setup_context=None, backward=None,
-                 feature_dims=None):
+                 feature_dims=None, double_backward=None):
         self.name = name
         self.impl = impl
         self.op = None
         if backward is not None:
-            backward = _first_order(name, backward)
+            backward = _first_order(name, backward, double_backward)
         if HAS_TORCH_LIBRARY:
             _LIB.define(name + schema)
             _LIB.impl(name, impl, "CPU")
@@ -342,9 +345,11 @@ def _refuse_derivative_transforms(name):
 _DelayedError = torch._C._functions.DelayedError
 
 
-def _first_order(name, backward):
-    """`backward` as autograd runs it. kfuse's backward kernels have no derivative of their own,
-    so under create_graph=True (grad mode on during backward) the gradients come out depending on
+def _first_order(name, backward, double_backward=None):
+    """`backward` as autograd runs it. Under create_graph=True (grad mode on during backward) in
+    eager mode, an op with a `double_backward` runs that instead (differentiable gradients: the
+    KAN layers). Other kfuse backward kernels have no derivative of their own,
+    so under create_graph=True the gradients come out depending on
     what they were computed from (the saved inputs and the incoming gradients) through a node
     that raises a clear error where they are differentiated again (gradgradcheck, a gradient
     penalty), instead of silently counting as constants there; a backward with create_graph=True
@@ -361,6 +366,9 @@ def _first_order(name, backward):
         # storage"); refused as the forward refuses it
         if not HAS_TORCH_LIBRARY and _transformed_grads(grads):
             raise _untransformable(name)
+        if (double_backward is not None and torch.is_grad_enabled() and not _is_compiling()
+                and not _capturing(grads)):
+            return double_backward(ctx, *grads)
         with torch.no_grad():
             out = backward(ctx, *grads)
         if not torch.is_grad_enabled() or _is_compiling() or _capturing(grads):

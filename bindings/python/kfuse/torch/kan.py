@@ -6,12 +6,12 @@ import math
 import torch
 from torch import nn
 
-from kfuse._lowlevel import dtype_code, kf_dtype_of
+from kfuse._lowlevel import dtype_code
 from kfuse.kan import QUANTILES_TORCH1, QUANTILES_TORCH2, _pair
 from kfuse.torch._common import (
-    Op, autocast_now, check_devices, check_rank, device_guard, empty_grad, module_attrs, plan,
-    workspace,
+    Op, autocast_now, check_devices, device_guard, empty_grad, module_attrs, plan, workspace,
 )
+from kfuse.torch.kan_deriv import _key, conv_double_backward, linear_double_backward
 
 __all__ = ["KANLinear", "KANConv2d", "kan_linear_function", "kan_conv2d_function"]
 
@@ -27,21 +27,6 @@ _RUN_ATTRS = ("base_activation",) + _TENSORS  # what _KANLayer._run reads
 #
 # Both layers' operators share these kernels; `geometry` is () for KANLinear and
 # (in_channels, kh, kw, sh, sw, ph, pw, dh, dw) for KANConv2d.
-
-def _key(geometry, grid, spline_weight, standalone):
-    """The plan key from the tensors' shapes: grid [F, G + 2k + 1], spline_weight
-    [out, F, G + k]."""
-    if grid.dim() != 2 or spline_weight.dim() != 3:
-        check_rank("grid", grid, 2, "[features, grid_size + 2 * spline_order + 1]")
-        check_rank("spline_weight", spline_weight, 3, "[out, features, grid_size + spline_order]")
-    out, F, C = spline_weight.shape
-    k = grid.shape[1] - C - 1
-    if geometry:  # ("kan_conv2d", in_channels, out_channels, kh, kw, sh, sw, ph, pw, dh, dw, ...)
-        head = ("kan_conv2d", geometry[0], out) + tuple(geometry[1:])
-    else:  # ("kan_linear", in, out, ...)
-        head = ("kan_linear", F, out)
-    return head + (C - k, k, standalone, kf_dtype_of("spline_weight", spline_weight))
-
 
 def _conv_geometry(spline_weight, kernel_size, stride, padding, dilation):
     kh, kw = kernel_size
@@ -179,14 +164,16 @@ kan_linear_backward = Op(
     _linear(_backward_impl), _linear(_backward_fake))
 kan_linear = Op(
     "kan_linear", "(%s) -> Tensor" % _TENSOR_ARGS, _linear(_forward_impl),
-    _linear(_forward_fake), _setup_context, _make_backward(kan_linear_backward), feature_dims=1)
+    _linear(_forward_fake), _setup_context, _make_backward(kan_linear_backward), feature_dims=1,
+    double_backward=linear_double_backward)
 kan_conv2d_backward = Op(
     "kan_conv2d_backward",
     "(Tensor dy, %s, %s, bool[] output_mask) -> %s" % (_TENSOR_ARGS, _CONV_ARGS, _GRADS),
     _conv(_backward_impl, True), _conv(_backward_fake, True))
 kan_conv2d = Op(
     "kan_conv2d", "(%s, %s) -> Tensor" % (_TENSOR_ARGS, _CONV_ARGS), _conv(_forward_impl),
-    _conv(_forward_fake), _setup_context, _make_backward(kan_conv2d_backward), feature_dims=3)
+    _conv(_forward_fake), _setup_context, _make_backward(kan_conv2d_backward), feature_dims=3,
+    double_backward=conv_double_backward)
 
 
 def kan_linear_function(x, grid, base_weight, spline_weight, spline_scaler=None):

@@ -36,6 +36,18 @@ def _key(S1s, S2s, has_bias, act=0, dropout=0.0):
 _NAMES = ("S1s", "S2s", "U1s", "U2s", "bias")
 
 
+def _check_param_shapes(p, params):
+    """Raises ValueError naming the first of S1s, S2s, U1s, U2s, bias (`params`, bias None where
+    there is none) whose shape is not plan p's: the library's rule (kf_sklinear_param_info) for
+    the (in, out, L, k) that _key read off S1s and S2s. For the calls no library call checks:
+    an empty batch (the library takes N >= 1 rows; every other call's tensors it checks itself)."""
+    shapes = dict(p.param_info)
+    for name, t in zip(_NAMES, params):
+        if t is not None and tuple(t.shape) != tuple(shapes[name]):
+            raise ValueError("kfuse: %s has shape %s, expected %s (kf_sklinear_param_info)"
+                             % (name, tuple(t.shape), tuple(shapes[name])))
+
+
 def _rows(x):
     return x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
 
@@ -79,6 +91,8 @@ def _forward(key, x, S1s, S2s, U1s, U2s, bias, training, save, seed):
         p.forward(x, S1s, S2s, U1s, U2s, y, bias=bias,
                   workspace=workspace(p, device, _rows(x)) if x.is_cuda else None,
                   pre=pre if pre.numel() else None, training=training, dropout_seed=seed)
+    else:
+        _check_param_shapes(p, (S1s, S2s, U1s, U2s, bias))
     return y, pre
 
 

@@ -6,13 +6,13 @@
 #[doc = " The version of this header: MAJOR (the ABI generation), MINOR (bumped by additions), PATCH (fixes)."]
 pub const KF_VERSION_MAJOR: u32 = 1;
 #[doc = " The version of this header: MAJOR (the ABI generation), MINOR (bumped by additions), PATCH (fixes)."]
-pub const KF_VERSION_MINOR: u32 = 8;
+pub const KF_VERSION_MINOR: u32 = 9;
 #[doc = " The version of this header: MAJOR (the ABI generation), MINOR (bumped by additions), PATCH (fixes)."]
 pub const KF_VERSION_PATCH: u32 = 0;
 #[doc = " The ABI generation; equals KF_VERSION_MAJOR."]
 pub const KF_ABI_VERSION: u32 = 1;
 #[doc = " MAJOR*10000 + MINOR*100 + PATCH, as kf_version() returns it."]
-pub const KF_VERSION_NUMBER: u32 = 10800;
+pub const KF_VERSION_NUMBER: u32 = 10900;
 #[doc = " The most dimensions a kf_tensor has."]
 pub const KF_MAX_DIMS: u32 = 6;
 #[doc = " The alignment, in bytes, of every workspace and reserve a caller passes (and of the arena's memory). Since 1.3."]
@@ -23,6 +23,8 @@ pub const KF_CONTEXT_FIXED_ARENA: u32 = 1;
 pub const KF_RNN_BATCH_FIRST: u32 = 1;
 #[doc = " GRU only: D = 2, y is [T, B, 2H] (forward half first)"]
 pub const KF_RNN_BIDIRECTIONAL: u32 = 2;
+#[doc = " The largest derivative_order a KAN call takes (kf_kan_linear_forward_args): SiLU^(m) is a polynomial in the sigmoid whose coefficients grow like m!, so beyond this its float64 value is cancellation. Since 1.9."]
+pub const KF_KAN_MAX_DERIVATIVE_ORDER: u32 = 12;
 #[doc = " glibc's `__int32_t`, which bindgen emits for stdint.h's types (kfuse's declarations use Rust's fixed-width integers)"]
 pub type __int32_t = ::std::os::raw::c_int;
 #[doc = " glibc's `__uint32_t`, which bindgen emits for stdint.h's types (kfuse's declarations use Rust's fixed-width integers)"]
@@ -2131,12 +2133,21 @@ pub struct kf_kan_linear_forward_args {
     pub spline_scaler: kf_tensor,
     #[doc = " out [..., out]: x's leading dims"]
     pub y: kf_tensor,
+    #[doc = " optional, x's shape: w[n, i] multiplies feature i's term of row"]
+    #[doc = "n (absent: 1), y[n, o] = sum_i w[n, i] phi_oi^(m)(x[n, i])"]
+    pub input_weight: kf_tensor,
+    #[doc = " m, default 0: y takes the m-th derivative of every edge"]
+    #[doc = "function phi_oi = base_weight SiLU + sum_c spline_weight B_c"]
+    #[doc = "(SiLU^(m), B_c^(m); B^(k+1) = 0, the a.e. derivative);"]
+    #[doc = "0 <= m <= min(spline_order + 1, KF_KAN_MAX_DERIVATIVE_ORDER)."]
+    #[doc = "m > 0 or input_weight: KF_DTYPE_F32 or KF_DTYPE_F64 plans only"]
+    pub derivative_order: i32,
 }
 #[test]
 fn bindgen_test_layout_kf_kan_linear_forward_args() {
     assert_eq!(
         ::std::mem::size_of::<kf_kan_linear_forward_args>(),
-        680usize,
+        800usize,
         concat!("Size of: ", stringify!(kf_kan_linear_forward_args))
     );
     assert_eq!(
@@ -2248,6 +2259,40 @@ fn bindgen_test_layout_kf_kan_linear_forward_args() {
         );
     }
     test_field_y();
+    fn test_field_input_weight() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_linear_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).input_weight) as usize - ptr as usize
+            },
+            680usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_kan_linear_forward_args),
+                "::",
+                stringify!(input_weight)
+            )
+        );
+    }
+    test_field_input_weight();
+    fn test_field_derivative_order() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_linear_forward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).derivative_order) as usize - ptr as usize
+            },
+            792usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_kan_linear_forward_args),
+                "::",
+                stringify!(derivative_order)
+            )
+        );
+    }
+    test_field_derivative_order();
 }
 extern "C" {
     #[doc = " Writes the defaults (all tensors absent) and struct_size into `args`. Since 1.1."]
@@ -2294,12 +2339,22 @@ pub struct kf_kan_linear_backward_args {
     pub dspline_weight: kf_tensor,
     #[doc = " optional out [out, in] (standalone_scale only): likewise"]
     pub dspline_scaler: kf_tensor,
+    #[doc = " optional, x's shape: the forward's (absent: 1)"]
+    pub input_weight: kf_tensor,
+    #[doc = " optional out, x's shape: always overwritten; may be given"]
+    #[doc = "without input_weight (the gradient at w = 1)"]
+    pub dinput_weight: kf_tensor,
+    #[doc = " m, default 0: as the forward's, 0 <= m <= spline_order + 1;"]
+    #[doc = "with dx, m + 1 <= min(spline_order + 1,"]
+    #[doc = "KF_KAN_MAX_DERIVATIVE_ORDER). m > 0, input_weight or"]
+    #[doc = "dinput_weight: KF_DTYPE_F32 or KF_DTYPE_F64 plans only"]
+    pub derivative_order: i32,
 }
 #[test]
 fn bindgen_test_layout_kf_kan_linear_backward_args() {
     assert_eq!(
         ::std::mem::size_of::<kf_kan_linear_backward_args>(),
-        1128usize,
+        1360usize,
         concat!("Size of: ", stringify!(kf_kan_linear_backward_args))
     );
     assert_eq!(
@@ -2474,6 +2529,57 @@ fn bindgen_test_layout_kf_kan_linear_backward_args() {
         );
     }
     test_field_dspline_scaler();
+    fn test_field_input_weight() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_linear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).input_weight) as usize - ptr as usize
+            },
+            1128usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_kan_linear_backward_args),
+                "::",
+                stringify!(input_weight)
+            )
+        );
+    }
+    test_field_input_weight();
+    fn test_field_dinput_weight() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_linear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dinput_weight) as usize - ptr as usize
+            },
+            1240usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_kan_linear_backward_args),
+                "::",
+                stringify!(dinput_weight)
+            )
+        );
+    }
+    test_field_dinput_weight();
+    fn test_field_derivative_order() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kf_kan_linear_backward_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).derivative_order) as usize - ptr as usize
+            },
+            1352usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kf_kan_linear_backward_args),
+                "::",
+                stringify!(derivative_order)
+            )
+        );
+    }
+    test_field_derivative_order();
 }
 extern "C" {
     #[doc = " Writes the defaults and struct_size into `args`. Since 1.1."]

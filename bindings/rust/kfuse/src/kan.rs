@@ -147,8 +147,8 @@ impl KanLinearDesc {
         self.param_shape("spline_scaler")
     }
     fn param_shape<const R: usize>(&self, name: &str) -> [usize; R] {
-        let list = layer::on_shape_context(|ctx| {
-            let plan = KanPlan::new(ctx, &self.clone().standalone_scale(true)).ok()?;
+        let list = layer::param_list_of(&self.clone().standalone_scale(true), |ctx, d| {
+            let plan = KanPlan::new(ctx, d).ok()?;
             layer::param_list(plan.as_raw(), sys::kf_kan_linear_param_count, sys::kf_kan_linear_param_info)
                 .ok()
         });

@@ -5,6 +5,8 @@ use crate::context::Context;
 use crate::error::{check, Error, Result, Status};
 use crate::tensor::{absent, Element, Float, Tensor, TensorMut};
 use kfuse_sys as sys;
+use std::any::Any;
+use std::cell::RefCell;
 use std::ffi::CStr;
 use std::mem::MaybeUninit;
 use std::os::raw::c_char;
@@ -96,6 +98,31 @@ thread_local! {
 /// `f` on this thread's shape-query context; `None` when there is none or `f` gives none.
 pub(crate) fn on_shape_context<R>(f: impl FnOnce(&Context) -> Option<R>) -> Option<R> {
     SHAPE_CONTEXT.with(|c| c.as_ref().and_then(f))
+}
+
+thread_local! {
+    /// The last descriptor whose state tensors this thread asked for, with the library's list
+    /// (`param_list_of`).
+    static LAST_PARAMS: RefCell<Option<(Box<dyn Any>, Option<Vec<WeightInfo>>)>> = RefCell::new(None);
+}
+
+/// The state tensors of a plan of `desc`, as `list` gets them from a plan it makes on this
+/// thread's shape-query context; remembered for the last descriptor asked, so that a
+/// descriptor's shape queries (one per tensor) make one plan between them, not one each.
+pub(crate) fn param_list_of<D: Any + Clone + PartialEq>(
+    desc: &D,
+    list: impl FnOnce(&Context, &D) -> Option<Vec<WeightInfo>>,
+) -> Option<Vec<WeightInfo>> {
+    let hit = LAST_PARAMS.with(|m| match &*m.borrow() {
+        Some((k, l)) if k.downcast_ref::<D>() == Some(desc) => Some(l.clone()),
+        _ => None,
+    });
+    if let Some(l) = hit {
+        return l;
+    }
+    let l = on_shape_context(|ctx| list(ctx, desc));
+    LAST_PARAMS.with(|m| *m.borrow_mut() = Some((Box::new(desc.clone()), l.clone())));
+    l
 }
 
 /// The shape of entry `name` of `list` (`[0; R]` when it has none of that rank: a tensor the

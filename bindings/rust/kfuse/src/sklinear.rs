@@ -167,8 +167,8 @@ impl SkLinearDesc {
         self.param_shape("bias")
     }
     fn param_shape<const R: usize>(&self, name: &str) -> [usize; R] {
-        let list = layer::on_shape_context(|ctx| {
-            let plan = SkLinearPlan::new(ctx, &self.clone().bias(true)).ok()?;
+        let list = layer::param_list_of(&self.clone().bias(true), |ctx, d| {
+            let plan = SkLinearPlan::new(ctx, d).ok()?;
             layer::param_list(plan.as_raw(), sys::kf_sklinear_param_count, sys::kf_sklinear_param_info).ok()
         });
         layer::shape_of(list, name)

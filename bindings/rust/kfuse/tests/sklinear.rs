@@ -437,6 +437,26 @@ fn param_ratio_is_the_parameter_count_ratio() {
     }
 }
 
+#[test]
+fn shape_queries_follow_their_descriptor() {
+    // The queries share one plan per descriptor (the last one asked is remembered): asked in turn,
+    // each descriptor still gets its own shapes, [L, in, k] and [L, k, out], with or without a bias.
+    let descs = [(1024usize, 512usize, 1u32, 16u32, true), (300, 200, 3, 8, false), (5, 3, 2, 1, true)];
+    for _ in 0..2 {
+        for &(inf, outf, l, k, bias) in &descs {
+            let d = SkLinearDesc::new(inf, outf, l, k).bias(bias);
+            let (lu, ku) = (l as usize, k as usize);
+            assert_eq!(d.s1s_shape(), [lu, inf, ku]);
+            assert_eq!(d.s2s_shape(), [lu, ku, outf]);
+            assert_eq!(d.u1s_shape(), [lu, ku, outf]);
+            assert_eq!(d.u2s_shape(), [lu, inf, ku]);
+            assert_eq!(d.bias_shape(), [outf]);
+        }
+    }
+    // a descriptor the library refuses has no shapes
+    assert_eq!(SkLinearDesc::new(0, 3, 1, 1).s1s_shape(), [0, 0, 0]);
+}
+
 // ---- initialisation ------------------------------------------------------------------------
 
 #[test]
