@@ -34,7 +34,9 @@
 /* Chunks wanted at least for the weight gradient, when there are enough features: it is split
  * by chunk, so fewer chunks than threads would leave threads idle. */
 #define KF__KAN_MIN_CHUNKS 8
-/* KANConv2d's dense forward product y^T = W A^T has `out` rows and a block's pixels as columns:
+/* KANConv2d's dense forward product y^T = W A^T has `out` rows and a block's pixels as columns
+ * (since the small-output path, cpu/kan_small.h, took plans of out <= 16 and k <= 8, this serves
+ * the dense path's remaining small-output calls: spline orders above 8):
  * up to this many outputs it runs on kf__rowgemm (cpu/rowgemm.h: operands in place, y written
  * once) rather than BLAS, whose packing and beta pass cost more than so short a product (the
  * Convolutional-KAN paper's KKAN has 5 and 10 channels). One thread, min of 3 interleaved runs,

@@ -54,6 +54,11 @@
  * one writer (the weight gradient is split by chunk, each thread summing its chunks over all
  * rows in a fixed order), so the bits do not depend on the thread count.
  *
+ * SMALL OUTPUT. A plan with out <= KF__KAN_SMALL_OUT takes an op table of its own at creation
+ * (kan_select), whose KANConv2d calls run cpu/kan_small.h instead: windows per input pixel, shared
+ * by the kernel positions with the same knots, and the few outputs accumulated in registers, no
+ * GEMM (cpu/kan_small_geom.h says why); its KANLinear calls take the two paths above.
+ *
  * KANConv2d (kf__kan_patches) is the same product over the patches of x as rows. Only the row
  * blocks' addressing changes: blocks never cross an image (a block is up to 128 output pixels of
  * one image); a block's x^T is gathered from the image (im2col per tile, zeros outside it); its
@@ -150,10 +155,16 @@ static kan_geom kan_geom_of(const struct kf_kan_linear_plan *p, int64_t N,
     return g;
 }
 
+#include "kan_small_geom.h"
+
+/* The larger of the two directions' workspaces; `small`: a small-output plan's KANConv2d call
+ * (cpu/kan_small_geom.h). */
 static size_t kan_workspace(const struct kf_kan_linear_plan *p, int64_t N,
-                            const kf__kan_patches *patches, kan_kind kind) {
-    const size_t f = kan_geom_of(p, N, patches, false, kind).bytes,
-                 b = kan_geom_of(p, N, patches, true, kind).bytes,
+                            const kf__kan_patches *patches, kan_kind kind, bool small) {
+    const size_t f = small ? kan_sgeom_of(p, N, patches, false, kind).bytes
+                           : kan_geom_of(p, N, patches, false, kind).bytes,
+                 b = small ? kan_sgeom_of(p, N, patches, true, kind).bytes
+                           : kan_geom_of(p, N, patches, true, kind).bytes,
                  d = patches ? 0 : kf__kan_deriv_workspace(p, N); /* the order-m path's */
     const size_t fb = f > b ? f : b;
     return fb > d ? fb : d;
@@ -171,6 +182,7 @@ static size_t kan_workspace(const struct kf_kan_linear_plan *p, int64_t N,
 #include "kan_window.h"
 #include "kan_forward.h"
 #include "kan_backward.h"
+#include "kan_small.h"
 #undef T
 #undef VEC
 #undef VI
@@ -187,6 +199,7 @@ static size_t kan_workspace(const struct kf_kan_linear_plan *p, int64_t N,
 #include "kan_window.h"
 #include "kan_forward.h"
 #include "kan_backward.h"
+#include "kan_small.h"
 #undef T
 #undef VEC
 #undef VI
@@ -204,80 +217,169 @@ static void kan_bwd_team_s(void *arg, int tid, int nth) { kan_bwd_body_s(KAN_S, 
 static void kan_bwd_team_d(void *arg, int tid, int nth) { kan_bwd_body_d(KAN_D, arg, tid, nth); }
 static void kan_bwd_team_b(void *arg, int tid, int nth) { kan_bwd_body_s(KAN_B, arg, tid, nth); }
 static void kan_bwd_team_h(void *arg, int tid, int nth) { kan_bwd_body_s(KAN_H, arg, tid, nth); }
+static void kan_sfwd_team_s(void *arg, int tid, int nth) {
+    kan_small_fwd_body_s(KAN_S, arg, tid, nth);
+}
+static void kan_sfwd_team_d(void *arg, int tid, int nth) {
+    kan_small_fwd_body_d(KAN_D, arg, tid, nth);
+}
+static void kan_sfwd_team_b(void *arg, int tid, int nth) {
+    kan_small_fwd_body_s(KAN_B, arg, tid, nth);
+}
+static void kan_sfwd_team_h(void *arg, int tid, int nth) {
+    kan_small_fwd_body_s(KAN_H, arg, tid, nth);
+}
+static void kan_sbwd_team_s(void *arg, int tid, int nth) {
+    kan_small_bwd_body_s(KAN_S, arg, tid, nth);
+}
+static void kan_sbwd_team_d(void *arg, int tid, int nth) {
+    kan_small_bwd_body_d(KAN_D, arg, tid, nth);
+}
+static void kan_sbwd_team_b(void *arg, int tid, int nth) {
+    kan_small_bwd_body_s(KAN_B, arg, tid, nth);
+}
+static void kan_sbwd_team_h(void *arg, int tid, int nth) {
+    kan_small_bwd_body_s(KAN_H, arg, tid, nth);
+}
 
 /* A call on one thread team: the kan_fwd_team_* or kan_bwd_team_* of the table's storage kind,
- * or, for a call at a derivative order or with an input weight, the order-m path
- * (cpu/kan_deriv.c; the one place the choice is made). */
+ * or for a KANConv2d call of a small-output plan its kan_sfwd_team_* or kan_sbwd_team_* (`small`:
+ * NULL in the general tables), or, for a call at a derivative order or with an input weight, the
+ * order-m path (cpu/kan_deriv.c; the one place the choice is made). */
 static kf_status kan_run_forward(const kf__kan_fwd *c, kan_kind kind,
-                                 void (*team)(void *, int, int)) {
+                                 void (*team)(void *, int, int),
+                                 void (*small)(void *, int, int)) {
     if (kf__kan_is_deriv_fwd(c)) return kf__kan_deriv_forward(c);
+    if (small && c->patches) {
+        kan_sfwd_call call = {.c = c, .g = kan_sgeom_of(c->plan, c->N, c->patches, false, kind)};
+        kf__cpu_team(call.g.team, small, &call);
+        return KF_OK;
+    }
     kan_fwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N, c->patches, false, kind)};
     kf__cpu_team(call.g.team, team, &call);
     return KF_OK;
 }
 
 static kf_status kan_run_backward(const kf__kan_bwd *c, kan_kind kind,
-                                  void (*team)(void *, int, int)) {
+                                  void (*team)(void *, int, int),
+                                  void (*small)(void *, int, int)) {
     if (kf__kan_is_deriv_bwd(c)) return kf__kan_deriv_backward(c);
+    if (small && c->patches) {
+        kan_sbwd_call call = {.c = c, .g = kan_sgeom_of(c->plan, c->N, c->patches, true, kind)};
+        kf__cpu_team(call.g.team, small, &call);
+        return KF_OK;
+    }
     kan_bwd_call call = {.c = c, .g = kan_geom_of(c->plan, c->N, c->patches, true, kind)};
     kf__cpu_team(call.g.team, team, &call);
     return KF_OK;
 }
 
-/* One op table per storage kind, its entries named by the kind's suffix. */
+/* Two op tables per storage kind, the general one and the small-output one (kan_select), their
+ * entries named by the kind's suffix (_small_: the small-output table). */
 static size_t kan_workspace_s(const struct kf_kan_linear_plan *p, int64_t N,
                               const kf__kan_patches *patches) {
-    return kan_workspace(p, N, patches, KAN_S);
+    return kan_workspace(p, N, patches, KAN_S, false);
+}
+static size_t kan_workspace_small_s(const struct kf_kan_linear_plan *p, int64_t N,
+                                    const kf__kan_patches *patches) {
+    return kan_workspace(p, N, patches, KAN_S, patches != NULL);
 }
 static size_t kan_workspace_d(const struct kf_kan_linear_plan *p, int64_t N,
                               const kf__kan_patches *patches) {
-    return kan_workspace(p, N, patches, KAN_D);
+    return kan_workspace(p, N, patches, KAN_D, false);
+}
+static size_t kan_workspace_small_d(const struct kf_kan_linear_plan *p, int64_t N,
+                                    const kf__kan_patches *patches) {
+    return kan_workspace(p, N, patches, KAN_D, patches != NULL);
 }
 static size_t kan_workspace_b(const struct kf_kan_linear_plan *p, int64_t N,
                               const kf__kan_patches *patches) {
-    return kan_workspace(p, N, patches, KAN_B);
+    return kan_workspace(p, N, patches, KAN_B, false);
+}
+static size_t kan_workspace_small_b(const struct kf_kan_linear_plan *p, int64_t N,
+                                    const kf__kan_patches *patches) {
+    return kan_workspace(p, N, patches, KAN_B, patches != NULL);
 }
 static size_t kan_workspace_h(const struct kf_kan_linear_plan *p, int64_t N,
                               const kf__kan_patches *patches) {
-    return kan_workspace(p, N, patches, KAN_H);
+    return kan_workspace(p, N, patches, KAN_H, false);
+}
+static size_t kan_workspace_small_h(const struct kf_kan_linear_plan *p, int64_t N,
+                                    const kf__kan_patches *patches) {
+    return kan_workspace(p, N, patches, KAN_H, patches != NULL);
 }
 static kf_status kan_forward_s(kf_context *ctx, const kf__kan_fwd *c) {
-    return kan_run_forward(c, KAN_S, kan_fwd_team_s);
+    return kan_run_forward(c, KAN_S, kan_fwd_team_s, NULL);
+}
+static kf_status kan_forward_small_s(kf_context *ctx, const kf__kan_fwd *c) {
+    return kan_run_forward(c, KAN_S, kan_fwd_team_s, kan_sfwd_team_s);
 }
 static kf_status kan_forward_d(kf_context *ctx, const kf__kan_fwd *c) {
-    return kan_run_forward(c, KAN_D, kan_fwd_team_d);
+    return kan_run_forward(c, KAN_D, kan_fwd_team_d, NULL);
+}
+static kf_status kan_forward_small_d(kf_context *ctx, const kf__kan_fwd *c) {
+    return kan_run_forward(c, KAN_D, kan_fwd_team_d, kan_sfwd_team_d);
 }
 static kf_status kan_forward_b(kf_context *ctx, const kf__kan_fwd *c) {
-    return kan_run_forward(c, KAN_B, kan_fwd_team_b);
+    return kan_run_forward(c, KAN_B, kan_fwd_team_b, NULL);
+}
+static kf_status kan_forward_small_b(kf_context *ctx, const kf__kan_fwd *c) {
+    return kan_run_forward(c, KAN_B, kan_fwd_team_b, kan_sfwd_team_b);
 }
 static kf_status kan_forward_h(kf_context *ctx, const kf__kan_fwd *c) {
-    return kan_run_forward(c, KAN_H, kan_fwd_team_h);
+    return kan_run_forward(c, KAN_H, kan_fwd_team_h, NULL);
+}
+static kf_status kan_forward_small_h(kf_context *ctx, const kf__kan_fwd *c) {
+    return kan_run_forward(c, KAN_H, kan_fwd_team_h, kan_sfwd_team_h);
 }
 static kf_status kan_backward_s(kf_context *ctx, const kf__kan_bwd *c) {
-    return kan_run_backward(c, KAN_S, kan_bwd_team_s);
+    return kan_run_backward(c, KAN_S, kan_bwd_team_s, NULL);
+}
+static kf_status kan_backward_small_s(kf_context *ctx, const kf__kan_bwd *c) {
+    return kan_run_backward(c, KAN_S, kan_bwd_team_s, kan_sbwd_team_s);
 }
 static kf_status kan_backward_d(kf_context *ctx, const kf__kan_bwd *c) {
-    return kan_run_backward(c, KAN_D, kan_bwd_team_d);
+    return kan_run_backward(c, KAN_D, kan_bwd_team_d, NULL);
+}
+static kf_status kan_backward_small_d(kf_context *ctx, const kf__kan_bwd *c) {
+    return kan_run_backward(c, KAN_D, kan_bwd_team_d, kan_sbwd_team_d);
 }
 static kf_status kan_backward_b(kf_context *ctx, const kf__kan_bwd *c) {
-    return kan_run_backward(c, KAN_B, kan_bwd_team_b);
+    return kan_run_backward(c, KAN_B, kan_bwd_team_b, NULL);
+}
+static kf_status kan_backward_small_b(kf_context *ctx, const kf__kan_bwd *c) {
+    return kan_run_backward(c, KAN_B, kan_bwd_team_b, kan_sbwd_team_b);
 }
 static kf_status kan_backward_h(kf_context *ctx, const kf__kan_bwd *c) {
-    return kan_run_backward(c, KAN_H, kan_bwd_team_h);
+    return kan_run_backward(c, KAN_H, kan_bwd_team_h, NULL);
+}
+static kf_status kan_backward_small_h(kf_context *ctx, const kf__kan_bwd *c) {
+    return kan_run_backward(c, KAN_H, kan_bwd_team_h, kan_sbwd_team_h);
 }
 static const kf__kan_ops kan_ops_s = {NULL, kan_workspace_s, kan_forward_s, kan_backward_s};
+static const kf__kan_ops kan_ops_small_s = {NULL, kan_workspace_small_s, kan_forward_small_s,
+                                           kan_backward_small_s};
 static const kf__kan_ops kan_ops_d = {NULL, kan_workspace_d, kan_forward_d, kan_backward_d};
+static const kf__kan_ops kan_ops_small_d = {NULL, kan_workspace_small_d, kan_forward_small_d,
+                                           kan_backward_small_d};
 static const kf__kan_ops kan_ops_b = {NULL, kan_workspace_b, kan_forward_b, kan_backward_b};
+static const kf__kan_ops kan_ops_small_b = {NULL, kan_workspace_small_b, kan_forward_small_b,
+                                           kan_backward_small_b};
 static const kf__kan_ops kan_ops_h = {NULL, kan_workspace_h, kan_forward_h, kan_backward_h};
+static const kf__kan_ops kan_ops_small_h = {NULL, kan_workspace_small_h, kan_forward_small_h,
+                                           kan_backward_small_h};
 
-/* The table of the plan's dtype, once, at plan creation (every dtype and spline order served). */
+/* The table of the plan's dtype, once, at plan creation (every dtype and spline order served):
+ * the small-output one up to KF__KAN_SMALL_OUT outputs (its KANConv2d calls take
+ * cpu/kan_small.h's kernels; its KANLinear calls the general ones). */
 static kf_status kan_select(const struct kf_kan_linear_plan *p, const char *fn,
                             const kf__kan_ops **ops) {
+    const bool small = p->out <= KF__KAN_SMALL_OUT && p->k <= KF__KAN_SPARSE_KMAX;
     switch (p->dtype) {
-    case KF_DTYPE_F64: *ops = &kan_ops_d; break;
-    case KF_DTYPE_BF16: *ops = &kan_ops_b; break;
-    case KF_DTYPE_F16: *ops = &kan_ops_h; break;
-    default: *ops = &kan_ops_s; break;
+    case KF_DTYPE_F64: *ops = small ? &kan_ops_small_d : &kan_ops_d; break;
+    case KF_DTYPE_BF16: *ops = small ? &kan_ops_small_b : &kan_ops_b; break;
+    case KF_DTYPE_F16: *ops = small ? &kan_ops_small_h : &kan_ops_h; break;
+    default: *ops = small ? &kan_ops_small_s : &kan_ops_s; break;
     }
     return KF_OK;
 }

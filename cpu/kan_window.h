@@ -3,6 +3,20 @@
  * many lanes, KAN_X(name) = name_s or name_d: cpu/kan_linear.c includes this once per type; no
  * include guard). */
 
+/* Rows 1..k+1 of V [k+2, rows] from the k + 1 computed rows Nb [k+1, rl]: V[1 + u, n] =
+ * Nb[u + dl[n], n], the window moved by dl[n] columns (selected, not multiplied). */
+static void KAN_X(kan_window_move)(const T *Nb, int64_t rl, const int32_t *dl, int64_t rows,
+                                   int32_t k, T *V) {
+    for (int32_t u = 0; u <= k; ++u) {
+        T *v = V + (1 + u) * rows;
+        memset(v, 0, (size_t)rows * sizeof(T));
+        for (int32_t r = 0; r <= k; ++r) {
+            const T *a = Nb + r * rl;
+            for (int64_t n = 0; n < rows; ++n) v[n] = r == u + dl[n] ? a[n] : v[n];
+        }
+    }
+}
+
 /* The window of one feature at x[0..rows) (kf__bspline_rows' bases, computed only where
  * they can be non-zero). Per row: the span j (t_j <= x < t_{j+1}, counted as the knots
  * t_1..t_{nk-2} at or below x; any j, with every basis 0, outside [t_0, t_{nk-1}) and for
@@ -14,19 +28,22 @@
  * indices outside [0, C) (order p: [0, nk - 1 - p)) come from clamped knot indices and
  * never feed a real one; the move drops them by selection, not by a product.
  * deriv: V[0] = SiLU'(x) and the window of B' (the formula above kan_dx), else SiLU(x) and
- * the window of B. V [k+2, rows], s [rows]; scr [k+2, rl], ints [2, rl] scratch, rl =
- * rows rounded up to whole vectors. */
+ * the window of B; with D (not NULL, deriv false) both, the derivatives' window in D. V and D
+ * [k+2, rows], s [rows]; scr [k+2, rl] ([2k+3, rl] with D), ints [2, rl] scratch, rl = rows
+ * rounded up to whole vectors. */
 static void KAN_X(kan_window)(const struct kf_kan_linear_plan *p, const T *t, const T *inv,
-                              const T *x, int64_t rows, bool deriv, T *V, int32_t *s, T *scr,
-                              int32_t *ints) {
+                              const T *x, int64_t rows, bool deriv, T *V, T *D, int32_t *s,
+                              T *scr, int32_t *ints) {
     enum { L = 32 / sizeof(T) };
     const int32_t nk = (int32_t)p->nk, k = p->k, C = (int32_t)p->C;
     const int64_t rl = (rows + L - 1) / L * L;
-    T *restrict xc = scr, *restrict Nb = xc + rl;
+    const bool vals = !deriv, ders = deriv || D; /* which windows are wanted */
+    T *restrict xc = scr, *restrict Nb = xc + rl, *restrict Nd = D ? Nb + (k + 1) * rl : Nb;
     int32_t *restrict jj = ints, *restrict dl = ints + rl;
     KAN_X(kan_exp_neg_rows)(x, rows, V);
     for (int64_t n = 0; n < rows; ++n) {
         const T sg = (T)1 / ((T)1 + V[n]);
+        if (D) D[n] = sg * ((T)1 + x[n] * ((T)1 - sg));
         V[n] = deriv ? sg * ((T)1 + x[n] * ((T)1 - sg)) : x[n] / ((T)1 + V[n]);
     }
     const T first = t[0], last = t[nk - 1];
@@ -63,27 +80,21 @@ static void KAN_X(kan_window)(const struct kf_kan_linear_plan *p, const T *t, co
             }
         }
         for (int32_t r = 0; r <= k; ++r) {
-            VEC v = Nv[r];
-            if (deriv) { /* B'_{j-k+r} from the order-(k-1) bases; iq holds inv_k[j-k..j+1] */
+            if (vals) *(VEC *)(Nb + r * rl + n) = Nv[r];
+            if (ders) { /* B'_{j-k+r} from the order-(k-1) bases; iq holds inv_k[j-k..j+1] */
                 const VEC s0 = r >= 1 ? Qv[r - 1] : zero, s1 = r < k ? Qv[r] : zero;
-                v = zero;
+                VEC v = zero;
                 if (k) v = KF__BSPLINE_DSTEP((T)k, iq[r], iq[r + 1], s0, s1);
+                *(VEC *)(Nd + r * rl + n) = v;
             }
-            *(VEC *)(Nb + r * rl + n) = v;
         }
     }
     for (int64_t n = 0; n < rows; ++n) {
         s[n] = kan_clamp32(jj[n] - k, 0, C - 1 - k);
         dl[n] = s[n] - (jj[n] - k);
     }
-    for (int32_t u = 0; u <= k; ++u) {
-        T *v = V + (1 + u) * rows;
-        memset(v, 0, (size_t)rows * sizeof(T));
-        for (int32_t r = 0; r <= k; ++r) {
-            const T *a = Nb + r * rl;
-            for (int64_t n = 0; n < rows; ++n) v[n] = r == u + dl[n] ? a[n] : v[n];
-        }
-    }
+    KAN_X(kan_window_move)(Nb, rl, dl, rows, k, V);
+    if (D) KAN_X(kan_window_move)(Nd, rl, dl, rows, k, D);
 }
 
 /* The windows of features [f0, f1) of block k (x^T from kan_gather_x in xT), stored per row:
@@ -95,7 +106,7 @@ static void KAN_X(kan_windows)(const struct kf_kan_linear_plan *p, const kan_geo
     int32_t *s = ints + 2 * ((rows + 7) / 8 * 8); /* past kan_window's [2, rl] */
     for (int64_t i = f0; i < f1; ++i) {
         KAN_X(kan_window)(p, grid + i * p->nk, inv + i * p->k * p->nk, xT + (i - f0) * rows,
-                          rows, deriv, V, s, scr, ints);
+                          rows, deriv, V, NULL, s, scr, ints);
         for (int64_t n = 0; n < rows; ++n) {
             T *v = vals + (n * Fw + i - f0) * k2;
             for (int64_t c = 0; c < k2; ++c) v[c] = V[c * rows + n];

@@ -731,8 +731,9 @@ KF_API kf_status kf_kan_conv2d_plan_create(kf_context *ctx, const kf_kan_conv2d_
 KF_API void kf_kan_conv2d_plan_destroy(kf_kan_conv2d_plan *plan);
 
 /* Bytes of scratch workspace kf_kan_conv2d_forward() and kf_kan_conv2d_backward() need for a
- * batch of `batch` images of height x width (batch 1 for an unbatched x). Bounded by tiles, not
- * by the patches or the bases of the batch. Pure. Since 1.2. */
+ * batch of `batch` images of height x width (batch 1 for an unbatched x). Bounded by tiles (on
+ * the CPU, for a plan of at most 16 output channels: by one image's B-spline windows per
+ * thread), not by the patches or the bases of the batch. Pure. Since 1.2. */
 KF_API kf_status kf_kan_conv2d_workspace_size(const kf_kan_conv2d_plan *plan, int64_t batch,
                                               int64_t height, int64_t width,
                                               size_t *workspace_bytes);

@@ -79,6 +79,8 @@ static prob make_prob(const shape *s, uint64_t seed) {
         for (int64_t f = 0; f < p.F; f++) {
             ref_fill_uniform_f32(&r, p.grid + f * p.nk, p.nk, -1.5, 1.5);
             qsort(p.grid + f * p.nk, (size_t)p.nk, sizeof(float), cmp_float);
+            if (s->random_grid == 2 && f % 2) /* pairs of features share their knots */
+                memcpy(p.grid + f * p.nk, p.grid + (f - 1) * p.nk, (size_t)p.nk * sizeof(float));
         }
     } else {
         kf_context *ctx = make_ctx(KF_DEVICE_CPU, 1);
@@ -251,7 +253,8 @@ static void check_against_reference(const shape *s, int32_t threads) {
     free_prob(&p);
 }
 
-/* B, Cin, H, W, out, kh, kw, sh, sw, ph, pw, dh, dw, G, k, scaled, unbatched, random_grid */
+/* B, Cin, H, W, out, kh, kw, sh, sw, ph, pw, dh, dw, G, k, scaled, unbatched, random_grid (1:
+ * sorted random knots per feature, 2: the same, shared by pairs of features; 0: uniform) */
 static const shape kShapes[] = {
     {2, 3, 8, 8, 5, 3, 3, 1, 1, 1, 1, 1, 1, 5, 3, 1, 0, 0},     /* 3x3, padding 1 */
     {2, 3, 9, 7, 4, 3, 3, 2, 2, 1, 1, 2, 2, 5, 3, 1, 0, 1},     /* stride 2, pad 1, dilation 2 */
@@ -267,6 +270,11 @@ static const shape kShapes[] = {
     {1, 2, 13, 12, 256, 3, 2, 1, 1, 1, 1, 1, 1, 20, 2, 0, 0, 0}, /* > 128 pixels, no scaler */
     {1, 2, 6, 6, 300, 2, 2, 1, 1, 0, 0, 1, 1, 5, 0, 1, 1, 1},   /* k 0, unbatched */
     {1, 3, 7, 7, 520, 3, 3, 1, 1, 1, 1, 1, 1, 5, 3, 1, 0, 1},   /* forward only (1.8) */
+    /* The small-output path (out <= 16, cpu/kan_small.h; the shapes above with out < 16 take it
+     * too), its window tables shared by features with the same knots: */
+    {4, 1, 28, 28, 5, 3, 3, 1, 1, 0, 0, 1, 1, 10, 3, 1, 0, 0},  /* KKAN's first layer: one table */
+    {3, 2, 9, 10, 10, 3, 3, 1, 1, 1, 1, 1, 1, 10, 3, 1, 0, 2},  /* knots shared in pairs */
+    {2, 2, 10, 9, 16, 3, 2, 2, 1, 1, 0, 1, 1, 4, 5, 0, 0, 2},   /* k 5, 16 outputs, stride 2 */
 };
 
 ParameterizedTestParameters(kan_conv2d, matches_reference) {
@@ -307,9 +315,11 @@ Test(kan_conv2d, thread_count_invariant) {
     check_thread_count_invariant((shape){3, 4, 12, 12, 256, 3, 3, 1, 1, 1, 1, 1, 1, 10, 3, 1, 0, 1});
 }
 
-/* The workspace is bounded by tiles: the same for 2 images as for 10^4 (1 image, under 2M
+/* The workspace is bounded by tiles, or (8 outputs: the small-output path, cpu/kan_small_geom.h)
+ * by one image's windows per thread: the same for 2 images as for 10^4 (1 image, under 2M
  * multiply-adds, runs on one of the context's two threads: cpu/team.h), far below the batch's
- * bases; a call with exactly that caller workspace works; steady calls do not grow the arena. */
+ * bases (under two images' dense bases); a call with exactly that caller workspace works;
+ * steady calls do not grow the arena. */
 Test(kan_conv2d, workspace_bounded_and_steady) {
     const shape s = {3, 4, 28, 28, 8, 3, 3, 1, 1, 1, 1, 1, 1, 5, 3, 1, 0, 0};
     prob p = make_prob(&s, 9);
@@ -320,8 +330,8 @@ Test(kan_conv2d, workspace_bounded_and_steady) {
     KF_OK_(kf_kan_conv2d_workspace_size(plan, 10000, 28, 28, &wbig));
     KF_OK_(kf_kan_conv2d_workspace_size(plan, 3, 28, 28, &w3));
     cr_expect(w2 == wbig, "workspace grows with the batch: %zu for 2 images, %zu for 1e4", w2, wbig);
-    cr_expect(w2 < (size_t)784 * 36 * 8 * sizeof(float),
-              "workspace %zu bytes: as large as one image's bases", w2);
+    cr_expect(w2 < (size_t)2 * 784 * 36 * 8 * sizeof(float),
+              "workspace %zu bytes: as large as two images' bases", w2);
 
     float *y = poisoned(p.ny);
     void *ws = xalloc(w3);

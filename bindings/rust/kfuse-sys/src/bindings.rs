@@ -2852,8 +2852,9 @@ extern "C" {
 }
 extern "C" {
     #[doc = " Bytes of scratch workspace kf_kan_conv2d_forward() and kf_kan_conv2d_backward() need for a"]
-    #[doc = " batch of `batch` images of height x width (batch 1 for an unbatched x). Bounded by tiles, not"]
-    #[doc = " by the patches or the bases of the batch. Pure. Since 1.2."]
+    #[doc = " batch of `batch` images of height x width (batch 1 for an unbatched x). Bounded by tiles (on"]
+    #[doc = " the CPU, for a plan of at most 16 output channels: by one image's B-spline windows per"]
+    #[doc = " thread), not by the patches or the bases of the batch. Pure. Since 1.2."]
     pub fn kf_kan_conv2d_workspace_size(
         plan: *const kf_kan_conv2d_plan,
         batch: i64,

@@ -260,8 +260,9 @@ impl<'ctx, T: Float> KanConv2dPlan<'ctx, T> {
     }
 
     /// Bytes of scratch that forward and backward need for `batch` images of `height x width`
-    /// (batch 1 for an unbatched x); bounded by tiles, not by the patches or the bases of the
-    /// batch. The safe calls take it from the context's arena;
+    /// (batch 1 for an unbatched x); bounded by tiles (on the CPU, for at most 16 output
+    /// channels: by one image's B-spline windows per thread), not by the patches or the bases of
+    /// the batch. The safe calls take it from the context's arena;
     /// [`forward_raw`](KanPlan::forward_raw) and [`backward_raw`](KanPlan::backward_raw) accept a
     /// caller buffer of this size.
     pub fn workspace_size(&self, batch: usize, height: usize, width: usize) -> Result<usize> {
