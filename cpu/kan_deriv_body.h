@@ -124,7 +124,8 @@ static void KD_X(kd_bwd_unit)(const kd_call *q, KD_X(kd_scratch) *s, int64_t b0,
             const T *D = s->D + (f - f0) * cw * rows;
             KD_X(kd_feature)(p, q, n0, rows, f, c->dx != NULL, s);
             if (c->dw || params) KD_X(kd_bases)(p, q, m, rows, f, s);
-            if (c->dw) KD_X(kd_contract)(p, D, s->sm, s->S, rows, NULL, (T *)c->dw + n0 * p->in + f);
+            if (c->dw)
+                KD_X(kd_contract)(p, D, s->sm, s->S, rows, NULL, (T *)c->dw + n0 * p->in + f);
             if (params) KD_X(kd_tile_col)(p, rows, s->AT + (f - f0) * cw * rows, s);
             if (c->dx) {
                 KD_X(kd_bases)(p, q, m + 1, rows, f, s);
