@@ -10,8 +10,10 @@
  * sum_o dy phi^(m), d base_weight, d spline_weight, d spline_scaler (through S = spline_weight *
  * spline_scaler), overwritten and accumulated, for every m from 0 to k + 1 (dx to k), float64
  * (1e-10 relative) and float32 (2e-4), with and without w, on 1 and 2 threads, random
- * non-uniform knots with a repeated one; a 1.1-1.8 caller's shorter structs (the m = 0 results,
- * bit for bit); an order out of bounds and a low-precision plan refused with nothing written.
+ * non-uniform knots with a repeated one, N = 300 rows (three row blocks of cpu/kan_deriv.c: the
+ * parameter gradients' partials summed over slabs); a 1.1-1.8 caller's shorter structs (the
+ * m = 0 results, bit for bit); an order out of bounds and a low-precision plan refused with
+ * nothing written.
  * The same checks on a CUDA context (cuda/plain_kan.cuh's order-m path; device copies of every
  * tensor), float32 and float64, where a device is: they skip without one (not yet run on a GPU). */
 #include <criterion/criterion.h>
@@ -24,7 +26,7 @@
 #include "kf_test.h"
 #include "kfuse.h"
 
-enum { N = 37, IN = 3, OUT = 4, G = 5, K = 3, C = G + K, NK = G + 2 * K + 1 };
+enum { N = 300, IN = 3, OUT = 4, G = 5, K = 3, C = G + K, NK = G + 2 * K + 1 };
 
 /* ---- the reference ---- */
 
