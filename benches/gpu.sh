@@ -57,10 +57,12 @@
 #   KF_GPU_DEADLINE_S=540 KF_GPU_PARTS="tests memcheck bench_kan python racecheck" bash benches/gpu.sh .gpu
 # KF_GPU_TESTS runs the tests in the order of its globs (the first glob's matches first).
 #
-# KF_GPU_PRESET=owed: the first prepared call of issue 36 (the runs the CUDA code of 1.7 owes,
-# most owed first), ~470 s: the float64 and low-precision tests (test_lowp, test_*_f64), then
+# KF_GPU_PRESET=owed: the first prepared call of issue 36 (the runs the CUDA code of 1.7-1.9
+# owes, most owed first), ~470 s: 1.9's order-m KAN path and 1.8's SKLinear epilogue
+# (test_kan_deriv, test_sklinear_epilogue: never run on a GPU), the float64 and low-precision
+# tests (test_lowp, test_*_f64), then
 # test_kan_linear_cuda (its big shapes, {4096, 21, 1024} among them) and every other test; memcheck
-# on the first four; the kan_lowp, skl_lowp and rnn_lowp rows; profile_kan. Each of
+# on the first six; the kan_lowp, skl_lowp and rnn_lowp rows; profile_kan. Each of
 # KF_GPU_DEADLINE_S, KF_GPU_TESTS, KF_GPU_SAN_TESTS and KF_GPU_PARTS set by the caller wins. The
 # second call is the Python one: KF_GPU_PARTS=python KF_PYTEST_K=cuda (carry .gpu and .whl/).
 #   KF_GPU_PRESET=owed bash benches/gpu.sh .gpu
@@ -70,8 +72,8 @@ case ${KF_GPU_PRESET:-} in
     "") ;;
     owed)
         KF_GPU_DEADLINE_S=${KF_GPU_DEADLINE_S:-470}
-        KF_GPU_TESTS=${KF_GPU_TESTS:-"test_lowp test_sklinear_f64 test_kan_f64 test_rnn_f64 test_kan_linear_cuda test_*"}
-        KF_GPU_SAN_TESTS=${KF_GPU_SAN_TESTS:-"test_lowp test_sklinear_f64 test_kan_f64 test_rnn_f64"}
+        KF_GPU_TESTS=${KF_GPU_TESTS:-"test_kan_deriv test_sklinear_epilogue test_lowp test_sklinear_f64 test_kan_f64 test_rnn_f64 test_kan_linear_cuda test_*"}
+        KF_GPU_SAN_TESTS=${KF_GPU_SAN_TESTS:-"test_kan_deriv test_sklinear_epilogue test_lowp test_sklinear_f64 test_kan_f64 test_rnn_f64"}
         KF_GPU_PARTS=${KF_GPU_PARTS:-"tests memcheck kan_lowp skl_lowp rnn_lowp profile_kan"} ;;
     *) echo "KF_GPU_PRESET=$KF_GPU_PRESET: expected owed (or unset)"; exit 2 ;;
 esac
