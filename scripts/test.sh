@@ -44,7 +44,12 @@ stage "README's results table against benches/results/ (scripts/check-readme-fig
 python3 scripts/check-readme-figures.py
 
 stage "build (RelWithDebInfo, KF_CUDA=AUTO)"
-cmake -S . -B build/main -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKF_CUDA=AUTO >/dev/null
+# No GPU runs this tree's CUDA code (scripts/gpu-bundle.sh builds for the lent device), so the
+# CUDA sources are compiled for one architecture, sm_80, where the library's default is 80 and 90:
+# the kernels have no per-architecture paths, and sm_80 has the smaller per-block limits ptxas
+# checks. Halves nvcc's share of this build (23 s -> 13 s a file, measured on rnn_fwd_persistent.cu).
+cmake -S . -B build/main -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKF_CUDA=AUTO \
+  -DCMAKE_CUDA_ARCHITECTURES=80 >/dev/null
 cmake --build build/main -j"$JOBS"
 
 stage "C tests"
