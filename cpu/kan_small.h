@@ -277,7 +277,8 @@ KAN_INLINE void KAN_X(kan_small_bwd_body)(kan_kind kind, void *arg, int tid, int
         T *dw = dwg + gi * wsz;
         if (want_w) memset(dw, 0, (size_t)wsz * sizeof(T));
         for (int64_t b = gi * P->B / g->groups; b < (gi + 1) * P->B / g->groups; ++b) {
-            T *img = kan_direct(kind) ? (T *)c->dx + b * P->Cin * plane : m.dxi;
+            T *img = !want_x ? NULL /* no dx: c->dx may be NULL, no offset from it */
+                     : kan_direct(kind) ? (T *)c->dx + b * P->Cin * plane : m.dxi;
             KAN_X(kan_small_dyt)(kind, c->dy, b, p->out, np, op, m.acc);
             for (int64_t ci = 0; ci < P->Cin; ++ci) {
                 KAN_X(kan_small_plane)(kind, c->x, P, b, ci, m.xc);

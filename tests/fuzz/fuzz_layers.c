@@ -250,7 +250,8 @@ static void call(sess *s, rd *r, bool backward) {
     } else if (!backward) {
         kf_kan_linear_forward_args *a = (void *)argbuf;
         kf_kan_linear_forward_args_init(a);
-        asz = aold = sizeof *a;
+        asz = sizeof *a;
+        aold = offsetof(kf_kan_linear_forward_args, input_weight); /* 1.1-1.8: no order-m fields */
         SLOT(&s->x, &a->x, true, true, false, false, s->in);
         SLOT(&s->p[0], &a->grid, true, true, false, false, 0);
         SLOT(&s->p[1], &a->base_weight, false, true, false, false, 0); /* optional since 1.3 */
@@ -260,7 +261,8 @@ static void call(sess *s, rd *r, bool backward) {
     } else {
         kf_kan_linear_backward_args *a = (void *)argbuf;
         kf_kan_linear_backward_args_init(a);
-        asz = aold = sizeof *a;
+        asz = sizeof *a;
+        aold = offsetof(kf_kan_linear_backward_args, input_weight); /* 1.1-1.8 likewise */
         SLOT(&s->x, &a->x, true, true, false, false, s->in);
         SLOT(&s->p[0], &a->grid, true, true, false, false, 0);
         SLOT(&s->p[1], &a->base_weight, false, true, false, false, 0); /* optional since 1.3 */
