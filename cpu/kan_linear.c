@@ -161,6 +161,7 @@ static kan_geom kan_geom_of(const struct kf_kan_linear_plan *p, int64_t N,
  * (cpu/kan_small_geom.h). */
 static size_t kan_workspace(const struct kf_kan_linear_plan *p, int64_t N,
                             const kf__kan_patches *patches, kan_kind kind, bool small) {
+    small = small && kan_small_fits(p, patches);
     const size_t f = small ? kan_sgeom_of(p, N, patches, false, kind).bytes
                            : kan_geom_of(p, N, patches, false, kind).bytes,
                  b = small ? kan_sgeom_of(p, N, patches, true, kind).bytes
@@ -250,7 +251,7 @@ static kf_status kan_run_forward(const kf__kan_fwd *c, kan_kind kind,
                                  void (*team)(void *, int, int),
                                  void (*small)(void *, int, int)) {
     if (kf__kan_is_deriv_fwd(c)) return kf__kan_deriv_forward(c);
-    if (small && c->patches) {
+    if (small && c->patches && kan_small_fits(c->plan, c->patches)) {
         kan_sfwd_call call = {.c = c, .g = kan_sgeom_of(c->plan, c->N, c->patches, false, kind)};
         kf__cpu_team(call.g.team, small, &call);
         return KF_OK;
@@ -264,7 +265,7 @@ static kf_status kan_run_backward(const kf__kan_bwd *c, kan_kind kind,
                                   void (*team)(void *, int, int),
                                   void (*small)(void *, int, int)) {
     if (kf__kan_is_deriv_bwd(c)) return kf__kan_deriv_backward(c);
-    if (small && c->patches) {
+    if (small && c->patches && kan_small_fits(c->plan, c->patches)) {
         kan_sbwd_call call = {.c = c, .g = kan_sgeom_of(c->plan, c->N, c->patches, true, kind)};
         kf__cpu_team(call.g.team, small, &call);
         return KF_OK;

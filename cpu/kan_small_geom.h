@@ -83,6 +83,20 @@ static kan_sgeom kan_sgeom_of(const struct kf_kan_linear_plan *p, int64_t N,
     return g;
 }
 
+/* Whether a call's images fit the small path's per-image tables: every size kan_sgeom_of forms
+ * stays below 2^46 bytes, so none of its int64 products can overflow; a call that does not fit
+ * takes the general path (its workspace and its run ask the same). A fuzzed image of 2^62 pixels
+ * overflowed here. */
+static inline bool kan_small_fits(const struct kf_kan_linear_plan *p,
+                                  const kf__kan_patches *P) {
+    const double lim = 70368744177664.0; /* 2^46 */
+    const double X = (double)P->H * (double)P->W + 1, kk = (double)P->kh * (double)P->kw,
+                 np = (double)P->Ho * (double)P->Wo, k2 = (double)p->k + 2,
+                 op = (double)p->out + 8;
+    return kk * X * k2 * 8 < lim && kk * np * 8 < lim && np * op * 8 < lim &&
+           (double)P->Cin * X * 8 < lim;
+}
+
 typedef struct kan_sfwd_call {
     const kf__kan_fwd *c;
     kan_sgeom g;
